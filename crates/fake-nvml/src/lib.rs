@@ -1,0 +1,1 @@
+// placeholder: the fake NVML library is built in the GPU issue

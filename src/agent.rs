@@ -1,0 +1,124 @@
+//! `shmlink serve`: a scan thread that stores snapshots, and the HTTP server that reads them.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+
+use crate::metrics::{Metrics, SharedSnapshot};
+use crate::scan::Scanner;
+use crate::server::{self, AppState, Health};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP server: {0}")]
+    Http(#[source] std::io::Error),
+    #[error("starting the scan thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn serve(
+    scanner: Scanner,
+    listen: std::net::SocketAddr,
+    interval: Duration,
+) -> Result<(), AgentError> {
+    let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
+    let metrics = Arc::new(Metrics::new(snapshot.clone()));
+    let health = Arc::new(Health::new(interval));
+
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(listen);
+    tracing::info!(addr = %local, interval = ?interval, "serving /metrics, /healthz, /readyz");
+
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let scan_thread = thread::Builder::new()
+        .name("scan".into())
+        .spawn({
+            let (snapshot, metrics, health) = (snapshot.clone(), metrics.clone(), health.clone());
+            move || scan_loop(scanner, interval, &snapshot, &metrics, &health, &stop_rx)
+        })
+        .map_err(AgentError::Thread)?;
+
+    let state = Arc::new(AppState {
+        metrics,
+        snapshot,
+        health,
+    });
+    let served = server::run(listener, state, shutdown_signal()).await;
+
+    let _ = stop_tx.send(());
+    // The scan thread finishes its current scan (if any) and exits.
+    let _ = tokio::task::spawn_blocking(move || scan_thread.join()).await;
+    tracing::info!("stopped");
+    served.map_err(AgentError::Http)
+}
+
+/// Scans every `interval` until told to stop. A slow scan delays the next one rather than
+/// piling up; missed periods are skipped, not caught up.
+fn scan_loop(
+    mut scanner: Scanner,
+    interval: Duration,
+    snapshot: &SharedSnapshot,
+    metrics: &Metrics,
+    health: &Health,
+    stop: &mpsc::Receiver<()>,
+) {
+    let mut next = Instant::now();
+    let mut first = true;
+    loop {
+        let out = scanner.scan();
+        metrics.record_scan(&out.runs);
+        if first {
+            tracing::info!(
+                containers = out.snapshot.shm.len(),
+                findings = out.snapshot.findings.len(),
+                "first scan done"
+            );
+            first = false;
+        }
+        snapshot.store(Some(Arc::new(out.snapshot)));
+        health.mark_scanned();
+
+        let now = Instant::now();
+        next += interval;
+        if next <= now {
+            next = now + interval;
+        }
+        match stop.recv_timeout(next - now) {
+            Err(RecvTimeoutError::Timeout) => continue,
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}

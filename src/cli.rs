@@ -1,0 +1,186 @@
+//! Command line: one `Args` struct per concern, flattened into each command. Every option can
+//! also come from an `SHMLINK_*` environment variable (CONTRACT.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shmlink",
+    version,
+    about = "Per-container /dev/shm and GPU link health for GPU nodes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One scan of this machine, printed as tables (or JSON with --json).
+    /// Exit status: 0 all healthy, 1 any warning or critical finding, 2 it could not run.
+    Check(CheckArgs),
+    /// The node agent: scans every --interval, serves /metrics, /healthz and /readyz.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print JSON (the schema in CONTRACT.md) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Kubernetes integration: auto, on or off.
+    #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "off")]
+    pub kube: KubeMode,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to serve /metrics, /healthz and /readyz on.
+    #[arg(long, env = "SHMLINK_LISTEN", default_value = "0.0.0.0:9477")]
+    pub listen: SocketAddr,
+    /// Scan period, e.g. 500ms, 5s, 1m.
+    #[arg(long, env = "SHMLINK_INTERVAL", default_value = "5s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Log format.
+    #[arg(long, env = "SHMLINK_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Kubernetes integration: auto, on or off.
+    #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "auto")]
+    pub kube: KubeMode,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub thresholds: ThresholdArgs,
+    /// The Kubernetes node this agent runs on (default: $NODE_NAME, else the host name).
+    #[arg(long, env = "SHMLINK_NODE_NAME")]
+    pub node_name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct HostArgs {
+    /// The host's proc file system (in a pod: the host's /proc mounted, e.g. /host/proc).
+    #[arg(long, env = "SHMLINK_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// The host's cgroup file system.
+    #[arg(long, env = "SHMLINK_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct GpuArgs {
+    /// NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "SHMLINK_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Never load NVML.
+    #[arg(long, env = "SHMLINK_NO_GPU")]
+    pub no_gpu: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ThresholdArgs {
+    /// used / effective limit at or above which a /dev/shm is `warning`.
+    #[arg(long, env = "SHMLINK_SHM_WARN_RATIO", default_value_t = 0.80, value_parser = parse_ratio)]
+    pub shm_warn_ratio: f64,
+    /// used / effective limit at or above which a /dev/shm is `critical`.
+    #[arg(long, env = "SHMLINK_SHM_CRITICAL_RATIO", default_value_t = 0.95, value_parser = parse_ratio)]
+    pub shm_critical_ratio: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubeMode {
+    /// In-cluster config, else $KUBECONFIG / ~/.kube/config, else off.
+    Auto,
+    Off,
+    /// Fail at start when the API server is unreachable.
+    On,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl CommonArgs {
+    /// `--node-name`, else `$NODE_NAME` (the downward API's usual name), else the host name.
+    pub fn node_name(&self) -> String {
+        self.node_name
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+            .unwrap_or_else(crate::host::hostname)
+    }
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 5s, 1m)"))?;
+    if d < Duration::from_millis(100) {
+        return Err("must be at least 100ms".into());
+    }
+    Ok(d)
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a ratio in (0, 1]")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let cli = Cli::try_parse_from(["shmlink", "serve"]).unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(s.listen, "0.0.0.0:9477".parse().unwrap());
+        assert_eq!(s.interval, Duration::from_secs(5));
+        assert_eq!(s.kube, KubeMode::Auto);
+        assert_eq!(s.common.host.proc_root, PathBuf::from("/proc"));
+        assert_eq!(s.common.host.cgroup_root, PathBuf::from("/sys/fs/cgroup"));
+        assert_eq!(s.common.thresholds.shm_warn_ratio, 0.80);
+        assert_eq!(s.common.thresholds.shm_critical_ratio, 0.95);
+        let cli = Cli::try_parse_from(["shmlink", "check"]).unwrap();
+        let Command::Check(c) = cli.command else {
+            panic!("not check")
+        };
+        assert_eq!(c.kube, KubeMode::Off);
+        assert!(!c.json);
+    }
+
+    #[test]
+    fn intervals_and_ratios_are_validated() {
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_interval("5").is_err());
+        assert!(parse_interval("1ms").is_err());
+        assert_eq!(parse_ratio("0.5"), Ok(0.5));
+        assert!(parse_ratio("1.5").is_err());
+        assert!(parse_ratio("0").is_err());
+        assert!(parse_ratio("abc").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Pure: GPU samples over time -> a verdict per GPU pair, with reasons.

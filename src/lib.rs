@@ -1,0 +1,16 @@
+//! shmlink: a node agent that watches each container's /dev/shm and the health of GPU links.
+//!
+//! One scan builds an immutable [`snapshot::Snapshot`]; `check` prints it, `serve` keeps the last
+//! one behind an `Arc` and serves `/metrics` from it. See ARCHITECTURE.md for the flow.
+
+pub mod agent;
+pub mod cli;
+pub mod findings;
+pub mod gpu;
+pub mod host;
+pub mod metrics;
+pub mod report;
+pub mod scan;
+pub mod server;
+pub mod shm;
+pub mod snapshot;

@@ -1,0 +1,97 @@
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use shmlink::cli::{Cli, Command, CommonArgs, KubeMode, LogFormat};
+use shmlink::findings::Thresholds;
+use shmlink::host::HostPaths;
+use shmlink::scan::Scanner;
+use shmlink::snapshot::Severity;
+use shmlink::{agent, report};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("shmlink: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Check(args) => {
+            init_logging(LogFormat::Text, "warn");
+            note_kube(args.kube);
+            let mut scanner = scanner(&args.common)?;
+            let snapshot = scanner.scan().snapshot;
+            let mut stdout = std::io::stdout().lock();
+            if args.json {
+                report::write_json(&mut stdout, &snapshot)?;
+            } else {
+                let colour =
+                    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+                report::write_tables(&mut stdout, &snapshot, colour)?;
+            }
+            Ok(match snapshot.worst_severity() {
+                Some(Severity::Warning | Severity::Critical) => ExitCode::from(1),
+                _ => ExitCode::SUCCESS,
+            })
+        }
+        Command::Serve(args) => {
+            init_logging(args.log_format, "info");
+            note_kube(args.kube);
+            let scanner = scanner(&args.common)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(agent::serve(scanner, args.listen, args.interval))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn scanner(common: &CommonArgs) -> anyhow::Result<Scanner> {
+    let thresholds = Thresholds::new(
+        common.thresholds.shm_warn_ratio,
+        common.thresholds.shm_critical_ratio,
+    )?;
+    let host = HostPaths {
+        proc_root: common.host.proc_root.clone(),
+        cgroup_root: common.host.cgroup_root.clone(),
+    };
+    if common.gpu.no_gpu || common.gpu.nvml_lib.is_some() {
+        tracing::debug!("GPU collection is not built yet; running shm-only");
+    }
+    Ok(Scanner::new(&host, common.node_name(), thresholds)?)
+}
+
+fn note_kube(mode: KubeMode) {
+    if mode != KubeMode::Off {
+        tracing::info!("Kubernetes integration is not built yet: running as --kube off");
+    }
+}
+
+/// Logs go to stderr; `SHMLINK_LOG` (or `RUST_LOG`) overrides the level, e.g. `shmlink=debug`.
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = std::env::var("SHMLINK_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,209 @@
+//! `/metrics`: the last snapshot, encoded on each scrape by a custom collector (so series of
+//! vanished containers simply stop being written), plus the agent's own counters.
+//!
+//! Nothing here scans: a scrape only reads the snapshot the scan thread last stored.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::scan::CollectorRun;
+use crate::snapshot::{ShmReading, Snapshot};
+
+/// The last complete scan, swapped in whole by the scan thread.
+pub type SharedSnapshot = Arc<ArcSwapOption<Snapshot>>;
+
+/// The content type of what [`Metrics::encode`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CollectorLabels {
+    collector: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    scan_duration: Family<CollectorLabels, Histogram>,
+    scan_errors: Family<CollectorLabels, Counter>,
+    pub kube_events: Family<ReasonLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new(snapshot: SharedSnapshot) -> Self {
+        let mut registry = Registry::default();
+        let scan_duration = Family::<CollectorLabels, Histogram>::new_with_constructor(|| {
+            // 0.5 ms .. ~16 s
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        let scan_errors = Family::<CollectorLabels, Counter>::default();
+        let kube_events = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "shmlink_scan_duration_seconds",
+            "Time one scan of a collector took",
+            scan_duration.clone(),
+        );
+        registry.register(
+            "shmlink_scan_errors",
+            "Errors met while scanning (unreadable entries; vanished processes are not errors)",
+            scan_errors.clone(),
+        );
+        registry.register(
+            "shmlink_kube_events",
+            "Kubernetes Events published",
+            kube_events.clone(),
+        );
+        // Both collectors' series exist from the start, so rate() works from the first scrape.
+        for collector in ["shm", "gpu"] {
+            let _ = scan_errors.get_or_create(&CollectorLabels { collector });
+        }
+        registry.register_collector(Box::new(SnapshotCollector { snapshot }));
+        Metrics {
+            registry,
+            scan_duration,
+            scan_errors,
+            kube_events,
+        }
+    }
+
+    /// Records how each collector fared in one scan.
+    pub fn record_scan(&self, runs: &[CollectorRun]) {
+        for run in runs {
+            let labels = CollectorLabels {
+                collector: run.collector.as_str(),
+            };
+            self.scan_duration
+                .get_or_create(&labels)
+                .observe(run.duration.as_secs_f64());
+            self.scan_errors.get_or_create(&labels).inc_by(run.errors);
+        }
+    }
+
+    /// The OpenMetrics text of everything.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Writes the snapshot's series on each scrape.
+#[derive(Debug)]
+struct SnapshotCollector {
+    snapshot: SharedSnapshot,
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut build = encoder.encode_descriptor(
+            "shmlink_build_info",
+            "shmlink's version",
+            None,
+            MetricType::Gauge,
+        )?;
+        build
+            .encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?
+            .encode_gauge(&1i64)?;
+
+        let guard = self.snapshot.load();
+        let Some(snapshot) = guard.as_deref() else {
+            return Ok(());
+        };
+        encode_shm(&mut encoder, &snapshot.shm)?;
+
+        encoder
+            .encode_descriptor(
+                "shmlink_nvml_up",
+                "1 when NVML is loaded and answering",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_gauge(&i64::from(snapshot.nvml_up))?;
+        if let Some(taken) = snapshot.taken_at {
+            let secs = taken
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            encoder
+                .encode_descriptor(
+                    "shmlink_last_scan_timestamp_seconds",
+                    "When the last complete scan finished (Unix time)",
+                    None,
+                    MetricType::Gauge,
+                )?
+                .encode_gauge(&secs)?;
+        }
+        Ok(())
+    }
+}
+
+type ShmValue = fn(&ShmReading) -> Option<u64>;
+
+const SHM_GAUGES: [(&str, &str, ShmValue); 6] = [
+    (
+        "shmlink_shm_size_bytes",
+        "tmpfs size of the container's /dev/shm (absent when unlimited)",
+        |r| r.size_bytes,
+    ),
+    (
+        "shmlink_shm_used_bytes",
+        "Bytes used in the container's /dev/shm (statvfs)",
+        |r| r.used_bytes,
+    ),
+    (
+        "shmlink_shm_available_bytes",
+        "Bytes that can still be written: min(tmpfs free, memory cgroup headroom)",
+        |r| r.available_bytes,
+    ),
+    (
+        "shmlink_shm_memory_limit_bytes",
+        "Lowest memory limit of the cgroup the container's tmpfs pages are charged to",
+        |r| r.memory_limit_bytes,
+    ),
+    (
+        "shmlink_shm_host_ipc",
+        "1 when the container shares the host's IPC namespace",
+        |r| Some(u64::from(r.host_ipc)),
+    ),
+    (
+        "shmlink_shm_mounted",
+        "1 when the container has a /dev/shm mount",
+        |r| Some(u64::from(r.mounted)),
+    ),
+];
+
+fn encode_shm(
+    encoder: &mut DescriptorEncoder,
+    readings: &[ShmReading],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in SHM_GAUGES {
+        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for r in readings {
+            if let Some(v) = value(r) {
+                let labels = shm_labels(r);
+                metric.encode_family(&labels)?.encode_gauge(&v)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn shm_labels(r: &ShmReading) -> [(&'static str, &str); 5] {
+    [
+        ("namespace", r.namespace.as_deref().unwrap_or("")),
+        ("pod", r.pod.as_deref().unwrap_or("")),
+        ("container", r.container.as_deref().unwrap_or("")),
+        ("container_id", r.container_id.as_str()),
+        ("pod_uid", r.pod_uid.as_deref().unwrap_or("")),
+    ]
+}

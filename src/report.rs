@@ -1,0 +1,245 @@
+//! `check`'s output: tables for a person, JSON for machines.
+
+use std::io::{self, Write};
+
+use crate::findings::human_bytes;
+use crate::snapshot::{Severity, ShmReading, ShmStatus, Snapshot};
+
+pub fn write_json(out: &mut impl Write, snapshot: &Snapshot) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, snapshot)?;
+    writeln!(out)
+}
+
+/// Tables sorted by fullness, fullest first; `colour` only when writing to a terminal.
+pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> io::Result<()> {
+    let paint = Paint { on: colour };
+    writeln!(out, "node {}", snapshot.node)?;
+    writeln!(out)?;
+    if snapshot.shm.is_empty() {
+        writeln!(out, "No containers found.")?;
+    } else {
+        write_shm_table(out, &snapshot.shm, paint)?;
+    }
+    if snapshot.gpus.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "GPUs: none (no NVML loaded)")?;
+    }
+    writeln!(out)?;
+    if snapshot.findings.is_empty() {
+        writeln!(out, "{}", paint.green("No findings: all healthy."))?;
+    } else {
+        writeln!(out, "Findings:")?;
+        for f in &snapshot.findings {
+            let level = match f.severity {
+                Severity::Critical => paint.red("CRITICAL"),
+                Severity::Warning => paint.yellow("WARNING"),
+                Severity::Info => "INFO".to_string(),
+            };
+            writeln!(out, "  {level} {} ({}): {}", f.subject, f.kind, f.message)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_shm_table(out: &mut impl Write, readings: &[ShmReading], paint: Paint) -> io::Result<()> {
+    let mut rows: Vec<&ShmReading> = readings.iter().collect();
+    rows.sort_by(|a, b| {
+        let fa = a.fullness().unwrap_or(-1.0);
+        let fb = b.fullness().unwrap_or(-1.0);
+        fb.total_cmp(&fa)
+            .then_with(|| a.subject().cmp(&b.subject()))
+    });
+    let header = [
+        "STATUS",
+        "CONTAINER",
+        "PID",
+        "/DEV/SHM",
+        "USED",
+        "AVAILABLE",
+        "USE%",
+        "MEM LIMIT",
+        "IPC",
+    ];
+    let table: Vec<[String; 9]> = rows.iter().map(|r| shm_row(r)).collect();
+    let mut widths = header.map(str::len);
+    for row in &table {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 9]| {
+        cells
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i >= 2 && i != 8 {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    writeln!(out, "{}", line(header).trim_end())?;
+    for (row, r) in table.iter().zip(&rows) {
+        let text = line(row.each_ref().map(String::as_str));
+        // Colour the status word after padding so escape codes do not skew the columns.
+        let text = match r.status {
+            ShmStatus::Critical => text.replacen("critical", &paint.red("critical"), 1),
+            ShmStatus::Warning => text.replacen("warning", &paint.yellow("warning"), 1),
+            ShmStatus::Ok => text,
+        };
+        writeln!(out, "{}", text.trim_end())?;
+    }
+    Ok(())
+}
+
+fn shm_row(r: &ShmReading) -> [String; 9] {
+    let size = |v: Option<u64>| v.map_or_else(|| "-".to_string(), human_bytes);
+    let (shm, used, available) = if r.mounted {
+        (
+            r.size_bytes
+                .map_or_else(|| "unlimited".to_string(), human_bytes),
+            size(r.used_bytes),
+            size(r.available_bytes),
+        )
+    } else {
+        ("not mounted".to_string(), "-".to_string(), "-".to_string())
+    };
+    [
+        r.status.as_str().to_string(),
+        r.subject(),
+        r.pid.to_string(),
+        shm,
+        used,
+        available,
+        r.fullness()
+            .map_or_else(|| "-".to_string(), |f| format!("{:.0}%", f * 100.0)),
+        r.memory_limit_bytes
+            .map_or_else(|| "none".to_string(), human_bytes),
+        if r.host_ipc { "host" } else { "private" }.to_string(),
+    ]
+}
+
+#[derive(Clone, Copy)]
+struct Paint {
+    on: bool,
+}
+
+impl Paint {
+    fn wrap(self, code: &str, s: &str) -> String {
+        if self.on {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn red(self, s: &str) -> String {
+        self.wrap("1;31", s)
+    }
+    fn yellow(self, s: &str) -> String {
+        self.wrap("33", s)
+    }
+    fn green(self, s: &str) -> String {
+        self.wrap("32", s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn reading(id: &str, used: u64, size: u64, status: ShmStatus) -> ShmReading {
+        ShmReading {
+            namespace: None,
+            pod: None,
+            pod_uid: None,
+            container: None,
+            container_id: id.into(),
+            pid: 42,
+            cgroup: format!("/x/{id}"),
+            host_ipc: false,
+            mounted: true,
+            fs_type: Some("tmpfs".into()),
+            size_bytes: Some(size),
+            used_bytes: Some(used),
+            available_bytes: Some(size - used),
+            memory_limit_bytes: None,
+            memory_shmem_bytes: None,
+            status,
+        }
+    }
+
+    #[test]
+    fn the_table_lists_the_fullest_first_in_mib() {
+        let snap = Snapshot {
+            node: "n1".into(),
+            shm: vec![
+                reading("aaa", 10 * MIB, 64 * MIB, ShmStatus::Ok),
+                reading("bbb", 62 * MIB, 64 * MIB, ShmStatus::Critical),
+            ],
+            ..Snapshot::default()
+        };
+        let mut out = Vec::new();
+        write_tables(&mut out, &snap, false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let bbb = text.find("container bbb").unwrap();
+        let aaa = text.find("container aaa").unwrap();
+        assert!(bbb < aaa, "fullest first:\n{text}");
+        assert!(text.contains("62.0 MiB"), "{text}");
+        assert!(text.contains("97%"), "{text}");
+        assert!(!text.contains('\x1b'), "no colour off a terminal");
+    }
+
+    #[test]
+    fn colour_marks_the_status_only_when_asked() {
+        let snap = Snapshot {
+            shm: vec![reading("bbb", 62 * MIB, 64 * MIB, ShmStatus::Critical)],
+            ..Snapshot::default()
+        };
+        let mut out = Vec::new();
+        write_tables(&mut out, &snap, true).unwrap();
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("\x1b[1;31mcritical\x1b[0m"));
+    }
+
+    #[test]
+    fn json_has_the_contract_fields() {
+        let snap = Snapshot {
+            node: "n1".into(),
+            shm: vec![reading("bbb", 62 * MIB, 64 * MIB, ShmStatus::Critical)],
+            ..Snapshot::default()
+        };
+        let mut out = Vec::new();
+        write_json(&mut out, &snap).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["node"], "n1");
+        assert_eq!(v["gpus"], serde_json::json!([]));
+        assert_eq!(v["gpu_pairs"], serde_json::json!([]));
+        let s = &v["shm"][0];
+        for key in [
+            "namespace",
+            "pod",
+            "pod_uid",
+            "container",
+            "container_id",
+            "pid",
+            "host_ipc",
+            "mounted",
+            "size_bytes",
+            "used_bytes",
+            "available_bytes",
+            "memory_limit_bytes",
+            "status",
+        ] {
+            assert!(s.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(s["status"], "critical");
+        assert_eq!(s["size_bytes"], 64 * MIB);
+    }
+}

@@ -1,0 +1,128 @@
+//! The result of one scan: immutable once built, shared behind an `Arc`.
+//!
+//! Field names are the JSON of `shmlink check --json` (see CONTRACT.md), so they are part of the
+//! user-facing contract.
+
+use serde::Serialize;
+
+/// Fullness of one /dev/shm against its effective limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShmStatus {
+    Ok,
+    Warning,
+    Critical,
+}
+
+impl ShmStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShmStatus::Ok => "ok",
+            ShmStatus::Warning => "warning",
+            ShmStatus::Critical => "critical",
+        }
+    }
+}
+
+/// One container's /dev/shm, as found by a scan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShmReading {
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub pod_uid: Option<String>,
+    pub container: Option<String>,
+    pub container_id: String,
+    /// The process the container was measured through (one of its processes).
+    pub pid: i32,
+    /// The container's cgroup, relative to the hierarchy it was found in.
+    pub cgroup: String,
+    pub host_ipc: bool,
+    /// False when the container has no /dev/shm mount; the numbers are then null.
+    pub mounted: bool,
+    /// File system type of the /dev/shm mount (`tmpfs` normally).
+    pub fs_type: Option<String>,
+    /// tmpfs size; null for a tmpfs with no size limit.
+    pub size_bytes: Option<u64>,
+    /// Bytes in use per statvfs (counts unlinked files still held open); null when the tmpfs
+    /// has no size limit, since statvfs then reports no block counts.
+    pub used_bytes: Option<u64>,
+    /// Effective: min(tmpfs free, memory-cgroup headroom).
+    pub available_bytes: Option<u64>,
+    /// Lowest memory limit of the container's cgroup and its ancestors.
+    pub memory_limit_bytes: Option<u64>,
+    /// Shared memory charged to the container's memory cgroup (memory.stat), when readable.
+    pub memory_shmem_bytes: Option<u64>,
+    pub status: ShmStatus,
+}
+
+impl ShmReading {
+    /// used / (used + available): the fullness the thresholds apply to.
+    pub fn fullness(&self) -> Option<f64> {
+        let used = self.used_bytes?;
+        let limit = used.checked_add(self.available_bytes?)?;
+        (limit > 0).then(|| used as f64 / limit as f64)
+    }
+
+    /// `namespace/pod/container` when known, else the pod UID or container ID: how a person
+    /// names this container in findings.
+    pub fn subject(&self) -> String {
+        match (&self.namespace, &self.pod) {
+            (Some(ns), Some(pod)) => match &self.container {
+                Some(c) => format!("{ns}/{pod}/{c}"),
+                None => format!("{ns}/{pod}"),
+            },
+            _ => match &self.pod_uid {
+                Some(uid) => format!("pod {uid} container {}", short_id(&self.container_id)),
+                None => format!("container {}", short_id(&self.container_id)),
+            },
+        }
+    }
+}
+
+/// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.
+pub fn short_id(id: &str) -> &str {
+    match id.char_indices().nth(12) {
+        Some((i, _)) => &id[..i],
+        None => id,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+/// Something a person should act on. `kind` values are listed in CONTRACT.md.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub severity: Severity,
+    pub kind: &'static str,
+    pub subject: String,
+    pub message: String,
+}
+
+/// One scan of the machine.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    pub node: String,
+    pub shm: Vec<ShmReading>,
+    /// Filled by the GPU collector; empty when no NVML is loaded.
+    pub gpus: Vec<serde_json::Value>,
+    pub gpu_pairs: Vec<serde_json::Value>,
+    pub findings: Vec<Finding>,
+    /// Whether NVML is loaded and answering (`shmlink_nvml_up`).
+    #[serde(skip)]
+    pub nvml_up: bool,
+    /// When the scan finished.
+    #[serde(skip)]
+    pub taken_at: Option<std::time::SystemTime>,
+}
+
+impl Snapshot {
+    pub fn worst_severity(&self) -> Option<Severity> {
+        self.findings.iter().map(|f| f.severity).max()
+    }
+}

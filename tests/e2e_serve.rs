@@ -1,0 +1,161 @@
+//! `shmlink serve` end to end: readiness, /metrics from real containers, series that vanish
+//! with their container, a clean exit on SIGTERM.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Container, ContainerSpec};
+
+/// A GET over a plain socket: the test needs a status line and a body, nothing more.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+fn method(addr: SocketAddr, method: &str, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    raw.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct Agent {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Agent {
+    fn start(extra: &[&str]) -> Agent {
+        let addr = common::free_local_addr();
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port())))
+            .unwrap();
+        let child = Command::new(common::shmlink_bin())
+            .args(["serve", "--listen", &addr.to_string(), "--interval", "200ms", "--no-gpu"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Agent { child, addr }
+    }
+
+    fn metrics(&self) -> String {
+        let (status, body) = get(self.addr, "/metrics").expect("scrape");
+        assert_eq!(status, 200);
+        body
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
+    if !common::e2e_available() {
+        return;
+    }
+    let pod = common::random_pod_uid();
+    let c = Container::start(ContainerSpec {
+        pod_uid: Some(pod.clone()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/x bs=1M count=8 2>/dev/null; exec sleep 3600".into(),
+        ],
+        ..ContainerSpec::default()
+    });
+    let agent = Agent::start(&[]);
+    assert!(
+        common::wait_until(Duration::from_secs(20), || get(agent.addr, "/readyz").is_some_and(|(s, _)| s == 200)),
+        "never ready"
+    );
+    assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
+
+    let id_label = format!("container_id=\"{}\"", c.id);
+    let series_with = |body: &str, metric: &str| {
+        body.lines()
+            .filter(|l| l.starts_with(metric) && l.contains(&id_label))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let mut body = String::new();
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            body = agent.metrics();
+            series_with(&body, "shmlink_shm_used_bytes{").first().is_some_and(|l| {
+                l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) >= 8.0 * 1048576.0
+            })
+        }),
+        "no used-bytes series with 8 MiB for {}:\n{body}",
+        c.id
+    );
+    let size = series_with(&body, "shmlink_shm_size_bytes{");
+    assert_eq!(size.len(), 1, "{size:?}");
+    assert!(size[0].ends_with(" 67108864"), "{}", size[0]);
+    assert!(size[0].contains(&format!("pod_uid=\"{pod}\"")), "{}", size[0]);
+    assert!(body.contains("# TYPE shmlink_scan_duration_seconds histogram"));
+    assert!(body.contains("shmlink_scan_errors_total{collector=\"shm\"}"));
+    assert!(body.contains("shmlink_build_info{version="));
+    assert!(body.contains("shmlink_nvml_up 0"));
+
+    // Only GET on known paths.
+    assert_eq!(get(agent.addr, "/nope").map(|(s, _)| s), Some(404));
+    assert_eq!(method(agent.addr, "POST", "/metrics"), Some(405));
+
+    drop(c);
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            body = agent.metrics();
+            !body.contains(&id_label)
+        }),
+        "series of the exited container remain:\n{body}"
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "serve exited with {status}");
+}
+
+#[test]
+fn bad_options_are_one_line_errors_with_exit_2() {
+    for args in [
+        vec!["serve", "--interval", "soon"],
+        vec!["check", "--shm-warn-ratio", "1.5"],
+        vec!["check", "--shm-warn-ratio", "0.9", "--shm-critical-ratio", "0.5"],
+    ] {
+        let out = Command::new(common::shmlink_bin()).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!String::from_utf8_lossy(&out.stderr).trim().is_empty());
+    }
+}
