@@ -17,8 +17,10 @@ pub struct MountEntry {
 
 /// The topmost (last listed) mount at `mount_point`, or `None`. Malformed lines are skipped.
 pub fn find_mount(content: &str, mount_point: &str) -> Option<MountEntry> {
+    // The last matching line is the topmost mount: search from the end.
     content
         .lines()
+        .rev()
         .filter(|line| {
             // Cheap pre-filter on the raw 5th field; an escaped field may still decode to a match.
             line.split(' ')
@@ -26,8 +28,7 @@ pub fn find_mount(content: &str, mount_point: &str) -> Option<MountEntry> {
                 .is_some_and(|raw| raw == mount_point || raw.contains('\\'))
         })
         .filter_map(parse_line)
-        .filter(|e| e.mount_point == mount_point)
-        .last()
+        .find(|e| e.mount_point == mount_point)
 }
 
 /// Parses one line; `None` when it is malformed.
