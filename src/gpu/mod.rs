@@ -3,6 +3,7 @@
 
 pub mod nvml;
 pub mod pairs;
+pub mod xid;
 
 use serde::{Serialize, Serializer};
 
