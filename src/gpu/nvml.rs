@@ -101,6 +101,18 @@ impl NvmlGpus {
         self.nvml.sys_driver_version().ok()
     }
 
+    /// The cached handles, for the XID thread.
+    pub fn devices(&self) -> Vec<(u32, Device<'static>)> {
+        self.gpus
+            .iter()
+            .filter_map(|g| {
+                let d = g.device.as_ref()?;
+                // SAFETY: a copy of a live handle; Device has no destructor of its own.
+                Some((g.index, unsafe { Device::new(d.handle(), self.nvml) }))
+            })
+            .collect()
+    }
+
     /// UUID by index, for the XID thread's reports.
     pub fn uuids(&self) -> Vec<(u32, String)> {
         self.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect()

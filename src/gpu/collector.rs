@@ -1,0 +1,187 @@
+//! The GPU collector: loads NVML (or says why not), samples every scan, judges pairs against
+//! their history, and keeps the XID thread's counts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::nvml::NvmlGpus;
+use super::pairs::{PairJudge, PairRules};
+use super::xid::{self, XidCounts};
+use super::{GpuReading, PairVerdict};
+use crate::snapshot::{Finding, Severity};
+
+/// How long an XID stays a finding after it was last seen.
+const XID_FINDING_FOR: Duration = Duration::from_secs(600);
+/// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
+/// after the agent.
+const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);
+
+/// One scan's GPU results.
+#[derive(Debug, Default)]
+pub struct GpuScan {
+    pub gpus: Vec<GpuReading>,
+    pub pairs: Vec<PairVerdict>,
+    /// XIDs since start per (GPU index, XID).
+    pub xids: BTreeMap<(u32, u64), u64>,
+    pub findings: Vec<Finding>,
+    pub nvml_up: bool,
+    pub errors: u64,
+    /// NVML calls made, for benchmarks and tests.
+    pub calls: u64,
+}
+
+struct Loaded {
+    gpus: NvmlGpus,
+    judge: PairJudge,
+    xids: Arc<XidCounts>,
+    xid_seen: BTreeMap<(u32, u64), (u64, Instant)>,
+}
+
+enum State {
+    Disabled,
+    Unavailable { reason: String, last_try: Instant },
+    Loaded(Box<Loaded>),
+}
+
+pub struct GpuCollector {
+    lib: Option<PathBuf>,
+    /// Where to look for signs of an NVIDIA GPU when NVML does not load.
+    proc_root: PathBuf,
+    with_xid_thread: bool,
+    stop: Arc<AtomicBool>,
+    state: State,
+}
+
+impl GpuCollector {
+    /// `with_xid_thread` is off for one-shot `check`, where no event could arrive in time.
+    pub fn new(no_gpu: bool, lib: Option<&Path>, proc_root: &Path, with_xid_thread: bool) -> Self {
+        let mut collector = GpuCollector {
+            lib: lib.map(Path::to_path_buf),
+            proc_root: proc_root.to_path_buf(),
+            with_xid_thread,
+            stop: Arc::new(AtomicBool::new(false)),
+            state: State::Disabled,
+        };
+        if no_gpu {
+            tracing::info!("--no-gpu: GPU collection off");
+        } else {
+            collector.state = collector.load();
+        }
+        collector
+    }
+
+    fn load(&self) -> State {
+        match NvmlGpus::open(self.lib.as_deref()) {
+            Ok(gpus) => {
+                tracing::info!(
+                    gpus = gpus.uuids().len(),
+                    driver = gpus.driver_version().unwrap_or_default(),
+                    "NVML loaded"
+                );
+                let xids = Arc::new(XidCounts::default());
+                if self.with_xid_thread {
+                    let devices = gpus.devices();
+                    xid::spawn(gpus.nvml(), devices, xids.clone(), self.stop.clone());
+                }
+                State::Loaded(Box::new(Loaded {
+                    gpus,
+                    judge: PairJudge::new(PairRules::default()),
+                    xids,
+                    xid_seen: BTreeMap::new(),
+                }))
+            }
+            Err(e) => {
+                let reason = match &self.lib {
+                    Some(lib) => format!("loading NVML from {}: {e}", lib.display()),
+                    None => format!("loading NVML (libnvidia-ml.so.1): {e}"),
+                };
+                tracing::info!("{reason}; running shm-only");
+                State::Unavailable { reason, last_try: Instant::now() }
+            }
+        }
+    }
+
+    pub fn scan(&mut self) -> GpuScan {
+        if let State::Unavailable { last_try, .. } = &self.state {
+            if last_try.elapsed() >= RETRY_LOAD_EVERY {
+                self.state = self.load();
+            }
+        }
+        match &mut self.state {
+            State::Disabled => GpuScan::default(),
+            State::Unavailable { reason, .. } => {
+                let mut scan = GpuScan::default();
+                if let Some(evidence) = nvidia_gpu_evidence(&self.proc_root) {
+                    scan.findings.push(Finding {
+                        severity: Severity::Critical,
+                        kind: "nvml_unavailable",
+                        subject: "node".into(),
+                        message: format!(
+                            "{evidence} but NVML does not load ({reason}): GPU link health is unknown. \
+                             Make the driver's libnvidia-ml.so.1 visible to shmlink (the NVIDIA container \
+                             runtime, or --nvml-lib)."
+                        ),
+                    });
+                }
+                scan
+            }
+            State::Loaded(loaded) => loaded.scan(),
+        }
+    }
+}
+
+impl Drop for GpuCollector {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Loaded {
+    fn scan(&mut self) -> GpuScan {
+        let (sample, stats) = self.gpus.sample();
+        let now = Instant::now();
+        let judgement = self.judge.judge(&sample, now);
+        let mut findings = judgement.findings;
+        let xids = self.xids.snapshot();
+        for (&(gpu, xid), &count) in &xids {
+            let seen = self.xid_seen.entry((gpu, xid)).or_insert((0, now));
+            if count > seen.0 {
+                *seen = (count, now);
+            }
+            if now.duration_since(seen.1) < XID_FINDING_FOR {
+                findings.push(Finding {
+                    severity: Severity::Critical,
+                    kind: "gpu_xid",
+                    subject: format!("GPU {gpu}"),
+                    message: format!(
+                        "XID {xid} on GPU {gpu} ({count} since start): see NVIDIA's XID catalogue; \
+                         XIDs 48, 63, 64, 74, 79, 92, 94, 95 usually need the GPU reset or the node drained"
+                    ),
+                });
+            }
+        }
+        GpuScan {
+            gpus: sample.gpus,
+            pairs: judgement.pairs,
+            xids,
+            findings,
+            nvml_up: true,
+            errors: stats.errors,
+            calls: stats.calls,
+        }
+    }
+}
+
+/// Signs that this machine has an NVIDIA GPU even though NVML did not load.
+fn nvidia_gpu_evidence(proc_root: &Path) -> Option<String> {
+    let driver_gpus = proc_root.join("driver/nvidia/gpus");
+    if std::fs::read_dir(&driver_gpus).is_ok_and(|mut d| d.next().is_some()) {
+        return Some(format!("{} lists NVIDIA GPUs", driver_gpus.display()));
+    }
+    Path::new("/dev/nvidia0")
+        .exists()
+        .then(|| "/dev/nvidia0 exists".to_string())
+}
