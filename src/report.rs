@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 
 use crate::findings::human_bytes;
+use crate::gpu::PairStatus;
 use crate::snapshot::{Severity, ShmReading, ShmStatus, Snapshot};
 
 pub fn write_json(out: &mut impl Write, snapshot: &Snapshot) -> io::Result<()> {
@@ -20,9 +21,11 @@ pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> 
     } else {
         write_shm_table(out, &snapshot.shm, paint)?;
     }
+    writeln!(out)?;
     if snapshot.gpus.is_empty() {
-        writeln!(out)?;
         writeln!(out, "GPUs: none (no NVML loaded)")?;
+    } else {
+        write_gpus(out, snapshot, paint)?;
     }
     writeln!(out)?;
     if snapshot.findings.is_empty() {
@@ -92,6 +95,55 @@ fn write_shm_table(out: &mut impl Write, readings: &[ShmReading], paint: Paint) 
             ShmStatus::Ok => text,
         };
         writeln!(out, "{}", text.trim_end())?;
+    }
+    Ok(())
+}
+
+fn write_gpus(out: &mut impl Write, snapshot: &Snapshot, paint: Paint) -> io::Result<()> {
+    writeln!(out, "{:<4}  {:<28}  {:<16}  {:>12}  {:>12}", "GPU", "NAME", "PCI BUS", "NVLINKS UP", "PCIE REPLAYS")?;
+    for g in &snapshot.gpus {
+        let up = g.links.iter().filter(|l| l.active).count();
+        let links = if g.lost {
+            paint.red("LOST")
+        } else {
+            format!("{up}/{}", g.links.len())
+        };
+        let replays = g.pcie_replays.map_or_else(|| "-".to_string(), |n| n.to_string());
+        writeln!(out, "{:<4}  {:<28}  {:<16}  {:>12}  {:>12}", g.index, g.name, g.pci_bus_id, links, replays)?;
+    }
+    if snapshot.gpu_pairs.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "GPU pair health (ok, DEG = degraded, DOWN):")?;
+    let n = snapshot.gpus.len();
+    let mut header = String::from("      ");
+    for g in &snapshot.gpus {
+        header.push_str(&format!("{:>6}", format!("GPU{}", g.index)));
+    }
+    writeln!(out, "{header}")?;
+    let status_of = |a: u32, b: u32| {
+        let (lo, hi) = (a.min(b), a.max(b));
+        snapshot.gpu_pairs.iter().find(|p| p.gpu == lo && p.peer_gpu == hi).map(|p| p.status)
+    };
+    for a in snapshot.gpus.iter().map(|g| g.index) {
+        let mut row = format!("{:<6}", format!("GPU{a}"));
+        for b in snapshot.gpus.iter().map(|g| g.index).take(n) {
+            let cell = match (a == b, status_of(a, b)) {
+                (true, _) => format!("{:>6}", "X"),
+                (_, Some(PairStatus::Ok)) => format!("{:>6}", "ok"),
+                (_, Some(PairStatus::Degraded)) => paint.yellow(&format!("{:>6}", "DEG")),
+                (_, Some(PairStatus::Down)) => paint.red(&format!("{:>6}", "DOWN")),
+                (_, None) => format!("{:>6}", "?"),
+            };
+            row.push_str(&cell);
+        }
+        writeln!(out, "{row}")?;
+    }
+    for p in snapshot.gpu_pairs.iter().filter(|p| p.status != PairStatus::Ok) {
+        for reason in &p.reasons {
+            writeln!(out, "  GPU{} <-> GPU{}: {reason}", p.gpu, p.peer_gpu)?;
+        }
     }
     Ok(())
 }

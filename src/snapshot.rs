@@ -5,6 +5,8 @@
 
 use serde::Serialize;
 
+use crate::gpu::{GpuReading, PairVerdict};
+
 /// Fullness of one /dev/shm against its effective limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -104,14 +106,24 @@ pub struct Finding {
     pub message: String,
 }
 
+/// XID errors of one kind on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct XidCount {
+    pub gpu: u32,
+    pub xid: u64,
+    pub count: u64,
+}
+
 /// One scan of the machine.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Snapshot {
     pub node: String,
     pub shm: Vec<ShmReading>,
     /// Filled by the GPU collector; empty when no NVML is loaded.
-    pub gpus: Vec<serde_json::Value>,
-    pub gpu_pairs: Vec<serde_json::Value>,
+    pub gpus: Vec<GpuReading>,
+    pub gpu_pairs: Vec<PairVerdict>,
+    /// XID errors since the agent started.
+    pub xids: Vec<XidCount>,
     pub findings: Vec<Finding>,
     /// Whether NVML is loaded and answering (`shmlink_nvml_up`).
     #[serde(skip)]
