@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn findings_name_the_container_and_the_fix() {
         let mut rs = vec![
-            reading(Some(64 * MIB), Some(60 * MIB), Some(4 * MIB)),
+            reading(Some(64 * MIB), Some(62 * MIB), Some(2 * MIB)),
             reading(Some(64 * MIB), Some(MIB), Some(63 * MIB)),
         ];
         let findings = evaluate_shm(&mut rs, &Thresholds::default());
@@ -208,7 +208,7 @@ mod tests {
         assert_eq!(findings[0].severity, Severity::Critical);
         assert_eq!(findings[0].subject, "container 0123456789ab");
         assert!(
-            findings[0].message.contains("60.0 MiB used"),
+            findings[0].message.contains("62.0 MiB used"),
             "{}",
             findings[0].message
         );

@@ -14,8 +14,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::scan::CollectorRun;
 use crate::gpu::PairStatus;
+use crate::scan::CollectorRun;
 use crate::snapshot::{ShmReading, Snapshot};
 
 /// The last complete scan, swapped in whole by the scan thread.
@@ -210,40 +210,73 @@ fn shm_labels(r: &ShmReading) -> [(&'static str, &str); 5] {
     ]
 }
 
-fn encode_gpus(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> Result<(), std::fmt::Error> {
+fn encode_gpus(
+    encoder: &mut DescriptorEncoder,
+    snapshot: &Snapshot,
+) -> Result<(), std::fmt::Error> {
     if snapshot.gpus.is_empty() {
         return Ok(());
     }
     let gauge = MetricType::Gauge;
     let counter = MetricType::Counter;
-    let mut info = encoder.encode_descriptor("shmlink_gpu_info", "GPUs NVML reports", None, gauge)?;
+    let mut info =
+        encoder.encode_descriptor("shmlink_gpu_info", "GPUs NVML reports", None, gauge)?;
     for g in &snapshot.gpus {
         let gpu = g.index.to_string();
-        let labels = [("gpu", gpu.as_str()), ("uuid", &g.uuid), ("name", &g.name), ("pci_bus_id", &g.pci_bus_id)];
+        let labels = [
+            ("gpu", gpu.as_str()),
+            ("uuid", &g.uuid),
+            ("name", &g.name),
+            ("pci_bus_id", &g.pci_bus_id),
+        ];
         info.encode_family(&labels)?.encode_gauge(&1i64)?;
     }
-    let mut lost = encoder.encode_descriptor("shmlink_gpu_lost", "1 when NVML reports the GPU lost (fell off the bus)", None, gauge)?;
+    let mut lost = encoder.encode_descriptor(
+        "shmlink_gpu_lost",
+        "1 when NVML reports the GPU lost (fell off the bus)",
+        None,
+        gauge,
+    )?;
     for g in &snapshot.gpus {
         let gpu = g.index.to_string();
-        lost.encode_family(&[("gpu", gpu.as_str())])?.encode_gauge(&i64::from(g.lost))?;
+        lost.encode_family(&[("gpu", gpu.as_str())])?
+            .encode_gauge(&i64::from(g.lost))?;
     }
-    let mut replays = encoder.encode_descriptor("shmlink_gpu_pcie_replays", "PCIe replay counter", None, counter)?;
+    let mut replays = encoder.encode_descriptor(
+        "shmlink_gpu_pcie_replays",
+        "PCIe replay counter",
+        None,
+        counter,
+    )?;
     for g in &snapshot.gpus {
         if let Some(n) = g.pcie_replays {
             let gpu = g.index.to_string();
-            replays.encode_family(&[("gpu", gpu.as_str())])?.encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&n, None)?;
+            replays
+                .encode_family(&[("gpu", gpu.as_str())])?
+                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&n, None)?;
         }
     }
-    let mut up = encoder.encode_descriptor("shmlink_nvlink_up", "1 when the NVLink is active", None, gauge)?;
+    let mut up = encoder.encode_descriptor(
+        "shmlink_nvlink_up",
+        "1 when the NVLink is active",
+        None,
+        gauge,
+    )?;
     for g in &snapshot.gpus {
         let gpu = g.index.to_string();
         for l in &g.links {
             let (link, peer) = (l.link.to_string(), l.peer.to_string());
             let labels = [("gpu", gpu.as_str()), ("link", &link), ("peer", &peer)];
-            up.encode_family(&labels)?.encode_gauge(&i64::from(l.active))?;
+            up.encode_family(&labels)?
+                .encode_gauge(&i64::from(l.active))?;
         }
     }
-    let mut errors = encoder.encode_descriptor("shmlink_nvlink_errors", "NVLink data-link error counters", None, counter)?;
+    let mut errors = encoder.encode_descriptor(
+        "shmlink_nvlink_errors",
+        "NVLink data-link error counters",
+        None,
+        counter,
+    )?;
     for g in &snapshot.gpus {
         let gpu = g.index.to_string();
         for l in &g.links {
@@ -256,31 +289,57 @@ fn encode_gpus(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> Result<(
                 ("crc_data", e.crc_data),
                 ("ecc_data", e.ecc_data),
             ] {
-                let labels = [("gpu", gpu.as_str()), ("link", &link), ("peer", &peer), ("type", kind)];
+                let labels = [
+                    ("gpu", gpu.as_str()),
+                    ("link", &link),
+                    ("peer", &peer),
+                    ("type", kind),
+                ];
                 errors
                     .encode_family(&labels)?
-                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&value, None)?;
+                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                        &value, None,
+                    )?;
             }
         }
     }
-    let mut p2p = encoder.encode_descriptor("shmlink_gpu_p2p_ok", "1 when NVML reports P2P OK for the capability", None, gauge)?;
+    let mut p2p = encoder.encode_descriptor(
+        "shmlink_gpu_p2p_ok",
+        "1 when NVML reports P2P OK for the capability",
+        None,
+        gauge,
+    )?;
     for pair in &snapshot.gpu_pairs {
         let Some(caps) = pair.p2p else { continue };
         let (a, b) = (pair.gpu.to_string(), pair.peer_gpu.to_string());
         for (capability, status) in caps.iter() {
-            let labels = [("gpu", a.as_str()), ("peer_gpu", &b), ("capability", capability)];
+            let labels = [
+                ("gpu", a.as_str()),
+                ("peer_gpu", &b),
+                ("capability", capability),
+            ];
             p2p.encode_family(&labels)?
                 .encode_gauge(&i64::from(status == crate::gpu::P2pStatus::Ok))?;
         }
     }
-    let mut healthy = encoder.encode_descriptor("shmlink_gpu_pair_healthy", "1 when the GPU pair is ok, 0 degraded or down", None, gauge)?;
+    let mut healthy = encoder.encode_descriptor(
+        "shmlink_gpu_pair_healthy",
+        "1 when the GPU pair is ok, 0 degraded or down",
+        None,
+        gauge,
+    )?;
     for pair in &snapshot.gpu_pairs {
         let (a, b) = (pair.gpu.to_string(), pair.peer_gpu.to_string());
         healthy
             .encode_family(&[("gpu", a.as_str()), ("peer_gpu", &b)])?
             .encode_gauge(&i64::from(pair.status == PairStatus::Ok))?;
     }
-    let mut xids = encoder.encode_descriptor("shmlink_gpu_xid_errors", "XID errors since the agent started", None, counter)?;
+    let mut xids = encoder.encode_descriptor(
+        "shmlink_gpu_xid_errors",
+        "XID errors since the agent started",
+        None,
+        counter,
+    )?;
     for x in &snapshot.xids {
         let (gpu, xid) = (x.gpu.to_string(), x.xid.to_string());
         xids.encode_family(&[("gpu", gpu.as_str()), ("xid", &xid)])?

@@ -100,7 +100,11 @@ fn write_shm_table(out: &mut impl Write, readings: &[ShmReading], paint: Paint) 
 }
 
 fn write_gpus(out: &mut impl Write, snapshot: &Snapshot, paint: Paint) -> io::Result<()> {
-    writeln!(out, "{:<4}  {:<28}  {:<16}  {:>12}  {:>12}", "GPU", "NAME", "PCI BUS", "NVLINKS UP", "PCIE REPLAYS")?;
+    writeln!(
+        out,
+        "{:<4}  {:<28}  {:<16}  {:>12}  {:>12}",
+        "GPU", "NAME", "PCI BUS", "NVLINKS UP", "PCIE REPLAYS"
+    )?;
     for g in &snapshot.gpus {
         let up = g.links.iter().filter(|l| l.active).count();
         let links = if g.lost {
@@ -108,8 +112,14 @@ fn write_gpus(out: &mut impl Write, snapshot: &Snapshot, paint: Paint) -> io::Re
         } else {
             format!("{up}/{}", g.links.len())
         };
-        let replays = g.pcie_replays.map_or_else(|| "-".to_string(), |n| n.to_string());
-        writeln!(out, "{:<4}  {:<28}  {:<16}  {:>12}  {:>12}", g.index, g.name, g.pci_bus_id, links, replays)?;
+        let replays = g
+            .pcie_replays
+            .map_or_else(|| "-".to_string(), |n| n.to_string());
+        writeln!(
+            out,
+            "{:<4}  {:<28}  {:<16}  {:>12}  {:>12}",
+            g.index, g.name, g.pci_bus_id, links, replays
+        )?;
     }
     if snapshot.gpu_pairs.is_empty() {
         return Ok(());
@@ -124,7 +134,11 @@ fn write_gpus(out: &mut impl Write, snapshot: &Snapshot, paint: Paint) -> io::Re
     writeln!(out, "{header}")?;
     let status_of = |a: u32, b: u32| {
         let (lo, hi) = (a.min(b), a.max(b));
-        snapshot.gpu_pairs.iter().find(|p| p.gpu == lo && p.peer_gpu == hi).map(|p| p.status)
+        snapshot
+            .gpu_pairs
+            .iter()
+            .find(|p| p.gpu == lo && p.peer_gpu == hi)
+            .map(|p| p.status)
     };
     for a in snapshot.gpus.iter().map(|g| g.index) {
         let mut row = format!("{:<6}", format!("GPU{a}"));
@@ -140,7 +154,11 @@ fn write_gpus(out: &mut impl Write, snapshot: &Snapshot, paint: Paint) -> io::Re
         }
         writeln!(out, "{row}")?;
     }
-    for p in snapshot.gpu_pairs.iter().filter(|p| p.status != PairStatus::Ok) {
+    for p in snapshot
+        .gpu_pairs
+        .iter()
+        .filter(|p| p.status != PairStatus::Ok)
+    {
         for reason in &p.reasons {
             writeln!(out, "  GPU{} <-> GPU{}: {reason}", p.gpu, p.peer_gpu)?;
         }

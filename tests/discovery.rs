@@ -18,9 +18,15 @@ struct FakeHost {
 impl FakeHost {
     /// A cgroup v2 host (systemd driver) whose PID 1 is in the host's namespaces.
     fn v2() -> FakeHost {
-        let host = FakeHost { dir: tempfile::tempdir().unwrap() };
+        let host = FakeHost {
+            dir: tempfile::tempdir().unwrap(),
+        };
         fs::create_dir_all(host.cgroup()).unwrap();
-        fs::write(host.cgroup().join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n").unwrap();
+        fs::write(
+            host.cgroup().join("cgroup.controllers"),
+            "cpuset cpu io memory hugetlb pids rdma misc\n",
+        )
+        .unwrap();
         host.process(1, HOST_MNT, HOST_MNT + 1);
         host
     }
@@ -34,7 +40,10 @@ impl FakeHost {
     }
 
     fn paths(&self) -> HostPaths {
-        HostPaths { proc_root: self.proc(), cgroup_root: self.cgroup() }
+        HostPaths {
+            proc_root: self.proc(),
+            cgroup_root: self.cgroup(),
+        }
     }
 
     /// /proc/PID with ns links and a root directory of its own.
@@ -56,9 +65,17 @@ impl FakeHost {
         fs::create_dir_all(&dir).unwrap();
         let procs: String = pids.iter().map(|p| format!("{p}\n")).collect();
         fs::write(dir.join("cgroup.procs"), procs).unwrap();
-        fs::write(dir.join("memory.max"), limit.map_or("max\n".into(), |l| format!("{l}\n"))).unwrap();
+        fs::write(
+            dir.join("memory.max"),
+            limit.map_or("max\n".into(), |l| format!("{l}\n")),
+        )
+        .unwrap();
         fs::write(dir.join("memory.current"), format!("{usage}\n")).unwrap();
-        fs::write(dir.join("memory.stat"), format!("anon 1000\nfile 2000\nshmem {}\n", usage / 2)).unwrap();
+        fs::write(
+            dir.join("memory.stat"),
+            format!("anon 1000\nfile 2000\nshmem {}\n", usage / 2),
+        )
+        .unwrap();
         dir
     }
 }
@@ -73,14 +90,22 @@ fn a_systemd_driver_pod_container_on_cgroup_v2_is_found_with_its_ids_and_limits(
     host.cgroup_dir("/kubepods.slice", &[], None, 0);
     host.cgroup_dir("/kubepods.slice/kubepods-burstable.slice", &[], None, 0);
     host.cgroup_dir(POD_SLICE, &[], Some(512 * MIB), 300 * MIB);
-    host.cgroup_dir(&format!("{POD_SLICE}/cri-containerd-{CID}.scope"), &[100], Some(1024 * MIB), 200 * MIB);
+    host.cgroup_dir(
+        &format!("{POD_SLICE}/cri-containerd-{CID}.scope"),
+        &[100],
+        Some(1024 * MIB),
+        200 * MIB,
+    );
 
     let scan = ShmScanner::new(&host.paths()).unwrap().scan();
     assert_eq!(scan.errors, 0);
     assert_eq!(scan.readings.len(), 1, "{:#?}", scan.readings);
     let r = &scan.readings[0];
     assert_eq!(r.container_id, CID);
-    assert_eq!(r.pod_uid.as_deref(), Some("0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d"));
+    assert_eq!(
+        r.pod_uid.as_deref(),
+        Some("0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d")
+    );
     assert_eq!(r.pid, 100);
     assert!(!r.host_ipc);
     // The pod's limit is lower than the container's, so it bounds both numbers.
@@ -97,7 +122,12 @@ fn host_processes_and_vanished_processes_are_not_containers_nor_errors() {
     host.process(200, HOST_MNT, HOST_MNT + 1); // a host daemon
     host.cgroup_dir("/system.slice/sshd.service", &[200], None, 0);
     // Listed in cgroup.procs but already gone from /proc.
-    host.cgroup_dir("/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/abc", &[999], None, 0);
+    host.cgroup_dir(
+        "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/abc",
+        &[999],
+        None,
+        0,
+    );
     let scan = ShmScanner::new(&host.paths()).unwrap().scan();
     assert!(scan.readings.is_empty(), "{:#?}", scan.readings);
     assert_eq!(scan.errors, 0);
@@ -124,18 +154,35 @@ fn a_container_nested_in_a_container_is_its_own_entry() {
     host.process(400, HOST_MNT + 40, HOST_MNT + 41);
     host.process(401, HOST_MNT + 50, HOST_MNT + 51);
     host.cgroup_dir("/kind-node", &[400], None, 0);
-    host.cgroup_dir("/kind-node/kubepods/pod22222222-3333-4444-5555-666666666666/inner", &[401], None, 0);
+    host.cgroup_dir(
+        "/kind-node/kubepods/pod22222222-3333-4444-5555-666666666666/inner",
+        &[401],
+        None,
+        0,
+    );
     let scan = ShmScanner::new(&host.paths()).unwrap().scan();
-    let ids: Vec<&str> = scan.readings.iter().map(|r| r.container_id.as_str()).collect();
+    let ids: Vec<&str> = scan
+        .readings
+        .iter()
+        .map(|r| r.container_id.as_str())
+        .collect();
     assert_eq!(ids, ["kind-node", "inner"]);
-    assert_eq!(scan.readings[1].pod_uid.as_deref(), Some("22222222-3333-4444-5555-666666666666"));
+    assert_eq!(
+        scan.readings[1].pod_uid.as_deref(),
+        Some("22222222-3333-4444-5555-666666666666")
+    );
 }
 
 #[test]
 fn a_container_sharing_the_hosts_ipc_namespace_is_host_ipc() {
     let host = FakeHost::v2();
     host.process(500, HOST_MNT + 60, HOST_MNT + 1);
-    host.cgroup_dir("/kubepods/pod33333333-4444-5555-6666-777777777777/c1", &[500], None, 0);
+    host.cgroup_dir(
+        "/kubepods/pod33333333-4444-5555-6666-777777777777/c1",
+        &[500],
+        None,
+        0,
+    );
     let scan = ShmScanner::new(&host.paths()).unwrap().scan();
     assert!(scan.readings[0].host_ipc);
 }
@@ -159,7 +206,12 @@ fn an_unreadable_namespace_link_is_an_error_counted_once_per_scan_not_a_panic() 
 fn a_process_whose_root_is_gone_mid_scan_drops_out_silently() {
     let host = FakeHost::v2();
     let root = host.process(700, HOST_MNT + 70, HOST_MNT + 71);
-    host.cgroup_dir("/kubepods/pod44444444-5555-6666-7777-888888888888/c1", &[700], None, 0);
+    host.cgroup_dir(
+        "/kubepods/pod44444444-5555-6666-7777-888888888888/c1",
+        &[700],
+        None,
+        0,
+    );
     fs::remove_dir_all(&root).unwrap(); // /proc/700/root now dangles, as for an exited process
     let scan = ShmScanner::new(&host.paths()).unwrap().scan();
     assert!(scan.readings.is_empty(), "{:#?}", scan.readings);
@@ -177,4 +229,3 @@ fn pid_1_unreadable_falls_back_to_the_agents_namespaces() {
         own.to_str().unwrap()
     );
 }
-

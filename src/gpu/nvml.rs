@@ -115,13 +115,20 @@ impl NvmlGpus {
 
     /// UUID by index, for the XID thread's reports.
     pub fn uuids(&self) -> Vec<(u32, String)> {
-        self.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect()
+        self.gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.clone()))
+            .collect()
     }
 
     /// One pass over every GPU, link and pair.
     pub fn sample(&self) -> (GpuSample, SampleStats) {
         let mut stats = SampleStats::default();
-        let gpus: Vec<GpuReading> = self.gpus.iter().map(|g| self.read_gpu(g, &mut stats)).collect();
+        let gpus: Vec<GpuReading> = self
+            .gpus
+            .iter()
+            .map(|g| self.read_gpu(g, &mut stats))
+            .collect();
         let mut pairs = Vec::new();
         for (i, a) in self.gpus.iter().enumerate() {
             for b in &self.gpus[i + 1..] {
@@ -130,7 +137,12 @@ impl NvmlGpus {
                     .map_or((a.device.as_ref(), b.device.as_ref()), |_| (None, None));
                 pairs.push(match both {
                     (Some(da), Some(db)) => read_pair(a.index, da, b.index, db, &mut stats),
-                    _ => PairSample { gpu: a.index, peer_gpu: b.index, p2p: None, topology: None },
+                    _ => PairSample {
+                        gpu: a.index,
+                        peer_gpu: b.index,
+                        p2p: None,
+                        topology: None,
+                    },
                 });
             }
         }
@@ -179,7 +191,12 @@ impl NvmlGpus {
             };
             let peer = self.peer_of(device, link, stats);
             let errors = self.link_errors(device, link, stats);
-            reading.links.push(LinkReading { link, active, peer, errors });
+            reading.links.push(LinkReading {
+                link,
+                active,
+                peer,
+                errors,
+            });
         }
         reading
     }
@@ -203,7 +220,12 @@ impl NvmlGpus {
     }
 
     fn remote_device_type(&self, device: &Device<'static>, link: u32) -> Option<u32> {
-        let sym = self.nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref().ok()?;
+        let sym = self
+            .nvml
+            .lib()
+            .nvmlDeviceGetNvLinkRemoteDeviceType
+            .as_ref()
+            .ok()?;
         let mut kind: sys::nvmlIntNvLinkDeviceType_t = 0;
         // SAFETY: the handle is live for the life of the leaked Nvml; `kind` is a valid out pointer.
         let ret = unsafe { sym(device.handle(), link, &mut kind) };
@@ -212,7 +234,12 @@ impl NvmlGpus {
 
     /// The five DL error counters; through field values (scoped to the link) where the counter
     /// call is not supported, as on newer GPUs.
-    fn link_errors(&self, device: &Device<'static>, link: u32, stats: &mut SampleStats) -> Option<LinkErrors> {
+    fn link_errors(
+        &self,
+        device: &Device<'static>,
+        link: u32,
+        stats: &mut SampleStats,
+    ) -> Option<LinkErrors> {
         let nvlink = device.link_wrapper_for(link);
         stats.calls += 4;
         let direct = (|| {
@@ -228,7 +255,11 @@ impl NvmlGpus {
             Ok(mut errors) => {
                 stats.calls += 1;
                 errors.ecc_data = self
-                    .raw_error_counter(device, link, sys::nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_ECC_DATA)
+                    .raw_error_counter(
+                        device,
+                        link,
+                        sys::nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_ECC_DATA,
+                    )
                     .unwrap_or(0);
                 Some(errors)
             }
@@ -240,7 +271,12 @@ impl NvmlGpus {
     }
 
     fn raw_error_counter(&self, device: &Device<'static>, link: u32, counter: u32) -> Option<u64> {
-        let sym = self.nvml.lib().nvmlDeviceGetNvLinkErrorCounter.as_ref().ok()?;
+        let sym = self
+            .nvml
+            .lib()
+            .nvmlDeviceGetNvLinkErrorCounter
+            .as_ref()
+            .ok()?;
         let mut value: std::os::raw::c_ulonglong = 0;
         // SAFETY: live handle, valid out pointer.
         let ret = unsafe { sym(device.handle(), link, counter, &mut value) };
@@ -281,7 +317,13 @@ impl NvmlGpus {
     }
 }
 
-fn read_pair(a: u32, da: &Device<'static>, b: u32, db: &Device<'static>, stats: &mut SampleStats) -> PairSample {
+fn read_pair(
+    a: u32,
+    da: &Device<'static>,
+    b: u32,
+    db: &Device<'static>,
+    stats: &mut SampleStats,
+) -> PairSample {
     let mut status = |cap| {
         stats.calls += 1;
         da.p2p_status(db, cap).map(p2p_status)
@@ -301,11 +343,19 @@ fn read_pair(a: u32, da: &Device<'static>, b: u32, db: &Device<'static>, stats: 
     // SAFETY: a copy of a live handle, used for this one call.
     let other = unsafe { Device::new(db.handle(), da.nvml()) };
     let topology = da.topology_common_ancestor(other).ok().map(topology_level);
-    PairSample { gpu: a, peer_gpu: b, p2p: p2p.ok(), topology }
+    PairSample {
+        gpu: a,
+        peer_gpu: b,
+        p2p: p2p.ok(),
+        topology,
+    }
 }
 
 fn count_unless_unsupported(e: &NvmlError, stats: &mut SampleStats) {
-    if !matches!(e, NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) {
+    if !matches!(
+        e,
+        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)
+    ) {
         stats.errors += 1;
     }
 }

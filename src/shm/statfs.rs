@@ -69,7 +69,7 @@ pub fn open_beneath(root: &OwnedFd, rel: &str) -> Result<OwnedFd, OpenShmError> 
     rustix::fs::openat2(
         root,
         rel,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
         ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
