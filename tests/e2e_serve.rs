@@ -14,18 +14,29 @@ use common::{Container, ContainerSpec};
 fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;
     let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Some((status, body))
 }
 
 fn method(addr: SocketAddr, method: &str, path: &str) -> Option<u16> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;
     raw.split_whitespace().nth(1)?.parse().ok()
@@ -39,10 +50,19 @@ struct Agent {
 impl Agent {
     fn start(extra: &[&str]) -> Agent {
         let addr = common::free_local_addr();
-        let log = std::fs::File::create(std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port())))
-            .unwrap();
+        let log = std::fs::File::create(
+            std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port())),
+        )
+        .unwrap();
         let child = Command::new(common::shmlink_bin())
-            .args(["serve", "--listen", &addr.to_string(), "--interval", "200ms", "--no-gpu"])
+            .args([
+                "serve",
+                "--listen",
+                &addr.to_string(),
+                "--interval",
+                "200ms",
+                "--no-gpu",
+            ])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -69,7 +89,10 @@ impl Agent {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(std::time::Instant::now() < deadline, "serve did not stop on SIGTERM");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "serve did not stop on SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -99,7 +122,8 @@ fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
     });
     let agent = Agent::start(&[]);
     assert!(
-        common::wait_until(Duration::from_secs(20), || get(agent.addr, "/readyz").is_some_and(|(s, _)| s == 200)),
+        common::wait_until(Duration::from_secs(20), || get(agent.addr, "/readyz")
+            .is_some_and(|(s, _)| s == 200)),
         "never ready"
     );
     assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
@@ -115,9 +139,15 @@ fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
     assert!(
         common::wait_until(Duration::from_secs(20), || {
             body = agent.metrics();
-            series_with(&body, "shmlink_shm_used_bytes{").first().is_some_and(|l| {
-                l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) >= 8.0 * 1048576.0
-            })
+            series_with(&body, "shmlink_shm_used_bytes{")
+                .first()
+                .is_some_and(|l| {
+                    l.rsplit(' ')
+                        .next()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                        >= 8.0 * 1048576.0
+                })
         }),
         "no used-bytes series with 8 MiB for {}:\n{body}",
         c.id
@@ -125,7 +155,11 @@ fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
     let size = series_with(&body, "shmlink_shm_size_bytes{");
     assert_eq!(size.len(), 1, "{size:?}");
     assert!(size[0].ends_with(" 67108864"), "{}", size[0]);
-    assert!(size[0].contains(&format!("pod_uid=\"{pod}\"")), "{}", size[0]);
+    assert!(
+        size[0].contains(&format!("pod_uid=\"{pod}\"")),
+        "{}",
+        size[0]
+    );
     assert!(body.contains("# TYPE shmlink_scan_duration_seconds histogram"));
     assert!(body.contains("shmlink_scan_errors_total{collector=\"shm\"}"));
     assert!(body.contains("shmlink_build_info{version="));
@@ -152,9 +186,18 @@ fn bad_options_are_one_line_errors_with_exit_2() {
     for args in [
         vec!["serve", "--interval", "soon"],
         vec!["check", "--shm-warn-ratio", "1.5"],
-        vec!["check", "--shm-warn-ratio", "0.9", "--shm-critical-ratio", "0.5"],
+        vec![
+            "check",
+            "--shm-warn-ratio",
+            "0.9",
+            "--shm-critical-ratio",
+            "0.5",
+        ],
     ] {
-        let out = Command::new(common::shmlink_bin()).args(&args).output().unwrap();
+        let out = Command::new(common::shmlink_bin())
+            .args(&args)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!String::from_utf8_lossy(&out.stderr).trim().is_empty());
     }

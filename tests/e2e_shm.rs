@@ -25,23 +25,18 @@ fn check_entry(container: &Container) -> Value {
         .unwrap_or_else(|| panic!("container {} not in report:\n{report:#}", container.id))
 }
 
+/// Writes `mib` MiB to /dev/shm (nothing for 0: containers of one pod share the file name),
+/// then says it is ready.
 fn write_then_sleep(mib: u64) -> Vec<String> {
+    let write = match mib {
+        0 => String::new(),
+        _ => format!("dd if=/dev/zero of=/dev/shm/data bs=1M count={mib} 2>/dev/null; "),
+    };
     vec![
         "sh".into(),
         "-c".into(),
-        format!("dd if=/dev/zero of=/dev/shm/data bs=1M count={mib} 2>/dev/null; touch /tmp/ready; exec sleep 3600"),
+        format!("{write}touch /tmp/ready; exec sleep 3600"),
     ]
-}
-
-fn wait_ready(c: &Container) {
-    assert!(
-        common::wait_until(Duration::from_secs(20), || c
-            .exec(&["test", "-e", "/tmp/ready"])
-            .status
-            .success()),
-        "container {} never got ready",
-        c.id
-    );
 }
 
 fn as_u64(v: &Value) -> u64 {
@@ -59,7 +54,7 @@ fn the_runtime_default_64mib_shm_shows_what_was_written() {
         args: write_then_sleep(20),
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let e = check_entry(&c);
     assert_eq!(e["pod_uid"], pod.as_str());
     assert_eq!(e["mounted"], true);
@@ -88,7 +83,7 @@ fn a_memory_backed_emptydir_at_dev_shm_reports_its_own_size() {
         shm: Shm::Bind(volume.path.clone()),
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let e = check_entry(&c);
     assert_eq!(as_u64(&e["size_bytes"]), 1024 * MIB);
     let used = as_u64(&e["used_bytes"]);
@@ -107,7 +102,7 @@ fn a_host_ipc_container_sees_the_hosts_dev_shm() {
         shm: Shm::HostIpc,
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let e = check_entry(&c);
     assert_eq!(e["host_ipc"], true);
     let host = rustix::fs::statvfs("/dev/shm").unwrap();
@@ -133,14 +128,17 @@ fn two_containers_of_one_pod_share_the_pods_dev_shm() {
         shm: Shm::Bind(volume.path.clone()),
         ..ContainerSpec::default()
     });
-    wait_ready(&writer);
-    wait_ready(&reader);
+    writer.wait_ready();
+    reader.wait_ready();
     let report = common::run_check_json(&[]);
     let w = entry_for(&report, &writer.id).expect("writer reported");
     let r = entry_for(&report, &reader.id).expect("reader reported");
     assert_eq!(w["pod_uid"], pod.as_str());
     assert_eq!(r["pod_uid"], pod.as_str());
-    assert_ne!(w["container_id"], r["container_id"], "one entry per container");
+    assert_ne!(
+        w["container_id"], r["container_id"],
+        "one entry per container"
+    );
     for e in [&w, &r] {
         assert_eq!(as_u64(&e["size_bytes"]), 256 * MIB);
         let used = as_u64(&e["used_bytes"]);
@@ -161,14 +159,17 @@ fn memory_headroom_below_tmpfs_free_bounds_what_is_available() {
         memory_limit: Some(96 * MIB as i64),
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let e = check_entry(&c);
     assert_eq!(as_u64(&e["memory_limit_bytes"]), 96 * MIB);
     let used = as_u64(&e["used_bytes"]);
     let available = as_u64(&e["available_bytes"]);
     let tmpfs_free = 1024 * MIB - used;
     // headroom = 96 MiB - (40 MiB of shm + the shell's own pages)
-    assert!(available < 56 * MIB, "available {available} must be below the memory headroom");
+    assert!(
+        available < 56 * MIB,
+        "available {available} must be below the memory headroom"
+    );
     assert!(available > 30 * MIB, "available {available}");
     assert!(available < tmpfs_free);
 }
@@ -190,9 +191,12 @@ fn a_file_unlinked_while_held_open_still_counts() {
         ],
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let ls = c.exec(&["ls", "-A", "/dev/shm"]);
-    assert!(String::from_utf8_lossy(&ls.stdout).trim().is_empty(), "du/ls see nothing");
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).trim().is_empty(),
+        "du/ls see nothing"
+    );
     let e = check_entry(&c);
     assert!(as_u64(&e["used_bytes"]) >= 16 * MIB, "{e}");
 }
@@ -216,7 +220,7 @@ fn a_symlink_at_dev_shm_to_a_host_path_is_not_followed() {
         shm: Shm::None,
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let e = check_entry(&c);
     assert_eq!(e["mounted"], false, "{e}");
     assert_eq!(e["size_bytes"], Value::Null);
@@ -233,7 +237,7 @@ fn a_container_without_dev_shm_is_reported_as_not_mounted() {
         shm: Shm::None,
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let e = check_entry(&c);
     assert_eq!(e["mounted"], false);
     assert_eq!(e["pod_uid"], Value::Null, "outside Kubernetes");
@@ -250,9 +254,14 @@ fn a_full_dev_shm_is_critical_and_check_exits_1() {
         args: write_then_sleep(62),
         ..ContainerSpec::default()
     });
-    wait_ready(&c);
+    c.wait_ready();
     let out = common::run_check(&["--json"]);
-    assert_eq!(out.status.code(), Some(1), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let e = entry_for(&report, &c.id).unwrap();
     assert_eq!(e["status"], "critical");

@@ -1,0 +1,468 @@
+//! The end-to-end harness: real OCI containers started with runc, a busybox rootfs, and a
+//! kubelet-style cgroup path, so the agent finds them exactly as it would on a node.
+//!
+//! Needs root, `runc` and a static busybox (`apt-get install runc busybox-static`; the test
+//! script installs them). Without them a test says SKIPPED on stderr and returns, unless
+//! `SHMLINK_E2E=require` (set by the test script as root, and so in CI), where it fails.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// runc's state directory for these tests, apart from any other runc user on the machine.
+const RUNC_ROOT: &str = "/run/shmlink-e2e";
+/// A statically linked busybox: the whole rootfs of a test container.
+const BUSYBOX: &str = "/bin/busybox";
+
+pub fn shmlink_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_shmlink")
+}
+
+/// Whether real containers can be made here. Says why not, once per test, when they cannot.
+pub fn e2e_available() -> bool {
+    static WHY_NOT: OnceLock<Option<String>> = OnceLock::new();
+    let why_not = WHY_NOT.get_or_init(|| {
+        if !rustix::process::geteuid().is_root() {
+            return Some("not root".into());
+        }
+        if !on_path("runc") {
+            return Some("runc is not installed (apt-get install runc)".into());
+        }
+        if !is_static_busybox(Path::new(BUSYBOX)) {
+            return Some(format!(
+                "{BUSYBOX} is not a static busybox (apt-get install busybox-static)"
+            ));
+        }
+        None
+    });
+    match why_not {
+        None => true,
+        Some(why) => {
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("an end-to-end test")
+                .to_string();
+            if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+                panic!("{test} needs real containers, but {why}");
+            }
+            eprintln!("SKIPPED {test}: needs real containers, but {why}");
+            false
+        }
+    }
+}
+
+fn on_path(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn is_static_busybox(path: &Path) -> bool {
+    // A dynamically linked busybox would need the host's libc inside the rootfs.
+    Command::new("ldd").arg(path).output().is_ok_and(|o| {
+        !o.status.success() || String::from_utf8_lossy(&o.stdout).contains("not a dynamic")
+    }) && path.exists()
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf))
+        .expect("reading /dev/urandom");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A pod UID in the API server's form (a v4 UUID).
+pub fn random_pod_uid() -> String {
+    let h = random_hex(16);
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
+}
+
+/// A container ID as containerd and Docker make them: 64 hex digits.
+pub fn random_container_id() -> String {
+    random_hex(32)
+}
+
+pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A loopback address with a port nobody listens on (yet).
+pub fn free_local_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a loopback port")
+}
+
+/// `shmlink check --no-gpu ARGS`.
+pub fn run_check(args: &[&str]) -> Output {
+    Command::new(shmlink_bin())
+        .arg("check")
+        .arg("--no-gpu")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running shmlink check")
+}
+
+/// `check --json`: the report, whatever the findings (other tests' containers may be full).
+pub fn run_check_json(args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = run_check(&all);
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "check failed with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "check --json printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// What the container gets at /dev/shm.
+#[derive(Debug, Clone, Default)]
+pub enum Shm {
+    /// The runtime's default: a private 64 MiB tmpfs (Docker's and containerd's).
+    #[default]
+    RuntimeDefault,
+    /// A host directory bind-mounted there: a `medium: Memory` emptyDir.
+    Bind(PathBuf),
+    /// The host's IPC namespace and the host's /dev/shm (`hostIPC: true`, `--ipc=host`).
+    HostIpc,
+    /// Nothing mounted at /dev/shm.
+    None,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ContainerSpec {
+    /// Some: the cgroup is `/kubepods/burstable/pod<uid>/<id>`; None: a plain runc container.
+    pub pod_uid: Option<String>,
+    /// Defaults to a random 64-hex ID.
+    pub id: Option<String>,
+    /// The command; defaults to `sleep 3600`.
+    pub args: Vec<String>,
+    pub shm: Shm,
+    /// memory.limit_in_bytes / memory.max of the container's cgroup.
+    pub memory_limit: Option<i64>,
+}
+
+/// A running runc container; killed and deleted on drop.
+pub struct Container {
+    pub id: String,
+    pub pid: i32,
+    pub cgroup: String,
+    bundle: tempfile::TempDir,
+}
+
+impl Container {
+    pub fn start(spec: ContainerSpec) -> Container {
+        let id = spec.id.clone().unwrap_or_else(random_container_id);
+        let cgroup = match &spec.pod_uid {
+            Some(uid) => format!("/kubepods/burstable/pod{uid}/{id}"),
+            None => format!("/shmlink-e2e/{id}"),
+        };
+        let bundle = tempfile::Builder::new()
+            .prefix("shmlink-e2e-")
+            .tempdir()
+            .expect("bundle dir");
+        make_rootfs(&bundle.path().join("rootfs"));
+        let config = oci_config(&spec, &cgroup);
+        std::fs::write(
+            bundle.path().join("config.json"),
+            serde_json::to_vec_pretty(&config).unwrap(),
+        )
+        .unwrap();
+        // Detached: the container keeps the stdio it is given, so give it a file, never a pipe
+        // this process would wait on.
+        let log = std::fs::File::create(bundle.path().join("console.log")).unwrap();
+        let out = Command::new("runc")
+            .args(["--root", RUNC_ROOT, "run", "-d", "--bundle"])
+            .arg(bundle.path())
+            .arg(&id)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .status()
+            .expect("running runc");
+        assert!(
+            out.success(),
+            "runc run {id} failed: {}",
+            std::fs::read_to_string(bundle.path().join("console.log")).unwrap_or_default()
+        );
+        let pid = runc_state(&id)["pid"]
+            .as_i64()
+            .expect("runc state has a pid") as i32;
+        Container {
+            id,
+            pid,
+            cgroup,
+            bundle,
+        }
+    }
+
+    /// `runc exec` in the container.
+    pub fn exec(&self, args: &[&str]) -> Output {
+        Command::new("runc")
+            .args(["--root", RUNC_ROOT, "exec", &self.id])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running runc exec")
+    }
+
+    /// `sh -c SCRIPT` in the container, which must succeed.
+    pub fn sh(&self, script: &str) {
+        let out = self.exec(&["sh", "-c", script]);
+        assert!(
+            out.status.success(),
+            "`{script}` failed in {}: {}",
+            self.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Waits until the container's script has touched /tmp/ready.
+    pub fn wait_ready(&self) {
+        assert!(
+            wait_until(Duration::from_secs(30), || self
+                .exec(&["test", "-e", "/tmp/ready"])
+                .status
+                .success()),
+            "container {} never got ready: {}",
+            self.id,
+            std::fs::read_to_string(self.bundle.path().join("console.log")).unwrap_or_default()
+        );
+    }
+
+    /// Kills and deletes the container now (drop does the same).
+    pub fn stop(self) {}
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let runc = |args: &[&str]| {
+            let _ = Command::new("runc")
+                .args(["--root", RUNC_ROOT])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        runc(&["kill", &self.id, "KILL"]);
+        runc(&["delete", "--force", &self.id]);
+        remove_empty_parents(&self.cgroup);
+    }
+}
+
+/// runc leaves the pod-level cgroups it created: remove them once empty, in every hierarchy.
+fn remove_empty_parents(cgroup: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let mut roots: Vec<PathBuf> = hierarchies.flatten().map(|e| e.path()).collect();
+    roots.push(PathBuf::from("/sys/fs/cgroup"));
+    for root in roots {
+        let mut path = Path::new(cgroup.trim_start_matches('/'));
+        while let Some(parent) = path.parent() {
+            if parent.as_os_str().is_empty() {
+                break;
+            }
+            // Fails while another test's container still lives there: that test removes it.
+            if std::fs::remove_dir(root.join(parent)).is_err() {
+                break;
+            }
+            path = parent;
+        }
+    }
+}
+
+fn runc_state(id: &str) -> Value {
+    let out = Command::new("runc")
+        .args(["--root", RUNC_ROOT, "state", id])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running runc state");
+    assert!(
+        out.status.success(),
+        "runc state {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("runc state JSON")
+}
+
+/// busybox and the applets the tests use, each a hard link to one copy per test process.
+fn make_rootfs(rootfs: &Path) {
+    static BUSYBOX_COPY: OnceLock<PathBuf> = OnceLock::new();
+    let copy = BUSYBOX_COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("shmlink-e2e-busybox-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("busybox");
+        std::fs::copy(BUSYBOX, &copy).expect("copying busybox");
+        copy
+    });
+    for dir in ["bin", "dev", "proc", "sys", "tmp", "etc"] {
+        std::fs::create_dir_all(rootfs.join(dir)).unwrap();
+    }
+    let busybox = rootfs.join("bin/busybox");
+    if std::fs::hard_link(copy, &busybox).is_err() {
+        std::fs::copy(copy, &busybox).expect("copying busybox into the rootfs");
+    }
+    for applet in [
+        "sh",
+        "sleep",
+        "dd",
+        "touch",
+        "ln",
+        "rm",
+        "ls",
+        "test",
+        "cat",
+        "mkdir",
+        "head",
+        "df",
+        "true",
+        "fallocate",
+    ] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+}
+
+fn oci_config(spec: &ContainerSpec, cgroup: &str) -> Value {
+    let args: Vec<String> = if spec.args.is_empty() {
+        vec!["sleep".into(), "3600".into()]
+    } else {
+        spec.args.clone()
+    };
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+               "options": ["nosuid", "noexec", "nodev", "ro"]}),
+    ];
+    let mut namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "network"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+    ];
+    match &spec.shm {
+        Shm::RuntimeDefault => {
+            namespaces.push(json!({"type": "ipc"}));
+            // What containerd and Docker mount: a 64 MiB tmpfs.
+            mounts.push(
+                json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+            );
+        }
+        Shm::Bind(path) => {
+            namespaces.push(json!({"type": "ipc"}));
+            mounts.push(json!({"destination": "/dev/shm", "type": "bind",
+                "source": path, "options": ["rbind", "rw"]}));
+        }
+        Shm::HostIpc => {
+            mounts.push(json!({"destination": "/dev/shm", "type": "bind",
+                "source": "/dev/shm", "options": ["rbind", "rw"]}));
+        }
+        Shm::None => namespaces.push(json!({"type": "ipc"})),
+    }
+    let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
+    if let Some(limit) = spec.memory_limit {
+        resources["memory"] = json!({"limit": limit});
+    }
+    let caps = json!(["CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"]);
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": ["PATH=/bin"],
+            "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs", "readonly": false},
+        "hostname": "e2e",
+        "mounts": mounts,
+        "linux": {
+            "cgroupsPath": cgroup,
+            "resources": resources,
+            "namespaces": namespaces,
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/sys/firmware"],
+            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger"]
+        }
+    })
+}
+
+/// A tmpfs of its own on the host: a `medium: Memory` emptyDir, or a directory of a known size.
+pub struct HostTmpfs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl HostTmpfs {
+    pub fn new(size_bytes: u64) -> HostTmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("shmlink-e2e-tmpfs-")
+            .tempdir()
+            .unwrap();
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size_bytes},mode=1777"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()
+            .expect("running mount");
+        assert!(
+            status.success(),
+            "mounting a tmpfs at {}",
+            dir.path().display()
+        );
+        HostTmpfs {
+            path: dir.path().to_path_buf(),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for HostTmpfs {
+    fn drop(&mut self) {
+        // Lazy: a container that still has it mounted keeps it alive until it goes.
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
