@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::time::Duration;
 
 use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::Value;
