@@ -89,6 +89,10 @@ pub struct GpuArgs {
     /// Never load NVML.
     #[arg(long, env = "SHMLINK_NO_GPU")]
     pub no_gpu: bool,
+    /// How long NVLink error-counter growth keeps the GPU pairs it affects degraded
+    /// (DCGM's health watch uses 60s).
+    #[arg(long, env = "SHMLINK_NVLINK_ERROR_WINDOW", default_value = "60s", value_parser = parse_window)]
+    pub nvlink_error_window: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -130,6 +134,14 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 5s, 1m)"))?;
     if d < Duration::from_millis(100) {
         return Err("must be at least 100ms".into());
+    }
+    Ok(d)
+}
+
+fn parse_window(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 1m)"))?;
+    if d.is_zero() {
+        return Err("must be more than 0".into());
     }
     Ok(d)
 }

@@ -7,6 +7,8 @@ use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{Cli, Command, CommonArgs, KubeMode, LogFormat};
 use shmlink::findings::Thresholds;
+use shmlink::gpu::collector::GpuCollector;
+use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::scan::Scanner;
 use shmlink::snapshot::Severity;
@@ -28,7 +30,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => {
             init_logging(LogFormat::Text, "warn");
             note_kube(args.kube);
-            let mut scanner = scanner(&args.common)?;
+            let mut scanner = scanner(&args.common, false)?;
             let snapshot = scanner.scan().snapshot;
             let mut stdout = std::io::stdout().lock();
             if args.json {
@@ -46,7 +48,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             init_logging(args.log_format, "info");
             note_kube(args.kube);
-            let scanner = scanner(&args.common)?;
+            let scanner = scanner(&args.common, true)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -58,7 +60,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn scanner(common: &CommonArgs) -> anyhow::Result<Scanner> {
+/// `with_xid_thread`: serve waits for XID events; a one-shot check could not see one in time.
+fn scanner(common: &CommonArgs, with_xid_thread: bool) -> anyhow::Result<Scanner> {
     let thresholds = Thresholds::new(
         common.thresholds.shm_warn_ratio,
         common.thresholds.shm_critical_ratio,
@@ -67,10 +70,17 @@ fn scanner(common: &CommonArgs) -> anyhow::Result<Scanner> {
         proc_root: common.host.proc_root.clone(),
         cgroup_root: common.host.cgroup_root.clone(),
     };
-    if common.gpu.no_gpu || common.gpu.nvml_lib.is_some() {
-        tracing::debug!("GPU collection is not built yet; running shm-only");
-    }
-    Ok(Scanner::new(&host, common.node_name(), thresholds)?)
+    let gpu = GpuCollector::new(
+        common.gpu.no_gpu,
+        common.gpu.nvml_lib.as_deref(),
+        &host.proc_root,
+        with_xid_thread,
+        PairRules {
+            window: common.gpu.nvlink_error_window,
+            ..PairRules::default()
+        },
+    );
+    Ok(Scanner::new(&host, common.node_name(), thresholds, gpu)?)
 }
 
 fn note_kube(mode: KubeMode) {

@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use crate::findings::{evaluate_shm, Thresholds};
+use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
 use crate::shm::ShmScanner;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, XidCount};
 
 /// The collectors named in `shmlink_scan_duration_seconds{collector=...}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,14 +42,21 @@ pub struct Scanner {
     node: String,
     thresholds: Thresholds,
     shm: ShmScanner,
+    gpu: GpuCollector,
 }
 
 impl Scanner {
-    pub fn new(host: &HostPaths, node: String, thresholds: Thresholds) -> Result<Self, HostError> {
+    pub fn new(
+        host: &HostPaths,
+        node: String,
+        thresholds: Thresholds,
+        gpu: GpuCollector,
+    ) -> Result<Self, HostError> {
         Ok(Scanner {
             node,
             thresholds,
             shm: ShmScanner::new(host)?,
+            gpu,
         })
     }
 
@@ -61,16 +69,34 @@ impl Scanner {
             errors: shm.errors,
         };
         let mut readings = shm.readings;
-        let findings = evaluate_shm(&mut readings, &self.thresholds);
+        let mut findings = evaluate_shm(&mut readings, &self.thresholds);
+
+        let started = Instant::now();
+        let gpu = self.gpu.scan();
+        let gpu_run = CollectorRun {
+            collector: CollectorName::Gpu,
+            duration: started.elapsed(),
+            errors: gpu.errors,
+        };
+        findings.extend(gpu.findings);
+        // Worst first, so a person (and `check`'s exit status) sees what matters at the top.
+        findings.sort_by(|a, b| b.severity.cmp(&a.severity));
         ScanOutput {
             snapshot: Snapshot {
                 node: self.node.clone(),
                 shm: readings,
+                gpus: gpu.gpus,
+                gpu_pairs: gpu.pairs,
+                xids: gpu
+                    .xids
+                    .into_iter()
+                    .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
+                    .collect(),
                 findings,
+                nvml_up: gpu.nvml_up,
                 taken_at: Some(std::time::SystemTime::now()),
-                ..Snapshot::default()
             },
-            runs: vec![shm_run],
+            runs: vec![shm_run, gpu_run],
         }
     }
 }

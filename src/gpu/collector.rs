@@ -51,17 +51,25 @@ pub struct GpuCollector {
     /// Where to look for signs of an NVIDIA GPU when NVML does not load.
     proc_root: PathBuf,
     with_xid_thread: bool,
+    rules: PairRules,
     stop: Arc<AtomicBool>,
     state: State,
 }
 
 impl GpuCollector {
     /// `with_xid_thread` is off for one-shot `check`, where no event could arrive in time.
-    pub fn new(no_gpu: bool, lib: Option<&Path>, proc_root: &Path, with_xid_thread: bool) -> Self {
+    pub fn new(
+        no_gpu: bool,
+        lib: Option<&Path>,
+        proc_root: &Path,
+        with_xid_thread: bool,
+        rules: PairRules,
+    ) -> Self {
         let mut collector = GpuCollector {
             lib: lib.map(Path::to_path_buf),
             proc_root: proc_root.to_path_buf(),
             with_xid_thread,
+            rules,
             stop: Arc::new(AtomicBool::new(false)),
             state: State::Disabled,
         };
@@ -88,7 +96,7 @@ impl GpuCollector {
                 }
                 State::Loaded(Box::new(Loaded {
                     gpus,
-                    judge: PairJudge::new(PairRules::default()),
+                    judge: PairJudge::new(self.rules),
                     xids,
                     xid_seen: BTreeMap::new(),
                 }))

@@ -1,6 +1,7 @@
 //! GPU link health from NVML: per-GPU link state and error counters, per-pair P2P status, and
 //! a verdict per GPU pair. `nvml.rs` is the only file that touches NVML; `pairs.rs` is pure.
 
+pub mod collector;
 pub mod nvml;
 pub mod pairs;
 pub mod xid;
