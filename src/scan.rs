@@ -80,7 +80,7 @@ impl Scanner {
         };
         findings.extend(gpu.findings);
         // Worst first, so a person (and `check`'s exit status) sees what matters at the top.
-        findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+        findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
         ScanOutput {
             snapshot: Snapshot {
                 node: self.node.clone(),
