@@ -3,107 +3,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use common::agent::{get, method, Agent};
 use common::{Container, ContainerSpec};
-
-/// A GET over a plain socket: the test needs a status line and a body, nothing more.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
-fn method(addr: SocketAddr, method: &str, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    raw.split_whitespace().nth(1)?.parse().ok()
-}
-
-struct Agent {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Agent {
-    fn start(extra: &[&str]) -> Agent {
-        let addr = common::free_local_addr();
-        let log = std::fs::File::create(
-            std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port())),
-        )
-        .unwrap();
-        let child = Command::new(common::shmlink_bin())
-            .args([
-                "serve",
-                "--listen",
-                &addr.to_string(),
-                "--interval",
-                "200ms",
-                "--no-gpu",
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Agent { child, addr }
-    }
-
-    fn metrics(&self) -> String {
-        let (status, body) = get(self.addr, "/metrics").expect("scrape");
-        assert_eq!(status, 200);
-        body
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
@@ -120,7 +24,7 @@ fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
         ],
         ..ContainerSpec::default()
     });
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&["--no-gpu"], &[]);
     assert!(
         common::wait_until(Duration::from_secs(20), || get(agent.addr, "/readyz")
             .is_some_and(|(s, _)| s == 200)),

@@ -7,6 +7,9 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod agent;
+pub mod fake_nvml;
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,0 +1,153 @@
+//! A `shmlink serve` child process and a plain-socket HTTP client to scrape it.
+
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A GET over a plain socket: the tests need a status line and a body, nothing more.
+pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let raw = request(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// The status of a bodiless request with any method.
+pub fn method(addr: SocketAddr, method: &str, path: &str) -> Option<u16> {
+    let raw = request(
+        addr,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )?;
+    raw.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn request(addr: SocketAddr, head: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(head.as_bytes()).ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    Some(raw)
+}
+
+/// The value of the one series of `metric` whose labels include every pair of `labels`.
+pub fn sample(body: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let name_end = l.find(['{', ' ']).unwrap_or(l.len());
+            &l[..name_end] == metric
+        })
+        .find(|l| {
+            let set = l
+                .split_once('{')
+                .map_or("", |(_, rest)| rest.split('}').next().unwrap_or(""));
+            wanted.iter().all(|w| set.split(',').any(|kv| kv == w))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// `shmlink serve` on a free loopback port, scanning every 200 ms; killed on drop.
+pub struct Agent {
+    child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn start(extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
+        let addr = super::free_local_addr();
+        let log = std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port()));
+        let child = Command::new(super::shmlink_bin())
+            .args([
+                "serve",
+                "--listen",
+                &addr.to_string(),
+                "--interval",
+                "200ms",
+            ])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Agent { child, addr, log }
+    }
+
+    /// Waits for /readyz (the first scan done).
+    pub fn wait_ready(&self) {
+        assert!(
+            super::wait_until(Duration::from_secs(20), || get(self.addr, "/readyz")
+                .is_some_and(|(s, _)| s == 200)),
+            "serve never got ready; its log:\n{}",
+            self.log_text()
+        );
+    }
+
+    pub fn metrics(&self) -> String {
+        let (status, body) = get(self.addr, "/metrics").expect("scrape");
+        assert_eq!(status, 200);
+        body
+    }
+
+    /// Scrapes until `done` holds for a scrape, or panics with the last one.
+    pub fn wait_for_metrics(&self, what: &str, mut done: impl FnMut(&str) -> bool) -> String {
+        let mut body = String::new();
+        let ok = super::wait_until(Duration::from_secs(20), || {
+            body = self.metrics();
+            done(&body)
+        });
+        assert!(
+            ok,
+            "never saw {what}; last scrape:\n{body}\nlog:\n{}",
+            self.log_text()
+        );
+        body
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    /// SIGTERM, then the exit status (within 10 s).
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
