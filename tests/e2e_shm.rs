@@ -3,7 +3,6 @@
 
 mod common;
 
-
 use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::Value;
 

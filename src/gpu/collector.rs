@@ -107,7 +107,10 @@ impl GpuCollector {
                     None => format!("loading NVML (libnvidia-ml.so.1): {e}"),
                 };
                 tracing::info!("{reason}; running shm-only");
-                State::Unavailable { reason, last_try: Instant::now() }
+                State::Unavailable {
+                    reason,
+                    last_try: Instant::now(),
+                }
             }
         }
     }
