@@ -45,6 +45,7 @@ stop() {
   # runc leaves the pod-level cgroups behind.
   for h in /sys/fs/cgroup/*/kubepods/burstable /sys/fs/cgroup/kubepods/burstable; do
     [ -d "$h" ] && find "$h" -mindepth 1 -depth -type d -name 'pod*' -exec rmdir {} \; 2>/dev/null || true
+    rmdir "$h" "$(dirname "$h")" 2>/dev/null || true
   done
   rm -rf "$WORK"
 }
