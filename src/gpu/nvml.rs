@@ -178,7 +178,12 @@ impl NvmlGpus {
             let active = match nvlink.is_active() {
                 Ok(active) => active,
                 // Links are numbered from 0; the first unsupported one ends the list.
-                Err(NvmlError::NotSupported | NvmlError::InvalidArg) => break,
+                // A library without the NVLink state call has no NVLink view at all.
+                Err(
+                    NvmlError::NotSupported
+                    | NvmlError::InvalidArg
+                    | NvmlError::FailedToLoadSymbol(_),
+                ) => break,
                 Err(NvmlError::GpuLost) => {
                     reading.lost = true;
                     reading.links.clear();

@@ -41,6 +41,11 @@ pub fn spawn(
     counts: Arc<XidCounts>,
     stop: Arc<AtomicBool>,
 ) -> Option<JoinHandle<()>> {
+    // An old library can register events yet lack the call that waits for them.
+    if nvml.lib().nvmlEventSetWait_v2.is_err() {
+        tracing::info!("XID events unavailable: this NVML has no nvmlEventSetWait_v2");
+        return None;
+    }
     let set = match register(nvml, &devices) {
         Ok(set) => set,
         Err(e) => {
