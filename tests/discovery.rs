@@ -11,8 +11,13 @@ use shmlink::shm::ShmScanner;
 const HOST_MNT: u64 = 4026531840;
 const MIB: u64 = 1 << 20;
 
+/// What cgroup v1 reads back for "no limit" (PAGE_COUNTER_MAX in bytes).
+const V1_UNLIMITED: &str = "9223372036854771712\n";
+
 struct FakeHost {
     dir: tempfile::TempDir,
+    /// A cgroup v1 hybrid host: memory controller at `<root>/memory`, v2 at `<root>/unified`.
+    v1: bool,
 }
 
 impl FakeHost {
@@ -20,6 +25,7 @@ impl FakeHost {
     fn v2() -> FakeHost {
         let host = FakeHost {
             dir: tempfile::tempdir().unwrap(),
+            v1: false,
         };
         fs::create_dir_all(host.cgroup()).unwrap();
         fs::write(
@@ -59,24 +65,87 @@ impl FakeHost {
         root
     }
 
+    /// A cgroup v1 hybrid host, as Ubuntu 20.04 or RHEL 8 nodes boot: /sys/fs/cgroup is a tmpfs
+    /// with a directory per v1 controller, and the v2 tree at `unified/` holds no controllers.
+    fn v1_hybrid() -> FakeHost {
+        let host = FakeHost {
+            dir: tempfile::tempdir().unwrap(),
+            v1: true,
+        };
+        let memory = host.cgroup().join("memory");
+        fs::create_dir_all(&memory).unwrap();
+        fs::write(memory.join("cgroup.procs"), "1\n").unwrap();
+        fs::write(memory.join("memory.limit_in_bytes"), V1_UNLIMITED).unwrap();
+        fs::write(memory.join("memory.usage_in_bytes"), "12884901888\n").unwrap();
+        fs::create_dir_all(host.cgroup().join("unified")).unwrap();
+        fs::write(host.cgroup().join("unified/cgroup.controllers"), "").unwrap();
+        host.process(1, HOST_MNT, HOST_MNT + 1);
+        host
+    }
+
+    /// The hierarchy the scanner walks: the v2 root, or the v1 memory controller's.
+    fn memory_root(&self) -> PathBuf {
+        if self.v1 {
+            self.cgroup().join("memory")
+        } else {
+            self.cgroup()
+        }
+    }
+
     /// A cgroup with processes and (optionally) a memory limit and usage.
     fn cgroup_dir(&self, rel: &str, pids: &[i32], limit: Option<u64>, usage: u64) -> PathBuf {
-        let dir = self.cgroup().join(rel.trim_start_matches('/'));
+        let dir = self.memory_root().join(rel.trim_start_matches('/'));
         fs::create_dir_all(&dir).unwrap();
         let procs: String = pids.iter().map(|p| format!("{p}\n")).collect();
         fs::write(dir.join("cgroup.procs"), procs).unwrap();
-        fs::write(
-            dir.join("memory.max"),
-            limit.map_or("max\n".into(), |l| format!("{l}\n")),
-        )
-        .unwrap();
-        fs::write(dir.join("memory.current"), format!("{usage}\n")).unwrap();
-        fs::write(
-            dir.join("memory.stat"),
-            format!("anon 1000\nfile 2000\nshmem {}\n", usage / 2),
-        )
-        .unwrap();
+        let limit = limit.map(|l| format!("{l}\n"));
+        if self.v1 {
+            let limit = limit.unwrap_or_else(|| V1_UNLIMITED.into());
+            fs::write(dir.join("memory.limit_in_bytes"), limit).unwrap();
+            fs::write(dir.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
+            // v1 lists its own counters, then the hierarchical total_ ones.
+            let shmem = usage / 2;
+            fs::write(
+                dir.join("memory.stat"),
+                format!("cache 2000\nrss 1000\nshmem {shmem}\ntotal_cache 2000\ntotal_rss 1000\ntotal_shmem {shmem}\n"),
+            )
+            .unwrap();
+        } else {
+            fs::write(
+                dir.join("memory.max"),
+                limit.unwrap_or_else(|| "max\n".into()),
+            )
+            .unwrap();
+            fs::write(dir.join("memory.current"), format!("{usage}\n")).unwrap();
+            fs::write(
+                dir.join("memory.stat"),
+                format!("anon 1000\nfile 2000\nshmem {}\n", usage / 2),
+            )
+            .unwrap();
+        }
         dir
+    }
+
+    /// The same cgroup in the hybrid host's `unified/` tree, which runc also joins: only
+    /// processes, no memory files.
+    fn unified_dir(&self, rel: &str, pids: &[i32]) {
+        let dir = self
+            .cgroup()
+            .join("unified")
+            .join(rel.trim_start_matches('/'));
+        fs::create_dir_all(&dir).unwrap();
+        let procs: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        fs::write(dir.join("cgroup.procs"), procs).unwrap();
+    }
+
+    /// Overwrites a cgroup's cgroup.procs with raw content.
+    fn procs_raw(&self, rel: &str, content: &str) {
+        let dir = self.memory_root().join(rel.trim_start_matches('/'));
+        fs::write(dir.join("cgroup.procs"), content).unwrap();
+    }
+
+    fn scan(&self) -> shmlink::shm::ShmScan {
+        ShmScanner::new(&self.paths()).unwrap().scan()
     }
 }
 
@@ -228,4 +297,232 @@ fn pid_1_unreadable_falls_back_to_the_agents_namespaces() {
         format!("mnt:[{}]", scanner.host_namespaces().mnt.0),
         own.to_str().unwrap()
     );
+}
+
+// A pod's containers on a node: 64-hex IDs as containerd, CRI-O and Docker make them.
+const PAUSE_ID: &str = "7b1e3d5f9a2c4e6b8d0f1a3c5e7b9d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1e3d";
+const APP_ID: &str = "a41c0e9d7b5f3a1c8e6d4b2f0a9c7e5d3b1f8a6c4e2d0b9f7a5c3e1d8b6f4a2c";
+const SIDECAR_ID: &str = "c2e4a6b8d0f1a3c5e7b9d1f3a5c7e9b0d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1";
+const POD_UID_2: &str = "8e1f3a5c-7b9d-4e2f-a4c6-b8d0e2f4a6c8";
+
+fn ids(scan: &shmlink::shm::ShmScan) -> Vec<&str> {
+    scan.readings
+        .iter()
+        .map(|r| r.container_id.as_str())
+        .collect()
+}
+
+/// `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_>.slice`
+fn systemd_pod(qos: &str, uid: &str) -> String {
+    let uid = uid.replace('-', "_");
+    format!("/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid}.slice")
+}
+
+#[test]
+fn a_containerd_pod_on_a_v2_systemd_node_is_one_entry_per_container_including_its_sandbox() {
+    let host = FakeHost::v2();
+    // containerd and its shims live in the host's mount namespace.
+    host.process(900, HOST_MNT, HOST_MNT + 1);
+    host.cgroup_dir("/system.slice/containerd.service", &[900], None, 0);
+    host.cgroup_dir("/init.scope", &[1], None, 0);
+    // Each container of the pod has a mount namespace of its own; they share the pod's IPC.
+    host.process(1000, HOST_MNT + 100, HOST_MNT + 101);
+    for pid in [1010, 1011] {
+        host.process(pid, HOST_MNT + 110, HOST_MNT + 101);
+    }
+    host.process(1020, HOST_MNT + 120, HOST_MNT + 101);
+    host.cgroup_dir("/kubepods.slice", &[], Some(60 << 30), 20 << 30);
+    host.cgroup_dir("/kubepods.slice/kubepods-burstable.slice", &[], None, 0);
+    host.cgroup_dir("/kubepods.slice/kubepods-besteffort.slice", &[], None, 0);
+    let pod = systemd_pod("burstable", "0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d");
+    host.cgroup_dir(&pod, &[], Some(2048 * MIB), 1200 * MIB);
+    let scope = |id: &str| format!("{pod}/cri-containerd-{id}.scope");
+    host.cgroup_dir(&scope(PAUSE_ID), &[1000], None, MIB);
+    host.cgroup_dir(&scope(APP_ID), &[1010, 1011], Some(1024 * MIB), 900 * MIB);
+    host.cgroup_dir(&scope(SIDECAR_ID), &[1020], None, 100 * MIB);
+
+    let scan = host.scan();
+    assert_eq!(scan.errors, 0);
+    let mut got = ids(&scan);
+    got.sort_unstable();
+    assert_eq!(got, [PAUSE_ID, APP_ID, SIDECAR_ID], "{:#?}", scan.readings);
+    for r in &scan.readings {
+        assert_eq!(
+            r.pod_uid.as_deref(),
+            Some("0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d")
+        );
+        assert!(r.cgroup.starts_with(&pod), "{}", r.cgroup);
+    }
+    let app = scan.readings.iter().find(|r| r.container_id == APP_ID);
+    let app = app.unwrap();
+    assert_eq!(app.pid, 1010);
+    assert_eq!(app.memory_limit_bytes, Some(1024 * MIB));
+    assert_eq!(app.memory_shmem_bytes, Some(450 * MIB));
+    // No limit of its own: the pod's bounds it.
+    let sidecar = scan.readings.iter().find(|r| r.container_id == SIDECAR_ID);
+    assert_eq!(sidecar.unwrap().memory_limit_bytes, Some(2048 * MIB));
+}
+
+#[test]
+fn a_cri_o_pod_on_v2_is_named_by_its_scopes_and_conmon_is_not_reported() {
+    let host = FakeHost::v2();
+    let pod = systemd_pod("besteffort", POD_UID_2);
+    host.cgroup_dir("/kubepods.slice", &[], None, 0);
+    host.cgroup_dir("/kubepods.slice/kubepods-besteffort.slice", &[], None, 0);
+    host.cgroup_dir(&pod, &[], None, 0);
+    // conmon watches each container from the host's mount namespace, in a sibling scope.
+    host.process(2000, HOST_MNT, HOST_MNT + 1);
+    host.process(2001, HOST_MNT, HOST_MNT + 1);
+    host.cgroup_dir(
+        &format!("{pod}/crio-conmon-{PAUSE_ID}.scope"),
+        &[2001],
+        None,
+        0,
+    );
+    host.cgroup_dir(
+        &format!("{pod}/crio-conmon-{APP_ID}.scope"),
+        &[2000],
+        None,
+        0,
+    );
+    // crun on cgroup v2 leaves the scope empty and runs the processes in a `container` child.
+    host.process(2010, HOST_MNT + 210, HOST_MNT + 211);
+    host.process(2020, HOST_MNT + 220, HOST_MNT + 211);
+    for (id, pid, limit) in [(PAUSE_ID, 2020, None), (APP_ID, 2010, Some(512 * MIB))] {
+        let scope = format!("{pod}/crio-{id}.scope");
+        host.cgroup_dir(&scope, &[], limit, 300 * MIB);
+        host.cgroup_dir(&format!("{scope}/container"), &[pid], None, 300 * MIB);
+    }
+
+    let scan = host.scan();
+    assert_eq!(scan.errors, 0);
+    assert_eq!(scan.readings.len(), 2, "{:#?}", scan.readings);
+    let app = scan.readings.iter().find(|r| r.pid == 2010).unwrap();
+    assert_eq!(app.container_id, APP_ID);
+    assert_eq!(app.pod_uid.as_deref(), Some(POD_UID_2));
+    assert_eq!(app.cgroup, format!("{pod}/crio-{APP_ID}.scope/container"));
+    // The limit is on the scope above the `container` child.
+    assert_eq!(app.memory_limit_bytes, Some(512 * MIB));
+    let pause = scan.readings.iter().find(|r| r.pid == 2020).unwrap();
+    assert_eq!(pause.container_id, PAUSE_ID);
+    assert!(!ids(&scan).iter().any(|id| id.contains("conmon")));
+}
+
+#[test]
+fn a_burstable_pod_on_a_v1_hybrid_cgroupfs_node_is_read_from_the_memory_controller() {
+    let host = FakeHost::v1_hybrid();
+    let pod = "/kubepods/burstable/pod0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d";
+    host.process(3000, HOST_MNT + 300, HOST_MNT + 301);
+    host.process(3010, HOST_MNT + 310, HOST_MNT + 301);
+    host.cgroup_dir("/kubepods", &[], Some(60 << 30), 20 << 30);
+    host.cgroup_dir("/kubepods/burstable", &[], None, 10 << 30);
+    host.cgroup_dir("/kubepods/besteffort", &[], None, 0);
+    host.cgroup_dir(pod, &[], Some(1024 * MIB), 700 * MIB);
+    host.cgroup_dir(&format!("{pod}/{PAUSE_ID}"), &[3000], None, MIB);
+    host.cgroup_dir(&format!("{pod}/{APP_ID}"), &[3010], None, 600 * MIB);
+    // runc joins the same path in unified/ too; walking it as well would count twice.
+    host.unified_dir(&format!("{pod}/{PAUSE_ID}"), &[3000]);
+    host.unified_dir(&format!("{pod}/{APP_ID}"), &[3010]);
+
+    let scan = host.scan();
+    assert_eq!(scan.errors, 0);
+    assert_eq!(scan.readings.len(), 2, "{:#?}", scan.readings);
+    let app = scan.readings.iter().find(|r| r.container_id == APP_ID);
+    let app = app.unwrap();
+    assert_eq!(
+        app.pod_uid.as_deref(),
+        Some("0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d")
+    );
+    assert_eq!(app.cgroup, format!("{pod}/{APP_ID}"));
+    // v1's "unlimited" sentinel on the container: the pod's limit bounds it.
+    assert_eq!(app.memory_limit_bytes, Some(1024 * MIB));
+    assert_eq!(app.memory_shmem_bytes, Some(300 * MIB));
+}
+
+#[test]
+fn a_container_whose_process_exited_between_listing_and_reading_is_skipped_silently() {
+    let host = FakeHost::v2();
+    let pod = systemd_pod("burstable", POD_UID_2);
+    host.process(4010, HOST_MNT + 410, HOST_MNT + 411);
+    host.cgroup_dir(&pod, &[], None, 0);
+    // cgroup.procs still names 4099, but /proc/4099 is gone.
+    host.cgroup_dir(
+        &format!("{pod}/cri-containerd-{PAUSE_ID}.scope"),
+        &[4099],
+        None,
+        0,
+    );
+    host.cgroup_dir(
+        &format!("{pod}/cri-containerd-{APP_ID}.scope"),
+        &[4010],
+        None,
+        0,
+    );
+    // The first listed process exited; the next one still answers for the container.
+    host.process(4020, HOST_MNT + 420, HOST_MNT + 411);
+    host.cgroup_dir(
+        &format!("{pod}/cri-containerd-{SIDECAR_ID}.scope"),
+        &[4098, 4020],
+        None,
+        0,
+    );
+
+    let scan = host.scan();
+    assert_eq!(scan.errors, 0);
+    let mut got = ids(&scan);
+    got.sort_unstable();
+    assert_eq!(got, [APP_ID, SIDECAR_ID]);
+    let sidecar = scan.readings.iter().find(|r| r.container_id == SIDECAR_ID);
+    assert_eq!(sidecar.unwrap().pid, 4020);
+}
+
+#[test]
+fn garbage_in_cgroup_procs_is_skipped_and_an_unreadable_one_is_one_error() {
+    let host = FakeHost::v2();
+    let pod = systemd_pod("burstable", POD_UID_2);
+    host.cgroup_dir(&pod, &[], None, 0);
+    let scope = |id: &str| format!("{pod}/cri-containerd-{id}.scope");
+    host.process(5010, HOST_MNT + 510, HOST_MNT + 511);
+    host.process(5020, HOST_MNT + 520, HOST_MNT + 511);
+    host.cgroup_dir(&scope(PAUSE_ID), &[], None, 0);
+    host.procs_raw(&scope(PAUSE_ID), "not-a-pid\n\u{0}\u{0}\n-5\n99999999999\n");
+    // Garbage before a real pid does not hide it.
+    host.cgroup_dir(&scope(APP_ID), &[], None, 0);
+    host.procs_raw(&scope(APP_ID), "x\n 5010 \n");
+    host.cgroup_dir(&scope(SIDECAR_ID), &[5020], None, 0);
+    // A directory where the file should be: EISDIR stands in for EACCES, which root never gets.
+    let unreadable = host
+        .memory_root()
+        .join(scope(SIDECAR_ID).trim_start_matches('/'));
+    fs::remove_file(unreadable.join("cgroup.procs")).unwrap();
+    fs::create_dir(unreadable.join("cgroup.procs")).unwrap();
+
+    let mut scanner = ShmScanner::new(&host.paths()).unwrap();
+    let scan = scanner.scan();
+    assert_eq!(ids(&scan), [APP_ID], "{:#?}", scan.readings);
+    assert_eq!(scan.readings[0].pid, 5010);
+    assert_eq!(scan.errors, 1);
+    assert_eq!(
+        scanner.scan().errors,
+        1,
+        "counted on each scan, never a panic"
+    );
+}
+
+#[test]
+fn a_container_in_a_cgroup_without_the_memory_controller_is_still_reported() {
+    // cgroup v2: a parent that does not delegate `memory` leaves its children without
+    // memory.max and memory.current; the container is there, only its limit is unknown.
+    let host = FakeHost::v2();
+    host.process(6010, HOST_MNT + 610, HOST_MNT + 611);
+    host.cgroup_dir("/ci.slice", &[], None, 0);
+    let dir = host.cgroup().join("ci.slice/runner-7");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("cgroup.procs"), "6010\n").unwrap();
+
+    let scan = host.scan();
+    assert_eq!(scan.errors, 0);
+    assert_eq!(ids(&scan), ["runner-7"], "{:#?}", scan.readings);
+    assert_eq!(scan.readings[0].memory_limit_bytes, None);
+    assert_eq!(scan.readings[0].memory_shmem_bytes, None);
 }

@@ -32,13 +32,16 @@ pub enum MemcgError {
     },
 }
 
-/// Values >= 2^62 are v1's "no limit" (PAGE_COUNTER_MAX rounded to pages); v2 writes `max`.
+/// Values from here up are v1's "no limit" (PAGE_COUNTER_MAX rounded to pages).
+const V1_NO_LIMIT: u64 = 1 << 62;
+
+/// A limit in bytes; `None` for no limit: v2 writes `max`, v1 a value >= [`V1_NO_LIMIT`].
 pub fn parse_limit(s: &str) -> Option<u64> {
     let s = s.trim();
     if s == "max" {
         return None;
     }
-    s.parse::<u64>().ok().filter(|&v| v < (1 << 62))
+    s.parse::<u64>().ok().filter(|&v| v < V1_NO_LIMIT)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,7 +66,10 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
         match key {
             "shmem" => stat.shmem = Some(value),
             "total_shmem" => total_shmem = Some(value),
-            "hierarchical_memory_limit" => stat.hierarchical_memory_limit = Some(value),
+            // v1 writes its "no limit" sentinel here too.
+            "hierarchical_memory_limit" => {
+                stat.hierarchical_memory_limit = Some(value).filter(|&v| v < V1_NO_LIMIT)
+            }
             "file" | "cache" => stat.file = stat.file.or(Some(value)),
             "anon" | "rss" => stat.anon = stat.anon.or(Some(value)),
             _ => {}
@@ -74,12 +80,40 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
     stat
 }
 
+/// Usage (`memory.current`, v1 `memory.usage_in_bytes`): a byte count, `None` when garbage.
+pub fn parse_usage(s: &str) -> Option<u64> {
+    s.trim().parse().ok()
+}
+
+/// One cgroup's limit and usage as its files say; `None` where a file is missing or garbage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Level {
+    pub limit: Option<u64>,
+    pub usage: Option<u64>,
+}
+
+/// Folds a cgroup and its ancestors into the tightest bound: the lowest limit, and the lowest
+/// headroom (limit - usage, saturating at 0) of the levels whose usage is known.
+pub fn tightest(levels: impl IntoIterator<Item = Level>) -> MemoryReading {
+    let mut reading = MemoryReading::default();
+    for level in levels {
+        let Some(limit) = level.limit else { continue };
+        reading.limit_bytes = Some(reading.limit_bytes.map_or(limit, |l| l.min(limit)));
+        if let Some(usage) = level.usage {
+            let headroom = limit.saturating_sub(usage);
+            reading.headroom_bytes =
+                Some(reading.headroom_bytes.map_or(headroom, |h| h.min(headroom)));
+        }
+    }
+    reading
+}
+
 /// Reads limits and usage under one hierarchy root, memoising ancestors within a scan so a
 /// pod's cgroup is read once however many containers it has.
 pub struct MemcgReader {
     root: PathBuf,
     version: CgroupVersion,
-    memo: HashMap<String, Option<(u64, u64)>>,
+    memo: HashMap<String, Level>,
 }
 
 impl MemcgReader {
@@ -102,11 +136,10 @@ impl MemcgReader {
             return Err(MemcgError::Gone(rel_path.to_string()));
         }
         let leaf = self.root.join(rel);
-        let (limit_file, _, _) = self.files();
-        let mut reading = MemoryReading::default();
+        let (limit_file, _, stat_file) = self.files();
         // The leaf must exist: a missing leaf means the container is gone.
-        match self.limit_and_usage(&leaf) {
-            Ok(lu) => self.memo.insert(rel_path.to_string(), lu),
+        match self.level(&leaf) {
+            Ok(level) => self.memo.insert(rel_path.to_string(), level),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(MemcgError::Gone(rel_path.to_string()))
             }
@@ -119,24 +152,20 @@ impl MemcgReader {
         };
         let mut ancestors: Vec<&Path> = rel.ancestors().collect();
         ancestors.pop(); // the hierarchy root itself has no limit
+        let mut levels = Vec::with_capacity(ancestors.len());
         for dir in ancestors {
             let key = format!("/{}", dir.display());
-            let lu = match self.memo.get(&key) {
-                Some(lu) => *lu,
+            let level = match self.memo.get(&key) {
+                Some(level) => *level,
                 None => {
-                    let lu = self.limit_and_usage(&self.root.join(dir)).unwrap_or(None);
-                    self.memo.insert(key, lu);
-                    lu
+                    let level = self.level(&self.root.join(dir)).unwrap_or_default();
+                    self.memo.insert(key, level);
+                    level
                 }
             };
-            if let Some((limit, usage)) = lu {
-                let headroom = limit.saturating_sub(usage);
-                reading.limit_bytes = Some(reading.limit_bytes.map_or(limit, |l| l.min(limit)));
-                reading.headroom_bytes =
-                    Some(reading.headroom_bytes.map_or(headroom, |h| h.min(headroom)));
-            }
+            levels.push(level);
         }
-        let (_, _, stat_file) = self.files();
+        let mut reading = tightest(levels);
         reading.shmem_bytes = std::fs::read_to_string(leaf.join(stat_file))
             .ok()
             .and_then(|s| parse_memory_stat(&s).shmem);
@@ -154,13 +183,318 @@ impl MemcgReader {
         }
     }
 
-    /// (limit, usage) of one cgroup; `None` when it has no limit or its files are garbage.
-    fn limit_and_usage(&self, dir: &Path) -> io::Result<Option<(u64, u64)>> {
+    /// Limit and usage of one cgroup. NotFound only when the cgroup itself is gone: a cgroup v2
+    /// directory whose parent does not delegate the memory controller has no memory files.
+    fn level(&self, dir: &Path) -> io::Result<Level> {
         let (limit_file, usage_file, _) = self.files();
-        let Some(limit) = parse_limit(&std::fs::read_to_string(dir.join(limit_file))?) else {
-            return Ok(None);
+        let read = |file: &str| match std::fs::read_to_string(dir.join(file)) {
+            Ok(text) => Ok(Some(text)),
+            // Checked after the failed read, so a cgroup removed meanwhile reads as gone.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && dir.is_dir() => Ok(None),
+            Err(e) => Err(e),
         };
-        let usage = std::fs::read_to_string(dir.join(usage_file))?;
-        Ok(usage.trim().parse().ok().map(|u| (limit, u)))
+        Ok(Level {
+            limit: read(limit_file)?.as_deref().and_then(parse_limit),
+            usage: read(usage_file)?.as_deref().and_then(parse_usage),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../../tests/fixtures/memcg/", $name))
+        };
+    }
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn v2_writes_max_for_no_limit_and_v1_a_sentinel_near_i64_max() {
+        assert_eq!(parse_limit("max\n"), None);
+        assert_eq!(parse_limit(fixture!("v1-unlimited.limit_in_bytes")), None);
+        assert_eq!(parse_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_limit("9223372036854775807\n"), None);
+        assert_eq!(parse_limit("1073741824\n"), Some(GIB));
+        assert_eq!(parse_limit(" 536870912 "), Some(512 * MIB));
+        assert_eq!(
+            parse_limit(&format!("{}", (1u64 << 62) - 1)),
+            Some((1 << 62) - 1)
+        );
+        assert_eq!(parse_limit("0\n"), Some(0));
+    }
+
+    #[test]
+    fn garbage_limits_and_usage_read_as_unknown() {
+        for garbage in [
+            "",
+            "\n",
+            "-1\n",
+            "max max\n",
+            "1 2\n",
+            "1G\n",
+            "0x400\n",
+            "\u{0}\u{1}",
+        ] {
+            assert_eq!(parse_limit(garbage), None, "{garbage:?}");
+            assert_eq!(parse_usage(garbage), None, "{garbage:?}");
+        }
+        assert_eq!(parse_usage("18446744073709551616\n"), None);
+    }
+
+    #[test]
+    fn usage_is_a_plain_byte_count_on_either_version() {
+        assert_eq!(parse_usage(fixture!("v1.usage_in_bytes")), Some(325627904));
+        assert_eq!(parse_usage("209715200\n"), Some(200 * MIB));
+    }
+
+    #[test]
+    fn v2_memory_stat_shmem_is_not_confused_with_shmem_thp_or_file_mapped() {
+        let stat = parse_memory_stat(fixture!("v2-container.memory.stat"));
+        assert_eq!(
+            stat,
+            MemoryStat {
+                shmem: Some(64 * MIB),
+                hierarchical_memory_limit: None,
+                file: Some(69632000),
+                anon: Some(4202496),
+            }
+        );
+    }
+
+    #[test]
+    fn v1_memory_stat_of_a_container_reads_cache_rss_and_an_unlimited_hierarchy() {
+        let stat = parse_memory_stat(fixture!("v1-leaf.memory.stat"));
+        assert_eq!(stat.shmem, Some(0));
+        assert_eq!(stat.file, Some(311336960), "cache, not total_cache");
+        assert_eq!(stat.anon, Some(2101248), "rss, not total_rss");
+        assert_eq!(
+            stat.hierarchical_memory_limit, None,
+            "the no-limit sentinel"
+        );
+    }
+
+    #[test]
+    fn v1_total_shmem_counts_the_children_and_wins_over_the_cgroups_own() {
+        // A pod cgroup: its containers' tmpfs pages are charged to them, not to the pod itself.
+        let stat = parse_memory_stat(fixture!("v1-pod.memory.stat"));
+        assert_eq!(stat.shmem, Some(64 * MIB));
+        assert_eq!(stat.hierarchical_memory_limit, Some(GIB));
+        let root = parse_memory_stat(fixture!("v1-root.memory.stat"));
+        assert_eq!(root.shmem, Some(9084928));
+    }
+
+    #[test]
+    fn garbage_memory_stat_lines_are_skipped() {
+        let stat = parse_memory_stat(
+            "shmem\nshmem x\nshmem -1\n\u{0}\u{0}\n\nanon 4096 extra\nfile 18446744073709551616\n",
+        );
+        assert_eq!(stat.shmem, None);
+        assert_eq!(stat.anon, Some(4096));
+        assert_eq!(stat.file, None);
+        assert_eq!(parse_memory_stat(""), MemoryStat::default());
+    }
+
+    fn level(limit: Option<u64>, usage: Option<u64>) -> Level {
+        Level { limit, usage }
+    }
+
+    #[test]
+    fn the_lowest_limit_and_headroom_of_a_cgroup_and_its_ancestors_bound_it() {
+        // kubepods (node allocatable), the pod, the container: the pod is nearly full.
+        let r = tightest([
+            level(None, Some(200 * MIB)),          // container: no limit of its own
+            level(Some(GIB), Some(900 * MIB)),     // pod
+            level(Some(16 * GIB), Some(10 * GIB)), // kubepods
+        ]);
+        assert_eq!(r.limit_bytes, Some(GIB));
+        assert_eq!(r.headroom_bytes, Some(124 * MIB));
+        // The lowest headroom need not be under the lowest limit.
+        let r = tightest([
+            level(Some(2 * GIB), Some(GIB)),
+            level(Some(4 * GIB), Some(4 * GIB - 10 * MIB)),
+        ]);
+        assert_eq!(r.limit_bytes, Some(2 * GIB));
+        assert_eq!(r.headroom_bytes, Some(10 * MIB));
+    }
+
+    #[test]
+    fn usage_over_the_limit_leaves_no_headroom_and_unknown_usage_keeps_the_limit() {
+        let r = tightest([level(Some(GIB), Some(GIB + 4096))]);
+        assert_eq!(r.headroom_bytes, Some(0));
+        let r = tightest([level(Some(GIB), None)]);
+        assert_eq!((r.limit_bytes, r.headroom_bytes), (Some(GIB), None));
+        assert_eq!(tightest([level(None, None)]), MemoryReading::default());
+        assert_eq!(tightest([]), MemoryReading::default());
+    }
+
+    /// A memory cgroup directory under `root` with the files of `version`.
+    fn cgroup(
+        root: &Path,
+        version: CgroupVersion,
+        rel: &str,
+        limit: &str,
+        usage: &str,
+        stat: &str,
+    ) {
+        let dir = root.join(rel);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (l, u) = match version {
+            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+            CgroupVersion::V2 => ("memory.max", "memory.current"),
+        };
+        std::fs::write(dir.join(l), limit).unwrap();
+        std::fs::write(dir.join(u), usage).unwrap();
+        std::fs::write(dir.join("memory.stat"), stat).unwrap();
+    }
+
+    const POD_V2: &str = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b6c1a2e_7f3d_4c1b_9a2e_5d6f7a8b9c0d.slice";
+    const CTR_V2: &str =
+        "cri-containerd-3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a.scope";
+
+    #[test]
+    fn a_v2_systemd_container_is_bounded_by_its_pod_and_reports_its_shmem() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = CgroupVersion::V2;
+        let root = dir.path();
+        cgroup(
+            root,
+            v2,
+            "kubepods.slice",
+            "16106127360\n",
+            "8589934592\n",
+            "",
+        );
+        cgroup(
+            root,
+            v2,
+            "kubepods.slice/kubepods-burstable.slice",
+            "max\n",
+            "8589934592\n",
+            "",
+        );
+        cgroup(root, v2, POD_V2, "1073741824\n", "943718400\n", "");
+        let stat = fixture!("v2-container.memory.stat");
+        cgroup(
+            root,
+            v2,
+            &format!("{POD_V2}/{CTR_V2}"),
+            "max\n",
+            "73400320\n",
+            stat,
+        );
+        let mut reader = MemcgReader::new(root.into(), v2);
+        let r = reader.read(&format!("/{POD_V2}/{CTR_V2}")).unwrap();
+        assert_eq!(r.limit_bytes, Some(GIB));
+        assert_eq!(r.headroom_bytes, Some(GIB - 900 * MIB));
+        assert_eq!(r.shmem_bytes, Some(64 * MIB));
+    }
+
+    #[test]
+    fn a_v1_cgroupfs_container_reads_the_sentinel_as_no_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = CgroupVersion::V1;
+        let root = dir.path();
+        let unlimited = fixture!("v1-unlimited.limit_in_bytes");
+        let pod = "kubepods/burstable/pod0b6c1a2e-7f3d-4c1b-9a2e-5d6f7a8b9c0d";
+        let ctr = format!("{pod}/3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a");
+        cgroup(root, v1, "kubepods", unlimited, "8589934592\n", "");
+        cgroup(
+            root,
+            v1,
+            "kubepods/burstable",
+            unlimited,
+            "8589934592\n",
+            "",
+        );
+        cgroup(
+            root,
+            v1,
+            pod,
+            "2147483648\n",
+            "1073741824\n",
+            fixture!("v1-pod.memory.stat"),
+        );
+        let usage = fixture!("v1.usage_in_bytes");
+        cgroup(
+            root,
+            v1,
+            &ctr,
+            unlimited,
+            usage,
+            fixture!("v1-leaf.memory.stat"),
+        );
+        let r = MemcgReader::new(root.into(), v1)
+            .read(&format!("/{ctr}"))
+            .unwrap();
+        assert_eq!(r.limit_bytes, Some(2 * GIB));
+        assert_eq!(r.headroom_bytes, Some(GIB));
+        assert_eq!(r.shmem_bytes, Some(0));
+    }
+
+    #[test]
+    fn a_cgroup_without_memory_files_is_unlimited_not_gone() {
+        // cgroup v2: a parent that does not delegate the memory controller leaves its children
+        // without memory.max, memory.current and memory.stat.
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = CgroupVersion::V2;
+        cgroup(dir.path(), v2, "lab", "536870912\n", "104857600\n", "");
+        std::fs::create_dir_all(dir.path().join("lab/job-7")).unwrap();
+        let r = MemcgReader::new(dir.path().into(), v2)
+            .read("/lab/job-7")
+            .unwrap();
+        assert_eq!(r.limit_bytes, Some(512 * MIB));
+        assert_eq!(r.headroom_bytes, Some(412 * MIB));
+        assert_eq!(r.shmem_bytes, None);
+    }
+
+    #[test]
+    fn a_removed_cgroup_is_gone_and_so_is_a_path_that_climbs_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reader = MemcgReader::new(dir.path().into(), CgroupVersion::V2);
+        assert!(matches!(
+            reader.read("/kubepods/gone"),
+            Err(MemcgError::Gone(_))
+        ));
+        assert!(matches!(reader.read("/../etc"), Err(MemcgError::Gone(_))));
+    }
+
+    #[test]
+    fn garbage_in_a_cgroups_files_is_no_limit_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = CgroupVersion::V2;
+        cgroup(dir.path(), v2, "a", "1073741824\n", "garbage\n", "");
+        cgroup(dir.path(), v2, "a/b", "\u{0}\u{0}", "12\n", "\u{0}shmem\n");
+        let r = MemcgReader::new(dir.path().into(), v2)
+            .read("/a/b")
+            .unwrap();
+        // The parent's limit still counts; its headroom cannot be known.
+        assert_eq!(r.limit_bytes, Some(GIB));
+        assert_eq!(r.headroom_bytes, None);
+        assert_eq!(r.shmem_bytes, None);
+    }
+
+    #[test]
+    fn ancestors_are_read_once_per_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = CgroupVersion::V2;
+        let root = dir.path();
+        cgroup(root, v2, "pod", "1073741824\n", "0\n", "");
+        cgroup(root, v2, "pod/c1", "max\n", "0\n", "");
+        cgroup(root, v2, "pod/c2", "max\n", "0\n", "");
+        let mut reader = MemcgReader::new(root.into(), v2);
+        assert_eq!(reader.read("/pod/c1").unwrap().limit_bytes, Some(GIB));
+        std::fs::write(root.join("pod/memory.max"), "536870912\n").unwrap();
+        assert_eq!(
+            reader.read("/pod/c2").unwrap().limit_bytes,
+            Some(GIB),
+            "memoised"
+        );
+        reader.start_scan();
+        assert_eq!(reader.read("/pod/c2").unwrap().limit_bytes, Some(512 * MIB));
     }
 }
