@@ -250,8 +250,9 @@ impl ShmScanner {
             }
         }
         let path = self.proc_root.join(pid.to_string()).join("mountinfo");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
+        // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide /dev/shm.
+        let text = match std::fs::read(&path) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(e) if is_vanished(&e) => return None,
             Err(e) => {
                 self.error(out, "mountinfo", rel, &e);
