@@ -8,6 +8,7 @@ pub mod cli;
 pub mod findings;
 pub mod gpu;
 pub mod host;
+pub mod kube;
 pub mod metrics;
 pub mod report;
 pub mod scan;

@@ -39,6 +39,8 @@ pub struct Metrics {
     scan_duration: Family<CollectorLabels, Histogram>,
     scan_errors: Family<CollectorLabels, Counter>,
     pub kube_events: Family<ReasonLabels, Counter>,
+    /// Events dropped: the queue to the API server was full, or the API server rejected them.
+    pub kube_events_dropped: Counter,
 }
 
 impl Metrics {
@@ -50,6 +52,7 @@ impl Metrics {
         });
         let scan_errors = Family::<CollectorLabels, Counter>::default();
         let kube_events = Family::<ReasonLabels, Counter>::default();
+        let kube_events_dropped = Counter::default();
         registry.register(
             "shmlink_scan_duration_seconds",
             "Time one scan of a collector took",
@@ -65,6 +68,11 @@ impl Metrics {
             "Kubernetes Events published",
             kube_events.clone(),
         );
+        registry.register(
+            "shmlink_kube_events_dropped",
+            "Kubernetes Events dropped (queue full, or rejected by the API server)",
+            kube_events_dropped.clone(),
+        );
         // Both collectors' series exist from the start, so rate() works from the first scrape.
         for collector in ["shm", "gpu"] {
             let _ = scan_errors.get_or_create(&CollectorLabels { collector });
@@ -75,7 +83,17 @@ impl Metrics {
             scan_duration,
             scan_errors,
             kube_events,
+            kube_events_dropped,
         }
+    }
+
+    /// One Event published.
+    pub fn count_kube_event(&self, reason: &str) {
+        self.kube_events
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Records how each collector fared in one scan.

@@ -1,0 +1,342 @@
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::*;
+use crate::gpu::GpuReading;
+use crate::snapshot::{Finding, Severity, XidCount};
+
+const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
+const HEARTBEAT: Duration = Duration::from_secs(300);
+
+fn pods() -> PodIndex {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "trainer-0", "namespace": "ml", "uid": UID},
+        "spec": {"containers": [{"name": "trainer",
+            "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+        "status": {"containerStatuses": [{"name": "trainer", "containerID": "containerd://aaaa",
+            "image": "x", "imageID": "", "ready": true, "restartCount": 0}]}
+    }))
+    .unwrap();
+    PodIndex::new([&pod])
+}
+
+fn reading(status: ShmStatus, used_mib: u64) -> ShmReading {
+    ShmReading {
+        namespace: Some("ml".into()),
+        pod: Some("trainer-0".into()),
+        pod_uid: Some(UID.into()),
+        container: Some("trainer".into()),
+        container_id: "aaaa".into(),
+        pid: 1,
+        cgroup: String::new(),
+        host_ipc: false,
+        mounted: true,
+        fs_type: Some("tmpfs".into()),
+        size_bytes: Some(1 << 30),
+        used_bytes: Some(used_mib << 20),
+        available_bytes: Some((1 << 30) - (used_mib << 20)),
+        memory_limit_bytes: None,
+        memory_shmem_bytes: None,
+        status,
+    }
+}
+
+fn gpu(index: u32) -> GpuReading {
+    GpuReading {
+        index,
+        uuid: format!("GPU-{index}"),
+        name: "H100".into(),
+        pci_bus_id: String::new(),
+        pcie_replays: Some(0),
+        lost: false,
+        links: Vec::new(),
+    }
+}
+
+fn gpu_finding(kind: &'static str, subject: &str) -> Finding {
+    Finding {
+        severity: Severity::Critical,
+        kind,
+        subject: subject.into(),
+        message: format!("{subject} is unwell"),
+    }
+}
+
+fn snapshot(shm: Vec<ShmReading>, findings: Vec<Finding>) -> Snapshot {
+    Snapshot {
+        node: "node-a".into(),
+        shm,
+        gpus: (0..8).map(gpu).collect(),
+        findings,
+        ..Snapshot::default()
+    }
+}
+
+fn holders() -> GpuHolders {
+    GpuHolders::from([("GPU-7".to_string(), vec![("ml".into(), "trainer-0".into())])])
+}
+
+fn published(msgs: &[EventMsg]) -> Vec<(&'static str, String, u64)> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            EventMsg::Publish(e) => Some((
+                e.reason,
+                format!(
+                    "{}/{}",
+                    e.regarding.kind.as_deref().unwrap_or(""),
+                    e.regarding.name.as_deref().unwrap_or("")
+                ),
+                e.id,
+            )),
+            EventMsg::Ended(_) => None,
+        })
+        .collect()
+}
+
+fn ended(msgs: &[EventMsg]) -> Vec<u64> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            EventMsg::Ended(id) => Some(*id),
+            EventMsg::Publish(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_nearly_full_shm_is_one_event_on_its_pod_until_the_heartbeat() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let pods = pods();
+    let t0 = Instant::now();
+    let snap = snapshot(vec![reading(ShmStatus::Warning, 900)], vec![]);
+    let first = p.plan(&snap, Some(&pods), &holders(), t0);
+    let events = published(&first);
+    assert_eq!(events.len(), 1, "{first:?}");
+    assert_eq!(
+        (events[0].0, events[0].1.as_str()),
+        (SHM_NEARLY_FULL, "Pod/trainer-0")
+    );
+    let EventMsg::Publish(spec) = &first[0] else {
+        unreachable!()
+    };
+    assert_eq!(spec.regarding.uid.as_deref(), Some(UID));
+    assert_eq!(spec.regarding.namespace.as_deref(), Some("ml"));
+    assert!(spec.note.contains("88% full"), "{}", spec.note);
+    assert!(spec.note.contains("medium: Memory"), "{}", spec.note);
+
+    // The same condition in the next scans: nothing, until the heartbeat updates its series.
+    assert_eq!(
+        p.plan(&snap, Some(&pods), &holders(), t0 + Duration::from_secs(5)),
+        vec![]
+    );
+    let beat = p.plan(&snap, Some(&pods), &holders(), t0 + HEARTBEAT);
+    assert_eq!(
+        published(&beat),
+        vec![(SHM_NEARLY_FULL, "Pod/trainer-0".into(), events[0].2)]
+    );
+}
+
+#[test]
+fn a_change_of_level_is_a_new_event_and_ends_the_old_one() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let pods = pods();
+    let t0 = Instant::now();
+    let warn = p.plan(
+        &snapshot(vec![reading(ShmStatus::Warning, 900)], vec![]),
+        Some(&pods),
+        &holders(),
+        t0,
+    );
+    let crit = p.plan(
+        &snapshot(vec![reading(ShmStatus::Critical, 1000)], vec![]),
+        Some(&pods),
+        &holders(),
+        t0 + Duration::from_secs(5),
+    );
+    let new = published(&crit);
+    assert_eq!(new.len(), 1);
+    assert_eq!(new[0].0, SHM_EXHAUSTED);
+    assert_ne!(
+        new[0].2,
+        published(&warn)[0].2,
+        "a new Event, not a series update"
+    );
+    assert_eq!(ended(&crit), vec![published(&warn)[0].2]);
+    let ok = p.plan(
+        &snapshot(vec![reading(ShmStatus::Ok, 10)], vec![]),
+        Some(&pods),
+        &holders(),
+        t0 + Duration::from_secs(10),
+    );
+    assert_eq!(published(&ok), vec![]);
+    assert_eq!(ended(&ok), vec![new[0].2]);
+}
+
+#[test]
+fn no_pod_events_before_the_pod_cache_has_synced() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let msgs = p.plan(
+        &snapshot(vec![reading(ShmStatus::Critical, 1000)], vec![]),
+        None,
+        &holders(),
+        Instant::now(),
+    );
+    assert_eq!(msgs, vec![]);
+}
+
+#[test]
+fn a_gpu_workload_on_the_runtime_default_shm_is_told_the_yaml() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let mut r = reading(ShmStatus::Ok, 1);
+    r.size_bytes = Some(64 << 20);
+    r.available_bytes = Some(63 << 20);
+    let msgs = p.plan(
+        &snapshot(vec![r], vec![]),
+        Some(&pods()),
+        &holders(),
+        Instant::now(),
+    );
+    let EventMsg::Publish(spec) = &msgs[0] else {
+        panic!("{msgs:?}")
+    };
+    assert_eq!(spec.reason, SHM_RUNTIME_DEFAULT);
+    assert!(spec.note.contains("medium: Memory"), "{}", spec.note);
+    assert!(spec.note.contains("mountPath: /dev/shm"), "{}", spec.note);
+    assert_eq!(msgs.len(), 1);
+}
+
+#[test]
+fn a_degraded_gpu_is_an_event_on_the_node_and_on_the_pod_holding_it_then_a_recovery() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let pods = pods();
+    let t0 = Instant::now();
+    let bad = snapshot(vec![], vec![gpu_finding(KIND_PAIR_DEGRADED, "GPU 7")]);
+    let msgs = p.plan(&bad, Some(&pods), &holders(), t0);
+    let events = published(&msgs);
+    let subjects: Vec<_> = events.iter().map(|e| (e.0, e.1.as_str())).collect();
+    assert_eq!(
+        subjects,
+        vec![
+            (GPU_LINK_DEGRADED, "Node/node-a"),
+            (GPU_LINK_DEGRADED, "Pod/trainer-0")
+        ]
+    );
+    let healthy = snapshot(vec![], vec![]);
+    let after = p.plan(
+        &healthy,
+        Some(&pods),
+        &holders(),
+        t0 + Duration::from_secs(5),
+    );
+    let mut recovered: Vec<_> = published(&after).into_iter().map(|e| (e.0, e.1)).collect();
+    recovered.sort();
+    assert_eq!(
+        recovered,
+        vec![
+            (GPU_LINK_RECOVERED, "Node/node-a".to_string()),
+            (GPU_LINK_RECOVERED, "Pod/trainer-0".to_string())
+        ]
+    );
+    let mut gone = ended(&after);
+    gone.retain(|id| events.iter().any(|e| e.2 == *id));
+    assert_eq!(gone.len(), 2, "both conditions ended");
+}
+
+#[test]
+fn degraded_to_down_is_a_new_event_not_a_recovery() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let t0 = Instant::now();
+    p.plan(
+        &snapshot(vec![], vec![gpu_finding(KIND_PAIR_DEGRADED, "GPU 7")]),
+        None,
+        &holders(),
+        t0,
+    );
+    let msgs = p.plan(
+        &snapshot(vec![], vec![gpu_finding(KIND_LINK_DOWN, "GPU 7")]),
+        None,
+        &holders(),
+        t0 + Duration::from_secs(5),
+    );
+    let reasons: Vec<_> = published(&msgs).into_iter().map(|e| e.0).collect();
+    assert_eq!(reasons, vec![GPU_LINK_DOWN]);
+}
+
+#[test]
+fn two_gpus_failing_on_one_node_are_two_events() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let msgs = p.plan(
+        &snapshot(
+            vec![],
+            vec![
+                gpu_finding(KIND_PAIR_DEGRADED, "GPU 3"),
+                gpu_finding(KIND_PAIR_DEGRADED, "GPU 7"),
+            ],
+        ),
+        None,
+        &GpuHolders::new(),
+        Instant::now(),
+    );
+    let events = published(&msgs);
+    assert_eq!(events.len(), 2);
+    assert_ne!(events[0].2, events[1].2);
+    let names: HashSet<_> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            EventMsg::Publish(e) => Some(e.name.clone()),
+            EventMsg::Ended(_) => None,
+        })
+        .collect();
+    assert_eq!(names.len(), 2, "distinct Event names");
+}
+
+#[test]
+fn an_xid_is_an_event_and_a_repeat_updates_its_series_at_once() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let pods = pods();
+    let t0 = Instant::now();
+    let mut snap = snapshot(vec![], vec![]);
+    snap.xids = vec![XidCount {
+        gpu: 7,
+        xid: 79,
+        count: 1,
+    }];
+    let first = published(&p.plan(&snap, Some(&pods), &holders(), t0));
+    assert_eq!(first.len(), 2, "node and pod: {first:?}");
+    assert!(first.iter().all(|e| e.0 == GPU_XID));
+    assert_eq!(
+        p.plan(&snap, Some(&pods), &holders(), t0 + Duration::from_secs(5)),
+        vec![]
+    );
+    snap.xids[0].count = 2;
+    let again = published(&p.plan(&snap, Some(&pods), &holders(), t0 + Duration::from_secs(10)));
+    assert_eq!(
+        again.iter().map(|e| e.2).collect::<Vec<_>>(),
+        first.iter().map(|e| e.2).collect::<Vec<_>>(),
+        "the same Events' series"
+    );
+    // Quiet for XID_LASTS: the condition ends.
+    let later = p.plan(
+        &snap,
+        Some(&pods),
+        &holders(),
+        t0 + XID_LASTS + Duration::from_secs(11),
+    );
+    assert_eq!(published(&later), vec![]);
+    assert_eq!(ended(&later).len(), 2);
+}
+
+#[test]
+fn gpu_subjects_name_their_gpus() {
+    assert_eq!(gpus_of_subject("GPU 7", 8), vec![7]);
+    assert_eq!(gpus_of_subject("GPU 0 <-> GPU 7", 8), vec![0, 7]);
+    assert_eq!(gpus_of_subject("all GPUs", 3), vec![0, 1, 2]);
+    assert_eq!(gpus_of_subject("node", 8), Vec::<u32>::new());
+}
+
+#[test]
+fn long_notes_are_cut_to_the_api_limit_on_a_char_boundary() {
+    let note = truncate("é".repeat(1000));
+    assert!(note.len() <= NOTE_MAX);
+    assert!(note.ends_with("..."));
+}
