@@ -7,9 +7,42 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 
+use crate::cli::KubeMode;
+use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, GpuHolders, PublishSettings};
+use crate::kube::pods::PodWatcher;
+use crate::kube::{self as k8s, KubeError};
 use crate::metrics::{Metrics, SharedSnapshot};
 use crate::scan::Scanner;
 use crate::server::{self, AppState, Health};
+
+/// What serve needs to be a cluster citizen.
+#[derive(Debug, Clone)]
+pub struct KubeSettings {
+    pub mode: KubeMode,
+    pub node: String,
+    /// How often a lasting condition's Event series is updated.
+    pub event_heartbeat: Duration,
+}
+
+/// The scan thread's view of Kubernetes: caches it reads without waiting, a queue it never
+/// blocks on.
+struct KubeView {
+    pods: PodWatcher,
+    planner: EventPlanner,
+    queue: EventQueue,
+}
+
+impl KubeView {
+    fn after_scan(
+        &mut self,
+        snapshot: &crate::snapshot::Snapshot,
+        pods: Option<&crate::kube::pods::PodIndex>,
+    ) {
+        let holders = GpuHolders::new();
+        let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
+        self.queue.send(msgs);
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -23,6 +56,8 @@ pub enum AgentError {
     Http(#[source] std::io::Error),
     #[error("starting the scan thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -30,10 +65,27 @@ pub async fn serve(
     scanner: Scanner,
     listen: std::net::SocketAddr,
     interval: Duration,
+    kube: KubeSettings,
 ) -> Result<(), AgentError> {
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let metrics = Arc::new(Metrics::new(snapshot.clone()));
     let health = Arc::new(Health::new(interval));
+
+    let runtime = tokio::runtime::Handle::current();
+    let kube = k8s::connect(kube.mode).await?.map(|client| {
+        tracing::info!(node = %kube.node, "watching this node's pods; publishing Events");
+        KubeView {
+            pods: PodWatcher::spawn(client.clone(), &kube.node, &runtime),
+            planner: EventPlanner::new(&kube.node, kube.event_heartbeat),
+            queue: spawn_publisher(
+                client,
+                kube.node.clone(),
+                metrics.clone(),
+                PublishSettings::default(),
+                &runtime,
+            ),
+        }
+    });
 
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -49,7 +101,11 @@ pub async fn serve(
         .name("scan".into())
         .spawn({
             let (snapshot, metrics, health) = (snapshot.clone(), metrics.clone(), health.clone());
-            move || scan_loop(scanner, interval, &snapshot, &metrics, &health, &stop_rx)
+            move || {
+                scan_loop(
+                    scanner, kube, interval, &snapshot, &metrics, &health, &stop_rx,
+                )
+            }
         })
         .map_err(AgentError::Thread)?;
 
@@ -71,6 +127,7 @@ pub async fn serve(
 /// piling up; missed periods are skipped, not caught up.
 fn scan_loop(
     mut scanner: Scanner,
+    mut kube: Option<KubeView>,
     interval: Duration,
     snapshot: &SharedSnapshot,
     metrics: &Metrics,
@@ -80,8 +137,12 @@ fn scan_loop(
     let mut next = Instant::now();
     let mut first = true;
     loop {
-        let out = scanner.scan();
+        let pods = kube.as_ref().and_then(|k| k.pods.index());
+        let out = scanner.scan_with(pods.as_ref());
         metrics.record_scan(&out.runs);
+        if let Some(k) = kube.as_mut() {
+            k.after_scan(&out.snapshot, pods.as_ref());
+        }
         if first {
             tracing::info!(
                 containers = out.snapshot.shm.len(),

@@ -55,6 +55,16 @@ pub struct ServeArgs {
     /// Kubernetes integration: auto, on or off.
     #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "auto")]
     pub kube: KubeMode,
+    /// The kubelet's pod-resources socket: which pod holds which GPU.
+    #[arg(
+        long,
+        env = "SHMLINK_POD_RESOURCES_SOCKET",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pub pod_resources_socket: PathBuf,
+    /// How often the series of an Event whose condition lasts is updated.
+    #[arg(long, env = "SHMLINK_EVENT_HEARTBEAT", default_value = "5m", value_parser = parse_window)]
+    pub event_heartbeat: Duration,
 }
 
 /// Options every command takes.

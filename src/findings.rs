@@ -114,6 +114,32 @@ fn shm_finding(r: &ShmReading) -> Option<Finding> {
 }
 
 /// Sizes as a person reads them: binary units, one decimal.
+/// The container runtime's default /dev/shm (Docker's and containerd's).
+pub const RUNTIME_DEFAULT_SHM: u64 = 64 << 20;
+
+/// A container on the runtime's default 64 MiB tmpfs (not a sized emptyDir, not host IPC).
+pub fn on_runtime_default(r: &ShmReading) -> bool {
+    r.mounted
+        && !r.host_ipc
+        && r.fs_type.as_deref() == Some("tmpfs")
+        && r.size_bytes == Some(RUNTIME_DEFAULT_SHM)
+}
+
+/// `shm_runtime_default`: a GPU workload (the caller knows it asks for GPUs) on the runtime's
+/// default 64 MiB /dev/shm, where DataLoader workers and NCCL die once it fills.
+pub fn runtime_default_finding(r: &ShmReading) -> Option<Finding> {
+    on_runtime_default(r).then(|| Finding {
+        severity: Severity::Warning,
+        kind: "shm_runtime_default",
+        subject: r.subject(),
+        message: "requests GPUs but runs on the container runtime's default 64 MiB /dev/shm: \
+                  PyTorch DataLoader workers and NCCL die with bus errors once it fills. Mount an \
+                  emptyDir with medium: Memory and a sizeLimit (e.g. 8Gi) at /dev/shm, and raise \
+                  the memory limit by as much (tmpfs pages count against it)."
+            .to_string(),
+    })
+}
+
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;

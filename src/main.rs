@@ -10,6 +10,7 @@ use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
+use shmlink::kube::pods::{list_once, PodIndex};
 use shmlink::scan::Scanner;
 use shmlink::snapshot::Severity;
 use shmlink::{agent, report};
@@ -29,9 +30,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check(args) => {
             init_logging(LogFormat::Text, "warn");
-            note_kube(args.kube);
+            let pods = pods_once(args.kube, &args.common.node_name())?;
             let mut scanner = scanner(&args.common, false)?;
-            let snapshot = scanner.scan().snapshot;
+            let snapshot = scanner.scan_with(pods.as_ref()).snapshot;
             let mut stdout = std::io::stdout().lock();
             if args.json {
                 report::write_json(&mut stdout, &snapshot)?;
@@ -47,14 +48,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => {
             init_logging(args.log_format, "info");
-            note_kube(args.kube);
             let scanner = scanner(&args.common, true)?;
+            let kube = agent::KubeSettings {
+                mode: args.kube,
+                node: args.common.node_name(),
+                event_heartbeat: args.event_heartbeat,
+            };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            runtime.block_on(agent::serve(scanner, args.listen, args.interval))?;
+            runtime.block_on(agent::serve(scanner, args.listen, args.interval, kube))?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -83,9 +88,28 @@ fn scanner(common: &CommonArgs, with_xid_thread: bool) -> anyhow::Result<Scanner
     Ok(Scanner::new(&host, common.node_name(), thresholds, gpu)?)
 }
 
-fn note_kube(mode: KubeMode) {
-    if mode != KubeMode::Off {
-        tracing::info!("Kubernetes integration is not built yet: running as --kube off");
+/// This node's Pods for a one-shot `check`: `auto` goes on without them when the API server
+/// cannot be had, `on` fails.
+fn pods_once(mode: KubeMode, node: &str) -> anyhow::Result<Option<PodIndex>> {
+    if mode == KubeMode::Off {
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let listed = runtime.block_on(async {
+        let Some(client) = shmlink::kube::connect(mode).await? else {
+            return Ok(None);
+        };
+        anyhow::Ok(Some(list_once(client, node).await?))
+    });
+    match listed {
+        Err(e) if mode == KubeMode::Auto => {
+            tracing::warn!("listing this node's pods: {e:#}; going on without pod names");
+            Ok(None)
+        }
+        other => other.context("listing this node's pods"),
     }
 }
 

@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::findings::{evaluate_shm, Thresholds};
+use crate::findings::{evaluate_shm, runtime_default_finding, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
+use crate::kube::pods::PodIndex;
 use crate::shm::ShmScanner;
 use crate::snapshot::{Snapshot, XidCount};
 
@@ -60,7 +61,14 @@ impl Scanner {
         })
     }
 
+    /// One scan without Kubernetes names.
     pub fn scan(&mut self) -> ScanOutput {
+        self.scan_with(None)
+    }
+
+    /// One scan; `pods` (this node's Pods, once the cache has synced) names the containers,
+    /// drops pod sandboxes, and tells which containers belong to GPU workloads.
+    pub fn scan_with(&mut self, pods: Option<&PodIndex>) -> ScanOutput {
         let started = Instant::now();
         let shm = self.shm.scan();
         let shm_run = CollectorRun {
@@ -69,7 +77,24 @@ impl Scanner {
             errors: shm.errors,
         };
         let mut readings = shm.readings;
+        if let Some(pods) = pods {
+            pods.annotate(&mut readings);
+        }
         let mut findings = evaluate_shm(&mut readings, &self.thresholds);
+        if let Some(pods) = pods {
+            let gpu_workload = |r: &&crate::snapshot::ShmReading| {
+                r.pod_uid
+                    .as_deref()
+                    .and_then(|uid| pods.by_uid(uid))
+                    .is_some_and(|p| p.requests_gpu)
+            };
+            findings.extend(
+                readings
+                    .iter()
+                    .filter(gpu_workload)
+                    .filter_map(runtime_default_finding),
+            );
+        }
 
         let started = Instant::now();
         let gpu = self.gpu.scan();

@@ -26,7 +26,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use super::pods::PodIndex;
-use crate::findings::human_bytes;
+use crate::findings::{human_bytes, on_runtime_default};
 use crate::gpu::pairs::{KIND_GPU_LOST, KIND_LINK_DOWN, KIND_LINK_ERRORS, KIND_PAIR_DEGRADED};
 use crate::metrics::Metrics;
 use crate::snapshot::{ShmReading, ShmStatus, Snapshot};
@@ -40,8 +40,6 @@ pub const GPU_LINK_ERRORS: &str = "GpuLinkErrors";
 pub const GPU_LINK_RECOVERED: &str = "GpuLinkRecovered";
 pub const GPU_XID: &str = "GpuXid";
 
-/// The runtime's default /dev/shm (Docker's and containerd's).
-pub const RUNTIME_DEFAULT_SHM: u64 = 64 << 20;
 /// The Events API's limit on a note.
 const NOTE_MAX: usize = 1024;
 /// How long after its last increase an XID stays one condition (one Event series).
@@ -68,7 +66,7 @@ pub struct EventSpec {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventMsg {
-    Publish(EventSpec),
+    Publish(Box<EventSpec>),
     /// The condition is over: its Event will not be updated again.
     Ended(u64),
 }
@@ -171,14 +169,14 @@ impl EventPlanner {
                     (id, name)
                 }
             };
-            out.push(EventMsg::Publish(EventSpec {
+            out.push(EventMsg::Publish(Box::new(EventSpec {
                 id,
                 name,
                 regarding: c.regarding,
                 reason,
                 type_: c.type_,
                 note: truncate(c.note),
-            }));
+            })));
         }
 
         // Conditions that ended: forget them; a GPU one that left nothing behind on its subject
@@ -202,14 +200,14 @@ impl EventPlanner {
             if gpu_reason && !still {
                 if let Some(regarding) = self.regarding_of(subject, pods) {
                     let (id, name) = self.new_occurrence(&regarding);
-                    out.push(EventMsg::Publish(EventSpec {
+                    out.push(EventMsg::Publish(Box::new(EventSpec {
                         id,
                         name,
                         regarding,
                         reason: GPU_LINK_RECOVERED,
                         type_: EventType::Normal,
                         note: format!("{about}: GPU links healthy again"),
-                    }));
+                    })));
                     out.push(EventMsg::Ended(id));
                 }
             }
@@ -394,14 +392,6 @@ pub fn pod_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
         uid: Some(uid.into()),
         ..ObjectReference::default()
     }
-}
-
-/// A container on the runtime's default 64 MiB tmpfs (not a sized emptyDir, not host IPC).
-pub fn on_runtime_default(r: &ShmReading) -> bool {
-    r.mounted
-        && !r.host_ipc
-        && r.fs_type.as_deref() == Some("tmpfs")
-        && r.size_bytes == Some(RUNTIME_DEFAULT_SHM)
 }
 
 fn shm_note(r: &ShmReading) -> String {

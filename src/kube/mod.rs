@@ -14,11 +14,11 @@ use crate::cli::KubeMode;
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     #[error("no Kubernetes configuration (in-cluster, $KUBECONFIG or ~/.kube/config): {0}")]
-    Config(#[source] kube::config::InferConfigError),
+    Config(kube::config::InferConfigError),
     #[error("building the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
+    Client(kube::Error),
     #[error("the Kubernetes API server is unreachable: {0}")]
-    Unreachable(#[source] kube::Error),
+    Unreachable(kube::Error),
 }
 
 /// The client `--kube` asks for: `off` none; `auto` one when a configuration is found (the API

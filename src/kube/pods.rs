@@ -143,6 +143,14 @@ fn pod_meta(pod: &Pod) -> Option<PodMeta> {
     })
 }
 
+/// This node's Pods, listed once (for `check`).
+pub async fn list_once(client: Client, node: &str) -> Result<PodIndex, kube::Error> {
+    let api: Api<Pod> = Api::all(client);
+    let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods = api.list(&params).await?;
+    Ok(PodIndex::new(pods.items.iter()))
+}
+
 /// A reflector over this node's Pods, driven by a task on the runtime.
 pub struct PodWatcher {
     store: Store<Pod>,
