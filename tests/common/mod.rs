@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod fake_nvml;
+pub mod kube_api;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
