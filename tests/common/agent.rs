@@ -78,6 +78,12 @@ impl Agent {
                 "--interval",
                 "200ms",
             ])
+            // A developer's kubeconfig must not make `--kube auto` reach a real cluster.
+            .args(if extra.contains(&"--kube") {
+                &[][..]
+            } else {
+                &["--kube", "off"][..]
+            })
             .args(extra)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
