@@ -398,16 +398,21 @@ fn shm_note(r: &ShmReading) -> String {
     let bytes = |v: Option<u64>| v.map_or_else(|| "unknown".to_string(), human_bytes);
     let container = r.container.as_deref().unwrap_or(&r.container_id);
     let pct = r.fullness().map_or(0.0, |f| f * 100.0);
+    let effective = r.used_bytes.zip(r.available_bytes).map(|(u, a)| u + a);
+    let size = r
+        .size_bytes
+        .map_or_else(|| "unlimited".to_string(), human_bytes);
+    let memory = r
+        .memory_limit_bytes
+        .map_or_else(|| "none".to_string(), human_bytes);
     format!(
-        "/dev/shm of container {container} is {pct:.0}% full: {} used of {} (tmpfs size {}, \
-         effective limit {} = used + min(tmpfs free, memory-cgroup headroom), memory limit {}). \
-         Fix: mount an emptyDir with medium: Memory and a larger sizeLimit at /dev/shm; tmpfs \
-         pages count against the container's memory limit, so raise that limit by as much.",
+        "/dev/shm of container {container} is {pct:.0}% full: {} used of an effective {} \
+         (tmpfs size {size}, memory limit {memory}; effective = used + min(tmpfs free, memory \
+         headroom)). Fix: mount an emptyDir with medium: Memory and a larger sizeLimit at \
+         /dev/shm; tmpfs pages count against the container's memory limit, so raise that limit \
+         by as much.",
         bytes(r.used_bytes),
-        bytes(r.used_bytes.zip(r.available_bytes).map(|(u, a)| u + a)),
-        bytes(r.size_bytes),
-        bytes(r.used_bytes.zip(r.available_bytes).map(|(u, a)| u + a)),
-        bytes(r.memory_limit_bytes),
+        bytes(effective),
     )
 }
 
