@@ -243,7 +243,7 @@ fn respond(code: StatusCode, body: &Value) -> Response<Body> {
         .unwrap()
 }
 
-fn query_param<'a>(query: &'a str, key: &str) -> Option<String> {
+fn query_param(query: &str, key: &str) -> Option<String> {
     query.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
         (k == key).then(|| percent_decode(v))
