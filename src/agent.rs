@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use crate::cli::KubeMode;
-use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, GpuHolders, PublishSettings};
+use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
+use crate::kube::podresources::PodResourcesWatcher;
 use crate::kube::pods::PodWatcher;
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::{Metrics, SharedSnapshot};
@@ -22,12 +23,15 @@ pub struct KubeSettings {
     pub node: String,
     /// How often a lasting condition's Event series is updated.
     pub event_heartbeat: Duration,
+    /// The kubelet's pod-resources socket: which Pod holds which GPU.
+    pub pod_resources_socket: std::path::PathBuf,
 }
 
 /// The scan thread's view of Kubernetes: caches it reads without waiting, a queue it never
 /// blocks on.
 struct KubeView {
     pods: PodWatcher,
+    gpu_holders: PodResourcesWatcher,
     planner: EventPlanner,
     queue: EventQueue,
 }
@@ -38,7 +42,7 @@ impl KubeView {
         snapshot: &crate::snapshot::Snapshot,
         pods: Option<&crate::kube::pods::PodIndex>,
     ) {
-        let holders = GpuHolders::new();
+        let holders = self.gpu_holders.holders();
         let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
         self.queue.send(msgs);
     }
@@ -76,6 +80,12 @@ pub async fn serve(
         tracing::info!(node = %kube.node, "watching this node's pods; publishing Events");
         KubeView {
             pods: PodWatcher::spawn(client.clone(), &kube.node, &runtime),
+            gpu_holders: PodResourcesWatcher::spawn(
+                kube.pod_resources_socket.clone(),
+                interval,
+                metrics.clone(),
+                &runtime,
+            ),
             planner: EventPlanner::new(&kube.node, kube.event_heartbeat),
             queue: spawn_publisher(
                 client,

@@ -53,6 +53,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 mode: args.kube,
                 node: args.common.node_name(),
                 event_heartbeat: args.event_heartbeat,
+                pod_resources_socket: args.pod_resources_socket.clone(),
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -96,6 +96,13 @@ impl Metrics {
             .inc();
     }
 
+    /// An error met outside a scan (the kubelet's pod-resources API, say).
+    pub fn count_error(&self, collector: &'static str) {
+        self.scan_errors
+            .get_or_create(&CollectorLabels { collector })
+            .inc();
+    }
+
     /// Records how each collector fared in one scan.
     pub fn record_scan(&self, runs: &[CollectorRun]) {
         for run in runs {

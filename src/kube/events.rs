@@ -71,8 +71,7 @@ pub enum EventMsg {
     Ended(u64),
 }
 
-/// Who holds which GPU (UUID -> namespace/name of each Pod), from the kubelet's pod-resources.
-pub type GpuHolders = HashMap<String, Vec<(String, String)>>;
+pub use super::podresources::GpuHolders;
 
 /// (subject, reason, what about): e.g. ("pod/<uid>", ShmExhausted, "") or ("node", GpuLinkDown, "GPU 7").
 type ConditionKey = (String, &'static str, String);
@@ -357,7 +356,9 @@ impl EventPlanner {
             else {
                 continue;
             };
-            for (ns, name) in holders.get(uuid).into_iter().flatten() {
+            // Device plugins name GPUs by UUID, or by index.
+            let held_by = holders.get(uuid).into_iter().chain(holders.get(&g.to_string()));
+            for (ns, name) in held_by.flatten() {
                 if let Some(meta) = pods.by_name(ns, name) {
                     if uids.insert(meta.uid.clone()) {
                         out.push((

@@ -5,6 +5,7 @@
 //! caches the scan thread reads without waiting, and Events go out through a bounded queue.
 
 pub mod events;
+pub mod podresources;
 pub mod pods;
 
 use kube::Client;

@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod fake_nvml;
 pub mod kube_api;
+pub mod pod_resources;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
