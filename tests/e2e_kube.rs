@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::agent::{sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
+use common::pod_resources::{gpu_pod, FakePodResources};
 use common::{Container, ContainerSpec};
 use serde_json::{json, Value};
 
@@ -60,9 +61,20 @@ fn pods_get_names_and_events_as_shm_fills_and_a_gpu_degrades() {
     let mut nvml = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&nvml);
     let lib = fake_nvml::lib();
+
+    // The kubelet says trainer-0 holds GPU 7, and another Pod GPU 3.
+    let uuid = |i: usize| nvml["gpus"][i]["uuid"].as_str().unwrap().to_string();
+    let kubelet = FakePodResources::start();
+    kubelet.set(vec![
+        gpu_pod("ml", "trainer-0", "trainer", &[&uuid(7)]),
+        gpu_pod("ml", "eval-0", "eval", &[&uuid(3)]),
+    ]);
+    api.apply_pod(pod(NODE, "ml", "eval-0", &common::random_pod_uid(), &[]));
+
     let kubeconfig = api.kubeconfig_path();
     let mut env = fake.env().to_vec();
     env.push(("KUBECONFIG", kubeconfig.as_os_str()));
+    let socket = kubelet.socket();
     let agent = Agent::start(
         &[
             "--kube",
@@ -71,6 +83,8 @@ fn pods_get_names_and_events_as_shm_fills_and_a_gpu_degrades() {
             NODE,
             "--nvml-lib",
             lib.to_str().unwrap(),
+            "--pod-resources-socket",
+            socket.to_str().unwrap(),
         ],
         &env,
     );
@@ -126,13 +140,29 @@ fn pods_get_names_and_events_as_shm_fills_and_a_gpu_degrades() {
         link["active"] = json!(false);
     }
     fake.write(&nvml);
-    let degraded = wait_for_event(&api, "GpuLinkDegraded");
+    let mut degraded = wait_for_event(&api, "GpuLinkDegraded");
+    // The Node's and the Pod's Events go out one after the other.
+    common::wait_until(Duration::from_secs(10), || {
+        degraded = events_with(&api, "GpuLinkDegraded");
+        degraded.len() >= 2
+    });
     let node_event = degraded
         .iter()
         .find(|e| e["regarding"]["kind"] == "Node")
         .expect("a GpuLinkDegraded Event on the Node");
     assert_eq!(node_event["regarding"]["name"], NODE);
     assert!(node_event["note"].as_str().unwrap().contains("GPU 7"));
+    // ... and on the Pod the kubelet says holds GPU 7, not on the one holding GPU 3.
+    let pod_events: Vec<_> = degraded
+        .iter()
+        .filter(|e| e["regarding"]["kind"] == "Pod")
+        .collect();
+    assert_eq!(pod_events.len(), 1, "{pod_events:#?}");
+    assert_eq!(pod_events[0]["regarding"]["name"], "trainer-0");
+    assert_eq!(pod_events[0]["regarding"]["uid"], uid.as_str());
+    assert_eq!(pod_events[0]["metadata"]["namespace"], "ml");
+    assert!(pod_events[0]["note"].as_str().unwrap().contains("GPU 7"));
+    assert!(kubelet.calls() >= 1);
 
     let body = agent.metrics();
     assert_eq!(
