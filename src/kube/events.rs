@@ -357,7 +357,10 @@ impl EventPlanner {
                 continue;
             };
             // Device plugins name GPUs by UUID, or by index.
-            let held_by = holders.get(uuid).into_iter().chain(holders.get(&g.to_string()));
+            let held_by = holders
+                .get(uuid)
+                .into_iter()
+                .chain(holders.get(&g.to_string()));
             for (ns, name) in held_by.flatten() {
                 if let Some(meta) = pods.by_name(ns, name) {
                     if uids.insert(meta.uid.clone()) {

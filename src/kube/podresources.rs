@@ -288,12 +288,23 @@ mod tests {
     fn time_sliced_replicas_count_as_their_gpu_and_mig_is_left_out() {
         let list = ListPodResourcesResponse {
             pod_resources: vec![
-                pod("a", "p1", vec![vec![devices("nvidia.com/gpu", &["GPU-cafe::0"])]]),
-                pod("b", "p2", vec![vec![devices("nvidia.com/gpu", &["GPU-cafe::1"])]]),
+                pod(
+                    "a",
+                    "p1",
+                    vec![vec![devices("nvidia.com/gpu", &["GPU-cafe::0"])]],
+                ),
+                pod(
+                    "b",
+                    "p2",
+                    vec![vec![devices("nvidia.com/gpu", &["GPU-cafe::1"])]],
+                ),
                 pod(
                     "c",
                     "p3",
-                    vec![vec![devices("nvidia.com/gpu", &["MIG-1234", "GPU-::2", ""])]],
+                    vec![vec![devices(
+                        "nvidia.com/gpu",
+                        &["MIG-1234", "GPU-::2", ""],
+                    )]],
                 ),
             ],
         };

@@ -12,9 +12,9 @@ use shmlink::kube::podresources::proto::{
     ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources, LIST_PATH, SERVICE,
 };
+use tokio::sync::oneshot;
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture};
-use tokio::sync::oneshot;
 
 #[derive(Default)]
 struct State {
@@ -113,7 +113,9 @@ impl FakePodResources {
                     .unwrap();
             });
         });
-        ready_rx.recv().expect("the fake pod-resources server started");
+        ready_rx
+            .recv()
+            .expect("the fake pod-resources server started");
         FakePodResources {
             dir,
             state,
