@@ -225,15 +225,19 @@ fn profiled_scans(
     scanner: &mut Scanner,
     cold: &mut [Scanner],
 ) {
-    for i in 0..reps {
-        match what {
-            "floor" => {
+    match what {
+        "floor" => {
+            for _ in 0..reps {
                 std::hint::black_box(floor.scan().ok());
             }
-            "cold" => {
-                std::hint::black_box(cold[i].scan());
+        }
+        "cold" => {
+            for scanner in cold.iter_mut().take(reps) {
+                std::hint::black_box(scanner.scan());
             }
-            _ => {
+        }
+        _ => {
+            for _ in 0..reps {
                 std::hint::black_box(scanner.scan());
             }
         }

@@ -2,7 +2,12 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::CWD;
+
+use super::kfile::FileReader;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CgroupVersion {
@@ -56,11 +61,23 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
     let mut stat = MemoryStat::default();
     let mut total_shmem = None;
     for line in content.lines() {
-        let mut parts = line.split_whitespace();
-        let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
+        let mut parts = line.split_ascii_whitespace();
+        // The key first: most of memory.stat's ~40 (v2) or ~70 (v1) lines are not wanted, and
+        // their values need not be parsed.
+        let Some(key) = parts.next() else { continue };
+        if !matches!(
+            key,
+            "shmem"
+                | "total_shmem"
+                | "hierarchical_memory_limit"
+                | "file"
+                | "cache"
+                | "anon"
+                | "rss"
+        ) {
             continue;
-        };
-        let Ok(value) = value.parse::<u64>() else {
+        }
+        let Some(Ok(value)) = parts.next().map(str::parse::<u64>) else {
             continue;
         };
         match key {
@@ -114,6 +131,7 @@ pub struct MemcgReader {
     root: PathBuf,
     version: CgroupVersion,
     memo: HashMap<String, Level>,
+    files: FileReader,
 }
 
 impl MemcgReader {
@@ -122,6 +140,7 @@ impl MemcgReader {
             root: hierarchy_root,
             version,
             memo: HashMap::new(),
+            files: FileReader::default(),
         }
     }
 
@@ -131,15 +150,36 @@ impl MemcgReader {
     }
 
     pub fn read(&mut self, rel_path: &str) -> Result<MemoryReading, MemcgError> {
+        self.read_at(rel_path, None)
+    }
+
+    /// As [`MemcgReader::read`], with the leaf cgroup's directory and its parent's already open
+    /// (the scan holds them), so their files are opened relative to them rather than by their
+    /// full paths.
+    pub fn read_at(
+        &mut self,
+        rel_path: &str,
+        open_dirs: Option<[BorrowedFd<'_>; 2]>,
+    ) -> Result<MemoryReading, MemcgError> {
+        let (leaf_dir, parent_dir) = match open_dirs {
+            Some([leaf, parent]) => (Some(leaf), Some(parent)),
+            None => (None, None),
+        };
         let rel = Path::new(rel_path.trim_start_matches('/'));
         if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             return Err(MemcgError::Gone(rel_path.to_string()));
         }
         let leaf = self.root.join(rel);
+        // `/a/b/c`: the memo's key of the leaf; its ancestors' keys are its prefixes.
+        let mut leaf_key = String::with_capacity(rel_path.len() + 1);
+        for c in rel.components() {
+            leaf_key.push('/');
+            leaf_key.push_str(&c.as_os_str().to_string_lossy());
+        }
         let (limit_file, _, stat_file) = self.files();
         // The leaf must exist: a missing leaf means the container is gone.
-        match self.level(&leaf) {
-            Ok(level) => self.memo.insert(rel_path.to_string(), level),
+        match self.level(&leaf, leaf_dir) {
+            Ok(level) => self.memo.insert(leaf_key.clone(), level),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(MemcgError::Gone(rel_path.to_string()))
             }
@@ -150,25 +190,34 @@ impl MemcgReader {
                 })
             }
         };
-        let mut ancestors: Vec<&Path> = rel.ancestors().collect();
-        ancestors.pop(); // the hierarchy root itself has no limit
-        let mut levels = Vec::with_capacity(ancestors.len());
-        for dir in ancestors {
-            let key = format!("/{}", dir.display());
-            let level = match self.memo.get(&key) {
+        // The leaf and its ancestors but the hierarchy root, which has no limit.
+        let mut levels = Vec::with_capacity(8);
+        let mut key = leaf_key.as_str();
+        let mut depth = 0;
+        while !key.is_empty() {
+            let level = match self.memo.get(key) {
                 Some(level) => *level,
                 None => {
-                    let level = self.level(&self.root.join(dir)).unwrap_or_default();
-                    self.memo.insert(key, level);
+                    let dir = self.root.join(key.trim_start_matches('/'));
+                    let fd = if depth == 1 { parent_dir } else { None };
+                    let level = self.level(&dir, fd).unwrap_or_default();
+                    self.memo.insert(key.to_string(), level);
                     level
                 }
             };
             levels.push(level);
+            key = &key[..key.rfind('/').unwrap_or(0)];
+            depth += 1;
         }
         let mut reading = tightest(levels);
-        reading.shmem_bytes = std::fs::read_to_string(leaf.join(stat_file))
+        let stat = match leaf_dir {
+            Some(dir) => self.files.read(dir, stat_file),
+            None => self.files.read(CWD, leaf.join(stat_file)),
+        };
+        reading.shmem_bytes = stat
             .ok()
-            .and_then(|s| parse_memory_stat(&s).shmem);
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .and_then(|s| parse_memory_stat(s).shmem);
         Ok(reading)
     }
 
@@ -183,20 +232,40 @@ impl MemcgReader {
         }
     }
 
-    /// Limit and usage of one cgroup. NotFound only when the cgroup itself is gone: a cgroup v2
-    /// directory whose parent does not delegate the memory controller has no memory files.
-    fn level(&self, dir: &Path) -> io::Result<Level> {
+    /// Limit and usage of one cgroup (`dir_fd`, when given, is `dir` opened). NotFound only when
+    /// the cgroup itself is gone: a cgroup v2 directory whose parent does not delegate the
+    /// memory controller has no memory files. Usage is read only under a limit, the only
+    /// place it counts.
+    fn level(&mut self, dir: &Path, dir_fd: Option<BorrowedFd<'_>>) -> io::Result<Level> {
         let (limit_file, usage_file, _) = self.files();
-        let read = |file: &str| match std::fs::read_to_string(dir.join(file)) {
-            Ok(text) => Ok(Some(text)),
+        let limit = self.value(dir, dir_fd, limit_file, parse_limit)?;
+        let usage = match limit {
+            Some(_) => self.value(dir, dir_fd, usage_file, parse_usage)?,
+            None => None,
+        };
+        Ok(Level { limit, usage })
+    }
+
+    /// One value file of `dir`, parsed; `Ok(None)` when the file is missing or garbage.
+    fn value(
+        &mut self,
+        dir: &Path,
+        dir_fd: Option<BorrowedFd<'_>>,
+        file: &str,
+        parse: fn(&str) -> Option<u64>,
+    ) -> io::Result<Option<u64>> {
+        let read = match dir_fd {
+            Some(fd) => self.files.read(fd, file),
+            None => self.files.read(CWD, dir.join(file)),
+        };
+        match read {
+            Ok(bytes) => std::str::from_utf8(bytes)
+                .map(parse)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
             // Checked after the failed read, so a cgroup removed meanwhile reads as gone.
             Err(e) if e.kind() == io::ErrorKind::NotFound && dir.is_dir() => Ok(None),
             Err(e) => Err(e),
-        };
-        Ok(Level {
-            limit: read(limit_file)?.as_deref().and_then(parse_limit),
-            usage: read(usage_file)?.as_deref().and_then(parse_usage),
-        })
+        }
     }
 }
 

@@ -6,22 +6,31 @@
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
 pub mod cgroup;
+pub mod kfile;
 pub mod memcg;
 pub mod mountinfo;
 pub mod statfs;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::rc::Rc;
 
-use crate::host::{read_ns, HostError, HostNamespaces, HostPaths, NsId, NsSource};
+use rustix::fs::{Mode, OFlags, RawDir};
+
+use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsSource};
 use crate::snapshot::{short_id, ShmReading, ShmStatus};
+use kfile::FileReader;
 use memcg::{MemcgError, MemcgReader, MemoryReading};
 use mountinfo::MountEntry;
 use statfs::{OpenShmError, ShmStat};
 
 /// How many of a cgroup's processes to try before giving up on it (they may all be exiting).
 const PIDS_TO_TRY: usize = 8;
+/// How much of cgroup.procs is read: one read, enough for [`PIDS_TO_TRY`] PIDs many times over.
+const PROCS_HEAD: usize = 1024;
 
 /// The result of one shm scan.
 #[derive(Debug, Default)]
@@ -39,6 +48,14 @@ struct CachedMount {
     entry: Option<MountEntry>,
 }
 
+/// A cgroup still to visit: its parent's open directory, its path relative to the hierarchy
+/// (`/kubepods/burstable/pod<uid>/<id>`), the mount namespace of the nearest container above.
+struct Pending {
+    parent: Rc<OwnedFd>,
+    rel: String,
+    outer: Option<NsId>,
+}
+
 /// Keeps what outlives one scan: the host's namespaces, the mountinfo cache, and which
 /// problems were already logged.
 pub struct ShmScanner {
@@ -48,6 +65,11 @@ pub struct ShmScanner {
     memcg: MemcgReader,
     mounts: HashMap<NsId, CachedMount>,
     logged: HashSet<String>,
+    files: FileReader,
+    /// A reused buffer for /proc paths.
+    path: Vec<u8>,
+    /// getdents64's buffer.
+    dirents: Vec<MaybeUninit<u8>>,
 }
 
 impl ShmScanner {
@@ -68,6 +90,9 @@ impl ShmScanner {
             host_ns,
             mounts: HashMap::new(),
             logged: HashSet::new(),
+            files: FileReader::default(),
+            path: Vec::with_capacity(64),
+            dirents: vec![MaybeUninit::uninit(); 16 * 1024],
         })
     }
 
@@ -76,70 +101,155 @@ impl ShmScanner {
     }
 
     /// One pass over the hierarchy. Never fails as a whole: what cannot be read is counted.
+    ///
+    /// Each cgroup directory is opened once and its files (cgroup.procs, the memory files) are
+    /// opened relative to it, and listed through the same handle: no path walk from the root
+    /// per file, and the least system calls per cgroup (see BENCHMARKS.md).
     pub fn scan(&mut self) -> ShmScan {
         self.memcg.start_scan();
         let mut out = ShmScan::default();
         let mut live_ns = HashSet::new();
-        // (directory, path relative to the hierarchy, mount ns of the nearest container above)
-        let mut stack: Vec<(PathBuf, String, Option<NsId>)> = Vec::new();
-        self.push_children(&self.hierarchy.clone(), "", None, &mut stack, &mut out);
-        while let Some((dir, rel, outer)) = stack.pop() {
+        let Some(root) = self.open_cgroup(None, "", &mut out) else {
+            return out;
+        };
+        let mut stack: Vec<Pending> = Vec::new();
+        self.push_children(&Rc::new(root), "", None, &mut stack, &mut out);
+        while let Some(Pending { parent, rel, outer }) = stack.pop() {
+            let Some(dir) = self.open_cgroup(Some(&parent), &rel, &mut out) else {
+                continue;
+            };
             let mut inner = outer;
             match self.first_process(&dir, &rel, &mut out) {
                 Some((pid, mnt)) if mnt != self.host_ns.mnt && Some(mnt) != outer => {
                     live_ns.insert(mnt);
-                    if let Some(reading) = self.measure(pid, mnt, &rel, &mut out) {
+                    let dirs = [dir.as_fd(), parent.as_fd()];
+                    if let Some(reading) = self.measure(pid, mnt, &rel, dirs, &mut out) {
                         out.readings.push(reading);
                     }
                     inner = Some(mnt);
                 }
                 _ => {}
             }
-            self.push_children(&dir, &rel, inner, &mut stack, &mut out);
+            drop(parent);
+            self.push_children(&Rc::new(dir), &rel, inner, &mut stack, &mut out);
         }
         self.mounts.retain(|ns, _| live_ns.contains(ns));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         out
     }
 
-    fn push_children(
+    /// Opens a cgroup's directory, relative to its parent's when given (a one-name lookup);
+    /// `None` when it is gone (or unreadable: counted).
+    fn open_cgroup(
         &mut self,
-        dir: &Path,
+        parent: Option<&OwnedFd>,
         rel: &str,
-        outer: Option<NsId>,
-        stack: &mut Vec<(PathBuf, String, Option<NsId>)>,
         out: &mut ShmScan,
-    ) {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(e) if is_vanished(&e) => return,
-            Err(e) => return self.error(out, "readdir", &dir.display().to_string(), &e),
+    ) -> Option<OwnedFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let opened = match parent {
+            Some(parent) => {
+                let name = rel.rsplit('/').next().unwrap_or_default();
+                rustix::fs::openat(parent, name, flags, Mode::empty())
+            }
+            None => rustix::fs::open(&self.hierarchy, flags, Mode::empty()),
         };
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                stack.push((entry.path(), format!("{rel}/{name}"), outer));
+        match opened {
+            Ok(dir) => Some(dir),
+            Err(e) => {
+                let e = io::Error::from(e);
+                if !is_vanished(&e) {
+                    let path = self.hierarchy.join(rel.trim_start_matches('/'));
+                    self.error(out, "readdir", &path.display().to_string(), &e);
+                }
+                None
             }
         }
     }
 
+    /// Queues the subdirectories of `dir`. They share one handle on `dir` (closed when the
+    /// last of them is opened): the handles open at once are bounded by the tree's depth.
+    fn push_children(
+        &mut self,
+        dir: &Rc<OwnedFd>,
+        rel: &str,
+        outer: Option<NsId>,
+        stack: &mut Vec<Pending>,
+        out: &mut ShmScan,
+    ) {
+        let mut entries = RawDir::new(dir.as_fd(), &mut self.dirents);
+        let mut failed = None;
+        while let Some(entry) = entries.next() {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    failed = Some(io::Error::from(e));
+                    break;
+                }
+            };
+            if entry.file_type() != rustix::fs::FileType::Directory {
+                continue;
+            }
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                continue;
+            };
+            stack.push(Pending {
+                parent: dir.clone(),
+                rel: format!("{rel}/{name}"),
+                outer,
+            });
+        }
+        if let Some(e) = failed.filter(|e| !is_vanished(e)) {
+            let path = self.hierarchy.join(rel.trim_start_matches('/'));
+            self.error(out, "readdir", &path.display().to_string(), &e);
+        }
+    }
+
     /// The first live process of a cgroup and its mount namespace.
-    fn first_process(&mut self, dir: &Path, rel: &str, out: &mut ShmScan) -> Option<(i32, NsId)> {
-        let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
-            Ok(procs) => procs,
+    fn first_process(
+        &mut self,
+        dir: &OwnedFd,
+        rel: &str,
+        out: &mut ShmScan,
+    ) -> Option<(i32, NsId)> {
+        let mut pids = [0i32; PIDS_TO_TRY];
+        let mut n = 0;
+        match self.files.read_head(dir, "cgroup.procs", PROCS_HEAD) {
+            Ok(procs) => {
+                // A read that filled the buffer may end in a cut-off PID: whole lines only.
+                let whole = if procs.len() < PROCS_HEAD {
+                    procs
+                } else {
+                    procs
+                        .iter()
+                        .rposition(|&b| b == b'\n')
+                        .map_or(&[][..], |end| &procs[..end])
+                };
+                for line in whole.split(|&b| b == b'\n') {
+                    let pid = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|l| l.trim().parse::<i32>().ok());
+                    if let Some(pid) = pid {
+                        pids[n] = pid;
+                        n += 1;
+                        if n == PIDS_TO_TRY {
+                            break;
+                        }
+                    }
+                }
+            }
             Err(e) if is_vanished(&e) => return None,
             Err(e) => {
                 self.error(out, "cgroup.procs", rel, &e);
                 return None;
             }
-        };
-        for pid in procs
-            .lines()
-            .filter_map(|l| l.trim().parse::<i32>().ok())
-            .take(PIDS_TO_TRY)
-        {
-            match read_ns(&self.proc_root, &pid.to_string(), "mnt") {
+        }
+        for &pid in &pids[..n] {
+            match self.ns_of(pid, "mnt") {
                 Ok(ns) => return Some((pid, ns)),
                 Err(e) if is_vanished(&e) => continue,
                 Err(e) => {
@@ -151,23 +261,44 @@ impl ShmScanner {
         None
     }
 
+    /// /proc/PID/ns/<kind>, as [`crate::host::read_ns`] reads it but without allocating: the
+    /// path is written into a reused buffer, the link read into one on the stack.
+    fn ns_of(&mut self, pid: i32, kind: &str) -> io::Result<NsId> {
+        use std::io::Write as _;
+        use std::os::unix::ffi::OsStrExt as _;
+        self.path.clear();
+        self.path
+            .extend_from_slice(self.proc_root.as_os_str().as_bytes());
+        write!(self.path, "/{pid}/ns/{kind}")?;
+        let mut buf = [MaybeUninit::<u8>::uninit(); 64];
+        let (link, _) = rustix::fs::readlinkat_raw(rustix::fs::CWD, &self.path[..], &mut buf)?;
+        std::str::from_utf8(link)
+            .ok()
+            .and_then(parse_ns_link)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "odd namespace link"))
+    }
+
     /// Measures one container; `None` when it vanished while being measured.
-    fn measure(&mut self, pid: i32, mnt: NsId, rel: &str, out: &mut ShmScan) -> Option<ShmReading> {
+    fn measure(
+        &mut self,
+        pid: i32,
+        mnt: NsId,
+        rel: &str,
+        dirs: [BorrowedFd<'_>; 2],
+        out: &mut ShmScan,
+    ) -> Option<ShmReading> {
         let identity = cgroup::parse_cgroup_path(rel);
         let container_id = identity.as_ref().map_or_else(
             || rel.rsplit('/').next().unwrap_or_default().to_string(),
             |id| id.container_id.clone(),
         );
-        let host_ipc = match (
-            read_ns(&self.proc_root, &pid.to_string(), "ipc"),
-            self.host_ns.ipc,
-        ) {
+        let host_ipc = match (self.ns_of(pid, "ipc"), self.host_ns.ipc) {
             (Ok(ipc), Some(host)) => ipc == host,
             (Err(e), _) if is_vanished(&e) => return None,
             _ => false,
         };
         let shm = self.stat_shm(pid, mnt, rel, &container_id, out)?;
-        let memory = match self.memcg.read(rel) {
+        let memory = match self.memcg.read_at(rel, Some(dirs)) {
             Ok(memory) => memory,
             Err(MemcgError::Gone(_)) => return None,
             Err(e) => {
@@ -251,8 +382,8 @@ impl ShmScanner {
         }
         let path = self.proc_root.join(pid.to_string()).join("mountinfo");
         // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide /dev/shm.
-        let text = match std::fs::read(&path) {
-            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        let text = match self.files.read_to_end(rustix::fs::CWD, &path) {
+            Ok(bytes) => String::from_utf8_lossy(bytes).into_owned(),
             Err(e) if is_vanished(&e) => return None,
             Err(e) => {
                 self.error(out, "mountinfo", rel, &e);

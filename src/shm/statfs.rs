@@ -96,9 +96,9 @@ mod libc_errno {
     pub const ENOTDIR: i32 = rustix::io::Errno::NOTDIR.raw_os_error();
 }
 
-/// statvfs, statfs and statx of an open handle.
+/// statfs and statx of an open handle: two system calls. statfs carries everything statvfs
+/// would (statvfs is statfs converted in user space) and the file system type besides.
 pub fn measure(shm: &OwnedFd) -> io::Result<ShmStat> {
-    let vfs = rustix::fs::fstatvfs(shm)?;
     let fs = rustix::fs::fstatfs(shm)?;
     let (mount_id, is_mount_root) =
         match rustix::fs::statx(shm, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID) {
@@ -116,18 +116,22 @@ pub fn measure(shm: &OwnedFd) -> io::Result<ShmStat> {
             // Kernels before 4.11 have no statx; mountinfo alone then decides.
             Err(_) => (None, None),
         };
-    let frsize = if vfs.f_frsize > 0 {
-        vfs.f_frsize
+    // As statvfs computes f_frsize: the fragment size, else the block size.
+    #[allow(clippy::unnecessary_cast)] // the field widths differ between targets
+    let frsize = if fs.f_frsize > 0 {
+        fs.f_frsize as u64
     } else {
-        vfs.f_bsize
+        fs.f_bsize as u64
     };
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, bfree) = (fs.f_blocks as u64, fs.f_bfree as u64);
     Ok(ShmStat {
         mount_id,
         is_mount_root,
         #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
         is_tmpfs: fs.f_type as i64 == TMPFS_MAGIC,
-        total_bytes: vfs.f_blocks.saturating_mul(frsize),
-        free_bytes: vfs.f_bfree.saturating_mul(frsize),
+        total_bytes: blocks.saturating_mul(frsize),
+        free_bytes: bfree.saturating_mul(frsize),
     })
 }
 
