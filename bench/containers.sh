@@ -54,7 +54,7 @@ start() {
   local n=$1 parallel=${2:-8}
   check_limits "$n"
   mkdir -p "$WORK/rootfs/bin" "$WORK/rootfs/dev" "$WORK/rootfs/proc" "$WORK/rootfs/sys" "$WORK/rootfs/tmp" "$WORK/bundles"
-  cp /bin/busybox "$WORK/rootfs/bin/busybox"
+  [ -x "$WORK/rootfs/bin/busybox" ] || cp /bin/busybox "$WORK/rootfs/bin/busybox"
   for a in sh sleep dd df; do ln -sf busybox "$WORK/rootfs/bin/$a"; done
   local first=$(( $(ls "$WORK/bundles" | wc -l) + 1 ))
   for i in $(seq "$first" $((first + n - 1))); do

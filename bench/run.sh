@@ -102,7 +102,7 @@ wait_http() {
   return 1
 }
 
-record "$(python3 - "$profile" "$sizes" "$reps" "$serve_seconds" "$interval" <<'PY'
+r=$(python3 - "$profile" "$sizes" "$reps" "$serve_seconds" "$interval" <<'PY'
 import json, os, platform, sys, subprocess
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal"))
@@ -117,10 +117,11 @@ print(json.dumps({"mode": "machine", "kernel": platform.release(), "cpu": cpu, "
   "rustc": version(["rustc", "--version"]), "runc": version(["runc", "--version"]),
   "node_exporter": version(["prometheus-node-exporter", "--version"])}))
 PY
-)"
+)
+record "$r"
 
 echo "== GPU: one scan of the fake nvswitch-8 board"
-record "$("$scan_bench" gpu --reps "$reps" --nvml-lib "$fake_nvml")"
+r=$("$scan_bench" gpu --reps "$reps" --nvml-lib "$fake_nvml"); record "$r"
 
 running=0
 for n in $sizes; do
@@ -133,13 +134,13 @@ for n in $sizes; do
   sleep 2
 
   echo "== N=$n: shm scan, cold and warm, against the floor ($reps repetitions)"
-  record "$("$scan_bench" shm --reps "$reps" --expect "$n")"
+  r=$("$scan_bench" shm --reps "$reps" --expect "$n"); record "$r"
 
-  echo "== N=$n: what people do today: nsenter -t PID -m df -B1 /dev/shm per container"
-  record "$(bench/diy.py "$n" "$diy_reps" $(bench/containers.sh pids))"
+  echo "== N=$n: what people do today: nsenter -t PID -m -p df -B1 /dev/shm per container"
+  r=$(bench/diy.py "$n" "$diy_reps" $(bench/containers.sh pids)); record "$r"
 
   echo "== N=$n: /metrics with the containers and 8 fake GPUs"
-  record "$("$scan_bench" metrics --reps "$reps" --nvml-lib "$fake_nvml")"
+  r=$("$scan_bench" metrics --reps "$reps" --nvml-lib "$fake_nvml"); record "$r"
 
   echo "== N=$n: shmlink serve --interval $interval beside prometheus-node-exporter, ${serve_seconds} s"
   port=$(free_port)
@@ -170,7 +171,7 @@ for n in $sizes; do
   t_end=$(date +%s.%N)
   s1=$(cpu_ticks "$serve_pid"); [ -z "$ne_port" ] || n1=$(cpu_ticks "$ne_pid")
   curl -sf "127.0.0.1:$port/metrics" >"$out/serve-metrics.txt"
-  record "$(python3 - "$n" "$interval" "$t_start" "$t_end" "$(getconf CLK_TCK)" "$scrapes" \
+  r=$(python3 - "$n" "$interval" "$t_start" "$t_end" "$(getconf CLK_TCK)" "$scrapes" \
       "$s0" "$s1" "$(rss_kib "$serve_pid" VmRSS)" "$(rss_kib "$serve_pid" VmHWM)" \
       "${n0:-}" "${n1:-}" "$( [ -z "$ne_port" ] || rss_kib "$ne_pid" VmRSS)" "$( [ -z "$ne_port" ] || rss_kib "$ne_pid" VmHWM)" \
       "$out/serve-metrics.txt" <<'PY'
@@ -205,7 +206,8 @@ print(json.dumps({"mode": "serve", "containers": m["containers"], "interval": in
   "scans": int(m["count"]), "mean_scan_ms": 1e3 * m["sum"] / m["count"],
   "shmlink": proc(s0, s1, rss, hwm, "shmlink"), "node_exporter": proc(n0, n1, ne_rss, ne_hwm, "node_exporter")}))
 PY
-)"
+)
+  record "$r"
   kill "$serve_pid"; wait "$serve_pid" || true
   if [ -n "$ne_port" ]; then kill "$ne_pid"; wait "$ne_pid" 2>/dev/null || true; fi
   pids_to_kill=()

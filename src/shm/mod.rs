@@ -358,6 +358,11 @@ impl ShmScanner {
             // A plain directory on the container's root file system: nothing is mounted there.
             return Some(None);
         }
+        if stat.is_tmpfs && stat.is_mount_root == Some(true) {
+            // statx says a mount is there and statfs that it is a tmpfs: mountinfo, the most
+            // expensive file of a scan, would only repeat the type.
+            return Some(Some((stat, None)));
+        }
         let entry = self.mount_entry(pid, mnt, stat.mount_id, rel, out)?;
         match (&entry, stat.is_mount_root) {
             // Without statx, mountinfo alone tells whether something is mounted at /dev/shm.
