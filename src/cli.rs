@@ -25,6 +25,44 @@ pub enum Command {
     Check(CheckArgs),
     /// The node agent: scans every --interval, serves /metrics, /healthz and /readyz.
     Serve(ServeArgs),
+    /// Run inside a workload container (or initContainer): is its own /dev/shm big enough, and
+    /// are the GPUs it sees healthy? Exit status: 0 fit, 1 not fit (the fix is printed), 2 it
+    /// cannot tell.
+    Preflight(PreflightArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PreflightArgs {
+    /// The /dev/shm the workload needs, e.g. 8Gi, 512Mi, 512M, 1073741824.
+    #[arg(long, env = "SHMLINK_MIN_SHM", value_name = "SIZE")]
+    pub min_shm: Option<String>,
+    /// Sizing helper: DataLoader num_workers. Need = workers x prefetch factor x batch bytes,
+    /// plus NCCL's shared-memory segments when more than one GPU is visible.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "batch_bytes",
+        conflicts_with = "min_shm"
+    )]
+    pub dataloader_workers: Option<u64>,
+    /// Sizing helper: the bytes of one batch as the DataLoader hands it over, e.g. 256Mi.
+    #[arg(long, value_name = "SIZE", requires = "dataloader_workers")]
+    pub batch_bytes: Option<String>,
+    /// Sizing helper: the DataLoader's prefetch_factor (batches in flight per worker).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub prefetch_factor: u64,
+    /// Print JSON (schema in README) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// The host's IPC namespace inode, for a node that is itself a container (kind): without
+    /// it, host IPC means the kernel's initial IPC namespace.
+    #[arg(long, env = "SHMLINK_HOST_IPC_NS", value_name = "INODE")]
+    pub host_ipc_ns: Option<u64>,
+    /// The /dev/shm to check.
+    #[arg(long, env = "SHMLINK_SHM_DIR", default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 #[derive(Debug, Args)]

@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod host;
 pub mod kube;
 pub mod metrics;
+pub mod preflight;
 pub mod report;
 pub mod scan;
 pub mod server;

@@ -1,4 +1,4 @@
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -63,7 +63,50 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(agent::serve(scanner, args.listen, args.interval, kube))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Preflight(args) => {
+            init_logging(LogFormat::Text, "error");
+            preflight(args)
+        }
     }
+}
+
+/// `shmlink preflight`: bad sizes are a one-line error (exit 2, through `main`).
+fn preflight(args: shmlink::cli::PreflightArgs) -> anyhow::Result<ExitCode> {
+    use shmlink::preflight::{self, plan};
+    let need = match (&args.min_shm, args.dataloader_workers, &args.batch_bytes) {
+        (Some(min), _, _) => plan::NeedSpec::MinShm(plan::parse_size("--min-shm", min)?),
+        (None, Some(workers), Some(batch)) => plan::NeedSpec::Sizing {
+            workers,
+            prefetch_factor: args.prefetch_factor,
+            batch_bytes: plan::parse_size("--batch-bytes", batch)?,
+        },
+        _ => plan::NeedSpec::Unspecified,
+    };
+    let probe = preflight::Probe {
+        proc_root: args.common.host.proc_root.clone(),
+        cgroup_root: args.common.host.cgroup_root.clone(),
+        shm_dir: args.shm_dir.clone(),
+    };
+    let options = preflight::Options {
+        need,
+        no_gpu: args.common.gpu.no_gpu,
+        nvml_lib: args.common.gpu.nvml_lib.clone(),
+        rules: PairRules {
+            window: args.common.gpu.nvlink_error_window,
+            ..PairRules::default()
+        },
+        host_ipc_ns: args.host_ipc_ns,
+    };
+    let report = preflight::run(&probe, &preflight::Env::from_process(), &options);
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut stdout, &report)?;
+        writeln!(stdout)?;
+    } else {
+        write!(stdout, "{}", plan::render_text(&report))?;
+    }
+    stdout.flush()?;
+    Ok(ExitCode::from(report.exit_code))
 }
 
 /// `with_xid_thread`: serve waits for XID events; a one-shot check could not see one in time.
