@@ -896,7 +896,7 @@ fn fix_text(
                 "This container shares the host's IPC namespace and so the host's /dev/shm: grow \
                  that one on the node (mount -o remount,size={} /dev/shm), or stop sharing it and \
                  give the container its own as below.\n",
-                docker_size(shm.size_bytes.unwrap_or(0).max(size) + size)
+                docker_size(shm.used_bytes.unwrap_or(0).saturating_add(size))
             ));
         }
         match runs_in {

@@ -178,6 +178,21 @@ pub struct ContainerSpec {
     pub shm: Shm,
     /// memory.limit_in_bytes / memory.max of the container's cgroup.
     pub memory_limit: Option<i64>,
+    /// More OCI mounts, after the default ones (e.g. [`ro_bind`], [`cgroup_mount`]).
+    pub extra_mounts: Vec<Value>,
+}
+
+/// An OCI mount: `source` on the host bound read-only at `destination` in the container.
+pub fn ro_bind(source: impl AsRef<Path>, destination: &str) -> Value {
+    json!({"destination": destination, "type": "bind", "source": source.as_ref(),
+           "options": ["rbind", "ro"]})
+}
+
+/// An OCI mount of the container's own cgroups at /sys/fs/cgroup, read-only, as Docker and
+/// containerd give every container.
+pub fn cgroup_mount() -> Value {
+    json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+           "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]})
 }
 
 /// A running runc container; killed and deleted on drop.
@@ -401,6 +416,7 @@ fn oci_config(spec: &ContainerSpec, cgroup: &str) -> Value {
         }
         Shm::None => namespaces.push(json!({"type": "ipc"})),
     }
+    mounts.extend(spec.extra_mounts.iter().cloned());
     let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
     if let Some(limit) = spec.memory_limit {
         resources["memory"] = json!({"limit": limit});
