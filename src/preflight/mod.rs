@@ -168,10 +168,7 @@ impl Probe {
         // The leaf's own limit file must be there, else the memory controller is not visible
         // (or, on v2, not delegated to this cgroup).
         if read(&leaf, limit_file).is_none() && read(&leaf, usage_file).is_none() {
-            obs.note = Some(format!(
-                "{} has no {limit_file}",
-                leaf.display().to_string()
-            ));
+            obs.note = Some(format!("{} has no {limit_file}", leaf.display()));
             return obs;
         }
         obs.visible = true;
