@@ -373,3 +373,80 @@ fn no_dev_shm_at_all_is_not_fit() {
     assert!(t.contains("FAIL shm_absent"), "{t}");
     assert!(t.contains("sizeLimit: 1Gi"), "{t}");
 }
+
+#[test]
+fn host_ipc_is_recognised_and_a_private_namespace_is_not() {
+    if !common::e2e_available() {
+        return;
+    }
+    // The test's own IPC namespace stands for the host's: the kernel's initial one on a
+    // machine, another where the tests themselves run in a container (then given as the hint).
+    let own = std::fs::read_link("/proc/self/ns/ipc").unwrap();
+    let own = own.to_str().unwrap();
+    let inode = own
+        .trim_start_matches("ipc:[")
+        .trim_end_matches(']')
+        .to_string();
+    let hint: Vec<&str> = if inode == "4026531839" {
+        vec![]
+    } else {
+        vec!["--host-ipc-ns", &inode]
+    };
+    let shared = start(Shm::HostIpc, None, &[]);
+    let mut args = vec!["--no-gpu", "--json"];
+    args.extend_from_slice(&hint);
+    let r = json_of(&preflight(&shared, &[], &args));
+    assert_eq!(r["ipc"]["host"], true, "{}", r["ipc"]);
+    assert_eq!(r["ipc"]["namespace"].to_string(), inode);
+    let private = start(Shm::RuntimeDefault, None, &[]);
+    let r = json_of(&preflight(&private, &[], &args));
+    assert_eq!(r["ipc"]["host"], false, "{}", r["ipc"]);
+
+    // With host IPC, a need the host's /dev/shm cannot hold says to grow that one.
+    let mut args = vec!["--no-gpu", "--min-shm", "64Ti"];
+    args.extend_from_slice(&hint);
+    let out = preflight(&shared, &[], &args);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("shares the host's IPC namespace"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn it_answers_within_a_second() {
+    if !common::e2e_available() {
+        return;
+    }
+    let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
+    let config_dir = fake.config.parent().unwrap();
+    let c = start(Shm::RuntimeDefault, None, &[(config_dir, NVML_DIR)]);
+    let lib = format!(
+        "{BIN_DIR}/{}",
+        fake_nvml::lib().file_name().unwrap().to_str().unwrap()
+    );
+    let config_env = format!("FAKE_NVML_CONFIG={NVML_DIR}/nvml.json");
+    // runc exec's own cost, measured with a command that does nothing.
+    let t = std::time::Instant::now();
+    assert!(c.exec(&["/bin/busybox", "true"]).status.success());
+    let baseline = t.elapsed();
+    let t = std::time::Instant::now();
+    let out = preflight(
+        &c,
+        &[&config_env],
+        &["--nvml-lib", &lib, "--min-shm", "32Mi"],
+    );
+    let took = t.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("28 of 28 pairs healthy"),
+        "{}",
+        text(&out)
+    );
+    println!("preflight with 8 fake GPUs: {took:?} (runc exec alone: {baseline:?})");
+    assert!(
+        took.saturating_sub(baseline) < std::time::Duration::from_secs(1),
+        "{took:?} against runc exec's {baseline:?}"
+    );
+}
