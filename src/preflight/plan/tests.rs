@@ -545,3 +545,41 @@ fn the_json_report_has_the_documented_top_level_fields() {
     assert_eq!(v["problems"][0]["severity"], "fail");
     assert_eq!(v["need"]["source"], "min_shm");
 }
+
+#[test]
+fn the_example_training_pod_fits_what_its_preflight_asks_for() {
+    let yaml = include_str!("../../../deploy/examples/training-pod.yaml");
+    let value = |key: &str| -> &str {
+        let at = yaml
+            .find(key)
+            .unwrap_or_else(|| panic!("{key} in the example"));
+        yaml[at + key.len()..]
+            .split(|c: char| c.is_whitespace() || c == '"')
+            .next()
+            .unwrap()
+    };
+    let workers: u64 = value("--dataloader-workers=").parse().unwrap();
+    let batch = parse_size("batch", value("--batch-bytes=")).unwrap();
+    let prefetch: u64 = value("--prefetch-factor=").parse().unwrap();
+    let gpus: usize = value("nvidia.com/gpu: ").parse().unwrap();
+    let size_limit = parse_size("sizeLimit", value("sizeLimit: ")).unwrap();
+    let memory = parse_size("memory", value("memory: ")).unwrap();
+    let need = need(
+        NeedSpec::Sizing {
+            workers,
+            prefetch_factor: prefetch,
+            batch_bytes: batch,
+        },
+        gpus,
+    )
+    .unwrap();
+    assert_eq!(need.nccl_bytes, Some(56 * NCCL_SHM_SEGMENT_BYTES));
+    assert!(
+        need.bytes <= size_limit,
+        "{need:?} vs sizeLimit {size_limit}"
+    );
+    assert!(size_limit < memory);
+    // The figures its comment gives.
+    assert!(yaml.contains(&format!("{} MiB)", nccl_bytes(8).div_ceil(MIB))));
+    assert!(yaml.contains(&format!(": {:.1} GiB", need.bytes as f64 / GIB as f64)));
+}
