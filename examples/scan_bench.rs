@@ -2,8 +2,10 @@
 //! are running and prints one JSON object per mode on stdout. Needs root for the shm modes.
 //!
 //! ```text
-//! scan_bench shm     [--reps R] [--expect N]   shmlink's shm scan (scan::Scanner, GPU off), cold
-//!                                              and warm, interleaved with the syscall floor
+//! scan_bench shm     [--reps R] [--expect N] [--pause-ms P]
+//!                                              shmlink's shm scan (scan::Scanner, GPU off), cold
+//!                                              and warm, interleaved with the syscall floor; each
+//!                                              after P ms idle (default 0: back to back)
 //! scan_bench metrics [--reps R] --nvml-lib L   /metrics encode time and size: the containers
 //!                                              plus the fake NVML's GPUs (FAKE_NVML_CONFIG)
 //! scan_bench gpu     [--reps R] --nvml-lib L   one GPU scan: time and NVML calls
@@ -50,6 +52,7 @@ struct Args {
     reps: usize,
     expect: Option<usize>,
     what: String,
+    pause_ms: u64,
     nvml_lib: Option<PathBuf>,
     host: HostPaths,
 }
@@ -64,6 +67,7 @@ fn parse_args() -> Result<Args, Error> {
         reps: 11,
         expect: None,
         what: "warm".into(),
+        pause_ms: 0,
         nvml_lib: None,
         host: HostPaths {
             proc_root: "/proc".into(),
@@ -76,6 +80,7 @@ fn parse_args() -> Result<Args, Error> {
             "--reps" => args.reps = value()?.parse()?,
             "--expect" => args.expect = Some(value()?.parse()?),
             "--what" => args.what = value()?,
+            "--pause-ms" => args.pause_ms = value()?.parse()?,
             "--nvml-lib" => args.nvml_lib = Some(value()?.into()),
             "--proc-root" => args.host.proc_root = value()?.into(),
             "--cgroup-root" => args.host.cgroup_root = value()?.into(),
@@ -162,17 +167,22 @@ fn bench_shm(args: &Args) -> Result<Value, Error> {
     let (mut warm_wall, mut warm_cpu) = (Vec::new(), Vec::new());
     let (mut cold_wall, mut cold_cpu) = (Vec::new(), Vec::new());
     let (mut floor_wall, mut floor_cpu) = (Vec::new(), Vec::new());
-    // Interleaved, so a neighbour's burst of load hits all three alike.
+    // Interleaved, so a neighbour's burst of load hits all three alike. With --pause-ms each
+    // scan starts after an idle pause, as serve's do (caches cooled), not straight after another.
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(args.pause_ms));
     for _ in 0..args.reps {
+        pause();
         let (n, wall, cpu) = timed(|| floor.scan());
         check_count("floor", n?, found)?;
         floor_wall.push(wall);
         floor_cpu.push(cpu);
+        pause();
 
         let (out, wall, cpu) = timed(|| warm_scanner.scan());
         check_count("warm scan", out.snapshot.shm.len(), found)?;
         warm_wall.push(wall);
         warm_cpu.push(cpu);
+        pause();
 
         // A new Scanner has no mountinfo cache: every container's mountinfo is read, as in
         // `shmlink check`. Building it (the host's namespaces) is not timed.
@@ -186,6 +196,7 @@ fn bench_shm(args: &Args) -> Result<Value, Error> {
         "mode": "shm",
         "containers": found,
         "reps": args.reps,
+        "pause_ms": args.pause_ms,
         "unit": "us",
         "warm": {"wall": stats(&warm_wall), "cpu": stats(&warm_cpu)},
         "cold": {"wall": stats(&cold_wall), "cpu": stats(&cold_cpu)},
