@@ -58,11 +58,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 echo "== building ($profile)"
+# The binaries and the fake NVML library, then the example (an --example flag alone builds
+# only the example, and a stale shmlink would be measured).
 if [ $profile = release ]; then
-  cargo build -q --release --workspace --example scan_bench
+  cargo build -q --release --workspace
+  cargo build -q --release --example scan_bench
   bin=target/release
 else
-  cargo build -q --workspace --example scan_bench
+  cargo build -q --workspace
+  cargo build -q --example scan_bench
   bin=target/debug
 fi
 scan_bench=$bin/examples/scan_bench
