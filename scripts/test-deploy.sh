@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# Checks what an operator installs, with the real tools:
+#   - `kubectl kustomize` builds deploy/base and every overlay;
+#   - the core objects validate strictly against Kubernetes' own schema (kubernetes-validate,
+#     Kubernetes $K8S_VERSION); the Prometheus Operator's custom resources, which that schema
+#     does not know, are checked field by field here and their rules by promtool;
+#   - the PrometheusRule carries exactly the groups of deploy/prometheus/shmlink.rules.yml;
+#   - the DaemonSet keeps its contract (capabilities, mounts, args, probes, RBAC);
+#   - `promtool check rules` and `promtool test rules` on the plain rules;
+#   - the Dockerfile parses and every COPY source exists; the dashboards are valid JSON.
+# As root it installs what is missing (apt: prometheus, kubectl; pip: kubernetes-validate,
+# dockerfile-parse); otherwise a missing tool is an error unless SHMLINK_DEPLOY_SKIP_MISSING=1,
+# where it says loudly what it skipped.
+#
+#   scripts/test-deploy.sh               run every check
+#   scripts/test-deploy.sh --write-rule  regenerate the overlay's prometheusrule.yaml first
+set -euo pipefail
+cd "$(dirname "$0")/.."
+K8S_VERSION=${K8S_VERSION:-1.33.0}
+RULE=deploy/overlays/prometheus-operator/prometheusrule.yaml
+
+write_rule() {
+  python3 - "$RULE" <<'PY'
+import sys, yaml
+groups = yaml.safe_load(open("deploy/prometheus/shmlink.rules.yml"))["groups"]
+doc = {
+    "apiVersion": "monitoring.coreos.com/v1",
+    "kind": "PrometheusRule",
+    "metadata": {"name": "shmlink", "labels": {"app.kubernetes.io/name": "shmlink",
+                                               "app.kubernetes.io/part-of": "shmlink"}},
+    "spec": {"groups": groups},
+}
+class Dumper(yaml.SafeDumper):
+    pass
+def text(dumper, s):
+    style = "|" if "\n" in s else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
+Dumper.add_representer(str, text)
+with open(sys.argv[1], "w") as f:
+    f.write("# Generated from deploy/prometheus/shmlink.rules.yml by scripts/test-deploy.sh --write-rule;\n"
+            "# edit that file, not this one.\n")
+    yaml.dump(doc, f, Dumper=Dumper, sort_keys=False, width=100)
+PY
+  echo "wrote $RULE"
+}
+if [ "${1:-}" = --write-rule ]; then
+  write_rule
+fi
+
+skipped=()
+need() { # need TOOL: true when TOOL is there (installed here as root when missing)
+  command -v "$1" >/dev/null && return 0
+  skipped+=("$1")
+  return 1
+}
+
+if [ "$(id -u)" = 0 ]; then
+  apt_missing=()
+  command -v promtool >/dev/null || apt_missing+=(prometheus)
+  command -v prometheus-alertmanager >/dev/null || apt_missing+=(prometheus-alertmanager)
+  command -v kubectl >/dev/null || apt_missing+=(kubectl)
+  if [ ${#apt_missing[@]} -gt 0 ]; then
+    echo "== installing ${apt_missing[*]} (apt)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+  fi
+  # Debian's prometheus package starts its service on install; these checks need none.
+  command -v kubernetes-validate >/dev/null && python3 -c 'import dockerfile_parse' 2>/dev/null ||
+    { echo "== installing kubernetes-validate dockerfile-parse (pip)"; python3 -m pip install -q kubernetes-validate dockerfile-parse; }
+fi
+python3 -c 'import yaml' # PyYAML: every check below reads YAML
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+# --- promtool on the plain rules ------------------------------------------------------------
+if need promtool; then
+  echo "== promtool check rules / test rules"
+  (cd deploy/prometheus && promtool check rules shmlink.rules.yml && promtool test rules shmlink.rules.test.yml)
+fi
+
+# --- kustomize builds ------------------------------------------------------------------------
+builds=(deploy/base)
+for overlay in deploy/overlays/*/; do builds+=("${overlay%/}"); done
+if need kubectl; then
+  for dir in "${builds[@]}"; do
+    echo "== kubectl kustomize $dir"
+    name=$(echo "$dir" | tr / _)
+    kubectl kustomize "$dir" >"$out/$name.yaml"
+    # Core objects apart from custom resources, which Kubernetes' schema does not know.
+    python3 - "$out/$name.yaml" "$out/$name" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+core = [d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+crs = [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
+yaml.safe_dump_all(core, open(sys.argv[2] + ".core.yaml", "w"), sort_keys=False)
+yaml.safe_dump_all(crs, open(sys.argv[2] + ".crs.yaml", "w"), sort_keys=False)
+print(f"   {len(core)} core objects: " + ", ".join(d["kind"] for d in core))
+if crs:
+    print(f"   {len(crs)} custom resources: " + ", ".join(d["kind"] for d in crs))
+PY
+    if need kubernetes-validate; then
+      echo "== kubernetes-validate -k $K8S_VERSION --strict ($dir, core objects)"
+      kubernetes-validate -k "$K8S_VERSION" --strict --quiet "$out/$name.core.yaml"
+    fi
+  done
+
+  echo "== the DaemonSet, RBAC and Service keep their contract"
+  python3 - "$out/deploy_base.core.yaml" <<'PY'
+import sys, yaml
+docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(open(sys.argv[1])) if d}
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAIL: {what}")
+assert ("Namespace", "shmlink") in docs, "no Namespace shmlink"
+for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"]:
+    check((kind, "shmlink") in docs, f"no {kind} shmlink")
+rules = sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
+               for r in docs["ClusterRole", "shmlink"]["rules"])
+check(rules == sorted([(("",), ("pods",), ("get", "list", "watch")),
+                       (("events.k8s.io",), ("events",), ("create", "patch")),
+                       (("",), ("nodes",), ("get",))]), f"ClusterRole is not least privilege: {rules}")
+ds = docs["DaemonSet", "shmlink"]
+check(ds["metadata"]["namespace"] == "shmlink", "DaemonSet namespace")
+pod = ds["spec"]["template"]["spec"]
+check(pod.get("hostPID") is True, "hostPID")
+check(pod.get("priorityClassName") == "system-node-critical", "priorityClassName")
+check({"operator": "Exists"} in pod.get("tolerations", []), "tolerations: operator Exists")
+check(pod["serviceAccountName"] == "shmlink", "serviceAccountName")
+(c,) = pod["containers"]
+check(c["args"][:5] == ["serve", "--proc-root", "/host/proc", "--cgroup-root", "/host/sys/fs/cgroup"], f"args {c['args']}")
+env = {e["name"]: e for e in c["env"]}
+check(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", "NODE_NAME")
+check(env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all", "NVIDIA_VISIBLE_DEVICES")
+check(env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility", "NVIDIA_DRIVER_CAPABILITIES")
+sc = c["securityContext"]
+check(sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+      and sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0, f"securityContext {sc}")
+check(sc["capabilities"]["drop"] == ["ALL"], "drop ALL")
+check(set(sc["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH"}, "capabilities beyond the contract")
+check(sc["seccompProfile"]["type"] == "RuntimeDefault", "seccomp")
+vols = {v["name"]: v for v in pod["volumes"]}
+mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+for path, host in [("/host/proc", "/proc"), ("/host/sys/fs/cgroup", "/sys/fs/cgroup"),
+                   ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources")]:
+    check(path in mounts and mounts[path].get("readOnly") is True, f"{path} mounted read-only")
+    check(vols[mounts[path]["name"]]["hostPath"]["path"] == host, f"{path} is the host's {host}")
+check(all(m.get("readOnly") for m in c["volumeMounts"]), "every mount read-only: the agent writes nothing")
+(port,) = c["ports"]
+check(port["containerPort"] == 9477 and port["name"] == "metrics", "port 9477 named metrics")
+check(c["livenessProbe"]["httpGet"]["path"] == "/healthz", "liveness /healthz")
+check(c["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness /readyz")
+res = c["resources"]
+check(res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"], "resources")
+svc = docs["Service", "shmlink"]
+check(svc["spec"]["clusterIP"] == "None", "headless Service")
+check(svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items(), "Service selects the agents")
+print("   ok")
+PY
+
+  echo "== custom resources: ServiceMonitor and PrometheusRule"
+  python3 - "$out/deploy_overlays_prometheus-operator.crs.yaml" "$out/deploy_overlays_prometheus-operator.core.yaml" "$out/rule-groups.yml" <<'PY'
+import sys, yaml
+# What the operator's CRDs (monitoring.coreos.com/v1) require, and what shmlink needs of them.
+crs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1])) if d}
+core = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAIL: {what}")
+check(set(crs) == {"ServiceMonitor", "PrometheusRule"}, f"custom resources {sorted(crs)}")
+for d in crs.values():
+    check(d["apiVersion"] == "monitoring.coreos.com/v1", f"{d['kind']} apiVersion")
+    check(d["metadata"].get("name") and d["metadata"].get("namespace") == "shmlink", f"{d['kind']} metadata")
+    check(set(d) <= {"apiVersion", "kind", "metadata", "spec"}, f"{d['kind']} top-level fields")
+sm = crs["ServiceMonitor"]["spec"]
+check(set(sm) <= {"jobLabel", "selector", "namespaceSelector", "endpoints", "targetLabels", "podTargetLabels"}, f"ServiceMonitor spec fields {sorted(sm)}")
+check(isinstance(sm["selector"].get("matchLabels"), dict), "ServiceMonitor spec.selector (required)")
+check(sm["endpoints"], "ServiceMonitor endpoints")
+svc = next(d for d in core if d["kind"] == "Service")
+check(sm["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items(), "ServiceMonitor selects the Service")
+check(sm["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]], "ServiceMonitor namespaceSelector")
+check(sm["jobLabel"] in svc["metadata"]["labels"], "jobLabel is a label of the Service")
+ports = {p["name"] for p in svc["spec"]["ports"]}
+for ep in sm["endpoints"]:
+    check(ep["port"] in ports, f"endpoint port {ep['port']} is a port of the Service")
+    check(ep.get("honorLabels") is True, "honorLabels: the workload's namespace/pod/container labels")
+    check(set(ep) <= {"port", "path", "interval", "scrapeTimeout", "honorLabels", "relabelings", "metricRelabelings", "scheme"}, f"endpoint fields {sorted(ep)}")
+    for r in ep.get("relabelings", []):
+        check(set(r) <= {"sourceLabels", "targetLabel", "regex", "replacement", "action", "separator", "modulus"}, f"relabeling fields {sorted(r)}")
+pr = crs["PrometheusRule"]["spec"]
+check(set(pr) == {"groups"}, "PrometheusRule spec has groups only")
+for g in pr["groups"]:
+    check(set(g) <= {"name", "interval", "rules", "partial_response_strategy", "limit"} and g.get("name"), f"group fields {sorted(g)}")
+    for r in g["rules"]:
+        check(set(r) <= {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}, f"rule fields {sorted(r)}")
+        check(("alert" in r) != ("record" in r) and r.get("expr"), f"rule {r}")
+plain = yaml.safe_load(open("deploy/prometheus/shmlink.rules.yml"))["groups"]
+check(pr["groups"] == plain, "the PrometheusRule's groups differ from deploy/prometheus/shmlink.rules.yml: run scripts/test-deploy.sh --write-rule")
+yaml.safe_dump({"groups": pr["groups"]}, open(sys.argv[3], "w"), sort_keys=False)
+print(f"   ok ({len(pr['groups'])} groups, the same as the plain rules)")
+PY
+  if need promtool; then
+    echo "== promtool check rules (the PrometheusRule's groups)"
+    promtool check rules "$out/rule-groups.yml"
+  fi
+fi
+
+# --- Dockerfile ------------------------------------------------------------------------------
+echo "== Dockerfile parses; every COPY source exists"
+if python3 -c 'import dockerfile_parse' 2>/dev/null; then
+  python3 - <<'PY'
+import glob, os, sys
+from dockerfile_parse import DockerfileParser
+p = DockerfileParser(path="Dockerfile")
+instr = p.structure
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAIL: Dockerfile: {what}")
+known = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "USER", "LABEL", "EXPOSE",
+         "ENTRYPOINT", "CMD", "HEALTHCHECK", "STOPSIGNAL", "SHELL", "VOLUME", "ONBUILD"}
+instr = [i for i in instr if i["instruction"] != "COMMENT"]
+for i in instr:
+    check(i["instruction"] in known, f"line {i['startline'] + 1}: unknown instruction {i['instruction']}")
+froms = [i for i in instr if i["instruction"] == "FROM"]
+check(len(froms) >= 2, "multi-stage")
+check(froms[0]["value"].split()[0].startswith("rust:1.95"), f"builder {froms[0]['value']}")
+stages = [f["value"].split()[-1] for f in froms if " AS " in f["value"].upper()]
+check(not any(i["instruction"] == "ADD" for i in instr), "ADD (use COPY)")
+for i in instr:
+    if i["instruction"] != "COPY":
+        continue
+    args = i["value"].split()
+    from_stage = [a for a in args if a.startswith("--from=")]
+    paths = [a for a in args if not a.startswith("--")]
+    if from_stage:
+        check(from_stage[0][7:] in stages, f"COPY --from={from_stage[0][7:]}: no such stage")
+        continue
+    for src in paths[:-1]:
+        check(glob.glob(src), f"COPY source {src} does not exist")
+labels = p.labels
+for key in ["org.opencontainers.image.title", "org.opencontainers.image.version", "org.opencontainers.image.licenses", "org.opencontainers.image.source"]:
+    check(key in labels, f"OCI label {key}")
+ep = [i for i in instr if i["instruction"] == "ENTRYPOINT"]
+check(ep and "shmlink" in ep[-1]["value"], "ENTRYPOINT is the binary")
+cmd = [i for i in instr if i["instruction"] == "CMD"]
+check(cmd and "serve" in cmd[-1]["value"], "CMD serve")
+check(os.path.exists(".dockerignore"), ".dockerignore")
+ignored = open(".dockerignore").read().split()
+check("target" in ignored or "/target" in ignored, ".dockerignore leaves out target/")
+print(f"   ok ({len(froms)} stages, {sum(1 for i in instr if i['instruction'] == 'COPY')} COPY)")
+PY
+else
+  skipped+=(dockerfile-parse)
+fi
+
+# --- dashboards ------------------------------------------------------------------------------
+echo "== dashboards are Grafana JSON"
+python3 - <<'PY'
+import glob, json, sys
+paths = glob.glob("dashboards/*.json")
+if not paths:
+    sys.exit("FAIL: no dashboards/*.json")
+for path in paths:
+    d = json.load(open(path))
+    names = {v["name"] for v in d["templating"]["list"]}
+    if not {"datasource", "node", "namespace"} <= names:
+        sys.exit(f"FAIL: {path}: template variables {sorted(names)}")
+    panels = [p for p in d["panels"] if p["type"] != "row"]
+    for p in panels:
+        for t in p.get("targets", []):
+            if not t.get("expr"):
+                sys.exit(f"FAIL: {path}: panel {p['title']} has a target without expr")
+    ids = [p["id"] for p in d["panels"]]
+    if len(ids) != len(set(ids)):
+        sys.exit(f"FAIL: {path}: duplicate panel ids")
+    print(f"   {path}: {len(panels)} panels")
+PY
+
+if [ ${#skipped[@]} -gt 0 ]; then
+  msg="SKIPPED: ${skipped[*]} not installed (run as root to install them); the checks that need them did not run"
+  if [ "${SHMLINK_DEPLOY_SKIP_MISSING:-}" = 1 ]; then
+    printf '%s\n%s\n%s\n' "########################################################################" "$msg" "########################################################################" >&2
+  else
+    fail "$msg"
+  fi
+fi
+echo "deploy checks passed"
