@@ -1,0 +1,513 @@
+//! What an operator installs, against the real thing: Debian's Prometheus scrapes a running
+//! `shmlink serve` that watches real runc containers (names from the in-process API server, GPUs
+//! from the fake NVML library), evaluates deploy/prometheus/shmlink.rules.yml, and sends to
+//! Debian's Alertmanager, which delivers to a webhook receiver in this test. Checks that every
+//! query of every panel of dashboards/*.json returns data, and that filling a container's
+//! /dev/shm past critical fires ShmExhausted and reaches the webhook (printed: run with
+//! --nocapture to read it).
+//!
+//! Needs root, runc and busybox (the harness), and `prometheus` and `prometheus-alertmanager`
+//! (`apt-get install prometheus prometheus-alertmanager`; scripts/test.sh installs them). Without
+//! them it says SKIPPED, unless SHMLINK_E2E=require, where it fails.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::agent::Agent;
+use common::fake_nvml::{self, FakeNvml};
+use common::kube_api::{pod, FakeApi};
+use common::{Container, ContainerSpec};
+use serde_json::{json, Value};
+
+const PROMETHEUS: &str = "/usr/bin/prometheus";
+const ALERTMANAGER: &str = "/usr/bin/prometheus-alertmanager";
+const NODE: &str = "gpu-node-7";
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Whether Prometheus and Alertmanager are installed; says SKIPPED (or fails under
+/// SHMLINK_E2E=require) when not.
+fn tools_available() -> bool {
+    let missing: Vec<&str> = [PROMETHEUS, ALERTMANAGER]
+        .into_iter()
+        .filter(|p| !Path::new(p).exists())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!(
+        "{} not installed (apt-get install prometheus prometheus-alertmanager)",
+        missing.join(" and ")
+    );
+    if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+        panic!("the Prometheus end-to-end test needs {why}");
+    }
+    eprintln!("SKIPPED the Prometheus end-to-end test: {why}");
+    false
+}
+
+/// A server child process with its log in a file; killed on drop.
+struct Server {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(name: &'static str, bin: &str, args: &[String], dir: &Path) -> Server {
+        let addr = common::free_local_addr();
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(bin)
+            .args(args)
+            .arg(format!("--web.listen-address={addr}"))
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
+        let server = Server {
+            name,
+            child,
+            log,
+            addr,
+        };
+        assert!(
+            common::wait_until(Duration::from_secs(30), || http_get(addr, "/-/ready")
+                .is_some_and(|(s, _)| s == 200)),
+            "{name} never got ready; its log:\n{}",
+            server.log_text()
+        );
+        server
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} log:\n{}", self.name, self.log_text());
+        }
+    }
+}
+
+/// An HTTP/1.0 GET (so no chunked answer): status and body.
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant query: the result vector, or the error Prometheus gave.
+fn query(prom: SocketAddr, expr: &str) -> Result<Vec<Value>, String> {
+    let (status, body) = http_get(prom, &format!("/api/v1/query?query={}", url_encode(expr)))
+        .ok_or_else(|| "no answer".to_string())?;
+    let v: Value = serde_json::from_str(&body).map_err(|e| format!("{status}: {e}: {body}"))?;
+    if v["status"] != "success" {
+        return Err(format!("{status}: {body}"));
+    }
+    Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+}
+
+fn firing(prom: SocketAddr, selector: &str) -> Vec<Value> {
+    query(
+        prom,
+        &format!("ALERTS{{alertstate=\"firing\", {selector}}}"),
+    )
+    .unwrap()
+}
+
+/// A webhook receiver: every POST body, as JSON, on the channel.
+fn webhook() -> (SocketAddr, mpsc::Receiver<Value>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let line = line.trim_end();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':') {
+                    if k.eq_ignore_ascii_case("content-length") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut body = vec![0u8; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let _ = reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (addr, rx)
+}
+
+/// The shipped rules with every `for:` set to 0s. The shipped durations (1 to 5 minutes) keep
+/// a short spike from paging anyone; promtool's unit tests (shmlink.rules.test.yml) check them.
+/// Here the point is the path from a full /dev/shm to a delivered notification, and waiting
+/// minutes for it would check nothing more.
+fn rules_without_for() -> String {
+    let rules = std::fs::read_to_string(repo("deploy/prometheus/shmlink.rules.yml")).unwrap();
+    let mut changed = 0;
+    let out: Vec<String> = rules
+        .lines()
+        .map(|l| {
+            let trimmed = l.trim_start();
+            if trimmed.starts_with("for: ") {
+                changed += 1;
+                format!("{}for: 0s", &l[..l.len() - trimmed.len()])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(changed > 0, "the rules have no `for:` to shorten");
+    out.join("\n") + "\n"
+}
+
+/// (panel title, expr) or (variable name, query).
+type Named = Vec<(String, String)>;
+
+/// Every (panel title, expr) of a dashboard, and its template variables' queries.
+fn dashboard_queries(dashboard: &Value) -> (Named, Named) {
+    let mut exprs = Vec::new();
+    let mut panels: Vec<&Value> = dashboard["panels"].as_array().unwrap().iter().collect();
+    // Panels inside collapsed rows.
+    let nested: Vec<&Value> = panels
+        .iter()
+        .filter_map(|p| p["panels"].as_array())
+        .flatten()
+        .collect();
+    panels.extend(nested);
+    for p in panels {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = t["expr"].as_str() {
+                exprs.push((p["title"].as_str().unwrap_or("").to_string(), expr.into()));
+            }
+        }
+    }
+    let vars = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["type"] == "query")
+        .map(|v| {
+            let q = v["query"]["query"]
+                .as_str()
+                .or(v["query"].as_str())
+                .unwrap_or_default();
+            (v["name"].as_str().unwrap().to_string(), q.to_string())
+        })
+        .collect();
+    (exprs, vars)
+}
+
+/// Grafana's variables as they are with "All" selected; the data source is the one queried.
+fn substitute(expr: &str) -> String {
+    let mut e = expr.replace("$__rate_interval", "10s");
+    for var in ["$node", "$namespace", "$pod"] {
+        e = e.replace(&format!("\"{var}\""), "\".*\"");
+    }
+    assert!(
+        !e.contains('$'),
+        "a variable the test does not know in {expr}"
+    );
+    e
+}
+
+#[test]
+fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
+    if !common::e2e_available() || !tools_available() {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("shmlink-e2e-prometheus-")
+        .tempdir()
+        .unwrap();
+
+    // A GPU Pod on the runtime's default 64 MiB /dev/shm, known to the API server.
+    let api = FakeApi::start();
+    let uid = common::random_pod_uid();
+    let id = common::random_container_id();
+    let mut trainer = pod(NODE, "ml", "trainer-0", &uid, &[("trainer", &id)]);
+    trainer["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    api.apply_pod(trainer);
+    let c = Container::start(ContainerSpec {
+        pod_uid: Some(uid),
+        id: Some(id.clone()),
+        ..ContainerSpec::default()
+    });
+
+    let mut nvml = fake_nvml::preset("nvswitch-8");
+    let fake = FakeNvml::new(&nvml);
+    let lib = fake_nvml::lib();
+    let kubeconfig = api.kubeconfig_path();
+    let mut env = fake.env().to_vec();
+    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
+    let agent = Agent::start(
+        &[
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+        ],
+        &env,
+    );
+    agent.wait_ready();
+    // An XID on GPU 3 once the agent listens for them.
+    nvml["gpus"][3]["xids"] = json!([48]);
+    fake.write(&nvml);
+
+    // Alertmanager, delivering to the webhook at once.
+    let (hook, payloads) = webhook();
+    std::fs::write(
+        dir.path().join("alertmanager.yml"),
+        format!(
+            "route:\n  receiver: webhook\n  group_by: [alertname, namespace, pod]\n  \
+             group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n\
+             receivers:\n  - name: webhook\n    webhook_configs:\n      \
+             - url: http://{hook}/alerts\n        send_resolved: false\n"
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("am-data")).unwrap();
+    let am = Server::start(
+        "alertmanager",
+        ALERTMANAGER,
+        &[
+            "--config.file=alertmanager.yml".into(),
+            "--storage.path=am-data".into(),
+            // No gossip with any other Alertmanager on this machine.
+            "--cluster.listen-address=".into(),
+        ],
+        dir.path(),
+    );
+
+    // Prometheus: the agent as the `shmlink` job with the node label the ServiceMonitor adds,
+    // honor_labels as there, scraping and evaluating every second.
+    std::fs::write(dir.path().join("shmlink.rules.yml"), rules_without_for()).unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files: [shmlink.rules.yml]\n\
+             alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{}']\n\
+             scrape_configs:\n  - job_name: shmlink\n    honor_labels: true\n    \
+             static_configs:\n      - targets: ['{}']\n        labels: {{node: {NODE}}}\n",
+            am.addr, agent.addr
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("tsdb")).unwrap();
+    let prom = Server::start(
+        "prometheus",
+        PROMETHEUS,
+        &[
+            "--config.file=prometheus.yml".into(),
+            "--storage.tsdb.path=tsdb".into(),
+        ],
+        dir.path(),
+    );
+    let p = prom.addr;
+
+    let trainer_sel = "namespace=\"ml\", pod=\"trainer-0\", container=\"trainer\"";
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            query(
+                p,
+                &format!("shmlink_shm_size_bytes{{{trainer_sel}}} == 67108864"),
+            )
+            .is_ok_and(|r| r.len() == 1)
+        }),
+        "Prometheus never had the trainer's named series; up = {:?}\nagent log:\n{}",
+        query(p, "up"),
+        agent.log_text()
+    );
+    // Nothing to say yet about the trainer's empty /dev/shm.
+    assert_eq!(
+        firing(p, "alertname=~\"Shm.*\", pod=\"trainer-0\""),
+        Vec::<Value>::new()
+    );
+
+    // Past critical: 62 of 64 MiB.
+    c.sh("dd if=/dev/zero of=/dev/shm/fill bs=1M count=62 2>/dev/null");
+    let mut alerts = Vec::new();
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            alerts = firing(p, &format!("alertname=\"ShmExhausted\", {trainer_sel}"));
+            !alerts.is_empty()
+        }),
+        "ShmExhausted never fired for the trainer; its fullness: {:?}",
+        query(
+            p,
+            &format!(
+                "shmlink_shm_used_bytes{{{trainer_sel}}} / (shmlink_shm_used_bytes{{{trainer_sel}}} + shmlink_shm_available_bytes{{{trainer_sel}}})"
+            )
+        )
+    );
+    assert_eq!(alerts[0]["metric"]["severity"], "critical");
+    assert_eq!(alerts[0]["metric"]["container_id"], id.as_str());
+    assert_eq!(alerts[0]["metric"]["node"], NODE);
+    // Exhausted, not also nearly full; nothing wrong with the agent or the (healthy) GPU pairs.
+    assert_eq!(
+        firing(
+            p,
+            "alertname=~\"ShmNearlyFull|ShmPredictedFull\", pod=\"trainer-0\""
+        ),
+        Vec::<Value>::new()
+    );
+    assert_eq!(
+        firing(
+            p,
+            "alertname=~\"ShmlinkDown|ShmlinkNotScanning|GpuPairDegraded|NvlinkErrorsIncreasing\""
+        ),
+        Vec::<Value>::new()
+    );
+    assert!(
+        common::wait_until(Duration::from_secs(30), || !firing(
+            p,
+            "alertname=\"GpuXid\", gpu=\"3\", xid=\"48\""
+        )
+        .is_empty()),
+        "GpuXid never fired for the XID on GPU 3: {:?}",
+        query(p, "shmlink_gpu_xid_errors_total")
+    );
+
+    // Alertmanager delivers it to the webhook.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let payload = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let v = payloads.recv_timeout(left).unwrap_or_else(|_| {
+            panic!(
+                "no ShmExhausted notification reached the webhook; Alertmanager's alerts: {:?}",
+                http_get(am.addr, "/api/v2/alerts")
+            )
+        });
+        let ours = v["alerts"].as_array().into_iter().flatten().any(|a| {
+            a["labels"]["alertname"] == "ShmExhausted" && a["labels"]["pod"] == "trainer-0"
+        });
+        if ours {
+            break v;
+        }
+    };
+    println!(
+        "webhook payload:\n{}",
+        serde_json::to_string_pretty(&payload).unwrap()
+    );
+    assert_eq!(payload["status"], "firing");
+    assert_eq!(payload["receiver"], "webhook");
+    let alert = &payload["alerts"][0];
+    assert_eq!(alert["labels"]["severity"], "critical");
+    assert_eq!(alert["labels"]["namespace"], "ml");
+    assert_eq!(alert["labels"]["container"], "trainer");
+    let summary = alert["annotations"]["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("/dev/shm of ml/trainer-0/trainer is exhausted ("),
+        "{summary}"
+    );
+    assert!(alert["annotations"]["description"]
+        .as_str()
+        .unwrap()
+        .contains("emptyDir medium: Memory"));
+
+    // Every query of every dashboard panel, and every template variable, has data.
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo("dashboards")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let dashboard: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let (exprs, vars) = dashboard_queries(&dashboard);
+        assert!(!exprs.is_empty(), "{} has no queries", path.display());
+        for (title, expr) in exprs {
+            let e = substitute(&expr);
+            let mut last = Ok(Vec::new());
+            let ok = common::wait_until(Duration::from_secs(30), || {
+                last = query(p, &e);
+                last.as_ref().is_ok_and(|r| !r.is_empty())
+            });
+            assert!(
+                ok,
+                "{}: panel {title:?}: no data for {e}: {last:?}",
+                path.display()
+            );
+            checked += 1;
+        }
+        for (name, q) in vars {
+            // label_values(SELECTOR, LABEL): some series of SELECTOR has a non-empty LABEL.
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|r| r.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("variable {name}: {q}"));
+            let (selector, label) = inner.rsplit_once(',').unwrap();
+            let label = label.trim();
+            let result = query(p, &substitute(selector)).unwrap();
+            let values: Vec<&str> = result
+                .iter()
+                .filter_map(|s| s["metric"][label].as_str())
+                .filter(|v| !v.is_empty())
+                .collect();
+            assert!(!values.is_empty(), "variable {name}: no values for {q}");
+            if name == "node" {
+                assert!(values.contains(&NODE), "{values:?}");
+            }
+            if name == "namespace" {
+                assert!(values.contains(&"ml"), "{values:?}");
+            }
+            checked += 1;
+        }
+    }
+    println!("{checked} dashboard queries and variables returned data");
+    drop(c);
+}
