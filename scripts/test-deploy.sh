@@ -254,6 +254,42 @@ else
   skipped+=(dockerfile-parse)
 fi
 
+# The build context the Dockerfile copies (its COPY sources, nothing else) is a workspace cargo
+# accepts with the lock file as it is: a manifest that names a file left out would fail here.
+if command -v cargo >/dev/null; then
+  echo "== the Dockerfile's build context: cargo metadata --locked --offline"
+  ctx="$out/context"
+  mkdir -p "$ctx"
+  sed -n 's/^COPY \([^-].*\) [^ ]*$/\1/p' Dockerfile | tr ' ' '\n' | while read -r src; do
+    [ -n "$src" ] && cp -r "$src" "$ctx/"
+  done
+  (cd "$ctx" && cargo metadata --locked --offline --format-version 1 >/dev/null)
+  # cargo metadata does not look for target files; a build does, so check the ones the
+  # manifests name explicitly.
+  python3 - "$ctx" <<'PY'
+import os, sys, tomllib
+ctx = sys.argv[1]
+root = tomllib.load(open(os.path.join(ctx, "Cargo.toml"), "rb"))
+for member in root.get("workspace", {}).get("members", ["."]):
+    base = os.path.join(ctx, member)
+    manifest = tomllib.load(open(os.path.join(base, "Cargo.toml"), "rb"))
+    wanted = []
+    if "lib" in manifest:
+        wanted.append(manifest["lib"].get("path", "src/lib.rs"))
+    for kind, folder in [("bin", "src/bin"), ("bench", "benches"), ("test", "tests"), ("example", "examples")]:
+        for t in manifest.get(kind, []):
+            wanted.append(t.get("path") or [f"{folder}/{t['name']}.rs", f"{folder}/{t['name']}/main.rs"])
+    build = manifest.get("package", {}).get("build")
+    if isinstance(build, str):
+        wanted.append(build)
+    for w in wanted:
+        options = w if isinstance(w, list) else [w]
+        if not any(os.path.exists(os.path.join(base, o)) for o in options):
+            sys.exit(f"FAIL: Dockerfile: the build context lacks {member}/{options[0]}, which a manifest names")
+PY
+  echo "   ok: $(ls "$ctx" | tr '\n' ' ')"
+fi
+
 # --- dashboards ------------------------------------------------------------------------------
 echo "== dashboards are Grafana JSON"
 python3 - <<'PY'
