@@ -50,7 +50,7 @@ fi
 skipped=()
 need() { # need TOOL: true when TOOL is there (installed here as root when missing)
   command -v "$1" >/dev/null && return 0
-  skipped+=("$1")
+  [[ " ${skipped[*]-} " == *" $1 "* ]] || skipped+=("$1")
   return 1
 }
 
@@ -256,7 +256,7 @@ fi
 
 # The build context the Dockerfile copies (its COPY sources, nothing else) is a workspace cargo
 # accepts with the lock file as it is: a manifest that names a file left out would fail here.
-if command -v cargo >/dev/null; then
+if need cargo; then
   echo "== the Dockerfile's build context: cargo metadata --locked --offline"
   ctx="$out/context"
   mkdir -p "$ctx"
