@@ -187,11 +187,22 @@ impl ShmScanner {
                     break;
                 }
             };
-            if entry.file_type() != rustix::fs::FileType::Directory {
-                continue;
-            }
+            let is_dir = match entry.file_type() {
+                rustix::fs::FileType::Directory => true,
+                // A file system that does not fill in d_type: ask, as std's read_dir would.
+                rustix::fs::FileType::Unknown => rustix::fs::statat(
+                    dir,
+                    entry.file_name(),
+                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_ok_and(|st| {
+                    rustix::fs::FileType::from_raw_mode(st.st_mode)
+                        == rustix::fs::FileType::Directory
+                }),
+                _ => false,
+            };
             let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
+            if !is_dir || name == b"." || name == b".." {
                 continue;
             }
             let Ok(name) = std::str::from_utf8(name) else {
