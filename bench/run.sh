@@ -96,7 +96,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 bench/containers.sh stop # whatever an interrupted run left
 
-record() { echo "$1" >>"$results"; }
+# One measurement that ran through: the harness checks of each step passed.
+passed=0
+record() { echo "$1" >>"$results"; passed=$((passed + 1)); }
+note() { echo "$1" >>"$results"; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 rss_kib() { awk "/^$2:/ {print \$2}" "/proc/$1/status"; }
@@ -122,7 +125,7 @@ print(json.dumps({"mode": "machine", "kernel": platform.release(), "cpu": cpu, "
   "node_exporter": version(["prometheus-node-exporter", "--version"])}))
 PY
 )
-record "$r"
+note "$r"
 
 echo "== GPU: one scan of the fake nvswitch-8 board"
 r=$("$scan_bench" gpu --reps "$reps" --nvml-lib "$fake_nvml"); record "$r"
@@ -217,10 +220,10 @@ PY
   pids_to_kill=()
 done
 
-record "$(python3 -c 'import json,os; print(json.dumps({"mode": "load_after", "load": os.getloadavg()}))')"
+note "$(python3 -c 'import json,os; print(json.dumps({"mode": "load_after", "load": os.getloadavg()}))')"
 bench/containers.sh stop
 echo "== report"
 bench/report.py "$results" >"$out/report.md"
 cat "$out/report.md"
 [ -z "$write" ] || bench/report.py "$results" --write "$write"
-echo "bench: ok"
+echo "bench: $passed passed, 0 failed"
