@@ -3,14 +3,16 @@
 #   - `kubectl kustomize` builds deploy/base and every overlay;
 #   - the core objects validate strictly against Kubernetes' own schema (kubernetes-validate,
 #     Kubernetes $K8S_VERSION); the Prometheus Operator's custom resources, which that schema
-#     does not know, are checked field by field here and their rules by promtool;
+#     does not know, against the Prometheus Operator's CRD schemas (the npm package
+#     @kubernetes-models/prometheus-operator), field by field here, and their rules by promtool;
 #   - the PrometheusRule carries exactly the groups of deploy/prometheus/shmlink.rules.yml;
 #   - the DaemonSet keeps its contract (capabilities, mounts, args, probes, RBAC);
 #   - `promtool check rules` and `promtool test rules` on the plain rules;
 #   - the Dockerfile parses and every COPY source exists; the dashboards are valid JSON.
-# As root it installs what is missing (apt: prometheus, kubectl; pip: kubernetes-validate,
-# dockerfile-parse); otherwise a missing tool is an error unless SHMLINK_DEPLOY_SKIP_MISSING=1,
-# where it says loudly what it skipped.
+# As root it installs what is missing (apt: prometheus, kubectl, nodejs, npm; pip:
+# kubernetes-validate, dockerfile-parse; npm, under target/: @kubernetes-models/prometheus-operator);
+# otherwise a missing tool is an error unless SHMLINK_DEPLOY_SKIP_MISSING=1, where it says loudly
+# what it skipped.
 #
 #   scripts/test-deploy.sh               run every check
 #   scripts/test-deploy.sh --write-rule  regenerate the overlay's prometheusrule.yaml first
@@ -59,6 +61,7 @@ if [ "$(id -u)" = 0 ]; then
   command -v promtool >/dev/null || apt_missing+=(prometheus)
   command -v prometheus-alertmanager >/dev/null || apt_missing+=(prometheus-alertmanager)
   command -v kubectl >/dev/null || apt_missing+=(kubectl)
+  command -v npm >/dev/null || apt_missing+=(nodejs npm)
   if [ ${#apt_missing[@]} -gt 0 ]; then
     echo "== installing ${apt_missing[*]} (apt)"
     apt-get update -qq
@@ -200,6 +203,33 @@ check(pr["groups"] == plain, "the PrometheusRule's groups differ from deploy/pro
 yaml.safe_dump({"groups": pr["groups"]}, open(sys.argv[3], "w"), sort_keys=False)
 print(f"   ok ({len(pr['groups'])} groups, the same as the plain rules)")
 PY
+  # The operator's own CRD schemas, as the npm package @kubernetes-models/prometheus-operator
+  # ships them (generated from the CRDs; validated with ajv), installed under target/.
+  if need node && need npm; then
+    echo "== the custom resources against the Prometheus Operator's CRD schemas"
+    models=target/deploy-check
+    if [ ! -d "$models/node_modules/@kubernetes-models/prometheus-operator" ]; then
+      mkdir -p "$models"
+      (cd "$models" && npm install --silent --no-audit --no-fund --no-save \
+        @kubernetes-models/prometheus-operator@6.0.0 >/dev/null)
+    fi
+    python3 -c 'import sys, yaml, json; json.dump([d for d in yaml.safe_load_all(open(sys.argv[1])) if d], open(sys.argv[2], "w"))' \
+      "$out/deploy_overlays_prometheus-operator.crs.yaml" "$out/crs.json"
+    cat >"$models/validate.mjs" <<'JS'
+import fs from "node:fs";
+import { ServiceMonitor, PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
+const kinds = { ServiceMonitor, PrometheusRule };
+const docs = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+for (const doc of docs) {
+  const Model = kinds[doc.kind];
+  if (!Model) { console.error(`FAIL: no schema for ${doc.kind}`); process.exit(1); }
+  try { new Model(doc).validate(); }
+  catch (e) { console.error(`FAIL: ${doc.kind}/${doc.metadata.name}: ${e.message}`); process.exit(1); }
+}
+console.log(`   ${docs.length} custom resources valid`);
+JS
+    node "$models/validate.mjs" "$out/crs.json"
+  fi
   if need promtool; then
     echo "== promtool check rules (the PrometheusRule's groups)"
     promtool check rules "$out/rule-groups.yml"
