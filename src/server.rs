@@ -1,5 +1,10 @@
 //! HTTP: `/metrics` from the last snapshot, `/healthz` (the scan loop is alive), `/readyz`
-//! (a first scan has completed). GET only; everything else is 404 or 405.
+//! (a first scan has completed). GET (and HEAD) only; everything else is 404 or 405.
+//!
+//! The accept loop is our own rather than `axum::serve`, which has no knobs for what a node
+//! agent exposed on every node needs: a bounded number of connections (the rest wait in the
+//! listen backlog), a deadline for a client's request head (slowloris), and a cap on a
+//! connection's lifetime (a client that never reads its answer).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +16,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::task::JoinSet;
 
 use crate::metrics::{Metrics, SharedSnapshot, CONTENT_TYPE};
 
@@ -63,15 +71,98 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// What one client may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// From a connection's start (or the end of its last answer) to the end of a request head.
+    pub header_timeout: Duration,
+    /// A connection is closed after this long, gracefully: an answer in flight gets `grace`.
+    pub connection_lifetime: Duration,
+    /// How long an answer in flight may take once its connection is closing.
+    pub grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            // Prometheus holds one per scraper; a few scrapers and probes fit many times over.
+            max_connections: 64,
+            header_timeout: Duration::from_secs(10),
+            // Keep-alive scrapers reconnect: a TCP handshake a minute is nothing.
+            connection_lifetime: Duration::from_secs(60),
+            grace: Duration::from_secs(5),
+        }
+    }
+}
+
 /// Serves until `shutdown` resolves, then finishes the requests in flight.
 pub async fn run(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    run_with(listener, state, Limits::default(), shutdown).await
+}
+
+/// `run` with explicit limits.
+pub async fn run_with(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(state);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        // A slot first, then accept: at the limit, new clients wait in the backlog.
+        let slot = tokio::select! {
+            _ = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, rather than spin.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let mut closing = closing_rx.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = tokio::time::sleep(limits.connection_lifetime) => {}
+                _ = closing.wait_for(|c| *c) => {}
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(limits.grace, connection).await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let _ = closing_tx.send(true);
+    let _ = tokio::time::timeout(limits.grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
