@@ -106,6 +106,7 @@ PY
     if need kubernetes-validate; then
       echo "== kubernetes-validate -k $K8S_VERSION --strict ($dir, core objects)"
       kubernetes-validate -k "$K8S_VERSION" --strict --quiet "$out/$name.core.yaml"
+      echo "   ok"
     fi
   done
 
