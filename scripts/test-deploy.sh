@@ -2,7 +2,7 @@
 # Checks what an operator installs, with the real tools:
 #   - `kubectl kustomize` builds deploy/base and every overlay;
 #   - the core objects validate strictly against Kubernetes' own schema (kubernetes-validate,
-#     Kubernetes $K8S_VERSION); the Prometheus Operator's custom resources, which that schema
+#     Kubernetes $K8S_VERSIONS); the Prometheus Operator's custom resources, which that schema
 #     does not know, against the Prometheus Operator's CRD schemas (the npm package
 #     @kubernetes-models/prometheus-operator), field by field here, and their rules by promtool;
 #   - the PrometheusRule carries exactly the groups of deploy/prometheus/shmlink.rules.yml;
@@ -18,7 +18,8 @@
 #   scripts/test-deploy.sh --write-rule  regenerate the overlay's prometheusrule.yaml first
 set -euo pipefail
 cd "$(dirname "$0")/.."
-K8S_VERSION=${K8S_VERSION:-1.33.0}
+# The version the agent's client is built for (k8s-openapi v1_33) and the newest the validator knows.
+K8S_VERSIONS=${K8S_VERSIONS:-1.33.0 1.37.0}
 RULE=deploy/overlays/prometheus-operator/prometheusrule.yaml
 
 write_rule() {
@@ -104,9 +105,11 @@ if crs:
     print(f"   {len(crs)} custom resources: " + ", ".join(d["kind"] for d in crs))
 PY
     if need kubernetes-validate; then
-      echo "== kubernetes-validate -k $K8S_VERSION --strict ($dir, core objects)"
-      kubernetes-validate -k "$K8S_VERSION" --strict --quiet "$out/$name.core.yaml"
-      echo "   ok"
+      for version in $K8S_VERSIONS; do
+        echo "== kubernetes-validate -k $version --strict ($dir, core objects)"
+        kubernetes-validate -k "$version" --strict --quiet "$out/$name.core.yaml"
+        echo "   ok"
+      done
     fi
   done
 
