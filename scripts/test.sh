@@ -12,6 +12,8 @@ if [ "$(id -u)" = 0 ]; then
   # against Debian's Prometheus and Alertmanager.
   command -v prometheus >/dev/null || missing+=(prometheus)
   command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+  # tests/e2e_hostile.rs: what the agent opens, traced
+  command -v strace >/dev/null || missing+=(strace)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing ${missing[*]}"
     apt-get update -qq

@@ -62,6 +62,28 @@ pub fn e2e_available() -> bool {
     }
 }
 
+/// The path of `tool` (from Debian's `package`). Missing: a failure under
+/// `SHMLINK_E2E=require`, else SKIPPED on stderr and None.
+pub fn tool(tool: &str, package: &str) -> Option<PathBuf> {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if found.is_none() {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a test")
+            .to_string();
+        if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+            panic!("{test} needs {tool} (apt-get install {package})");
+        }
+        eprintln!("SKIPPED {test}: needs {tool} (apt-get install {package})");
+    }
+    found
+}
+
 fn on_path(tool: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])

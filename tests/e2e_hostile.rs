@@ -1,0 +1,341 @@
+//! Containers that work against the agent: /dev/shm that is not a tmpfs, 10,000 mounts (stacked
+//! on /dev/shm itself), names full of quotes, backslashes and newlines, processes that keep
+//! moving to new mount namespaces. The agent must stay correct for every other container, keep
+//! its exposition valid, and never open anything for writing.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::agent::{sample, Agent};
+use common::kube_api::{pod, FakeApi};
+use common::{Container, ContainerSpec, Shm};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+fn entry_for(report: &Value, container_id: &str) -> Option<Value> {
+    report["shm"]
+        .as_array()?
+        .iter()
+        .find(|e| e["container_id"] == container_id)
+        .cloned()
+}
+
+/// A container on the runtime default with `mib` MiB in its /dev/shm: the bystander whose
+/// figures must stay right whatever its neighbours do.
+fn bystander(mib: u64) -> Container {
+    let c = Container::start(ContainerSpec {
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "dd if=/dev/zero of=/dev/shm/data bs=1M count={mib} 2>/dev/null; touch /tmp/ready; exec sleep 3600"
+            ),
+        ],
+        ..ContainerSpec::default()
+    });
+    c.wait_ready();
+    c
+}
+
+fn assert_bystander_right(report: &Value, c: &Container, mib: u64) {
+    let e = entry_for(report, &c.id).unwrap_or_else(|| panic!("bystander missing:\n{report:#}"));
+    assert_eq!(e["size_bytes"], 64 * MIB, "{e:#}");
+    assert_eq!(e["used_bytes"], mib * MIB, "{e:#}");
+}
+
+/// Runs `f` on a thread that has joined the mount namespace of `pid` (the test process itself
+/// stays where it is).
+fn in_mount_namespace_of<T: Send + 'static>(pid: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // setns into a mount namespace needs a thread that shares no fs state.
+        // SAFETY: CLONE_FS only: this thread stops sharing cwd and root with the others, which
+        // nothing else on it relies on.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::FS) }
+            .expect("unshare(CLONE_FS)");
+        let ns = fs::File::open(format!("/proc/{pid}/ns/mnt")).expect("the container's mnt ns");
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&ns),
+            Some(rustix::thread::LinkNameSpaceType::Mount),
+        )
+        .expect("setns");
+        f()
+    })
+    .join()
+    .expect("the namespace thread")
+}
+
+#[test]
+fn dev_shm_that_is_not_a_tmpfs_is_reported_as_what_it_is() {
+    if !common::e2e_available() {
+        return;
+    }
+    let keep = bystander(3);
+    // A directory of the host's ext4 root file system bind-mounted at /dev/shm.
+    let dir = tempfile::Builder::new()
+        .prefix("shmlink-e2e-disk-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let odd = Container::start(ContainerSpec {
+        shm: Shm::Bind(dir.path().to_path_buf()),
+        ..ContainerSpec::default()
+    });
+    let report = common::run_check_json(&[]);
+    let e = entry_for(&report, &odd.id).unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(e["mounted"], true, "{e:#}");
+    assert_ne!(e["fs_type"], "tmpfs", "{e:#}");
+    assert_bystander_right(&report, &keep, 3);
+}
+
+#[test]
+fn ten_thousand_mounts_stacked_on_dev_shm_are_read_right_and_fast() {
+    if !common::e2e_available() {
+        return;
+    }
+    let keep = bystander(2);
+    let c = Container::start(ContainerSpec::default());
+    // 10,000 tmpfs mounts over one another at /dev/shm, the last of 1 MiB: what a process there
+    // sees is the top one.
+    let mounted = in_mount_namespace_of(c.pid, || {
+        let mut n = 0;
+        for i in 0..10_000u32 {
+            let size = if i == 9_999 { "size=1m" } else { "size=2m" };
+            let data = std::ffi::CString::new(size).unwrap();
+            if rustix::mount::mount(
+                "hostile",
+                "/dev/shm",
+                "tmpfs",
+                rustix::mount::MountFlags::empty(),
+                Some(data.as_c_str()),
+            )
+            .is_ok()
+            {
+                n += 1;
+            }
+        }
+        n
+    });
+    assert_eq!(mounted, 10_000);
+    let lines = fs::read_to_string(format!("/proc/{}/mountinfo", c.pid))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(lines > 10_000, "{lines}");
+
+    let started = Instant::now();
+    let report = common::run_check_json(&[]);
+    let took = started.elapsed();
+    eprintln!("check with a 10,000-mount container: {took:?} ({lines} mountinfo lines)");
+    let e = entry_for(&report, &c.id).unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(e["size_bytes"], MIB, "{e:#}");
+    assert_bystander_right(&report, &keep, 2);
+    // A debug build, a loaded machine: still nowhere near a scan interval.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// Quotes, backslashes and newlines in every name the agent puts in a label: the cgroup leaf
+/// (a plain container's ID) and the Pod's namespace, name and container name from the API.
+#[test]
+fn names_with_quotes_backslashes_and_newlines_keep_the_exposition_valid() {
+    if !common::e2e_available() {
+        return;
+    }
+    let Some(promtool) = common::tool("promtool", "prometheus") else {
+        return;
+    };
+    // A process in a mount namespace of its own, in a cgroup whose name is hostile.
+    // (cgroupfs refuses a newline in a name; the Pod's names below carry newlines.)
+    let weird_leaf = "we\"ird\\leaf name";
+    let cg_dir = Path::new("/sys/fs/cgroup/memory/shmlink-e2e").join(weird_leaf);
+    fs::create_dir_all(&cg_dir).unwrap();
+    let mut loner = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sleep", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    fs::write(cg_dir.join("cgroup.procs"), loner.id().to_string()).unwrap();
+
+    // A Pod whose names the API server hands over unchecked.
+    let api = FakeApi::start();
+    let uid = common::random_pod_uid();
+    let id = common::random_container_id();
+    api.apply_pod(pod(
+        "hostile-node",
+        "ns\"q",
+        "pod\\name\nx",
+        &uid,
+        &[("c\"\\\n", id.as_str())],
+    ));
+    let _c = Container::start(ContainerSpec {
+        pod_uid: Some(uid.clone()),
+        id: Some(id.clone()),
+        ..ContainerSpec::default()
+    });
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start(
+        &["--kube", "on", "--node-name", "hostile-node", "--no-gpu"],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    agent.wait_ready();
+    let body = agent.wait_for_metrics("the hostile names", |b| {
+        b.contains("pod=\"pod\\\\name\\nx\"") && b.contains("we\\\"ird\\\\leaf name")
+    });
+    assert!(body.contains("namespace=\"ns\\\"q\""), "{body}");
+    assert!(body.contains("container=\"c\\\"\\\\\\n\""), "{body}");
+
+    let mut check = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(check.stdin.as_mut().unwrap(), body.as_bytes()).unwrap();
+    let out = check.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    // Exit 1 is a parse error. Exit 3 is lint only: promtool reads the Prometheus text format,
+    // where an OpenMetrics counter's `_total` sample has no HELP line of its own name.
+    let lint_only = said
+        .lines()
+        .all(|l| l.trim().is_empty() || l.ends_with("_total no help text"));
+    assert!(
+        out.status.success() || (out.status.code() == Some(3) && lint_only),
+        "promtool check metrics: {:?}\n{said}",
+        out.status
+    );
+    eprintln!(
+        "promtool check metrics: {:?} {}",
+        out.status.code(),
+        said.trim()
+    );
+
+    assert!(agent.terminate().success());
+    let _ = loner.kill();
+    let _ = loner.wait();
+    let _ = fs::remove_dir(&cg_dir);
+}
+
+/// Processes of one cgroup that keep leaving for new mount namespaces and exiting, scanned
+/// every 200 ms: no errors counted, nothing reported wrong for the others.
+#[test]
+fn processes_that_change_mount_namespace_mid_scan_disturb_nothing() {
+    if !common::e2e_available() {
+        return;
+    }
+    let keep = bystander(4);
+    let cg_dir = Path::new("/sys/fs/cgroup/memory/shmlink-e2e")
+        .join(format!("flipper-{}", std::process::id()));
+    fs::create_dir_all(&cg_dir).unwrap();
+    let mut flipper = Command::new("sh")
+        .args([
+            "-c",
+            "while :; do unshare -m true; unshare -m sleep 0.01; done",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    fs::write(cg_dir.join("cgroup.procs"), flipper.id().to_string()).unwrap();
+
+    let agent = Agent::start(&["--no-gpu"], &[]);
+    agent.wait_ready();
+    let errors = |b: &str| sample(b, "shmlink_scan_errors_total", &[("collector", "shm")]);
+    let started = Instant::now();
+    let mut scrapes = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let body = agent.metrics();
+        assert_eq!(
+            sample(
+                &body,
+                "shmlink_shm_used_bytes",
+                &[("container_id", &keep.id)]
+            ),
+            Some((4 * MIB) as f64),
+            "{body}"
+        );
+        assert_eq!(errors(&body), Some(0.0), "{body}");
+        scrapes += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(scrapes > 10);
+    assert!(agent.terminate().success());
+    let _ = flipper.kill();
+    let _ = flipper.wait();
+    // Children of the loop may still be exiting.
+    common::wait_until(Duration::from_secs(5), || fs::remove_dir(&cg_dir).is_ok());
+}
+
+/// `check` under strace, among containers: every open is read-only, and every path into a
+/// container's root is resolved beneath it (RESOLVE_IN_ROOT), never through a plain open.
+#[test]
+fn the_agent_opens_nothing_for_writing_and_nothing_through_a_container_root_unguarded() {
+    if !common::e2e_available() {
+        return;
+    }
+    let Some(strace) = common::tool("strace", "strace") else {
+        return;
+    };
+    let _keep = bystander(1);
+    let _other = Container::start(ContainerSpec {
+        shm: Shm::HostIpc,
+        ..ContainerSpec::default()
+    });
+    let trace = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new(strace)
+        .args([
+            "-f",
+            "-qq",
+            "-e",
+            "trace=open,openat,openat2,creat,truncate,mkdir,unlink,rename,renameat2",
+            "-o",
+        ])
+        .arg(trace.path())
+        .args([common::shmlink_bin(), "check", "--json", "--no-gpu"])
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    let calls = fs::read_to_string(trace.path()).unwrap();
+    let (mut opens, mut guarded) = (0, 0);
+    for line in calls.lines() {
+        if line.contains("+++") || line.contains("---") {
+            continue;
+        }
+        opens += 1;
+        for bad in ["creat(", "truncate(", "mkdir(", "unlink(", "rename("] {
+            assert!(!line.contains(bad), "{line}");
+        }
+        for bad in ["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"] {
+            assert!(!line.contains(bad), "opened for writing: {line}");
+        }
+        assert!(
+            !through_a_container_root(line),
+            "a path through a container root, resolved by the kernel against ours: {line}"
+        );
+        guarded += usize::from(line.contains("openat2(") && line.contains("RESOLVE_IN_ROOT"));
+    }
+    assert!(opens > 10, "{calls}");
+    assert!(
+        guarded >= 2,
+        "no openat2 beneath a container root:\n{calls}"
+    );
+}
+
+/// A quoted path of the form `/proc/<pid>/root/...`.
+fn through_a_container_root(line: &str) -> bool {
+    line.split('"').skip(1).step_by(2).any(|path| {
+        path.strip_prefix("/proc/")
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(pid, rest)| {
+                pid.bytes().all(|b| b.is_ascii_digit()) && rest.starts_with("root/")
+            })
+    })
+}
