@@ -68,9 +68,22 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
+        Agent::start_under(&[], extra, env)
+    }
+
+    /// `start`, with the binary run by `wrapper` (e.g. `setpriv ... --`), which must exec it.
+    pub fn start_under(wrapper: &[&str], extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
         let addr = super::free_local_addr();
         let log = std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port()));
-        let child = Command::new(super::shmlink_bin())
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(super::shmlink_bin());
+                c
+            }
+            None => Command::new(super::shmlink_bin()),
+        };
+        let child = command
             .args([
                 "serve",
                 "--listen",
@@ -127,6 +140,10 @@ impl Agent {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn is_running(&mut self) -> bool {
