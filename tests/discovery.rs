@@ -526,3 +526,32 @@ fn a_container_in_a_cgroup_without_the_memory_controller_is_still_reported() {
     assert_eq!(scan.readings[0].memory_limit_bytes, None);
     assert_eq!(scan.readings[0].memory_shmem_bytes, None);
 }
+
+#[test]
+fn unreadable_or_garbled_memory_cgroup_files_cost_that_figure_only() {
+    let host = FakeHost::v2();
+    let pod = systemd_pod("burstable", POD_UID_2);
+    host.cgroup_dir(&pod, &[], Some(2048 * MIB), 100 * MIB);
+    let scope = |id: &str| format!("{pod}/cri-containerd-{id}.scope");
+    host.process(6010, HOST_MNT + 610, HOST_MNT + 611);
+    host.process(6020, HOST_MNT + 620, HOST_MNT + 611);
+    let app = host.cgroup_dir(&scope(APP_ID), &[6010], Some(1024 * MIB), 10 * MIB);
+    let sidecar = host.cgroup_dir(&scope(SIDECAR_ID), &[6020], Some(512 * MIB), 10 * MIB);
+    // The app's memory.max cannot be read (EISDIR stands in for EACCES); the sidecar's files
+    // hold garbage.
+    fs::remove_file(app.join("memory.max")).unwrap();
+    fs::create_dir(app.join("memory.max")).unwrap();
+    fs::write(sidecar.join("memory.max"), "lots\n").unwrap();
+    fs::write(sidecar.join("memory.stat"), "\u{0}\u{0}shmem\nshmem x y\n").unwrap();
+
+    let scan = host.scan();
+    let mut got = ids(&scan);
+    got.sort_unstable();
+    assert_eq!(got, [APP_ID, SIDECAR_ID], "{:#?}", scan.readings);
+    let reading = |id: &str| scan.readings.iter().find(|r| r.container_id == id).unwrap();
+    // The unreadable limit is skipped: the pod's still bounds the container.
+    assert_eq!(reading(APP_ID).memory_limit_bytes, Some(2048 * MIB));
+    assert_eq!(reading(SIDECAR_ID).memory_limit_bytes, Some(2048 * MIB));
+    assert_eq!(reading(SIDECAR_ID).memory_shmem_bytes, None);
+    assert!(scan.errors >= 1, "the unreadable file is counted");
+}

@@ -29,11 +29,13 @@ pub struct MemoryReading {
 pub enum MemcgError {
     #[error("cgroup {0} is gone")]
     Gone(String),
+    /// The cgroup's own files could not be read; `partial` is what its ancestors say.
     #[error("reading {path}: {source}")]
     Io {
         path: String,
         #[source]
         source: io::Error,
+        partial: MemoryReading,
     },
 }
 
@@ -177,17 +179,17 @@ impl MemcgReader {
             leaf_key.push_str(&c.as_os_str().to_string_lossy());
         }
         let (limit_file, _, stat_file) = self.files();
-        // The leaf must exist: a missing leaf means the container is gone.
+        // The leaf must exist: a missing leaf means the container is gone. An unreadable one
+        // still has ancestors whose limits bound it.
+        let mut leaf_error = None;
         match self.level(&leaf, leaf_dir) {
             Ok(level) => self.memo.insert(leaf_key.clone(), level),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(MemcgError::Gone(rel_path.to_string()))
             }
             Err(source) => {
-                return Err(MemcgError::Io {
-                    path: leaf.join(limit_file).display().to_string(),
-                    source,
-                })
+                leaf_error = Some(source);
+                self.memo.insert(leaf_key.clone(), Level::default())
             }
         };
         // The leaf and its ancestors but the hierarchy root, which has no limit.
@@ -218,7 +220,14 @@ impl MemcgReader {
             .ok()
             .and_then(|bytes| std::str::from_utf8(bytes).ok())
             .and_then(|s| parse_memory_stat(s).shmem);
-        Ok(reading)
+        match leaf_error {
+            None => Ok(reading),
+            Some(source) => Err(MemcgError::Io {
+                path: leaf.join(limit_file).display().to_string(),
+                source,
+                partial: reading,
+            }),
+        }
     }
 
     fn files(&self) -> (&'static str, &'static str, &'static str) {

@@ -314,7 +314,10 @@ impl ShmScanner {
             Err(MemcgError::Gone(_)) => return None,
             Err(e) => {
                 self.error(out, "memory cgroup", rel, &e);
-                MemoryReading::default()
+                match e {
+                    MemcgError::Io { partial, .. } => partial,
+                    MemcgError::Gone(_) => MemoryReading::default(),
+                }
             }
         };
         Some(build_reading(
