@@ -165,6 +165,7 @@ fn fast() -> PublishSettings {
         min_gap: Duration::from_millis(1),
         backoff_start: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
+        request_timeout: Duration::from_secs(1),
     }
 }
 
@@ -286,6 +287,38 @@ async fn server_errors_are_retried_with_backoff_and_delivered_once() {
     assert!(api.events().is_empty());
     api.set_behaviour(Behaviour::Normal);
     eventually("the event", || (api.events().len() == 1).then_some(())).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(api.events().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_api_server_holds_an_event_no_longer_than_the_request_timeout() {
+    let api = FakeApi::start();
+    // request_timeout 1 s; the client's own read timeout would be minutes.
+    let (queue, _m) = publisher(&api, fast());
+    let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
+    api.set_behaviour(Behaviour::Hang);
+    let snapshot = Snapshot {
+        node: NODE.into(),
+        findings: vec![gpu_finding(7)],
+        ..Snapshot::default()
+    };
+    queue.send(planner.plan(&snapshot, None, &GpuHolders::new(), Instant::now()));
+    // Abandoned after a second, retried: more than one request reaches the stuck server.
+    eventually("a retry after the timeout", || {
+        (api.event_creates().len() >= 2).then_some(())
+    })
+    .await;
+    assert!(api.events().is_empty());
+    // The server answers again; the held requests stay held.
+    api.set_behaviour(Behaviour::Normal);
+    let answered = Instant::now();
+    eventually("the event", || (api.events().len() == 1).then_some(())).await;
+    assert!(
+        answered.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        answered.elapsed()
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(api.events().len(), 1);
 }

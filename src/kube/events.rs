@@ -471,6 +471,9 @@ pub struct PublishSettings {
     pub min_gap: Duration,
     pub backoff_start: Duration,
     pub backoff_max: Duration,
+    /// One API call that takes longer is abandoned and retried: a hung API server must not
+    /// hold the queue for the client's own read timeout (minutes).
+    pub request_timeout: Duration,
 }
 
 impl Default for PublishSettings {
@@ -480,6 +483,7 @@ impl Default for PublishSettings {
             min_gap: Duration::from_millis(50),
             backoff_start: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -508,7 +512,7 @@ enum Outcome {
     Done,
     /// Will not succeed by retrying (forbidden, invalid): dropped.
     Rejected(kube::Error),
-    Retry(kube::Error),
+    Retry(String),
 }
 
 async fn publish_loop(
@@ -532,13 +536,25 @@ async fn publish_loop(
         let mut backoff = settings.backoff_start;
         loop {
             if node_uid.is_none() && spec.regarding.kind.as_deref() == Some("Node") {
-                node_uid = Api::<Node>::all(client.clone())
-                    .get(&node)
+                let nodes = Api::<Node>::all(client.clone());
+                let get = nodes.get_opt(&node);
+                node_uid = tokio::time::timeout(settings.request_timeout, get)
                     .await
                     .ok()
+                    .and_then(Result::ok)
+                    .flatten()
                     .and_then(|n| n.metadata.uid);
             }
-            match publish_one(&client, &node, node_uid.as_deref(), &spec, &mut created).await {
+            let publish = publish_one(&client, &node, node_uid.as_deref(), &spec, &mut created);
+            let outcome = tokio::time::timeout(settings.request_timeout, publish)
+                .await
+                .unwrap_or_else(|_| {
+                    Outcome::Retry(format!(
+                        "no answer from the API server within {:?}",
+                        settings.request_timeout
+                    ))
+                });
+            match outcome {
                 Outcome::Done => {
                     if failing {
                         tracing::info!("publishing Events again");
@@ -648,9 +664,9 @@ async fn publish_one(
 
 fn classify(e: kube::Error) -> Outcome {
     match &e {
-        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => Outcome::Retry(e),
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => Outcome::Retry(e.to_string()),
         kube::Error::Api(_) => Outcome::Rejected(e),
-        _ => Outcome::Retry(e),
+        _ => Outcome::Retry(e.to_string()),
     }
 }
 

@@ -31,6 +31,8 @@ pub enum Behaviour {
     Normal,
     /// Every request gets 500.
     Fail500,
+    /// Every request is held without an answer (a stuck API server) until `stop`, or a minute.
+    Hang,
 }
 
 #[derive(Default)]
@@ -47,6 +49,8 @@ struct State {
     events: BTreeMap<(String, String), Value>,
     requests: Vec<Recorded>,
     behaviour: Option<Behaviour>,
+    /// Wakes the requests `Hang` holds.
+    release: Arc<tokio::sync::Notify>,
 }
 
 /// The fake API server.
@@ -95,6 +99,7 @@ impl FakeApi {
     /// The API server goes away: open watches end, connections are refused.
     pub fn stop(&mut self) {
         self.end_watches();
+        self.state().release.notify_waiters();
         if let Some((stop, thread)) = self.running.take() {
             let _ = stop.send(());
             let _ = thread.join();
@@ -327,6 +332,14 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Response<Body> 
                 &status(500, "InternalError", "injected failure"),
             );
         }
+    }
+    if lock().behaviour == Some(Behaviour::Hang) {
+        let release = lock().release.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(60), release.notified()).await;
+        return respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &status(503, "ServiceUnavailable", "was hung"),
+        );
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
