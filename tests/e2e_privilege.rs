@@ -136,3 +136,45 @@ fn serve_with_only_sys_ptrace_and_dac_read_search_sees_every_container() {
     assert_eq!(used_under("-all,+dac_read_search", &ids), [None, None]);
     assert_eq!(used_under("-all", &ids), [None, None]);
 }
+
+/// The DaemonSet's root filesystem is read-only: `serve` there (a private mount namespace
+/// whose / is remounted read-only) scans and serves as anywhere else.
+#[test]
+fn serve_runs_on_a_read_only_root_filesystem() {
+    if !common::e2e_available() {
+        return;
+    }
+    let c = container(5);
+    let agent = Agent::start_under(
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -o remount,bind,ro / && exec \"$0\" \"$@\"",
+        ],
+        &["--no-gpu"],
+        &[],
+    );
+    agent.wait_ready();
+    agent.wait_for_metrics("the container", |b| {
+        sample(b, "shmlink_shm_used_bytes", &[("container_id", &c.id)]) == Some(5.0 * MIB)
+    });
+    // It really ran on a read-only /.
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", agent.pid())).unwrap();
+    let root = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/"))
+        .unwrap();
+    assert!(
+        root.split(' ')
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "ro"),
+        "{root}"
+    );
+    assert!(agent.terminate().success());
+}
