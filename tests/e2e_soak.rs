@@ -29,7 +29,9 @@ fn open_fds(pid: u32) -> usize {
     (0..10)
         .map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(37));
-            std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .count()
         })
         .min()
         .unwrap()
@@ -47,7 +49,9 @@ fn churn_batch(agent: &Agent) {
         })
         .collect();
     let ids: Vec<String> = batch.iter().map(|c| c.id.clone()).collect();
-    agent.wait_for_metrics("the batch", |b| ids.iter().all(|id| b.contains(id.as_str())));
+    agent.wait_for_metrics("the batch", |b| {
+        ids.iter().all(|id| b.contains(id.as_str()))
+    });
     drop(batch);
     agent.wait_for_metrics("no series of the ended batch", |b| {
         !ids.iter().any(|id| b.contains(id.as_str()))
