@@ -32,12 +32,18 @@ impl FileReader {
     /// seq_file fills the reader's buffer up to its size or the end, and a regular file reads
     /// short only at its end. A read that fills the buffer reads on, into a larger one.
     pub fn read(&mut self, dir: impl AsFd, path: impl AsRef<Path>) -> io::Result<&[u8]> {
-        let fd = rustix::fs::openat(
-            dir,
-            path.as_ref(),
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
-            Mode::empty(),
-        )?;
+        self.read_until(dir, path.as_ref(), true)
+    }
+
+    /// The whole of a file of many records (mountinfo): reads until the kernel says the end.
+    pub fn read_to_end(&mut self, dir: impl AsFd, path: impl AsRef<Path>) -> io::Result<&[u8]> {
+        self.read_until(dir, path.as_ref(), false)
+    }
+
+    /// Reads into the buffer, growing it, until a read returns nothing or, with
+    /// `short_is_end`, less than it was offered.
+    fn read_until(&mut self, dir: impl AsFd, path: &Path, short_is_end: bool) -> io::Result<&[u8]> {
+        let fd = open(dir, path)?;
         let mut len = 0;
         loop {
             if len == self.buf.len() {
@@ -49,30 +55,8 @@ impl FileReader {
                 Err(e) => return Err(e.into()),
             };
             len += n;
-            if n == 0 || len < self.buf.len() {
+            if n == 0 || (short_is_end && len < self.buf.len()) {
                 return Ok(&self.buf[..len]);
-            }
-        }
-    }
-
-    /// The whole of a file of many records (mountinfo): reads until the kernel says the end.
-    pub fn read_to_end(&mut self, dir: impl AsFd, path: impl AsRef<Path>) -> io::Result<&[u8]> {
-        let fd = rustix::fs::openat(
-            dir,
-            path.as_ref(),
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
-            Mode::empty(),
-        )?;
-        let mut len = 0;
-        loop {
-            if len == self.buf.len() {
-                self.buf.resize(self.buf.len() * 2, 0);
-            }
-            match rustix::io::read(&fd, &mut self.buf[len..]) {
-                Ok(0) => return Ok(&self.buf[..len]),
-                Ok(n) => len += n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -85,12 +69,7 @@ impl FileReader {
         path: impl AsRef<Path>,
         max: usize,
     ) -> io::Result<&[u8]> {
-        let fd = rustix::fs::openat(
-            dir,
-            path.as_ref(),
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
-            Mode::empty(),
-        )?;
+        let fd = open(dir, path.as_ref())?;
         let max = max.min(self.buf.len());
         loop {
             match rustix::io::read(&fd, &mut self.buf[..max]) {
@@ -100,6 +79,15 @@ impl FileReader {
             }
         }
     }
+}
+
+fn open(dir: impl AsFd, path: &Path) -> io::Result<rustix::fd::OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?)
 }
 
 #[cfg(test)]
