@@ -18,14 +18,6 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
-fn entry_for(report: &Value, container_id: &str) -> Option<Value> {
-    report["shm"]
-        .as_array()?
-        .iter()
-        .find(|e| e["container_id"] == container_id)
-        .cloned()
-}
-
 /// A container on the runtime default with `mib` MiB in its /dev/shm: the bystander whose
 /// figures must stay right whatever its neighbours do.
 fn bystander(mib: u64) -> Container {
@@ -44,7 +36,8 @@ fn bystander(mib: u64) -> Container {
 }
 
 fn assert_bystander_right(report: &Value, c: &Container, mib: u64) {
-    let e = entry_for(report, &c.id).unwrap_or_else(|| panic!("bystander missing:\n{report:#}"));
+    let e = common::shm_entry(report, &c.id)
+        .unwrap_or_else(|| panic!("bystander missing:\n{report:#}"));
     assert_eq!(e["size_bytes"], 64 * MIB, "{e:#}");
     assert_eq!(e["used_bytes"], mib * MIB, "{e:#}");
 }
@@ -87,7 +80,7 @@ fn dev_shm_that_is_not_a_tmpfs_is_reported_as_what_it_is() {
         ..ContainerSpec::default()
     });
     let report = common::run_check_json(&[]);
-    let e = entry_for(&report, &odd.id).unwrap_or_else(|| panic!("{report:#}"));
+    let e = common::shm_entry(&report, &odd.id).unwrap_or_else(|| panic!("{report:#}"));
     assert_eq!(e["mounted"], true, "{e:#}");
     assert_ne!(e["fs_type"], "tmpfs", "{e:#}");
     assert_bystander_right(&report, &keep, 3);
@@ -132,7 +125,7 @@ fn ten_thousand_mounts_stacked_on_dev_shm_are_read_right_and_fast() {
     let report = common::run_check_json(&[]);
     let took = started.elapsed();
     eprintln!("check with a 10,000-mount container: {took:?} ({lines} mountinfo lines)");
-    let e = entry_for(&report, &c.id).unwrap_or_else(|| panic!("{report:#}"));
+    let e = common::shm_entry(&report, &c.id).unwrap_or_else(|| panic!("{report:#}"));
     assert_eq!(e["size_bytes"], MIB, "{e:#}");
     assert_bystander_right(&report, &keep, 2);
     // A debug build, a loaded machine: still nowhere near a scan interval.

@@ -8,18 +8,9 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
-/// The `shm` entry of `check --json` for one container.
-fn entry_for(report: &Value, container_id: &str) -> Option<Value> {
-    report["shm"]
-        .as_array()?
-        .iter()
-        .find(|e| e["container_id"] == container_id)
-        .cloned()
-}
-
 fn check_entry(container: &Container) -> Value {
     let report = common::run_check_json(&[]);
-    entry_for(&report, &container.id)
+    common::shm_entry(&report, &container.id)
         .unwrap_or_else(|| panic!("container {} not in report:\n{report:#}", container.id))
 }
 
@@ -129,8 +120,8 @@ fn two_containers_of_one_pod_share_the_pods_dev_shm() {
     writer.wait_ready();
     reader.wait_ready();
     let report = common::run_check_json(&[]);
-    let w = entry_for(&report, &writer.id).expect("writer reported");
-    let r = entry_for(&report, &reader.id).expect("reader reported");
+    let w = common::shm_entry(&report, &writer.id).expect("writer reported");
+    let r = common::shm_entry(&report, &reader.id).expect("reader reported");
     assert_eq!(w["pod_uid"], pod.as_str());
     assert_eq!(r["pod_uid"], pod.as_str());
     assert_ne!(
@@ -261,7 +252,7 @@ fn a_full_dev_shm_is_critical_and_check_exits_1() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let e = entry_for(&report, &c.id).unwrap();
+    let e = common::shm_entry(&report, &c.id).unwrap();
     assert_eq!(e["status"], "critical");
     let finding = report["findings"]
         .as_array()

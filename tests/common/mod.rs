@@ -157,6 +157,15 @@ pub fn run_check(args: &[&str]) -> Output {
 }
 
 /// `check --json`: the report, whatever the findings (other tests' containers may be full).
+/// The `shm` entry of a `check --json` report for one container.
+pub fn shm_entry(report: &Value, container_id: &str) -> Option<Value> {
+    report["shm"]
+        .as_array()?
+        .iter()
+        .find(|e| e["container_id"] == container_id)
+        .cloned()
+}
+
 pub fn run_check_json(args: &[&str]) -> Value {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
