@@ -5,7 +5,7 @@
 //! Built with `cfg(fake_nvml_legacy)` (the fake-nvml-legacy package) it leaves out the symbols
 //! an old driver lacks, so shmlink's handling of a partial library can be tested.
 
-mod config;
+pub mod config;
 mod ffi;
 mod state;
 
