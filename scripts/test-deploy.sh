@@ -290,14 +290,16 @@ fi
 
 # The build context the Dockerfile copies (its COPY sources, nothing else) is a workspace cargo
 # accepts with the lock file as it is: a manifest that names a file left out would fail here.
+# Not --offline: metadata resolves every platform's dependencies, which a Linux build never
+# downloads, so a fresh machine has them only after this fetch from crates.io.
 if need cargo; then
-  echo "== the Dockerfile's build context: cargo metadata --locked --offline"
+  echo "== the Dockerfile's build context: cargo metadata --locked"
   ctx="$out/context"
   mkdir -p "$ctx"
   sed -n 's/^COPY \([^-].*\) [^ ]*$/\1/p' Dockerfile | tr ' ' '\n' | while read -r src; do
     [ -n "$src" ] && cp -r "$src" "$ctx/"
   done
-  (cd "$ctx" && cargo metadata --locked --offline --format-version 1 >/dev/null)
+  (cd "$ctx" && cargo metadata --locked --format-version 1 >/dev/null)
   # cargo metadata does not look for target files; a build does, so check the ones the
   # manifests name explicitly.
   python3 - "$ctx" <<'PY'
