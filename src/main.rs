@@ -48,7 +48,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => {
             init_logging(args.log_format, "info");
-            let scanner = scanner(&args.common, true)?;
+            let scanner = scanner(&args.common, true)?.without_shmem_stat();
             let kube = agent::KubeSettings {
                 mode: args.kube,
                 node: args.common.node_name(),

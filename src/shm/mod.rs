@@ -96,6 +96,11 @@ impl ShmScanner {
         })
     }
 
+    /// Whether readings carry `memory_shmem_bytes` (memory.stat): on unless turned off.
+    pub fn set_read_shmem(&mut self, on: bool) {
+        self.memcg.set_read_shmem(on);
+    }
+
     pub fn host_namespaces(&self) -> HostNamespaces {
         self.host_ns
     }
