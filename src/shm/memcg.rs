@@ -489,7 +489,7 @@ mod tests {
     }
 
     #[test]
-    fn without_shmem_the_limits_are_the_same_and_memory_stat_is_not_read() {
+    fn without_shmem_the_limits_are_the_same_and_no_shmem_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         v2_systemd_pod(dir.path());
         let mut reader = MemcgReader::new(dir.path().into(), CgroupVersion::V2);
