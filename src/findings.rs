@@ -2,6 +2,7 @@
 //! `serve` and (later) `preflight`, so every surface says the same thing.
 
 use crate::snapshot::{Finding, Severity, ShmReading, ShmStatus};
+use crate::units::human_bytes;
 
 /// `--shm-warn-ratio` / `--shm-critical-ratio`, validated so that 0 < warn <= critical <= 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,7 +114,6 @@ fn shm_finding(r: &ShmReading) -> Option<Finding> {
     })
 }
 
-/// Sizes as a person reads them: binary units, one decimal.
 /// The container runtime's default /dev/shm (Docker's and containerd's).
 pub const RUNTIME_DEFAULT_SHM: u64 = 64 << 20;
 
@@ -140,20 +140,6 @@ pub fn runtime_default_finding(r: &ShmReading) -> Option<Finding> {
     })
 }
 
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -254,12 +240,5 @@ mod tests {
             "{}",
             findings[0].message
         );
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(64 * MIB), "64.0 MiB");
-        assert_eq!(human_bytes(3 * 1024 * MIB / 2), "1.5 GiB");
     }
 }

@@ -16,3 +16,4 @@ pub mod scan;
 pub mod server;
 pub mod shm;
 pub mod snapshot;
+pub mod units;

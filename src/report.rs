@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use crate::findings::human_bytes;
+use crate::units::human_bytes;
 use crate::gpu::PairStatus;
 use crate::snapshot::{Severity, ShmReading, ShmStatus, Snapshot};
 

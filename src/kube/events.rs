@@ -26,7 +26,8 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use super::pods::PodIndex;
-use crate::findings::{human_bytes, on_runtime_default};
+use crate::findings::on_runtime_default;
+use crate::units::human_bytes;
 use crate::gpu::pairs::{KIND_GPU_LOST, KIND_LINK_DOWN, KIND_LINK_ERRORS, KIND_PAIR_DEGRADED};
 use crate::metrics::Metrics;
 use crate::snapshot::{ShmReading, ShmStatus, Snapshot};

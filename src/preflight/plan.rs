@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::findings::human_bytes;
+use crate::units::human_bytes;
 use crate::gpu::{PairStatus, PairVerdict};
 
 pub const KIB: u64 = 1 << 10;
