@@ -6,6 +6,8 @@
 pub mod agent;
 pub mod cli;
 pub mod findings;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod gpu;
 pub mod host;
 pub mod kube;

@@ -6,13 +6,13 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{Cli, Command, CommonArgs, KubeMode, LogFormat};
+use shmlink::findings::Severity;
 use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::kube::pods::{list_once, PodIndex};
 use shmlink::scan::Scanner;
-use shmlink::snapshot::Severity;
 use shmlink::{agent, report};
 
 fn main() -> ExitCode {

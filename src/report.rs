@@ -2,9 +2,10 @@
 
 use std::io::{self, Write};
 
-use crate::units::human_bytes;
+use crate::findings::Severity;
 use crate::gpu::PairStatus;
-use crate::snapshot::{Severity, ShmReading, ShmStatus, Snapshot};
+use crate::snapshot::{ShmReading, ShmStatus, Snapshot};
+use crate::units::human_bytes;
 
 pub fn write_json(out: &mut impl Write, snapshot: &Snapshot) -> io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, snapshot)?;
@@ -36,7 +37,6 @@ pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> 
             let level = match f.severity {
                 Severity::Critical => paint.red("CRITICAL"),
                 Severity::Warning => paint.yellow("WARNING"),
-                Severity::Info => "INFO".to_string(),
             };
             writeln!(out, "  {level} {} ({}): {}", f.subject, f.kind, f.message)?;
         }
@@ -220,27 +220,15 @@ impl Paint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures;
 
     const MIB: u64 = 1 << 20;
 
     fn reading(id: &str, used: u64, size: u64, status: ShmStatus) -> ShmReading {
         ShmReading {
-            namespace: None,
-            pod: None,
-            pod_uid: None,
-            container: None,
-            container_id: id.into(),
             pid: 42,
-            cgroup: format!("/x/{id}"),
-            host_ipc: false,
-            mounted: true,
-            fs_type: Some("tmpfs".into()),
-            size_bytes: Some(size),
-            used_bytes: Some(used),
-            available_bytes: Some(size - used),
-            memory_limit_bytes: None,
-            memory_shmem_bytes: None,
             status,
+            ..fixtures::shm_reading(id, size, used)
         }
     }
 

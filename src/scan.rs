@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::findings::{evaluate_shm, runtime_default_finding, Thresholds};
+use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
@@ -87,21 +87,7 @@ impl Scanner {
         if let Some(pods) = pods {
             pods.annotate(&mut readings);
         }
-        let mut findings = evaluate_shm(&mut readings, &self.thresholds);
-        if let Some(pods) = pods {
-            let gpu_workload = |r: &&crate::snapshot::ShmReading| {
-                r.pod_uid
-                    .as_deref()
-                    .and_then(|uid| pods.by_uid(uid))
-                    .is_some_and(|p| p.requests_gpu)
-            };
-            findings.extend(
-                readings
-                    .iter()
-                    .filter(gpu_workload)
-                    .filter_map(runtime_default_finding),
-            );
-        }
+        let mut findings = shm_findings(&mut readings, &self.thresholds, pods);
 
         let started = Instant::now();
         let gpu = self.gpu.scan();

@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use crate::findings::{ContainerRef, Finding, Severity};
 use crate::gpu::{GpuReading, PairVerdict};
 
 /// Fullness of one /dev/shm against its effective limit.
@@ -68,16 +69,7 @@ impl ShmReading {
     /// `namespace/pod/container` when known, else the pod UID or container ID: how a person
     /// names this container in findings.
     pub fn subject(&self) -> String {
-        match (&self.namespace, &self.pod) {
-            (Some(ns), Some(pod)) => match &self.container {
-                Some(c) => format!("{ns}/{pod}/{c}"),
-                None => format!("{ns}/{pod}"),
-            },
-            _ => match &self.pod_uid {
-                Some(uid) => format!("pod {uid} container {}", short_id(&self.container_id)),
-                None => format!("container {}", short_id(&self.container_id)),
-            },
-        }
+        ContainerRef::of(self).to_string()
     }
 }
 
@@ -87,23 +79,6 @@ pub fn short_id(id: &str) -> &str {
         Some((i, _)) => &id[..i],
         None => id,
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Severity {
-    Info,
-    Warning,
-    Critical,
-}
-
-/// Something a person should act on. `kind` values are listed in CONTRACT.md.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Finding {
-    pub severity: Severity,
-    pub kind: &'static str,
-    pub subject: String,
-    pub message: String,
 }
 
 /// XID errors of one kind on one GPU.

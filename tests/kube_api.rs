@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use common::kube_api::{pod, Behaviour, FakeApi};
 use serde_json::Value;
+use shmlink::findings::{Finding, FindingKind, Severity, Subject};
+use shmlink::fixtures;
 use shmlink::kube::events::{
     spawn_publisher, EventMsg, EventPlanner, EventQueue, GpuHolders, PublishSettings,
 };
 use shmlink::kube::pods::{PodIndex, PodWatcher};
 use shmlink::metrics::Metrics;
-use shmlink::snapshot::{Finding, Severity, ShmReading, ShmStatus, Snapshot};
+use shmlink::snapshot::{ShmReading, ShmStatus, Snapshot};
 
 const NODE: &str = "node-a";
 const UID_1: &str = "11111111-1111-4111-8111-111111111111";
@@ -111,31 +113,18 @@ fn metrics() -> Arc<Metrics> {
 }
 
 fn full_shm() -> ShmReading {
+    let r = fixtures::shm_reading("aaaa", 64 << 20, 63 << 20);
     ShmReading {
-        namespace: Some("ml".into()),
-        pod: Some("trainer-0".into()),
-        pod_uid: Some(UID_1.into()),
-        container: Some("trainer".into()),
-        container_id: "aaaa".into(),
-        pid: 1,
-        cgroup: String::new(),
-        host_ipc: false,
-        mounted: true,
-        fs_type: Some("tmpfs".into()),
-        size_bytes: Some(64 << 20),
-        used_bytes: Some(63 << 20),
-        available_bytes: Some(1 << 20),
-        memory_limit_bytes: None,
-        memory_shmem_bytes: None,
         status: ShmStatus::Critical,
+        ..fixtures::in_pod(r, "ml", "trainer-0", UID_1, "trainer")
     }
 }
 
 fn gpu_finding(gpu: u32) -> Finding {
     Finding {
         severity: Severity::Critical,
-        kind: "gpu_pair_degraded",
-        subject: format!("GPU {gpu}"),
+        kind: FindingKind::GpuPairDegraded,
+        subject: Subject::Gpu(gpu),
         message: format!("GPU {gpu} fails with every other GPU"),
     }
 }
@@ -175,13 +164,9 @@ async fn events_are_created_regarding_the_pod_and_the_node_and_repeats_patch_the
     let (queue, m) = publisher(&api, fast());
     // A zero heartbeat: every scan repeats every lasting condition.
     let mut planner = EventPlanner::new(NODE, Duration::ZERO);
-    let snapshot = Snapshot {
-        node: NODE.into(),
-        shm: vec![full_shm()],
-        findings: vec![gpu_finding(7)],
-        ..Snapshot::default()
-    };
     let pods = index();
+    let mut snapshot = fixtures::scanned(NODE, vec![full_shm()], Some(&pods));
+    snapshot.findings.push(gpu_finding(7));
     queue.send(planner.plan(&snapshot, Some(&pods), &GpuHolders::new(), Instant::now()));
     let events = eventually("two events", || {
         let e = api.events();

@@ -9,12 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::nvml::NvmlGpus;
 use super::pairs::{PairJudge, PairRules};
-use super::xid::{self, XidCounts};
+use super::xid::{self, RecentXids, XidCounts};
 use super::{GpuReading, PairVerdict};
-use crate::snapshot::{Finding, Severity};
-
-/// How long an XID stays a finding after it was last seen.
-const XID_FINDING_FOR: Duration = Duration::from_secs(600);
+use crate::findings::{text, Finding, FindingKind, Subject};
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
 /// after the agent.
 const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);
@@ -37,7 +34,7 @@ struct Loaded {
     gpus: NvmlGpus,
     judge: PairJudge,
     xids: Arc<XidCounts>,
-    xid_seen: BTreeMap<(u32, u64), (u64, Instant)>,
+    recent_xids: RecentXids,
 }
 
 enum State {
@@ -98,7 +95,7 @@ impl GpuCollector {
                     gpus,
                     judge: PairJudge::new(self.rules),
                     xids,
-                    xid_seen: BTreeMap::new(),
+                    recent_xids: RecentXids::default(),
                 }))
             }
             Err(e) => {
@@ -126,16 +123,11 @@ impl GpuCollector {
             State::Unavailable { reason, .. } => {
                 let mut scan = GpuScan::default();
                 if let Some(evidence) = nvidia_gpu_evidence(&self.proc_root) {
-                    scan.findings.push(Finding {
-                        severity: Severity::Critical,
-                        kind: "nvml_unavailable",
-                        subject: "node".into(),
-                        message: format!(
-                            "{evidence} but NVML does not load ({reason}): GPU link health is unknown. \
-                             Make the driver's libnvidia-ml.so.1 visible to shmlink (the NVIDIA container \
-                             runtime, or --nvml-lib)."
-                        ),
-                    });
+                    scan.findings.push(Finding::new(
+                        FindingKind::NvmlUnavailable,
+                        Subject::Node,
+                        text::nvml_unavailable(&evidence, reason),
+                    ));
                 }
                 scan
             }
@@ -157,23 +149,7 @@ impl Loaded {
         let judgement = self.judge.judge(&sample, now);
         let mut findings = judgement.findings;
         let xids = self.xids.snapshot();
-        for (&(gpu, xid), &count) in &xids {
-            let seen = self.xid_seen.entry((gpu, xid)).or_insert((0, now));
-            if count > seen.0 {
-                *seen = (count, now);
-            }
-            if now.duration_since(seen.1) < XID_FINDING_FOR {
-                findings.push(Finding {
-                    severity: Severity::Critical,
-                    kind: "gpu_xid",
-                    subject: format!("GPU {gpu}"),
-                    message: format!(
-                        "XID {xid} on GPU {gpu} ({count} since start): see NVIDIA's XID catalogue; \
-                         XIDs 48, 63, 64, 74, 79, 92, 94, 95 usually need the GPU reset or the node drained"
-                    ),
-                });
-            }
-        }
+        findings.extend(self.recent_xids.findings(&xids, now));
         GpuScan {
             gpus: sample.gpus,
             pairs: judgement.pairs,

@@ -1,5 +1,5 @@
 //! GPU link health from NVML: per-GPU link state and error counters, per-pair P2P status, and
-//! a verdict per GPU pair. `nvml.rs` is the only file that touches NVML; `pairs.rs` is pure.
+//! a verdict per GPU pair. `nvml.rs` is the only file that touches NVML; `pairs/` is pure.
 
 pub mod collector;
 pub mod nvml;
@@ -80,6 +80,21 @@ pub enum P2pStatus {
     Unknown,
 }
 
+impl P2pStatus {
+    /// The contract's snake-case name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            P2pStatus::Ok => "ok",
+            P2pStatus::ChipsetNotSupported => "chipset_not_supported",
+            P2pStatus::GpuNotSupported => "gpu_not_supported",
+            P2pStatus::IohTopologyNotSupported => "ioh_topology_not_supported",
+            P2pStatus::DisabledByRegkey => "disabled_by_regkey",
+            P2pStatus::NotSupported => "not_supported",
+            P2pStatus::Unknown => "unknown",
+        }
+    }
+}
+
 /// P2P status per capability (nvmlDeviceGetP2PStatus with read, write, nvlink, atomics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct P2pCaps {
@@ -110,6 +125,20 @@ pub enum TopologyLevel {
     Hostbridge,
     Node,
     System,
+}
+
+impl TopologyLevel {
+    /// The snake-case name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyLevel::Internal => "internal",
+            TopologyLevel::Single => "single",
+            TopologyLevel::Multiple => "multiple",
+            TopologyLevel::Hostbridge => "hostbridge",
+            TopologyLevel::Node => "node",
+            TopologyLevel::System => "system",
+        }
+    }
 }
 
 /// What NVML says of one unordered GPU pair in one scan (`gpu < peer_gpu`).
@@ -149,4 +178,40 @@ pub struct PairVerdict {
     /// Links of `gpu` that lead directly to `peer_gpu` (empty on NVSwitch and PCIe boards).
     pub links: Vec<u32>,
     pub reasons: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_serialized_names() {
+        assert_eq!(
+            P2pStatus::IohTopologyNotSupported.as_str(),
+            "ioh_topology_not_supported"
+        );
+        for status in [
+            P2pStatus::Ok,
+            P2pStatus::ChipsetNotSupported,
+            P2pStatus::GpuNotSupported,
+            P2pStatus::IohTopologyNotSupported,
+            P2pStatus::DisabledByRegkey,
+            P2pStatus::NotSupported,
+            P2pStatus::Unknown,
+        ] {
+            let json = serde_json::to_string(&status).expect("json");
+            assert_eq!(json, format!("\"{}\"", status.as_str()));
+        }
+        for level in [
+            TopologyLevel::Internal,
+            TopologyLevel::Single,
+            TopologyLevel::Multiple,
+            TopologyLevel::Hostbridge,
+            TopologyLevel::Node,
+            TopologyLevel::System,
+        ] {
+            let json = serde_json::to_string(&level).expect("json");
+            assert_eq!(json, format!("\"{}\"", level.as_str()));
+        }
+    }
 }

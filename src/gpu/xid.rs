@@ -1,16 +1,19 @@
 //! XID errors arrive as NVML events; a thread of its own waits for them (nvmlEventSetWait
-//! blocks) and counts them per GPU and XID for the scans to pick up.
+//! blocks) and counts them per GPU and XID for the scans to pick up. [`RecentXids`] decides
+//! which of them are findings (and so Events) now.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
+
+use crate::findings::{text, Finding, FindingKind, Subject};
 
 /// XIDs seen since start, per (GPU index, XID). Shared with the scan thread.
 #[derive(Debug, Default)]
@@ -27,6 +30,37 @@ impl XidCounts {
 
     pub fn snapshot(&self) -> BTreeMap<(u32, u64), u64> {
         self.counts.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+
+/// How long after its last increase an XID stays a finding (and one Event series).
+pub const XID_LASTS: Duration = Duration::from_secs(600);
+
+/// Pure: which XIDs were counted within the last [`XID_LASTS`].
+#[derive(Debug, Default)]
+pub struct RecentXids {
+    /// Per (GPU index, XID): the count last seen and when it last grew.
+    seen: BTreeMap<(u32, u64), (u64, Instant)>,
+}
+
+impl RecentXids {
+    /// A `gpu_xid` finding for each XID whose count grew within [`XID_LASTS`] of `now`.
+    pub fn findings(&mut self, counts: &BTreeMap<(u32, u64), u64>, now: Instant) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for (&(gpu, xid), &count) in counts {
+            let seen = self.seen.entry((gpu, xid)).or_insert((0, now));
+            if count > seen.0 {
+                *seen = (count, now);
+            }
+            if now.duration_since(seen.1) < XID_LASTS {
+                out.push(Finding::new(
+                    FindingKind::GpuXid,
+                    Subject::Xid { gpu, xid },
+                    text::xid(gpu, xid, count),
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -123,4 +157,35 @@ fn register(
         return Err(NvmlError::NotSupported);
     }
     Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xid_is_a_finding_until_it_has_been_quiet_for_its_time() {
+        let mut recent = RecentXids::default();
+        let t0 = Instant::now();
+        let mut counts = BTreeMap::from([((7, 79), 1)]);
+        let first = recent.findings(&counts, t0);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].subject, Subject::Xid { gpu: 7, xid: 79 });
+        assert!(
+            first[0].message.contains("XID 79 on GPU 7 (1 since"),
+            "{}",
+            first[0].message
+        );
+        counts.insert((7, 79), 2);
+        // It grew: the time starts again from here.
+        let t1 = t0 + Duration::from_secs(300);
+        assert_eq!(recent.findings(&counts, t1).len(), 1);
+        assert_eq!(
+            recent
+                .findings(&counts, t1 + XID_LASTS - Duration::from_secs(1))
+                .len(),
+            1
+        );
+        assert!(recent.findings(&counts, t1 + XID_LASTS).is_empty());
+    }
 }

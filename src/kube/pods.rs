@@ -219,6 +219,7 @@ impl Drop for PodWatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures;
 
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).unwrap()
@@ -241,22 +242,9 @@ mod tests {
 
     fn reading(uid: Option<&str>, id: &str) -> ShmReading {
         ShmReading {
-            namespace: None,
-            pod: None,
             pod_uid: uid.map(str::to_string),
-            container: None,
-            container_id: id.to_string(),
-            pid: 1,
             cgroup: String::new(),
-            host_ipc: false,
-            mounted: true,
-            fs_type: Some("tmpfs".into()),
-            size_bytes: Some(64 << 20),
-            used_bytes: Some(0),
-            available_bytes: Some(64 << 20),
-            memory_limit_bytes: None,
-            memory_shmem_bytes: None,
-            status: crate::snapshot::ShmStatus::Ok,
+            ..fixtures::shm_reading(id, 64 << 20, 0)
         }
     }
 

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use crate::units::human_bytes;
 use crate::gpu::{PairStatus, PairVerdict};
+use crate::units::human_bytes;
 
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;

@@ -1,13 +1,26 @@
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::planner::{truncate, NOTE_MAX};
 use super::*;
-use crate::gpu::GpuReading;
-use crate::snapshot::{Finding, Severity, XidCount};
+use crate::findings::{Finding, FindingKind, Severity, Subject};
+use crate::fixtures;
+use crate::gpu::xid::{RecentXids, XID_LASTS};
+use crate::kube::pods::PodIndex;
+use crate::snapshot::{ShmReading, ShmStatus, Snapshot, XidCount};
 
 const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
 const HEARTBEAT: Duration = Duration::from_secs(300);
+
+const SHM_NEARLY_FULL: EventReason = EventReason::ShmNearlyFull;
+const SHM_EXHAUSTED: EventReason = EventReason::ShmExhausted;
+const SHM_RUNTIME_DEFAULT: EventReason = EventReason::ShmRuntimeDefault;
+const GPU_LINK_DEGRADED: EventReason = EventReason::GpuLinkDegraded;
+const GPU_LINK_DOWN: EventReason = EventReason::GpuLinkDown;
+const GPU_LINK_RECOVERED: EventReason = EventReason::GpuLinkRecovered;
+const GPU_XID: EventReason = EventReason::GpuXid;
 
 fn pods() -> PodIndex {
     let pod: Pod = serde_json::from_value(serde_json::json!({
@@ -21,63 +34,48 @@ fn pods() -> PodIndex {
     PodIndex::new([&pod])
 }
 
+/// `status` is what the default thresholds make of `used_mib` of a 1 GiB tmpfs.
 fn reading(status: ShmStatus, used_mib: u64) -> ShmReading {
-    ShmReading {
-        namespace: Some("ml".into()),
-        pod: Some("trainer-0".into()),
-        pod_uid: Some(UID.into()),
-        container: Some("trainer".into()),
-        container_id: "aaaa".into(),
-        pid: 1,
-        cgroup: String::new(),
-        host_ipc: false,
-        mounted: true,
-        fs_type: Some("tmpfs".into()),
-        size_bytes: Some(1 << 30),
-        used_bytes: Some(used_mib << 20),
-        available_bytes: Some((1 << 30) - (used_mib << 20)),
-        memory_limit_bytes: None,
-        memory_shmem_bytes: None,
-        status,
-    }
+    let r = fixtures::in_pod(
+        fixtures::shm_reading("aaaa", 1 << 30, used_mib << 20),
+        "ml",
+        "trainer-0",
+        UID,
+        "trainer",
+    );
+    ShmReading { status, ..r }
 }
 
-fn gpu(index: u32) -> GpuReading {
-    GpuReading {
-        index,
-        uuid: format!("GPU-{index}"),
-        name: "H100".into(),
-        pci_bus_id: String::new(),
-        pcie_replays: Some(0),
-        lost: false,
-        links: Vec::new(),
-    }
-}
-
-fn gpu_finding(kind: &'static str, subject: &str) -> Finding {
+fn gpu_finding(kind: FindingKind, subject: Subject) -> Finding {
+    let message = format!("{subject} is unwell");
     Finding {
         severity: Severity::Critical,
         kind,
-        subject: subject.into(),
-        message: format!("{subject} is unwell"),
+        subject,
+        message,
     }
 }
 
+/// The snapshot a scan makes of these readings (statuses and shm findings as the scan sets
+/// them), with these GPU findings and eight GPUs.
 fn snapshot(shm: Vec<ShmReading>, findings: Vec<Finding>) -> Snapshot {
-    Snapshot {
-        node: "node-a".into(),
-        shm,
-        gpus: (0..8).map(gpu).collect(),
-        findings,
-        ..Snapshot::default()
-    }
+    let want: Vec<ShmStatus> = shm.iter().map(|r| r.status).collect();
+    let mut snap = fixtures::scanned("node-a", shm, Some(&pods()));
+    let got: Vec<ShmStatus> = snap.shm.iter().map(|r| r.status).collect();
+    assert_eq!(
+        got, want,
+        "the thresholds judge these readings as the test says"
+    );
+    snap.gpus = (0..8).map(fixtures::gpu_reading).collect();
+    snap.findings.extend(findings);
+    snap
 }
 
 fn holders() -> GpuHolders {
     GpuHolders::from([("GPU-7".to_string(), vec![("ml".into(), "trainer-0".into())])])
 }
 
-fn published(msgs: &[EventMsg]) -> Vec<(&'static str, String, u64)> {
+fn published(msgs: &[EventMsg]) -> Vec<(EventReason, String, u64)> {
     msgs.iter()
         .filter_map(|m| match m {
             EventMsg::Publish(e) => Some((
@@ -210,7 +208,10 @@ fn a_degraded_gpu_is_an_event_on_the_node_and_on_the_pod_holding_it_then_a_recov
     let mut p = EventPlanner::new("node-a", HEARTBEAT);
     let pods = pods();
     let t0 = Instant::now();
-    let bad = snapshot(vec![], vec![gpu_finding(KIND_PAIR_DEGRADED, "GPU 7")]);
+    let bad = snapshot(
+        vec![],
+        vec![gpu_finding(FindingKind::GpuPairDegraded, Subject::Gpu(7))],
+    );
     let msgs = p.plan(&bad, Some(&pods), &holders(), t0);
     let events = published(&msgs);
     let subjects: Vec<_> = events.iter().map(|e| (e.0, e.1.as_str())).collect();
@@ -247,13 +248,19 @@ fn degraded_to_down_is_a_new_event_not_a_recovery() {
     let mut p = EventPlanner::new("node-a", HEARTBEAT);
     let t0 = Instant::now();
     p.plan(
-        &snapshot(vec![], vec![gpu_finding(KIND_PAIR_DEGRADED, "GPU 7")]),
+        &snapshot(
+            vec![],
+            vec![gpu_finding(FindingKind::GpuPairDegraded, Subject::Gpu(7))],
+        ),
         None,
         &holders(),
         t0,
     );
     let msgs = p.plan(
-        &snapshot(vec![], vec![gpu_finding(KIND_LINK_DOWN, "GPU 7")]),
+        &snapshot(
+            vec![],
+            vec![gpu_finding(FindingKind::GpuLinkDown, Subject::Gpu(7))],
+        ),
         None,
         &holders(),
         t0 + Duration::from_secs(5),
@@ -269,8 +276,8 @@ fn two_gpus_failing_on_one_node_are_two_events() {
         &snapshot(
             vec![],
             vec![
-                gpu_finding(KIND_PAIR_DEGRADED, "GPU 3"),
-                gpu_finding(KIND_PAIR_DEGRADED, "GPU 7"),
+                gpu_finding(FindingKind::GpuPairDegraded, Subject::Gpu(3)),
+                gpu_finding(FindingKind::GpuPairDegraded, Subject::Gpu(7)),
             ],
         ),
         None,
@@ -295,43 +302,35 @@ fn an_xid_is_an_event_and_a_repeat_updates_its_series_at_once() {
     let mut p = EventPlanner::new("node-a", HEARTBEAT);
     let pods = pods();
     let t0 = Instant::now();
-    let mut snap = snapshot(vec![], vec![]);
-    snap.xids = vec![XidCount {
-        gpu: 7,
-        xid: 79,
-        count: 1,
-    }];
-    let first = published(&p.plan(&snap, Some(&pods), &holders(), t0));
+    // The GPU collector's part: which XIDs are findings at `t`.
+    let mut recent = RecentXids::default();
+    let mut scan = |count: u64, t: Instant| {
+        let mut snap = snapshot(vec![], vec![]);
+        snap.xids = vec![XidCount {
+            gpu: 7,
+            xid: 79,
+            count,
+        }];
+        snap.findings = recent.findings(&BTreeMap::from([((7, 79), count)]), t);
+        snap
+    };
+    let first = published(&p.plan(&scan(1, t0), Some(&pods), &holders(), t0));
     assert_eq!(first.len(), 2, "node and pod: {first:?}");
     assert!(first.iter().all(|e| e.0 == GPU_XID));
-    assert_eq!(
-        p.plan(&snap, Some(&pods), &holders(), t0 + Duration::from_secs(5)),
-        vec![]
-    );
-    snap.xids[0].count = 2;
-    let again = published(&p.plan(&snap, Some(&pods), &holders(), t0 + Duration::from_secs(10)));
+    let t = t0 + Duration::from_secs(5);
+    assert_eq!(p.plan(&scan(1, t), Some(&pods), &holders(), t), vec![]);
+    let t = t0 + Duration::from_secs(10);
+    let again = published(&p.plan(&scan(2, t), Some(&pods), &holders(), t));
     assert_eq!(
         again.iter().map(|e| e.2).collect::<Vec<_>>(),
         first.iter().map(|e| e.2).collect::<Vec<_>>(),
         "the same Events' series"
     );
     // Quiet for XID_LASTS: the condition ends.
-    let later = p.plan(
-        &snap,
-        Some(&pods),
-        &holders(),
-        t0 + XID_LASTS + Duration::from_secs(11),
-    );
+    let t = t0 + XID_LASTS + Duration::from_secs(11);
+    let later = p.plan(&scan(2, t), Some(&pods), &holders(), t);
     assert_eq!(published(&later), vec![]);
     assert_eq!(ended(&later).len(), 2);
-}
-
-#[test]
-fn gpu_subjects_name_their_gpus() {
-    assert_eq!(gpus_of_subject("GPU 7", 8), vec![7]);
-    assert_eq!(gpus_of_subject("GPU 0 <-> GPU 7", 8), vec![0, 7]);
-    assert_eq!(gpus_of_subject("all GPUs", 3), vec![0, 1, 2]);
-    assert_eq!(gpus_of_subject("node", 8), Vec::<u32>::new());
 }
 
 #[test]

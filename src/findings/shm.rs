@@ -1,8 +1,8 @@
-//! Pure decisions: how full is full, and what a person should be told. Shared by `check`,
-//! `serve` and (later) `preflight`, so every surface says the same thing.
+//! Pure: how full is full for one container's /dev/shm, and which shm findings a scan makes.
 
-use crate::snapshot::{Finding, Severity, ShmReading, ShmStatus};
-use crate::units::human_bytes;
+use super::{text, Finding, FindingKind, Subject};
+use crate::kube::pods::PodIndex;
+use crate::snapshot::{ShmReading, ShmStatus};
 
 /// `--shm-warn-ratio` / `--shm-critical-ratio`, validated so that 0 < warn <= critical <= 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,14 +25,6 @@ impl Thresholds {
         } else {
             Err(BadThresholds { warn, critical })
         }
-    }
-
-    pub fn warn(&self) -> f64 {
-        self.warn
-    }
-
-    pub fn critical(&self) -> f64 {
-        self.critical
     }
 
     pub fn status(&self, reading: &ShmReading) -> ShmStatus {
@@ -65,53 +57,38 @@ pub fn evaluate_shm(readings: &mut [ShmReading], thresholds: &Thresholds) -> Vec
     findings
 }
 
+/// Everything a scan finds about /dev/shm: fullness (setting each reading's status) and, where
+/// `pods` says a container's Pod asks for GPUs, the runtime's default 64 MiB.
+pub fn shm_findings(
+    readings: &mut [ShmReading],
+    thresholds: &Thresholds,
+    pods: Option<&PodIndex>,
+) -> Vec<Finding> {
+    let mut findings = evaluate_shm(readings, thresholds);
+    if let Some(pods) = pods {
+        let gpu_workload = |r: &&ShmReading| {
+            r.pod_uid
+                .as_deref()
+                .and_then(|uid| pods.by_uid(uid))
+                .is_some_and(|p| p.requests_gpu)
+        };
+        findings.extend(
+            readings
+                .iter()
+                .filter(gpu_workload)
+                .filter_map(runtime_default_finding),
+        );
+    }
+    findings
+}
+
 fn shm_finding(r: &ShmReading) -> Option<Finding> {
-    let (severity, kind) = match r.status {
+    let kind = match r.status {
         ShmStatus::Ok => return None,
-        ShmStatus::Warning => (Severity::Warning, "shm_nearly_full"),
-        ShmStatus::Critical => (Severity::Critical, "shm_exhausted"),
+        ShmStatus::Warning => FindingKind::ShmNearlyFull,
+        ShmStatus::Critical => FindingKind::ShmExhausted,
     };
-    let used = r.used_bytes.unwrap_or(0);
-    let available = r.available_bytes.unwrap_or(0);
-    let limit = used.saturating_add(available);
-    let pct = r.fullness().unwrap_or(0.0) * 100.0;
-    let memory_bound = match (r.memory_limit_bytes, r.size_bytes) {
-        // The memory cgroup's headroom, not the tmpfs, is what runs out first.
-        (Some(_), Some(size)) => limit < size,
-        (Some(_), None) => true,
-        _ => false,
-    };
-    let mut message = format!(
-        "/dev/shm {pct:.0}% full: {} used, {} more can be written",
-        human_bytes(used),
-        human_bytes(available),
-    );
-    if let Some(size) = r.size_bytes {
-        message.push_str(&format!(" (tmpfs size {}", human_bytes(size)));
-        if let Some(mem) = r.memory_limit_bytes {
-            message.push_str(&format!(", memory limit {}", human_bytes(mem)));
-        }
-        message.push(')');
-    }
-    message.push_str(". ");
-    if memory_bound {
-        message.push_str(
-            "The memory limit, not the tmpfs size, is what runs out: tmpfs pages count against \
-             the container's memory limit, so raise the memory limit along with /dev/shm.",
-        );
-    } else {
-        message.push_str(
-            "Give it a larger /dev/shm: in Kubernetes an emptyDir with medium: Memory and a \
-             sizeLimit mounted at /dev/shm; in Docker --shm-size (or --ipc=host). tmpfs pages \
-             count against the memory limit, so leave room for them there too.",
-        );
-    }
-    Some(Finding {
-        severity,
-        kind,
-        subject: r.subject(),
-        message,
-    })
+    Some(Finding::new(kind, Subject::container(r), text::shm_full(r)))
 }
 
 /// The container runtime's default /dev/shm (Docker's and containerd's).
@@ -128,43 +105,29 @@ pub fn on_runtime_default(r: &ShmReading) -> bool {
 /// `shm_runtime_default`: a GPU workload (the caller knows it asks for GPUs) on the runtime's
 /// default 64 MiB /dev/shm, where DataLoader workers and NCCL die once it fills.
 pub fn runtime_default_finding(r: &ShmReading) -> Option<Finding> {
-    on_runtime_default(r).then(|| Finding {
-        severity: Severity::Warning,
-        kind: "shm_runtime_default",
-        subject: r.subject(),
-        message: "requests GPUs but runs on the container runtime's default 64 MiB /dev/shm: \
-                  PyTorch DataLoader workers and NCCL die with bus errors once it fills. Mount an \
-                  emptyDir with medium: Memory and a sizeLimit (e.g. 8Gi) at /dev/shm, and raise \
-                  the memory limit by as much (tmpfs pages count against it)."
-            .to_string(),
+    on_runtime_default(r).then(|| {
+        Finding::new(
+            FindingKind::ShmRuntimeDefault,
+            Subject::container(r),
+            text::shm_runtime_default(r),
+        )
     })
 }
-
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::findings::{FindingKind, Severity};
+    use crate::fixtures;
 
     const MIB: u64 = 1 << 20;
 
     fn reading(size: Option<u64>, used: Option<u64>, available: Option<u64>) -> ShmReading {
         ShmReading {
-            namespace: None,
-            pod: None,
-            pod_uid: None,
-            container: None,
-            container_id: "0123456789abcdef0123".into(),
-            pid: 1,
-            cgroup: "/x".into(),
-            host_ipc: false,
-            mounted: true,
-            fs_type: Some("tmpfs".into()),
             size_bytes: size,
             used_bytes: used,
             available_bytes: available,
-            memory_limit_bytes: None,
-            memory_shmem_bytes: None,
-            status: ShmStatus::Ok,
+            ..fixtures::shm_reading("0123456789abcdef0123", 0, 0)
         }
     }
 
@@ -216,9 +179,9 @@ mod tests {
         ];
         let findings = evaluate_shm(&mut rs, &Thresholds::default());
         assert_eq!(findings.len(), 1);
-        assert_eq!(findings[0].kind, "shm_exhausted");
+        assert_eq!(findings[0].kind, FindingKind::ShmExhausted);
         assert_eq!(findings[0].severity, Severity::Critical);
-        assert_eq!(findings[0].subject, "container 0123456789ab");
+        assert_eq!(findings[0].subject.to_string(), "container 0123456789ab");
         assert!(
             findings[0].message.contains("62.0 MiB used"),
             "{}",
@@ -234,7 +197,7 @@ mod tests {
         let mut r = reading(Some(1024 * MIB), Some(100 * MIB), Some(10 * MIB));
         r.memory_limit_bytes = Some(256 * MIB);
         let findings = evaluate_shm(std::slice::from_mut(&mut r), &Thresholds::default());
-        assert_eq!(findings[0].kind, "shm_nearly_full");
+        assert_eq!(findings[0].kind, FindingKind::ShmNearlyFull);
         assert!(
             findings[0].message.contains("raise the memory limit"),
             "{}",

@@ -1,0 +1,285 @@
+//! Every sentence a person reads about a condition, written once. `check` prints these as
+//! findings, `serve` publishes them as Event notes, `preflight` reuses the parts it shares.
+//! The alert rules' annotations (deploy/prometheus) say the same in their own templates;
+//! `tests` below keeps their /dev/shm fix in step with this one.
+
+use std::time::Duration;
+
+use crate::gpu::pairs::Weight;
+use crate::gpu::PairStatus;
+use crate::snapshot::ShmReading;
+use crate::units::human_bytes;
+
+/// The Kubernetes fix for a /dev/shm too small: the alert rules' ShmNearlyFull says it too.
+pub const SHM_FIX_KUBERNETES: &str =
+    "an emptyDir with medium: Memory at /dev/shm with a larger sizeLimit";
+
+/// `shm_nearly_full` / `shm_exhausted`: how full, what runs out first, and the fix.
+pub fn shm_full(r: &ShmReading) -> String {
+    let used = r.used_bytes.unwrap_or(0);
+    let available = r.available_bytes.unwrap_or(0);
+    let limit = used.saturating_add(available);
+    let pct = r.fullness().unwrap_or(0.0) * 100.0;
+    let memory_bound = match (r.memory_limit_bytes, r.size_bytes) {
+        // The memory cgroup's headroom, not the tmpfs, is what runs out first.
+        (Some(_), Some(size)) => limit < size,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    let container = crate::findings::ContainerRef::of(r);
+    let mut message = format!(
+        "/dev/shm of container {} is {pct:.0}% full: {} used, {} more can be written",
+        container.short_name(),
+        human_bytes(used),
+        human_bytes(available),
+    );
+    if let Some(size) = r.size_bytes {
+        message.push_str(&format!(" (tmpfs size {}", human_bytes(size)));
+        if let Some(mem) = r.memory_limit_bytes {
+            message.push_str(&format!(", memory limit {}", human_bytes(mem)));
+        }
+        message.push(')');
+    }
+    message.push_str(". ");
+    if memory_bound {
+        message.push_str(
+            "The memory limit, not the tmpfs size, is what runs out: tmpfs pages count against \
+             the container's memory limit, so raise the memory limit along with /dev/shm.",
+        );
+    } else {
+        message.push_str(&format!(
+            "Give it a larger /dev/shm: in Kubernetes {SHM_FIX_KUBERNETES}; in Docker \
+             --shm-size (or --ipc=host). tmpfs pages count against the memory limit, so leave room for them \
+             there too."
+        ));
+    }
+    message
+}
+
+/// `shm_runtime_default`: a GPU workload on the runtime's 64 MiB, and the YAML that fixes it.
+pub fn shm_runtime_default(r: &ShmReading) -> String {
+    let container = crate::findings::ContainerRef::of(r);
+    format!(
+        "Container {} requests GPUs but runs on the container runtime's default 64 MiB \
+         /dev/shm: PyTorch DataLoader workers and NCCL fail with bus errors once it fills. Add to \
+         the pod spec:\n\
+         volumes:\n- name: dshm\n  emptyDir:\n    medium: Memory\n    sizeLimit: 8Gi\n\
+         and to the container:\n\
+         volumeMounts:\n- name: dshm\n  mountPath: /dev/shm\n\
+         (tmpfs pages count against the memory limit: raise it by the sizeLimit).",
+        container.short_name()
+    )
+}
+
+/// `gpu_xid`.
+pub fn xid(gpu: u32, xid: u64, count: u64) -> String {
+    format!(
+        "XID {xid} on GPU {gpu} ({count} since the agent started): see NVIDIA's XID catalogue; \
+         XIDs 48, 63, 64, 74, 79, 92, 94, 95 usually need the GPU reset or the node drained."
+    )
+}
+
+/// The part `check` and `preflight` share when the driver shows GPUs and NVML does not load.
+pub fn nvml_not_loading(evidence: &str, reason: &str) -> String {
+    format!("{evidence} but NVML does not load ({reason})")
+}
+
+/// `nvml_unavailable`.
+pub fn nvml_unavailable(evidence: &str, reason: &str) -> String {
+    format!(
+        "{}: GPU link health is unknown. Make the driver's libnvidia-ml.so.1 visible to shmlink \
+         (the NVIDIA container runtime, or --nvml-lib).",
+        nvml_not_loading(evidence, reason)
+    )
+}
+
+/// The note of `GpuLinkRecovered`: `about` is what the failure was about (`GPU 7`).
+pub fn gpu_links_recovered(about: &str) -> String {
+    format!("{about}: GPU links healthy again")
+}
+
+/// `gpu_lost`. `describe`: ` (GPU-…, name, PCI …)`; `down`: the GPUs it no longer reaches.
+pub fn gpu_lost(g: u32, describe: &str, down: &[u32]) -> String {
+    format!(
+        "GPU {g}{describe} is lost: NVML reports it fell off the bus, so every job using it \
+         fails{}. Drain the node, check `dmesg` for Xid 79, then reset the GPU \
+         (`nvidia-smi -r -i {g}`) or reboot; replace it if it falls off again.",
+        if down.is_empty() {
+            String::new()
+        } else {
+            format!(" and its {} are down", pairs_with(down))
+        },
+    )
+}
+
+/// The broken-GPU case: GPU `g` fails with every other GPU.
+pub fn gpu_fails_with_all(
+    g: u32,
+    describe: &str,
+    peers: &[u32],
+    state: &str,
+    reasons: &str,
+) -> String {
+    format!(
+        "GPU {g}{describe} fails with every other GPU: all {} of its pairs ({}) are {state}, so \
+         any job that uses GPU {g} together with another GPU can crash or hang in collectives \
+         such as all-reduce. Reasons: {reasons}. Drain the node (or keep jobs off GPU {g}) and \
+         reset or replace GPU {g}; confirm with `nvidia-smi nvlink -s -i {g}`, `nvidia-smi \
+         nvlink -e -i {g}` and `nvidia-smi topo -p2p rw`.",
+        peers.len(),
+        pairs_with(peers),
+    )
+}
+
+/// Every pair of every live GPU fails: a node-wide cause.
+pub fn all_pairs_fail(pairs: usize, gpus: usize, state: &str, reasons: &str) -> String {
+    format!(
+        "Every one of the {pairs} pairs of the {gpus} GPUs is {state}, which points at the node \
+         rather than one GPU. Reasons: {reasons}. Drain the node; on an NVSwitch system check the \
+         fabric manager (`systemctl status nvidia-fabricmanager`), and check `nvidia-smi nvlink \
+         -s` and `nvidia-smi topo -p2p rw`."
+    )
+}
+
+/// One failing pair, with what to do for how badly it fails.
+pub fn pair_fails(
+    a: u32,
+    b: u32,
+    status: PairStatus,
+    weight: Option<Weight>,
+    reasons: &[String],
+) -> String {
+    let advice = match weight {
+        Some(Weight::Down) => {
+            "Jobs using these two GPUs together crash or hang at their first collective: drain \
+             the node, check `nvidia-smi nvlink -s` and `nvidia-smi topo -p2p rw`, then reseat \
+             or replace the GPU or its NVLink bridge."
+        }
+        Some(Weight::Broken) => {
+            "Peer-to-peer transfers between them fail or fall back: drain the node, check \
+             `nvidia-smi topo -p2p rw` and `nvidia-smi nvlink -s`, then reset or replace the GPU."
+        }
+        _ => {
+            "The link still carries traffic but retries transfers, so jobs slow down: watch \
+             `nvidia-smi nvlink -e`, and drain the node to reseat or replace the GPU if the \
+             counters keep growing."
+        }
+    };
+    format!(
+        "GPU {a} <-> GPU {b} is {}: {}. {advice}",
+        pair_status(status),
+        reasons.join("; ")
+    )
+}
+
+/// `gpu_link_errors`: counter growth on GPU `g` that made no pair fail yet.
+pub fn link_errors(g: u32, describe: &str, window: Duration, parts: &[String]) -> String {
+    format!(
+        "NVLink errors on GPU {g}{describe} in the last {} s: {}. No GPU pair fails because of \
+         them yet, but a link that keeps counting errors is marginal: watch \
+         `nvidia-smi nvlink -e -i {g}` and reseat or replace the GPU or its NVLink \
+         bridge if they keep growing.",
+        secs(window),
+        parts.join("; "),
+    )
+}
+
+/// `down` / `degraded`: a failing pair's state as a person says it.
+pub fn pair_status(status: PairStatus) -> &'static str {
+    match status {
+        PairStatus::Down => "down",
+        PairStatus::Degraded => "degraded",
+        PairStatus::Ok => "ok",
+    }
+}
+
+/// `pairs with GPUs 0-6` / `pair with GPU 3`.
+pub fn pairs_with(peers: &[u32]) -> String {
+    match peers {
+        [one] => format!("pair with GPU {one}"),
+        _ => format!("pairs with GPUs {}", ranges(peers)),
+    }
+}
+
+/// `link 3` / `links 0, 2, 5-17`.
+pub fn link_list(links: &[u32]) -> String {
+    let mut sorted = links.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    match sorted.as_slice() {
+        [one] => format!("link {one}"),
+        _ => format!("links {}", ranges(&sorted)),
+    }
+}
+
+/// Sorted, deduplicated numbers with runs of three or more as `a-b`.
+pub fn ranges(numbers: &[u32]) -> String {
+    let mut sorted = numbers.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts = Vec::new();
+    let mut iter = sorted.into_iter().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while let Some(&next) = iter.peek() {
+            if end.checked_add(1) == Some(next) {
+                end = next;
+                iter.next();
+            } else {
+                break;
+            }
+        }
+        match end - start {
+            0 => parts.push(start.to_string()),
+            1 => parts.push(format!("{start}, {end}")),
+            _ => parts.push(format!("{start}-{end}")),
+        }
+    }
+    parts.join(", ")
+}
+
+/// `250`, `1`, `0.4`: a rate per second, whole above 10.
+pub fn rate(per_sec: f64) -> String {
+    if per_sec >= 10.0 || per_sec.fract() == 0.0 {
+        format!("{per_sec:.0}")
+    } else {
+        format!("{per_sec:.1}")
+    }
+}
+
+/// `60`, `0.5`: a duration in seconds as a person writes it.
+pub fn secs(d: Duration) -> String {
+    format!("{}", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers_format_as_a_person_writes() {
+        assert_eq!(link_list(&[3]), "link 3");
+        assert_eq!(link_list(&[5, 0, 1, 2, 7, 8, 2]), "links 0-2, 5, 7, 8");
+        assert_eq!(
+            ranges(&[u32::MAX - 1, u32::MAX]),
+            format!("{}, {}", u32::MAX - 1, u32::MAX)
+        );
+        assert_eq!(ranges(&[]), "");
+        assert_eq!(secs(Duration::from_secs(60)), "60");
+        assert_eq!(rate(250.4), "250");
+        assert_eq!(rate(1.0), "1");
+        assert_eq!(rate(0.4), "0.4");
+        assert_eq!(secs(Duration::from_millis(500)), "0.5");
+        assert_eq!(pairs_with(&[3]), "pair with GPU 3");
+    }
+
+    /// The alert that pages for a full /dev/shm gives the fix in the same words as `check`.
+    #[test]
+    fn the_alert_rules_give_the_same_shm_fix() {
+        let rules = include_str!("../../deploy/prometheus/shmlink.rules.yml");
+        assert!(
+            rules.contains(SHM_FIX_KUBERNETES),
+            "deploy/prometheus/shmlink.rules.yml no longer says {SHM_FIX_KUBERNETES:?}"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! Rule 6: one finding per problem a person acts on: a lost GPU; a GPU all of whose pairs fail
+//! (the broken-GPU case, named once rather than once per pair); every pair failing (a node-wide
+//! cause); else each failing pair; and link errors that did not make any pair fail.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use super::board::Board;
+use super::counters::Notice;
+use super::verdict::{Judged, Weight};
+use super::PairRules;
+use crate::findings::{text, Finding, FindingKind, Severity, Subject};
+
+pub(super) fn findings(
+    board: &Board<'_>,
+    judged: &[Judged],
+    notices: Vec<Notice>,
+    rules: &PairRules,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let not_ok: HashSet<(u32, u32)> = judged
+        .iter()
+        .filter(|j| j.weight.is_some())
+        .map(Judged::key)
+        .collect();
+
+    // A lost GPU is one problem, whatever else is wrong.
+    for &g in &board.lost {
+        let down: Vec<u32> = judged
+            .iter()
+            .filter(|j| j.has(g))
+            .map(|j| j.other(g))
+            .collect();
+        out.push(Finding::new(
+            FindingKind::GpuLost,
+            Subject::Gpu(g),
+            text::gpu_lost(g, &board.describe(g), &down),
+        ));
+    }
+
+    // The rest, among GPUs that are still there.
+    let live: Vec<u32> = board
+        .indices
+        .iter()
+        .copied()
+        .filter(|i| !board.lost.contains(i))
+        .collect();
+    let failing: Vec<&Judged> = judged
+        .iter()
+        .filter(|j| j.weight.is_some() && !board.is_lost(j.key()))
+        .collect();
+    let mine = |g: u32| -> Vec<&Judged> {
+        judged
+            .iter()
+            .filter(|j| j.has(g) && !board.lost.contains(&j.other(g)))
+            .collect()
+    };
+    // GPUs all of whose pairs fail: with three or more GPUs that is the GPU's fault (the
+    // broken-GPU case), unless every GPU is in that state, which points at the node.
+    let mut culprits = BTreeSet::new();
+    if live.len() >= 3 && !failing.is_empty() {
+        for &g in &live {
+            let own = mine(g);
+            if !own.is_empty() && own.iter().all(|j| j.weight.is_some()) {
+                culprits.insert(g);
+            }
+        }
+    }
+    let node_wide = !culprits.is_empty() && culprits.len() == live.len();
+    if node_wide {
+        out.push(node_finding(&failing, live.len()));
+    } else {
+        for &g in &culprits {
+            out.push(gpu_finding(board, g, &mine(g)));
+        }
+        for j in failing.iter().filter(|j| {
+            !culprits.contains(&j.verdict.gpu) && !culprits.contains(&j.verdict.peer_gpu)
+        }) {
+            out.push(pair_finding(j));
+        }
+    }
+
+    // Counter growth that made no pair fail: one warning per GPU.
+    let mut per_gpu: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for n in notices {
+        let covered = node_wide
+            || board.lost.contains(&n.gpu)
+            || culprits.contains(&n.gpu)
+            || (!n.affected.is_empty() && n.affected.iter().all(|p| not_ok.contains(p)));
+        if !covered {
+            per_gpu.entry(n.gpu).or_default().push(format!(
+                "link {} {}",
+                n.link,
+                n.parts.join(", ")
+            ));
+        }
+    }
+    for (g, parts) in per_gpu {
+        out.push(Finding::new(
+            FindingKind::GpuLinkErrors,
+            Subject::Gpu(g),
+            text::link_errors(g, &board.describe(g), rules.window, &parts),
+        ));
+    }
+    out
+}
+
+fn worst(pairs: &[&Judged]) -> Option<Weight> {
+    pairs.iter().filter_map(|j| j.weight).max()
+}
+
+fn state_of(pairs: &[&Judged]) -> &'static str {
+    let down = pairs.iter().any(|j| j.weight == Some(Weight::Down));
+    let degraded = pairs
+        .iter()
+        .any(|j| matches!(j.weight, Some(Weight::Errors | Weight::Broken)));
+    match (down, degraded) {
+        (true, true) => "down or degraded",
+        (true, false) => "down",
+        _ => "degraded",
+    }
+}
+
+fn kind_of(weight: Option<Weight>) -> FindingKind {
+    if weight == Some(Weight::Down) {
+        FindingKind::GpuLinkDown
+    } else {
+        FindingKind::GpuPairDegraded
+    }
+}
+
+/// Distinct reasons of some pairs, at most `max` of them, as one sentence.
+fn brief_reasons(pairs: &[&Judged], max: usize) -> String {
+    let mut distinct: Vec<&str> = Vec::new();
+    for r in pairs.iter().flat_map(|j| &j.verdict.reasons) {
+        if !distinct.contains(&r.as_str()) {
+            distinct.push(r);
+        }
+    }
+    let shown = distinct.len().min(max);
+    let mut text = distinct.get(..shown).unwrap_or_default().join("; ");
+    if distinct.len() > shown {
+        text.push_str(&format!(" (and {} more)", distinct.len() - shown));
+    }
+    text
+}
+
+/// The broken-GPU case: GPU `g` fails with every other GPU. Always critical: whatever the
+/// cause, every multi-GPU job placed on it is affected.
+fn gpu_finding(board: &Board<'_>, g: u32, pairs: &[&Judged]) -> Finding {
+    let peers: Vec<u32> = pairs.iter().map(|j| j.other(g)).collect();
+    Finding {
+        severity: Severity::Critical,
+        kind: kind_of(worst(pairs)),
+        subject: Subject::Gpu(g),
+        message: text::gpu_fails_with_all(
+            g,
+            &board.describe(g),
+            &peers,
+            state_of(pairs),
+            &brief_reasons(pairs, 8),
+        ),
+    }
+}
+
+/// Every pair of every live GPU fails: a node-wide cause (fabric manager, platform, driver).
+fn node_finding(pairs: &[&Judged], gpus: usize) -> Finding {
+    let weight = worst(pairs);
+    Finding {
+        severity: weight.map_or(Severity::Warning, Weight::severity),
+        kind: kind_of(weight),
+        subject: Subject::AllGpus,
+        message: text::all_pairs_fail(pairs.len(), gpus, state_of(pairs), &brief_reasons(pairs, 8)),
+    }
+}
+
+fn pair_finding(j: &Judged) -> Finding {
+    let (a, b) = j.key();
+    Finding {
+        severity: j.weight.map_or(Severity::Warning, Weight::severity),
+        kind: kind_of(j.weight),
+        subject: Subject::GpuPair(a, b),
+        message: text::pair_fails(a, b, j.verdict.status, j.weight, &j.verdict.reasons),
+    }
+}

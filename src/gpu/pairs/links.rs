@@ -1,0 +1,79 @@
+//! Rules 1 and 2: lost GPUs and inactive links (to GPUs and to NVSwitches).
+
+use std::collections::BTreeMap;
+
+use super::board::{ordered, Board};
+use super::verdict::{PairState, Weight};
+use crate::findings::text::link_list;
+use crate::gpu::Peer;
+
+/// Rule 1: a lost GPU's pairs are down.
+pub(super) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
+    for (&(a, b), st) in pairs.iter_mut() {
+        for g in [a, b] {
+            if board.lost.contains(&g) {
+                st.push(Weight::Down, format!("GPU {g} is lost (fell off the bus)"));
+            }
+        }
+    }
+}
+
+/// Rule 2: inactive links to GPUs and to NVSwitches; `links` of each pair.
+pub(super) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
+    for (&a, gpu) in &board.gpus {
+        if gpu.lost {
+            continue;
+        }
+        let mut switch_links = 0usize;
+        let mut switch_down = Vec::new();
+        for link in &gpu.links {
+            match &link.peer {
+                Peer::Gpu(b) if *b != a => {
+                    let key = ordered(a, *b);
+                    let Some(st) = pairs.get_mut(&key) else {
+                        continue;
+                    };
+                    if key.0 == a {
+                        st.links.push(link.link);
+                    }
+                    if !link.active {
+                        st.push(
+                            Weight::Down,
+                            format!("link {} of GPU {a} to GPU {b} is inactive", link.link),
+                        );
+                    }
+                }
+                Peer::Switch => {
+                    switch_links += 1;
+                    if !link.active {
+                        switch_down.push(link.link);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if switch_down.is_empty() {
+            continue;
+        }
+        let (weight, text) = if switch_down.len() == switch_links {
+            let text = if switch_links == 1 {
+                format!("the only NVSwitch link of GPU {a} is inactive")
+            } else {
+                format!("all {switch_links} NVSwitch links of GPU {a} are inactive")
+            };
+            (Weight::Down, text)
+        } else {
+            (
+                Weight::Broken,
+                format!(
+                    "{} of {switch_links} NVSwitch links of GPU {a} are inactive ({})",
+                    switch_down.len(),
+                    link_list(&switch_down)
+                ),
+            )
+        };
+        for (_, st) in pairs.iter_mut().filter(|((x, y), _)| *x == a || *y == a) {
+            st.push(weight, text.clone());
+        }
+    }
+}

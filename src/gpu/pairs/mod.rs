@@ -1,0 +1,143 @@
+//! Pure: GPU samples over time -> a verdict per GPU pair, with reasons.
+//!
+//! No I/O and no NVML: [`PairJudge::judge`] takes one [`GpuSample`] and the instant it was taken,
+//! and keeps only what later verdicts need (error-counter histories and which P2P capabilities
+//! were ever ok), keyed by GPU UUID so that a change of NVML indices is not mistaken for growth.
+//!
+//! The rules, in the order they add reasons to a pair:
+//!
+//! 1. A lost GPU (NVML's GPU_IS_LOST) makes every pair it is in `down`.
+//! 2. An inactive NVLink whose far end is another of this machine's GPUs makes that pair `down`,
+//!    at first sight too. On an NVSwitch board a GPU's traffic to every peer crosses its switch
+//!    links: all of them inactive makes all its pairs `down`, some of them `degraded`. Links whose
+//!    far end is unknown or some other PCI device say nothing about a pair.
+//! 3. NVLink error counters, per (GPU UUID, link), over a sliding window (60 s): replay,
+//!    recovery or ECC-data growth at or above a threshold (1), or a CRC (flit + data) rate between
+//!    two consecutive samples at or above 100/s, makes the pairs the link serves `degraded` until
+//!    the growth has left the window. A direct link serves its one pair; a switch link serves all
+//!    pairs of its GPU. A counter that goes down (driver reload, GPU reset) starts a new baseline.
+//!    Any CRC growth (and any growth below the thresholds) that did not already make the pairs
+//!    fail is a warning finding of its own. These are DCGM's NVLink health-watch defaults.
+//! 4. A P2P capability (read, write, nvlink, atomics) that was ever ok for a pair and now is not
+//!    makes the pair `degraded`.
+//! 5. The outlier test, which needs no history: among pairs at the same PCIe topology level, if
+//!    any pair has P2P read and write ok, a pair whose read or write is not ok is `degraded`. A
+//!    board where no pair at that level can is fine (the platform, not a GPU). On an NVSwitch
+//!    board, where every pair should reach every other over NVLink, the same goes for the nvlink
+//!    capability across all pairs.
+//!
+//! 6. Findings, one per problem a person acts on (`findings.rs`).
+//!
+//! Files: `board.rs` indexes the sample, `verdict.rs` weighs reasons into a status,
+//! `links.rs` (rules 1-2), `counters.rs` (3), `p2p.rs` (4-5), `findings.rs` (6).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+mod board;
+mod counters;
+mod findings;
+mod links;
+mod p2p;
+mod verdict;
+
+pub use verdict::Weight;
+
+use board::Board;
+use counters::CounterHistory;
+use p2p::P2pMemory;
+use verdict::Judged;
+
+use super::{GpuSample, PairStatus, PairVerdict};
+use crate::findings::Finding;
+
+/// Thresholds of the pair verdicts. The defaults follow DCGM's NVLink health watch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairRules {
+    /// How long counter growth keeps the pairs it affects degraded after it was seen.
+    pub window: Duration,
+    /// Replay, recovery or ECC-data growth within `window` at or above which the pairs the link
+    /// serves are degraded. 0 is taken as 1 (no growth never degrades).
+    pub replay_recovery_degraded: u64,
+    /// CRC (flit + data) errors per second between two consecutive samples at or above which the
+    /// pairs the link serves are degraded. Growth below it is still a warning finding.
+    pub crc_degraded_per_sec: f64,
+}
+
+impl Default for PairRules {
+    fn default() -> Self {
+        PairRules {
+            window: Duration::from_secs(60),
+            replay_recovery_degraded: 1,
+            crc_degraded_per_sec: 100.0,
+        }
+    }
+}
+
+/// The outcome of one [`PairJudge::judge`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Judgement {
+    /// Every unordered pair of the sample's GPUs, `gpu < peer_gpu`, sorted.
+    pub pairs: Vec<PairVerdict>,
+    pub findings: Vec<Finding>,
+}
+
+/// Judges GPU pairs scan after scan; keeps the baselines that rules 3 and 4 need.
+#[derive(Debug, Default)]
+pub struct PairJudge {
+    rules: PairRules,
+    counters: CounterHistory,
+    p2p_ever_ok: P2pMemory,
+}
+
+impl PairJudge {
+    pub fn new(rules: PairRules) -> Self {
+        PairJudge {
+            rules,
+            counters: HashMap::new(),
+            p2p_ever_ok: HashMap::new(),
+        }
+    }
+
+    /// Judges one sample. `now` is when the sample was taken (tests pass synthetic instants).
+    pub fn judge(&mut self, sample: &GpuSample, now: Instant) -> Judgement {
+        let board = Board::new(sample);
+        let mut pairs = board.pair_states(sample);
+        links::lost_rule(&board, &mut pairs);
+        links::link_state_rule(&board, &mut pairs);
+        let notices =
+            counters::counter_rule(&mut self.counters, &self.rules, &board, now, &mut pairs);
+        p2p::p2p_regression_rule(&mut self.p2p_ever_ok, &board, &mut pairs);
+        p2p::outlier_rule(&board, &mut pairs);
+
+        let judged: Vec<Judged> = pairs
+            .into_iter()
+            .map(|((gpu, peer_gpu), st)| {
+                let weight = st.reasons.iter().map(|r| r.weight).max();
+                let mut links = st.links;
+                links.sort_unstable();
+                links.dedup();
+                Judged {
+                    weight,
+                    verdict: PairVerdict {
+                        gpu,
+                        peer_gpu,
+                        status: weight.map_or(PairStatus::Ok, Weight::status),
+                        p2p: st.p2p,
+                        topology: st.topology,
+                        links,
+                        reasons: st.reasons.into_iter().map(|r| r.text).collect(),
+                    },
+                }
+            })
+            .collect();
+        let findings = findings::findings(&board, &judged, notices, &self.rules);
+        Judgement {
+            pairs: judged.into_iter().map(|j| j.verdict).collect(),
+            findings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

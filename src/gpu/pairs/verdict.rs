@@ -1,0 +1,85 @@
+//! How bad a pair is: each rule adds a [`Reason`] with a [`Weight`] to a pair's [`PairState`];
+//! the pair's status is the worst weight ([`Weight::status`]): this is where a pair is declared
+//! degraded or down.
+
+use crate::findings::Severity;
+use crate::gpu::{P2pCaps, PairStatus, PairVerdict, TopologyLevel};
+
+/// How bad one reason is. The pair's status is the worst of its reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Weight {
+    /// Error counters over threshold: the link still carries traffic (NVLink retries replays
+    /// and CRC failures in hardware), so jobs slow down rather than crash; DCGM's health watch
+    /// calls this a warning. Degraded, Warning.
+    Errors,
+    /// P2P lost or failing where its neighbours work, some NVSwitch links inactive: transfers
+    /// between the pair fail or fall back, which is what crashed the all-reduce. Degraded,
+    /// Critical.
+    Broken,
+    /// An inactive direct link, all switch links inactive, a lost GPU. Down, Critical.
+    Down,
+}
+
+impl Weight {
+    pub fn status(self) -> PairStatus {
+        match self {
+            Weight::Errors | Weight::Broken => PairStatus::Degraded,
+            Weight::Down => PairStatus::Down,
+        }
+    }
+
+    pub fn severity(self) -> Severity {
+        match self {
+            Weight::Errors => Severity::Warning,
+            Weight::Broken | Weight::Down => Severity::Critical,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Reason {
+    pub weight: Weight,
+    pub text: String,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct PairState {
+    /// Whether the sample had a `PairSample` for this pair (the first one counts).
+    pub sampled: bool,
+    pub p2p: Option<P2pCaps>,
+    pub topology: Option<TopologyLevel>,
+    pub links: Vec<u32>,
+    pub reasons: Vec<Reason>,
+}
+
+impl PairState {
+    pub fn push(&mut self, weight: Weight, text: String) {
+        if !self.reasons.iter().any(|r| r.text == text) {
+            self.reasons.push(Reason { weight, text });
+        }
+    }
+}
+
+/// A pair with its verdict and the weight that decided it.
+pub(super) struct Judged {
+    pub verdict: PairVerdict,
+    pub weight: Option<Weight>,
+}
+
+impl Judged {
+    pub fn key(&self) -> (u32, u32) {
+        (self.verdict.gpu, self.verdict.peer_gpu)
+    }
+
+    pub fn has(&self, gpu: u32) -> bool {
+        self.verdict.gpu == gpu || self.verdict.peer_gpu == gpu
+    }
+
+    pub fn other(&self, gpu: u32) -> u32 {
+        if self.verdict.gpu == gpu {
+            self.verdict.peer_gpu
+        } else {
+            self.verdict.gpu
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Kubernetes Events (`events.k8s.io/v1`) for what a scan found.
+//!
+//! [`EventPlanner`] (`planner.rs`) is pure: each scan's findings in, the Events to publish out.
+//! A condition (one reason on one subject: a Pod, or the Node for one GPU finding) gets one
+//! Event when it begins; while it lasts, a heartbeat updates that Event's series; when it ends it
+//! is forgotten, so a recurrence is a new Event. Levels are separate reasons (ShmNearlyFull,
+//! ShmExhausted; GpuLinkDegraded, GpuLinkDown), so a change of severity is a new Event too. The
+//! reason comes from the finding's kind, the Pods and GPUs from its typed subject, the note is
+//! its message (`findings::text`).
+//!
+//! [`EventQueue`] (`publisher.rs`) carries them to a task that publishes them: a bounded queue
+//! (what does not fit is dropped and counted), a rate limit, retries with backoff while the API
+//! server is away. kube's `Recorder` is not used: its series key ignores the note and has no
+//! place for the GPU a Node Event is about, so two GPUs failing on one node would collapse into
+//! one series that keeps the first GPU's note. Names are fixed per occurrence, so a create
+//! retried after a lost answer meets 409 Conflict instead of making a duplicate.
+
+mod planner;
+mod publisher;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+
+pub use planner::EventPlanner;
+pub use publisher::{spawn_publisher, EventQueue, PublishSettings};
+
+pub use super::podresources::GpuHolders;
+use crate::findings::EventReason;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// One Event to create, or the next occurrence of one already created (same `id`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventSpec {
+    /// One occurrence of one condition; its heartbeats share it.
+    pub id: u64,
+    /// The Event's object name, fixed for the occurrence.
+    pub name: String,
+    pub regarding: ObjectReference,
+    pub reason: EventReason,
+    pub type_: EventType,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventMsg {
+    Publish(Box<EventSpec>),
+    /// The condition is over: its Event will not be updated again.
+    Ended(u64),
+}
+
+pub fn pod_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

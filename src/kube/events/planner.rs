@@ -1,0 +1,306 @@
+//! Pure: findings -> Events. Keeps which conditions are active, so a lasting condition is one
+//! Event with a series, not one Event per scan.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use super::{pod_ref, EventMsg, EventSpec, EventType, GpuHolders};
+use crate::findings::{text, EventReason, Finding, Subject};
+use crate::kube::pods::PodIndex;
+use crate::snapshot::Snapshot;
+
+/// The Events API's limit on a note.
+pub(super) const NOTE_MAX: usize = 1024;
+
+/// Who an Event regards.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Target {
+    Node,
+    /// By UID.
+    Pod(String),
+}
+
+/// (who, reason, what about): e.g. (Pod <uid>, ShmExhausted, None) or (Node, GpuLinkDown,
+/// GPU 7). A Pod's /dev/shm conditions are one per Pod, whichever container is fullest.
+type ConditionKey = (Target, EventReason, Option<Subject>);
+
+struct Active {
+    id: u64,
+    name: String,
+    last_sent: Instant,
+}
+
+/// A condition seen in this scan.
+struct Condition {
+    key: ConditionKey,
+    regarding: ObjectReference,
+    note: String,
+    /// It happened again since the last scan (an XID counted again): update the series now.
+    again: bool,
+}
+
+/// Turns snapshots into Events; keeps which conditions are active.
+pub struct EventPlanner {
+    node: String,
+    heartbeat: Duration,
+    /// Distinguishes this agent's Event names from an earlier run's on the same node.
+    run: u64,
+    next_id: u64,
+    active: HashMap<ConditionKey, Active>,
+    /// The last count of each (GPU, XID), to tell a repeat.
+    xid_counts: HashMap<(u32, u64), u64>,
+}
+
+impl EventPlanner {
+    /// `heartbeat`: how often a lasting condition's series is updated.
+    pub fn new(node: &str, heartbeat: Duration) -> EventPlanner {
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        EventPlanner {
+            node: node.to_string(),
+            heartbeat,
+            run,
+            next_id: 0,
+            active: HashMap::new(),
+            xid_counts: HashMap::new(),
+        }
+    }
+
+    pub fn node_ref(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            ..ObjectReference::default()
+        }
+    }
+
+    /// The Events this snapshot calls for. `pods`: None until the pod cache has synced (no Pod
+    /// Events then: they need the Pod's name).
+    pub fn plan(
+        &mut self,
+        snapshot: &Snapshot,
+        pods: Option<&PodIndex>,
+        holders: &GpuHolders,
+        now: Instant,
+    ) -> Vec<EventMsg> {
+        let conditions = self.conditions(snapshot, pods, holders);
+
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        for c in conditions {
+            if !seen.insert(c.key.clone()) {
+                continue;
+            }
+            let reason = c.key.1;
+            let (id, name) = match self.active.get_mut(&c.key) {
+                Some(a) if !c.again && now.duration_since(a.last_sent) < self.heartbeat => continue,
+                Some(a) => {
+                    a.last_sent = now;
+                    (a.id, a.name.clone())
+                }
+                None => {
+                    let (id, name) = self.new_occurrence(&c.regarding);
+                    let active = Active {
+                        id,
+                        name: name.clone(),
+                        last_sent: now,
+                    };
+                    self.active.insert(c.key.clone(), active);
+                    (id, name)
+                }
+            };
+            out.push(EventMsg::Publish(Box::new(EventSpec {
+                id,
+                name,
+                regarding: c.regarding,
+                reason,
+                type_: EventType::Warning,
+                note: truncate(c.note),
+            })));
+        }
+
+        // Conditions that ended: forget them; a GPU link one that left no other behind on its
+        // subject is a recovery.
+        let ended: Vec<ConditionKey> = self
+            .active
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for key in ended {
+            let Some(a) = self.active.remove(&key) else {
+                continue;
+            };
+            out.push(EventMsg::Ended(a.id));
+            let (target, reason, about) = &key;
+            let still = seen
+                .iter()
+                .any(|(t, r, ab)| t == target && ab == about && r.is_link_failure());
+            let Some(about) = about
+                .as_ref()
+                .filter(|_| reason.is_link_failure() && !still)
+            else {
+                continue;
+            };
+            if let Some(regarding) = self.regarding_of(target, pods) {
+                let (id, name) = self.new_occurrence(&regarding);
+                out.push(EventMsg::Publish(Box::new(EventSpec {
+                    id,
+                    name,
+                    regarding,
+                    reason: EventReason::GpuLinkRecovered,
+                    type_: EventType::Normal,
+                    note: text::gpu_links_recovered(&about.to_string()),
+                })));
+                out.push(EventMsg::Ended(id));
+            }
+        }
+        out
+    }
+
+    /// Every finding that is an Event, on each object it regards.
+    fn conditions(
+        &mut self,
+        snapshot: &Snapshot,
+        pods: Option<&PodIndex>,
+        holders: &GpuHolders,
+    ) -> Vec<Condition> {
+        // Fullest container first, so the note of a Pod's condition names its fullest container.
+        let fullness = |f: &Finding| match &f.subject {
+            Subject::Container(c) => snapshot
+                .shm
+                .iter()
+                .find(|r| r.container_id == c.container_id)
+                .and_then(|r| r.fullness())
+                .unwrap_or(0.0),
+            _ => 0.0,
+        };
+        let mut findings: Vec<&Finding> = snapshot.findings.iter().collect();
+        findings.sort_by(|a, b| fullness(b).total_cmp(&fullness(a)));
+
+        let mut out = Vec::new();
+        for f in findings {
+            let Some(reason) = f.kind.event_reason() else {
+                continue;
+            };
+            match &f.subject {
+                Subject::Container(c) => {
+                    let Some(meta) = pods
+                        .zip(c.pod_uid.as_deref())
+                        .and_then(|(p, u)| p.by_uid(u))
+                    else {
+                        continue;
+                    };
+                    out.push(Condition {
+                        key: (Target::Pod(meta.uid.clone()), reason, None),
+                        regarding: pod_ref(&meta.namespace, &meta.name, &meta.uid),
+                        note: f.message.clone(),
+                        again: false,
+                    });
+                }
+                subject => {
+                    let again = match subject {
+                        Subject::Xid { gpu, xid } => self.xid_again(snapshot, *gpu, *xid),
+                        _ => false,
+                    };
+                    let gpus = subject.gpus(snapshot.gpus.iter().map(|g| g.index));
+                    for (target, regarding) in self.targets(snapshot, &gpus, pods, holders) {
+                        out.push(Condition {
+                            key: (target, reason, Some(subject.clone())),
+                            regarding,
+                            note: f.message.clone(),
+                            again,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether this XID was counted again since the last scan.
+    fn xid_again(&mut self, snapshot: &Snapshot, gpu: u32, xid: u64) -> bool {
+        let count = snapshot
+            .xids
+            .iter()
+            .find(|x| x.gpu == gpu && x.xid == xid)
+            .map_or(0, |x| x.count);
+        let last = self.xid_counts.entry((gpu, xid)).or_insert(0);
+        let again = *last > 0 && count > *last;
+        *last = (*last).max(count);
+        again
+    }
+
+    fn new_occurrence(&mut self, regarding: &ObjectReference) -> (u64, String) {
+        self.next_id += 1;
+        let base = regarding.name.as_deref().unwrap_or("shmlink");
+        (
+            self.next_id,
+            format!("{base}.shmlink.{:x}.{:x}", self.run, self.next_id),
+        )
+    }
+
+    fn regarding_of(&self, target: &Target, pods: Option<&PodIndex>) -> Option<ObjectReference> {
+        match target {
+            Target::Node => Some(self.node_ref()),
+            Target::Pod(uid) => pods?
+                .by_uid(uid)
+                .map(|m| pod_ref(&m.namespace, &m.name, &m.uid)),
+        }
+    }
+
+    /// The Node, and each Pod that holds one of `gpus`.
+    fn targets(
+        &self,
+        snapshot: &Snapshot,
+        gpus: &[u32],
+        pods: Option<&PodIndex>,
+        holders: &GpuHolders,
+    ) -> Vec<(Target, ObjectReference)> {
+        let mut out = vec![(Target::Node, self.node_ref())];
+        let Some(pods) = pods else { return out };
+        let mut uids = HashSet::new();
+        for g in gpus {
+            let Some(uuid) = snapshot
+                .gpus
+                .iter()
+                .find(|r| r.index == *g)
+                .map(|r| &r.uuid)
+            else {
+                continue;
+            };
+            // Device plugins name GPUs by UUID, or by index.
+            let held_by = holders
+                .get(uuid)
+                .into_iter()
+                .chain(holders.get(&g.to_string()));
+            for (ns, name) in held_by.flatten() {
+                if let Some(meta) = pods.by_name(ns, name) {
+                    if uids.insert(meta.uid.clone()) {
+                        out.push((
+                            Target::Pod(meta.uid.clone()),
+                            pod_ref(&meta.namespace, &meta.name, &meta.uid),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+pub(super) fn truncate(mut note: String) -> String {
+    if note.len() > NOTE_MAX {
+        let mut end = NOTE_MAX - 3;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    note
+}
