@@ -38,7 +38,9 @@ pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> 
                 Severity::Critical => paint.red("CRITICAL"),
                 Severity::Warning => paint.yellow("WARNING"),
             };
-            writeln!(out, "  {level} {} ({}): {}", f.subject, f.kind, f.message)?;
+            // A message with a YAML snippet keeps its lines under the finding.
+            let message = f.message.replace('\n', "\n      ");
+            writeln!(out, "  {level} {} ({}): {message}", f.subject, f.kind)?;
         }
     }
     Ok(())
