@@ -12,10 +12,10 @@ use std::time::Instant;
 
 use rustix::fs::{Mode, OFlags};
 
+use crate::cgroup::memory::{parse_limit, parse_memory_stat, parse_usage, tightest, Level};
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::pairs::{PairJudge, PairRules};
 use crate::host::read_ns;
-use crate::shm::memcg::{parse_limit, parse_memory_stat, parse_usage, tightest, Level};
 use crate::shm::{mountinfo, statfs};
 use plan::{
     GpuObs, IpcObs, MemObs, NeedSpec, NvmlGpu, NvmlState, Report, RunsIn, ShmObs, ShmState,

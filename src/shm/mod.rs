@@ -6,7 +6,6 @@
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
 pub mod kfile;
-pub mod memcg;
 pub mod mountinfo;
 pub mod statfs;
 
@@ -19,11 +18,11 @@ use std::rc::Rc;
 
 use rustix::fs::{Mode, OFlags, RawDir};
 
+use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
 use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
 use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsSource};
 use crate::snapshot::{short_id, ShmReading, ShmStatus};
 use kfile::FileReader;
-use memcg::{MemcgError, MemcgReader, MemoryReading};
 use mountinfo::MountEntry;
 use statfs::{OpenShmError, ShmStat};
 

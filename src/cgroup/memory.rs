@@ -7,13 +7,8 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::CWD;
 
-use super::kfile::FileReader;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CgroupVersion {
-    V1,
-    V2,
-}
+use super::CgroupVersion;
+use crate::shm::kfile::FileReader;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryReading {
@@ -187,7 +182,7 @@ impl MemcgReader {
             leaf_key.push('/');
             leaf_key.push_str(&c.as_os_str().to_string_lossy());
         }
-        let (limit_file, _, stat_file) = self.files();
+        let files = self.version.memory_files();
         // The leaf must exist: a missing leaf means the container is gone. An unreadable one
         // still has ancestors whose limits bound it.
         let mut leaf_error = None;
@@ -223,8 +218,8 @@ impl MemcgReader {
         let mut reading = tightest(levels);
         if self.read_shmem {
             let stat = match leaf_dir {
-                Some(dir) => self.files.read(dir, stat_file),
-                None => self.files.read(CWD, leaf.join(stat_file)),
+                Some(dir) => self.files.read(dir, files.stat),
+                None => self.files.read(CWD, leaf.join(files.stat)),
             };
             reading.shmem_bytes = stat
                 .ok()
@@ -234,21 +229,10 @@ impl MemcgReader {
         match leaf_error {
             None => Ok(reading),
             Some(source) => Err(MemcgError::Io {
-                path: leaf.join(limit_file).display().to_string(),
+                path: leaf.join(files.limit).display().to_string(),
                 source,
                 partial: reading,
             }),
-        }
-    }
-
-    fn files(&self) -> (&'static str, &'static str, &'static str) {
-        match self.version {
-            CgroupVersion::V1 => (
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
-                "memory.stat",
-            ),
-            CgroupVersion::V2 => ("memory.max", "memory.current", "memory.stat"),
         }
     }
 
@@ -257,10 +241,10 @@ impl MemcgReader {
     /// memory controller has no memory files. Usage is read only under a limit, the only
     /// place it counts.
     fn level(&mut self, dir: &Path, dir_fd: Option<BorrowedFd<'_>>) -> io::Result<Level> {
-        let (limit_file, usage_file, _) = self.files();
-        let limit = self.value(dir, dir_fd, limit_file, parse_limit)?;
+        let files = self.version.memory_files();
+        let limit = self.value(dir, dir_fd, files.limit, parse_limit)?;
         let usage = match limit {
-            Some(_) => self.value(dir, dir_fd, usage_file, parse_usage)?,
+            Some(_) => self.value(dir, dir_fd, files.usage, parse_usage)?,
             None => None,
         };
         Ok(Level { limit, usage })
@@ -432,13 +416,10 @@ mod tests {
     ) {
         let dir = root.join(rel);
         std::fs::create_dir_all(&dir).unwrap();
-        let (l, u) = match version {
-            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
-            CgroupVersion::V2 => ("memory.max", "memory.current"),
-        };
-        std::fs::write(dir.join(l), limit).unwrap();
-        std::fs::write(dir.join(u), usage).unwrap();
-        std::fs::write(dir.join("memory.stat"), stat).unwrap();
+        let files = version.memory_files();
+        std::fs::write(dir.join(files.limit), limit).unwrap();
+        std::fs::write(dir.join(files.usage), usage).unwrap();
+        std::fs::write(dir.join(files.stat), stat).unwrap();
     }
 
     const POD_V2: &str = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b6c1a2e_7f3d_4c1b_9a2e_5d6f7a8b9c0d.slice";
