@@ -73,12 +73,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `shmlink preflight`: bad sizes are a one-line error (exit 2, through `main`).
 fn preflight(args: shmlink::cli::PreflightArgs) -> anyhow::Result<ExitCode> {
     use shmlink::preflight::{self, plan};
+    use shmlink::units::parse_size;
     let need = match (&args.min_shm, args.dataloader_workers, &args.batch_bytes) {
-        (Some(min), _, _) => plan::NeedSpec::MinShm(plan::parse_size("--min-shm", min)?),
+        (Some(min), _, _) => plan::NeedSpec::MinShm(parse_size("--min-shm", min)?),
         (None, Some(workers), Some(batch)) => plan::NeedSpec::Sizing {
             workers,
             prefetch_factor: args.prefetch_factor,
-            batch_bytes: plan::parse_size("--batch-bytes", batch)?,
+            batch_bytes: parse_size("--batch-bytes", batch)?,
         },
         _ => plan::NeedSpec::Unspecified,
     };

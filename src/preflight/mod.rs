@@ -313,7 +313,8 @@ fn holding_fs_type(mountinfo: &str, path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plan::{NeedSource, Verdict, GIB, MIB};
+    use crate::units::{GIB, MIB};
+    use plan::{NeedSource, Verdict};
 
     fn write(path: &Path, text: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -5,11 +5,7 @@ use serde::Serialize;
 
 use crate::cgroup::CgroupVersion;
 use crate::gpu::{PairStatus, PairVerdict};
-use crate::units::human_bytes;
-
-pub const KIB: u64 = 1 << 10;
-pub const MIB: u64 = 1 << 20;
-pub const GIB: u64 = 1 << 30;
+use crate::units::{docker_size, human_bytes, k8s_quantity, GIB, MIB};
 
 /// Below this much effective /dev/shm a container that sees GPUs gets a warning when no need
 /// was given: PyTorch DataLoader workers hand every batch over through /dev/shm and NCCL puts
@@ -34,62 +30,6 @@ pub const NCCL_SHM_SEGMENT_BYTES: u64 = 4_194_304 + 4_915_200 + 524_288 + 4_096;
 
 /// PyTorch's DataLoader default `prefetch_factor`: batches in flight per worker.
 pub const DEFAULT_PREFETCH_FACTOR: u64 = 2;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what}: {value:?} is not a size (examples: 64Mi, 1Gi, 512M, 1.5Gi, 1073741824)")]
-pub struct SizeError {
-    pub what: String,
-    pub value: String,
-}
-
-/// A size as Kubernetes quantities spell it: plain bytes, binary suffixes `Ki Mi Gi Ti`
-/// (powers of 1024), decimal `k`/`K M G T` (powers of 1000); a fraction (`1.5Gi`) rounds up to
-/// whole bytes. `what` names the option in the error.
-pub fn parse_size(what: &str, value: &str) -> Result<u64, SizeError> {
-    let err = || SizeError {
-        what: what.to_string(),
-        value: value.to_string(),
-    };
-    let s = value.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(split);
-    let multiplier: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => return Err(err()),
-    };
-    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
-    if int.is_empty() && frac.is_empty()
-        || !int.bytes().all(|b| b.is_ascii_digit())
-        || !frac.bytes().all(|b| b.is_ascii_digit())
-        || frac.len() > 9
-        || int.len() > 20
-    {
-        return Err(err());
-    }
-    let int: u128 = if int.is_empty() {
-        0
-    } else {
-        int.parse().map_err(|_| err())?
-    };
-    let scale = 10u128.pow(frac.len() as u32);
-    let frac: u128 = if frac.is_empty() {
-        0
-    } else {
-        frac.parse().map_err(|_| err())?
-    };
-    let bytes = int * multiplier + (frac * multiplier).div_ceil(scale);
-    u64::try_from(bytes).map_err(|_| err())
-}
 
 /// What the workload says it needs (the command line, parsed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -842,26 +782,6 @@ fn need_words(need: &Need) -> String {
             }
             s
         }
-    }
-}
-
-/// A size as a Kubernetes quantity, rounded up: whole `Gi` when exact, else `Mi`.
-pub fn k8s_quantity(bytes: u64) -> String {
-    let mib = bytes.div_ceil(MIB).max(1);
-    if mib % 1024 == 0 {
-        format!("{}Gi", mib / 1024)
-    } else {
-        format!("{mib}Mi")
-    }
-}
-
-/// A size for docker's `--shm-size` / `--memory` (binary units, lowercase), rounded up.
-pub fn docker_size(bytes: u64) -> String {
-    let mib = bytes.div_ceil(MIB).max(1);
-    if mib % 1024 == 0 {
-        format!("{}g", mib / 1024)
-    } else {
-        format!("{mib}m")
     }
 }
 

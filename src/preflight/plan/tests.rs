@@ -1,38 +1,6 @@
 use super::*;
 use crate::gpu::PairVerdict;
-
-#[test]
-fn sizes_parse_as_kubernetes_quantities() {
-    let ok = |s: &str| parse_size("--min-shm", s).unwrap();
-    assert_eq!(ok("64Mi"), 64 * MIB);
-    assert_eq!(ok("1Gi"), GIB);
-    assert_eq!(ok("512M"), 512_000_000);
-    assert_eq!(ok("1073741824"), GIB);
-    assert_eq!(ok("1.5Gi"), 3 * GIB / 2);
-    assert_eq!(ok("2Ki"), 2 * KIB);
-    assert_eq!(ok("1k"), 1000);
-    assert_eq!(ok(" 8Gi "), 8 * GIB);
-    assert_eq!(ok("0.1"), 1, "a fraction of a byte rounds up");
-    for bad in [
-        "",
-        "Gi",
-        "1GB",
-        "1gi",
-        "-1",
-        "1 Gi",
-        "1..5Gi",
-        "abc",
-        "1e9",
-        "99999999999Ti",
-        ".",
-    ] {
-        let e = parse_size("--min-shm", bad).unwrap_err();
-        assert!(
-            !e.to_string().contains('\n') && e.to_string().starts_with("--min-shm: "),
-            "{bad:?}: {e}"
-        );
-    }
-}
+use crate::units::parse_size;
 
 #[test]
 fn the_nccl_segment_is_the_size_nccl_prints() {
@@ -472,15 +440,6 @@ fn host_ipc_is_the_initial_namespace_or_the_hint() {
         NeedSpec::MinShm(GIB),
     );
     assert!(r.fix.unwrap().contains("host's IPC namespace"));
-}
-
-#[test]
-fn quantities_round_up_to_whole_mebibytes() {
-    assert_eq!(k8s_quantity(GIB), "1Gi");
-    assert_eq!(k8s_quantity(GIB + 1), "1025Mi");
-    assert_eq!(k8s_quantity(1), "1Mi");
-    assert_eq!(docker_size(2 * GIB), "2g");
-    assert_eq!(docker_size(1536 * MIB), "1536m");
 }
 
 #[test]
