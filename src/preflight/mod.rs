@@ -2,9 +2,19 @@
 //! /dev/shm, memory cgroup, IPC namespace and GPUs, and says whether the workload fits.
 //!
 //! This file does the I/O, every path under [`Probe`]'s roots so tests can point it at
-//! fixtures; `plan.rs` decides (need, verdict, fix) without touching the machine.
+//! fixtures. The rest decides without touching the machine: the need (`need`), the GPUs the
+//! workload sees (`gpus`), the observations (`observe`), the verdict (`verdict`), the fix
+//! (`fix`) and the text (`render`).
 
-pub mod plan;
+pub mod fix;
+pub mod gpus;
+pub mod need;
+pub mod observe;
+pub mod render;
+pub mod verdict;
+
+#[cfg(test)]
+mod fixtures;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -19,9 +29,10 @@ use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::pairs::{PairJudge, PairRules};
 use crate::host::read_ns;
 use crate::shm::{mountinfo, statfs};
-use plan::{
-    GpuObs, IpcObs, MemObs, NeedSpec, NvmlGpu, NvmlState, Report, RunsIn, ShmObs, ShmState,
-};
+use gpus::{gpus_to_avoid, selector, visible_gpus, visible_pairs, NvmlGpu};
+use need::NeedSpec;
+use observe::{ipc_verdict, GpuObs, IpcObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState};
+use verdict::Report;
 
 /// Where the probe reads: `<proc_root>/self/...`, the cgroup file system (mount points under
 /// /sys/fs/cgroup are re-rooted at `cgroup_root`), and the /dev/shm directory.
@@ -80,7 +91,7 @@ pub fn run(probe: &Probe, env: &Env, options: &Options) -> Report {
     let memory = probe.memory(&mountinfo);
     let ipc = probe.ipc(options.host_ipc_ns);
     let gpus = probe.gpus(env, options);
-    plan::judge(
+    verdict::judge(
         RunsIn::detect(env.kubernetes_service_host.as_deref()),
         shm,
         memory,
@@ -205,13 +216,13 @@ impl Probe {
 
     pub fn ipc(&self, hint: Option<u64>) -> IpcObs {
         let own = read_ns(&self.proc_root, "self", "ipc").ok().map(|ns| ns.0);
-        plan::ipc_verdict(own, hint)
+        ipc_verdict(own, hint)
     }
 
     /// NVML's GPUs, the ones the environment selects, and the pair verdicts among them by the
     /// same judge `check` uses (one sample: link state and P2P, no counter history).
     pub fn gpus(&self, env: &Env, options: &Options) -> GpuObs {
-        let (selector, selected_by) = plan::selector(
+        let (selector, selected_by) = selector(
             env.cuda_visible_devices.as_deref(),
             env.nvidia_visible_devices.as_deref(),
         );
@@ -252,9 +263,9 @@ impl Probe {
                 name: g.name.clone(),
             })
             .collect();
-        let (visible, unmatched) = plan::visible_gpus(&selector, selected_by, &nvml);
-        obs.pairs = plan::visible_pairs(&judgement.pairs, &visible);
-        obs.avoid = plan::gpus_to_avoid(&judgement.pairs);
+        let (visible, unmatched) = visible_gpus(&selector, selected_by, &nvml);
+        obs.pairs = visible_pairs(&judgement.pairs, &visible);
+        obs.avoid = gpus_to_avoid(&judgement.pairs);
         obs.healthy = sample
             .gpus
             .iter()
@@ -314,7 +325,8 @@ fn holding_fs_type(mountinfo: &str, path: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::units::{GIB, MIB};
-    use plan::{NeedSource, Verdict};
+    use need::NeedSource;
+    use verdict::Verdict;
 
     fn write(path: &Path, text: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
