@@ -3,7 +3,7 @@
 use super::gpus::SelectorSource;
 use super::need::need_words;
 use super::observe::{NvmlState, RunsIn, ShmState};
-use super::verdict::{Report, Severity, Verdict};
+use super::verdict::{Grade, Report, Verdict};
 use crate::gpu::PairStatus;
 use crate::units::human_bytes;
 
@@ -103,9 +103,9 @@ pub fn render_text(r: &Report) -> String {
         out.push('\n');
         for p in &r.problems {
             let tag = match p.severity {
-                Severity::Fail => "FAIL",
-                Severity::Unknown => "UNKNOWN",
-                Severity::Warn => "WARN",
+                Grade::Fail => "FAIL",
+                Grade::Unknown => "UNKNOWN",
+                Grade::Warn => "WARN",
             };
             out.push_str(&format!("{tag} {}: {}\n", p.kind, p.message));
         }

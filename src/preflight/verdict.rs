@@ -11,9 +11,10 @@ use super::observe::{
 use crate::gpu::PairStatus;
 use crate::units::human_bytes;
 
+/// How much a problem weighs (its JSON `severity`); the worst one decides the verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Severity {
+pub enum Grade {
     Warn,
     /// It cannot tell.
     Unknown,
@@ -22,7 +23,7 @@ pub enum Severity {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
-    pub severity: Severity,
+    pub severity: Grade,
     pub kind: &'static str,
     pub message: String,
 }
@@ -93,7 +94,7 @@ pub fn judge(
         ShmState::Absent => {
             shm_short = true;
             p(
-                Severity::Fail,
+                Grade::Fail,
                 "shm_absent",
                 format!(
                     "nothing at {}: shm_open fails, and with it DataLoader workers and NCCL",
@@ -102,7 +103,7 @@ pub fn judge(
             )
         }
         ShmState::Unreadable => p(
-            Severity::Unknown,
+            Grade::Unknown,
             "shm_unreadable",
             format!(
                 "cannot measure {}: {}",
@@ -111,7 +112,7 @@ pub fn judge(
             ),
         ),
         ShmState::NotMounted => p(
-            Severity::Warn,
+            Grade::Warn,
             "shm_not_mounted",
             format!(
                 "{} is a plain directory of the container's root file system, not a tmpfs: shared \
@@ -123,7 +124,7 @@ pub fn judge(
         ShmState::Mounted => {
             if shm.fs_type.as_deref().is_some_and(|t| t != "tmpfs") {
                 p(
-                    Severity::Warn,
+                    Grade::Warn,
                     "shm_not_tmpfs",
                     format!(
                         "{} is {}, not tmpfs",
@@ -141,9 +142,9 @@ pub fn judge(
             let free_short = shm.free_bytes.is_some_and(|f| f < need.bytes);
             let headroom_short = memory.headroom_bytes.is_some_and(|h| h < need.bytes);
             let severity = if need.enforced {
-                Severity::Fail
+                Grade::Fail
             } else {
-                Severity::Warn
+                Grade::Warn
             };
             let why = need_words(need);
             if free_short {
@@ -184,7 +185,7 @@ pub fn judge(
             }
             if available.is_none() && need.enforced {
                 p(
-                    Severity::Unknown,
+                    Grade::Unknown,
                     "shm_unbounded_unknown",
                     format!(
                         "{} has no size limit and no memory limit is visible: cannot tell whether {} fit",
@@ -195,7 +196,7 @@ pub fn judge(
             }
             if need.enforced && !memory.visible {
                 p(
-                    Severity::Warn,
+                    Grade::Warn,
                     "memory_unknown",
                     format!(
                         "the memory cgroup is not visible ({}): judged by the tmpfs alone",
@@ -213,7 +214,7 @@ pub fn judge(
     if let (Some(size), Some(limit)) = (shm.size_bytes, memory.limit_bytes) {
         if shm.state == ShmState::Mounted && limit < size && !mem_short {
             p(
-                Severity::Warn,
+                Grade::Warn,
                 "memory_below_shm_size",
                 format!(
                     "{} is {} but the memory limit is {}: tmpfs pages count against the limit, so \
@@ -230,14 +231,14 @@ pub fn judge(
     // GPUs.
     match &gpus.nvml {
         NvmlState::Unavailable(reason) if gpus.explicit_lib => p(
-            Severity::Unknown,
+            Grade::Unknown,
             "nvml_unavailable",
             format!("{reason}: cannot judge the GPUs"),
         ),
         NvmlState::Unavailable(reason) => {
             if let Some(evidence) = &gpus.evidence {
                 p(
-                    Severity::Warn,
+                    Grade::Warn,
                     "gpu_health_unknown",
                     format!("{evidence} but NVML does not load ({reason}): GPU pairs not checked"),
                 );
@@ -251,7 +252,7 @@ pub fn judge(
             _ => "NVIDIA_VISIBLE_DEVICES",
         };
         p(
-            Severity::Warn,
+            Grade::Warn,
             "gpu_not_found",
             format!(
                 "{var} names {} that NVML does not list{}",
@@ -281,7 +282,7 @@ pub fn judge(
             format!(": {}", pair.reasons.join("; "))
         };
         p(
-            Severity::Fail,
+            Grade::Fail,
             "gpu_pair",
             format!(
                 "GPU {} <-> GPU {} (cuda:{} <-> cuda:{} in this process) is {status}{reasons}",
@@ -294,8 +295,8 @@ pub fn judge(
     }
 
     let verdict = match problems.iter().map(|p| p.severity).max() {
-        Some(Severity::Fail) => Verdict::NotFit,
-        Some(Severity::Unknown) => Verdict::Unknown,
+        Some(Grade::Fail) => Verdict::NotFit,
+        Some(Grade::Unknown) => Verdict::Unknown,
         _ => Verdict::Fit,
     };
     let fix = fix_text(

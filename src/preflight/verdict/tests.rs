@@ -59,7 +59,7 @@ fn gpus_without_a_need_warn_below_1gi_but_pass() {
     );
     assert_eq!(r.verdict, Verdict::Fit);
     assert_eq!(r.problems.len(), 1);
-    assert_eq!(r.problems[0].severity, Severity::Warn);
+    assert_eq!(r.problems[0].severity, Grade::Warn);
     assert_eq!(r.problems[0].kind, "shm_small_for_gpus");
     assert!(r.fix.unwrap().contains("sizeLimit: 1Gi"));
 }
@@ -202,4 +202,15 @@ fn the_json_report_has_the_documented_top_level_fields() {
     assert_eq!(v["gpus"]["nvml"]["state"], "disabled");
     assert_eq!(v["problems"][0]["severity"], "fail");
     assert_eq!(v["need"]["source"], "min_shm");
+}
+
+#[test]
+fn grades_keep_their_json_names() {
+    for (grade, name) in [
+        (Grade::Warn, "warn"),
+        (Grade::Unknown, "unknown"),
+        (Grade::Fail, "fail"),
+    ] {
+        assert_eq!(serde_json::to_value(grade).unwrap(), name);
+    }
 }
