@@ -3,7 +3,7 @@
 
 use super::need::{Need, DEFAULT_GPU_SHM_BYTES};
 use super::observe::{GpuObs, IpcObs, MemObs, RunsIn, ShmObs};
-use super::verdict::Problem;
+use super::verdict::{Problem, ProblemKind};
 use crate::units::{docker_size, k8s_quantity, MIB};
 
 /// The /dev/shm size to ask for: the need, rounded up to whole MiB.
@@ -106,7 +106,7 @@ pub(super) fn fix_text(
             }
         }
     }
-    let bad_pairs = problems.iter().any(|p| p.kind == "gpu_pair");
+    let bad_pairs = problems.iter().any(|p| p.kind == ProblemKind::GpuPair);
     if bad_pairs {
         if !out.is_empty() {
             out.push('\n');
@@ -171,7 +171,10 @@ mod tests {
         );
         assert_eq!((r.verdict, r.exit_code), (Verdict::NotFit, 1));
         assert_eq!(r.available_bytes, Some(64 * MIB));
-        assert!(r.problems.iter().any(|p| p.kind == "shm_too_small"));
+        assert!(r
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::ShmTooSmall));
         let fix = r.fix.as_deref().unwrap();
         assert!(fix.contains("docker run --shm-size=1g ..."), "{fix}");
         assert!(fix.contains("--ipc=host"), "{fix}");

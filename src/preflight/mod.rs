@@ -326,7 +326,7 @@ mod tests {
     use super::*;
     use crate::units::{GIB, MIB};
     use need::NeedSource;
-    use verdict::Verdict;
+    use verdict::{ProblemKind, Verdict};
 
     fn write(path: &Path, text: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -449,7 +449,10 @@ mod tests {
         let r = run(&probe, &env, &options);
         assert_eq!(r.verdict, Verdict::NotFit);
         assert_eq!(r.need.as_ref().unwrap().source, NeedSource::MinShm);
-        assert!(r.problems.iter().any(|p| p.kind == "memory_too_small"));
+        assert!(r
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::MemoryTooSmall));
         let fix = r.fix.unwrap();
         assert!(fix.contains("memory: 1280Mi"), "{fix}");
     }

@@ -107,7 +107,7 @@ pub fn render_text(r: &Report) -> String {
                 Grade::Unknown => "UNKNOWN",
                 Grade::Warn => "WARN",
             };
-            out.push_str(&format!("{tag} {}: {}\n", p.kind, p.message));
+            out.push_str(&format!("{tag} {}: {}\n", p.kind.as_str(), p.message));
         }
     }
     if let Some(fix) = &r.fix {

@@ -21,10 +21,66 @@ pub enum Grade {
     Fail,
 }
 
+/// What a problem is about; JSON and the text report name it in snake_case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// Nothing at /dev/shm.
+    ShmAbsent,
+    /// /dev/shm could not be measured.
+    ShmUnreadable,
+    /// /dev/shm is a plain directory, not a mount.
+    ShmNotMounted,
+    /// /dev/shm is mounted, but not a tmpfs.
+    ShmNotTmpfs,
+    /// Too little free in /dev/shm for the need given.
+    ShmTooSmall,
+    /// Too little free in /dev/shm for the GPU default (a warning).
+    ShmSmallForGpus,
+    /// Too little memory cgroup headroom for the need.
+    MemoryTooSmall,
+    /// Neither /dev/shm nor the memory cgroup has a visible bound.
+    ShmUnboundedUnknown,
+    /// The memory cgroup is not visible.
+    MemoryUnknown,
+    /// The memory limit is below the tmpfs size.
+    MemoryBelowShmSize,
+    /// NVML, named with --nvml-lib, did not load.
+    NvmlUnavailable,
+    /// Signs of a GPU, but NVML did not load.
+    GpuHealthUnknown,
+    /// The selecting variable names a GPU NVML does not list.
+    GpuNotFound,
+    /// A pair of visible GPUs is down or degraded.
+    GpuPair,
+}
+
+impl ProblemKind {
+    /// The name as JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::ShmAbsent => "shm_absent",
+            ProblemKind::ShmUnreadable => "shm_unreadable",
+            ProblemKind::ShmNotMounted => "shm_not_mounted",
+            ProblemKind::ShmNotTmpfs => "shm_not_tmpfs",
+            ProblemKind::ShmTooSmall => "shm_too_small",
+            ProblemKind::ShmSmallForGpus => "shm_small_for_gpus",
+            ProblemKind::MemoryTooSmall => "memory_too_small",
+            ProblemKind::ShmUnboundedUnknown => "shm_unbounded_unknown",
+            ProblemKind::MemoryUnknown => "memory_unknown",
+            ProblemKind::MemoryBelowShmSize => "memory_below_shm_size",
+            ProblemKind::NvmlUnavailable => "nvml_unavailable",
+            ProblemKind::GpuHealthUnknown => "gpu_health_unknown",
+            ProblemKind::GpuNotFound => "gpu_not_found",
+            ProblemKind::GpuPair => "gpu_pair",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     pub severity: Grade,
-    pub kind: &'static str,
+    pub kind: ProblemKind,
     pub message: String,
 }
 
@@ -95,7 +151,7 @@ pub fn judge(
             shm_short = true;
             p(
                 Grade::Fail,
-                "shm_absent",
+                ProblemKind::ShmAbsent,
                 format!(
                     "nothing at {}: shm_open fails, and with it DataLoader workers and NCCL",
                     shm.path
@@ -104,7 +160,7 @@ pub fn judge(
         }
         ShmState::Unreadable => p(
             Grade::Unknown,
-            "shm_unreadable",
+            ProblemKind::ShmUnreadable,
             format!(
                 "cannot measure {}: {}",
                 shm.path,
@@ -113,7 +169,7 @@ pub fn judge(
         ),
         ShmState::NotMounted => p(
             Grade::Warn,
-            "shm_not_mounted",
+            ProblemKind::ShmNotMounted,
             format!(
                 "{} is a plain directory of the container's root file system, not a tmpfs: shared \
                  memory there is written to {}",
@@ -125,7 +181,7 @@ pub fn judge(
             if shm.fs_type.as_deref().is_some_and(|t| t != "tmpfs") {
                 p(
                     Grade::Warn,
-                    "shm_not_tmpfs",
+                    ProblemKind::ShmNotTmpfs,
                     format!(
                         "{} is {}, not tmpfs",
                         shm.path,
@@ -152,9 +208,9 @@ pub fn judge(
                 p(
                     severity,
                     if need.enforced {
-                        "shm_too_small"
+                        ProblemKind::ShmTooSmall
                     } else {
-                        "shm_small_for_gpus"
+                        ProblemKind::ShmSmallForGpus
                     },
                     format!(
                         "{} has {} free ({} size, {} used); {why} needs {}",
@@ -170,7 +226,7 @@ pub fn judge(
                 mem_short = true;
                 p(
                     severity,
-                    "memory_too_small",
+                    ProblemKind::MemoryTooSmall,
                     format!(
                         "the memory cgroup has {} of headroom (limit {}, {} in use) and tmpfs pages \
                          count against it: {why} needs {} in {}, so the OOM killer (or a bus error) \
@@ -186,7 +242,7 @@ pub fn judge(
             if available.is_none() && need.enforced {
                 p(
                     Grade::Unknown,
-                    "shm_unbounded_unknown",
+                    ProblemKind::ShmUnboundedUnknown,
                     format!(
                         "{} has no size limit and no memory limit is visible: cannot tell whether {} fit",
                         shm.path,
@@ -197,7 +253,7 @@ pub fn judge(
             if need.enforced && !memory.visible {
                 p(
                     Grade::Warn,
-                    "memory_unknown",
+                    ProblemKind::MemoryUnknown,
                     format!(
                         "the memory cgroup is not visible ({}): judged by the tmpfs alone",
                         memory
@@ -215,7 +271,7 @@ pub fn judge(
         if shm.state == ShmState::Mounted && limit < size && !mem_short {
             p(
                 Grade::Warn,
-                "memory_below_shm_size",
+                ProblemKind::MemoryBelowShmSize,
                 format!(
                     "{} is {} but the memory limit is {}: tmpfs pages count against the limit, so \
                      at most {} of it can ever be filled",
@@ -232,14 +288,14 @@ pub fn judge(
     match &gpus.nvml {
         NvmlState::Unavailable(reason) if gpus.explicit_lib => p(
             Grade::Unknown,
-            "nvml_unavailable",
+            ProblemKind::NvmlUnavailable,
             format!("{reason}: cannot judge the GPUs"),
         ),
         NvmlState::Unavailable(reason) => {
             if let Some(evidence) = &gpus.evidence {
                 p(
                     Grade::Warn,
-                    "gpu_health_unknown",
+                    ProblemKind::GpuHealthUnknown,
                     format!("{evidence} but NVML does not load ({reason}): GPU pairs not checked"),
                 );
             }
@@ -253,7 +309,7 @@ pub fn judge(
         };
         p(
             Grade::Warn,
-            "gpu_not_found",
+            ProblemKind::GpuNotFound,
             format!(
                 "{var} names {} that NVML does not list{}",
                 gpus.unmatched.join(","),
@@ -283,7 +339,7 @@ pub fn judge(
         };
         p(
             Grade::Fail,
-            "gpu_pair",
+            ProblemKind::GpuPair,
             format!(
                 "GPU {} <-> GPU {} (cuda:{} <-> cuda:{} in this process) is {status}{reasons}",
                 pair.gpu,

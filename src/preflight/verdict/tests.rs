@@ -30,7 +30,7 @@ fn a_memory_limit_below_the_tmpfs_is_what_fails_and_what_the_fix_raises() {
     assert_eq!(r.verdict, Verdict::NotFit);
     assert_eq!(r.available_bytes, Some(240 * MIB));
     let kinds: Vec<_> = r.problems.iter().map(|p| p.kind).collect();
-    assert_eq!(kinds, vec!["memory_too_small"]);
+    assert_eq!(kinds, vec![ProblemKind::MemoryTooSmall]);
     let fix = r.fix.as_deref().unwrap();
     assert!(fix.contains("--memory=1280m"), "{fix}");
     // Without a need it is a warning: the tmpfs size is an illusion, but nothing asked for it.
@@ -43,7 +43,7 @@ fn a_memory_limit_below_the_tmpfs_is_what_fails_and_what_the_fix_raises() {
         NeedSpec::Unspecified,
     );
     assert_eq!(r.verdict, Verdict::Fit);
-    assert_eq!(r.problems[0].kind, "memory_below_shm_size");
+    assert_eq!(r.problems[0].kind, ProblemKind::MemoryBelowShmSize);
 }
 
 #[test]
@@ -60,7 +60,7 @@ fn gpus_without_a_need_warn_below_1gi_but_pass() {
     assert_eq!(r.verdict, Verdict::Fit);
     assert_eq!(r.problems.len(), 1);
     assert_eq!(r.problems[0].severity, Grade::Warn);
-    assert_eq!(r.problems[0].kind, "shm_small_for_gpus");
+    assert_eq!(r.problems[0].kind, ProblemKind::ShmSmallForGpus);
     assert!(r.fix.unwrap().contains("sizeLimit: 1Gi"));
 }
 
@@ -76,7 +76,11 @@ fn a_broken_pair_among_the_visible_gpus_fails_naming_it_and_others_pass() {
         NeedSpec::MinShm(GIB),
     );
     assert_eq!(r.verdict, Verdict::NotFit);
-    let p = r.problems.iter().find(|p| p.kind == "gpu_pair").unwrap();
+    let p = r
+        .problems
+        .iter()
+        .find(|p| p.kind == ProblemKind::GpuPair)
+        .unwrap();
     assert!(
         p.message
             .starts_with("GPU 6 <-> GPU 7 (cuda:0 <-> cuda:1 in this process) is down"),
@@ -212,5 +216,30 @@ fn grades_keep_their_json_names() {
         (Grade::Fail, "fail"),
     ] {
         assert_eq!(serde_json::to_value(grade).unwrap(), name);
+    }
+}
+
+#[test]
+fn problem_kinds_keep_their_json_names_and_the_text_says_the_same() {
+    use ProblemKind::*;
+    let kinds = [
+        (ShmAbsent, "shm_absent"),
+        (ShmUnreadable, "shm_unreadable"),
+        (ShmNotMounted, "shm_not_mounted"),
+        (ShmNotTmpfs, "shm_not_tmpfs"),
+        (ShmTooSmall, "shm_too_small"),
+        (ShmSmallForGpus, "shm_small_for_gpus"),
+        (MemoryTooSmall, "memory_too_small"),
+        (ShmUnboundedUnknown, "shm_unbounded_unknown"),
+        (MemoryUnknown, "memory_unknown"),
+        (MemoryBelowShmSize, "memory_below_shm_size"),
+        (NvmlUnavailable, "nvml_unavailable"),
+        (GpuHealthUnknown, "gpu_health_unknown"),
+        (GpuNotFound, "gpu_not_found"),
+        (GpuPair, "gpu_pair"),
+    ];
+    for (kind, name) in kinds {
+        assert_eq!(serde_json::to_value(kind).unwrap(), name);
+        assert_eq!(kind.as_str(), name);
     }
 }
