@@ -5,8 +5,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use shmlink::shm::cgroup::parse_cgroup_path;
-use shmlink::shm::memcg::{parse_limit, parse_memory_stat};
+use shmlink::cgroup::memory::{parse_limit, parse_memory_stat};
+use shmlink::cgroup::path::parse_cgroup_path;
 use shmlink::shm::mountinfo::find_mount;
 
 macro_rules! fixture {

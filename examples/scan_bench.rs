@@ -43,7 +43,6 @@ use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::metrics::Metrics;
 use shmlink::scan::Scanner;
-use shmlink::shm::memcg::CgroupVersion;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -386,16 +385,13 @@ struct Floor {
 impl Floor {
     fn new(host: &HostPaths) -> Result<Floor, Error> {
         let (hierarchy, version) = host.memory_hierarchy()?;
-        let (limit_file, usage_file) = match version {
-            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
-            CgroupVersion::V2 => ("memory.max", "memory.current"),
-        };
+        let files = version.memory_files();
         let host_mnt = host.host_namespaces()?.mnt.0;
         Ok(Floor {
             proc_root: host.proc_root.clone(),
             hierarchy,
-            limit_file,
-            usage_file,
+            limit_file: files.limit,
+            usage_file: files.usage,
             host_mnt,
         })
     }

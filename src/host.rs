@@ -5,7 +5,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::shm::memcg::CgroupVersion;
+use crate::cgroup::{self, CgroupVersion};
 
 #[derive(Debug, Clone)]
 pub struct HostPaths {
@@ -95,33 +95,11 @@ impl HostPaths {
         }
     }
 
-    /// The hierarchy whose cgroups carry memory accounting: the unified tree on cgroup v2, the
-    /// `memory` controller's tree on v1 (hybrid hosts mount v2 at `unified/` beside it).
+    /// The hierarchy whose cgroups carry memory accounting (see [`cgroup::memory_hierarchy`]).
     pub fn memory_hierarchy(&self) -> Result<(PathBuf, CgroupVersion), HostError> {
-        let root = &self.cgroup_root;
-        if has_memory_controller(&root.join("cgroup.controllers")) {
-            return Ok((root.clone(), CgroupVersion::V2));
-        }
-        let v1 = root.join("memory");
-        if v1.join("memory.usage_in_bytes").exists() || v1.join("cgroup.procs").exists() {
-            return Ok((v1, CgroupVersion::V1));
-        }
-        let unified = root.join("unified");
-        if has_memory_controller(&unified.join("cgroup.controllers")) {
-            return Ok((unified, CgroupVersion::V2));
-        }
-        // A v2 root that delegates no memory controller still groups processes into containers.
-        if root.join("cgroup.controllers").exists() {
-            return Ok((root.clone(), CgroupVersion::V2));
-        }
-        Err(HostError::NoMemoryHierarchy(root.display().to_string()))
+        cgroup::memory_hierarchy(&self.cgroup_root)
+            .ok_or_else(|| HostError::NoMemoryHierarchy(self.cgroup_root.display().to_string()))
     }
-}
-
-fn has_memory_controller(controllers: &Path) -> bool {
-    std::fs::read_to_string(controllers)
-        .map(|s| s.split_whitespace().any(|c| c == "memory"))
-        .unwrap_or(false)
 }
 
 fn copy_err(e: &io::Error) -> io::Error {
@@ -147,41 +125,6 @@ mod tests {
         assert_eq!(parse_ns_link("mnt:[x]"), None);
         assert_eq!(parse_ns_link("mnt:4026531840"), None);
         assert_eq!(parse_ns_link(""), None);
-    }
-
-    #[test]
-    fn a_v2_root_with_memory_is_the_memory_hierarchy() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("cgroup.controllers"),
-            "cpuset cpu io memory pids\n",
-        )
-        .unwrap();
-        let host = HostPaths {
-            proc_root: "/proc".into(),
-            cgroup_root: dir.path().into(),
-        };
-        assert_eq!(
-            host.memory_hierarchy().unwrap(),
-            (dir.path().to_path_buf(), CgroupVersion::V2)
-        );
-    }
-
-    #[test]
-    fn a_hybrid_host_uses_the_v1_memory_controller() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("memory")).unwrap();
-        std::fs::write(dir.path().join("memory/memory.usage_in_bytes"), "1\n").unwrap();
-        std::fs::create_dir_all(dir.path().join("unified")).unwrap();
-        std::fs::write(dir.path().join("unified/cgroup.controllers"), "").unwrap();
-        let host = HostPaths {
-            proc_root: "/proc".into(),
-            cgroup_root: dir.path().into(),
-        };
-        assert_eq!(
-            host.memory_hierarchy().unwrap(),
-            (dir.path().join("memory"), CgroupVersion::V1)
-        );
     }
 
     #[test]

@@ -72,15 +72,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// `shmlink preflight`: bad sizes are a one-line error (exit 2, through `main`).
 fn preflight(args: shmlink::cli::PreflightArgs) -> anyhow::Result<ExitCode> {
-    use shmlink::preflight::{self, plan};
+    use shmlink::preflight::need::NeedSpec;
+    use shmlink::preflight::{self, render};
+    use shmlink::units::parse_size;
     let need = match (&args.min_shm, args.dataloader_workers, &args.batch_bytes) {
-        (Some(min), _, _) => plan::NeedSpec::MinShm(plan::parse_size("--min-shm", min)?),
-        (None, Some(workers), Some(batch)) => plan::NeedSpec::Sizing {
+        (Some(min), _, _) => NeedSpec::MinShm(parse_size("--min-shm", min)?),
+        (None, Some(workers), Some(batch)) => NeedSpec::Sizing {
             workers,
             prefetch_factor: args.prefetch_factor,
-            batch_bytes: plan::parse_size("--batch-bytes", batch)?,
+            batch_bytes: parse_size("--batch-bytes", batch)?,
         },
-        _ => plan::NeedSpec::Unspecified,
+        _ => NeedSpec::Unspecified,
     };
     let probe = preflight::Probe {
         proc_root: args.common.host.proc_root.clone(),
@@ -103,7 +105,7 @@ fn preflight(args: shmlink::cli::PreflightArgs) -> anyhow::Result<ExitCode> {
         serde_json::to_writer_pretty(&mut stdout, &report)?;
         writeln!(stdout)?;
     } else {
-        write!(stdout, "{}", plan::render_text(&report))?;
+        write!(stdout, "{}", render::render_text(&report))?;
     }
     stdout.flush()?;
     Ok(ExitCode::from(report.exit_code))

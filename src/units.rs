@@ -1,5 +1,9 @@
 //! Sizes: how a person writes them and reads them.
 
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
 /// Sizes as a person reads them: binary units, one decimal.
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -16,16 +20,132 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {value:?} is not a size (examples: 64Mi, 1Gi, 512M, 1.5Gi, 1073741824)")]
+pub struct SizeError {
+    pub what: String,
+    pub value: String,
+}
+
+/// A size as Kubernetes quantities spell it: plain bytes, binary suffixes `Ki Mi Gi Ti`
+/// (powers of 1024), decimal `k`/`K M G T` (powers of 1000); a fraction (`1.5Gi`) rounds up to
+/// whole bytes. `what` names the option in the error.
+pub fn parse_size(what: &str, value: &str) -> Result<u64, SizeError> {
+    let err = || SizeError {
+        what: what.to_string(),
+        value: value.to_string(),
+    };
+    let s = value.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let multiplier: u128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return Err(err()),
+    };
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if int.is_empty() && frac.is_empty()
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+        || frac.len() > 9
+        || int.len() > 20
+    {
+        return Err(err());
+    }
+    let int: u128 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| err())?
+    };
+    let scale = 10u128.pow(frac.len() as u32);
+    let frac: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().map_err(|_| err())?
+    };
+    let bytes = int * multiplier + (frac * multiplier).div_ceil(scale);
+    u64::try_from(bytes).map_err(|_| err())
+}
+
+/// A size as a Kubernetes quantity, rounded up: whole `Gi` when exact, else `Mi`.
+pub fn k8s_quantity(bytes: u64) -> String {
+    let mib = bytes.div_ceil(MIB).max(1);
+    if mib % 1024 == 0 {
+        format!("{}Gi", mib / 1024)
+    } else {
+        format!("{mib}Mi")
+    }
+}
+
+/// A size for docker's `--shm-size` / `--memory` (binary units, lowercase), rounded up.
+pub fn docker_size(bytes: u64) -> String {
+    let mib = bytes.div_ceil(MIB).max(1);
+    if mib % 1024 == 0 {
+        format!("{}g", mib / 1024)
+    } else {
+        format!("{mib}m")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MIB: u64 = 1 << 20;
 
     #[test]
     fn human_sizes() {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(64 * MIB), "64.0 MiB");
         assert_eq!(human_bytes(3 * 1024 * MIB / 2), "1.5 GiB");
+    }
+
+    #[test]
+    fn sizes_parse_as_kubernetes_quantities() {
+        let ok = |s: &str| parse_size("--min-shm", s).unwrap();
+        assert_eq!(ok("64Mi"), 64 * MIB);
+        assert_eq!(ok("1Gi"), GIB);
+        assert_eq!(ok("512M"), 512_000_000);
+        assert_eq!(ok("1073741824"), GIB);
+        assert_eq!(ok("1.5Gi"), 3 * GIB / 2);
+        assert_eq!(ok("2Ki"), 2 * KIB);
+        assert_eq!(ok("1k"), 1000);
+        assert_eq!(ok(" 8Gi "), 8 * GIB);
+        assert_eq!(ok("0.1"), 1, "a fraction of a byte rounds up");
+        for bad in [
+            "",
+            "Gi",
+            "1GB",
+            "1gi",
+            "-1",
+            "1 Gi",
+            "1..5Gi",
+            "abc",
+            "1e9",
+            "99999999999Ti",
+            ".",
+        ] {
+            let e = parse_size("--min-shm", bad).unwrap_err();
+            assert!(
+                !e.to_string().contains('\n') && e.to_string().starts_with("--min-shm: "),
+                "{bad:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn quantities_round_up_to_whole_mebibytes() {
+        assert_eq!(k8s_quantity(GIB), "1Gi");
+        assert_eq!(k8s_quantity(GIB + 1), "1025Mi");
+        assert_eq!(k8s_quantity(1), "1Mi");
+        assert_eq!(docker_size(2 * GIB), "2g");
+        assert_eq!(docker_size(1536 * MIB), "1536m");
     }
 }

@@ -1,7 +1,7 @@
 //! Any cgroup path: no panic; an identity always names a container.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::shm::cgroup::parse_cgroup_path;
+use shmlink::cgroup::path::parse_cgroup_path;
 
 fuzz_target!(|data: &[u8]| {
     let path = String::from_utf8_lossy(data);

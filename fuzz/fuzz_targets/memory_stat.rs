@@ -1,7 +1,7 @@
 //! memory.stat, limits and usage of any shape: no panic.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::shm::memcg::{parse_limit, parse_memory_stat, parse_usage};
+use shmlink::cgroup::memory::{parse_limit, parse_memory_stat, parse_usage};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

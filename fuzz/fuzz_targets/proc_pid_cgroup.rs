@@ -2,7 +2,7 @@
 //! path beneath its mount, never one that climbs out.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::preflight::plan::locate_memory_cgroup;
+use shmlink::cgroup::proc::locate_memory_cgroup;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

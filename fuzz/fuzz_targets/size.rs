@@ -1,7 +1,7 @@
 //! Size strings: no panic; a size written back as a Kubernetes quantity reads as at least it.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::preflight::plan::{k8s_quantity, parse_size};
+use shmlink::units::{k8s_quantity, parse_size};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

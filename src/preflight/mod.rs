@@ -2,9 +2,19 @@
 //! /dev/shm, memory cgroup, IPC namespace and GPUs, and says whether the workload fits.
 //!
 //! This file does the I/O, every path under [`Probe`]'s roots so tests can point it at
-//! fixtures; `plan.rs` decides (need, verdict, fix) without touching the machine.
+//! fixtures. The rest decides without touching the machine: the need (`need`), the GPUs the
+//! workload sees (`gpus`), the observations (`observe`), the verdict (`verdict`), the fix
+//! (`fix`) and the text (`render`).
 
-pub mod plan;
+pub mod fix;
+pub mod gpus;
+pub mod need;
+pub mod observe;
+pub mod render;
+pub mod verdict;
+
+#[cfg(test)]
+mod fixtures;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -12,14 +22,17 @@ use std::time::Instant;
 
 use rustix::fs::{Mode, OFlags};
 
+use crate::cgroup::memory::{parse_limit, parse_memory_stat, parse_usage, tightest, Level};
+use crate::cgroup::proc::locate_memory_cgroup;
+use crate::cgroup::CgroupVersion;
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::pairs::{PairJudge, PairRules};
 use crate::host::read_ns;
-use crate::shm::memcg::{parse_limit, parse_memory_stat, parse_usage, tightest, Level};
 use crate::shm::{mountinfo, statfs};
-use plan::{
-    GpuObs, IpcObs, MemObs, NeedSpec, NvmlGpu, NvmlState, Report, RunsIn, ShmObs, ShmState,
-};
+use gpus::{gpus_to_avoid, selector, visible_gpus, visible_pairs, NvmlGpu};
+use need::NeedSpec;
+use observe::{ipc_verdict, GpuObs, IpcObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState};
+use verdict::Report;
 
 /// Where the probe reads: `<proc_root>/self/...`, the cgroup file system (mount points under
 /// /sys/fs/cgroup are re-rooted at `cgroup_root`), and the /dev/shm directory.
@@ -78,7 +91,7 @@ pub fn run(probe: &Probe, env: &Env, options: &Options) -> Report {
     let memory = probe.memory(&mountinfo);
     let ipc = probe.ipc(options.host_ipc_ns);
     let gpus = probe.gpus(env, options);
-    plan::judge(
+    verdict::judge(
         RunsIn::detect(env.kubernetes_service_host.as_deref()),
         shm,
         memory,
@@ -149,7 +162,7 @@ impl Probe {
                 return obs;
             }
         };
-        let location = match plan::locate_memory_cgroup(&proc_cgroup, mountinfo) {
+        let location = match locate_memory_cgroup(&proc_cgroup, mountinfo) {
             Ok(location) => location,
             Err(note) => {
                 obs.note = Some(note);
@@ -160,15 +173,12 @@ impl Probe {
         obs.version = Some(location.version);
         let mount_dir = self.reroot(&location.mount_point);
         let leaf = mount_dir.join(&location.rel);
-        let (limit_file, usage_file) = match location.version {
-            "v1" => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
-            _ => ("memory.max", "memory.current"),
-        };
+        let files = location.version.memory_files();
         let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
         // The leaf's own limit file must be there, else the memory controller is not visible
         // (or, on v2, not delegated to this cgroup).
-        if read(&leaf, limit_file).is_none() && read(&leaf, usage_file).is_none() {
-            obs.note = Some(format!("{} has no {limit_file}", leaf.display()));
+        if read(&leaf, files.limit).is_none() && read(&leaf, files.usage).is_none() {
+            obs.note = Some(format!("{} has no {}", leaf.display(), files.limit));
             return obs;
         }
         obs.visible = true;
@@ -176,8 +186,8 @@ impl Probe {
         let mut dir = leaf.clone();
         loop {
             let level = Level {
-                limit: read(&dir, limit_file).as_deref().and_then(parse_limit),
-                usage: read(&dir, usage_file).as_deref().and_then(parse_usage),
+                limit: read(&dir, files.limit).as_deref().and_then(parse_limit),
+                usage: read(&dir, files.usage).as_deref().and_then(parse_usage),
             };
             if dir == leaf {
                 obs.usage_bytes = level.usage;
@@ -187,9 +197,9 @@ impl Probe {
                 break;
             }
         }
-        if location.version == "v1" {
+        if location.version == CgroupVersion::V1 {
             // The kernel's own fold over every ancestor, including those not mounted here.
-            if let Some(limit) = read(&leaf, "memory.stat")
+            if let Some(limit) = read(&leaf, files.stat)
                 .and_then(|s| parse_memory_stat(&s).hierarchical_memory_limit)
             {
                 levels.push(Level {
@@ -206,13 +216,13 @@ impl Probe {
 
     pub fn ipc(&self, hint: Option<u64>) -> IpcObs {
         let own = read_ns(&self.proc_root, "self", "ipc").ok().map(|ns| ns.0);
-        plan::ipc_verdict(own, hint)
+        ipc_verdict(own, hint)
     }
 
     /// NVML's GPUs, the ones the environment selects, and the pair verdicts among them by the
     /// same judge `check` uses (one sample: link state and P2P, no counter history).
     pub fn gpus(&self, env: &Env, options: &Options) -> GpuObs {
-        let (selector, selected_by) = plan::selector(
+        let (selector, selected_by) = selector(
             env.cuda_visible_devices.as_deref(),
             env.nvidia_visible_devices.as_deref(),
         );
@@ -253,9 +263,9 @@ impl Probe {
                 name: g.name.clone(),
             })
             .collect();
-        let (visible, unmatched) = plan::visible_gpus(&selector, selected_by, &nvml);
-        obs.pairs = plan::visible_pairs(&judgement.pairs, &visible);
-        obs.avoid = plan::gpus_to_avoid(&judgement.pairs);
+        let (visible, unmatched) = visible_gpus(&selector, selected_by, &nvml);
+        obs.pairs = visible_pairs(&judgement.pairs, &visible);
+        obs.avoid = gpus_to_avoid(&judgement.pairs);
         obs.healthy = sample
             .gpus
             .iter()
@@ -314,7 +324,9 @@ fn holding_fs_type(mountinfo: &str, path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plan::{NeedSource, Verdict, GIB, MIB};
+    use crate::units::{GIB, MIB};
+    use need::NeedSource;
+    use verdict::{ProblemKind, Verdict};
 
     fn write(path: &Path, text: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -358,7 +370,7 @@ mod tests {
         );
         let m = probe.memory(V1_MOUNTINFO);
         assert!(m.visible, "{m:?}");
-        assert_eq!(m.version, Some("v1"));
+        assert_eq!(m.version, Some(CgroupVersion::V1));
         assert_eq!(m.cgroup.as_deref(), Some("/kubepods/burstable/podX/abc"));
         assert_eq!(
             m.limit_bytes,
@@ -381,7 +393,7 @@ mod tests {
         write(&root.join("pod/ctr/memory.current"), "52428800\n");
         let m = probe.memory(mountinfo);
         assert!(m.visible);
-        assert_eq!(m.version, Some("v2"));
+        assert_eq!(m.version, Some(CgroupVersion::V2));
         assert_eq!(m.limit_bytes, Some(GIB));
         assert_eq!(m.headroom_bytes, Some(GIB - 900 * MIB));
         assert_eq!(m.usage_bytes, Some(50 * MIB));
@@ -437,7 +449,10 @@ mod tests {
         let r = run(&probe, &env, &options);
         assert_eq!(r.verdict, Verdict::NotFit);
         assert_eq!(r.need.as_ref().unwrap().source, NeedSource::MinShm);
-        assert!(r.problems.iter().any(|p| p.kind == "memory_too_small"));
+        assert!(r
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::MemoryTooSmall));
         let fix = r.fix.unwrap();
         assert!(fix.contains("memory: 1280Mi"), "{fix}");
     }

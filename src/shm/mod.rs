@@ -5,9 +5,7 @@
 //! cgroups, and reads one process per cgroup: its namespaces, its /dev/shm (statvfs of the
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
-pub mod cgroup;
 pub mod kfile;
-pub mod memcg;
 pub mod mountinfo;
 pub mod statfs;
 
@@ -20,10 +18,11 @@ use std::rc::Rc;
 
 use rustix::fs::{Mode, OFlags, RawDir};
 
+use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
+use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
 use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsSource};
 use crate::snapshot::{short_id, ShmReading, ShmStatus};
 use kfile::FileReader;
-use memcg::{MemcgError, MemcgReader, MemoryReading};
 use mountinfo::MountEntry;
 use statfs::{OpenShmError, ShmStat};
 
@@ -303,7 +302,7 @@ impl ShmScanner {
         dirs: [BorrowedFd<'_>; 2],
         out: &mut ShmScan,
     ) -> Option<ShmReading> {
-        let identity = cgroup::parse_cgroup_path(rel);
+        let identity = parse_cgroup_path(rel);
         let container_id = identity.as_ref().map_or_else(
             || rel.rsplit('/').next().unwrap_or_default().to_string(),
             |id| id.container_id.clone(),
@@ -446,7 +445,7 @@ impl ShmScanner {
 }
 
 fn build_reading(
-    identity: Option<cgroup::CgroupIdentity>,
+    identity: Option<CgroupIdentity>,
     container_id: String,
     pid: i32,
     rel: &str,

@@ -7,13 +7,8 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::CWD;
 
-use super::kfile::FileReader;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CgroupVersion {
-    V1,
-    V2,
-}
+use super::CgroupVersion;
+use crate::shm::kfile::FileReader;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryReading {
@@ -55,8 +50,6 @@ pub fn parse_limit(s: &str) -> Option<u64> {
 pub struct MemoryStat {
     pub shmem: Option<u64>,
     pub hierarchical_memory_limit: Option<u64>,
-    pub file: Option<u64>,
-    pub anon: Option<u64>,
 }
 
 pub fn parse_memory_stat(content: &str) -> MemoryStat {
@@ -67,16 +60,7 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
         // The key first: most of memory.stat's ~40 (v2) or ~70 (v1) lines are not wanted, and
         // their values need not be parsed.
         let Some(key) = parts.next() else { continue };
-        if !matches!(
-            key,
-            "shmem"
-                | "total_shmem"
-                | "hierarchical_memory_limit"
-                | "file"
-                | "cache"
-                | "anon"
-                | "rss"
-        ) {
+        if !matches!(key, "shmem" | "total_shmem" | "hierarchical_memory_limit") {
             continue;
         }
         let Some(Ok(value)) = parts.next().map(str::parse::<u64>) else {
@@ -89,8 +73,6 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
             "hierarchical_memory_limit" => {
                 stat.hierarchical_memory_limit = Some(value).filter(|&v| v < V1_NO_LIMIT)
             }
-            "file" | "cache" => stat.file = stat.file.or(Some(value)),
-            "anon" | "rss" => stat.anon = stat.anon.or(Some(value)),
             _ => {}
         }
     }
@@ -160,13 +142,9 @@ impl MemcgReader {
         self.memo.clear();
     }
 
-    pub fn read(&mut self, rel_path: &str) -> Result<MemoryReading, MemcgError> {
-        self.read_at(rel_path, None)
-    }
-
-    /// As [`MemcgReader::read`], with the leaf cgroup's directory and its parent's already open
-    /// (the scan holds them), so their files are opened relative to them rather than by their
-    /// full paths.
+    /// The cgroup at `rel_path` bounded by its ancestors. `open_dirs`: its directory and its
+    /// parent's when the caller holds them open (the scan does), so their files are opened
+    /// relative to them rather than by their full paths.
     pub fn read_at(
         &mut self,
         rel_path: &str,
@@ -187,7 +165,7 @@ impl MemcgReader {
             leaf_key.push('/');
             leaf_key.push_str(&c.as_os_str().to_string_lossy());
         }
-        let (limit_file, _, stat_file) = self.files();
+        let files = self.version.memory_files();
         // The leaf must exist: a missing leaf means the container is gone. An unreadable one
         // still has ancestors whose limits bound it.
         let mut leaf_error = None;
@@ -223,8 +201,8 @@ impl MemcgReader {
         let mut reading = tightest(levels);
         if self.read_shmem {
             let stat = match leaf_dir {
-                Some(dir) => self.files.read(dir, stat_file),
-                None => self.files.read(CWD, leaf.join(stat_file)),
+                Some(dir) => self.files.read(dir, files.stat),
+                None => self.files.read(CWD, leaf.join(files.stat)),
             };
             reading.shmem_bytes = stat
                 .ok()
@@ -234,21 +212,10 @@ impl MemcgReader {
         match leaf_error {
             None => Ok(reading),
             Some(source) => Err(MemcgError::Io {
-                path: leaf.join(limit_file).display().to_string(),
+                path: leaf.join(files.limit).display().to_string(),
                 source,
                 partial: reading,
             }),
-        }
-    }
-
-    fn files(&self) -> (&'static str, &'static str, &'static str) {
-        match self.version {
-            CgroupVersion::V1 => (
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
-                "memory.stat",
-            ),
-            CgroupVersion::V2 => ("memory.max", "memory.current", "memory.stat"),
         }
     }
 
@@ -257,10 +224,10 @@ impl MemcgReader {
     /// memory controller has no memory files. Usage is read only under a limit, the only
     /// place it counts.
     fn level(&mut self, dir: &Path, dir_fd: Option<BorrowedFd<'_>>) -> io::Result<Level> {
-        let (limit_file, usage_file, _) = self.files();
-        let limit = self.value(dir, dir_fd, limit_file, parse_limit)?;
+        let files = self.version.memory_files();
+        let limit = self.value(dir, dir_fd, files.limit, parse_limit)?;
         let usage = match limit {
-            Some(_) => self.value(dir, dir_fd, usage_file, parse_usage)?,
+            Some(_) => self.value(dir, dir_fd, files.usage, parse_usage)?,
             None => None,
         };
         Ok(Level { limit, usage })
@@ -349,18 +316,14 @@ mod tests {
             MemoryStat {
                 shmem: Some(64 * MIB),
                 hierarchical_memory_limit: None,
-                file: Some(69632000),
-                anon: Some(4202496),
             }
         );
     }
 
     #[test]
-    fn v1_memory_stat_of_a_container_reads_cache_rss_and_an_unlimited_hierarchy() {
+    fn v1_memory_stat_of_a_container_reads_shmem_and_an_unlimited_hierarchy() {
         let stat = parse_memory_stat(fixture!("v1-leaf.memory.stat"));
         assert_eq!(stat.shmem, Some(0));
-        assert_eq!(stat.file, Some(311336960), "cache, not total_cache");
-        assert_eq!(stat.anon, Some(2101248), "rss, not total_rss");
         assert_eq!(
             stat.hierarchical_memory_limit, None,
             "the no-limit sentinel"
@@ -380,11 +343,11 @@ mod tests {
     #[test]
     fn garbage_memory_stat_lines_are_skipped() {
         let stat = parse_memory_stat(
-            "shmem\nshmem x\nshmem -1\n\u{0}\u{0}\n\nanon 4096 extra\nfile 18446744073709551616\n",
+            "shmem\nshmem x\nshmem -1\n\u{0}\u{0}\n\nhierarchical_memory_limit 4096 extra\n\
+             total_shmem 18446744073709551616\n",
         );
         assert_eq!(stat.shmem, None);
-        assert_eq!(stat.anon, Some(4096));
-        assert_eq!(stat.file, None);
+        assert_eq!(stat.hierarchical_memory_limit, Some(4096));
         assert_eq!(parse_memory_stat(""), MemoryStat::default());
     }
 
@@ -432,13 +395,10 @@ mod tests {
     ) {
         let dir = root.join(rel);
         std::fs::create_dir_all(&dir).unwrap();
-        let (l, u) = match version {
-            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
-            CgroupVersion::V2 => ("memory.max", "memory.current"),
-        };
-        std::fs::write(dir.join(l), limit).unwrap();
-        std::fs::write(dir.join(u), usage).unwrap();
-        std::fs::write(dir.join("memory.stat"), stat).unwrap();
+        let files = version.memory_files();
+        std::fs::write(dir.join(files.limit), limit).unwrap();
+        std::fs::write(dir.join(files.usage), usage).unwrap();
+        std::fs::write(dir.join(files.stat), stat).unwrap();
     }
 
     const POD_V2: &str = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b6c1a2e_7f3d_4c1b_9a2e_5d6f7a8b9c0d.slice";
@@ -482,7 +442,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         v2_systemd_pod(dir.path());
         let mut reader = MemcgReader::new(dir.path().into(), CgroupVersion::V2);
-        let r = reader.read(&format!("/{POD_V2}/{CTR_V2}")).unwrap();
+        let r = reader
+            .read_at(&format!("/{POD_V2}/{CTR_V2}"), None)
+            .unwrap();
         assert_eq!(r.limit_bytes, Some(GIB));
         assert_eq!(r.headroom_bytes, Some(GIB - 900 * MIB));
         assert_eq!(r.shmem_bytes, Some(64 * MIB));
@@ -494,7 +456,9 @@ mod tests {
         v2_systemd_pod(dir.path());
         let mut reader = MemcgReader::new(dir.path().into(), CgroupVersion::V2);
         reader.set_read_shmem(false);
-        let r = reader.read(&format!("/{POD_V2}/{CTR_V2}")).unwrap();
+        let r = reader
+            .read_at(&format!("/{POD_V2}/{CTR_V2}"), None)
+            .unwrap();
         assert_eq!(r.limit_bytes, Some(GIB));
         assert_eq!(r.headroom_bytes, Some(GIB - 900 * MIB));
         assert_eq!(r.shmem_bytes, None);
@@ -535,7 +499,7 @@ mod tests {
             fixture!("v1-leaf.memory.stat"),
         );
         let r = MemcgReader::new(root.into(), v1)
-            .read(&format!("/{ctr}"))
+            .read_at(&format!("/{ctr}"), None)
             .unwrap();
         assert_eq!(r.limit_bytes, Some(2 * GIB));
         assert_eq!(r.headroom_bytes, Some(GIB));
@@ -551,7 +515,7 @@ mod tests {
         cgroup(dir.path(), v2, "lab", "536870912\n", "104857600\n", "");
         std::fs::create_dir_all(dir.path().join("lab/job-7")).unwrap();
         let r = MemcgReader::new(dir.path().into(), v2)
-            .read("/lab/job-7")
+            .read_at("/lab/job-7", None)
             .unwrap();
         assert_eq!(r.limit_bytes, Some(512 * MIB));
         assert_eq!(r.headroom_bytes, Some(412 * MIB));
@@ -563,10 +527,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut reader = MemcgReader::new(dir.path().into(), CgroupVersion::V2);
         assert!(matches!(
-            reader.read("/kubepods/gone"),
+            reader.read_at("/kubepods/gone", None),
             Err(MemcgError::Gone(_))
         ));
-        assert!(matches!(reader.read("/../etc"), Err(MemcgError::Gone(_))));
+        assert!(matches!(
+            reader.read_at("/../etc", None),
+            Err(MemcgError::Gone(_))
+        ));
     }
 
     #[test]
@@ -576,7 +543,7 @@ mod tests {
         cgroup(dir.path(), v2, "a", "1073741824\n", "garbage\n", "");
         cgroup(dir.path(), v2, "a/b", "\u{0}\u{0}", "12\n", "\u{0}shmem\n");
         let r = MemcgReader::new(dir.path().into(), v2)
-            .read("/a/b")
+            .read_at("/a/b", None)
             .unwrap();
         // The parent's limit still counts; its headroom cannot be known.
         assert_eq!(r.limit_bytes, Some(GIB));
@@ -593,14 +560,20 @@ mod tests {
         cgroup(root, v2, "pod/c1", "max\n", "0\n", "");
         cgroup(root, v2, "pod/c2", "max\n", "0\n", "");
         let mut reader = MemcgReader::new(root.into(), v2);
-        assert_eq!(reader.read("/pod/c1").unwrap().limit_bytes, Some(GIB));
+        assert_eq!(
+            reader.read_at("/pod/c1", None).unwrap().limit_bytes,
+            Some(GIB)
+        );
         std::fs::write(root.join("pod/memory.max"), "536870912\n").unwrap();
         assert_eq!(
-            reader.read("/pod/c2").unwrap().limit_bytes,
+            reader.read_at("/pod/c2", None).unwrap().limit_bytes,
             Some(GIB),
             "memoised"
         );
         reader.start_scan();
-        assert_eq!(reader.read("/pod/c2").unwrap().limit_bytes, Some(512 * MIB));
+        assert_eq!(
+            reader.read_at("/pod/c2", None).unwrap().limit_bytes,
+            Some(512 * MIB)
+        );
     }
 }

@@ -1,0 +1,124 @@
+//! Pure: the report as text for a person (`--json` prints the [`Report`] itself).
+
+use super::gpus::SelectorSource;
+use super::need::need_words;
+use super::observe::{NvmlState, RunsIn, ShmState};
+use super::verdict::{Grade, Report, Verdict};
+use crate::gpu::PairStatus;
+use crate::units::human_bytes;
+
+/// The report for a person.
+pub fn render_text(r: &Report) -> String {
+    let b = human_bytes;
+    let mut out = String::new();
+    let verdict = match r.verdict {
+        Verdict::Fit => "FIT",
+        Verdict::NotFit => "NOT FIT",
+        Verdict::Unknown => "CANNOT TELL",
+    };
+    let runs_in = match r.runs_in {
+        RunsIn::Kubernetes => "Kubernetes",
+        RunsIn::Docker => "Docker/other",
+    };
+    out.push_str(&format!(
+        "shmlink preflight: {verdict} (runs in {runs_in})\n"
+    ));
+    let shm = match r.shm.state {
+        ShmState::Absent => "absent".to_string(),
+        ShmState::Unreadable => "unreadable".to_string(),
+        state => format!(
+            "{}{} {}, {} used, {} free{}",
+            r.shm.fs_type.as_deref().unwrap_or("?"),
+            if state == ShmState::NotMounted {
+                " (not a mount)"
+            } else {
+                ""
+            },
+            r.shm.size_bytes.map_or("unlimited".into(), b),
+            r.shm.used_bytes.map_or("?".into(), b),
+            r.shm.free_bytes.map_or("?".into(), b),
+            r.available_bytes
+                .map_or(String::new(), |a| format!("; {} available", b(a))),
+        ),
+    };
+    out.push_str(&format!("  {:<8} {shm}\n", r.shm.path));
+    let mem = if r.memory.visible {
+        format!(
+            "limit {}, {} in use, headroom {}{}",
+            r.memory.limit_bytes.map_or("none".into(), b),
+            r.memory.usage_bytes.map_or("?".into(), b),
+            r.memory.headroom_bytes.map_or("unbounded".into(), b),
+            r.memory
+                .version
+                .map_or(String::new(), |v| format!(" (cgroup {v})")),
+        )
+    } else {
+        format!(
+            "not visible{}",
+            r.memory
+                .note
+                .as_deref()
+                .map_or(String::new(), |n| format!(" ({n})"))
+        )
+    };
+    out.push_str(&format!("  {:<8} {mem}\n", "memory"));
+    let ipc = match (r.ipc.host, r.ipc.namespace) {
+        (Some(true), _) => "the host's IPC namespace (and /dev/shm)".to_string(),
+        (Some(false), Some(ns)) => format!("private (ipc:[{ns}])"),
+        _ => "unknown".to_string(),
+    };
+    out.push_str(&format!("  {:<8} {ipc}\n", "ipc"));
+    let gpus = match &r.gpus.nvml {
+        NvmlState::Disabled => "not checked (--no-gpu)".to_string(),
+        NvmlState::Unavailable(_) if r.gpus.visible.is_empty() => "none (NVML not loaded)".into(),
+        _ if r.gpus.visible.is_empty() => "none visible".to_string(),
+        _ => {
+            let list: Vec<String> = r.gpus.visible.iter().map(|g| g.index.to_string()).collect();
+            let bad = r
+                .gpus
+                .pairs
+                .iter()
+                .filter(|p| p.status != PairStatus::Ok)
+                .count();
+            let source = match r.gpus.selected_by {
+                SelectorSource::CudaVisibleDevices => "CUDA_VISIBLE_DEVICES",
+                SelectorSource::NvidiaVisibleDevices => "NVIDIA_VISIBLE_DEVICES",
+                SelectorSource::Nvml => "all of NVML's",
+            };
+            format!(
+                "{} ({source}): {} of {} pairs healthy",
+                list.join(","),
+                r.gpus.pairs.len() - bad,
+                r.gpus.pairs.len()
+            )
+        }
+    };
+    out.push_str(&format!("  {:<8} {gpus}\n", "gpus"));
+    let need = match &r.need {
+        None => "none given".to_string(),
+        Some(n) => format!("{} ({})", b(n.bytes), need_words(n)),
+    };
+    out.push_str(&format!("  {:<8} {need}\n", "need"));
+    if !r.problems.is_empty() {
+        out.push('\n');
+        for p in &r.problems {
+            let tag = match p.severity {
+                Grade::Fail => "FAIL",
+                Grade::Unknown => "UNKNOWN",
+                Grade::Warn => "WARN",
+            };
+            out.push_str(&format!("{tag} {}: {}\n", p.kind.as_str(), p.message));
+        }
+    }
+    if let Some(fix) = &r.fix {
+        out.push_str(&format!("\nFix ({runs_in}):\n"));
+        for line in fix.lines() {
+            if line.is_empty() {
+                out.push('\n');
+            } else {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+    }
+    out
+}

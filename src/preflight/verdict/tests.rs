@@ -1,0 +1,245 @@
+use super::*;
+use crate::preflight::fixtures::{gpu7_broken, gpus, memory, mounted, no_gpus, pair, private_ipc};
+use crate::units::{GIB, MIB};
+
+#[test]
+fn a_big_tmpfs_passes_and_prints_no_fix() {
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        no_gpus(),
+        NeedSpec::MinShm(GIB),
+    );
+    assert_eq!((r.verdict, r.exit_code), (Verdict::Fit, 0));
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert_eq!(r.fix, None);
+}
+
+#[test]
+fn a_memory_limit_below_the_tmpfs_is_what_fails_and_what_the_fix_raises() {
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(Some(256 * MIB), 16 * MIB),
+        private_ipc(),
+        no_gpus(),
+        NeedSpec::MinShm(GIB),
+    );
+    assert_eq!(r.verdict, Verdict::NotFit);
+    assert_eq!(r.available_bytes, Some(240 * MIB));
+    let kinds: Vec<_> = r.problems.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, vec![ProblemKind::MemoryTooSmall]);
+    let fix = r.fix.as_deref().unwrap();
+    assert!(fix.contains("--memory=1280m"), "{fix}");
+    // Without a need it is a warning: the tmpfs size is an illusion, but nothing asked for it.
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(Some(256 * MIB), 16 * MIB),
+        private_ipc(),
+        no_gpus(),
+        NeedSpec::Unspecified,
+    );
+    assert_eq!(r.verdict, Verdict::Fit);
+    assert_eq!(r.problems[0].kind, ProblemKind::MemoryBelowShmSize);
+}
+
+#[test]
+fn gpus_without_a_need_warn_below_1gi_but_pass() {
+    let pairs = vec![pair(0, 1, PairStatus::Ok)];
+    let r = judge(
+        RunsIn::Kubernetes,
+        mounted(64 * MIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        gpus(&[0, 1], &pairs, 2),
+        NeedSpec::Unspecified,
+    );
+    assert_eq!(r.verdict, Verdict::Fit);
+    assert_eq!(r.problems.len(), 1);
+    assert_eq!(r.problems[0].severity, Grade::Warn);
+    assert_eq!(r.problems[0].kind, ProblemKind::ShmSmallForGpus);
+    assert!(r.fix.unwrap().contains("sizeLimit: 1Gi"));
+}
+
+#[test]
+fn a_broken_pair_among_the_visible_gpus_fails_naming_it_and_others_pass() {
+    let all = gpu7_broken();
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        gpus(&[6, 7], &all, 8),
+        NeedSpec::MinShm(GIB),
+    );
+    assert_eq!(r.verdict, Verdict::NotFit);
+    let p = r
+        .problems
+        .iter()
+        .find(|p| p.kind == ProblemKind::GpuPair)
+        .unwrap();
+    assert!(
+        p.message
+            .starts_with("GPU 6 <-> GPU 7 (cuda:0 <-> cuda:1 in this process) is down"),
+        "{}",
+        p.message
+    );
+    let fix = r.fix.unwrap();
+    assert!(fix.contains("Avoid GPU 7"), "{fix}");
+    assert!(fix.contains("--gpus '\"device=0,1\"'"), "{fix}");
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        gpus(&[0, 1], &all, 8),
+        NeedSpec::MinShm(GIB),
+    );
+    assert_eq!(r.verdict, Verdict::Fit, "{:?}", r.problems);
+    let r = judge(
+        RunsIn::Kubernetes,
+        mounted(2 * GIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        gpus(&[6, 7], &all, 8),
+        NeedSpec::Unspecified,
+    );
+    assert!(r.fix.unwrap().contains("kubectl cordon"));
+}
+
+#[test]
+fn what_cannot_be_measured_exits_2_unless_something_already_fails() {
+    let unreadable = ShmObs {
+        state: ShmState::Unreadable,
+        error: Some("Permission denied".into()),
+        size_bytes: None,
+        used_bytes: None,
+        free_bytes: None,
+        ..mounted(0, 0)
+    };
+    let r = judge(
+        RunsIn::Docker,
+        unreadable,
+        memory(None, 0),
+        private_ipc(),
+        no_gpus(),
+        NeedSpec::MinShm(GIB),
+    );
+    assert_eq!((r.verdict, r.exit_code), (Verdict::Unknown, 2));
+    let mut g = no_gpus();
+    g.nvml = NvmlState::Unavailable("loading NVML from /x.so: not found".into());
+    g.explicit_lib = true;
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        g.clone(),
+        NeedSpec::Unspecified,
+    );
+    assert_eq!(r.verdict, Verdict::Unknown);
+    // Not asked for by name and no sign of a GPU: a machine without GPUs, fine.
+    g.explicit_lib = false;
+    let r = judge(
+        RunsIn::Docker,
+        mounted(2 * GIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        g,
+        NeedSpec::Unspecified,
+    );
+    assert_eq!(r.verdict, Verdict::Fit);
+}
+
+#[test]
+fn no_dev_shm_at_all_fails() {
+    let absent = ShmObs {
+        state: ShmState::Absent,
+        fs_type: None,
+        size_bytes: None,
+        used_bytes: None,
+        free_bytes: None,
+        ..mounted(0, 0)
+    };
+    let r = judge(
+        RunsIn::Kubernetes,
+        absent,
+        memory(None, 0),
+        private_ipc(),
+        no_gpus(),
+        NeedSpec::Unspecified,
+    );
+    assert_eq!(r.verdict, Verdict::NotFit);
+    assert!(r.fix.unwrap().contains("sizeLimit: 1Gi"));
+}
+
+#[test]
+fn the_json_report_has_the_documented_top_level_fields() {
+    let r = judge(
+        RunsIn::Docker,
+        mounted(64 * MIB, 0),
+        memory(None, 0),
+        private_ipc(),
+        no_gpus(),
+        NeedSpec::MinShm(GIB),
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    for key in [
+        "verdict",
+        "exit_code",
+        "runs_in",
+        "shm",
+        "available_bytes",
+        "memory",
+        "ipc",
+        "gpus",
+        "need",
+        "problems",
+        "fix",
+    ] {
+        assert!(v.get(key).is_some(), "{key}: {v}");
+    }
+    assert_eq!(v["verdict"], "not_fit");
+    assert_eq!(v["gpus"]["nvml"]["state"], "disabled");
+    assert_eq!(v["problems"][0]["severity"], "fail");
+    assert_eq!(v["need"]["source"], "min_shm");
+}
+
+#[test]
+fn grades_keep_their_json_names() {
+    for (grade, name) in [
+        (Grade::Warn, "warn"),
+        (Grade::Unknown, "unknown"),
+        (Grade::Fail, "fail"),
+    ] {
+        assert_eq!(serde_json::to_value(grade).unwrap(), name);
+    }
+}
+
+#[test]
+fn problem_kinds_keep_their_json_names_and_the_text_says_the_same() {
+    use ProblemKind::*;
+    let kinds = [
+        (ShmAbsent, "shm_absent"),
+        (ShmUnreadable, "shm_unreadable"),
+        (ShmNotMounted, "shm_not_mounted"),
+        (ShmNotTmpfs, "shm_not_tmpfs"),
+        (ShmTooSmall, "shm_too_small"),
+        (ShmSmallForGpus, "shm_small_for_gpus"),
+        (MemoryTooSmall, "memory_too_small"),
+        (ShmUnboundedUnknown, "shm_unbounded_unknown"),
+        (MemoryUnknown, "memory_unknown"),
+        (MemoryBelowShmSize, "memory_below_shm_size"),
+        (NvmlUnavailable, "nvml_unavailable"),
+        (GpuHealthUnknown, "gpu_health_unknown"),
+        (GpuNotFound, "gpu_not_found"),
+        (GpuPair, "gpu_pair"),
+    ];
+    for (kind, name) in kinds {
+        assert_eq!(serde_json::to_value(kind).unwrap(), name);
+        assert_eq!(kind.as_str(), name);
+    }
+}
