@@ -4,6 +4,7 @@
 use super::need::{Need, DEFAULT_GPU_SHM_BYTES};
 use super::observe::{GpuObs, IpcObs, MemObs, RunsIn, ShmObs};
 use super::verdict::{Problem, ProblemKind};
+use crate::findings::EventReason;
 use crate::units::{docker_size, k8s_quantity, MIB};
 
 /// The /dev/shm size to ask for: the need, rounded up to whole MiB.
@@ -130,7 +131,9 @@ pub(super) fn fix_text(
                     "Avoid {avoid}: the device plugin gave this Pod a GPU whose links fail. Cordon the \
                      node (kubectl cordon <node>) and delete the Pod so it is scheduled elsewhere; \
                      have the GPU reset or replaced before uncordoning (shmlink serve on the node \
-                     reports it as GpuLinkDegraded/GpuLinkDown).\n"
+                     reports it as {}/{}).\n",
+                    EventReason::GpuLinkDegraded,
+                    EventReason::GpuLinkDown
                 ));
             }
             RunsIn::Docker => {

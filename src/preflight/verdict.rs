@@ -8,6 +8,7 @@ use super::need::{need, need_words, Need, NeedSpec};
 use super::observe::{
     effective_available, GpuObs, IpcObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState,
 };
+use crate::findings::text;
 use crate::gpu::PairStatus;
 use crate::units::human_bytes;
 
@@ -296,7 +297,10 @@ pub fn judge(
                 p(
                     Grade::Warn,
                     ProblemKind::GpuHealthUnknown,
-                    format!("{evidence} but NVML does not load ({reason}): GPU pairs not checked"),
+                    format!(
+                        "{}: GPU pairs not checked",
+                        text::nvml_not_loading(evidence, reason)
+                    ),
                 );
             }
         }
@@ -328,10 +332,7 @@ pub fn judge(
             .map_or(0, |g| g.cuda_ordinal)
     };
     for pair in gpus.pairs.iter().filter(|p| p.status != PairStatus::Ok) {
-        let status = match pair.status {
-            PairStatus::Down => "down",
-            _ => "degraded",
-        };
+        let status = text::pair_status(pair.status);
         let reasons = if pair.reasons.is_empty() {
             String::new()
         } else {
