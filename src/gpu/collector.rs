@@ -122,7 +122,7 @@ impl GpuCollector {
             State::Disabled => GpuScan::default(),
             State::Unavailable { reason, .. } => {
                 let mut scan = GpuScan::default();
-                if let Some(evidence) = nvidia_gpu_evidence(&self.proc_root) {
+                if let Some(evidence) = driver_gpu_evidence(&self.proc_root) {
                     scan.findings.push(Finding::new(
                         FindingKind::NvmlUnavailable,
                         Subject::Node,
@@ -163,7 +163,7 @@ impl Loaded {
 }
 
 /// Signs that this machine has an NVIDIA GPU even though NVML did not load.
-fn nvidia_gpu_evidence(proc_root: &Path) -> Option<String> {
+pub fn driver_gpu_evidence(proc_root: &Path) -> Option<String> {
     let driver_gpus = proc_root.join("driver/nvidia/gpus");
     if std::fs::read_dir(&driver_gpus).is_ok_and(|mut d| d.next().is_some()) {
         return Some(format!("{} lists NVIDIA GPUs", driver_gpus.display()));

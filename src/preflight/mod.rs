@@ -290,13 +290,7 @@ impl Probe {
         {
             return Some("CUDA_VISIBLE_DEVICES is set".into());
         }
-        let driver = self.proc_root.join("driver/nvidia/gpus");
-        if std::fs::read_dir(&driver).is_ok_and(|mut d| d.next().is_some()) {
-            return Some(format!("{} lists NVIDIA GPUs", driver.display()));
-        }
-        Path::new("/dev/nvidia0")
-            .exists()
-            .then(|| "/dev/nvidia0 exists".to_string())
+        crate::gpu::collector::driver_gpu_evidence(&self.proc_root)
     }
 
     /// A mount point as this probe sees it: /sys/fs/cgroup/... moves under `cgroup_root`.
