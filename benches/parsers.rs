@@ -7,7 +7,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 
 use shmlink::cgroup::memory::{parse_limit, parse_memory_stat};
 use shmlink::cgroup::path::parse_cgroup_path;
-use shmlink::shm::mountinfo::find_mount;
+use shmlink::procfs::mountinfo::find_mount;
 
 macro_rules! fixture {
     ($path:literal) => {

@@ -14,6 +14,7 @@ pub mod host;
 pub mod kube;
 pub mod metrics;
 pub mod preflight;
+pub mod procfs;
 pub mod report;
 pub mod scan;
 pub mod server;

@@ -1,7 +1,7 @@
 //! mountinfo of any shape: no panic; what is found is what was asked for.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::shm::mountinfo::{find_mount, parse_line};
+use shmlink::procfs::mountinfo::{find_mount, parse_line};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

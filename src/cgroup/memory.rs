@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::CWD;
 
 use super::CgroupVersion;
-use crate::shm::kfile::FileReader;
+use crate::procfs::kfile::FileReader;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryReading {

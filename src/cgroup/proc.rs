@@ -2,7 +2,7 @@
 //! hierarchy mounted (a container sees its own cgroup, or more of the tree, under a mount).
 
 use super::CgroupVersion;
-use crate::shm::mountinfo;
+use crate::procfs::mountinfo;
 
 /// The memory cgroup /proc/PID/cgroup names, with its version. v1's `memory` controller wins
 /// over v2's unified hierarchy (hybrid hosts keep memory on v1); `None` when neither is named.

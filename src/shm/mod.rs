@@ -5,8 +5,6 @@
 //! cgroups, and reads one process per cgroup: its namespaces, its /dev/shm (statvfs of the
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
-pub mod kfile;
-pub mod mountinfo;
 pub mod statfs;
 
 use std::collections::{HashMap, HashSet};
@@ -21,9 +19,9 @@ use rustix::fs::{Mode, OFlags, RawDir};
 use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
 use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
 use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsSource};
+use crate::procfs::kfile::FileReader;
+use crate::procfs::mountinfo::{self, MountEntry};
 use crate::snapshot::{short_id, ShmReading, ShmStatus};
-use kfile::FileReader;
-use mountinfo::MountEntry;
 use statfs::{OpenShmError, ShmStat};
 
 /// How many of a cgroup's processes to try before giving up on it (they may all be exiting).
