@@ -156,7 +156,7 @@ pub(super) fn fix_text(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preflight::fixtures::{memory, mounted, no_gpus, private_ipc};
+    use crate::fixtures::preflight::{memory, mounted, no_gpus, private_ipc};
     use crate::preflight::need::NeedSpec;
     use crate::preflight::render::render_text;
     use crate::preflight::verdict::{judge, Verdict};

@@ -13,9 +13,6 @@ pub mod observe;
 pub mod render;
 pub mod verdict;
 
-#[cfg(test)]
-mod fixtures;
-
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -164,7 +164,7 @@ pub fn effective_available(shm: &ShmObs, mem: &MemObs) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preflight::fixtures::{memory, mounted, no_gpus};
+    use crate::fixtures::preflight::{memory, mounted, no_gpus};
     use crate::preflight::need::NeedSpec;
     use crate::preflight::verdict::judge;
     use crate::units::{GIB, MIB};

@@ -1,5 +1,5 @@
 use super::*;
-use crate::preflight::fixtures::{gpu7_broken, gpus, memory, mounted, no_gpus, pair, private_ipc};
+use crate::fixtures::preflight::{gpu7_broken, gpus, memory, mounted, no_gpus, pair, private_ipc};
 use crate::units::{GIB, MIB};
 
 #[test]
