@@ -170,20 +170,24 @@ impl EventPlanner {
         holders: &GpuHolders,
     ) -> Vec<Condition> {
         // Fullest container first, so the note of a Pod's condition names its fullest container.
-        let fullness = |f: &Finding| match &f.subject {
-            Subject::Container(c) => snapshot
-                .shm
-                .iter()
-                .find(|r| r.container_id == c.container_id)
-                .and_then(|r| r.fullness())
-                .unwrap_or(0.0),
-            _ => 0.0,
+        let fullness: HashMap<&str, f64> = snapshot
+            .shm
+            .iter()
+            .map(|r| (r.container_id.as_str(), r.fullness().unwrap_or(0.0)))
+            .collect();
+        let fullness_of = |f: &Finding| match &f.subject {
+            Subject::Container(c) => fullness.get(c.container_id.as_str()).copied(),
+            _ => None,
         };
-        let mut findings: Vec<&Finding> = snapshot.findings.iter().collect();
-        findings.sort_by(|a, b| fullness(b).total_cmp(&fullness(a)));
+        let mut findings: Vec<(f64, &Finding)> = snapshot
+            .findings
+            .iter()
+            .map(|f| (fullness_of(f).unwrap_or(0.0), f))
+            .collect();
+        findings.sort_by(|a, b| b.0.total_cmp(&a.0));
 
         let mut out = Vec::new();
-        for f in findings {
+        for (_, f) in findings {
             let Some(reason) = f.kind.event_reason() else {
                 continue;
             };
