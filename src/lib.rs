@@ -11,6 +11,7 @@ pub mod findings;
 pub mod fixtures;
 pub mod gpu;
 pub mod host;
+pub mod incidents;
 pub mod kube;
 pub mod metrics;
 pub mod preflight;

@@ -147,6 +147,7 @@ impl Collector for SnapshotCollector {
             return Ok(());
         };
         encode_shm(&mut encoder, &snapshot.shm)?;
+        encode_failures(&mut encoder, snapshot)?;
         encode_gpus(&mut encoder, snapshot)?;
 
         encoder
@@ -176,7 +177,7 @@ impl Collector for SnapshotCollector {
 
 type ShmValue = fn(&ShmReading) -> Option<u64>;
 
-const SHM_GAUGES: [(&str, &str, ShmValue); 6] = [
+const SHM_GAUGES: [(&str, &str, ShmValue); 7] = [
     (
         "shmlink_shm_size_bytes",
         "tmpfs size of the container's /dev/shm (absent when unlimited)",
@@ -186,6 +187,11 @@ const SHM_GAUGES: [(&str, &str, ShmValue); 6] = [
         "shmlink_shm_used_bytes",
         "Bytes used in the container's /dev/shm (statvfs)",
         |r| r.used_bytes,
+    ),
+    (
+        "shmlink_shm_used_peak_bytes",
+        "Highest bytes used in the container's /dev/shm since the previous scan",
+        |r| r.used_peak_bytes,
     ),
     (
         "shmlink_shm_available_bytes",
@@ -233,6 +239,32 @@ fn shm_labels(r: &ShmReading) -> [(&'static str, &str); 5] {
         ("container_id", r.container_id.as_str()),
         ("pod_uid", r.pod_uid.as_deref().unwrap_or("")),
     ]
+}
+
+fn encode_failures(
+    encoder: &mut DescriptorEncoder,
+    snapshot: &Snapshot,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_workload_failures",
+        "Failures told by a container's own log or by the kernel about its process",
+        None,
+        MetricType::Counter,
+    )?;
+    for (c, kind, count) in &snapshot.failure_counts {
+        let labels = [
+            ("namespace", c.namespace.as_deref().unwrap_or("")),
+            ("pod", c.pod.as_deref().unwrap_or("")),
+            ("container", c.container.as_deref().unwrap_or("")),
+            ("container_id", c.container_id.as_str()),
+            ("pod_uid", c.pod_uid.as_deref().unwrap_or("")),
+            ("kind", kind.as_str()),
+        ];
+        metric
+            .encode_family(&labels)?
+            .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(count, None)?;
+    }
+    Ok(())
 }
 
 fn encode_gpus(

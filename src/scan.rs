@@ -111,6 +111,8 @@ impl Scanner {
                     .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
                     .collect(),
                 findings,
+                failures: Vec::new(),
+                failure_counts: Vec::new(),
                 nvml_up: gpu.nvml_up,
                 taken_at: Some(std::time::SystemTime::now()),
             },

@@ -5,8 +5,9 @@
 
 use serde::Serialize;
 
-use crate::findings::{ContainerRef, Finding, Severity};
+use crate::findings::{ContainerRef, Finding, FindingKind, Severity};
 use crate::gpu::{GpuReading, PairVerdict};
+use crate::incidents::Failure;
 
 /// Fullness of one /dev/shm against its effective limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -55,6 +56,11 @@ pub struct ShmReading {
     pub memory_limit_bytes: Option<u64>,
     /// Shared memory charged to the container's memory cgroup (memory.stat), when readable.
     pub memory_shmem_bytes: Option<u64>,
+    /// The highest `used_bytes` seen since the previous scan (sampled between scans while the
+    /// container is half full or growing); the scan's own reading at least.
+    pub used_peak_bytes: Option<u64>,
+    /// The container's image, where its runtime's record says (Docker).
+    pub image: Option<String>,
     pub status: ShmStatus,
 }
 
@@ -100,6 +106,12 @@ pub struct Snapshot {
     /// XID errors since the agent started.
     pub xids: Vec<XidCount>,
     pub findings: Vec<Finding>,
+    /// What the workloads' logs and the kernel said recently.
+    pub failures: Vec<Failure>,
+    /// Failures counted since the agent started, per container and kind
+    /// (`shmlink_workload_failures_total`).
+    #[serde(skip)]
+    pub failure_counts: Vec<(ContainerRef, FindingKind, u64)>,
     /// Whether NVML is loaded and answering (`shmlink_nvml_up`).
     #[serde(skip)]
     pub nvml_up: bool,

@@ -48,6 +48,12 @@ pub enum FindingKind {
     GpuXid,
     /// The driver lists NVIDIA GPUs but NVML does not load.
     NvmlUnavailable,
+    /// A workload said it could not allocate shared memory (its own log).
+    ShmAllocationFailed,
+    /// The kernel says a process of the workload crashed in a GPU communication library.
+    GpuJobCrashed,
+    /// NCCL said P2P is disabled between NVLink-connected GPUs.
+    NcclP2pDisabled,
 }
 
 impl FindingKind {
@@ -63,6 +69,9 @@ impl FindingKind {
             FindingKind::GpuPairDegraded => "gpu_pair_degraded",
             FindingKind::GpuXid => "gpu_xid",
             FindingKind::NvmlUnavailable => "nvml_unavailable",
+            FindingKind::ShmAllocationFailed => "shm_allocation_failed",
+            FindingKind::GpuJobCrashed => "gpu_job_crashed",
+            FindingKind::NcclP2pDisabled => "nccl_p2p_disabled",
         }
     }
 
@@ -78,6 +87,9 @@ impl FindingKind {
             FindingKind::GpuPairDegraded => Some(EventReason::GpuLinkDegraded),
             FindingKind::GpuXid => Some(EventReason::GpuXid),
             FindingKind::NvmlUnavailable => None,
+            FindingKind::ShmAllocationFailed => Some(EventReason::ShmAllocationFailed),
+            FindingKind::GpuJobCrashed => Some(EventReason::GpuJobCrashed),
+            FindingKind::NcclP2pDisabled => Some(EventReason::NcclP2pDisabled),
         }
     }
 
@@ -87,13 +99,16 @@ impl FindingKind {
         match self {
             FindingKind::ShmNearlyFull
             | FindingKind::ShmRuntimeDefault
-            | FindingKind::GpuLinkErrors => Severity::Warning,
+            | FindingKind::GpuLinkErrors
+            | FindingKind::NcclP2pDisabled => Severity::Warning,
             FindingKind::ShmExhausted
             | FindingKind::GpuLost
             | FindingKind::GpuLinkDown
             | FindingKind::GpuPairDegraded
             | FindingKind::GpuXid
-            | FindingKind::NvmlUnavailable => Severity::Critical,
+            | FindingKind::NvmlUnavailable
+            | FindingKind::ShmAllocationFailed
+            | FindingKind::GpuJobCrashed => Severity::Critical,
         }
     }
 }
@@ -116,6 +131,9 @@ pub enum EventReason {
     GpuLinkErrors,
     GpuLinkRecovered,
     GpuXid,
+    ShmAllocationFailed,
+    GpuJobCrashed,
+    NcclP2pDisabled,
 }
 
 impl EventReason {
@@ -129,6 +147,9 @@ impl EventReason {
             EventReason::GpuLinkErrors => "GpuLinkErrors",
             EventReason::GpuLinkRecovered => "GpuLinkRecovered",
             EventReason::GpuXid => "GpuXid",
+            EventReason::ShmAllocationFailed => "ShmAllocationFailed",
+            EventReason::GpuJobCrashed => "GpuJobCrashed",
+            EventReason::NcclP2pDisabled => "NcclP2pDisabled",
         }
     }
 
@@ -295,6 +316,9 @@ mod tests {
             FindingKind::GpuPairDegraded,
             FindingKind::GpuXid,
             FindingKind::NvmlUnavailable,
+            FindingKind::ShmAllocationFailed,
+            FindingKind::GpuJobCrashed,
+            FindingKind::NcclP2pDisabled,
         ] {
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),

@@ -488,6 +488,8 @@ fn build_reading(
         available_bytes: available,
         memory_limit_bytes: memory.limit_bytes,
         memory_shmem_bytes: memory.shmem_bytes,
+        used_peak_bytes: used,
+        image: None,
         status: ShmStatus::Ok,
     }
 }

@@ -1,0 +1,91 @@
+//! Whose failure a line is: a log file's path names its container; the kernel names a host
+//! PID, placed through `/proc/PID/cgroup`.
+//!
+//! The kernel logs a segfault while it delivers the signal, before the process has exited; the
+//! watcher reads the kernel log every 200 ms and looks the PID up at once, so the process is
+//! normally still there (a CUDA process takes far longer to tear down). When it is already
+//! gone the failure is kept as the host PID's, unplaced, and counted; a PID seen again later is
+//! never guessed at, since the kernel reuses them.
+
+use std::path::Path;
+
+use super::Who;
+use crate::cgroup::path::parse_cgroup_path;
+use crate::cgroup::proc::memory_cgroup;
+use crate::host::{read_ns, NsId};
+
+/// The container of host process `pid`: its memory cgroup's pod UID and container ID, when it
+/// lives in a mount namespace other than the host's (`host_mnt`).
+pub fn who_is_pid(proc_root: &Path, pid: i32, host_mnt: Option<NsId>) -> Who {
+    let pid_dir = pid.to_string();
+    if let (Some(host), Ok(own)) = (host_mnt, read_ns(proc_root, &pid_dir, "mnt")) {
+        if own == host {
+            return Who::Process;
+        }
+    }
+    let Ok(text) = std::fs::read_to_string(proc_root.join(&pid_dir).join("cgroup")) else {
+        return Who::Process;
+    };
+    who_of_cgroup_file(&text)
+}
+
+/// Pure: the container a `/proc/PID/cgroup` text places its process in.
+pub fn who_of_cgroup_file(text: &str) -> Who {
+    match memory_cgroup(text).and_then(|(path, _)| parse_cgroup_path(path)) {
+        Some(id) => Who::Container {
+            pod_uid: id.pod_uid,
+            container_id: id.container_id,
+        },
+        None => Who::Process,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CID: &str = "3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
+
+    #[test]
+    fn a_kubelet_cgroup_names_pod_and_container_on_v1_and_v2() {
+        let v1 = format!(
+            "12:memory:/kubepods/burstable/pod0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80/{CID}\n\
+             0::/\n"
+        );
+        let v2 = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b6c1c55_3c0e_4a8e_9a51_2c1f3f6d7e80.slice/cri-containerd-{CID}.scope\n"
+        );
+        for text in [v1, v2] {
+            assert_eq!(
+                who_of_cgroup_file(&text),
+                Who::Container {
+                    pod_uid: Some("0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80".into()),
+                    container_id: CID.into()
+                },
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_host_process_or_garbage_is_no_container() {
+        assert_eq!(who_of_cgroup_file("0::/\n"), Who::Process);
+        assert_eq!(who_of_cgroup_file("garbage"), Who::Process);
+        assert_eq!(who_of_cgroup_file(""), Who::Process);
+    }
+
+    #[test]
+    fn a_vanished_pid_is_unplaced() {
+        assert_eq!(who_is_pid(Path::new("/proc"), i32::MAX, None), Who::Process);
+    }
+
+    #[test]
+    fn the_agent_itself_in_the_hosts_namespace_is_no_container() {
+        let proc = Path::new("/proc");
+        let own = read_ns(proc, "self", "mnt").ok();
+        assert_eq!(
+            who_is_pid(proc, std::process::id() as i32, own),
+            Who::Process
+        );
+    }
+}

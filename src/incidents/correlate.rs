@@ -1,0 +1,218 @@
+//! Pure: a detected failure + what the last scan knew -> the failure as a person is told it.
+
+use std::collections::BTreeSet;
+use std::time::SystemTime;
+
+use super::{Detected, Failure, PairThen, ShmThen, Who};
+use crate::findings::{on_runtime_default, text, ContainerRef, Finding, FindingKind, Subject};
+use crate::kube::podresources::GpuHolders;
+use crate::kube::pods::PodIndex;
+use crate::snapshot::{ShmReading, Snapshot};
+
+/// What the agent knew when the failure was told.
+#[derive(Clone, Copy)]
+pub struct Known<'a> {
+    /// The last scan before it.
+    pub snapshot: Option<&'a Snapshot>,
+    pub pods: Option<&'a PodIndex>,
+    pub holders: &'a GpuHolders,
+}
+
+/// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs.
+pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
+    let mut id = identity(d, known.pods);
+    let reading = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
+    if let Some(r) = reading {
+        // The scan's reading names what the source did not (the Pod cache, Docker's record).
+        id.namespace = id.namespace.or_else(|| r.namespace.clone());
+        id.pod = id.pod.or_else(|| r.pod.clone());
+        id.pod_uid = id.pod_uid.or_else(|| r.pod_uid.clone());
+        id.container = id.container.or_else(|| r.container.clone());
+        id.container_id = id.container_id.or_else(|| Some(r.container_id.clone()));
+    }
+    let shm = reading.map(|r| ShmThen {
+        size_bytes: r.size_bytes,
+        used_bytes: r.used_bytes,
+        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
+        memory_limit_bytes: r.memory_limit_bytes,
+        runtime_default: on_runtime_default(r),
+        host_ipc: r.host_ipc,
+    });
+    let gpus = match (&id.namespace, &id.pod, known.snapshot) {
+        (Some(ns), Some(pod), Some(s)) => held_gpus(ns, pod, known.holders, s),
+        _ => Vec::new(),
+    };
+    let gpu_pairs: Vec<PairThen> = known
+        .snapshot
+        .map(|s| {
+            s.gpu_pairs
+                .iter()
+                .filter(|p| gpus.contains(&p.gpu) && gpus.contains(&p.peer_gpu))
+                .map(|p| PairThen {
+                    gpu: p.gpu,
+                    peer_gpu: p.peer_gpu,
+                    status: p.status,
+                    reasons: p.reasons.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let at = rfc3339(d.at);
+    let who = id.name();
+    let message = match d.kind {
+        FindingKind::GpuJobCrashed => text::gpu_job_crashed(
+            &who,
+            &at,
+            d.comm.as_deref().unwrap_or("?"),
+            d.pid,
+            d.library.as_deref().unwrap_or("a GPU library"),
+            &gpus,
+            &gpu_pairs,
+        ),
+        FindingKind::NcclP2pDisabled => {
+            text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, &gpus, &gpu_pairs)
+        }
+        _ => text::shm_allocation_failed(&who, &at, &d.evidence, shm.as_ref(), id.pod.is_some()),
+    };
+    Failure {
+        namespace: id.namespace,
+        pod: id.pod,
+        pod_uid: id.pod_uid,
+        container: id.container,
+        container_id: id.container_id,
+        image: reading.and_then(|r| r.image.clone()),
+        kind: d.kind,
+        at,
+        source: d.source,
+        evidence: d.evidence.clone(),
+        pid: d.pid,
+        shm,
+        gpus,
+        gpu_pairs,
+        message,
+    }
+}
+
+/// The finding `check` reports for a failure: about its container, or the node when the
+/// kernel's process could not be placed.
+pub fn finding(f: &Failure) -> Finding {
+    let subject = match (&f.container_id, &f.pod_uid, &f.pod) {
+        (None, None, None) => Subject::Node,
+        _ => Subject::Container(Box::new(ContainerRef {
+            namespace: f.namespace.clone(),
+            pod: f.pod.clone(),
+            pod_uid: f.pod_uid.clone(),
+            container: f.container.clone(),
+            container_id: f.container_id.clone().unwrap_or_default(),
+        })),
+    };
+    Finding::new(f.kind, subject, f.message.clone())
+}
+
+/// Identity fields as the source and the Pod cache give them.
+#[derive(Default)]
+struct Identity {
+    namespace: Option<String>,
+    pod: Option<String>,
+    pod_uid: Option<String>,
+    container: Option<String>,
+    container_id: Option<String>,
+}
+
+impl Identity {
+    /// How the message names the container.
+    fn name(&self) -> String {
+        match (
+            &self.namespace,
+            &self.pod,
+            &self.container,
+            &self.container_id,
+        ) {
+            (Some(ns), Some(pod), Some(c), _) => format!("{ns}/{pod}/{c}"),
+            (Some(ns), Some(pod), None, _) => format!("{ns}/{pod}"),
+            (_, _, Some(c), _) => c.clone(),
+            (_, _, None, Some(id)) => crate::snapshot::short_id(id).to_string(),
+            _ => "an unknown process".to_string(),
+        }
+    }
+}
+
+fn identity(d: &Detected, pods: Option<&PodIndex>) -> Identity {
+    match &d.who {
+        Who::Pod {
+            namespace,
+            pod,
+            uid,
+            container,
+        } => Identity {
+            namespace: Some(namespace.clone()),
+            pod: Some(pod.clone()),
+            pod_uid: Some(uid.clone()),
+            container: Some(container.clone()),
+            container_id: None,
+        },
+        Who::Container {
+            pod_uid,
+            container_id,
+        } => {
+            let meta = pods.zip(pod_uid.as_deref()).and_then(|(p, u)| p.by_uid(u));
+            Identity {
+                namespace: meta.map(|m| m.namespace.clone()),
+                pod: meta.map(|m| m.name.clone()),
+                pod_uid: pod_uid.clone(),
+                container: meta.and_then(|m| m.containers.get(container_id).cloned()),
+                container_id: Some(container_id.clone()),
+            }
+        }
+        Who::Process => Identity::default(),
+    }
+}
+
+/// The scan's reading of that container: by ID, else by Pod and container name, else the
+/// Pod's fullest /dev/shm.
+fn reading_of<'a>(id: &Identity, shm: &'a [ShmReading]) -> Option<&'a ShmReading> {
+    if let Some(cid) = &id.container_id {
+        if let Some(r) = shm.iter().find(|r| &r.container_id == cid) {
+            return Some(r);
+        }
+    }
+    let uid = id.pod_uid.as_deref()?;
+    let of_pod = || {
+        shm.iter()
+            .filter(move |r| r.pod_uid.as_deref() == Some(uid))
+    };
+    if let Some(name) = &id.container {
+        if let Some(r) = of_pod().find(|r| r.container.as_deref() == Some(name)) {
+            return Some(r);
+        }
+    }
+    of_pod().max_by(|a, b| {
+        a.fullness()
+            .unwrap_or(0.0)
+            .total_cmp(&b.fullness().unwrap_or(0.0))
+    })
+}
+
+/// NVML indices of the GPUs the kubelet says the Pod holds (device plugins name them by UUID
+/// or by index).
+fn held_gpus(namespace: &str, pod: &str, holders: &GpuHolders, s: &Snapshot) -> Vec<u32> {
+    let mut out = BTreeSet::new();
+    for (device, held_by) in holders {
+        if !held_by.iter().any(|(n, p)| n == namespace && p == pod) {
+            continue;
+        }
+        if let Some(g) = s.gpus.iter().find(|g| &g.uuid == device) {
+            out.insert(g.index);
+        } else if let Ok(i) = device.parse::<u32>() {
+            out.insert(i);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// RFC 3339 in UTC, as the Events API and `check --json` write times.
+pub fn rfc3339(t: SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t)
+        .map(|ts| ts.to_string())
+        .unwrap_or_default()
+}
