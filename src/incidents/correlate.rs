@@ -216,3 +216,154 @@ pub fn rfc3339(t: SystemTime) -> String {
         .map(|ts| ts.to_string())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::fixtures;
+    use crate::gpu::{PairStatus, PairVerdict};
+    use crate::incidents::FailureSource;
+
+    const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
+    const MIB: u64 = 1 << 20;
+
+    fn detected(kind: FindingKind, who: Who) -> Detected {
+        Detected {
+            who,
+            kind,
+            at: UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+            source: FailureSource::Log,
+            evidence: "RuntimeError: unable to allocate shared memory(shm) for file </torch_13_1_0>: No space left on device (28)".into(),
+            pid: None,
+            comm: None,
+            library: None,
+            nccl_gpus: None,
+        }
+    }
+
+    fn trainer() -> Who {
+        Who::Pod {
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            uid: UID.into(),
+            container: "trainer".into(),
+        }
+    }
+
+    fn board(pairs: &[(u32, u32, PairStatus)]) -> Snapshot {
+        let r = fixtures::shm_reading("aaaa", 64 * MIB, 40 * MIB);
+        let mut r = fixtures::in_pod(r, "ml", "trainer-0", UID, "trainer");
+        r.used_peak_bytes = Some(63 * MIB);
+        let mut s = fixtures::scanned("node-a", vec![r], None);
+        s.gpus = (0..8).map(fixtures::gpu_reading).collect();
+        s.gpu_pairs = pairs
+            .iter()
+            .map(|&(gpu, peer_gpu, status)| PairVerdict {
+                gpu,
+                peer_gpu,
+                status,
+                p2p: None,
+                topology: None,
+                links: Vec::new(),
+                reasons: if status == PairStatus::Ok {
+                    Vec::new()
+                } else {
+                    vec!["P2P read was ok and is now not_supported".into()]
+                },
+            })
+            .collect();
+        s
+    }
+
+    fn holders() -> GpuHolders {
+        GpuHolders::from([
+            ("GPU-6".to_string(), vec![("ml".into(), "trainer-0".into())]),
+            ("GPU-7".to_string(), vec![("ml".into(), "trainer-0".into())]),
+        ])
+    }
+
+    #[test]
+    fn an_shm_failure_tells_the_dev_shm_then_and_a_concrete_fix() {
+        let s = board(&[]);
+        let f = correlate(
+            &detected(FindingKind::ShmAllocationFailed, trainer()),
+            Known {
+                snapshot: Some(&s),
+                pods: None,
+                holders: &GpuHolders::new(),
+            },
+        );
+        assert_eq!(f.container_id.as_deref(), Some("aaaa"), "found by its Pod");
+        assert_eq!(f.at, "2026-11-18T11:06:40Z");
+        let shm = f.shm.as_ref().expect("its /dev/shm then");
+        assert!(shm.runtime_default);
+        assert_eq!(shm.peak_bytes, Some(63 * MIB));
+        for part in [
+            "container ml/trainer-0/trainer could not allocate shared memory at 2026-11-18T11:06:40Z",
+            "the container runtime's default 64 MiB tmpfs",
+            "peak 63.0 MiB",
+            "sizeLimit: 1Gi",
+        ] {
+            assert!(f.message.contains(part), "{part:?} not in {}", f.message);
+        }
+        assert_eq!(finding(&f).subject.to_string(), "ml/trainer-0/trainer");
+    }
+
+    #[test]
+    fn a_crash_on_a_degraded_pair_blames_the_hardware_and_on_healthy_ones_the_job() {
+        let known = |s| Known {
+            snapshot: Some(s),
+            pods: None,
+            holders: Box::leak(Box::new(holders())),
+        };
+        let mut d = detected(
+            FindingKind::GpuJobCrashed,
+            Who::Container {
+                pod_uid: Some(UID.into()),
+                container_id: "aaaa".into(),
+            },
+        );
+        d.source = FailureSource::Kernel;
+        d.pid = Some(4242);
+        d.comm = Some("python3".into());
+        d.library = Some("libnccl.so.2".into());
+        let bad = board(&[(5, 6, PairStatus::Degraded), (6, 7, PairStatus::Degraded)]);
+        let f = correlate(&d, known(&bad));
+        assert_eq!(f.gpus, vec![6, 7]);
+        assert_eq!(f.gpu_pairs.len(), 1, "only the pairs its own GPUs make");
+        assert!(
+            f.message.contains("crashed in libnccl.so.2"),
+            "{}",
+            f.message
+        );
+        assert!(
+            f.message.contains("pair 6-7 is degraded")
+                && f.message.contains("the hardware, not your code"),
+            "{}",
+            f.message
+        );
+        let good = board(&[(6, 7, PairStatus::Ok)]);
+        let f = correlate(&d, known(&good));
+        assert!(
+            f.message.contains("all its GPU pairs are healthy"),
+            "{}",
+            f.message
+        );
+    }
+
+    #[test]
+    fn an_unplaced_process_is_the_nodes_finding() {
+        let f = correlate(
+            &detected(FindingKind::GpuJobCrashed, Who::Process),
+            Known {
+                snapshot: None,
+                pods: None,
+                holders: &GpuHolders::new(),
+            },
+        );
+        assert_eq!(finding(&f).subject, Subject::Node);
+        assert!(f.message.contains("an unknown process"), "{}", f.message);
+    }
+}

@@ -8,11 +8,15 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{pod_ref, EventMsg, EventSpec, EventType, GpuHolders};
 use crate::findings::{text, EventReason, Finding, Subject};
+use crate::incidents::Failure;
 use crate::kube::pods::PodIndex;
 use crate::snapshot::Snapshot;
 
 /// The Events API's limit on a note.
 pub(super) const NOTE_MAX: usize = 1024;
+/// How long a workload failure's series stays open after its last repeat: a Pod that fails the
+/// same way on every restart (CrashLoopBackOff backs off up to 5 minutes) keeps one series.
+pub const FAILURE_LASTS: Duration = Duration::from_secs(3600);
 
 /// Who an Event regards.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,6 +55,9 @@ pub struct EventPlanner {
     active: HashMap<ConditionKey, Active>,
     /// The last count of each (GPU, XID), to tell a repeat.
     xid_counts: HashMap<(u32, u64), u64>,
+    /// Workload failures: told once, not lasting; a repeat within [`FAILURE_LASTS`] updates
+    /// the series at once.
+    failures: HashMap<ConditionKey, Active>,
 }
 
 impl EventPlanner {
@@ -66,6 +73,7 @@ impl EventPlanner {
             next_id: 0,
             active: HashMap::new(),
             xid_counts: HashMap::new(),
+            failures: HashMap::new(),
         }
     }
 
@@ -159,7 +167,75 @@ impl EventPlanner {
                 out.push(EventMsg::Ended(id));
             }
         }
+        self.expire_failures(now, &mut out);
         out
+    }
+
+    /// The Events for workload failures as they are told (between scans): each on its Pod, a
+    /// repeat on the same Pod with the same reason updates that Event's series.
+    pub fn plan_failures(
+        &mut self,
+        failures: &[Failure],
+        pods: Option<&PodIndex>,
+        now: Instant,
+    ) -> Vec<EventMsg> {
+        let mut out = Vec::new();
+        self.expire_failures(now, &mut out);
+        for f in failures {
+            let Some(reason) = f.kind.event_reason() else {
+                continue;
+            };
+            let meta = pods
+                .zip(f.pod_uid.as_deref())
+                .and_then(|(p, uid)| p.by_uid(uid));
+            let (Some(namespace), Some(name), Some(uid)) = (
+                f.namespace
+                    .as_deref()
+                    .or(meta.map(|m| m.namespace.as_str())),
+                f.pod.as_deref().or(meta.map(|m| m.name.as_str())),
+                f.pod_uid.as_deref().or(meta.map(|m| m.uid.as_str())),
+            ) else {
+                // No Pod to regard: a plain Docker container, or a process not placed.
+                continue;
+            };
+            let regarding = pod_ref(namespace, name, uid);
+            let key = (Target::Pod(uid.to_string()), reason, None);
+            let (id, name) = match self.failures.get_mut(&key) {
+                Some(a) => {
+                    a.last_sent = now;
+                    (a.id, a.name.clone())
+                }
+                None => {
+                    let (id, name) = self.new_occurrence(&regarding);
+                    let active = Active {
+                        id,
+                        name: name.clone(),
+                        last_sent: now,
+                    };
+                    self.failures.insert(key, active);
+                    (id, name)
+                }
+            };
+            out.push(EventMsg::Publish(Box::new(EventSpec {
+                id,
+                name,
+                regarding,
+                reason,
+                type_: EventType::Warning,
+                note: truncate(f.message.clone()),
+            })));
+        }
+        out
+    }
+
+    fn expire_failures(&mut self, now: Instant, out: &mut Vec<EventMsg>) {
+        self.failures.retain(|_, a| {
+            let open = now.duration_since(a.last_sent) < FAILURE_LASTS;
+            if !open {
+                out.push(EventMsg::Ended(a.id));
+            }
+            open
+        });
     }
 
     /// Every finding that is an Event, on each object it regards.

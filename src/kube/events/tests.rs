@@ -339,3 +339,64 @@ fn long_notes_are_cut_to_the_api_limit_on_a_char_boundary() {
     assert!(note.len() <= NOTE_MAX);
     assert!(note.ends_with("..."));
 }
+
+#[test]
+fn a_pod_failing_the_same_way_on_every_restart_keeps_one_series() {
+    use super::planner::FAILURE_LASTS;
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let t0 = Instant::now();
+    let shm = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", UID);
+    let first = p.plan_failures(std::slice::from_ref(&shm), None, t0);
+    let events = published(&first);
+    assert_eq!(
+        events
+            .iter()
+            .map(|e| (e.0, e.1.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(EventReason::ShmAllocationFailed, "Pod/trainer-0")]
+    );
+    let EventMsg::Publish(spec) = &first[0] else {
+        unreachable!()
+    };
+    assert_eq!(spec.regarding.uid.as_deref(), Some(UID));
+    assert_eq!(spec.note, shm.message);
+    // The restart fails the same way: the same Event's series, at once.
+    let again = published(&p.plan_failures(
+        std::slice::from_ref(&shm),
+        None,
+        t0 + Duration::from_secs(40),
+    ));
+    assert_eq!(again[0].2, events[0].2);
+    // Another reason on the same Pod is its own Event.
+    let crash = fixtures::failure(FindingKind::GpuJobCrashed, "ml", "trainer-0", UID);
+    let other = published(&p.plan_failures(&[crash], None, t0 + Duration::from_secs(41)));
+    assert_eq!(other[0].0, EventReason::GpuJobCrashed);
+    assert_ne!(other[0].2, events[0].2);
+    // Scans in between do not end them; quiet for FAILURE_LASTS does.
+    let scan = p.plan(
+        &snapshot(vec![], vec![]),
+        None,
+        &holders(),
+        t0 + Duration::from_secs(60),
+    );
+    assert!(ended(&scan).is_empty(), "{scan:?}");
+    let later = p.plan(
+        &snapshot(vec![], vec![]),
+        None,
+        &holders(),
+        t0 + Duration::from_secs(41) + FAILURE_LASTS,
+    );
+    assert_eq!(ended(&later).len(), 2);
+    let anew = published(&p.plan_failures(&[shm], None, t0 + FAILURE_LASTS * 2));
+    assert_ne!(anew[0].2, events[0].2, "a new Event after the quiet hour");
+}
+
+#[test]
+fn a_failure_without_a_pod_is_no_event() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let mut f = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "x", UID);
+    f.namespace = None;
+    f.pod = None;
+    f.pod_uid = None;
+    assert_eq!(p.plan_failures(&[f], None, Instant::now()), vec![]);
+}
