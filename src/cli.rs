@@ -75,6 +75,11 @@ pub struct CheckArgs {
     /// Kubernetes integration: auto, on or off.
     #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "off")]
     pub kube: KubeMode,
+    #[command(flatten)]
+    pub sources: FailureSourceArgs,
+    /// How far back the logs and the kernel log are read for failures, e.g. 1h, 30m.
+    #[arg(long, env = "SHMLINK_SINCE", default_value = "1h", value_parser = parse_window)]
+    pub since: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +105,8 @@ pub struct ServeArgs {
         default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
     )]
     pub pod_resources_socket: PathBuf,
+    #[command(flatten)]
+    pub sources: FailureSourceArgs,
     /// How often the series of an Event whose condition lasts is updated.
     #[arg(long, env = "SHMLINK_EVENT_HEARTBEAT", default_value = "5m", value_parser = parse_window)]
     pub event_heartbeat: Duration,
@@ -117,6 +124,27 @@ pub struct CommonArgs {
     /// The Kubernetes node this agent runs on (default: $NODE_NAME, else the host name).
     #[arg(long, env = "SHMLINK_NODE_NAME")]
     pub node_name: Option<String>,
+}
+
+/// Where workloads say why they died: their logs and the kernel log. `off` turns one off.
+#[derive(Debug, Args)]
+pub struct FailureSourceArgs {
+    /// Kubernetes container logs (CRI format); a missing directory means none.
+    #[arg(long, env = "SHMLINK_POD_LOG_ROOT", default_value = "/var/log/pods")]
+    pub pod_log_root: PathBuf,
+    /// Docker's data root: json-file logs and each container's name and image.
+    #[arg(long, env = "SHMLINK_DOCKER_ROOT", default_value = "/var/lib/docker")]
+    pub docker_root: PathBuf,
+    /// The kernel log (crashes in GPU libraries); `off` never opens it.
+    #[arg(long, env = "SHMLINK_KMSG", default_value = "/dev/kmsg")]
+    pub kmsg: PathBuf,
+}
+
+impl FailureSourceArgs {
+    /// A path, or None when it is `off`.
+    pub fn on(path: &std::path::Path) -> Option<PathBuf> {
+        (path.as_os_str() != "off").then(|| path.to_path_buf())
+    }
 }
 
 #[derive(Debug, Args)]
