@@ -1,0 +1,393 @@
+//! Docker's names for containers, read from its own records on disk.
+//!
+//! On a plain Docker host a person knows a container by `--name`, not by its ID. Docker keeps
+//! each container's configuration in `<root>/containers/<id>/config.v2.json`; reading it needs
+//! no socket (which would grant control of Docker) and works while the daemon is down. The
+//! files are read-only here and opened beneath `<root>/containers` without following symlinks.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use serde::Deserialize;
+
+/// The largest config.v2.json read: real ones are a few KiB, huge with many mounts or labels.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// A container as Docker names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerContainer {
+    /// `--name`, without Docker's leading slash.
+    pub name: String,
+    /// The image as it was asked for (`pytorch/pytorch:2.5.1-...`), not its digest.
+    pub image: String,
+}
+
+/// The two fields of config.v2.json this needs; the others are ignored.
+#[derive(Deserialize)]
+struct ConfigV2 {
+    #[serde(rename = "Name")]
+    name: String,
+    #[serde(rename = "Config")]
+    config: ContainerConfig,
+}
+
+#[derive(Deserialize)]
+struct ContainerConfig {
+    #[serde(rename = "Image")]
+    image: String,
+}
+
+/// Pure: the name and image out of config.v2.json's text; None when it is not that shape.
+pub fn parse_config(json: &str) -> Option<DockerContainer> {
+    let config: ConfigV2 = serde_json::from_str(json).ok()?;
+    let name = config.name.strip_prefix('/').unwrap_or(&config.name);
+    if name.is_empty() {
+        return None;
+    }
+    Some(DockerContainer {
+        name: name.to_string(),
+        image: config.config.image,
+    })
+}
+
+/// What identifies one version of a config file: Docker rewrites it by rename (a new inode)
+/// or in place (a new mtime).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileVersion {
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+struct Cached {
+    version: FileVersion,
+    /// `None` for a file that did not parse: not re-read until it changes.
+    container: Option<DockerContainer>,
+}
+
+/// Names container IDs; caches by ID and re-reads a config whose mtime changed; a missing root
+/// or file is None, not an error.
+pub struct DockerNames {
+    /// `<docker-root>/containers`; `None` when there is no Docker root to read.
+    containers: Option<PathBuf>,
+    cache: HashMap<String, Cached>,
+    /// Whether an unexpected failure was logged at warn (later ones go to debug).
+    warned: bool,
+}
+
+impl DockerNames {
+    pub fn new(docker_root: Option<PathBuf>) -> DockerNames {
+        DockerNames {
+            containers: docker_root.map(|root| root.join("containers")),
+            cache: HashMap::new(),
+            warned: false,
+        }
+    }
+
+    /// Docker's name and image for a container ID: only 64-hex IDs are looked up (anything
+    /// else: None, no file access); never follows a symlink out of `<root>/containers`.
+    pub fn lookup(&mut self, container_id: &str) -> Option<DockerContainer> {
+        if !is_docker_id(container_id) {
+            return None;
+        }
+        let containers = self.containers.as_ref()?;
+        let file = match open_config(containers, container_id) {
+            Ok(file) => file,
+            Err(e) => {
+                self.cache.remove(container_id);
+                if e.kind() != io::ErrorKind::NotFound {
+                    self.log(container_id, &e);
+                }
+                return None;
+            }
+        };
+        let meta = match file.metadata() {
+            Ok(meta) if meta.is_file() => meta,
+            Ok(_) => return None,
+            Err(e) => {
+                self.log(container_id, &e);
+                return None;
+            }
+        };
+        let version = FileVersion {
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        };
+        if let Some(cached) = self.cache.get(container_id) {
+            if cached.version == version {
+                return cached.container.clone();
+            }
+        }
+        let container = match read_bounded(file, version.size) {
+            Ok(Some(text)) => parse_config(&text),
+            Ok(None) => None,
+            Err(e) => {
+                self.log(container_id, &e);
+                return None;
+            }
+        };
+        if container.is_none() {
+            tracing::debug!(
+                container_id,
+                "config.v2.json is not Docker's shape; unnamed"
+            );
+        }
+        self.cache.insert(
+            container_id.to_string(),
+            Cached {
+                version,
+                container: container.clone(),
+            },
+        );
+        container
+    }
+
+    /// Forget cached IDs not in `live` (called once per scan).
+    pub fn retain(&mut self, live: &HashSet<String>) {
+        self.cache.retain(|id, _| live.contains(id));
+    }
+
+    fn log(&mut self, container_id: &str, e: &io::Error) {
+        if self.warned {
+            tracing::debug!(container_id, "reading Docker's config.v2.json: {e}");
+        } else {
+            self.warned = true;
+            tracing::warn!(container_id, "reading Docker's config.v2.json: {e}");
+        }
+    }
+}
+
+/// Docker's IDs as it spells its directories: 64 lowercase hex digits. Nothing else can name a
+/// path, so no `..` or `/` reaches the file system.
+fn is_docker_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Opens `<containers>/<id>/config.v2.json` confined beneath `containers`, refusing symlinks
+/// (ELOOP) so a planted link cannot point the read elsewhere.
+fn open_config(containers: &Path, id: &str) -> io::Result<File> {
+    let dir = rustix::fs::open(
+        containers,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd = rustix::fs::openat2(
+        &dir,
+        format!("{id}/config.v2.json"),
+        // NONBLOCK: a FIFO planted in place of the file must not hang the scan on open.
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    Ok(File::from(fd))
+}
+
+/// The file's text, or `None` when it is larger than [`MAX_CONFIG_BYTES`] or not UTF-8.
+fn read_bounded(file: File, size: u64) -> io::Result<Option<String>> {
+    if size > MAX_CONFIG_BYTES {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    // One byte over the bound tells a file that grew since fstat from one that fits.
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Ok(None);
+    }
+    Ok(String::from_utf8(bytes).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::time::{Duration, SystemTime};
+
+    const ID: &str = "3f4e8a1b2c9d0e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f";
+
+    /// config.v2.json as Docker 27 writes it (abridged values, every section present).
+    fn real_config(id: &str, name: &str) -> String {
+        format!(
+            r#"{{"StreamConfig":{{}},"State":{{"Running":true,"Paused":false,"Restarting":false,"OOMKilled":false,"RemovalInProgress":false,"Dead":false,"Pid":48213,"ExitCode":0,"Error":"","StartedAt":"2025-11-03T09:14:27.518934201Z","FinishedAt":"0001-01-01T00:00:00Z","Health":null}},"ID":"{id}","Created":"2025-11-03T09:14:26.902113845Z","Managed":false,"Path":"python","Args":["-m","asr.serve","--workers","8"],"Config":{{"Hostname":"3f4e8a1b2c9d","Domainname":"","User":"","AttachStdin":false,"AttachStdout":false,"AttachStderr":false,"ExposedPorts":{{"8080/tcp":{{}}}},"Tty":false,"OpenStdin":false,"StdinOnce":false,"Env":["PATH=/opt/conda/bin:/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","NVIDIA_VISIBLE_DEVICES=all","NVIDIA_DRIVER_CAPABILITIES=compute,utility","LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64","PYTORCH_VERSION=2.5.1"],"Cmd":["python","-m","asr.serve","--workers","8"],"Image":"pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime","Volumes":null,"WorkingDir":"/workspace","Entrypoint":null,"OnBuild":null,"Labels":{{"com.nvidia.volumes.needed":"nvidia_driver","org.opencontainers.image.ref.name":"ubuntu","org.opencontainers.image.version":"22.04"}}}},"Image":"sha256:7f1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9","ImageManifest":null,"NetworkSettings":{{"Bridge":"","SandboxID":"9a8b7c6d5e4f","SandboxKey":"/var/run/docker/netns/9a8b7c6d5e4f","HairpinMode":false,"LinkLocalIPv6Address":"","LinkLocalIPv6PrefixLen":0,"Networks":{{"bridge":{{"IPAMConfig":null,"Links":null,"Aliases":null,"MacAddress":"02:42:ac:11:00:02","DriverOpts":null,"NetworkID":"0c1d2e3f4a5b","EndpointID":"1a2b3c4d5e6f","Gateway":"172.17.0.1","IPAddress":"172.17.0.2","IPPrefixLen":16,"IPv6Gateway":"","GlobalIPv6Address":"","GlobalIPv6PrefixLen":0,"DNSNames":null,"IPAMOperational":false,"DesiredMacAddress":""}}}},"Service":null,"Ports":{{"8080/tcp":[{{"HostIp":"0.0.0.0","HostPort":"8080"}}]}},"SecondaryIPAddresses":null,"SecondaryIPv6Addresses":null,"HasSwarmEndpoint":false}},"LogPath":"/var/lib/docker/containers/{id}/{id}-json.log","Name":"{name}","Driver":"overlay2","OS":"linux","RestartCount":0,"HasBeenStartedBefore":true,"HasBeenManuallyStopped":false,"MountPoints":{{"/workspace/models":{{"Source":"/srv/models","Destination":"/workspace/models","RW":false,"Name":"","Driver":"","Type":"bind","Propagation":"rprivate","Spec":{{"Type":"bind","Source":"/srv/models","Target":"/workspace/models","ReadOnly":true}},"SkipMountpointCreation":false}}}},"SecretReferences":null,"ConfigReferences":null,"MountLabel":"","ProcessLabel":"","AppArmorProfile":"docker-default","SeccompProfile":"","NoNewPrivileges":false,"HostnamePath":"/var/lib/docker/containers/{id}/hostname","HostsPath":"/var/lib/docker/containers/{id}/hosts","ShmPath":"/var/lib/docker/containers/{id}/mounts/shm","ResolvConfPath":"/var/lib/docker/containers/{id}/resolv.conf","LocalLogCacheMeta":{{"HaveNotifyEnabled":false}}}}"#
+        )
+    }
+
+    fn write_config(root: &Path, id: &str, text: &str) -> PathBuf {
+        let dir = root.join("containers").join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.v2.json");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn set_mtime(path: &Path, secs: u64) {
+        let file = File::options().write(true).open(path).unwrap();
+        file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    fn asr() -> DockerContainer {
+        DockerContainer {
+            name: "asr".into(),
+            image: "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime".into(),
+        }
+    }
+
+    #[test]
+    fn parses_a_real_config() {
+        assert_eq!(parse_config(&real_config(ID, "/asr")), Some(asr()));
+    }
+
+    #[test]
+    fn other_shapes_are_none() {
+        for text in [
+            "",
+            "not json",
+            "[]",
+            "null",
+            r#"{"Name":"/asr"}"#,
+            r#"{"Config":{"Image":"x"}}"#,
+            r#"{"Name":"/","Config":{"Image":"x"}}"#,
+            r#"{"Name":7,"Config":{"Image":"x"}}"#,
+            r#"{"Name":"/asr","Config":{"Image":null}}"#,
+            r#"{"Name":"/asr","Config":{"Image":"x"}"#,
+        ] {
+            assert_eq!(parse_config(text), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn looks_up_by_id_from_the_docker_root() {
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), ID, &real_config(ID, "/asr"));
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert_eq!(names.lookup(ID), Some(asr()));
+        // From the cache the second time, the same answer.
+        assert_eq!(names.lookup(ID), Some(asr()));
+    }
+
+    #[test]
+    fn a_missing_root_or_file_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(DockerNames::new(None).lookup(ID), None);
+        let mut names = DockerNames::new(Some(dir.path().join("absent")));
+        assert_eq!(names.lookup(ID), None);
+        std::fs::create_dir_all(dir.path().join("containers").join(ID)).unwrap();
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert_eq!(names.lookup(ID), None);
+    }
+
+    #[test]
+    fn garbage_json_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path(), ID, "{\"Name\": \"/asr\", \"Config\": {\x00");
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert_eq!(names.lookup(ID), None);
+    }
+
+    #[test]
+    fn only_64_hex_ids_are_looked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        // Files that would answer if the ID reached the file system.
+        for id in ["asr", "../containers/x", &ID.to_uppercase(), &ID[..63]] {
+            write_config(dir.path(), id, &real_config(ID, "/asr"));
+        }
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        for id in [
+            "",
+            "asr",
+            "../containers/x",
+            &ID.to_uppercase(),
+            &ID[..63],
+            &format!("{ID}0"),
+            &format!("{}/", &ID[..63]),
+        ] {
+            assert_eq!(names.lookup(id), None, "{id}");
+        }
+    }
+
+    #[test]
+    fn a_symlink_out_of_the_containers_dir_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("docker");
+        std::fs::create_dir_all(root.join("containers")).unwrap();
+        let outside = dir.path().join("outside");
+        write_config(&outside, ID, &real_config(ID, "/asr"));
+        std::os::unix::fs::symlink(
+            outside.join("containers").join(ID),
+            root.join("containers").join(ID),
+        )
+        .unwrap();
+        let mut names = DockerNames::new(Some(root.clone()));
+        assert_eq!(names.lookup(ID), None);
+
+        // Nor a symlinked file inside a real container directory.
+        let other = ID.replace('3', "4");
+        std::fs::create_dir_all(root.join("containers").join(&other)).unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("containers").join(ID).join("config.v2.json"),
+            root.join("containers").join(&other).join("config.v2.json"),
+        )
+        .unwrap();
+        assert_eq!(names.lookup(&other), None);
+
+        // Nor a relative one, even to a real container directory beside it.
+        let real = ID.replace('3', "5");
+        write_config(&root, &real, &real_config(&real, "/asr"));
+        let alias = ID.replace('3', "6");
+        std::os::unix::fs::symlink(&real, root.join("containers").join(&alias)).unwrap();
+        assert_eq!(names.lookup(&real), Some(asr()));
+        assert_eq!(names.lookup(&alias), None);
+    }
+
+    #[test]
+    fn a_changed_mtime_is_re_read_and_an_unchanged_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_config(dir.path(), ID, &real_config(ID, "/asr"));
+        set_mtime(&path, 1_700_000_000);
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert_eq!(names.lookup(ID).unwrap().name, "asr");
+
+        // Rewritten in place to the same length (same inode, same size) with the mtime put
+        // back: the cache answers, which shows the file is not re-read on every lookup.
+        std::fs::write(&path, real_config(ID, "/tts")).unwrap();
+        set_mtime(&path, 1_700_000_000);
+        assert_eq!(names.lookup(ID).unwrap().name, "asr");
+
+        // The same bytes with a new mtime: re-read.
+        set_mtime(&path, 1_700_000_060);
+        assert_eq!(names.lookup(ID).unwrap().name, "tts");
+    }
+
+    #[test]
+    fn retain_forgets_containers_no_longer_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = ID.replace('3', "4");
+        write_config(dir.path(), ID, &real_config(ID, "/asr"));
+        write_config(dir.path(), &other, &real_config(&other, "/tts"));
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert!(names.lookup(ID).is_some() && names.lookup(&other).is_some());
+        names.retain(&HashSet::from([ID.to_string()]));
+        assert_eq!(names.cache.len(), 1);
+        assert!(names.cache.contains_key(ID));
+    }
+
+    #[test]
+    fn an_oversized_config_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = real_config(ID, "/asr");
+        text.truncate(text.len() - 1);
+        text.push_str(&format!(
+            ",\"Padding\":\"{}\"}}",
+            "x".repeat(MAX_CONFIG_BYTES as usize)
+        ));
+        assert!(parse_config(&text).is_some(), "well-formed, only too big");
+        write_config(dir.path(), ID, &text);
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert_eq!(names.lookup(ID), None);
+    }
+}
