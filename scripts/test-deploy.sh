@@ -145,12 +145,15 @@ sc = c["securityContext"]
 check(sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
       and sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0, f"securityContext {sc}")
 check(sc["capabilities"]["drop"] == ["ALL"], "drop ALL")
-check(set(sc["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH"}, "capabilities beyond the contract")
+# SYSLOG: /dev/kmsg under kernel.dmesg_restrict=1 (docs/CONTRACT.md).
+check(set(sc["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG"}, "capabilities beyond the contract")
 check(sc["seccompProfile"]["type"] == "RuntimeDefault", "seccomp")
 vols = {v["name"]: v for v in pod["volumes"]}
 mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
 for path, host in [("/host/proc", "/proc"), ("/host/sys/fs/cgroup", "/sys/fs/cgroup"),
-                   ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources")]:
+                   ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
+                   ("/var/log/pods", "/var/log/pods"), ("/dev/kmsg", "/dev/kmsg"),
+                   ("/host/var/lib/docker/containers", "/var/lib/docker/containers")]:
     check(path in mounts and mounts[path].get("readOnly") is True, f"{path} mounted read-only")
     check(vols[mounts[path]["name"]]["hostPath"]["path"] == host, f"{path} is the host's {host}")
 check(all(m.get("readOnly") for m in c["volumeMounts"]), "every mount read-only: the agent writes nothing")

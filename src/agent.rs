@@ -1,5 +1,6 @@
 //! `shmlink serve`: a scan thread that stores snapshots, and the HTTP server that reads them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
@@ -12,8 +13,14 @@ use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSett
 use crate::kube::podresources::PodResourcesWatcher;
 use crate::kube::pods::PodWatcher;
 use crate::kube::{self as k8s, KubeError};
+use crate::incidents::correlate::{correlate, Known};
+use crate::incidents::ledger::Ledger;
+use crate::incidents::watch::{self, Sources};
+use crate::incidents::{Detected, Failure};
+use crate::kube::events::GpuHolders;
 use crate::metrics::{Metrics, SharedSnapshot};
 use crate::scan::Scanner;
+use crate::snapshot::Snapshot;
 use crate::server::{self, AppState, Health};
 
 /// What serve needs to be a cluster citizen.
@@ -46,6 +53,19 @@ impl KubeView {
         let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
         self.queue.send(msgs);
     }
+
+    /// Failures are Events at once, not at the next scan.
+    fn after_failures(&mut self, failures: &[Failure], pods: Option<&crate::kube::pods::PodIndex>) {
+        let msgs = self.planner.plan_failures(failures, pods, Instant::now());
+        self.queue.send(msgs);
+    }
+}
+
+/// What wakes the scan thread between scans.
+enum Wake {
+    Stop,
+    /// The failure watcher found something.
+    Failures(Vec<Detected>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +90,7 @@ pub async fn serve(
     listen: std::net::SocketAddr,
     interval: Duration,
     kube: KubeSettings,
+    sources: Sources,
 ) -> Result<(), AgentError> {
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let metrics = Arc::new(Metrics::new(snapshot.clone()));
@@ -106,14 +127,20 @@ pub async fn serve(
     let local = listener.local_addr().unwrap_or(listen);
     tracing::info!(addr = %local, interval = ?interval, "serving /metrics, /healthz, /readyz");
 
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
+    let stop_watching = Arc::new(AtomicBool::new(false));
+    let watcher = watch::spawn(
+        sources,
+        watch::channel(wake_tx.clone(), Wake::Failures),
+        stop_watching.clone(),
+    );
     let scan_thread = thread::Builder::new()
         .name("scan".into())
         .spawn({
             let (snapshot, metrics, health) = (snapshot.clone(), metrics.clone(), health.clone());
             move || {
                 scan_loop(
-                    scanner, kube, interval, &snapshot, &metrics, &health, &stop_rx,
+                    scanner, kube, interval, &snapshot, &metrics, &health, &wake_rx,
                 )
             }
         })
@@ -126,15 +153,21 @@ pub async fn serve(
     });
     let served = server::run(listener, state, shutdown_signal()).await;
 
-    let _ = stop_tx.send(());
-    // The scan thread finishes its current scan (if any) and exits.
-    let _ = tokio::task::spawn_blocking(move || scan_thread.join()).await;
+    let _ = wake_tx.send(Wake::Stop);
+    stop_watching.store(true, Ordering::Relaxed);
+    // The scan thread finishes its current scan (if any) and exits; the watcher its poll.
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = scan_thread.join();
+        watcher.map(|w| w.join())
+    })
+    .await;
     tracing::info!("stopped");
     served.map_err(AgentError::Http)
 }
 
 /// Scans every `interval` until told to stop. A slow scan delays the next one rather than
-/// piling up; missed periods are skipped, not caught up.
+/// piling up; missed periods are skipped, not caught up. Failures the watcher finds between
+/// scans are correlated with the last snapshot and published at once.
 fn scan_loop(
     mut scanner: Scanner,
     mut kube: Option<KubeView>,
@@ -142,13 +175,14 @@ fn scan_loop(
     snapshot: &SharedSnapshot,
     metrics: &Metrics,
     health: &Health,
-    stop: &mpsc::Receiver<()>,
+    wake: &mpsc::Receiver<Wake>,
 ) {
     let mut next = Instant::now();
     let mut first = true;
+    let mut ledger = Ledger::default();
     loop {
         let pods = kube.as_ref().and_then(|k| k.pods.index());
-        let out = scanner.scan_with(pods.as_ref());
+        let mut out = scanner.scan_with(pods.as_ref());
         metrics.record_scan(&out.runs);
         if let Some(k) = kube.as_mut() {
             k.after_scan(&out.snapshot, pods.as_ref());
@@ -161,18 +195,60 @@ fn scan_loop(
             );
             first = false;
         }
+        out.snapshot.failures = ledger.recent();
+        out.snapshot.failure_counts = ledger.counts();
         snapshot.store(Some(Arc::new(out.snapshot)));
         health.mark_scanned();
 
-        let now = Instant::now();
         next += interval;
-        if next <= now {
-            next = now + interval;
+        loop {
+            let now = Instant::now();
+            if next <= now {
+                next = now + interval;
+                break;
+            }
+            match wake.recv_timeout(next - now) {
+                Err(RecvTimeoutError::Timeout) => break,
+                Ok(Wake::Failures(found)) => {
+                    on_failures(&found, kube.as_mut(), &mut ledger, snapshot);
+                }
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            }
         }
-        match stop.recv_timeout(next - now) {
-            Err(RecvTimeoutError::Timeout) => continue,
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-        }
+    }
+}
+
+/// Correlates failures with the last snapshot, counts them, publishes their Events and swaps
+/// in a snapshot that carries them (so /metrics counts them before the next scan).
+fn on_failures(
+    found: &[Detected],
+    kube: Option<&mut KubeView>,
+    ledger: &mut Ledger,
+    snapshot: &SharedSnapshot,
+) {
+    let last = snapshot.load_full();
+    let pods = kube.as_ref().and_then(|k| k.pods.index());
+    let holders = kube
+        .as_ref()
+        .map_or_else(|| Arc::new(GpuHolders::new()), |k| k.gpu_holders.holders());
+    let known = Known {
+        snapshot: last.as_deref(),
+        pods: pods.as_ref(),
+        holders: &holders,
+    };
+    let failures: Vec<Failure> = found.iter().map(|d| correlate(d, known)).collect();
+    for f in &failures {
+        tracing::warn!(kind = f.kind.as_str(), "{}", f.message);
+    }
+    ledger.record(&failures, Instant::now());
+    if let Some(k) = kube {
+        k.after_failures(&failures, pods.as_ref());
+    }
+    if let Some(last) = last {
+        let mut next = Snapshot::clone(&last);
+        next.failures = ledger.recent();
+        next.failure_counts = ledger.counts();
+        snapshot.store(Some(Arc::new(next)));
     }
 }
 

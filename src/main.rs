@@ -5,12 +5,17 @@ use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use shmlink::cli::{Cli, Command, CommonArgs, KubeMode, LogFormat};
+use shmlink::cli::{Cli, Command, CommonArgs, FailureSourceArgs, KubeMode, LogFormat};
 use shmlink::findings::Severity;
 use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
+use shmlink::incidents::correlate::{correlate, finding, Known};
+use shmlink::incidents::watch::{collect, Sources};
+use shmlink::incidents::Detected;
+use shmlink::kube::events::GpuHolders;
+use shmlink::snapshot::Snapshot;
 use shmlink::kube::pods::{list_once, PodIndex};
 use shmlink::scan::Scanner;
 use shmlink::{agent, report};
@@ -31,8 +36,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => {
             init_logging(LogFormat::Text, "warn");
             let pods = pods_once(args.kube, &args.common.node_name())?;
-            let mut scanner = scanner(&args.common, false)?;
-            let snapshot = scanner.scan_with(pods.as_ref()).snapshot;
+            let sources = sources(&args.common, &args.sources);
+            let mut scanner = scanner(&args.common, false)?
+                .with_docker_root(sources.docker_root.clone());
+            let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
+            let since = std::time::SystemTime::now() - args.since;
+            add_failures(&mut snapshot, &collect(&sources, since), pods.as_ref());
             let mut stdout = std::io::stdout().lock();
             if args.json {
                 report::write_json(&mut stdout, &snapshot)?;
@@ -48,7 +57,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => {
             init_logging(args.log_format, "info");
-            let scanner = scanner(&args.common, true)?.without_shmem_stat();
+            let sources = sources(&args.common, &args.sources);
+            let scanner = scanner(&args.common, true)?
+                .without_shmem_stat()
+                .with_docker_root(sources.docker_root.clone())
+                .with_peak_sampling(args.common.host.proc_root.clone(), PEAK_PERIOD);
             let kube = agent::KubeSettings {
                 mode: args.kube,
                 node: args.common.node_name(),
@@ -60,7 +73,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            runtime.block_on(agent::serve(scanner, args.listen, args.interval, kube))?;
+            runtime.block_on(agent::serve(
+                scanner,
+                args.listen,
+                args.interval,
+                kube,
+                sources,
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Preflight(args) => {
@@ -132,6 +151,40 @@ fn scanner(common: &CommonArgs, with_xid_thread: bool) -> anyhow::Result<Scanner
         },
     );
     Ok(Scanner::new(&host, common.node_name(), thresholds, gpu)?)
+}
+
+/// How often a container's /dev/shm is sampled between scans while it is half full or growing.
+const PEAK_PERIOD: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The failure sources as the options name them (`off` turns one off).
+fn sources(common: &CommonArgs, args: &FailureSourceArgs) -> Sources {
+    let host = HostPaths {
+        proc_root: common.host.proc_root.clone(),
+        cgroup_root: common.host.cgroup_root.clone(),
+    };
+    Sources {
+        pod_log_root: FailureSourceArgs::on(&args.pod_log_root),
+        docker_root: FailureSourceArgs::on(&args.docker_root),
+        kmsg: FailureSourceArgs::on(&args.kmsg),
+        proc_root: host.proc_root.clone(),
+        host_mnt: host.host_namespaces().ok().map(|ns| ns.mnt),
+    }
+}
+
+/// `check`: the failures told since `--since`, with what this scan knows, as findings too.
+fn add_failures(snapshot: &mut Snapshot, found: &[Detected], pods: Option<&PodIndex>) {
+    let holders = GpuHolders::new();
+    let known = Known {
+        snapshot: Some(snapshot),
+        pods,
+        holders: &holders,
+    };
+    let failures: Vec<_> = found.iter().map(|d| correlate(d, known)).collect();
+    snapshot.findings.extend(failures.iter().map(finding));
+    snapshot
+        .findings
+        .sort_by_key(|f| std::cmp::Reverse(f.severity));
+    snapshot.failures = failures;
 }
 
 /// This node's Pods for a one-shot `check`: `auto` goes on without them when the API server

@@ -1,14 +1,18 @@
 //! One scan of the machine: every collector, then the findings, into one [`Snapshot`].
 //! Blocking I/O: callers run it on a thread of its own, never on the async runtime.
 
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
+use crate::docker::DockerNames;
+use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
 use crate::shm::ShmScanner;
-use crate::snapshot::{Snapshot, XidCount};
+use crate::snapshot::{ShmReading, Snapshot, XidCount};
 
 /// The collectors named in `shmlink_scan_duration_seconds{collector=...}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,6 +48,11 @@ pub struct Scanner {
     thresholds: Thresholds,
     shm: ShmScanner,
     gpu: GpuCollector,
+    docker: DockerNames,
+    /// `serve`: samples /dev/shm between scans where it matters, for the peak.
+    peaks: Option<PeakSampler>,
+    /// Each container's used bytes at the previous scan (what "growing" is measured from).
+    previous_used: HashMap<String, u64>,
 }
 
 impl Scanner {
@@ -58,7 +67,23 @@ impl Scanner {
             thresholds,
             shm: ShmScanner::new(host)?,
             gpu,
+            docker: DockerNames::new(None),
+            peaks: None,
+            previous_used: HashMap::new(),
         })
+    }
+
+    /// Names plain Docker containers from Docker's own records under `docker_root`.
+    pub fn with_docker_root(mut self, docker_root: Option<PathBuf>) -> Self {
+        self.docker = DockerNames::new(docker_root);
+        self
+    }
+
+    /// Samples the /dev/shm of containers that are half full or growing every `period`
+    /// between scans, so a scan reports the peak since the previous one (`serve`).
+    pub fn with_peak_sampling(mut self, proc_root: PathBuf, period: Duration) -> Self {
+        self.peaks = Some(PeakSampler::start(proc_root, period));
+        self
     }
 
     /// Leaves out what only `check --json` reports (`memory_shmem_bytes`, from memory.stat):
@@ -66,6 +91,46 @@ impl Scanner {
     pub fn without_shmem_stat(mut self) -> Self {
         self.shm.set_read_shmem(false);
         self
+    }
+
+    /// Containers outside Kubernetes get the name and image Docker knows them by.
+    fn name_docker_containers(&mut self, readings: &mut [ShmReading]) {
+        for r in readings.iter_mut().filter(|r| r.pod_uid.is_none()) {
+            if let Some(c) = self.docker.lookup(&r.container_id) {
+                r.container = Some(c.name);
+                r.image = Some(c.image);
+            }
+        }
+        let live: HashSet<String> = readings.iter().map(|r| r.container_id.clone()).collect();
+        self.docker.retain(&live);
+    }
+
+    /// The peak since the previous scan, and which containers to sample until the next.
+    fn track_peaks(&mut self, readings: &mut [ShmReading]) {
+        let Some(sampler) = &self.peaks else {
+            return;
+        };
+        let peaks = sampler.take_peaks();
+        let mut targets = Vec::new();
+        for r in readings.iter_mut() {
+            let Some(used) = r.used_bytes else {
+                continue;
+            };
+            let peak = peaks.get(&r.container_id).copied().unwrap_or(0);
+            r.used_peak_bytes = Some(used.max(peak));
+            let previous = self.previous_used.get(&r.container_id).copied();
+            if worth_watching(previous, used, r.available_bytes.unwrap_or(0)) {
+                targets.push(PeakTarget {
+                    container_id: r.container_id.clone(),
+                    pid: r.pid,
+                });
+            }
+        }
+        self.previous_used = readings
+            .iter()
+            .filter_map(|r| Some((r.container_id.clone(), r.used_bytes?)))
+            .collect();
+        sampler.watch(targets);
     }
 
     /// One scan without Kubernetes names.
@@ -87,6 +152,8 @@ impl Scanner {
         if let Some(pods) = pods {
             pods.annotate(&mut readings);
         }
+        self.name_docker_containers(&mut readings);
+        self.track_peaks(&mut readings);
         let mut findings = shm_findings(&mut readings, &self.thresholds, pods);
 
         let started = Instant::now();

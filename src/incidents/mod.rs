@@ -9,6 +9,8 @@
 
 pub mod attribute;
 pub mod correlate;
+pub mod ledger;
+pub mod watch;
 
 use std::time::SystemTime;
 

@@ -1,0 +1,209 @@
+//! Following the sources: the container logs and the kernel log, read on a thread of its own in
+//! `serve` (every [`POLL`]), or back over `--since` in `check` ([`collect`]). What they say is
+//! recognised (`failures::`), placed (`attribute`), and handed on as [`Detected`].
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use super::attribute::who_is_pid;
+use super::{cut, Detected, FailureSource, Who, EVIDENCE_MAX};
+use crate::failures::kmsg::{kernel_event, KernelEvent, KmsgRecord};
+use crate::failures::reader::{KmsgReader, KmsgStart};
+use crate::failures::signatures::{LogFailure, Signatures};
+use crate::findings::FindingKind;
+use crate::host::NsId;
+use crate::logs::{LogLine, LogOrigin, LogSettings, LogTailer};
+
+/// How often `serve` reads the sources: a failure reaches its Event well within 2 s.
+pub const POLL: Duration = Duration::from_millis(200);
+/// Lines per second one container may log before the rest is dropped (and counted): a flood
+/// costs its own lines, not the node's CPU.
+pub const MAX_LINES_PER_SEC: u32 = 2000;
+/// Kernel records read per poll at most.
+const KMSG_BATCH: usize = 4096;
+
+/// Where the failures are told, and how to place a host PID.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    pub pod_log_root: Option<PathBuf>,
+    pub docker_root: Option<PathBuf>,
+    pub kmsg: Option<PathBuf>,
+    pub proc_root: PathBuf,
+    /// The host's mount namespace: a process in it is not a container's.
+    pub host_mnt: Option<NsId>,
+}
+
+impl Sources {
+    fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            pod_log_root: self.pod_log_root.clone(),
+            docker_root: self.docker_root.clone(),
+            max_lines_per_sec: MAX_LINES_PER_SEC,
+        }
+    }
+}
+
+/// Lines and kernel records in, failures out.
+pub struct Recogniser {
+    signatures: Signatures,
+    proc_root: PathBuf,
+    host_mnt: Option<NsId>,
+}
+
+impl Recogniser {
+    pub fn new(sources: &Sources) -> Recogniser {
+        Recogniser {
+            signatures: Signatures::new(),
+            proc_root: sources.proc_root.clone(),
+            host_mnt: sources.host_mnt,
+        }
+    }
+
+    /// A container's line: only ever about that container.
+    pub fn log_line(&self, line: &LogLine) -> Option<Detected> {
+        let m = self.signatures.match_line(&line.text)?;
+        let who = match &line.origin {
+            LogOrigin::Pod {
+                namespace,
+                pod,
+                uid,
+                container,
+            } => Who::Pod {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+                uid: uid.clone(),
+                container: container.clone(),
+            },
+            LogOrigin::Docker { id } => Who::Container {
+                pod_uid: None,
+                container_id: id.clone(),
+            },
+        };
+        Some(Detected {
+            who,
+            kind: match m.kind {
+                LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
+                LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
+            },
+            at: line.at,
+            source: FailureSource::Log,
+            evidence: cut(line.text.trim(), EVIDENCE_MAX),
+            pid: None,
+            comm: None,
+            library: None,
+            nccl_gpus: m.gpus,
+        })
+    }
+
+    /// A kernel record: a crash in a GPU library, placed through the crashing PID at once.
+    /// XIDs are NVML's to count (one count, not two), so they are not taken here.
+    pub fn kernel(&self, record: &KmsgRecord, at: SystemTime) -> Option<Detected> {
+        let KernelEvent::GpuLibCrash { comm, pid, library } = kernel_event(record)? else {
+            return None;
+        };
+        Some(Detected {
+            who: who_is_pid(&self.proc_root, pid, self.host_mnt),
+            kind: FindingKind::GpuJobCrashed,
+            at,
+            source: FailureSource::Kernel,
+            evidence: cut(record.message.trim(), EVIDENCE_MAX),
+            pid: Some(pid),
+            comm: Some(comm),
+            library: Some(library),
+            nccl_gpus: None,
+        })
+    }
+}
+
+/// `check`: what the logs and the kernel said since `since`.
+pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
+    let recogniser = Recogniser::new(sources);
+    let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
+        .poll()
+        .iter()
+        .filter_map(|l| recogniser.log_line(l))
+        .collect();
+    if let Some(path) = &sources.kmsg {
+        match KmsgReader::open(path, KmsgStart::Since(since)) {
+            Ok(mut reader) => loop {
+                let batch = reader.read_available(KMSG_BATCH);
+                if batch.is_empty() {
+                    break;
+                }
+                for r in &batch {
+                    let at = reader.wall_time(r.usec);
+                    if at >= since {
+                        out.extend(recogniser.kernel(r, at));
+                    }
+                }
+            },
+            Err(e) => tracing::warn!("not reading the kernel log {}: {e}", path.display()),
+        }
+    }
+    out.sort_by_key(|d| d.at);
+    out
+}
+
+/// `serve`: follows the sources from now on and hands each poll's failures to `deliver`
+/// (the scan thread's queue). Stops when `stop` is set. None when every source is off.
+pub fn spawn<F>(sources: Sources, deliver: F, stop: Arc<AtomicBool>) -> Option<JoinHandle<()>>
+where
+    F: Fn(Vec<Detected>) -> bool + Send + 'static,
+{
+    if sources.pod_log_root.is_none() && sources.docker_root.is_none() && sources.kmsg.is_none()
+    {
+        return None;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("failures".into())
+        .spawn(move || {
+            let recogniser = Recogniser::new(&sources);
+            let mut logs = LogTailer::from_end(sources.log_settings());
+            let mut kmsg = sources.kmsg.as_ref().and_then(|path| {
+                KmsgReader::open(path, KmsgStart::End)
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "not reading the kernel log {}: {e} (reading it needs CAP_SYSLOG \
+                             where kernel.dmesg_restrict=1)",
+                            path.display()
+                        )
+                    })
+                    .ok()
+            });
+            while !stop.load(Ordering::Relaxed) {
+                let mut found: Vec<Detected> = logs
+                    .poll()
+                    .iter()
+                    .filter_map(|l| recogniser.log_line(l))
+                    .collect();
+                if let Some(reader) = kmsg.as_mut() {
+                    for r in reader.read_available(KMSG_BATCH) {
+                        let at = reader.wall_time(r.usec);
+                        found.extend(recogniser.kernel(&r, at));
+                    }
+                }
+                if !found.is_empty() && !deliver(found) {
+                    return;
+                }
+                std::thread::sleep(POLL);
+            }
+        });
+    match spawned {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!("cannot start the failure watcher: {e}");
+            None
+        }
+    }
+}
+
+/// The scan thread's side: a channel the watcher delivers into.
+pub fn channel<T: Send + 'static>(
+    tx: mpsc::Sender<T>,
+    wrap: fn(Vec<Detected>) -> T,
+) -> impl Fn(Vec<Detected>) -> bool + Send + 'static {
+    move |batch| tx.send(wrap(batch)).is_ok()
+}
