@@ -271,7 +271,7 @@ pub fn nccl_p2p_disabled(
     pairs: &[PairThen],
 ) -> String {
     let between = nccl.map_or(String::new(), |(a, b)| {
-        format!(" between its CUDA devices {a} and {b}")
+        format!(" between GPUs {a} and {b} (as the container numbers them)")
     });
     let mut out = format!(
         "NCCL in {who} says P2P is disabled{between} although they are NVLink-connected, at \

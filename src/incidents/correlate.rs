@@ -20,7 +20,7 @@ pub struct Known<'a> {
 
 /// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs.
 pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
-    let mut id = identity(d, known.pods);
+    let mut id = identity(&placed(d, known.snapshot), known.pods);
     let reading = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
     if let Some(r) = reading {
         // The scan's reading names what the source did not (the Pod cache, Docker's record).
@@ -137,8 +137,24 @@ impl Identity {
     }
 }
 
-fn identity(d: &Detected, pods: Option<&PodIndex>) -> Identity {
-    match &d.who {
+/// A crashed process that was gone before `/proc/PID/cgroup` could be read: the container the
+/// last scan measured through that very PID (a container's main process), if any.
+fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
+    match (&d.who, d.pid, snapshot) {
+        (Who::Process, Some(pid), Some(s)) => s
+            .shm
+            .iter()
+            .find(|r| r.pid == pid)
+            .map_or(Who::Process, |r| Who::Container {
+                pod_uid: r.pod_uid.clone(),
+                container_id: r.container_id.clone(),
+            }),
+        (who, _, _) => who.clone(),
+    }
+}
+
+fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
+    match who {
         Who::Pod {
             namespace,
             pod,

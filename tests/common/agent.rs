@@ -97,6 +97,17 @@ impl Agent {
             } else {
                 &["--kube", "off"][..]
             })
+            // The machine's own logs are no test's business unless it names a source.
+            .args(
+                [
+                    ("--pod-log-root", "off"),
+                    ("--docker-root", "off"),
+                    ("--kmsg", "off"),
+                ]
+                .iter()
+                .filter(|(option, _)| !extra.contains(option))
+                .flat_map(|(option, value)| [*option, *value]),
+            )
             .args(extra)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

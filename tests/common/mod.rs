@@ -26,6 +26,14 @@ const RUNC_ROOT: &str = "/run/shmlink-e2e";
 const BUSYBOX: &str = "/bin/busybox";
 
 pub fn shmlink_bin() -> &'static str {
+    // The machine's own logs are no test's business: its kernel log holds other tests'
+    // crashes. A test that reads a source names it on the command line (options beat these).
+    static QUIET: OnceLock<()> = OnceLock::new();
+    QUIET.get_or_init(|| {
+        for var in ["SHMLINK_KMSG", "SHMLINK_POD_LOG_ROOT", "SHMLINK_DOCKER_ROOT"] {
+            std::env::set_var(var, "off");
+        }
+    });
     env!("CARGO_BIN_EXE_shmlink")
 }
 
@@ -211,6 +219,9 @@ pub struct ContainerSpec {
     pub memory_limit: Option<i64>,
     /// More OCI mounts, after the default ones (e.g. [`ro_bind`], [`cgroup_mount`]).
     pub extra_mounts: Vec<Value>,
+    /// Some: the container's stdout and stderr are written to this file as containerd writes
+    /// a CRI log (`<RFC 3339 nano> <stream> F <line>`), by a shim thread of the test.
+    pub cri_log: Option<PathBuf>,
 }
 
 /// An OCI mount: `source` on the host bound read-only at `destination` in the container.
@@ -224,6 +235,27 @@ pub fn ro_bind(source: impl AsRef<Path>, destination: &str) -> Value {
 pub fn cgroup_mount() -> Value {
     json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]})
+}
+
+/// containerd's log writer in small: each line of output becomes `<time> stderr F <line>`,
+/// appended to `path` as it comes; the thread ends when the container closes its output.
+fn cri_shim(output: std::io::PipeReader, path: PathBuf) {
+    use std::io::{BufRead, Write};
+    std::thread::spawn(move || {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("the CRI log file");
+        for line in std::io::BufReader::new(output).split(b'\n') {
+            let Ok(line) = line else { break };
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let mut record = format!("{} stderr F ", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")).into_bytes();
+            record.extend_from_slice(&line);
+            record.push(b'\n');
+            let _ = file.write_all(&record);
+        }
+    });
 }
 
 /// A running runc container; killed and deleted on drop.
@@ -252,16 +284,24 @@ impl Container {
             serde_json::to_vec_pretty(&config).unwrap(),
         )
         .unwrap();
-        // Detached: the container keeps the stdio it is given, so give it a file, never a pipe
-        // this process would wait on.
+        // Detached: the container keeps the stdio it is given, so give it a file, or a pipe
+        // that only the CRI shim thread reads, never one this process would wait on.
         let log = std::fs::File::create(bundle.path().join("console.log")).unwrap();
+        let (stdout, stderr): (Stdio, Stdio) = match &spec.cri_log {
+            Some(path) => {
+                let (reader, writer) = std::io::pipe().expect("a pipe for the CRI shim");
+                cri_shim(reader, path.clone());
+                (writer.try_clone().unwrap().into(), writer.into())
+            }
+            None => (log.try_clone().unwrap().into(), log.into()),
+        };
         let out = Command::new("runc")
             .args(["--root", RUNC_ROOT, "run", "-d", "--bundle"])
             .arg(bundle.path())
             .arg(&id)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stdout(stdout)
+            .stderr(stderr)
             .status()
             .expect("running runc");
         assert!(
