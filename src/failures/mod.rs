@@ -1,0 +1,57 @@
+//! Why a workload died, from what it said: its log lines matched against known failure texts
+//! (`signatures.rs`).
+
+pub mod signatures;
+
+pub use signatures::{LogFailure, LogMatch, Signature, Signatures, SIGNATURES};
+
+/// A seeded generator for the parsers' garbage tests: reproducible, no dependency.
+#[cfg(test)]
+pub(crate) mod tests_rng {
+    pub struct Rng(u64);
+
+    impl Rng {
+        pub fn new(seed: u64) -> Self {
+            Rng(seed | 1)
+        }
+
+        /// xorshift64*
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        pub fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+
+        /// `seed` with a few bytes replaced, inserted or removed, and maybe cut short; the
+        /// replacements favour the parsers' delimiters.
+        pub fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
+            const SPECIAL: &[u8] = b"[]:;,.+\\x \n0123456789abcdef(PCI)";
+            let mut out = seed.to_vec();
+            for _ in 0..=self.below(4) {
+                let at = self.below(out.len() + 1);
+                let byte = if self.below(2) == 0 {
+                    SPECIAL[self.below(SPECIAL.len())]
+                } else {
+                    self.next() as u8
+                };
+                match self.below(3) {
+                    0 if at < out.len() => out[at] = byte,
+                    1 if at < out.len() => {
+                        out.remove(at);
+                    }
+                    _ => out.insert(at, byte),
+                }
+            }
+            if self.below(4) == 0 {
+                let len = self.below(out.len() + 1);
+                out.truncate(len);
+            }
+            out
+        }
+    }
+}
