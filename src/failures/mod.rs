@@ -1,8 +1,11 @@
-//! Why a workload died, from what it said: its log lines matched against known failure texts
-//! (`signatures.rs`).
+//! Why a workload died, from what it and the kernel said: its log lines matched against known
+//! failure texts (`signatures.rs`), and the kernel log's records about GPU libraries and GPUs
+//! (`kmsg.rs`).
 
+pub mod kmsg;
 pub mod signatures;
 
+pub use kmsg::{kernel_event, parse_record, same_pci_device, KernelEvent, KmsgRecord};
 pub use signatures::{LogFailure, LogMatch, Signature, Signatures, SIGNATURES};
 
 /// A seeded generator for the parsers' garbage tests: reproducible, no dependency.
@@ -25,6 +28,11 @@ pub(crate) mod tests_rng {
 
         pub fn below(&mut self, n: usize) -> usize {
             (self.next() % n.max(1) as u64) as usize
+        }
+
+        pub fn bytes(&mut self, max_len: usize) -> Vec<u8> {
+            let len = self.below(max_len + 1);
+            (0..len).map(|_| self.next() as u8).collect()
         }
 
         /// `seed` with a few bytes replaced, inserted or removed, and maybe cut short; the
