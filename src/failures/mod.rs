@@ -1,11 +1,13 @@
 //! Why a workload died, from what it and the kernel said: its log lines matched against known
 //! failure texts (`signatures.rs`), and the kernel log's records about GPU libraries and GPUs
-//! (`kmsg.rs`).
+//! (`kmsg.rs`, read by `reader.rs`). Parsing is pure; only the reader touches /dev/kmsg.
 
 pub mod kmsg;
+pub mod reader;
 pub mod signatures;
 
 pub use kmsg::{kernel_event, parse_record, same_pci_device, KernelEvent, KmsgRecord};
+pub use reader::{KmsgReader, KmsgStart};
 pub use signatures::{LogFailure, LogMatch, Signature, Signatures, SIGNATURES};
 
 /// A seeded generator for the parsers' garbage tests: reproducible, no dependency.
