@@ -7,6 +7,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod cli;
 pub mod docker;
+pub mod failures;
 pub mod findings;
 #[doc(hidden)]
 pub mod fixtures;

@@ -1,0 +1,322 @@
+//! I/O: /dev/kmsg read without blocking. Each read(2) returns exactly one record; the kernel
+//! keeps each reader's position, and when the ring overwrote records before we read them the
+//! read fails with EPIPE and the position jumps to the oldest record left.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{Mode, OFlags, SeekFrom};
+use rustix::io::Errno;
+
+use super::kmsg::{parse_record, KmsgRecord};
+
+/// The kernel formats a record into CONSOLE_EXT_LOG_MAX (8 KiB) and fails a smaller read with
+/// EINVAL without moving on; twice that leaves room should the limit grow.
+const READ_BUF: usize = 16 * 1024;
+
+/// Where reading starts.
+pub enum KmsgStart {
+    /// Only records written after the open.
+    End,
+    /// The oldest record the ring still holds whose wall-clock time is at or after this one.
+    Since(SystemTime),
+}
+
+pub struct KmsgReader {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    /// Records before this time are skipped (`KmsgStart::Since`), until the first one after.
+    since: Option<SystemTime>,
+    /// Wall-clock time of boot, refreshed on each batch that returns records.
+    boot: SystemTime,
+    loss: Loss,
+}
+
+impl KmsgReader {
+    /// O_RDONLY|O_NONBLOCK|O_CLOEXEC; End: lseek(SEEK_END) (only new records). Reading
+    /// needs CAP_SYSLOG when `kernel.dmesg_restrict` is 1.
+    pub fn open(path: &Path, start: KmsgStart) -> io::Result<KmsgReader> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let since = match start {
+            KmsgStart::End => {
+                rustix::fs::seek(&fd, SeekFrom::End(0))?;
+                None
+            }
+            // A fresh open already stands at the oldest record.
+            KmsgStart::Since(t) => Some(t),
+        };
+        Ok(KmsgReader {
+            fd,
+            buf: vec![0; READ_BUF],
+            since,
+            boot: boot_time_now(),
+            loss: Loss::default(),
+        })
+    }
+
+    /// Records available now, without blocking; EAGAIN ends the batch; EPIPE (records overwritten before we read them) is counted in `lost()` and reading goes on; at most `max` records per call.
+    pub fn read_available(&mut self, max: usize) -> Vec<KmsgRecord> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let n = match rustix::io::read(&self.fd, &mut self.buf) {
+                Ok(0) | Err(Errno::AGAIN) => break,
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(Errno::PIPE) => {
+                    self.loss.overrun();
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading /dev/kmsg");
+                    break;
+                }
+            };
+            let Some(record) = self.buf.get(..n).and_then(parse_record) else {
+                continue;
+            };
+            self.loss.seen(record.seq);
+            if let Some(since) = self.since {
+                if wall_time(self.boot, record.usec) < since {
+                    continue;
+                }
+                self.since = None;
+            }
+            out.push(record);
+        }
+        if !out.is_empty() {
+            // The wall clock may have been stepped since the open.
+            self.boot = boot_time_now();
+        }
+        out
+    }
+
+    /// Records overwritten before they were read.
+    pub fn lost(&self) -> u64 {
+        self.loss.lost
+    }
+
+    /// Wall-clock time of a record: boot time + usec. Boot time is CLOCK_REALTIME minus
+    /// CLOCK_BOOTTIME, read from /proc/uptime (10 ms steps) because the library's rustix lacks
+    /// the `time` feature (clock_gettime). BOOTTIME and the records' MONOTONIC-like clock part
+    /// only over a suspend, which a GPU node does not do. The records' clock is not slewed by
+    /// NTP, so after weeks of uptime a time can be seconds off.
+    pub fn wall_time(&self, usec: u64) -> SystemTime {
+        wall_time(self.boot, usec)
+    }
+}
+
+/// Counts records lost to overruns: one per EPIPE at once, the rest of the gap in sequence
+/// numbers once the next record says how far the kernel jumped.
+#[derive(Debug, Default)]
+struct Loss {
+    last: Option<u64>,
+    pending: bool,
+    lost: u64,
+}
+
+impl Loss {
+    fn overrun(&mut self) {
+        if !self.pending {
+            self.pending = true;
+            self.lost = self.lost.saturating_add(1);
+        }
+    }
+
+    fn seen(&mut self, seq: u64) {
+        if std::mem::take(&mut self.pending) {
+            if let Some(last) = self.last {
+                let gap = seq.saturating_sub(last.saturating_add(1));
+                self.lost = self.lost.saturating_add(gap.saturating_sub(1));
+            }
+        }
+        self.last = Some(seq);
+    }
+}
+
+fn wall_time(boot: SystemTime, usec: u64) -> SystemTime {
+    boot.checked_add(Duration::from_micros(usec))
+        .unwrap_or(boot)
+}
+
+/// The kernel's clocks are the same in every mount namespace, so the agent's own /proc serves
+/// (a time namespace would offset it; /dev/kmsg is not offset, and pods do not use one).
+fn boot_time_now() -> SystemTime {
+    let since_boot = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| parse_uptime(&s))
+        .unwrap_or_else(|| {
+            Duration::from_secs(u64::try_from(rustix::system::sysinfo().uptime).unwrap_or(0))
+        });
+    boot_time(SystemTime::now(), since_boot)
+}
+
+fn boot_time(now: SystemTime, since_boot: Duration) -> SystemTime {
+    now.checked_sub(since_boot).unwrap_or(UNIX_EPOCH)
+}
+
+/// The first field of /proc/uptime: seconds since boot, `4312.84`.
+fn parse_uptime(content: &str) -> Option<Duration> {
+    let field = content.split_ascii_whitespace().next()?;
+    let (secs, frac) = field.split_once('.').unwrap_or((field, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if secs.is_empty() || !digits(secs) || !digits(frac) || frac.len() > 9 {
+        return None;
+    }
+    let nanos = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u32>().ok()? * 10u32.pow(9 - frac.len() as u32)
+    };
+    Some(Duration::new(secs.parse().ok()?, nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failures::kmsg::kernel_event;
+
+    const KMSG: &str = "/dev/kmsg";
+
+    /// The reader tests need the real device; without it they say so and pass nothing else.
+    fn open(start: KmsgStart) -> Option<KmsgReader> {
+        match KmsgReader::open(Path::new(KMSG), start) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("SKIPPED: {KMSG} not readable ({e}); no kernel log facts tested");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn reading_from_the_end_returns_at_once() {
+        let Some(mut reader) = open(KmsgStart::End) else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let first = reader.read_available(1000);
+        let second = reader.read_available(1000);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Only what was logged since the open, each record once.
+        let mut seqs: Vec<u64> = first.iter().chain(&second).map(|r| r.seq).collect();
+        let n = seqs.len();
+        seqs.dedup();
+        assert_eq!(seqs.len(), n);
+        assert_eq!(reader.read_available(0), []);
+    }
+
+    #[test]
+    fn a_record_user_space_writes_comes_back_as_user_facility_and_no_kernel_fact() {
+        let Some(mut reader) = open(KmsgStart::End) else {
+            return;
+        };
+        // A write needs root (or CAP_SYSLOG-free write access to /dev/kmsg); without it the
+        // read side above is all there is to test.
+        let marker = format!(
+            "shmlink failures::reader test {}: python3[1]: segfault at 0 ip 0 sp 0 error 4 in \
+             libnccl.so.2[7f0000000000+1000]",
+            std::process::id()
+        );
+        if std::fs::write(KMSG, format!("<14>{marker}\n")).is_err() {
+            eprintln!("SKIPPED: {KMSG} not writable; the facility of a user record is not tested");
+            return;
+        }
+        let mut found = None;
+        for _ in 0..100 {
+            found = reader
+                .read_available(1000)
+                .into_iter()
+                .find(|r| r.message == marker);
+            if found.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let record = found.expect("the record just written");
+        assert_eq!((record.facility, record.level), (1, 6));
+        assert_eq!(kernel_event(&record), None);
+        // Its wall-clock time is now, give or take the clocks' difference.
+        let age = SystemTime::now()
+            .duration_since(reader.wall_time(record.usec))
+            .unwrap_or_else(|e| e.duration());
+        assert!(age < Duration::from_secs(60), "{age:?}");
+    }
+
+    #[test]
+    fn since_skips_older_records() {
+        let Some(mut old) = open(KmsgStart::Since(UNIX_EPOCH)) else {
+            return;
+        };
+        // A running kernel's ring is never empty.
+        assert!(!old.read_available(10).is_empty());
+        let Some(mut future) = open(KmsgStart::Since(
+            SystemTime::now() + Duration::from_secs(3600),
+        )) else {
+            return;
+        };
+        assert_eq!(future.read_available(100_000), []);
+    }
+
+    #[test]
+    fn wall_time_is_boot_plus_the_record_time() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let boot = boot_time(now, Duration::from_millis(4_312_840));
+        assert_eq!(boot, UNIX_EPOCH + Duration::from_millis(1_699_995_687_160));
+        assert_eq!(
+            wall_time(boot, 5_503_016_123),
+            UNIX_EPOCH + Duration::from_micros(1_699_995_687_160_000 + 5_503_016_123)
+        );
+        assert_eq!(wall_time(boot, 0), boot);
+        // Absurd clocks do not panic.
+        assert_eq!(boot_time(UNIX_EPOCH, Duration::MAX), UNIX_EPOCH);
+        let _ = wall_time(boot, u64::MAX);
+    }
+
+    #[test]
+    fn uptime_parses_to_the_hundredth() {
+        assert_eq!(
+            parse_uptime("4312.84 5164.96\n"),
+            Some(Duration::from_millis(4_312_840))
+        );
+        assert_eq!(parse_uptime("7 1\n"), Some(Duration::from_secs(7)));
+        for bad in [
+            "",
+            "\n",
+            "-1.0 2",
+            "1.2.3 4",
+            "x",
+            "1.1234567890 2",
+            "+4.0 1",
+        ] {
+            assert_eq!(parse_uptime(bad), None, "{bad:?}");
+        }
+        assert!(parse_uptime(&std::fs::read_to_string("/proc/uptime").unwrap()).is_some());
+    }
+
+    #[test]
+    fn lost_records_are_the_gap_an_overrun_leaves() {
+        let mut loss = Loss::default();
+        loss.seen(10);
+        loss.seen(11);
+        assert_eq!(loss.lost, 0);
+        // EPIPE: the kernel jumps to the oldest record left, 20.
+        loss.overrun();
+        assert_eq!(loss.lost, 1);
+        loss.overrun();
+        loss.seen(20);
+        assert_eq!(loss.lost, 8);
+        loss.seen(21);
+        assert_eq!(loss.lost, 8);
+        // An overrun before any record: at least one lost, the gap unknown.
+        let mut fresh = Loss::default();
+        fresh.overrun();
+        fresh.seen(500);
+        assert_eq!(fresh.lost, 1);
+    }
+}
