@@ -206,9 +206,13 @@ impl fmt::Display for ContainerRef {
                 Some(c) => write!(f, "{ns}/{pod}/{c}"),
                 None => write!(f, "{ns}/{pod}"),
             },
-            _ => match &self.pod_uid {
-                Some(uid) => write!(f, "pod {uid} container {}", short_id(&self.container_id)),
-                None => write!(f, "container {}", short_id(&self.container_id)),
+            _ => match (&self.pod_uid, &self.container) {
+                (Some(uid), _) => {
+                    write!(f, "pod {uid} container {}", short_id(&self.container_id))
+                }
+                // A plain Docker container, by the name Docker knows it by.
+                (None, Some(name)) => write!(f, "container {name}"),
+                (None, None) => write!(f, "container {}", short_id(&self.container_id)),
             },
         }
     }
