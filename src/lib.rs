@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod gpu;
 pub mod host;
 pub mod kube;
+pub mod logs;
 pub mod metrics;
 pub mod preflight;
 pub mod procfs;
