@@ -15,6 +15,7 @@ pub mod gpu;
 pub mod host;
 pub mod incidents;
 pub mod kube;
+pub mod logs;
 pub mod metrics;
 pub mod preflight;
 pub mod procfs;

@@ -1,0 +1,424 @@
+//! The workloads' own logs, read on the node, so that a finding can say why a workload died in
+//! its own words: kubelet's pod log files (CRI format) and Docker's json-file logs.
+//!
+//! Parsing is pure (`cri`, `docker`, `path`); `follow` does the I/O (discovery under the roots
+//! without symlinks, one fd per file, appends, truncation, rotation, the catch-up of `since`).
+//! This file holds the types, the joined-line bound both formats share, and the rate limit.
+
+mod cri;
+mod docker;
+mod follow;
+mod path;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+/// Bytes kept of one (joined) line; the rest is dropped and the line marked truncated.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// What a truncated line's text ends with, after the first (at most) [`MAX_LINE`] bytes. A text
+/// that was not cut is never longer than `MAX_LINE`, so the mark cannot be mistaken.
+pub const TRUNCATED_MARK: &str = " [truncated]";
+
+/// Whose log a line is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LogOrigin {
+    /// <pod-log-root>/<namespace>_<pod>_<uid>/<container>/<restart>.log (kubelet's layout)
+    Pod {
+        namespace: String,
+        pod: String,
+        uid: String,
+        container: String,
+    },
+    /// <docker-root>/containers/<id>/<id>-json.log (Docker's json-file driver)
+    Docker { id: String },
+}
+
+/// One complete line a workload wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub origin: LogOrigin,
+    /// The runtime's timestamp of the line (of its first part, for a joined one).
+    pub at: SystemTime,
+    /// No trailing newline; invalid UTF-8 replaced.
+    pub text: String,
+}
+
+impl LogLine {
+    /// Whether the line was longer than [`MAX_LINE`] and cut (its text ends with
+    /// [`TRUNCATED_MARK`]).
+    pub fn is_truncated(&self) -> bool {
+        self.text.len() > MAX_LINE && self.text.ends_with(TRUNCATED_MARK)
+    }
+}
+
+/// Where the logs are and how much of them to keep.
+#[derive(Debug, Clone, Default)]
+pub struct LogSettings {
+    pub pod_log_root: Option<PathBuf>,
+    pub docker_root: Option<PathBuf>,
+    /// lines per second per container kept; more are dropped and counted
+    pub max_lines_per_sec: u32,
+}
+
+/// Cumulative counts since the tailer was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Files opened (live, rotated and gzipped).
+    pub files: u64,
+    /// Bytes read (gzipped files counted decompressed).
+    pub bytes: u64,
+    /// Lines returned by `poll`.
+    pub lines: u64,
+    /// Lines dropped by the rate limit.
+    pub dropped_lines: u64,
+    /// Unreadable roots, directories and files, each counted once.
+    pub errors: u64,
+}
+
+/// Follows every container's log files under the roots. New files are looked for at most once a
+/// second; appends to known files are read on every poll.
+pub struct LogTailer {
+    follower: follow::Follower,
+    /// `since` mode: lines older than this are not returned.
+    since: Option<SystemTime>,
+    rate: u32,
+    buckets: HashMap<LogOrigin, Bucket>,
+    lines: u64,
+    dropped: u64,
+}
+
+impl LogTailer {
+    /// serve: follows from the end of every file that exists now (no replay of old history);
+    /// files that appear later are read from their start.
+    pub fn from_end(settings: LogSettings) -> LogTailer {
+        let mut tailer = LogTailer::new(&settings, follow::Start::AtEnd, None);
+        tailer.follower.discover();
+        tailer
+    }
+
+    /// check: the first poll returns what was written at or after `since` (including rotated
+    /// and gzipped files), later polls follow. Files last modified before `since` are not read.
+    pub fn since(settings: LogSettings, since: SystemTime) -> LogTailer {
+        LogTailer::new(&settings, follow::Start::Since(since), Some(since))
+    }
+
+    fn new(settings: &LogSettings, start: follow::Start, since: Option<SystemTime>) -> LogTailer {
+        LogTailer {
+            follower: follow::Follower::new(
+                settings.pod_log_root.clone(),
+                settings.docker_root.clone(),
+                start,
+            ),
+            since,
+            rate: settings.max_lines_per_sec,
+            buckets: HashMap::new(),
+            lines: 0,
+            dropped: 0,
+        }
+    }
+
+    /// New complete lines since the last poll, oldest first per file. Blocking file I/O only,
+    /// bounded work per call: at most 4 MiB read per file, except on the first poll of `since`,
+    /// which reads what is on disk (up to 256 MiB per file and its rotations); the rest is read
+    /// by the next polls.
+    pub fn poll(&mut self) -> Vec<LogLine> {
+        let mut out = Vec::new();
+        let LogTailer {
+            follower,
+            since,
+            rate,
+            buckets,
+            lines,
+            dropped,
+        } = self;
+        let mut newest = None;
+        follower.poll(&mut |origin, entry| {
+            if since.is_some_and(|since| entry.at < since) {
+                return;
+            }
+            if *rate > 0 {
+                newest = newest.max(Some(entry.at));
+                let admitted = match buckets.get_mut(origin) {
+                    Some(bucket) => bucket.admit(*rate, entry.at),
+                    None => {
+                        let mut bucket = Bucket::full(*rate, entry.at);
+                        let admitted = bucket.admit(*rate, entry.at);
+                        buckets.insert(origin.clone(), bucket);
+                        admitted
+                    }
+                };
+                if !admitted {
+                    *dropped += 1;
+                    return;
+                }
+            }
+            *lines += 1;
+            out.push(LogLine {
+                origin: origin.clone(),
+                at: entry.at,
+                text: entry.text,
+            });
+        });
+        // A bucket idle for a second is full again, the same as a new one: forgetting it keeps
+        // the map as small as the set of containers that are logging.
+        if let Some(newest) = newest {
+            buckets.retain(|_, b| b.last + Duration::from_secs(1) > newest);
+        }
+        out
+    }
+
+    /// Cumulative counts.
+    pub fn stats(&self) -> LogStats {
+        let tally = self.follower.tally();
+        LogStats {
+            files: tally.files,
+            bytes: tally.bytes,
+            lines: self.lines,
+            dropped_lines: self.dropped,
+            errors: tally.errors,
+        }
+    }
+}
+
+/// A line as a parser completes it, before its origin is attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    at: SystemTime,
+    text: String,
+}
+
+impl Entry {
+    /// A line that came whole; `truncated` when the reader kept only its head.
+    fn whole(at: SystemTime, bytes: &[u8], truncated: bool) -> Entry {
+        let truncated = truncated || bytes.len() > MAX_LINE;
+        let bytes = &bytes[..bytes.len().min(MAX_LINE)];
+        Entry {
+            at,
+            text: text_of(bytes, truncated),
+        }
+    }
+}
+
+/// A line arriving in parts (CRI `P` records, Docker's entries without `\n`): at most
+/// [`MAX_LINE`] bytes are kept, so a line that never ends costs no more than that.
+struct Joined {
+    at: SystemTime,
+    bytes: Vec<u8>,
+    truncated: bool,
+}
+
+impl Joined {
+    fn new(at: SystemTime) -> Joined {
+        Joined {
+            at,
+            bytes: Vec::new(),
+            truncated: false,
+        }
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        if self.truncated {
+            return; // what follows a cut would read as if it followed the kept head
+        }
+        let room = MAX_LINE - self.bytes.len();
+        if part.len() > room {
+            self.bytes.extend_from_slice(&part[..room]);
+            self.truncated = true;
+        } else {
+            self.bytes.extend_from_slice(part);
+        }
+    }
+
+    /// The reader lost the rest of a part: keep what came, drop what follows.
+    fn cut(&mut self) {
+        self.truncated = true;
+    }
+
+    fn finish(self) -> Entry {
+        Entry {
+            at: self.at,
+            text: text_of(&self.bytes, self.truncated),
+        }
+    }
+}
+
+/// The text of at most `MAX_LINE` raw bytes: lossy UTF-8, still at most `MAX_LINE` bytes (each
+/// invalid byte becomes a 3-byte U+FFFD), marked when anything was cut.
+fn text_of(bytes: &[u8], mut truncated: bool) -> String {
+    let bytes = if truncated {
+        without_cut_char(bytes)
+    } else {
+        bytes
+    };
+    let mut text = String::from_utf8_lossy(bytes).into_owned();
+    if text.len() > MAX_LINE {
+        let mut end = MAX_LINE;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        truncated = true;
+    }
+    if truncated {
+        text.push_str(TRUNCATED_MARK);
+    }
+    text
+}
+
+/// Drops the head of a multi-byte character that a cut split, which would otherwise end the
+/// text in U+FFFD.
+fn without_cut_char(bytes: &[u8]) -> &[u8] {
+    let from = bytes.len().saturating_sub(3);
+    for i in (from..bytes.len()).rev() {
+        let len = match bytes[i] {
+            0x80..=0xBF => continue,
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if bytes.len() - i < len {
+            &bytes[..i]
+        } else {
+            bytes
+        };
+    }
+    bytes
+}
+
+/// RFC 3339 with any fraction (CRI's and Docker's timestamps).
+fn parse_time(bytes: &[u8]) -> Option<SystemTime> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let at: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    Some(at.into())
+}
+
+/// A token bucket of one second's worth of lines, refilled by the lines' own timestamps (the
+/// runtime's, not the workload's): a replay in `since` mode keeps what following live would
+/// have kept, and a poll that comes late does not drop more.
+#[derive(Debug, Clone)]
+struct Bucket {
+    tokens: f64,
+    last: SystemTime,
+}
+
+impl Bucket {
+    fn full(rate: u32, at: SystemTime) -> Bucket {
+        Bucket {
+            tokens: f64::from(rate),
+            last: at,
+        }
+    }
+
+    fn admit(&mut self, rate: u32, at: SystemTime) -> bool {
+        // A line older than the last one (another restart's file, a clock step) refills nothing.
+        if let Ok(elapsed) = at.duration_since(self.last) {
+            let rate = f64::from(rate);
+            self.tokens = (self.tokens + elapsed.as_secs_f64() * rate).min(rate);
+            self.last = at;
+        }
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    fn t(secs: f64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs_f64(1_700_000_000.0 + secs)
+    }
+
+    #[test]
+    fn the_tailer_can_move_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<LogTailer>();
+    }
+
+    #[test]
+    fn a_short_line_is_kept_as_is() {
+        let e = Entry::whole(t(0.0), b"NCCL WARN Cuda failure 'out of memory'", false);
+        assert_eq!(e.text, "NCCL WARN Cuda failure 'out of memory'");
+    }
+
+    #[test]
+    fn a_long_line_is_cut_at_max_line_and_marked() {
+        let e = Entry::whole(t(0.0), &vec![b'x'; MAX_LINE + 10], false);
+        assert_eq!(e.text.len(), MAX_LINE + TRUNCATED_MARK.len());
+        assert!(e.text.ends_with(TRUNCATED_MARK));
+        let line = LogLine {
+            origin: LogOrigin::Docker { id: "a".into() },
+            at: e.at,
+            text: e.text,
+        };
+        assert!(line.is_truncated());
+        let exact = Entry::whole(t(0.0), &vec![b'x'; MAX_LINE], false);
+        assert_eq!(exact.text.len(), MAX_LINE);
+    }
+
+    #[test]
+    fn a_cut_through_a_character_drops_its_head() {
+        let mut bytes = vec![b'a'; MAX_LINE - 1];
+        bytes.extend_from_slice("é and more".as_bytes()); // é is 2 bytes: the cut splits it
+        let e = Entry::whole(t(0.0), &bytes, false);
+        assert_eq!(
+            e.text,
+            format!("{}{TRUNCATED_MARK}", "a".repeat(MAX_LINE - 1))
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_and_stays_within_max_line() {
+        let e = Entry::whole(t(0.0), b"bad \xff\xfe bytes", false);
+        assert_eq!(e.text, "bad \u{FFFD}\u{FFFD} bytes");
+        // Every byte invalid: the lossy text would be three times as long.
+        let e = Entry::whole(t(0.0), &vec![0xff; MAX_LINE], false);
+        assert!(e.text.len() <= MAX_LINE + TRUNCATED_MARK.len());
+        assert!(e.text.ends_with(TRUNCATED_MARK));
+    }
+
+    #[test]
+    fn a_joined_line_stops_growing_at_max_line() {
+        let mut j = Joined::new(t(0.0));
+        for _ in 0..100 {
+            j.push(&[b'y'; 16 * 1024]);
+        }
+        assert_eq!(j.bytes.len(), MAX_LINE);
+        let e = j.finish();
+        assert!(e.text.ends_with(TRUNCATED_MARK));
+    }
+
+    #[test]
+    fn times_parse_as_rfc3339_with_any_fraction_and_offset() {
+        let nanos = parse_time(b"2026-11-23T10:15:02.123456789Z").unwrap();
+        let d = nanos.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(d.subsec_nanos(), 123_456_789);
+        let offset = parse_time(b"2026-11-23T11:15:02.123456789+01:00").unwrap();
+        assert_eq!(nanos, offset);
+        assert!(parse_time(b"2026-11-23T10:15:02Z").is_some());
+        assert!(parse_time(b"2026-11-23 10:15").is_none());
+        assert!(parse_time(b"\xff").is_none());
+    }
+
+    #[test]
+    fn the_bucket_keeps_a_second_of_lines_then_refills_by_line_time() {
+        let mut b = Bucket::full(10, t(0.0));
+        let kept = (0..100).filter(|_| b.admit(10, t(0.0))).count();
+        assert_eq!(kept, 10);
+        assert!(!b.admit(10, t(0.05)));
+        assert!(b.admit(10, t(0.15)));
+        // Older lines refill nothing.
+        assert!(!b.admit(10, t(-5.0)));
+        let kept = (0..100).filter(|_| b.admit(10, t(60.0))).count();
+        assert_eq!(kept, 10);
+    }
+}
