@@ -9,19 +9,19 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use crate::cli::KubeMode;
-use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
-use crate::kube::podresources::PodResourcesWatcher;
-use crate::kube::pods::PodWatcher;
-use crate::kube::{self as k8s, KubeError};
 use crate::incidents::correlate::{correlate, Known};
 use crate::incidents::ledger::Ledger;
 use crate::incidents::watch::{self, Sources};
 use crate::incidents::{Detected, Failure};
 use crate::kube::events::GpuHolders;
+use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
+use crate::kube::podresources::PodResourcesWatcher;
+use crate::kube::pods::PodWatcher;
+use crate::kube::{self as k8s, KubeError};
 use crate::metrics::{Metrics, SharedSnapshot};
 use crate::scan::Scanner;
-use crate::snapshot::Snapshot;
 use crate::server::{self, AppState, Health};
+use crate::snapshot::Snapshot;
 
 /// What serve needs to be a cluster citizen.
 #[derive(Debug, Clone)]

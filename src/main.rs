@@ -15,9 +15,9 @@ use shmlink::incidents::correlate::{correlate, finding, Known};
 use shmlink::incidents::watch::{collect, Sources};
 use shmlink::incidents::Detected;
 use shmlink::kube::events::GpuHolders;
-use shmlink::snapshot::Snapshot;
 use shmlink::kube::pods::{list_once, PodIndex};
 use shmlink::scan::Scanner;
+use shmlink::snapshot::Snapshot;
 use shmlink::{agent, report};
 
 fn main() -> ExitCode {
@@ -37,8 +37,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             init_logging(LogFormat::Text, "warn");
             let pods = pods_once(args.kube, &args.common.node_name())?;
             let sources = sources(&args.common, &args.sources);
-            let mut scanner = scanner(&args.common, false)?
-                .with_docker_root(sources.docker_root.clone());
+            let mut scanner =
+                scanner(&args.common, false)?.with_docker_root(sources.docker_root.clone());
             let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
             let since = std::time::SystemTime::now() - args.since;
             add_failures(&mut snapshot, &collect(&sources, since), pods.as_ref());

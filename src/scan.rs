@@ -5,11 +5,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::docker::DockerNames;
 use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
-use crate::docker::DockerNames;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
 use crate::shm::ShmScanner;
 use crate::snapshot::{ShmReading, Snapshot, XidCount};

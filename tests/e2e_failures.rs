@@ -56,7 +56,10 @@ fn show(events: &[Value]) {
 
 fn cri_line(text: &str) -> String {
     let now = k8s_openapi::jiff::Timestamp::now();
-    format!("{} stderr F {text}\n", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    format!(
+        "{} stderr F {text}\n",
+        now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    )
 }
 
 #[test]
@@ -327,7 +330,10 @@ fn a_plain_docker_container_is_named_by_docker_and_its_json_log_read_by_check() 
     let report = common::run_check_json(&["--docker-root", root, "--since", "10m"]);
     let shm = common::shm_entry(&report, &id).expect("the container");
     assert_eq!(shm["container"], "asr");
-    assert_eq!(shm["image"], "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime");
+    assert_eq!(
+        shm["image"],
+        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    );
     let failure = report["failures"]
         .as_array()
         .unwrap()

@@ -141,14 +141,15 @@ impl Identity {
 /// last scan measured through that very PID (a container's main process), if any.
 fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     match (&d.who, d.pid, snapshot) {
-        (Who::Process, Some(pid), Some(s)) => s
-            .shm
-            .iter()
-            .find(|r| r.pid == pid)
-            .map_or(Who::Process, |r| Who::Container {
-                pod_uid: r.pod_uid.clone(),
-                container_id: r.container_id.clone(),
-            }),
+        (Who::Process, Some(pid), Some(s)) => {
+            s.shm
+                .iter()
+                .find(|r| r.pid == pid)
+                .map_or(Who::Process, |r| Who::Container {
+                    pod_uid: r.pod_uid.clone(),
+                    container_id: r.container_id.clone(),
+                })
+        }
         (who, _, _) => who.clone(),
     }
 }

@@ -59,7 +59,7 @@ impl Ledger {
             .iter()
             .map(|((c, k), (n, _))| (c.clone(), *k, *n))
             .collect();
-        out.sort_by(|a, b| (a.0.to_string(), a.1).cmp(&(b.0.to_string(), b.1)));
+        out.sort_by_key(|a| (a.0.to_string(), a.1));
         out
     }
 }
@@ -76,11 +76,19 @@ mod tests {
         let a = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "a", "u-a");
         let b = fixtures::failure(FindingKind::GpuJobCrashed, "ml", "a", "u-a");
         l.record(&[a.clone(), a.clone(), b], t0);
-        let counts: Vec<_> = l.counts().into_iter().map(|(c, k, n)| (c.to_string(), k, n)).collect();
+        let counts: Vec<_> = l
+            .counts()
+            .into_iter()
+            .map(|(c, k, n)| (c.to_string(), k, n))
+            .collect();
         assert_eq!(
             counts,
             vec![
-                ("ml/a/trainer".to_string(), FindingKind::ShmAllocationFailed, 2),
+                (
+                    "ml/a/trainer".to_string(),
+                    FindingKind::ShmAllocationFailed,
+                    2
+                ),
                 ("ml/a/trainer".to_string(), FindingKind::GpuJobCrashed, 1)
             ]
         );

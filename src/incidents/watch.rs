@@ -153,8 +153,7 @@ pub fn spawn<F>(sources: Sources, deliver: F, stop: Arc<AtomicBool>) -> Option<J
 where
     F: Fn(Vec<Detected>) -> bool + Send + 'static,
 {
-    if sources.pod_log_root.is_none() && sources.docker_root.is_none() && sources.kmsg.is_none()
-    {
+    if sources.pod_log_root.is_none() && sources.docker_root.is_none() && sources.kmsg.is_none() {
         return None;
     }
     let spawned = std::thread::Builder::new()

@@ -30,7 +30,11 @@ pub fn shmlink_bin() -> &'static str {
     // crashes. A test that reads a source names it on the command line (options beat these).
     static QUIET: OnceLock<()> = OnceLock::new();
     QUIET.get_or_init(|| {
-        for var in ["SHMLINK_KMSG", "SHMLINK_POD_LOG_ROOT", "SHMLINK_DOCKER_ROOT"] {
+        for var in [
+            "SHMLINK_KMSG",
+            "SHMLINK_POD_LOG_ROOT",
+            "SHMLINK_DOCKER_ROOT",
+        ] {
             std::env::set_var(var, "off");
         }
     });
@@ -250,7 +254,8 @@ fn cri_shim(output: std::io::PipeReader, path: PathBuf) {
         for line in std::io::BufReader::new(output).split(b'\n') {
             let Ok(line) = line else { break };
             let now = k8s_openapi::jiff::Timestamp::now();
-            let mut record = format!("{} stderr F ", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")).into_bytes();
+            let mut record =
+                format!("{} stderr F ", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")).into_bytes();
             record.extend_from_slice(&line);
             record.push(b'\n');
             let _ = file.write_all(&record);
