@@ -180,6 +180,7 @@ fn scan_loop(
     let mut next = Instant::now();
     let mut first = true;
     let mut ledger = Ledger::default();
+    let mut recent = RecentReadings::default();
     loop {
         let pods = kube.as_ref().and_then(|k| k.pods.index());
         let mut out = scanner.scan_with(pods.as_ref());
@@ -197,6 +198,7 @@ fn scan_loop(
         }
         out.snapshot.failures = ledger.recent();
         out.snapshot.failure_counts = ledger.counts();
+        recent.remember(&out.snapshot.shm, Instant::now());
         snapshot.store(Some(Arc::new(out.snapshot)));
         health.mark_scanned();
 
@@ -210,7 +212,7 @@ fn scan_loop(
             match wake.recv_timeout(next - now) {
                 Err(RecvTimeoutError::Timeout) => break,
                 Ok(Wake::Failures(found)) => {
-                    on_failures(&found, kube.as_mut(), &mut ledger, snapshot);
+                    on_failures(&found, kube.as_mut(), &mut ledger, &recent, snapshot);
                 }
                 Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
             }
@@ -224,15 +226,17 @@ fn on_failures(
     found: &[Detected],
     kube: Option<&mut KubeView>,
     ledger: &mut Ledger,
+    recent: &RecentReadings,
     snapshot: &SharedSnapshot,
 ) {
     let last = snapshot.load_full();
+    let with_recent = last.as_deref().map(|s| recent.added_to(s));
     let pods = kube.as_ref().and_then(|k| k.pods.index());
     let holders = kube
         .as_ref()
         .map_or_else(|| Arc::new(GpuHolders::new()), |k| k.gpu_holders.holders());
     let known = Known {
-        snapshot: last.as_deref(),
+        snapshot: with_recent.as_ref(),
         pods: pods.as_ref(),
         holders: &holders,
     };
@@ -249,6 +253,37 @@ fn on_failures(
         next.failures = ledger.recent();
         next.failure_counts = ledger.counts();
         snapshot.store(Some(Arc::new(next)));
+    }
+}
+
+/// Containers seen in the last minute: a job that dies takes its container (and its /dev/shm)
+/// with it, often before the next scan, and the failure is told just after. What it had then,
+/// and which host PIDs were its, come from here.
+#[derive(Default)]
+struct RecentReadings {
+    by_id: std::collections::HashMap<String, (crate::snapshot::ShmReading, Instant)>,
+}
+
+impl RecentReadings {
+    const KEEP: Duration = Duration::from_secs(60);
+
+    fn remember(&mut self, readings: &[crate::snapshot::ShmReading], now: Instant) {
+        for r in readings {
+            self.by_id.insert(r.container_id.clone(), (r.clone(), now));
+        }
+        self.by_id
+            .retain(|_, (_, seen)| now.duration_since(*seen) < Self::KEEP);
+    }
+
+    /// The snapshot with the recently gone containers' last readings after its own.
+    fn added_to(&self, s: &Snapshot) -> Snapshot {
+        let mut out = s.clone();
+        for (id, (r, _)) in &self.by_id {
+            if !s.shm.iter().any(|x| &x.container_id == id) {
+                out.shm.push(r.clone());
+            }
+        }
+        out
     }
 }
 

@@ -79,7 +79,7 @@ pub fn parse_size(what: &str, value: &str) -> Result<u64, SizeError> {
 /// A size as a Kubernetes quantity, rounded up: whole `Gi` when exact, else `Mi`.
 pub fn k8s_quantity(bytes: u64) -> String {
     let mib = bytes.div_ceil(MIB).max(1);
-    if mib % 1024 == 0 {
+    if mib.is_multiple_of(1024) {
         format!("{}Gi", mib / 1024)
     } else {
         format!("{mib}Mi")
@@ -89,7 +89,7 @@ pub fn k8s_quantity(bytes: u64) -> String {
 /// A size for docker's `--shm-size` / `--memory` (binary units, lowercase), rounded up.
 pub fn docker_size(bytes: u64) -> String {
     let mib = bytes.div_ceil(MIB).max(1);
-    if mib % 1024 == 0 {
+    if mib.is_multiple_of(1024) {
         format!("{}g", mib / 1024)
     } else {
         format!("{mib}m")
