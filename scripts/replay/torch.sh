@@ -35,11 +35,10 @@ mounts = [
      "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
     {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
 ] + [ro(p) for p in ["/usr", "/lib", "/lib64", "/bin", "/etc", venv, pyhome, "/replay"]]
-mounts[-1]["source"] = sys.path[0] if False else mounts[-1]["source"]
 json.dump({
     "ociVersion": "1.0.2",
     "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "cwd": "/",
-                "args": [python, "/replay/dataloader_shm.py", "24"],
+                "args": [venv + "/bin/python", "/replay/dataloader_shm.py", "24"],
                 "env": ["PATH=/usr/bin:/bin", "PYTHONUNBUFFERED=1"]},
     "root": {"path": "rootfs", "readonly": True},
     "mounts": mounts,
@@ -52,7 +51,8 @@ sed -i "s#\"source\": \"/replay\"#\"source\": \"$(pwd)/scripts/replay\"#" "$work
 for d in usr lib lib64 bin etc proc dev tmp replay; do mkdir -p "$work/bundle/rootfs/$d"; done
 mkdir -p "$work/bundle/rootfs$venv" "$work/bundle/rootfs$pyhome"
 
-"$bin" serve --listen 127.0.0.1:0 --interval 1s --kube off --no-gpu --pod-log-root "$logs" \
+port=${SHMLINK_REPLAY_PORT:-19477}
+"$bin" serve --listen 127.0.0.1:$port --interval 1s --kube off --no-gpu --pod-log-root "$logs" \
   --kmsg off --log-format text 2> "$work/serve.log" & serve=$!
 sleep 2
 
@@ -66,9 +66,11 @@ echo "== the container's log ($cdir/0.log), $(awk "BEGIN{printf \"%.2f\", $ended
 grep -v '^\S* stderr F \(  File\|    \)' "$cdir/0.log" | tail -8
 sleep 2
 echo "== shmlink serve's log"
-grep -i "fail\|shm" "$work/serve.log" | tail -5 || true
+grep -i "could not allocate" "$work/serve.log" | tail -3 || true
+echo "== /metrics"
+curl -s "http://127.0.0.1:$port/metrics" | grep "^shmlink_workload_failures_total" || true
 kill $serve; wait $serve 2>/dev/null || true
 echo "== shmlink check --since 10m --pod-log-root $logs --kmsg off --no-gpu --json (failures)"
-"$bin" check --since 10m --pod-log-root "$logs" --kmsg off --no-gpu --json | python3 -c '
+{ "$bin" check --since 10m --pod-log-root "$logs" --kmsg off --no-gpu --json || true; } | python3 -c '
 import json, sys; r = json.load(sys.stdin)
 for f in r["failures"]: print(json.dumps(f, indent=1))'

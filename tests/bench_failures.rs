@@ -1,0 +1,294 @@
+//! A benchmark, not a check: the delay from a failure line written to a Pod's log to its Event
+//! at the API server. N Pods at the in-process fake API server, each with a kubelet-layout CRI
+//! log under a temporary pod log root; `shmlink serve --kube on --pod-log-root <root>
+//! --interval 5s` follows them; one `ShmAllocationFailed` line per Pod is appended at a random
+//! moment over the spread (distinct Pods, so each is a new Event), and the fake API server is
+//! polled every 10 ms for each Pod's Event. Prints the count, p50, p90, p99 and max; fails only
+//! when an Event never arrives (within 10 s of its line), never on a time.
+//!
+//! ```text
+//! cargo test --release --test bench_failures -- --ignored --nocapture
+//! BENCH_PODS=100 BENCH_SPREAD_SECS=30 BENCH_SEED=1 cargo test --release --test bench_failures -- --ignored --nocapture
+//! ```
+//!
+//! No containers are needed: the lines alone are the workload's output, and the Pod they are
+//! about is told by the log's path. Run by `bench/failures.sh`, which reads the `BENCH_JSON`
+//! line.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::agent::get;
+use common::kube_api::{pod, FakeApi};
+use serde_json::json;
+
+const NODE: &str = "gpu-node-7";
+const REASON: &str = "ShmAllocationFailed";
+/// What PyTorch 2.15 printed when its DataLoader outgrew a 64 MiB /dev/shm.
+const TORCH_LINE: &str = "RuntimeError: unable to allocate shared memory(shm) for file \
+                          </torch_31552_3195629858_0>: No space left on device (28)";
+/// An Event later than this after its line counts as never arrived.
+const GIVE_UP: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(10);
+
+/// `shmlink serve` with the benchmark's options (serve's own interval, not the tests' 200 ms
+/// of `common::agent::Agent`); killed on drop.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(pod_log_root: &Path, kubeconfig: &Path) -> Serve {
+        let addr = common::free_local_addr();
+        let log = std::env::temp_dir().join(format!("shmlink-bench-serve-{}.log", addr.port()));
+        let child = Command::new(common::shmlink_bin())
+            .args(["serve", "--listen", &addr.to_string(), "--interval", "5s"])
+            .args(["--kube", "on", "--node-name", NODE, "--no-gpu"])
+            .arg("--pod-log-root")
+            .arg(pod_log_root)
+            .args(["--docker-root", "off", "--kmsg", "off"])
+            .env("KUBECONFIG", kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting shmlink serve");
+        Serve { child, addr, log }
+    }
+
+    fn wait_ready(&self) {
+        assert!(
+            common::wait_until(Duration::from_secs(20), || get(self.addr, "/readyz")
+                .is_some_and(|(s, _)| s == 200)),
+            "serve never got ready; its log:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One CRI record as containerd writes it.
+fn cri_line(text: &str) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    format!(
+        "{} stderr F {text}\n",
+        now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    )
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Nearest rank: the smallest sample with at least `p` of them at or below it.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+struct Target {
+    name: String,
+    uid: String,
+    log: PathBuf,
+}
+
+#[test]
+#[ignore = "a benchmark (bench/failures.sh runs it)"]
+fn failure_line_to_event_delay() {
+    let pods: usize = env_or("BENCH_PODS", 100);
+    let spread = Duration::from_secs_f64(env_or("BENCH_SPREAD_SECS", 30.0));
+    let seed: u64 = env_or(
+        "BENCH_SEED",
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+
+    let api = FakeApi::start();
+    let logs = tempfile::tempdir().unwrap();
+    let mut targets = Vec::new();
+    for i in 0..pods {
+        let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+        let name = format!("trainer-{i}");
+        api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
+        let dir = logs.path().join(format!("ml_{name}_{uid}/trainer"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // The container has been running: its log exists (and is followed from its end).
+        let log = dir.join("0.log");
+        let history: String = (0..20)
+            .map(|s| cri_line(&format!("step {s}: loss 2.{s:02} 48 MiB of /dev/shm in use")))
+            .collect();
+        std::fs::write(&log, history).unwrap();
+        targets.push(Target { name, uid, log });
+    }
+    let by_uid: HashMap<String, usize> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.uid.clone(), i))
+        .collect();
+
+    let serve = Serve::start(logs.path(), &api.kubeconfig_path());
+    serve.wait_ready();
+    // The Pod watch's first list, and the watcher's first look at the logs.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        api.events().iter().all(|e| e["reason"] != REASON),
+        "a failure Event before any failure: {:#?}",
+        api.events()
+    );
+
+    let mut rng = Rng(seed | 1);
+    let mut schedule: Vec<(Duration, usize)> = (0..pods)
+        .map(|i| (spread.mul_f64(rng.next_f64()), i))
+        .collect();
+    schedule.sort();
+    let (tx, rx) = mpsc::channel::<(usize, Instant)>();
+    let paths: Vec<PathBuf> = targets.iter().map(|t| t.log.clone()).collect();
+    let t0 = Instant::now();
+    let writer = std::thread::spawn(move || {
+        for (at, i) in schedule {
+            if let Some(wait) = (t0 + at).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let record = cri_line(TORCH_LINE);
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&paths[i])
+                .unwrap();
+            // One write, as containerd appends a record.
+            file.write_all(record.as_bytes()).unwrap();
+            let _ = tx.send((i, Instant::now()));
+        }
+    });
+
+    let mut written: Vec<Option<Instant>> = vec![None; pods];
+    let mut arrived: Vec<Option<Instant>> = vec![None; pods];
+    let mut writer_done = false;
+    let mut last_write = t0;
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok((i, at)) => {
+                    written[i] = Some(at);
+                    last_write = at;
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    writer_done = true;
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        for e in api.events() {
+            if e["reason"] != REASON {
+                continue;
+            }
+            let Some(&i) = e["regarding"]["uid"].as_str().and_then(|u| by_uid.get(u)) else {
+                continue;
+            };
+            arrived[i].get_or_insert(now);
+        }
+        let all = arrived.iter().all(Option::is_some);
+        if all || (writer_done && now.duration_since(last_write) > GIVE_UP) {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    writer.join().unwrap();
+
+    let mut delays_ms = Vec::new();
+    let mut missing = Vec::new();
+    // Seen before its line was written (beyond the writer's own lag between its write and its
+    // clock reading): a bug, not a delay.
+    let mut early = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        match (written[i], arrived[i]) {
+            (Some(w), Some(a)) if a + Duration::from_millis(50) < w => early.push(t.name.clone()),
+            (Some(w), Some(a)) if a.saturating_duration_since(w) <= GIVE_UP => {
+                delays_ms.push(a.saturating_duration_since(w).as_secs_f64() * 1e3)
+            }
+            _ => missing.push(t.name.clone()),
+        }
+    }
+    delays_ms.sort_by(f64::total_cmp);
+    let events = api
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == REASON)
+        .count();
+    let n = delays_ms.len();
+    let (p50, p90, p99, max, min, mean) = if n > 0 {
+        (
+            percentile(&delays_ms, 0.50),
+            percentile(&delays_ms, 0.90),
+            percentile(&delays_ms, 0.99),
+            delays_ms[n - 1],
+            delays_ms[0],
+            delays_ms.iter().sum::<f64>() / n as f64,
+        )
+    } else {
+        (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN)
+    };
+    println!(
+        "failure line -> {REASON} Event at the API server, {pods} Pods, lines over {:.0} s \
+         (seed {seed}), polled every {} ms:",
+        spread.as_secs_f64(),
+        POLL.as_millis()
+    );
+    println!(
+        "  count {n} of {pods}; p50 {p50:.0} ms, p90 {p90:.0} ms, p99 {p99:.0} ms, max {max:.0} \
+         ms (min {min:.0} ms, mean {mean:.0} ms); {events} {REASON} Events at the server"
+    );
+    println!(
+        "BENCH_JSON {}",
+        json!({
+            "mode": "event_delay", "pods": pods, "spread_s": spread.as_secs_f64(), "seed": seed,
+            "poll_ms": POLL.as_millis() as u64, "count": n, "events": events,
+            "missing": missing, "early": early,
+            "ms": {"p50": p50, "p90": p90, "p99": p99, "max": max, "min": min, "mean": mean},
+            "samples_ms": delays_ms,
+        })
+    );
+    assert!(
+        early.is_empty(),
+        "Events before their line was written: {early:?}"
+    );
+    assert!(
+        missing.is_empty(),
+        "no Event within {GIVE_UP:?} for {} Pods: {missing:?}; serve's log:\n{}",
+        missing.len(),
+        std::fs::read_to_string(&serve.log).unwrap_or_default()
+    );
+}
