@@ -42,7 +42,8 @@ type Error = Box<dyn std::error::Error>;
 const LOOKALIKES: &str = include_str!("../tests/fixtures/logs/lookalikes.log");
 /// What PyTorch 2.15 printed when its DataLoader outgrew /dev/shm: its traceback lines are the
 /// filler's tracebacks (the failure line itself is taken out and planted separately).
-const TORCH_TRACE: &str = include_str!("../tests/fixtures/logs/torch-2.15.0-dataloader-64mib-shm.txt");
+const TORCH_TRACE: &str =
+    include_str!("../tests/fixtures/logs/torch-2.15.0-dataloader-64mib-shm.txt");
 
 const LINE_STEP: Duration = Duration::from_millis(10);
 
@@ -244,7 +245,9 @@ struct Clock {
 
 impl Clock {
     fn format(&mut self, at: SystemTime) -> String {
-        let d = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let d = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
         if d.as_secs() != self.second || self.prefix.is_empty() {
             self.second = d.as_secs();
             let ts = k8s_openapi::jiff::Timestamp::from_second(d.as_secs() as i64)
@@ -539,7 +542,10 @@ fn print_text(v: &Value) {
         "failures planted {}, found {} (signatures alone {})",
         v["planted"], v["found"], v["found_signatures_only"]
     );
-    println!("median of {} repetitions (min-max), this thread:", v["reps"]);
+    println!(
+        "median of {} repetitions (min-max), this thread:",
+        v["reps"]
+    );
     for part in ["full", "tailer", "signatures"] {
         println!(
             "  {part:<10} {:>7.1} ms CPU ({:.1}-{:.1}), {:>7.1} ms wall: {:.2} GB/s per CPU-second \

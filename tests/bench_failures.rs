@@ -79,6 +79,8 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failure printed it already.
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -147,7 +149,11 @@ fn failure_line_to_event_delay() {
         // The container has been running: its log exists (and is followed from its end).
         let log = dir.join("0.log");
         let history: String = (0..20)
-            .map(|s| cri_line(&format!("step {s}: loss 2.{s:02} 48 MiB of /dev/shm in use")))
+            .map(|s| {
+                cri_line(&format!(
+                    "step {s}: loss 2.{s:02} 48 MiB of /dev/shm in use"
+                ))
+            })
             .collect();
         std::fs::write(&log, history).unwrap();
         targets.push(Target { name, uid, log });
@@ -278,7 +284,7 @@ fn failure_line_to_event_delay() {
             "poll_ms": POLL.as_millis() as u64, "count": n, "events": events,
             "missing": missing, "early": early,
             "ms": {"p50": p50, "p90": p90, "p99": p99, "max": max, "min": min, "mean": mean},
-            "samples_ms": delays_ms,
+            "samples_ms": delays_ms.iter().map(|d| (d * 10.0).round() / 10.0).collect::<Vec<_>>(),
         })
     );
     assert!(
