@@ -155,6 +155,9 @@ pub const SIGNATURES: &[Signature] = &[
 #[derive(Debug, Clone)]
 pub struct Signatures {
     needles: AhoCorasick,
+    /// The same needles, leftmost-first: `is_match` with a SIMD prefilter, which overlapping
+    /// search does without. Most lines hold no needle and stop here.
+    any: AhoCorasick,
 }
 
 impl Default for Signatures {
@@ -169,12 +172,24 @@ impl Signatures {
         // a consequence of input.
         let needles = AhoCorasick::new(SIGNATURES.iter().map(|s| s.needle))
             .expect("the signature needles build an automaton");
-        Signatures { needles }
+        let any = AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+            .build(SIGNATURES.iter().map(|s| s.needle))
+            .expect("the signature needles build an automaton");
+        Signatures { needles, any }
     }
 
     /// The failure `line` reports, if any. Of several rows that match, the first in
     /// [`SIGNATURES`] wins.
+    /// Whether the line holds any signature's needle: the cheap first look.
+    pub fn is_candidate(&self, line: &str) -> bool {
+        self.any.is_match(line)
+    }
+
     pub fn match_line(&self, line: &str) -> Option<LogMatch> {
+        if !self.any.is_match(line) {
+            return None;
+        }
         let mut best: Option<(usize, LogMatch)> = None;
         // Looked for once per line, however many ENOSPC needles it holds.
         let names_shm = OnceCell::new();

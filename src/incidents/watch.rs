@@ -122,7 +122,7 @@ impl Recogniser {
 pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
     let recogniser = Recogniser::new(sources);
     let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
-        .poll()
+        .poll_matching(|text| recogniser.signatures.is_candidate(text))
         .iter()
         .filter_map(|l| recogniser.log_line(l))
         .collect();
@@ -174,7 +174,7 @@ where
             });
             while !stop.load(Ordering::Relaxed) {
                 let mut found: Vec<Detected> = logs
-                    .poll()
+                    .poll_matching(|text| recogniser.signatures.is_candidate(text))
                     .iter()
                     .filter_map(|l| recogniser.log_line(l))
                     .collect();

@@ -126,6 +126,12 @@ impl LogTailer {
     /// which reads what is on disk (up to 256 MiB per file and its rotations); the rest is read
     /// by the next polls.
     pub fn poll(&mut self) -> Vec<LogLine> {
+        self.poll_matching(|_| true)
+    }
+
+    /// As [`LogTailer::poll`], keeping only the lines `keep` wants: the others are dropped
+    /// before their origin is copied, which is most of a line's cost when few matter.
+    pub fn poll_matching(&mut self, mut keep: impl FnMut(&str) -> bool) -> Vec<LogLine> {
         let mut out = Vec::new();
         let LogTailer {
             follower,
@@ -157,6 +163,9 @@ impl LogTailer {
                 }
             }
             *lines += 1;
+            if !keep(&entry.text) {
+                return;
+            }
             out.push(LogLine {
                 origin: origin.clone(),
                 at: entry.at,
