@@ -240,7 +240,7 @@ mod tests {
 
     use super::*;
     use crate::fixtures;
-    use crate::gpu::{PairStatus, PairVerdict};
+    use crate::gpu::PairStatus;
     use crate::incidents::FailureSource;
 
     const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
@@ -277,19 +277,7 @@ mod tests {
         s.gpus = (0..8).map(fixtures::gpu_reading).collect();
         s.gpu_pairs = pairs
             .iter()
-            .map(|&(gpu, peer_gpu, status)| PairVerdict {
-                gpu,
-                peer_gpu,
-                status,
-                p2p: None,
-                topology: None,
-                links: Vec::new(),
-                reasons: if status == PairStatus::Ok {
-                    Vec::new()
-                } else {
-                    vec!["P2P read was ok and is now not_supported".into()]
-                },
-            })
+            .map(|&(gpu, peer_gpu, status)| fixtures::pair(gpu, peer_gpu, status))
             .collect();
         s
     }

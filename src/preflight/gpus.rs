@@ -175,7 +175,8 @@ pub fn gpus_to_avoid(all: &[PairVerdict]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::preflight::{gpu7_broken, nvml, pair};
+    use crate::fixtures::pair;
+    use crate::fixtures::preflight::{gpu7_broken, nvml};
 
     fn indices(v: &[VisibleGpu]) -> Vec<(u32, u32)> {
         v.iter().map(|g| (g.index, g.cuda_ordinal)).collect()

@@ -1,5 +1,6 @@
 use super::*;
-use crate::fixtures::preflight::{gpu7_broken, gpus, memory, mounted, no_gpus, pair, private_ipc};
+use crate::fixtures::pair;
+use crate::fixtures::preflight::{gpu7_broken, gpus, memory, mounted, no_gpus, private_ipc};
 use crate::units::{GIB, MIB};
 
 #[test]
