@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use super::{Detected, Failure, PairThen, ShmThen, Who};
-use crate::findings::{on_runtime_default, text, ContainerRef, Finding, FindingKind, Subject};
+use crate::findings::{on_runtime_default, text, Finding, FindingKind, Subject};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::snapshot::{ShmReading, Snapshot};
@@ -98,13 +98,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
 pub fn finding(f: &Failure) -> Finding {
     let subject = match (&f.container_id, &f.pod_uid, &f.pod) {
         (None, None, None) => Subject::Node,
-        _ => Subject::Container(Box::new(ContainerRef {
-            namespace: f.namespace.clone(),
-            pod: f.pod.clone(),
-            pod_uid: f.pod_uid.clone(),
-            container: f.container.clone(),
-            container_id: f.container_id.clone().unwrap_or_default(),
-        })),
+        _ => Subject::Container(Box::new(f.container_ref())),
     };
     Finding::new(f.kind, subject, f.message.clone())
 }

@@ -24,14 +24,10 @@ pub struct Ledger {
 impl Ledger {
     pub fn record(&mut self, failures: &[Failure], now: Instant) {
         for f in failures {
-            let c = ContainerRef {
-                namespace: f.namespace.clone(),
-                pod: f.pod.clone(),
-                pod_uid: f.pod_uid.clone(),
-                container: f.container.clone(),
-                container_id: f.container_id.clone().unwrap_or_default(),
-            };
-            let entry = self.counts.entry((c, f.kind)).or_insert((0, now));
+            let entry = self
+                .counts
+                .entry((f.container_ref(), f.kind))
+                .or_insert((0, now));
             *entry = (entry.0 + 1, now);
             self.recent.push_back(f.clone());
         }

@@ -114,6 +114,19 @@ pub struct Failure {
     pub message: String,
 }
 
+impl Failure {
+    /// Whose failure it is, as findings and the failure counter name a container.
+    pub fn container_ref(&self) -> crate::findings::ContainerRef {
+        crate::findings::ContainerRef {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
+            pod_uid: self.pod_uid.clone(),
+            container: self.container.clone(),
+            container_id: self.container_id.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// `text` cut to at most `max` bytes on a character boundary.
 pub fn cut(text: &str, max: usize) -> String {
     if text.len() <= max {

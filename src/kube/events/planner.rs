@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{pod_ref, EventMsg, EventSpec, EventType, GpuHolders};
 use crate::findings::{text, EventReason, Finding, Subject};
-use crate::incidents::Failure;
+use crate::incidents::{cut, Failure};
 use crate::kube::pods::PodIndex;
 use crate::snapshot::Snapshot;
 
@@ -373,14 +373,10 @@ impl EventPlanner {
     }
 }
 
-pub(super) fn truncate(mut note: String) -> String {
+pub(super) fn truncate(note: String) -> String {
     if note.len() > NOTE_MAX {
-        let mut end = NOTE_MAX - 3;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
+        cut(&note, NOTE_MAX - 3) + "..."
+    } else {
+        note
     }
-    note
 }
