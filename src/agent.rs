@@ -14,7 +14,6 @@ use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
 use crate::incidents::correlate::{correlate, Known};
 use crate::incidents::ledger::Ledger;
 use crate::incidents::watch::{self, Sources};
-use crate::incidents::{Detected, Failure};
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
 use crate::kube::events::GpuHolders;
 use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
@@ -22,9 +21,10 @@ use crate::kube::podresources::PodResourcesWatcher;
 use crate::kube::pods::PodWatcher;
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::{Metrics, SharedSnapshot};
+use crate::model::Snapshot;
+use crate::model::{Detected, Failure};
 use crate::scan::Scanner;
 use crate::server::{self, AppState, Health};
-use crate::snapshot::Snapshot;
 
 /// What serve needs to be a cluster citizen.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ struct KubeView {
 impl KubeView {
     fn after_scan(
         &mut self,
-        snapshot: &crate::snapshot::Snapshot,
+        snapshot: &crate::model::Snapshot,
         pods: Option<&crate::kube::pods::PodIndex>,
     ) {
         let holders = self.gpu_holders.holders();
@@ -157,7 +157,7 @@ pub async fn serve(
         {
             let metrics = metrics.clone();
             let mut last = None;
-            move |now: &watch::SourceStats| {
+            move |now: &crate::model::SourceStats| {
                 metrics.record_sources(now, last.as_ref());
                 last = Some(*now);
             }
@@ -373,13 +373,13 @@ fn on_failures(
 /// and which host PIDs were its, come from here.
 #[derive(Default)]
 struct RecentReadings {
-    by_id: std::collections::HashMap<String, (crate::snapshot::ShmReading, Instant)>,
+    by_id: std::collections::HashMap<String, (crate::model::ShmReading, Instant)>,
 }
 
 impl RecentReadings {
     const KEEP: Duration = Duration::from_secs(60);
 
-    fn remember(&mut self, readings: &[crate::snapshot::ShmReading], now: Instant) {
+    fn remember(&mut self, readings: &[crate::model::ShmReading], now: Instant) {
         for r in readings {
             self.by_id.insert(r.container_id.clone(), (r.clone(), now));
         }

@@ -6,18 +6,18 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{Cli, Command, CommonArgs, FailureSourceArgs, KubeMode, LogFormat, LogLevel};
-use shmlink::findings::Severity;
 use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::incidents::correlate::{correlate, finding, Known};
 use shmlink::incidents::watch::{collect, Sources};
-use shmlink::incidents::Detected;
 use shmlink::kube::events::GpuHolders;
 use shmlink::kube::pods::{list_once, PodIndex};
+use shmlink::model::Detected;
+use shmlink::model::Severity;
+use shmlink::model::Snapshot;
 use shmlink::scan::Scanner;
-use shmlink::snapshot::Snapshot;
 use shmlink::{agent, report};
 
 fn main() -> ExitCode {

@@ -15,10 +15,10 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::gpu::PairStatus;
-use crate::incidents::watch::SourceStats;
-use crate::scan::CollectorRun;
-use crate::snapshot::{ShmReading, Snapshot};
+use crate::model::CollectorRun;
+use crate::model::PairStatus;
+use crate::model::SourceStats;
+use crate::model::{ShmReading, Snapshot};
 
 /// The last complete scan, swapped in whole by the scan thread.
 pub type SharedSnapshot = Arc<ArcSwapOption<Snapshot>>;
@@ -547,7 +547,7 @@ fn encode_gpus(
                 ("capability", capability),
             ];
             p2p.encode_family(&labels)?
-                .encode_gauge(&i64::from(status == crate::gpu::P2pStatus::Ok))?;
+                .encode_gauge(&i64::from(status == crate::model::P2pStatus::Ok))?;
         }
     }
     let mut healthy = encoder.encode_descriptor(

@@ -2,9 +2,9 @@
 
 use std::io::{self, Write};
 
-use crate::findings::Severity;
-use crate::gpu::PairStatus;
-use crate::snapshot::{ShmReading, ShmStatus, Snapshot};
+use crate::model::PairStatus;
+use crate::model::Severity;
+use crate::model::{ShmReading, ShmStatus, Snapshot};
 use crate::units::human_bytes;
 
 pub fn write_json(out: &mut impl Write, snapshot: &Snapshot) -> io::Result<()> {

@@ -10,33 +10,9 @@ use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
+use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
 use crate::shm::ShmScanner;
-use crate::snapshot::{ShmReading, Snapshot, XidCount};
-
-/// The collectors named in `shmlink_scan_duration_seconds{collector=...}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CollectorName {
-    Shm,
-    Gpu,
-}
-
-impl CollectorName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CollectorName::Shm => "shm",
-            CollectorName::Gpu => "gpu",
-        }
-    }
-}
-
-/// How one collector fared in one scan.
-#[derive(Debug, Clone, Copy)]
-pub struct CollectorRun {
-    pub collector: CollectorName,
-    pub duration: Duration,
-    pub errors: u64,
-}
 
 pub struct ScanOutput {
     pub snapshot: Snapshot,

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use common::kube_api::{pod, Behaviour, FakeApi};
 use serde_json::Value;
-use shmlink::findings::{Finding, FindingKind, Severity, Subject};
 use shmlink::fixtures;
 use shmlink::kube::events::{
     spawn_publisher, EventMsg, EventPlanner, EventQueue, GpuHolders, PublishSettings,
 };
 use shmlink::kube::pods::{PodIndex, PodWatcher};
 use shmlink::metrics::Metrics;
-use shmlink::snapshot::{ShmReading, ShmStatus, Snapshot};
+use shmlink::model::{Finding, FindingKind, Severity, Subject};
+use shmlink::model::{ShmReading, ShmStatus, Snapshot};
 
 const NODE: &str = "node-a";
 const UID_1: &str = "11111111-1111-4111-8111-111111111111";

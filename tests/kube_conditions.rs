@@ -11,10 +11,10 @@ use arc_swap::ArcSwapOption;
 use common::kube_api::{self, FakeApi};
 use serde_json::{json, Value};
 use shmlink::fixtures;
-use shmlink::gpu::PairStatus;
 use shmlink::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings, TAINT_KEY};
 use shmlink::metrics::Metrics;
-use shmlink::snapshot::{Snapshot, XidCount};
+use shmlink::model::PairStatus;
+use shmlink::model::{Snapshot, XidCount};
 
 const NODE: &str = "gpu-node-7";
 const EARLIER: &str = "2026-01-01T00:00:00Z";

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use shmlink::gpu::nvml::NvmlGpus;
 use shmlink::gpu::xid::{self, XidCounts};
-use shmlink::gpu::{
+use shmlink::model::{
     FabricInfo, FabricState, GpuSample, LinkErrors, P2pCaps, P2pStatus, Peer, RecoveryAction,
     TopologyLevel,
 };
@@ -92,7 +92,7 @@ fn sample(gpus: &NvmlGpus) -> GpuSample {
     gpus.sample().0
 }
 
-fn pair(sample: &GpuSample, a: u32, b: u32) -> &shmlink::gpu::PairSample {
+fn pair(sample: &GpuSample, a: u32, b: u32) -> &shmlink::model::PairSample {
     sample
         .pairs
         .iter()

@@ -1,8 +1,9 @@
 //! Pure: how full is full for one container's /dev/shm, and which shm findings a scan makes.
 
-use super::{text, Finding, FindingKind, Subject};
+use super::text;
 use crate::kube::pods::PodIndex;
-use crate::snapshot::{ShmReading, ShmStatus};
+use crate::model::{Finding, FindingKind, Subject};
+use crate::model::{ShmReading, ShmStatus};
 
 /// `--shm-warn-ratio` / `--shm-critical-ratio`, validated so that 0 < warn <= critical <= 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -124,8 +125,8 @@ pub fn runtime_default_finding(r: &ShmReading) -> Option<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::{FindingKind, Severity};
     use crate::fixtures;
+    use crate::model::{FindingKind, Severity};
 
     #[test]
     fn an_unmeasured_dev_shm_is_a_warning_finding_not_healthy() {

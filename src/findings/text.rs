@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use crate::gpu::pairs::Weight;
-use crate::gpu::{PairStatus, RecoveryAction};
-use crate::incidents::{PairThen, ShmThen};
-use crate::snapshot::ShmReading;
+use crate::model::{
+    ContainerRef, PairStatus, PairThen, RecoveryAction, ShmReading, ShmThen, Weight, XidAction,
+    XidEntry,
+};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// The Kubernetes fix for a /dev/shm too small: the alert rules' ShmNearlyFull says it too.
@@ -27,7 +27,7 @@ pub fn shm_full(r: &ShmReading) -> String {
         (Some(_), None) => true,
         _ => false,
     };
-    let container = crate::findings::ContainerRef::of(r);
+    let container = ContainerRef::of(r);
     let mut message = format!(
         "/dev/shm of container {} is {pct:.0}% full: {} used, {} more can be written",
         container.short_name(),
@@ -60,7 +60,7 @@ pub fn shm_full(r: &ShmReading) -> String {
 /// `shm_runtime_default`: a GPU workload on the runtime's 64 MiB, and the YAML that fixes it.
 /// `shm_unmeasured`: the agent could not look, which is not the same as nothing being there.
 pub fn shm_unmeasured(r: &ShmReading, error: &str) -> String {
-    let container = crate::findings::ContainerRef::of(r);
+    let container = ContainerRef::of(r);
     format!(
         "The /dev/shm of container {} could not be measured ({error}); its size and use are          unknown, not absent. Check the agent's privileges (SYS_PTRACE, DAC_READ_SEARCH) and          its log.",
         container.short_name()
@@ -68,7 +68,7 @@ pub fn shm_unmeasured(r: &ShmReading, error: &str) -> String {
 }
 
 pub fn shm_runtime_default(r: &ShmReading) -> String {
-    let container = crate::findings::ContainerRef::of(r);
+    let container = ContainerRef::of(r);
     format!(
         "Container {} requests GPUs but runs on the container runtime's default 64 MiB \
          /dev/shm: PyTorch DataLoader workers and NCCL fail with bus errors once it fills. Add to \
@@ -81,22 +81,37 @@ pub fn shm_runtime_default(r: &ShmReading) -> String {
     )
 }
 
-/// `gpu_xid`.
-pub fn xid(gpu: u32, xid: u64, count: u64) -> String {
-    let said = match crate::gpu::xid::catalogue::lookup(xid) {
-        Some(e) => format!("{}; NVIDIA's XID catalogue: {}", e.what, e.action.advice()),
+/// `gpu_xid`; `entry`: what the catalogue says of it.
+pub fn xid(gpu: u32, xid: u64, count: u64, entry: Option<XidEntry>) -> String {
+    let said = match entry {
+        Some(e) => format!(
+            "{}; NVIDIA's XID catalogue: {}",
+            e.what,
+            xid_advice(e.action)
+        ),
         None => "not in NVIDIA's XID catalogue".to_string(),
     };
     format!("XID {xid} on GPU {gpu} ({count} since the agent started): {said}.")
 }
 
+/// What an XID's catalogue action asks of a person.
+pub const fn xid_advice(action: XidAction) -> &'static str {
+    match action {
+        XidAction::Ignore => "no action needed",
+        XidAction::RestartApp => "restart the application that hit it",
+        XidAction::UpdateSoftware => "update the driver or firmware",
+        XidAction::ResetGpu => "drain the node and reset the GPU (or reboot the node)",
+        XidAction::RebootNode => "drain and reboot the node",
+        XidAction::ContactVendor => "drain the node and contact the hardware vendor",
+    }
+}
+
 /// One fatal XID in `GpuFault`'s message: `times` seen within `hold` (a repeat escalates, as
 /// a fault that comes back after its action calls for the vendor).
-pub fn fault_xid(gpu: u32, xid: u64, times: usize, hold: &str) -> String {
-    let (what, advice) = crate::gpu::xid::catalogue::lookup(xid)
-        .map_or(("unknown", "drain the node"), |e| {
-            (e.what, e.action.advice())
-        });
+pub fn fault_xid(gpu: u32, xid: u64, entry: Option<XidEntry>, times: usize, hold: &str) -> String {
+    let (what, advice) = entry.map_or(("unknown", "drain the node"), |e| {
+        (e.what, xid_advice(e.action))
+    });
     if times > 1 {
         format!(
             "XID {xid} ({what}) seen {times} times on GPU {gpu} within {hold}: it came back, so \
@@ -246,7 +261,7 @@ pub fn fault_recovery_action(g: u32, bus: &str, action: RecoveryAction) -> Strin
 }
 
 /// `gpu_fabric_unhealthy`: GPU `g`'s NVSwitch fabric registration or health. `problem` is
-/// [`crate::gpu::FabricInfo::problem`].
+/// [`crate::model::FabricInfo::problem`].
 pub fn gpu_fabric_unhealthy(g: u32, describe: &str, problem: &str, nvswitch: bool) -> String {
     format!(
         "GPU {g}{describe}: {problem}{}. Check the fabric manager (`systemctl status nvidia-fabricmanager`, `nvidia-smi -q -i {g} | grep -A4 Fabric`), then reset the GPU or reboot the node if it does not register.",

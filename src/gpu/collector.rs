@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use super::nvml::NvmlGpus;
 use super::pairs::{PairJudge, PairRules};
 use super::xid::{self, RecentXids, XidCounts};
-use super::{GpuReading, PairVerdict};
-use crate::findings::{text, Finding, FindingKind, Subject};
+use crate::findings::text;
+use crate::model::{Finding, FindingKind, Subject};
+use crate::model::{GpuReading, PairVerdict};
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
 /// after the agent.
 const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);

@@ -19,7 +19,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
-use super::{
+use crate::model::{
     Ber, FabricInfo, FabricState, GpuReading, GpuSample, LinkErrors, LinkReading, Nvlink5Errors,
     P2pCaps, P2pStatus, PairSample, Peer, RecoveryAction, TopologyLevel,
 };

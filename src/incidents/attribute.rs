@@ -9,10 +9,10 @@
 
 use std::path::Path;
 
-use super::Who;
 use crate::cgroup::path::parse_cgroup_path;
 use crate::cgroup::proc::memory_cgroup;
 use crate::host::{read_ns, NsId};
+use crate::model::Who;
 
 /// The container of host process `pid`: its memory cgroup's pod UID and container ID, when it
 /// lives in a mount namespace other than the host's (`host_mnt`).

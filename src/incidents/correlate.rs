@@ -3,11 +3,12 @@
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
-use super::{Detected, Failure, PairThen, ShmThen, Who};
-use crate::findings::{on_runtime_default, text, Finding, FindingKind, Subject};
+use crate::findings::{on_runtime_default, text};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
-use crate::snapshot::{ShmReading, Snapshot};
+use crate::model::{Detected, Failure, PairThen, ShmThen, Who};
+use crate::model::{Finding, FindingKind, Subject};
+use crate::model::{ShmReading, Snapshot};
 
 /// What the agent knew when the failure was told.
 #[derive(Clone, Copy)]
@@ -125,7 +126,7 @@ impl Identity {
             (Some(ns), Some(pod), Some(c), _) => format!("{ns}/{pod}/{c}"),
             (Some(ns), Some(pod), None, _) => format!("{ns}/{pod}"),
             (_, _, Some(c), _) => c.clone(),
-            (_, _, None, Some(id)) => crate::snapshot::short_id(id).to_string(),
+            (_, _, None, Some(id)) => crate::model::short_id(id).to_string(),
             _ => "an unknown process".to_string(),
         }
     }
@@ -234,8 +235,8 @@ mod tests {
 
     use super::*;
     use crate::fixtures;
-    use crate::gpu::PairStatus;
-    use crate::incidents::FailureSource;
+    use crate::model::FailureSource;
+    use crate::model::PairStatus;
 
     const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
     const MIB: u64 = 1 << 20;

@@ -5,8 +5,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::Failure;
-use crate::findings::{ContainerRef, FindingKind};
+use crate::model::Failure;
+use crate::model::{ContainerRef, FindingKind};
 
 /// Failures kept for the snapshot.
 const RECENT_MAX: usize = 256;

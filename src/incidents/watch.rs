@@ -9,14 +9,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use super::attribute::who_is_pid;
-use super::{cut, Detected, FailureSource, Who, EVIDENCE_MAX};
 use crate::failures::kmsg::{kernel_event, KernelEvent, KmsgRecord};
 use crate::failures::reader::{KernelLog, KmsgStart};
 use crate::failures::signatures::{LogFailure, Signatures};
-use crate::findings::FindingKind;
 use crate::gpu::xid::kernel::KernelGpu;
 use crate::host::NsId;
-use crate::logs::{LogLine, LogOrigin, LogSettings, LogStats, LogTailer};
+use crate::logs::{LogLine, LogOrigin, LogSettings, LogTailer};
+use crate::model::FindingKind;
+use crate::model::{cut, Detected, FailureSource, SourceStats, Who, EVIDENCE_MAX};
 
 /// How often `serve` reads the sources: a failure reaches its Event well within 2 s.
 pub const POLL: Duration = Duration::from_millis(200);
@@ -162,18 +162,6 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
 pub struct Told {
     pub failures: Vec<Detected>,
     pub gpus: Vec<KernelGpu>,
-}
-
-/// What the sources have read since the watcher started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SourceStats {
-    pub logs: LogStats,
-    /// `None`: the kernel log is off; `Some(false)`: it could not be opened.
-    pub kmsg_open: Option<bool>,
-    /// Kernel records read.
-    pub kmsg_records: u64,
-    /// Kernel records overwritten before they were read.
-    pub kmsg_lost: u64,
 }
 
 /// `serve`: follows the sources from now on and hands each poll's failures to `deliver`

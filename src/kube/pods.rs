@@ -12,7 +12,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use crate::snapshot::ShmReading;
+use crate::model::ShmReading;
 
 /// What the scans need to know of one Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

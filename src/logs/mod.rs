@@ -64,20 +64,7 @@ pub struct LogSettings {
     pub max_lines_per_sec: u32,
 }
 
-/// Cumulative counts since the tailer was made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LogStats {
-    /// Files opened (live, rotated and gzipped).
-    pub files: u64,
-    /// Bytes read (gzipped files counted decompressed).
-    pub bytes: u64,
-    /// Complete lines read, kept or not.
-    pub lines: u64,
-    /// Kept lines dropped by the rate limit.
-    pub dropped_lines: u64,
-    /// Unreadable roots, directories and files, each counted once.
-    pub errors: u64,
-}
+pub use crate::model::LogStats;
 
 /// Follows every container's log files under the roots. New files are looked for at most once a
 /// second; appends to known files are read on every poll.

@@ -4,7 +4,7 @@
 use super::need::{Need, DEFAULT_GPU_SHM_BYTES};
 use super::observe::{GpuObs, IpcObs, MemObs, RunsIn, ShmObs};
 use super::verdict::{Problem, ProblemKind};
-use crate::findings::EventReason;
+use crate::model::EventReason;
 use crate::units::{docker_size, k8s_quantity, MIB};
 
 /// The /dev/shm size to ask for: the need, rounded up to whole MiB.

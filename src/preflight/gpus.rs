@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::gpu::{PairStatus, PairVerdict};
+use crate::model::{PairStatus, PairVerdict};
 
 /// Which GPUs the workload will use, as its environment says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

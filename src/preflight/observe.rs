@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::gpus::{SelectorSource, VisibleGpu};
 use crate::cgroup::CgroupVersion;
-use crate::gpu::PairVerdict;
+use crate::model::PairVerdict;
 
 /// What the container's /dev/shm is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

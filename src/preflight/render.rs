@@ -4,7 +4,7 @@ use super::gpus::SelectorSource;
 use super::need::need_words;
 use super::observe::{NvmlState, RunsIn, ShmState};
 use super::verdict::{Grade, Report, Verdict};
-use crate::gpu::PairStatus;
+use crate::model::PairStatus;
 use crate::units::human_bytes;
 
 /// The report for a person.

@@ -9,7 +9,7 @@ use super::observe::{
     effective_available, GpuObs, IpcObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState,
 };
 use crate::findings::text;
-use crate::gpu::PairStatus;
+use crate::model::PairStatus;
 use crate::units::human_bytes;
 
 /// How much a problem weighs (its JSON `severity`); the worst one decides the verdict.

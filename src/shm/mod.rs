@@ -20,9 +20,9 @@ use rustix::fs::{Mode, OFlags, RawDir};
 use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
 use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
 use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsSource};
+use crate::model::{short_id, ShmReading, ShmStatus};
 use crate::procfs::kfile::FileReader;
 use crate::procfs::mountinfo::{self, MountEntry};
-use crate::snapshot::{short_id, ShmReading, ShmStatus};
 use statfs::{OpenShmError, ShmStat};
 
 /// How many of a cgroup's processes to try before giving up on it (they may all be exiting).

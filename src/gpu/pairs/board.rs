@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::verdict::PairState;
-use crate::gpu::{GpuReading, GpuSample, Peer};
+use crate::model::{GpuReading, GpuSample, Peer};
 
 pub(super) fn ordered(a: u32, b: u32) -> (u32, u32) {
     (a.min(b), a.max(b))

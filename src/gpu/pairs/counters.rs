@@ -4,10 +4,11 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use super::board::{ordered, Board};
-use super::verdict::{PairState, Weight};
+use super::verdict::PairState;
 use super::PairRules;
 use crate::findings::text::{link_list, rate, secs};
-use crate::gpu::{LinkErrors, Peer};
+use crate::model::Weight;
+use crate::model::{LinkErrors, Peer};
 
 /// Per (GPU key, link): the samples that cover the window, oldest first, plus the newest one
 /// just outside it (the baseline growth is measured from).

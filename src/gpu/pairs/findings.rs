@@ -6,9 +6,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::board::Board;
 use super::counters::Notice;
-use super::verdict::{Judged, Weight};
+use super::verdict::Judged;
 use super::PairRules;
-use crate::findings::{text, Finding, FindingKind, Severity, Subject};
+use crate::findings::text;
+use crate::model::Weight;
+use crate::model::{Finding, FindingKind, Severity, Subject};
 
 pub(super) fn findings(
     board: &Board<'_>,

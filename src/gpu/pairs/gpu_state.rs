@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 
 use super::board::Board;
-use super::verdict::{PairState, Weight};
-use crate::findings::{text, Finding, FindingKind, Subject};
-use crate::gpu::RecoveryAction;
+use super::verdict::PairState;
+use crate::findings::text;
+use crate::model::RecoveryAction;
+use crate::model::Weight;
+use crate::model::{Finding, FindingKind, Subject};
 
 pub(super) fn gpu_state_rule(
     board: &Board<'_>,

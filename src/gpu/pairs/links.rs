@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use super::board::{ordered, Board};
-use super::verdict::{PairState, Weight};
+use super::verdict::PairState;
 use crate::findings::text::link_list;
-use crate::gpu::Peer;
+use crate::model::Peer;
+use crate::model::Weight;
 
 /// Rule 1: a lost GPU's pairs are down.
 pub(super) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {

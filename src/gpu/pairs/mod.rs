@@ -48,7 +48,7 @@ mod nvlink5;
 mod p2p;
 mod verdict;
 
-pub use verdict::Weight;
+pub use crate::model::Weight;
 
 use board::Board;
 use counters::CounterHistory;
@@ -56,8 +56,8 @@ use nvlink5::Nvlink5History;
 use p2p::P2pMemory;
 use verdict::Judged;
 
-use super::{GpuSample, PairStatus, PairVerdict};
-use crate::findings::Finding;
+use crate::model::Finding;
+use crate::model::{GpuSample, PairStatus, PairVerdict};
 
 /// Thresholds of the pair verdicts. The defaults follow DCGM's NVLink health watch.
 #[derive(Debug, Clone, Copy, PartialEq)]

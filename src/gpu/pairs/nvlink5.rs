@@ -16,10 +16,11 @@ use std::time::Instant;
 
 use super::board::Board;
 use super::counters::{affected_pairs, prune, push_with, Notice};
-use super::verdict::{PairState, Weight};
+use super::verdict::PairState;
 use super::PairRules;
 use crate::findings::text::{rate, secs};
-use crate::gpu::Nvlink5Errors;
+use crate::model::Nvlink5Errors;
+use crate::model::Weight;
 
 pub(super) type Nvlink5History = HashMap<(String, u32), VecDeque<(Instant, Nvlink5Errors)>>;
 

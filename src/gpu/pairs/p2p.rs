@@ -3,8 +3,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::board::Board;
-use super::verdict::{PairState, Weight};
-use crate::gpu::{P2pStatus, TopologyLevel};
+use super::verdict::PairState;
+use crate::model::Weight;
+use crate::model::{P2pStatus, TopologyLevel};
 
 /// Per (GPU key of `gpu`, GPU key of `peer_gpu`): whether read, write, nvlink, atomics were
 /// ever ok. Directional, so a reorder that flips a pair forgets rather than misjudges.

@@ -2,39 +2,7 @@
 //! the pair's status is the worst weight ([`Weight::status`]): this is where a pair is declared
 //! degraded or down.
 
-use crate::findings::Severity;
-use crate::gpu::{P2pCaps, PairStatus, PairVerdict, TopologyLevel};
-
-/// How bad one reason is. The pair's status is the worst of its reasons.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Weight {
-    /// Error counters over threshold: the link still carries traffic (NVLink retries replays
-    /// and CRC failures in hardware), so jobs slow down rather than crash; DCGM's health watch
-    /// calls this a warning. Degraded, Warning.
-    Errors,
-    /// P2P lost or failing where its neighbours work, some NVSwitch links inactive: transfers
-    /// between the pair fail or fall back, which is what crashed the all-reduce. Degraded,
-    /// Critical.
-    Broken,
-    /// An inactive direct link, all switch links inactive, a lost GPU. Down, Critical.
-    Down,
-}
-
-impl Weight {
-    pub fn status(self) -> PairStatus {
-        match self {
-            Weight::Errors | Weight::Broken => PairStatus::Degraded,
-            Weight::Down => PairStatus::Down,
-        }
-    }
-
-    pub fn severity(self) -> Severity {
-        match self {
-            Weight::Errors => Severity::Warning,
-            Weight::Broken | Weight::Down => Severity::Critical,
-        }
-    }
-}
+use crate::model::{P2pCaps, PairVerdict, TopologyLevel, Weight};
 
 #[derive(Debug)]
 pub(super) struct Reason {

@@ -5,54 +5,7 @@
 //! the row says which action the workflow's text names. Facts only: no XID here is judged by
 //! anything but that column.
 
-/// The immediate action the catalogue lists for an XID.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum XidAction {
-    /// IGNORE: informational, or told in another XID.
-    Ignore,
-    /// RESTART_APP: the application that hit it must restart; the GPU is fine.
-    RestartApp,
-    /// UPDATE_SWFW: update the driver or firmware.
-    UpdateSoftware,
-    /// RESET_GPU (and the workflows of XIDs 48 and 74: "a GPU reset or node reboot is needed").
-    ResetGpu,
-    /// RESTART_BM / RESTART_VM: reboot the machine.
-    RebootNode,
-    /// CHECK_MECHANICALS, CONTACT_SUPPORT: hands on the hardware, or the vendor.
-    ContactVendor,
-}
-
-impl XidAction {
-    /// Whether the GPU is unusable until someone acts: a reset, a reboot, the vendor. Such an
-    /// XID makes `GpuFault` True; the others stay Events.
-    pub const fn is_fatal(self) -> bool {
-        matches!(
-            self,
-            XidAction::ResetGpu | XidAction::RebootNode | XidAction::ContactVendor
-        )
-    }
-
-    /// What to do, as a person reads it.
-    pub const fn advice(self) -> &'static str {
-        match self {
-            XidAction::Ignore => "no action needed",
-            XidAction::RestartApp => "restart the application that hit it",
-            XidAction::UpdateSoftware => "update the driver or firmware",
-            XidAction::ResetGpu => "drain the node and reset the GPU (or reboot the node)",
-            XidAction::RebootNode => "drain and reboot the node",
-            XidAction::ContactVendor => "drain the node and contact the hardware vendor",
-        }
-    }
-}
-
-/// One XID the catalogue describes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct XidEntry {
-    pub xid: u64,
-    /// The catalogue's description.
-    pub what: &'static str,
-    pub action: XidAction,
-}
+use crate::model::{XidAction, XidEntry};
 
 use XidAction::{ContactVendor, Ignore, RebootNode, ResetGpu, RestartApp, UpdateSoftware};
 

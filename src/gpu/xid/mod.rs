@@ -16,7 +16,9 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::findings::{text, Finding, FindingKind, Subject};
+use crate::findings::text;
+
+use crate::model::{Finding, FindingKind, Subject};
 
 /// XIDs seen since start, per (GPU index, XID), as NVML's events and the kernel log tell them.
 /// Shared with the scan thread. The two see the same XIDs, so the count is the larger of their
@@ -83,7 +85,7 @@ impl RecentXids {
                 out.push(Finding::new(
                     FindingKind::GpuXid,
                     Subject::Xid { gpu, xid },
-                    text::xid(gpu, xid, count),
+                    text::xid(gpu, xid, count, catalogue::lookup(xid)),
                 ));
             }
         }

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
 use crate::findings::text;
+use crate::gpu::not_in_nvml;
 use crate::gpu::xid::catalogue;
-use crate::gpu::{not_in_nvml, PairStatus, PairVerdict, RecoveryAction};
-use crate::snapshot::Snapshot;
+use crate::model::Snapshot;
+use crate::model::{PairStatus, PairVerdict, RecoveryAction};
 
 /// A message longer than this is cut: a Node object is read by everything in the cluster.
 const MESSAGE_MAX: usize = 1024;
@@ -127,7 +128,7 @@ impl ConditionJudge {
         }
         let hold = humantime::format_duration(self.hold).to_string();
         // The XID whose action goes furthest (a reboot before a reset) names the reason.
-        let mut xids: Vec<(catalogue::XidAction, u32, u64, usize)> = self
+        let mut xids: Vec<(crate::model::XidAction, u32, u64, usize)> = self
             .xids
             .iter()
             .filter(|(_, seen)| !seen.at.is_empty())
@@ -137,7 +138,10 @@ impl ConditionJudge {
             .collect();
         xids.sort_by_key(|&(action, gpu, xid, _)| (std::cmp::Reverse(action), gpu, xid));
         for (_, gpu, xid, times) in xids {
-            faults.push((format!("Xid{xid}"), text::fault_xid(gpu, xid, times, &hold)));
+            faults.push((
+                format!("Xid{xid}"),
+                text::fault_xid(gpu, xid, catalogue::lookup(xid), times, &hold),
+            ));
         }
         match faults.first() {
             None => Condition {

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::{taint, ConditionJudge, Desired, Status};
 use crate::metrics::Metrics;
-use crate::snapshot::Snapshot;
+use crate::model::Snapshot;
 
 /// How the writer behaves.
 #[derive(Debug, Clone, Copy)]

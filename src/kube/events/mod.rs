@@ -24,7 +24,7 @@ pub use planner::EventPlanner;
 pub use publisher::{spawn_publisher, EventQueue, PublishSettings};
 
 pub use super::podresources::GpuHolders;
-use crate::findings::EventReason;
+use crate::model::EventReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {

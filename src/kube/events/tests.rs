@@ -5,11 +5,11 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::planner::{truncate, NOTE_MAX};
 use super::*;
-use crate::findings::{Finding, FindingKind, Severity, Subject};
 use crate::fixtures;
 use crate::gpu::xid::{RecentXids, XID_LASTS};
 use crate::kube::pods::PodIndex;
-use crate::snapshot::{ShmReading, ShmStatus, Snapshot, XidCount};
+use crate::model::{Finding, FindingKind, Severity, Subject};
+use crate::model::{ShmReading, ShmStatus, Snapshot, XidCount};
 
 const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
 const HEARTBEAT: Duration = Duration::from_secs(300);

@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::findings::Severity;
-use crate::gpu::{
+use crate::model::Severity;
+use crate::model::{
     GpuReading, LinkErrors, LinkReading, P2pCaps, P2pStatus, PairSample, Peer, TopologyLevel,
 };
 

@@ -1,7 +1,7 @@
 //! Rules 3b-3c: NVLink5 counters (Blackwell), NVML's recovery action, fabric health.
 
 use super::*;
-use crate::gpu::{Ber, FabricInfo, FabricState, Nvlink5Errors, RecoveryAction};
+use crate::model::{Ber, FabricInfo, FabricState, Nvlink5Errors, RecoveryAction};
 
 /// `n` B200-like GPUs on NVSwitches: the DL counters absent, NVLink5 counters at 0.
 fn b200(n: u32, links: u32) -> GpuSample {
@@ -157,7 +157,7 @@ fn each_recovery_action() {
             assert!(j.findings.is_empty(), "{:?}", j.findings);
         } else {
             assert_eq!(actions.len(), 1, "{action:?}");
-            assert_eq!(actions[0].subject, crate::findings::Subject::Gpu(3));
+            assert_eq!(actions[0].subject, crate::model::Subject::Gpu(3));
             assert_eq!(actions[0].severity, Severity::Critical);
             assert!(actions[0].message.contains(action.as_str()));
         }

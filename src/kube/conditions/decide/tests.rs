@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::fixtures::{gpu_board, pair};
-use crate::snapshot::XidCount;
+use crate::model::XidCount;
 
 const HOLD: Duration = Duration::from_secs(3600);
 
@@ -239,7 +239,7 @@ fn messages_are_bounded_and_pairs_beyond_a_dozen_are_counted() {
 
 #[test]
 fn nvml_recovery_actions_for_a_reset_or_reboot_are_a_fault_the_others_are_not() {
-    use crate::gpu::RecoveryAction;
+    use crate::model::RecoveryAction;
     for (action, reason) in [
         (RecoveryAction::None, None),
         (RecoveryAction::DrainP2p, None),
@@ -283,7 +283,7 @@ fn nvml_recovery_actions_for_a_reset_or_reboot_are_a_fault_the_others_are_not() 
 
 #[test]
 fn the_recovery_action_going_furthest_names_the_reason_before_xids() {
-    use crate::gpu::RecoveryAction;
+    use crate::model::RecoveryAction;
     let mut s = with_xids(gpu_board(4), &[(0, 79, 1)]);
     s.gpus[1].recovery_action = Some(RecoveryAction::GpuReset);
     s.gpus[3].recovery_action = Some(RecoveryAction::NodeReboot);

@@ -1,13 +1,8 @@
-//! The result of one scan: immutable once built, shared behind an `Arc`.
-//!
-//! Field names are the JSON of `shmlink check --json` (see CONTRACT.md), so they are part of the
-//! user-facing contract.
+//! One container's /dev/shm as a scan found it.
 
 use serde::Serialize;
 
-use crate::findings::{ContainerRef, Finding, FindingKind, Severity};
-use crate::gpu::{GpuReading, PairVerdict};
-use crate::incidents::Failure;
+use super::ContainerRef;
 
 /// Fullness of one /dev/shm against its effective limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -80,56 +75,5 @@ impl ShmReading {
     /// names this container in findings.
     pub fn subject(&self) -> String {
         ContainerRef::of(self).to_string()
-    }
-}
-
-/// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.
-pub fn short_id(id: &str) -> &str {
-    match id.char_indices().nth(12) {
-        Some((i, _)) => &id[..i],
-        None => id,
-    }
-}
-
-/// XID errors of one kind on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct XidCount {
-    pub gpu: u32,
-    pub xid: u64,
-    pub count: u64,
-}
-
-/// One scan of the machine.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Snapshot {
-    pub node: String,
-    pub shm: Vec<ShmReading>,
-    /// Filled by the GPU collector; empty when no NVML is loaded.
-    pub gpus: Vec<GpuReading>,
-    pub gpu_pairs: Vec<PairVerdict>,
-    /// XID errors since the agent started.
-    pub xids: Vec<XidCount>,
-    pub findings: Vec<Finding>,
-    /// What the workloads' logs and the kernel said recently.
-    pub failures: Vec<Failure>,
-    /// Failures counted since the agent started, per container and kind
-    /// (`shmlink_workload_failures_total`).
-    #[serde(skip)]
-    pub failure_counts: Vec<(ContainerRef, FindingKind, u64)>,
-    /// Whether NVML is loaded and answering (`shmlink_nvml_up`).
-    #[serde(skip)]
-    pub nvml_up: bool,
-    /// The PCI bus ids of the NVIDIA GPUs the driver lists (`/proc/driver/nvidia/gpus`),
-    /// whether or not NVML loads (`shmlink_gpu_devices`); empty without a driver.
-    #[serde(skip)]
-    pub driver_gpus: Vec<String>,
-    /// When the scan finished.
-    #[serde(skip)]
-    pub taken_at: Option<std::time::SystemTime>,
-}
-
-impl Snapshot {
-    pub fn worst_severity(&self) -> Option<Severity> {
-        self.findings.iter().map(|f| f.severity).max()
     }
 }

@@ -1,0 +1,116 @@
+//! A workload's failure: as a source told it ([`Detected`]) and as `check --json`'s `failures[]`
+//! tells it ([`Failure`]), with what was known then.
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::{ContainerRef, FindingKind, PairStatus};
+
+/// Longest evidence line kept (the rest is cut on a character boundary).
+pub const EVIDENCE_MAX: usize = 512;
+
+/// Where a failure was told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureSource {
+    /// The container's own output (CRI or Docker json-file log).
+    Log,
+    /// The kernel log.
+    Kernel,
+}
+
+/// Whose failure it is, as far as the source says.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Who {
+    /// A Kubernetes container, from its log's path.
+    Pod {
+        namespace: String,
+        pod: String,
+        uid: String,
+        container: String,
+    },
+    /// A container by ID (Docker's log path; the kernel's PID through its cgroup).
+    Container {
+        pod_uid: Option<String>,
+        container_id: String,
+    },
+    /// A host process the agent could not place (gone before it looked, or not in a container).
+    Process,
+}
+
+/// One failure as a source told it, before correlation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    pub who: Who,
+    pub kind: FindingKind,
+    pub at: SystemTime,
+    pub source: FailureSource,
+    /// The line that says it, at most [`EVIDENCE_MAX`] bytes.
+    pub evidence: String,
+    /// The host PID and command of a crashing process (kernel).
+    pub pid: Option<i32>,
+    pub comm: Option<String>,
+    /// The library it crashed in (kernel).
+    pub library: Option<String>,
+    /// The GPUs NCCL names (its CUDA device numbers, in the process).
+    pub nccl_gpus: Option<(u32, u32)>,
+}
+
+/// The container's /dev/shm at the last scan before the failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShmThen {
+    pub size_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    /// The highest usage seen in the scan interval before the failure.
+    pub peak_bytes: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    /// On the container runtime's default 64 MiB tmpfs.
+    pub runtime_default: bool,
+    pub host_ipc: bool,
+}
+
+/// A GPU pair the Pod's GPUs make, as the last scan judged it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PairThen {
+    pub gpu: u32,
+    pub peer_gpu: u32,
+    pub status: PairStatus,
+    pub reasons: Vec<String>,
+}
+
+/// `check --json`'s `failures[]` entry (docs/CONTRACT.md): identity as in `shm`, what was said,
+/// and what was known then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub pod_uid: Option<String>,
+    pub container: Option<String>,
+    pub container_id: Option<String>,
+    pub image: Option<String>,
+    pub kind: FindingKind,
+    /// RFC 3339.
+    pub at: String,
+    pub source: FailureSource,
+    pub evidence: String,
+    pub pid: Option<i32>,
+    pub shm: Option<ShmThen>,
+    /// The GPUs the Pod held (NVML indices), from the kubelet's pod-resources.
+    pub gpus: Vec<u32>,
+    pub gpu_pairs: Vec<PairThen>,
+    pub message: String,
+}
+
+impl Failure {
+    /// Whose failure it is, as findings and the failure counter name a container.
+    pub fn container_ref(&self) -> ContainerRef {
+        ContainerRef {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
+            pod_uid: self.pod_uid.clone(),
+            container: self.container.clone(),
+            container_id: self.container_id.clone().unwrap_or_default(),
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! What a person should act on: a typed [`Finding`] (what kind, about what, how bad). The
+//! words for it are `findings::text`'s.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+use super::{short_id, ShmReading};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Warning,
+    Critical,
+}
+
+/// The kinds of finding. The JSON name, the Kubernetes Event reason and the usual severity of
+/// each live here and nowhere else (CONTRACT.md lists them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// /dev/shm at or above the warning ratio.
+    ShmNearlyFull,
+    /// /dev/shm at or above the critical ratio.
+    ShmExhausted,
+    /// A GPU workload on the runtime's default 64 MiB /dev/shm.
+    ShmRuntimeDefault,
+    /// A container's /dev/shm could not be measured (permission, I/O, a missing system call):
+    /// unknown, which must not pass for healthy.
+    ShmUnmeasured,
+    /// NVML reports the GPU lost (fell off the bus).
+    GpuLost,
+    /// An inactive link to another GPU, or all of a GPU's NVSwitch links inactive.
+    GpuLinkDown,
+    /// NVLink error counters growing where no pair was made to fail by them.
+    GpuLinkErrors,
+    /// A pair (or a GPU's every pair) degraded: P2P lost or failing where its neighbours work,
+    /// error counters over threshold, some NVSwitch links inactive.
+    GpuPairDegraded,
+    /// An XID error reported by NVML within the last `gpu::xid::XID_LASTS`.
+    GpuXid,
+    /// The driver lists NVIDIA GPUs but NVML does not load.
+    NvmlUnavailable,
+    /// A workload said it could not allocate shared memory (its own log).
+    ShmAllocationFailed,
+    /// The kernel says a process of the workload crashed in a GPU communication library.
+    GpuJobCrashed,
+    /// NCCL said P2P is disabled between NVLink-connected GPUs.
+    NcclP2pDisabled,
+    /// The driver lists more NVIDIA GPUs than NVML sees.
+    GpuNotInNvml,
+    /// NVML's recovery action for a GPU asks for a P2P drain, a GPU reset or a node reboot.
+    GpuRecoveryAction,
+    /// The GPU's NVSwitch fabric registration is not complete or failed, or the fabric reports
+    /// degraded bandwidth or an unhealthy route.
+    GpuFabricUnhealthy,
+}
+
+impl FindingKind {
+    /// The name in `check --json` (`findings[].kind`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::ShmNearlyFull => "shm_nearly_full",
+            FindingKind::ShmExhausted => "shm_exhausted",
+            FindingKind::ShmRuntimeDefault => "shm_runtime_default",
+            FindingKind::ShmUnmeasured => "shm_unmeasured",
+            FindingKind::GpuLost => "gpu_lost",
+            FindingKind::GpuLinkDown => "gpu_link_down",
+            FindingKind::GpuLinkErrors => "gpu_link_errors",
+            FindingKind::GpuPairDegraded => "gpu_pair_degraded",
+            FindingKind::GpuXid => "gpu_xid",
+            FindingKind::NvmlUnavailable => "nvml_unavailable",
+            FindingKind::ShmAllocationFailed => "shm_allocation_failed",
+            FindingKind::GpuJobCrashed => "gpu_job_crashed",
+            FindingKind::NcclP2pDisabled => "nccl_p2p_disabled",
+            FindingKind::GpuNotInNvml => "gpu_not_in_nvml",
+            FindingKind::GpuRecoveryAction => "gpu_recovery_action",
+            FindingKind::GpuFabricUnhealthy => "gpu_fabric_unhealthy",
+        }
+    }
+
+    /// The Kubernetes Event reason it is published under; None: not an Event. A lost GPU takes
+    /// its pairs' links down with it, so it is told as `GpuLinkDown`.
+    pub const fn event_reason(self) -> Option<EventReason> {
+        match self {
+            FindingKind::ShmNearlyFull => Some(EventReason::ShmNearlyFull),
+            FindingKind::ShmExhausted => Some(EventReason::ShmExhausted),
+            FindingKind::ShmRuntimeDefault => Some(EventReason::ShmRuntimeDefault),
+            // The agent's own trouble, counted in shmlink_scan_errors_total: not the Pod's.
+            FindingKind::ShmUnmeasured => None,
+            FindingKind::GpuLost | FindingKind::GpuLinkDown => Some(EventReason::GpuLinkDown),
+            FindingKind::GpuLinkErrors => Some(EventReason::GpuLinkErrors),
+            FindingKind::GpuPairDegraded => Some(EventReason::GpuLinkDegraded),
+            FindingKind::GpuXid => Some(EventReason::GpuXid),
+            FindingKind::NvmlUnavailable => Some(EventReason::NvmlUnavailable),
+            FindingKind::ShmAllocationFailed => Some(EventReason::ShmAllocationFailed),
+            FindingKind::GpuJobCrashed => Some(EventReason::GpuJobCrashed),
+            FindingKind::NcclP2pDisabled => Some(EventReason::NcclP2pDisabled),
+            FindingKind::GpuNotInNvml => Some(EventReason::GpuNotInNvml),
+            FindingKind::GpuRecoveryAction => Some(EventReason::GpuRecoveryAction),
+            FindingKind::GpuFabricUnhealthy => Some(EventReason::GpuFabricUnhealthy),
+        }
+    }
+
+    /// How bad it usually is. GPU pair findings take the worst reason of their pairs instead
+    /// (counter growth alone is a warning: the link still carries traffic).
+    pub const fn default_severity(self) -> Severity {
+        match self {
+            FindingKind::ShmNearlyFull
+            | FindingKind::ShmRuntimeDefault
+            | FindingKind::ShmUnmeasured
+            | FindingKind::GpuLinkErrors
+            | FindingKind::NcclP2pDisabled => Severity::Warning,
+            FindingKind::ShmExhausted
+            | FindingKind::GpuLost
+            | FindingKind::GpuLinkDown
+            | FindingKind::GpuPairDegraded
+            | FindingKind::GpuXid
+            | FindingKind::NvmlUnavailable
+            | FindingKind::ShmAllocationFailed
+            | FindingKind::GpuJobCrashed
+            | FindingKind::GpuNotInNvml
+            | FindingKind::GpuRecoveryAction
+            | FindingKind::GpuFabricUnhealthy => Severity::Critical,
+        }
+    }
+}
+
+impl fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Kubernetes Event reasons (CONTRACT.md). Every finding's reason comes from its kind; the one
+/// reason no finding has is the recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventReason {
+    ShmNearlyFull,
+    ShmExhausted,
+    ShmRuntimeDefault,
+    GpuLinkDegraded,
+    GpuLinkDown,
+    GpuLinkErrors,
+    GpuLinkRecovered,
+    GpuXid,
+    ShmAllocationFailed,
+    GpuJobCrashed,
+    NcclP2pDisabled,
+    NvmlUnavailable,
+    GpuNotInNvml,
+    GpuRecoveryAction,
+    GpuFabricUnhealthy,
+}
+
+impl EventReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventReason::ShmNearlyFull => "ShmNearlyFull",
+            EventReason::ShmExhausted => "ShmExhausted",
+            EventReason::ShmRuntimeDefault => "ShmRuntimeDefault",
+            EventReason::GpuLinkDegraded => "GpuLinkDegraded",
+            EventReason::GpuLinkDown => "GpuLinkDown",
+            EventReason::GpuLinkErrors => "GpuLinkErrors",
+            EventReason::GpuLinkRecovered => "GpuLinkRecovered",
+            EventReason::GpuXid => "GpuXid",
+            EventReason::ShmAllocationFailed => "ShmAllocationFailed",
+            EventReason::GpuJobCrashed => "GpuJobCrashed",
+            EventReason::NcclP2pDisabled => "NcclP2pDisabled",
+            EventReason::NvmlUnavailable => "NvmlUnavailable",
+            EventReason::GpuNotInNvml => "GpuNotInNvml",
+            EventReason::GpuRecoveryAction => "GpuRecoveryAction",
+            EventReason::GpuFabricUnhealthy => "GpuFabricUnhealthy",
+        }
+    }
+
+    /// A GPU link condition whose end, with no other link condition left on its subject, is a
+    /// recovery.
+    pub const fn is_link_failure(self) -> bool {
+        matches!(
+            self,
+            EventReason::GpuLinkDegraded | EventReason::GpuLinkDown
+        )
+    }
+}
+
+impl fmt::Display for EventReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who a container is, as far as the scan knows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ContainerRef {
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub pod_uid: Option<String>,
+    pub container: Option<String>,
+    pub container_id: String,
+}
+
+impl ContainerRef {
+    pub fn of(r: &ShmReading) -> ContainerRef {
+        ContainerRef {
+            namespace: r.namespace.clone(),
+            pod: r.pod.clone(),
+            pod_uid: r.pod_uid.clone(),
+            container: r.container.clone(),
+            container_id: r.container_id.clone(),
+        }
+    }
+
+    /// The container's own name, else its short ID: how a note about its Pod names it.
+    pub fn short_name(&self) -> &str {
+        self.container
+            .as_deref()
+            .unwrap_or_else(|| short_id(&self.container_id))
+    }
+}
+
+/// `namespace/pod/container` when known, else the pod UID or container ID.
+impl fmt::Display for ContainerRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.namespace, &self.pod) {
+            (Some(ns), Some(pod)) => match &self.container {
+                Some(c) => write!(f, "{ns}/{pod}/{c}"),
+                None => write!(f, "{ns}/{pod}"),
+            },
+            _ => match (&self.pod_uid, &self.container) {
+                (Some(uid), _) => {
+                    write!(f, "pod {uid} container {}", short_id(&self.container_id))
+                }
+                // A plain Docker container, by the name Docker knows it by.
+                (None, Some(name)) => write!(f, "container {name}"),
+                (None, None) => write!(f, "container {}", short_id(&self.container_id)),
+            },
+        }
+    }
+}
+
+/// What a finding is about. Events and Node conditions take pods and GPUs from here, never
+/// from the text; the JSON `subject` is its [`Display`](fmt::Display).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Subject {
+    Container(Box<ContainerRef>),
+    Gpu(u32),
+    /// `gpu < peer_gpu`.
+    GpuPair(u32, u32),
+    /// One XID number on one GPU: each is its own condition.
+    Xid {
+        gpu: u32,
+        xid: u64,
+    },
+    /// Every GPU of the node (a node-wide cause).
+    AllGpus,
+    Node,
+}
+
+impl Subject {
+    pub fn container(r: &ShmReading) -> Subject {
+        Subject::Container(Box::new(ContainerRef::of(r)))
+    }
+
+    /// The GPUs it is about; `all` lists the node's GPUs for [`Subject::AllGpus`].
+    pub fn gpus(&self, all: impl IntoIterator<Item = u32>) -> Vec<u32> {
+        match self {
+            Subject::Gpu(g) | Subject::Xid { gpu: g, .. } => vec![*g],
+            Subject::GpuPair(a, b) => vec![*a, *b],
+            Subject::AllGpus => all.into_iter().collect(),
+            Subject::Container(_) | Subject::Node => Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Subject::Container(c) => c.fmt(f),
+            Subject::Gpu(g) | Subject::Xid { gpu: g, .. } => write!(f, "GPU {g}"),
+            Subject::GpuPair(a, b) => write!(f, "GPU {a} <-> GPU {b}"),
+            Subject::AllGpus => f.write_str("all GPUs"),
+            Subject::Node => f.write_str("node"),
+        }
+    }
+}
+
+impl Serialize for Subject {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Something a person should act on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub severity: Severity,
+    pub kind: FindingKind,
+    pub subject: Subject,
+    pub message: String,
+}
+
+impl Finding {
+    /// A finding at its kind's usual severity.
+    pub fn new(kind: FindingKind, subject: Subject, message: String) -> Finding {
+        Finding {
+            severity: kind.default_severity(),
+            kind,
+            subject,
+            message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_read_as_before_and_name_their_gpus() {
+        assert_eq!(Subject::Gpu(7).to_string(), "GPU 7");
+        assert_eq!(Subject::GpuPair(0, 7).to_string(), "GPU 0 <-> GPU 7");
+        assert_eq!(Subject::Xid { gpu: 3, xid: 79 }.to_string(), "GPU 3");
+        assert_eq!(Subject::AllGpus.to_string(), "all GPUs");
+        assert_eq!(Subject::Node.to_string(), "node");
+        assert_eq!(Subject::Gpu(7).gpus(0..8), vec![7]);
+        assert_eq!(Subject::GpuPair(0, 7).gpus(0..8), vec![0, 7]);
+        assert_eq!(Subject::AllGpus.gpus(0..3), vec![0, 1, 2]);
+        assert_eq!(Subject::Node.gpus(0..8), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn kinds_serialize_as_their_contract_names() {
+        for kind in [
+            FindingKind::ShmNearlyFull,
+            FindingKind::ShmExhausted,
+            FindingKind::ShmRuntimeDefault,
+            FindingKind::GpuLost,
+            FindingKind::GpuLinkDown,
+            FindingKind::GpuLinkErrors,
+            FindingKind::GpuPairDegraded,
+            FindingKind::GpuXid,
+            FindingKind::NvmlUnavailable,
+            FindingKind::ShmAllocationFailed,
+            FindingKind::GpuJobCrashed,
+            FindingKind::NcclP2pDisabled,
+            FindingKind::GpuNotInNvml,
+            FindingKind::GpuRecoveryAction,
+            FindingKind::GpuFabricUnhealthy,
+        ] {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::json!(kind.as_str())
+            );
+        }
+        assert_eq!(
+            FindingKind::GpuLost.event_reason(),
+            Some(EventReason::GpuLinkDown)
+        );
+        assert_eq!(
+            FindingKind::NvmlUnavailable.event_reason(),
+            Some(EventReason::NvmlUnavailable)
+        );
+    }
+}

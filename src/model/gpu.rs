@@ -1,0 +1,429 @@
+//! GPU readings (what NVML said) and pair verdicts (what the judge made of them). Field names
+//! are `check --json`'s.
+
+use serde::{Serialize, Serializer};
+
+use super::Severity;
+
+/// The far end of an NVLink, as the contract's `peer` label spells it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// One of this machine's GPUs, by NVML index.
+    Gpu(u32),
+    Switch,
+    /// Some other PCI device, by bus id.
+    Pci(String),
+    Unknown,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Gpu(i) => write!(f, "gpu:{i}"),
+            Peer::Switch => f.write_str("switch"),
+            Peer::Pci(bus) => write!(f, "pci:{bus}"),
+            Peer::Unknown => f.write_str("unknown"),
+        }
+    }
+}
+
+impl Serialize for Peer {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// NVLink error counters of one link (NVML's DL replay, recovery, CRC flit, CRC data, ECC data).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LinkErrors {
+    pub replay: u64,
+    pub recovery: u64,
+    pub crc_flit: u64,
+    pub crc_data: u64,
+    pub ecc_data: u64,
+}
+
+/// A bit error rate as NVML packs it in NVML_FI_DEV_NVLINK_COUNT_{EFFECTIVE,SYMBOL}_BER: bits
+/// 0-7 the exponent, bits 8-11 the mantissa (nvml.h, "NVLink Effective BER", macro
+/// NVML_NVLINK_ERROR_COUNTER_BER_GET, NVML 13.3 as copied in NVIDIA/go-nvml gen/nvml/nvml.h); the
+/// rate is mantissa x 10^-exponent (NVIDIA/DCGM, DcgmNs::Utils::NvmlBerParser). 15e-255, the
+/// largest encoding, is how a link with no errors measured reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ber {
+    pub mantissa: u8,
+    pub exponent: u8,
+}
+
+impl Ber {
+    pub fn from_raw(raw: u64) -> Ber {
+        Ber {
+            mantissa: ((raw >> 8) & 0xf) as u8,
+            exponent: (raw & 0xff) as u8,
+        }
+    }
+
+    pub fn raw(self) -> u64 {
+        (u64::from(self.mantissa & 0xf) << 8) | u64::from(self.exponent)
+    }
+
+    pub fn value(self) -> f64 {
+        f64::from(self.mantissa) * 10f64.powi(-i32::from(self.exponent))
+    }
+}
+
+impl Serialize for Ber {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.value())
+    }
+}
+
+/// The NVLink5 COUNT fields of one link (NVML field ids 213-222 with scopeId = link), read
+/// where the DL counters answer NOT_SUPPORTED (Blackwell). A count a GPU does not answer reads
+/// 0; a BER it does not answer is None.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Nvlink5Errors {
+    pub recovery_successful: u64,
+    pub recovery_failed: u64,
+    pub recovery_events: u64,
+    pub symbol: u64,
+    pub effective: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effective_ber: Option<Ber>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol_ber: Option<Ber>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkReading {
+    pub link: u32,
+    pub active: bool,
+    pub peer: Peer,
+    /// The DL counters; None when NVML could not read them.
+    pub errors: Option<LinkErrors>,
+    /// The NVLink5 counters; None on GPUs without them.
+    pub nvlink5: Option<Nvlink5Errors>,
+}
+
+/// `errors` in the JSON carries whichever counters the link has (both on a GPU that answers
+/// both); null when it has none.
+impl Serialize for LinkReading {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let errors = match (self.errors, self.nvlink5) {
+            (None, None) => serde_json::Value::Null,
+            (dl, n5) => {
+                let mut map = serde_json::Map::new();
+                for part in [dl.map(serde_json::to_value), n5.map(serde_json::to_value)]
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Ok(serde_json::Value::Object(o)) = part {
+                        map.extend(o);
+                    }
+                }
+                serde_json::Value::Object(map)
+            }
+        };
+        let mut st = s.serialize_struct("LinkReading", 4)?;
+        st.serialize_field("link", &self.link)?;
+        st.serialize_field("active", &self.active)?;
+        st.serialize_field("peer", &self.peer)?;
+        st.serialize_field("errors", &errors)?;
+        st.end()
+    }
+}
+
+/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230), nvmlDeviceGpuRecoveryAction_t: what NVML
+/// says the GPU needs (nvml.h, NVML 13.3, NVIDIA/go-nvml gen/nvml/nvml.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryAction {
+    None,
+    GpuReset,
+    NodeReboot,
+    DrainP2p,
+    DrainAndReset,
+}
+
+impl RecoveryAction {
+    /// NVML's value; None for values this agent does not know (e.g. 5, RECOVER_IMEX_DOMAIN,
+    /// from NVML 13.x), which are treated as not answered.
+    pub fn from_nvml(v: u64) -> Option<RecoveryAction> {
+        Some(match v {
+            0 => RecoveryAction::None,
+            1 => RecoveryAction::GpuReset,
+            2 => RecoveryAction::NodeReboot,
+            3 => RecoveryAction::DrainP2p,
+            4 => RecoveryAction::DrainAndReset,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryAction::None => "none",
+            RecoveryAction::GpuReset => "gpu_reset",
+            RecoveryAction::NodeReboot => "node_reboot",
+            RecoveryAction::DrainP2p => "drain_p2p",
+            RecoveryAction::DrainAndReset => "drain_and_reset",
+        }
+    }
+
+    /// P2P traffic to and from the GPU must stop: its pairs are degraded.
+    pub fn drains_p2p(self) -> bool {
+        matches!(
+            self,
+            RecoveryAction::DrainP2p | RecoveryAction::DrainAndReset
+        )
+    }
+
+    /// A GPU reset or a reboot: a fault of the GPU (the `GpuFault` condition).
+    pub fn is_fault(self) -> bool {
+        matches!(
+            self,
+            RecoveryAction::GpuReset | RecoveryAction::NodeReboot | RecoveryAction::DrainAndReset
+        )
+    }
+}
+
+/// nvmlGpuFabricState_t (NVML_GPU_FABRIC_STATE_*): the GPU's registration with the NVSwitch
+/// fabric (fabric manager).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FabricState {
+    NotStarted,
+    InProgress,
+    Completed,
+}
+
+/// nvmlDeviceGetGpuFabricInfoV's answer, for a GPU that takes part in a fabric. `status` is
+/// NVML's return code of the registration ("success" or the error's snake-case name), only
+/// meaningful once `state` is completed. The health-mask flags are None where the GPU does not
+/// report them (NVML_GPU_FABRIC_HEALTH_MASK_*_NOT_SUPPORTED).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FabricInfo {
+    pub state: FabricState,
+    pub status: String,
+    pub degraded_bandwidth: Option<bool>,
+    pub route_unhealthy: Option<bool>,
+}
+
+impl FabricInfo {
+    /// Why the fabric is not healthy for this GPU, as words; None when it is.
+    pub fn problem(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        match self.state {
+            FabricState::NotStarted => parts.push("its fabric registration has not started".into()),
+            FabricState::InProgress => parts.push("its fabric registration is not complete".into()),
+            FabricState::Completed if self.status != "success" => {
+                parts.push(format!("its fabric registration failed ({})", self.status))
+            }
+            FabricState::Completed => {}
+        }
+        if self.degraded_bandwidth == Some(true) {
+            parts.push("the fabric reports degraded bandwidth".into());
+        }
+        if self.route_unhealthy == Some(true) {
+            parts.push("the fabric reports an unhealthy route".into());
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuReading {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub pci_bus_id: String,
+    pub pcie_replays: Option<u64>,
+    /// NVML answered GPU_IS_LOST: the GPU fell off the bus.
+    pub lost: bool,
+    /// NVML's recovery action; absent when NVML does not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<RecoveryAction>,
+    /// Fabric registration and health; absent on GPUs without fabric registration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricInfo>,
+    pub links: Vec<LinkReading>,
+}
+
+/// nvmlGpuP2PStatus_t, in the contract's snake case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum P2pStatus {
+    Ok,
+    ChipsetNotSupported,
+    GpuNotSupported,
+    IohTopologyNotSupported,
+    DisabledByRegkey,
+    NotSupported,
+    Unknown,
+}
+
+impl P2pStatus {
+    /// The contract's snake-case name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            P2pStatus::Ok => "ok",
+            P2pStatus::ChipsetNotSupported => "chipset_not_supported",
+            P2pStatus::GpuNotSupported => "gpu_not_supported",
+            P2pStatus::IohTopologyNotSupported => "ioh_topology_not_supported",
+            P2pStatus::DisabledByRegkey => "disabled_by_regkey",
+            P2pStatus::NotSupported => "not_supported",
+            P2pStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// P2P status per capability (nvmlDeviceGetP2PStatus with read, write, nvlink, atomics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct P2pCaps {
+    pub read: P2pStatus,
+    pub write: P2pStatus,
+    pub nvlink: P2pStatus,
+    pub atomics: P2pStatus,
+}
+
+impl P2pCaps {
+    pub fn iter(&self) -> [(&'static str, P2pStatus); 4] {
+        [
+            ("read", self.read),
+            ("write", self.write),
+            ("nvlink", self.nvlink),
+            ("atomics", self.atomics),
+        ]
+    }
+}
+
+/// nvmlGpuTopologyLevel_t: the closest common ancestor of two GPUs, nearest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopologyLevel {
+    Internal,
+    Single,
+    Multiple,
+    Hostbridge,
+    Node,
+    System,
+}
+
+impl TopologyLevel {
+    /// The snake-case name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyLevel::Internal => "internal",
+            TopologyLevel::Single => "single",
+            TopologyLevel::Multiple => "multiple",
+            TopologyLevel::Hostbridge => "hostbridge",
+            TopologyLevel::Node => "node",
+            TopologyLevel::System => "system",
+        }
+    }
+}
+
+/// What NVML says of one unordered GPU pair in one scan (`gpu < peer_gpu`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairSample {
+    pub gpu: u32,
+    pub peer_gpu: u32,
+    /// None when the P2P query itself failed (e.g. a lost GPU).
+    pub p2p: Option<P2pCaps>,
+    pub topology: Option<TopologyLevel>,
+}
+
+/// One scan of every GPU and pair, before any verdict.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuSample {
+    pub gpus: Vec<GpuReading>,
+    pub pairs: Vec<PairSample>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairStatus {
+    Ok,
+    Degraded,
+    Down,
+}
+
+/// The verdict on one GPU pair: the contract's `gpu_pairs` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PairVerdict {
+    pub gpu: u32,
+    pub peer_gpu: u32,
+    pub status: PairStatus,
+    /// Absent when the query failed.
+    pub p2p: Option<P2pCaps>,
+    pub topology: Option<TopologyLevel>,
+    /// Links of `gpu` that lead directly to `peer_gpu` (empty on NVSwitch and PCIe boards).
+    pub links: Vec<u32>,
+    pub reasons: Vec<String>,
+}
+
+/// How bad one reason is. The pair's status is the worst of its reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Weight {
+    /// Error counters over threshold: the link still carries traffic (NVLink retries replays
+    /// and CRC failures in hardware), so jobs slow down rather than crash; DCGM's health watch
+    /// calls this a warning. Degraded, Warning.
+    Errors,
+    /// P2P lost or failing where its neighbours work, some NVSwitch links inactive: transfers
+    /// between the pair fail or fall back, which is what crashed the all-reduce. Degraded,
+    /// Critical.
+    Broken,
+    /// An inactive direct link, all switch links inactive, a lost GPU. Down, Critical.
+    Down,
+}
+
+impl Weight {
+    pub fn status(self) -> PairStatus {
+        match self {
+            Weight::Errors | Weight::Broken => PairStatus::Degraded,
+            Weight::Down => PairStatus::Down,
+        }
+    }
+
+    pub fn severity(self) -> Severity {
+        match self {
+            Weight::Errors => Severity::Warning,
+            Weight::Broken | Weight::Down => Severity::Critical,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_serialized_names() {
+        assert_eq!(
+            P2pStatus::IohTopologyNotSupported.as_str(),
+            "ioh_topology_not_supported"
+        );
+        for status in [
+            P2pStatus::Ok,
+            P2pStatus::ChipsetNotSupported,
+            P2pStatus::GpuNotSupported,
+            P2pStatus::IohTopologyNotSupported,
+            P2pStatus::DisabledByRegkey,
+            P2pStatus::NotSupported,
+            P2pStatus::Unknown,
+        ] {
+            let json = serde_json::to_string(&status).expect("json");
+            assert_eq!(json, format!("\"{}\"", status.as_str()));
+        }
+        for level in [
+            TopologyLevel::Internal,
+            TopologyLevel::Single,
+            TopologyLevel::Multiple,
+            TopologyLevel::Hostbridge,
+            TopologyLevel::Node,
+            TopologyLevel::System,
+        ] {
+            let json = serde_json::to_string(&level).expect("json");
+            assert_eq!(json, format!("\"{}\"", level.as_str()));
+        }
+    }
+}

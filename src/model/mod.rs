@@ -1,0 +1,44 @@
+//! The types every stage passes on: readings, verdicts, findings, failures and the snapshot
+//! that carries them. The bottom layer: nothing here imports any other module of the crate, so
+//! a source, a judge and an outlet can all speak in these terms without knowing each other.
+
+mod failure;
+mod finding;
+mod gpu;
+mod shm;
+mod snapshot;
+mod stats;
+mod xid;
+
+pub use failure::*;
+pub use finding::*;
+pub use gpu::*;
+pub use shm::*;
+pub use snapshot::*;
+pub use stats::*;
+pub use xid::*;
+
+/// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.
+pub fn short_id(id: &str) -> &str {
+    match id.char_indices().nth(12) {
+        Some((i, _)) => &id[..i],
+        None => id,
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+pub fn prefix_within(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// `text` cut to at most `max` bytes on a character boundary.
+pub fn cut(text: &str, max: usize) -> String {
+    prefix_within(text, max).to_string()
+}
