@@ -37,8 +37,8 @@ use timing::timed;
 #[path = "common/timing.rs"]
 mod timing;
 
+use shmlink::failures::watch::MAX_LINES_PER_SEC;
 use shmlink::failures::{Signatures, SIGNATURES};
-use shmlink::incidents::watch::MAX_LINES_PER_SEC;
 use shmlink::logs::{LogSettings, LogTailer};
 
 type Error = Box<dyn std::error::Error>;

@@ -9,20 +9,17 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use crate::cli::KubeMode;
-use crate::failures::same_pci_device;
-use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
-use crate::incidents::correlate::{correlate, Known};
-use crate::incidents::ledger::Ledger;
-use crate::incidents::watch::{self, Sources};
+use crate::failures::tell::Teller;
+use crate::failures::watch::{self, Sources, Told};
+use crate::gpu::xid::kernel::KernelXids;
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
 use crate::kube::events::GpuHolders;
 use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
 use crate::kube::podresources::PodResourcesWatcher;
-use crate::kube::pods::PodWatcher;
+use crate::kube::pods::{PodIndex, PodWatcher};
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::{Metrics, SharedSnapshot};
-use crate::model::Snapshot;
-use crate::model::{Detected, Failure};
+use crate::model::{Failure, Snapshot};
 use crate::scan::Scanner;
 use crate::server::{self, AppState, Health};
 
@@ -56,11 +53,7 @@ struct KubeView {
 }
 
 impl KubeView {
-    fn after_scan(
-        &mut self,
-        snapshot: &crate::model::Snapshot,
-        pods: Option<&crate::kube::pods::PodIndex>,
-    ) {
+    fn after_scan(&mut self, snapshot: &Snapshot, pods: Option<&PodIndex>) {
         let holders = self.gpu_holders.holders();
         let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
         self.queue.send(msgs);
@@ -68,7 +61,7 @@ impl KubeView {
     }
 
     /// Failures are Events at once, not at the next scan.
-    fn after_failures(&mut self, failures: &[Failure], pods: Option<&crate::kube::pods::PodIndex>) {
+    fn after_failures(&mut self, failures: &[Failure], pods: Option<&PodIndex>) {
         let msgs = self.planner.plan_failures(failures, pods, Instant::now());
         self.queue.send(msgs);
     }
@@ -78,7 +71,7 @@ impl KubeView {
 enum Wake {
     Stop,
     /// The failure watcher found something.
-    Failures(watch::Told),
+    Failures(Told),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,65 +188,120 @@ pub async fn serve(
     served.map_err(AgentError::Http)
 }
 
+/// What the scan thread keeps between scans besides the snapshot.
+struct Between {
+    scanner: Scanner,
+    kube: Option<KubeView>,
+    failures: Teller,
+    kernel_xids: KernelXids,
+}
+
+impl Between {
+    /// What the watcher told: the kernel's XIDs counted with NVML's (seen at the next scan),
+    /// the workloads' failures told at once.
+    fn on_told(&mut self, told: Told, snapshot: &SharedSnapshot) {
+        let last = snapshot.load_full();
+        if !told.gpus.is_empty() {
+            let gpus = last.as_deref().map_or(&[][..], |s| s.gpus.as_slice());
+            let counts = self.scanner.xid_counts();
+            self.kernel_xids
+                .count(told.gpus, gpus, &counts, Instant::now());
+        }
+        if told.failures.is_empty() {
+            return;
+        }
+        let pods = self.kube.as_ref().and_then(|k| k.pods.index());
+        let holders = self
+            .kube
+            .as_ref()
+            .map_or_else(|| Arc::new(GpuHolders::new()), |k| k.gpu_holders.holders());
+        let (failures, next) = self.failures.tell(
+            &told.failures,
+            last.as_deref(),
+            pods.as_ref(),
+            &holders,
+            Instant::now(),
+        );
+        if let Some(k) = self.kube.as_mut() {
+            k.after_failures(&failures, pods.as_ref());
+        }
+        if let Some(next) = next {
+            snapshot.store(Some(Arc::new(next)));
+        }
+    }
+
+    /// Waits until `deadline`, handling what the watcher tells meanwhile; false: stop.
+    fn wait(
+        &mut self,
+        deadline: Instant,
+        wake: &mpsc::Receiver<Wake>,
+        snapshot: &SharedSnapshot,
+    ) -> bool {
+        loop {
+            let now = Instant::now();
+            if deadline <= now {
+                return true;
+            }
+            match wake.recv_timeout(deadline - now) {
+                Err(RecvTimeoutError::Timeout) => return true,
+                Ok(Wake::Failures(told)) => self.on_told(told, snapshot),
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+    }
+}
+
 /// Scans every `interval` until told to stop. A slow scan delays the next one rather than
 /// piling up; missed periods are skipped, not caught up. Failures the watcher finds between
 /// scans are correlated with the last snapshot and published at once.
 fn scan_loop(
-    mut scanner: Scanner,
-    mut kube: Option<KubeView>,
+    scanner: Scanner,
+    kube: Option<KubeView>,
     interval: Duration,
     snapshot: &SharedSnapshot,
     metrics: &Metrics,
     health: &Health,
     wake: &mpsc::Receiver<Wake>,
 ) {
-    let mut next = Instant::now();
-    let mut first = true;
-    let mut ledger = Ledger::default();
-    let mut recent = RecentReadings::default();
-    let mut kernel_xids = KernelXids::default();
+    let mut b = Between {
+        scanner,
+        kube,
+        failures: Teller::default(),
+        kernel_xids: KernelXids::default(),
+    };
     // Series born before the Pod cache syncs carry empty names and are renamed moments later,
     // which resets every alert's `for:`: the first scan (and so /readyz) waits, boundedly.
-    if let Some(k) = kube.as_mut() {
+    if let Some(wait) = b.kube.as_ref().map(|k| k.pod_cache_wait) {
         let started = Instant::now();
-        while !k.pods.is_synced() {
-            let left = k.pod_cache_wait.saturating_sub(started.elapsed());
+        while !b.kube.as_ref().is_some_and(|k| k.pods.is_synced()) {
+            let left = wait.saturating_sub(started.elapsed());
             if left.is_zero() {
                 tracing::warn!(
-                    waited = ?k.pod_cache_wait,
+                    waited = ?wait,
                     "the pod cache has not synced; scanning without pod names until it does \
                      (shmlink_kube_pod_cache_synced 0)"
                 );
                 break;
             }
-            match wake.recv_timeout(left.min(Duration::from_millis(20))) {
-                Err(RecvTimeoutError::Timeout) => {}
-                Ok(Wake::Failures(told)) => {
-                    if !told.gpus.is_empty() {
-                        on_kernel_gpus(told.gpus, &mut kernel_xids, &scanner, snapshot);
-                    }
-                    if !told.failures.is_empty() {
-                        on_failures(
-                            &told.failures,
-                            Some(&mut *k),
-                            &mut ledger,
-                            &recent,
-                            snapshot,
-                        );
-                    }
-                }
-                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            if !b.wait(
+                Instant::now() + left.min(Duration::from_millis(20)),
+                wake,
+                snapshot,
+            ) {
+                return;
             }
         }
     }
+    let mut next = Instant::now();
+    let mut first = true;
     loop {
-        let pods = kube.as_ref().and_then(|k| k.pods.index());
-        if kube.is_some() {
+        let pods = b.kube.as_ref().and_then(|k| k.pods.index());
+        if b.kube.is_some() {
             metrics.set_pod_cache_synced(pods.is_some());
         }
-        let mut out = scanner.scan_with(pods.as_ref());
+        let mut out = b.scanner.scan_with(pods.as_ref());
         metrics.record_scan(&out.runs);
-        if let Some(k) = kube.as_mut() {
+        if let Some(k) = b.kube.as_mut() {
             k.after_scan(&out.snapshot, pods.as_ref());
         }
         if first {
@@ -264,138 +312,17 @@ fn scan_loop(
             );
             first = false;
         }
-        out.snapshot.failures = ledger.recent();
-        out.snapshot.failure_counts = ledger.counts();
-        recent.remember(&out.snapshot.shm, Instant::now());
+        b.failures.after_scan(&mut out.snapshot, Instant::now());
         snapshot.store(Some(Arc::new(out.snapshot)));
         health.mark_scanned();
 
         next += interval;
-        loop {
-            let now = Instant::now();
-            if next <= now {
-                next = now + interval;
-                break;
-            }
-            match wake.recv_timeout(next - now) {
-                Err(RecvTimeoutError::Timeout) => break,
-                Ok(Wake::Failures(told)) => {
-                    if !told.gpus.is_empty() {
-                        on_kernel_gpus(told.gpus, &mut kernel_xids, &scanner, snapshot);
-                    }
-                    if !told.failures.is_empty() {
-                        on_failures(
-                            &told.failures,
-                            kube.as_mut(),
-                            &mut ledger,
-                            &recent,
-                            snapshot,
-                        );
-                    }
-                }
-                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-            }
+        let now = Instant::now();
+        if next <= now {
+            next = now + interval;
+        } else if !b.wait(next, wake, snapshot) {
+            return;
         }
-    }
-}
-
-/// XIDs the kernel logged: counted with NVML's (one count), on the GPU of the last snapshot at
-/// that PCI address; seen at the next scan. An address no GPU of NVML's has is logged once.
-fn on_kernel_gpus(
-    events: Vec<KernelGpu>,
-    kernel_xids: &mut KernelXids,
-    scanner: &Scanner,
-    snapshot: &SharedSnapshot,
-) {
-    let last = snapshot.load_full();
-    let gpus = last.as_deref().map_or(&[][..], |s| s.gpus.as_slice());
-    let counts = scanner.xid_counts();
-    for event in events {
-        let Some((pci, xid)) = kernel_xids.observe(event, Instant::now()) else {
-            continue;
-        };
-        match gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, &pci)) {
-            Some(gpu) => {
-                tracing::warn!(
-                    gpu = gpu.index,
-                    xid,
-                    "the kernel log reports XID {xid} on GPU {} ({pci})",
-                    gpu.index
-                );
-                counts.record_kernel(gpu.index, xid);
-            }
-            None => tracing::warn!(
-                xid,
-                "the kernel log reports XID {xid} on PCI {pci}, which is none of NVML's GPUs"
-            ),
-        }
-    }
-}
-
-/// Correlates failures with the last snapshot, counts them, publishes their Events and swaps
-/// in a snapshot that carries them (so /metrics counts them before the next scan).
-fn on_failures(
-    found: &[Detected],
-    kube: Option<&mut KubeView>,
-    ledger: &mut Ledger,
-    recent: &RecentReadings,
-    snapshot: &SharedSnapshot,
-) {
-    let last = snapshot.load_full();
-    let with_recent = last.as_deref().map(|s| recent.added_to(s));
-    let pods = kube.as_ref().and_then(|k| k.pods.index());
-    let holders = kube
-        .as_ref()
-        .map_or_else(|| Arc::new(GpuHolders::new()), |k| k.gpu_holders.holders());
-    let known = Known {
-        snapshot: with_recent.as_ref(),
-        pods: pods.as_ref(),
-        holders: &holders,
-    };
-    let failures: Vec<Failure> = found.iter().map(|d| correlate(d, known)).collect();
-    for f in &failures {
-        tracing::warn!(kind = f.kind.as_str(), "{}", f.message);
-    }
-    ledger.record(&failures, Instant::now());
-    if let Some(k) = kube {
-        k.after_failures(&failures, pods.as_ref());
-    }
-    if let Some(last) = last {
-        let mut next = Snapshot::clone(&last);
-        next.failures = ledger.recent();
-        next.failure_counts = ledger.counts();
-        snapshot.store(Some(Arc::new(next)));
-    }
-}
-
-/// Containers seen in the last minute: a job that dies takes its container (and its /dev/shm)
-/// with it, often before the next scan, and the failure is told just after. What it had then,
-/// and which host PIDs were its, come from here.
-#[derive(Default)]
-struct RecentReadings {
-    by_id: std::collections::HashMap<String, (crate::model::ShmReading, Instant)>,
-}
-
-impl RecentReadings {
-    const KEEP: Duration = Duration::from_secs(60);
-
-    fn remember(&mut self, readings: &[crate::model::ShmReading], now: Instant) {
-        for r in readings {
-            self.by_id.insert(r.container_id.clone(), (r.clone(), now));
-        }
-        self.by_id
-            .retain(|_, (_, seen)| now.duration_since(*seen) < Self::KEEP);
-    }
-
-    /// The snapshot with the recently gone containers' last readings after its own.
-    fn added_to(&self, s: &Snapshot) -> Snapshot {
-        let mut out = s.clone();
-        for (id, (r, _)) in &self.by_id {
-            if !s.shm.iter().any(|x| &x.container_id == id) {
-                out.shm.push(r.clone());
-            }
-        }
-        out
     }
 }
 

@@ -14,7 +14,7 @@ pub mod findings;
 pub mod fixtures;
 pub mod gpu;
 pub mod host;
-pub mod incidents;
+pub mod kernel_log;
 pub mod kube;
 pub mod logs;
 pub mod metrics;

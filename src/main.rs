@@ -6,12 +6,12 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{Cli, Command, CommonArgs, FailureSourceArgs, KubeMode, LogFormat, LogLevel};
+use shmlink::failures::correlate::{correlate, finding, Known};
+use shmlink::failures::watch::{collect, Sources};
 use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
-use shmlink::incidents::correlate::{correlate, finding, Known};
-use shmlink::incidents::watch::{collect, Sources};
 use shmlink::kube::events::GpuHolders;
 use shmlink::kube::pods::{list_once, PodIndex};
 use shmlink::model::Detected;

@@ -1,13 +1,15 @@
 //! Kernel log records of any shape, as /dev/kmsg and syslog(2) give them: no panic; a record
-//! of user space's facility is never a kernel event.
+//! of user space's facility is never a crash or an XID.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::failures::kmsg::{kernel_event, parse_record};
-use shmlink::failures::syslog::parse_line;
+use shmlink::failures::crash::gpu_lib_crash;
+use shmlink::gpu::xid::kernel::kernel_gpu;
+use shmlink::kernel_log::record::parse_record;
+use shmlink::kernel_log::syslog::parse_line;
 
 fuzz_target!(|data: &[u8]| {
     if let Some(record) = parse_record(data) {
-        if kernel_event(&record).is_some() {
+        if gpu_lib_crash(&record).is_some() || kernel_gpu(&record).is_some() {
             assert_eq!(record.facility, 0);
         }
     }

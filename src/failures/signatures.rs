@@ -475,7 +475,7 @@ mod tests {
     #[test]
     fn garbage_never_panics() {
         let sigs = Signatures::new();
-        let mut rng = crate::failures::tests_rng::Rng::new(0x5eed);
+        let mut rng = crate::fixtures::rng::Rng::new(0x5eed);
         let seeds: Vec<&str> = SIGNATURES.iter().map(|s| s.fixture).collect();
         for _ in 0..20_000 {
             let seed = rng.below(seeds.len());

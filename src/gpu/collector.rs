@@ -145,7 +145,7 @@ impl GpuCollector {
             }
             State::Loaded(loaded) => {
                 let mut scan = loaded.scan();
-                let missing = super::not_in_nvml(&driver_gpus, &scan.gpus);
+                let missing = super::pci::not_in_nvml(&driver_gpus, &scan.gpus);
                 if !missing.is_empty() {
                     scan.findings.push(Finding::new(
                         FindingKind::GpuNotInNvml,

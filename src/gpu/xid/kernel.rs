@@ -6,9 +6,13 @@
 //! that line beside its `Xid ... 79` line, so the two within [`SAME_EVENT`] are one XID 79.
 
 use std::collections::BTreeMap;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::failures::kmsg::pci_address;
+use super::XidCounts;
+use crate::gpu::pci::{pci_address, same_pci_device};
+use crate::kernel_log::record::{decimal, KmsgRecord};
+use crate::model::GpuReading;
 
 /// XID 79: "GPU has fallen off the bus" in NVIDIA's XID catalogue.
 pub const FELL_OFF_BUS: u64 = 79;
@@ -18,8 +22,76 @@ pub const SAME_EVENT: Duration = Duration::from_secs(10);
 /// What the kernel said about a GPU, by its PCI address as the kernel prints it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelGpu {
-    Xid { pci: String, xid: u64 },
+    /// `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., ...`; link for NVLink XIDs (74, 144-150) when
+    /// the text names one.
+    Xid {
+        pci: String,
+        xid: u64,
+        link: Option<u32>,
+        text: String,
+    },
+    /// `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`
     FellOffBus { pci: String },
+}
+
+/// What a kernel-facility record says about a GPU, if anything: the driver's `NVRM: ` lines.
+pub fn kernel_gpu(record: &KmsgRecord) -> Option<KernelGpu> {
+    if !record.is_kernel() {
+        return None;
+    }
+    let nvrm = record.message.trim_start().strip_prefix("NVRM: ")?;
+    xid(nvrm).or_else(|| fell_off_bus(nvrm))
+}
+
+/// `Xid (PCI:0000:3b:00): 79, <text>` (old drivers: no `PCI:`, no text).
+fn xid(nvrm: &str) -> Option<KernelGpu> {
+    let rest = nvrm.strip_prefix("Xid (")?;
+    let (address, rest) = rest.split_once(')')?;
+    let pci = address.strip_prefix("PCI:").unwrap_or(address);
+    pci_address(pci)?;
+    let (xid, rest) = leading_number::<u64>(rest.strip_prefix(": ")?)?;
+    let text = rest.strip_prefix(',').unwrap_or(rest).trim();
+    let nvlink = xid == 74 || (144..=150).contains(&xid);
+    Some(KernelGpu::Xid {
+        pci: pci.to_owned(),
+        xid,
+        link: if nvlink { link_number(text) } else { None },
+        text: text.to_owned(),
+    })
+}
+
+/// `link 6` or `Link 12` as a word (not the `NVLink 5` of a generation).
+fn link_number(text: &str) -> Option<u32> {
+    let bytes = text.as_bytes();
+    text.match_indices("ink ").find_map(|(i, _)| {
+        let l = *bytes.get(i.checked_sub(1)?)?;
+        let word_start = i < 2 || !bytes[i - 2].is_ascii_alphanumeric();
+        if (l == b'l' || l == b'L') && word_start {
+            leading_number(&text[i + 4..]).map(|(n, _)| n)
+        } else {
+            None
+        }
+    })
+}
+
+/// `GPU 0000:3b:00.0: GPU has fallen off the bus.` or `GPU at 0000:3b:00.0 has fallen off the
+/// bus.`; not `GPU at PCI:0000:3b:00: GPU-<uuid>`, which only names a GPU.
+fn fell_off_bus(nvrm: &str) -> Option<KernelGpu> {
+    let rest = nvrm.strip_prefix("GPU ")?;
+    let rest = rest.strip_prefix("at ").unwrap_or(rest);
+    let (token, tail) = rest.split_once(' ')?;
+    let pci = token.strip_suffix(':').unwrap_or(token);
+    pci_address(pci)?;
+    tail.contains("fallen off the bus")
+        .then(|| KernelGpu::FellOffBus {
+            pci: pci.to_owned(),
+        })
+}
+
+/// The decimal number `s` starts with, and what follows it.
+fn leading_number<T: FromStr>(s: &str) -> Option<(T, &str)> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    Some((decimal(&s.as_bytes()[..digits])?, &s[digits..]))
 }
 
 /// Turns kernel records into XIDs to count, one per event.
@@ -34,7 +106,7 @@ impl KernelXids {
     /// The (PCI address, XID) to count for this record, if any.
     pub fn observe(&mut self, event: KernelGpu, at: Instant) -> Option<(String, u64)> {
         let (pci, xid, from_bus_line) = match event {
-            KernelGpu::Xid { pci, xid } if xid != FELL_OFF_BUS => return Some((pci, xid)),
+            KernelGpu::Xid { pci, xid, .. } if xid != FELL_OFF_BUS => return Some((pci, xid)),
             KernelGpu::Xid { pci, .. } => (pci, FELL_OFF_BUS, false),
             KernelGpu::FellOffBus { pci } => (pci, FELL_OFF_BUS, true),
         };
@@ -52,16 +124,167 @@ impl KernelXids {
         self.last_79.insert(device, (at, from_bus_line));
         Some((pci, xid))
     }
+
+    /// Counts what the kernel said with NVML's tallies (one count), each XID on the GPU at its
+    /// PCI address among `gpus` (the last snapshot's); an address none of them has is logged.
+    pub fn count(
+        &mut self,
+        events: Vec<KernelGpu>,
+        gpus: &[GpuReading],
+        counts: &XidCounts,
+        now: Instant,
+    ) {
+        for event in events {
+            let Some((pci, xid)) = self.observe(event, now) else {
+                continue;
+            };
+            match gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, &pci)) {
+                Some(gpu) => {
+                    tracing::warn!(
+                        gpu = gpu.index,
+                        xid,
+                        "the kernel log reports XID {xid} on GPU {} ({pci})",
+                        gpu.index
+                    );
+                    counts.record_kernel(gpu.index, xid);
+                }
+                None => tracing::warn!(
+                    xid,
+                    "the kernel log reports XID {xid} on PCI {pci}, which is none of NVML's GPUs"
+                ),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::kmsg::{self, records};
+    use crate::kernel_log::parse_record;
 
     fn xid(pci: &str, xid: u64) -> KernelGpu {
         KernelGpu::Xid {
             pci: pci.into(),
             xid,
+            link: None,
+            text: String::new(),
+        }
+    }
+
+    fn gpus(content: &str) -> Vec<Option<KernelGpu>> {
+        records(content)
+            .iter()
+            .map(|r| kernel_gpu(&parse_record(r.as_bytes()).unwrap_or_else(|| panic!("{r}"))))
+            .collect()
+    }
+
+    fn xid_event(pci: &str, xid: u64, link: Option<u32>, text: &str) -> Option<KernelGpu> {
+        Some(KernelGpu::Xid {
+            pci: pci.into(),
+            xid,
+            link,
+            text: text.into(),
+        })
+    }
+
+    #[test]
+    fn xids_with_and_without_a_link() {
+        assert_eq!(
+            gpus(kmsg::XID),
+            [
+                xid_event(
+                    "0000:3b:00",
+                    79,
+                    None,
+                    "pid=1234, name=python3, GPU has fallen off the bus."
+                ),
+                xid_event(
+                    "0000:18:00",
+                    74,
+                    Some(6),
+                    "pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link \
+                     6(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)"
+                ),
+                xid_event(
+                    "0000:18:00",
+                    13,
+                    None,
+                    "pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): \
+                     Out Of Range Address"
+                ),
+                xid_event(
+                    "0000:1b:00",
+                    145,
+                    Some(12),
+                    "pid='<unknown>', name=<unknown>, NVLink: Link 12 fatal error detected \
+                     (0x8000)"
+                ),
+                xid_event(
+                    "0000:1b:00",
+                    74,
+                    None,
+                    "pid='<unknown>', name=<unknown>, NVLink 5 fatal error detected"
+                ),
+                xid_event("0000:03:00", 31, None, ""),
+                xid_event(
+                    "0000:03:00",
+                    13,
+                    None,
+                    "0001 00000000 0000b197 000001b0 00000000"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_fallen_off_the_bus_lines_are_fell_off_bus() {
+        let bus = |pci: &str| {
+            Some(KernelGpu::FellOffBus {
+                pci: pci.to_owned(),
+            })
+        };
+        assert_eq!(
+            gpus(kmsg::NVRM),
+            [
+                bus("0000:3b:00.0"),
+                bus("0000:3b:00.0"),
+                None, // `GPU at PCI:...: GPU-<uuid>` only names the GPU
+                None, // another NVRM line
+            ]
+        );
+    }
+
+    #[test]
+    fn other_kernel_records_are_nothing() {
+        assert!(gpus(kmsg::OTHER).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut rng = crate::fixtures::rng::Rng::new(0xc0ffee);
+        let seeds: Vec<String> = kmsg::ALL.iter().flat_map(|c| records(c)).collect();
+        for _ in 0..20_000 {
+            let seed = rng.below(seeds.len());
+            let bytes = if rng.below(4) == 0 {
+                rng.bytes(200)
+            } else {
+                rng.mutate(seeds[seed].as_bytes())
+            };
+            if let Some(record) = parse_record(&bytes) {
+                let _ = kernel_gpu(&record);
+                let _ = kernel_gpu(&KmsgRecord {
+                    facility: 0,
+                    ..record
+                });
+            }
+        }
+        for seed in &seeds {
+            for cut in 0..=seed.len() {
+                if let Some(record) = parse_record(&seed.as_bytes()[..cut]) {
+                    let _ = kernel_gpu(&record);
+                }
+            }
         }
     }
 

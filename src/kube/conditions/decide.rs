@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
 use crate::findings::text;
-use crate::gpu::not_in_nvml;
+use crate::gpu::pci::not_in_nvml;
 use crate::gpu::xid::catalogue;
 use crate::model::Snapshot;
 use crate::model::{PairStatus, PairVerdict, RecoveryAction};

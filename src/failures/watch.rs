@@ -1,6 +1,6 @@
 //! Following the sources: the container logs and the kernel log, read on a thread of its own in
 //! `serve` (every [`POLL`]), or back over `--since` in `check` ([`collect`]). What they say is
-//! recognised (`failures::`), placed (`attribute`), and handed on as [`Detected`].
+//! recognised and placed (`detect.rs`), and handed on as [`Detected`].
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,15 +8,12 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-use super::attribute::who_is_pid;
-use crate::failures::kmsg::{kernel_event, KernelEvent, KmsgRecord};
-use crate::failures::reader::{KernelLog, KmsgStart};
-use crate::failures::signatures::{LogFailure, Signatures};
-use crate::gpu::xid::kernel::KernelGpu;
+use super::detect::Recogniser;
+use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
 use crate::host::NsId;
-use crate::logs::{LogLine, LogOrigin, LogSettings, LogTailer};
-use crate::model::FindingKind;
-use crate::model::{cut, Detected, FailureSource, SourceStats, Who, EVIDENCE_MAX};
+use crate::kernel_log::{KernelLog, KmsgStart};
+use crate::logs::{LogSettings, LogTailer};
+use crate::model::{Detected, SourceStats};
 
 /// How often `serve` reads the sources: a failure reaches its Event well within 2 s.
 pub const POLL: Duration = Duration::from_millis(200);
@@ -47,90 +44,9 @@ impl Sources {
     }
 }
 
-/// Lines and kernel records in, failures out.
-pub struct Recogniser {
-    signatures: Signatures,
-    proc_root: PathBuf,
-    host_mnt: Option<NsId>,
-}
-
-impl Recogniser {
-    pub fn new(sources: &Sources) -> Recogniser {
-        Recogniser {
-            signatures: Signatures::new(),
-            proc_root: sources.proc_root.clone(),
-            host_mnt: sources.host_mnt,
-        }
-    }
-
-    /// A container's line: only ever about that container.
-    pub fn log_line(&self, line: &LogLine) -> Option<Detected> {
-        let m = self.signatures.match_line(&line.text)?;
-        let who = match &line.origin {
-            LogOrigin::Pod {
-                namespace,
-                pod,
-                uid,
-                container,
-            } => Who::Pod {
-                namespace: namespace.clone(),
-                pod: pod.clone(),
-                uid: uid.clone(),
-                container: container.clone(),
-            },
-            LogOrigin::Docker { id } => Who::Container {
-                pod_uid: None,
-                container_id: id.clone(),
-            },
-        };
-        Some(Detected {
-            who,
-            kind: match m.kind {
-                LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
-                LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
-            },
-            at: line.at,
-            source: FailureSource::Log,
-            evidence: cut(line.text.trim(), EVIDENCE_MAX),
-            pid: None,
-            comm: None,
-            library: None,
-            nccl_gpus: m.gpus,
-        })
-    }
-
-    /// A kernel record about a GPU (an XID, a GPU fallen off the bus), for the XID count it
-    /// shares with NVML (`gpu::xid::kernel`).
-    pub fn kernel_gpu(&self, record: &KmsgRecord) -> Option<KernelGpu> {
-        match kernel_event(record)? {
-            KernelEvent::Xid { pci, xid, .. } => Some(KernelGpu::Xid { pci, xid }),
-            KernelEvent::FellOffBus { pci } => Some(KernelGpu::FellOffBus { pci }),
-            KernelEvent::GpuLibCrash { .. } => None,
-        }
-    }
-
-    /// A kernel record: a crash in a GPU library, placed through the crashing PID at once.
-    pub fn kernel(&self, record: &KmsgRecord, at: SystemTime) -> Option<Detected> {
-        let KernelEvent::GpuLibCrash { comm, pid, library } = kernel_event(record)? else {
-            return None;
-        };
-        Some(Detected {
-            who: who_is_pid(&self.proc_root, pid, self.host_mnt),
-            kind: FindingKind::GpuJobCrashed,
-            at,
-            source: FailureSource::Kernel,
-            evidence: cut(record.message.trim(), EVIDENCE_MAX),
-            pid: Some(pid),
-            comm: Some(comm),
-            library: Some(library),
-            nccl_gpus: None,
-        })
-    }
-}
-
 /// `check`: what the logs and the kernel said since `since`.
 pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
-    let recogniser = Recogniser::new(sources);
+    let recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
     let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
         .poll_matching(|text| recogniser.signatures.is_candidate(text))
         .iter()
@@ -183,7 +99,7 @@ where
     let spawned = std::thread::Builder::new()
         .name("failures".into())
         .spawn(move || {
-            let recogniser = Recogniser::new(&sources);
+            let recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
             let mut logs = LogTailer::from_end(sources.log_settings());
             let mut kmsg = sources.kmsg.as_ref().and_then(|path| {
                 KernelLog::open(path, KmsgStart::End)
@@ -216,7 +132,7 @@ where
                     for r in records {
                         let at = reader.wall_time(r.usec);
                         told.failures.extend(recogniser.kernel(&r, at));
-                        told.gpus.extend(recogniser.kernel_gpu(&r));
+                        told.gpus.extend(kernel_gpu(&r));
                     }
                     stats.kmsg_lost = reader.lost();
                 }

@@ -15,8 +15,8 @@ use std::hash::{Hash, Hasher};
 use std::io;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::kmsg::KmsgRecord;
-use super::reader::{boot_time_now, wall_time, KmsgStart};
+use super::record::{decimal, KmsgRecord};
+use super::time::{boot_time_now, wall_time, KmsgStart};
 
 /// How often the ring is read.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -33,7 +33,7 @@ const SYSLOG_ACTION_SIZE_BUFFER: libc::c_int = 10;
 pub fn parse_line(line: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
     let rest = line.strip_prefix(b"<")?;
     let close = memchr::memchr(b'>', rest)?;
-    let prefix: u32 = digits(&rest[..close])?;
+    let prefix: u32 = decimal(&rest[..close])?;
     let rest = rest[close + 1..].strip_prefix(b"[")?;
     let end = memchr::memchr(b']', rest)?;
     let stamp = rest[..end].trim_ascii_start();
@@ -42,9 +42,9 @@ pub fn parse_line(line: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
     if micros.len() != 6 {
         return None;
     }
-    let usec = digits::<u64>(secs)?
+    let usec = decimal::<u64>(secs)?
         .checked_mul(1_000_000)?
-        .checked_add(digits(micros)?)?;
+        .checked_add(decimal(micros)?)?;
     let message = rest[end + 1..]
         .strip_prefix(b" ")
         .unwrap_or(&rest[end + 1..]);
@@ -54,13 +54,6 @@ pub fn parse_line(line: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
         usec,
         message,
     ))
-}
-
-fn digits<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
-    if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(field).ok()?.parse().ok()
 }
 
 /// Which records of a READ_ALL text are new, given what earlier reads saw.
@@ -240,7 +233,7 @@ impl SyslogReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failures::kmsg::kernel_event;
+    use crate::failures::crash::gpu_lib_crash;
 
     #[test]
     fn a_line_is_prefix_time_and_message() {
@@ -317,7 +310,7 @@ mod tests {
 
     #[test]
     fn garbage_never_panics() {
-        let mut rng = crate::failures::tests_rng::Rng::new(7);
+        let mut rng = crate::fixtures::rng::Rng::new(7);
         let seed = b"<6>[11014.145243] crash[11117]: segfault at 0 in libnccl.so.2[1010]\n";
         let mut n = Newest::default();
         for _ in 0..20_000 {
@@ -369,7 +362,8 @@ mod tests {
         }
         assert_eq!(ours.len(), 1, "{:?}", reader.newest);
         assert_eq!(ours[0].facility, 1, "user space's record");
-        assert_eq!(kernel_event(&ours[0]), None);
+        assert!(!ours[0].is_kernel());
+        assert_eq!(gpu_lib_crash(&ours[0]), None);
         reader.next_read = Instant::now();
         assert!(
             !reader

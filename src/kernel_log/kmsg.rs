@@ -5,26 +5,17 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use rustix::fs::{Mode, OFlags, SeekFrom};
 use rustix::io::Errno;
 
-use super::kmsg::{parse_record, KmsgRecord};
-use super::syslog::SyslogReader;
+use super::record::{parse_record, KmsgRecord};
+use super::time::{boot_time_now, wall_time, KmsgStart};
 
 /// The kernel formats a record into CONSOLE_EXT_LOG_MAX (8 KiB) and fails a smaller read with
 /// EINVAL without moving on; twice that leaves room should the limit grow.
 const READ_BUF: usize = 16 * 1024;
-
-/// Where reading starts.
-#[derive(Debug, Clone, Copy)]
-pub enum KmsgStart {
-    /// Only records written after the open.
-    End,
-    /// The oldest record the ring still holds whose wall-clock time is at or after this one.
-    Since(SystemTime),
-}
 
 pub struct KmsgReader {
     fd: OwnedFd,
@@ -128,63 +119,6 @@ impl KmsgReader {
     }
 }
 
-/// The kernel log, from a /dev/kmsg-like device or through syslog(2).
-pub enum KernelLog {
-    Device(KmsgReader),
-    Syslog(SyslogReader),
-}
-
-/// `--kmsg syslog`: the syscall, not a file.
-pub const SYSLOG: &str = "syslog";
-/// The kernel's device, tried first by default.
-pub const DEV_KMSG: &str = "/dev/kmsg";
-
-impl KernelLog {
-    /// `path` is a device like /dev/kmsg, or [`SYSLOG`]. /dev/kmsg itself falls back to
-    /// syslog(2) when it cannot be opened: a pod's device cgroup refuses it unless privileged,
-    /// while syslog(2) needs only CAP_SYSLOG. The error is the device's, with syslog(2)'s.
-    pub fn open(path: &Path, start: KmsgStart) -> io::Result<KernelLog> {
-        if path == Path::new(SYSLOG) {
-            return SyslogReader::open(start).map(KernelLog::Syslog);
-        }
-        match KmsgReader::open(path, start) {
-            Ok(r) => Ok(KernelLog::Device(r)),
-            Err(e) if path == Path::new(DEV_KMSG) => match SyslogReader::open(start) {
-                Ok(r) => {
-                    tracing::info!(
-                        "{DEV_KMSG}: {e}; reading the kernel log through syslog(2) instead"
-                    );
-                    Ok(KernelLog::Syslog(r))
-                }
-                Err(s) => Err(io::Error::new(e.kind(), format!("{e}; syslog(2): {s}"))),
-            },
-            Err(e) => Err(e),
-        }
-    }
-
-    pub fn read_available(&mut self, max: usize) -> Vec<KmsgRecord> {
-        match self {
-            KernelLog::Device(r) => r.read_available(max),
-            KernelLog::Syslog(r) => r.read_available(max),
-        }
-    }
-
-    /// Records lost to overruns (through syslog(2): overruns, each at least one record).
-    pub fn lost(&self) -> u64 {
-        match self {
-            KernelLog::Device(r) => r.lost(),
-            KernelLog::Syslog(r) => r.lost(),
-        }
-    }
-
-    pub fn wall_time(&self, usec: u64) -> SystemTime {
-        match self {
-            KernelLog::Device(r) => r.wall_time(usec),
-            KernelLog::Syslog(r) => r.wall_time(usec),
-        }
-    }
-}
-
 /// Counts records lost to overruns: one per EPIPE at once, the rest of the gap in sequence
 /// numbers once the next record says how far the kernel jumped.
 #[derive(Debug, Default)]
@@ -213,47 +147,11 @@ impl Loss {
     }
 }
 
-pub(super) fn wall_time(boot: SystemTime, usec: u64) -> SystemTime {
-    boot.checked_add(Duration::from_micros(usec))
-        .unwrap_or(boot)
-}
-
-/// The kernel's clocks are the same in every mount namespace, so the agent's own /proc serves
-/// (a time namespace would offset it; /dev/kmsg is not offset, and pods do not use one).
-pub(super) fn boot_time_now() -> SystemTime {
-    let since_boot = std::fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|s| parse_uptime(&s))
-        .unwrap_or_else(|| {
-            Duration::from_secs(u64::try_from(rustix::system::sysinfo().uptime).unwrap_or(0))
-        });
-    boot_time(SystemTime::now(), since_boot)
-}
-
-fn boot_time(now: SystemTime, since_boot: Duration) -> SystemTime {
-    now.checked_sub(since_boot).unwrap_or(UNIX_EPOCH)
-}
-
-/// The first field of /proc/uptime: seconds since boot, `4312.84`.
-fn parse_uptime(content: &str) -> Option<Duration> {
-    let field = content.split_ascii_whitespace().next()?;
-    let (secs, frac) = field.split_once('.').unwrap_or((field, ""));
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if secs.is_empty() || !digits(secs) || !digits(frac) || frac.len() > 9 {
-        return None;
-    }
-    let nanos = if frac.is_empty() {
-        0
-    } else {
-        frac.parse::<u32>().ok()? * 10u32.pow(9 - frac.len() as u32)
-    };
-    Some(Duration::new(secs.parse().ok()?, nanos))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failures::kmsg::kernel_event;
+    use crate::failures::crash::gpu_lib_crash;
+    use std::time::{Duration, UNIX_EPOCH};
 
     const KMSG: &str = "/dev/kmsg";
 
@@ -323,7 +221,7 @@ mod tests {
         // A write needs root (or CAP_SYSLOG-free write access to /dev/kmsg); without it the
         // read side above is all there is to test.
         let marker = format!(
-            "shmlink failures::reader test {}: python3[1]: segfault at 0 ip 0 sp 0 error 4 in \
+            "shmlink kernel_log::kmsg test {}: python3[1]: segfault at 0 ip 0 sp 0 error 4 in \
              libnccl.so.2[7f0000000000+1000]",
             std::process::id()
         );
@@ -344,7 +242,8 @@ mod tests {
         }
         let record = found.expect("the record just written");
         assert_eq!((record.facility, record.level), (1, 6));
-        assert_eq!(kernel_event(&record), None);
+        assert!(!record.is_kernel());
+        assert_eq!(gpu_lib_crash(&record), None);
         // Its wall-clock time is now, give or take the clocks' difference.
         let age = SystemTime::now()
             .duration_since(reader.wall_time(record.usec))
@@ -365,42 +264,6 @@ mod tests {
             return;
         };
         assert_eq!(future.read_available(100_000), []);
-    }
-
-    #[test]
-    fn wall_time_is_boot_plus_the_record_time() {
-        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let boot = boot_time(now, Duration::from_millis(4_312_840));
-        assert_eq!(boot, UNIX_EPOCH + Duration::from_millis(1_699_995_687_160));
-        assert_eq!(
-            wall_time(boot, 5_503_016_123),
-            UNIX_EPOCH + Duration::from_micros(1_699_995_687_160_000 + 5_503_016_123)
-        );
-        assert_eq!(wall_time(boot, 0), boot);
-        // Absurd clocks do not panic.
-        assert_eq!(boot_time(UNIX_EPOCH, Duration::MAX), UNIX_EPOCH);
-        let _ = wall_time(boot, u64::MAX);
-    }
-
-    #[test]
-    fn uptime_parses_to_the_hundredth() {
-        assert_eq!(
-            parse_uptime("4312.84 5164.96\n"),
-            Some(Duration::from_millis(4_312_840))
-        );
-        assert_eq!(parse_uptime("7 1\n"), Some(Duration::from_secs(7)));
-        for bad in [
-            "",
-            "\n",
-            "-1.0 2",
-            "1.2.3 4",
-            "x",
-            "1.1234567890 2",
-            "+4.0 1",
-        ] {
-            assert_eq!(parse_uptime(bad), None, "{bad:?}");
-        }
-        assert!(parse_uptime(&std::fs::read_to_string("/proc/uptime").unwrap()).is_some());
     }
 
     #[test]

@@ -1,0 +1,224 @@
+//! Pure: what a kernel record means for a workload: one of its processes crashed inside a GPU
+//! communication or driver library (`comm[pid]: segfault at ... in libnccl.so.2[...]`).
+
+use crate::kernel_log::record::{decimal, KmsgRecord};
+
+/// A process killed by a fault inside a GPU library; pid is the host's (`task_pid_nr`), comm
+/// at most 15 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crash {
+    pub comm: String,
+    pub pid: i32,
+    pub library: String,
+}
+
+/// The crash a kernel-facility record tells, if any. The driver's own `NVRM: ` lines are
+/// about GPUs (`gpu::xid::kernel`), never a process's crash.
+pub fn gpu_lib_crash(record: &KmsgRecord) -> Option<Crash> {
+    if !record.is_kernel() {
+        return None;
+    }
+    let message = record.message.trim_start();
+    if message.starts_with("NVRM: ") {
+        return None;
+    }
+    crash_line(message)
+}
+
+/// The kernel's lines for a user process killed by a fault, as (comm, pid, what follows):
+/// - x86 `comm[pid]: segfault at ADDR ip IP sp SP error N in lib[...] likely on CPU ...`
+///   (`arch/x86/mm/fault.c`, `show_signal_msg`);
+/// - x86 `traps: comm[pid] general protection fault ip:IP sp:SP error:N in lib[...]` and
+///   `traps: comm[pid] trap invalid opcode ...` (`arch/x86/kernel/traps.c`, `show_signal`);
+/// - arm64 `comm[pid]: unhandled exception: ..., ESR 0x..., <fault> in lib[...]`
+///   (`arch/arm64/kernel/traps.c`, `arm64_show_signal`).
+///
+/// A comm is at most 15 bytes and may hold anything but NUL, so the anchors are texts longer
+/// than a comm: the first occurrence is the kernel's.
+fn crash_line(message: &str) -> Option<Crash> {
+    let (comm, pid, tail) = after_pid(message, "]: segfault at ")
+        .or_else(|| after_pid(message, "]: unhandled exception: "))
+        .or_else(|| trap(message))?;
+    // What precedes ` in ` is the kernel's (addresses, the fault's name); the file name follows.
+    let (_, mapped) = tail.split_once(" in ")?;
+    let library = mapped_file(mapped)?;
+    const GPU_LIBRARIES: [&str; 4] = ["libnccl.so", "libcuda.so", "libcudart.so", "libnvidia-"];
+    GPU_LIBRARIES
+        .iter()
+        .any(|p| library.starts_with(p))
+        .then(|| Crash {
+            comm: comm.to_owned(),
+            pid,
+            library: library.to_owned(),
+        })
+}
+
+/// `<comm>[<pid>` + `anchor` + tail, at the first anchor preceded by `[digits`.
+fn after_pid<'a>(message: &'a str, anchor: &str) -> Option<(&'a str, i32, &'a str)> {
+    message.match_indices(anchor).find_map(|(i, _)| {
+        let (comm, pid) = comm_and_pid(&message[..i])?;
+        Some((comm, pid, &message[i + anchor.len()..]))
+    })
+}
+
+/// `comm[pid` at the end of `head`: the comm is what precedes the last `[`.
+fn comm_and_pid(head: &str) -> Option<(&str, i32)> {
+    let open = head.rfind('[')?;
+    let digits = &head[open + 1..];
+    Some((&head[..open], decimal(digits.as_bytes())?))
+}
+
+/// `traps: comm[pid] <description> ip:HEX sp:HEX error:HEX in ...`: the first ` ip:` that
+/// the kernel's register dump follows (a comm cannot hold all of it); the description has
+/// no `[`.
+fn trap(message: &str) -> Option<(&str, i32, &str)> {
+    let rest = message.strip_prefix("traps: ")?;
+    rest.match_indices(" ip:").find_map(|(i, _)| {
+        let tail = &rest[i..];
+        registers(tail)?;
+        let head = &rest[..i];
+        let open = head.rfind('[')?;
+        let (digits, _description) = head[open + 1..].split_once("] ")?;
+        Some((&head[..open], decimal(digits.as_bytes())?, tail))
+    })
+}
+
+/// ` ip:HEX sp:HEX error:HEX` at the start of `s`.
+fn registers(s: &str) -> Option<()> {
+    let mut rest = s;
+    for label in [" ip:", " sp:", " error:"] {
+        rest = rest.strip_prefix(label)?;
+        let hex = rest.bytes().take_while(u8::is_ascii_hexdigit).count();
+        if hex == 0 {
+            return None;
+        }
+        rest = &rest[hex..];
+    }
+    Some(())
+}
+
+/// The file name of `name[start+size]` or, since Linux 6.1, `name[offset,start+size]`,
+/// optionally followed by ` likely on CPU ...`; older kernels may append ` (deleted)` to the
+/// name.
+fn mapped_file(mapped: &str) -> Option<&str> {
+    let end = mapped.rfind(" likely on CPU ").unwrap_or(mapped.len());
+    let inner = mapped[..end].trim_end().strip_suffix(']')?;
+    let open = inner.rfind('[')?;
+    let range = &inner[open + 1..];
+    let is_range = range.contains('+')
+        && range
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'+' || b == b',');
+    let name = inner[..open].trim_end_matches(" (deleted)");
+    (is_range && !name.is_empty()).then_some(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::kmsg::{self, records};
+    use crate::kernel_log::parse_record;
+
+    fn crashes(content: &str) -> Vec<Option<Crash>> {
+        records(content)
+            .iter()
+            .map(|r| gpu_lib_crash(&parse_record(r.as_bytes()).unwrap_or_else(|| panic!("{r}"))))
+            .collect()
+    }
+
+    fn crash(comm: &str, pid: i32, library: &str) -> Option<Crash> {
+        Some(Crash {
+            comm: comm.into(),
+            pid,
+            library: library.into(),
+        })
+    }
+
+    #[test]
+    fn segfaults_in_gpu_libraries_are_crashes_others_are_not() {
+        assert_eq!(
+            crashes(kmsg::SEGFAULT),
+            [
+                crash("python3", 4242, "libnccl.so.2.21.5"),
+                crash("python3", 4243, "libnccl.so.2"),
+                crash("pt_main_thread", 777, "libcuda.so.550.54.15"),
+                crash("python", 31337, "libnvidia-ml.so.1"),
+                crash("python3", 90, "libcudart.so.12"),
+                crash("my [odd]: job", 5150, "libnccl.so.2"),
+                crash("python3", 88, "libnccl.so.2"),
+                None, // libc
+                None, // no file mapped at the faulting address
+                None, // libnccl-net.so: a plugin, not in the list
+            ]
+        );
+    }
+
+    #[test]
+    fn traps_in_gpu_libraries_are_crashes() {
+        assert_eq!(
+            crashes(kmsg::TRAPS),
+            [
+                crash("python3", 4242, "libnccl.so.2"),
+                crash("python3", 4244, "libcuda.so.1"),
+                crash("x ip:1 sp:1 e", 4245, "libnccl.so.2"),
+                None, // libstdc++
+                crash("python3", 4246, "libnccl.so.2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn user_space_records_are_never_kernel_facts() {
+        use crate::gpu::xid::kernel::kernel_gpu;
+        let rs = records(kmsg::USER);
+        for r in &rs {
+            let record = parse_record(r.as_bytes()).unwrap();
+            assert_ne!(record.facility, 0, "{r}");
+            assert_eq!(gpu_lib_crash(&record), None, "{r}");
+            assert_eq!(kernel_gpu(&record), None, "{r}");
+            // The same text from the kernel would count, as a crash or as a GPU's XID: the
+            // facility alone tells them apart.
+            let forged = KmsgRecord {
+                facility: 0,
+                ..record
+            };
+            assert!(
+                gpu_lib_crash(&forged).is_some() || kernel_gpu(&forged).is_some(),
+                "{r}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_kernel_records_are_nothing() {
+        assert!(crashes(kmsg::OTHER).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut rng = crate::fixtures::rng::Rng::new(0xc0ffee);
+        let seeds: Vec<String> = kmsg::ALL.iter().flat_map(|c| records(c)).collect();
+        for _ in 0..20_000 {
+            let seed = rng.below(seeds.len());
+            let bytes = if rng.below(4) == 0 {
+                rng.bytes(200)
+            } else {
+                rng.mutate(seeds[seed].as_bytes())
+            };
+            if let Some(record) = parse_record(&bytes) {
+                let _ = gpu_lib_crash(&record);
+                let _ = gpu_lib_crash(&KmsgRecord {
+                    facility: 0,
+                    ..record
+                });
+            }
+        }
+        for seed in &seeds {
+            for cut in 0..=seed.len() {
+                if let Some(record) = parse_record(&seed.as_bytes()[..cut]) {
+                    let _ = gpu_lib_crash(&record);
+                }
+            }
+        }
+    }
+}
