@@ -135,7 +135,11 @@ impl Scanner {
         }
         self.name_docker_containers(&mut readings);
         self.track_peaks(&mut readings);
-        let mut findings = shm_findings(&mut readings, &self.thresholds, pods);
+        let mut findings = shm_findings(
+            &mut readings,
+            &self.thresholds,
+            pods.map(|p| |uid: &str| p.requests_gpu(uid)),
+        );
 
         let started = Instant::now();
         let gpu = self.gpu.scan();

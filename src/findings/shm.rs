@@ -1,7 +1,6 @@
 //! Pure: how full is full for one container's /dev/shm, and which shm findings a scan makes.
 
 use super::text;
-use crate::kube::pods::PodIndex;
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, ShmStatus};
 
@@ -66,20 +65,16 @@ pub fn evaluate_shm(readings: &mut [ShmReading], thresholds: &Thresholds) -> Vec
 }
 
 /// Everything a scan finds about /dev/shm: fullness (setting each reading's status) and, where
-/// `pods` says a container's Pod asks for GPUs, the runtime's default 64 MiB.
+/// `requests_gpu` says a container's Pod (by UID) asks for GPUs, the runtime's default 64 MiB;
+/// None: the Pods are not known.
 pub fn shm_findings(
     readings: &mut [ShmReading],
     thresholds: &Thresholds,
-    pods: Option<&PodIndex>,
+    requests_gpu: Option<impl Fn(&str) -> bool>,
 ) -> Vec<Finding> {
     let mut findings = evaluate_shm(readings, thresholds);
-    if let Some(pods) = pods {
-        let gpu_workload = |r: &&ShmReading| {
-            r.pod_uid
-                .as_deref()
-                .and_then(|uid| pods.by_uid(uid))
-                .is_some_and(|p| p.requests_gpu)
-        };
+    if let Some(requests_gpu) = requests_gpu {
+        let gpu_workload = |r: &&ShmReading| r.pod_uid.as_deref().is_some_and(&requests_gpu);
         findings.extend(
             readings
                 .iter()

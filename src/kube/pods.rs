@@ -59,6 +59,11 @@ impl PodIndex {
         self.by_uid.get(uid)
     }
 
+    /// Whether the Pod with this UID asks for GPUs (unknown Pods do not).
+    pub fn requests_gpu(&self, uid: &str) -> bool {
+        self.by_uid(uid).is_some_and(|p| p.requests_gpu)
+    }
+
     pub fn len(&self) -> usize {
         self.by_uid.len()
     }

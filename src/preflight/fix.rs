@@ -3,7 +3,7 @@
 
 use super::need::{Need, DEFAULT_GPU_SHM_BYTES};
 use super::observe::{GpuObs, IpcObs, MemObs, RunsIn, ShmObs};
-use super::verdict::{Problem, ProblemKind};
+use super::problem::{Problem, ProblemKind};
 use crate::model::EventReason;
 use crate::units::{docker_size, k8s_quantity, MIB};
 

@@ -10,6 +10,7 @@ pub mod fix;
 pub mod gpus;
 pub mod need;
 pub mod observe;
+pub mod problem;
 pub mod render;
 pub mod verdict;
 
