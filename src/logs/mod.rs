@@ -230,13 +230,7 @@ impl Joined {
         if self.truncated {
             return; // what follows a cut would read as if it followed the kept head
         }
-        let room = MAX_LINE - self.bytes.len();
-        if part.len() > room {
-            self.bytes.extend_from_slice(&part[..room]);
-            self.truncated = true;
-        } else {
-            self.bytes.extend_from_slice(part);
-        }
+        self.truncated = extend_within(&mut self.bytes, part, MAX_LINE);
     }
 
     /// The reader lost the rest of a part: keep what came, drop what follows.
@@ -250,6 +244,13 @@ impl Joined {
             text: text_of(&self.bytes, self.truncated),
         }
     }
+}
+
+/// Appends what fits of `part` for `buf` to hold at most `max` bytes; whether any was cut.
+fn extend_within(buf: &mut Vec<u8>, part: &[u8], max: usize) -> bool {
+    let room = max - buf.len();
+    buf.extend_from_slice(&part[..part.len().min(room)]);
+    part.len() > room
 }
 
 /// The text of at most `MAX_LINE` raw bytes: lossy UTF-8, still at most `MAX_LINE` bytes (each

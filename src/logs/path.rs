@@ -64,11 +64,7 @@ pub(super) fn pod_file(name: &str) -> Option<LogFile<'_>> {
     let rotation = match suffix {
         "" => Rotation::Live,
         _ => {
-            let stamp = suffix.strip_prefix('.')?;
-            let (stamp, gz) = match stamp.strip_suffix(".gz") {
-                Some(stamp) => (stamp, true),
-                None => (stamp, false),
-            };
+            let (stamp, gz) = rotated_tail(suffix)?;
             Rotation::Rotated {
                 order: kubelet_stamp(stamp)?,
                 gz,
@@ -99,11 +95,7 @@ pub(super) fn docker_file<'a>(id: &str, name: &'a str) -> Option<LogFile<'a>> {
     let rotation = match rest {
         "" => Rotation::Live,
         _ => {
-            let n = rest.strip_prefix('.')?;
-            let (n, gz) = match n.strip_suffix(".gz") {
-                Some(n) => (n, true),
-                None => (n, false),
-            };
+            let (n, gz) = rotated_tail(rest)?;
             if !digits(n) {
                 return None;
             }
@@ -116,6 +108,16 @@ pub(super) fn docker_file<'a>(id: &str, name: &'a str) -> Option<LogFile<'a>> {
         }
     };
     Some(LogFile { live, rotation })
+}
+
+/// A rotated name's tail after the live name, `.<mark>` or `.<mark>.gz`: the mark, and gzipped
+/// or not.
+fn rotated_tail(tail: &str) -> Option<(&str, bool)> {
+    let mark = tail.strip_prefix('.')?;
+    Some(match mark.strip_suffix(".gz") {
+        Some(mark) => (mark, true),
+        None => (mark, false),
+    })
 }
 
 fn digits(s: &str) -> bool {

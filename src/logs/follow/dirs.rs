@@ -1,0 +1,213 @@
+//! One container directory's state (its streams, the files known there) and what a new listing
+//! of it makes read, from where.
+//!
+//! A file is known by (dev, inode): a rename (rotation) is seen as the live name pointing at a
+//! new inode, and the old fd is drained to its end before the new file is read; a rotated file
+//! whose inode was read already, or was there before we started, is never read again.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::logs::path::Rotation;
+use crate::logs::{Bucket, Entry, Gate, LogOrigin};
+
+use super::discovery::Listed;
+use super::handle::{Handle, Position};
+use super::stream::{Format, Out, Stream};
+use super::{FileId, Start, Tally};
+
+/// One container's log directory (kubelet's `<pod>/<container>`, Docker's `containers/<id>`).
+pub(super) struct ContainerDir {
+    origin: LogOrigin,
+    format: Format,
+    /// By live file name (kubelet has one per restart).
+    streams: BTreeMap<String, Stream>,
+    /// The files here that were read, are being read, or are not to be read; with the offset
+    /// a drained plain file was read to.
+    known: HashMap<FileId, Option<u64>>,
+    /// Listed by the last discovery.
+    pub(super) seen: bool,
+    /// The rate limit's, made at the first kept line.
+    bucket: Option<Bucket>,
+}
+
+impl ContainerDir {
+    pub(super) fn new(origin: LogOrigin, format: Format) -> ContainerDir {
+        ContainerDir {
+            origin,
+            format,
+            streams: BTreeMap::new(),
+            known: HashMap::new(),
+            seen: false,
+            bucket: None,
+        }
+    }
+
+    /// Whether it has files still open (to follow or to drain).
+    pub(super) fn busy(&self) -> bool {
+        !self.streams.is_empty()
+    }
+
+    /// The directory is gone: its files are drained, then dropped.
+    pub(super) fn retire_all(&mut self) {
+        for stream in self.streams.values_mut() {
+            stream.retire_current();
+        }
+    }
+
+    /// Reads what is new in its files, at most `budget` bytes per stream.
+    pub(super) fn read(
+        &mut self,
+        budget: u64,
+        keep: &dyn Fn(&[u8]) -> bool,
+        gate: &Gate,
+        scratch: &mut [u8],
+        tally: &mut Tally,
+        emit: &mut dyn FnMut(&LogOrigin, Entry),
+    ) {
+        let mut out = Out {
+            keep,
+            gate,
+            bucket: &mut self.bucket,
+            origin: &self.origin,
+            emit,
+            lines: 0,
+            dropped: 0,
+        };
+        for stream in self.streams.values_mut() {
+            stream.read(budget, &mut self.known, scratch, tally, &mut out);
+        }
+        tally.lines += out.lines;
+        tally.dropped += out.dropped;
+        self.streams.retain(|_, s| !s.is_empty());
+    }
+
+    /// Brings the state up to a new listing of the directory (`fd`).
+    pub(super) fn update(
+        &mut self,
+        mut files: Vec<Listed>,
+        fd: BorrowedFd<'_>,
+        start: Start,
+        tally: &mut Tally,
+    ) {
+        // Oldest first: rotated files by their order, then the live one.
+        files.sort_by_key(|f| match f.rotation {
+            Rotation::Rotated { order, .. } => (0, order),
+            Rotation::Live => (1, 0),
+        });
+        let to_read = self.rotated_to_read(&files, start);
+        // Live files: a rotation first retires the old fd (drained before anything newer).
+        for f in files.iter().filter(|f| f.rotation == Rotation::Live) {
+            if let Some(stream) = self.streams.get_mut(&f.live) {
+                stream.live_is(f.id);
+            }
+        }
+        for (f, at) in to_read {
+            if let Some(handle) = Handle::open(fd, f, at, tally) {
+                self.stream(&f.live).queue(handle);
+            }
+        }
+        for f in files.iter().filter(|f| f.rotation == Rotation::Live) {
+            let known = self.known.get(&f.id).copied();
+            let stream = self.stream(&f.live);
+            if stream.is_following() || stream.resume(f.id) {
+                continue;
+            }
+            if let Some(handle) = Handle::open(fd, f, live_from(start, f.mtime, known), tally) {
+                stream.follow(handle);
+            }
+        }
+        // Live files that are gone: drained, then dropped.
+        for (live, stream) in &mut self.streams {
+            if !files
+                .iter()
+                .any(|f| &f.live == live && f.rotation == Rotation::Live)
+            {
+                stream.retire_current();
+            }
+        }
+        self.remember(&files, start);
+    }
+
+    /// The rotated files of a listing (oldest first) to read, and from where.
+    fn rotated_to_read<'f>(
+        &self,
+        files: &'f [Listed],
+        start: Start,
+    ) -> Vec<(&'f Listed, Position)> {
+        let plain_names: HashSet<&Path> = files
+            .iter()
+            .filter(|f| matches!(f.rotation, Rotation::Rotated { gz: false, .. }))
+            .map(|f| f.path.as_path())
+            .collect();
+        let mut to_read = Vec::new();
+        for f in files {
+            match (f.rotation, start) {
+                (Rotation::Rotated { .. }, Start::AtEnd) => {}
+                (Rotation::Rotated { gz, .. }, Start::Since(since)) => {
+                    // While kubelet or Docker compresses a file both names exist: the plain
+                    // one is complete, the .gz perhaps not yet.
+                    let twin = gz && plain_names.contains(f.path.with_extension("").as_path());
+                    if f.mtime >= since && !twin {
+                        to_read.push((f, if gz { Position::Gz } else { Position::At(0) }));
+                    }
+                }
+                (Rotation::Rotated { gz, .. }, Start::New) => {
+                    if !gz && !self.known.contains_key(&f.id) {
+                        to_read.push((f, Position::At(0)));
+                    }
+                }
+                (Rotation::Live, _) => {}
+            }
+        }
+        to_read
+    }
+
+    /// Every rotated file listed was read, is being read, or is not to be read (there before
+    /// us, older than `since`, gzipped): none is a candidate again. So is a live file that was
+    /// there before us. A new live file that could not be opened (EMFILE) is not: it is read
+    /// from its start once it opens. Unlisted files are forgotten, so that the map stays as
+    /// small as the directory and a reused inode is not mistaken.
+    fn remember(&mut self, files: &[Listed], start: Start) {
+        let old = std::mem::take(&mut self.known);
+        let handles = self
+            .streams
+            .values()
+            .flat_map(|s| s.handles().map(|h| h.id));
+        let decided = files
+            .iter()
+            .filter(|f| {
+                f.rotation != Rotation::Live
+                    || !matches!(start, Start::New)
+                    || old.get(&f.id).is_some_and(Option::is_some)
+            })
+            .map(|f| f.id);
+        self.known = decided
+            .chain(handles)
+            .map(|id| (id, old.get(&id).copied().flatten()))
+            .collect();
+    }
+
+    fn stream(&mut self, live: &str) -> &mut Stream {
+        let format = self.format;
+        self.streams
+            .entry(live.to_string())
+            .or_insert_with(|| Stream::new(format))
+    }
+}
+
+/// Where a live file that no fd follows yet is read from; `known`, whether it is known here
+/// and the offset it was read to.
+fn live_from(start: Start, mtime: SystemTime, known: Option<Option<u64>>) -> Position {
+    match (start, known) {
+        (Start::AtEnd, _) => Position::End,
+        (Start::Since(since), _) if mtime < since => Position::End,
+        (Start::Since(_), _) => Position::At(0),
+        (Start::New, None) => Position::At(0),
+        (Start::New, Some(Some(offset))) => Position::At(offset),
+        // Known but never read (there before us): not replayed.
+        (Start::New, Some(None)) => Position::End,
+    }
+}

@@ -1,0 +1,192 @@
+//! One open log file (plain, or gzipped and decompressed): opened without following a symlink,
+//! its appends followed through truncation, or read to its end once rotated.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use flate2::read::MultiGzDecoder;
+use rustix::fs::{FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use super::discovery::Listed;
+use super::split::Splitter;
+use super::{file_id, size, FileId, Tally};
+
+/// Decompressed bytes read of one gzipped file at most: a gzip bomb ends here.
+const GZ_MAX: u64 = 1 << 30;
+
+/// One open file.
+pub(super) struct Handle {
+    /// The inode opened, which a rename between listing and opening may have changed.
+    pub(super) id: FileId,
+    pub(super) path: PathBuf,
+    source: Source,
+    lines: Splitter,
+}
+
+/// Where reading a newly opened file starts.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Position {
+    At(u64),
+    End,
+    /// A gzipped rotated file, decompressed from its start.
+    Gz,
+}
+
+enum Source {
+    Plain {
+        file: File,
+        offset: u64,
+    },
+    Gz {
+        reader: MultiGzDecoder<File>,
+        read: u64,
+    },
+}
+
+/// One stream's reading in one poll: the bytes it may still read, the buffer they are read
+/// into, the counts, and where their lines go.
+pub(super) struct Pass<'a> {
+    pub(super) left: u64,
+    pub(super) scratch: &'a mut [u8],
+    pub(super) tally: &'a mut Tally,
+    pub(super) sink: &'a mut dyn FnMut(&[u8], bool),
+}
+
+impl Pass<'_> {
+    /// `n` bytes were read into the buffer: counted, and cut into lines.
+    fn took(&mut self, n: usize, lines: &mut Splitter) {
+        self.left -= n as u64;
+        self.tally.bytes += n as u64;
+        lines.feed(&self.scratch[..n], self.sink);
+    }
+}
+
+impl Handle {
+    /// Opens a listed file without following a symlink; only a regular file is kept.
+    pub(super) fn open(
+        dir: BorrowedFd<'_>,
+        f: &Listed,
+        at: Position,
+        tally: &mut Tally,
+    ) -> Option<Handle> {
+        // O_NONBLOCK: a FIFO swapped in between listing and opening must not block the poll.
+        let flags =
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let opened = rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty())
+            .and_then(|fd| Ok((rustix::fs::fstat(&fd)?, fd)));
+        let (st, file) = match opened {
+            Ok((st, fd)) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                (st, File::from(fd))
+            }
+            Ok(_) | Err(Errno::LOOP) => return None,
+            Err(e) => {
+                tally.fail(&f.path, &e.into());
+                return None;
+            }
+        };
+        tally.files += 1;
+        let source = match at {
+            Position::At(offset) => Source::Plain { file, offset },
+            Position::End => Source::Plain {
+                offset: size(&st),
+                file,
+            },
+            Position::Gz => Source::Gz {
+                reader: MultiGzDecoder::new(file),
+                read: 0,
+            },
+        };
+        Some(Handle {
+            id: file_id(&st),
+            path: f.path.clone(),
+            source,
+            lines: Splitter::default(),
+        })
+    }
+
+    /// The offset a plain file was read to (none for a gzipped one).
+    pub(super) fn plain_offset(&self) -> Option<u64> {
+        match self.source {
+            Source::Plain { offset, .. } => Some(offset),
+            Source::Gz { .. } => None,
+        }
+    }
+
+    /// Hands over the unfinished last line, if any.
+    pub(super) fn finish(&mut self, sink: &mut dyn FnMut(&[u8], bool)) {
+        self.lines.finish(sink);
+    }
+
+    /// Reads the live file's appends; `Ok(true)` when it was truncated (read again from 0).
+    pub(super) fn follow(&mut self, pass: &mut Pass<'_>) -> io::Result<bool> {
+        let Source::Plain { file, offset } = &mut self.source else {
+            return Ok(false);
+        };
+        let size = size(&rustix::fs::fstat(&*file)?);
+        let truncated = size < *offset;
+        if truncated {
+            *offset = 0;
+            self.lines = Splitter::default();
+        }
+        while *offset < size && pass.left > 0 {
+            let want = (size - *offset)
+                .min(pass.left)
+                .min(pass.scratch.len() as u64) as usize;
+            let n = read_at(file, &mut pass.scratch[..want], *offset)?;
+            if n == 0 {
+                break;
+            }
+            *offset += n as u64;
+            pass.took(n, &mut self.lines);
+        }
+        Ok(truncated)
+    }
+
+    /// Reads a retired or rotated file towards its end; `Ok(true)` at the end, `Ok(false)` when
+    /// the budget ran out first.
+    pub(super) fn drain(&mut self, pass: &mut Pass<'_>) -> io::Result<bool> {
+        while pass.left > 0 {
+            let want = pass.left.min(pass.scratch.len() as u64) as usize;
+            let buf = &mut pass.scratch[..want];
+            let n = match &mut self.source {
+                Source::Plain { file, offset } => {
+                    let n = read_at(file, buf, *offset)?;
+                    *offset += n as u64;
+                    n
+                }
+                Source::Gz { reader, read } => {
+                    if *read >= GZ_MAX {
+                        tracing::debug!("{}: stopped at {GZ_MAX} bytes", self.path.display());
+                        return Ok(true);
+                    }
+                    let n = uninterrupted(|| reader.read(buf))?;
+                    *read += n as u64;
+                    n
+                }
+            };
+            if n == 0 {
+                return Ok(true);
+            }
+            pass.took(n, &mut self.lines);
+        }
+        Ok(false)
+    }
+}
+
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    uninterrupted(|| file.read_at(buf, offset))
+}
+
+/// A read, tried again while a signal interrupts it.
+fn uninterrupted(mut read: impl FnMut() -> io::Result<usize>) -> io::Result<usize> {
+    loop {
+        match read() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Line splitting: a file's bytes cut at `\n`, a bounded head kept of a line not yet ended.
+
+use crate::logs::{extend_within, MAX_LINE};
+
+use super::CHUNK;
+
+/// Bytes kept of one line of a file before it is parsed. Above MAX_LINE, since a Docker entry
+/// of a 16 KiB part can escape each byte to six (`\u0000`).
+const PHYS_MAX: usize = 4 * MAX_LINE;
+
+/// Cuts a file's bytes into lines, keeping at most PHYS_MAX bytes of an unfinished one.
+#[derive(Default)]
+pub(super) struct Splitter {
+    head: Vec<u8>,
+    cut: bool,
+}
+
+impl Splitter {
+    pub(super) fn feed(&mut self, mut chunk: &[u8], sink: &mut dyn FnMut(&[u8], bool)) {
+        while let Some(i) = memchr::memchr(b'\n', chunk) {
+            if self.head.is_empty() && !self.cut {
+                sink(&chunk[..i], false); // the usual case: no copy
+            } else {
+                self.keep(&chunk[..i]);
+                self.finish(sink);
+            }
+            chunk = &chunk[i + 1..];
+        }
+        self.keep(chunk);
+    }
+
+    fn keep(&mut self, part: &[u8]) {
+        if extend_within(&mut self.head, part, PHYS_MAX) {
+            self.cut = true;
+        }
+    }
+
+    /// Hands over the unfinished line, if any.
+    pub(super) fn finish(&mut self, sink: &mut dyn FnMut(&[u8], bool)) {
+        if !self.head.is_empty() || self.cut {
+            sink(&self.head, self.cut);
+        }
+        self.cut = false;
+        self.head.clear();
+        if self.head.capacity() > CHUNK {
+            self.head = Vec::new(); // one long line must not keep its buffer for every idle file
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(chunks: &[&[u8]]) -> Vec<(Vec<u8>, bool)> {
+        let mut s = Splitter::default();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            s.feed(chunk, &mut |line, cut| out.push((line.to_vec(), cut)));
+        }
+        out
+    }
+
+    #[test]
+    fn lines_are_cut_at_newlines_across_chunks() {
+        let got = split(&[b"one\ntw", b"o\n", b"", b"three\n\nfour"]);
+        let want: Vec<(Vec<u8>, bool)> = [&b"one"[..], b"two", b"three", b""]
+            .iter()
+            .map(|l| (l.to_vec(), false))
+            .collect();
+        assert_eq!(got, want, "four has no newline yet");
+    }
+
+    #[test]
+    fn an_endless_line_keeps_only_its_head() {
+        let big = vec![b'x'; PHYS_MAX + 100];
+        let got = split(&[&big, &big, b"\nnext\n"]);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0.len(), PHYS_MAX);
+        assert!(got[0].1);
+        assert_eq!(got[1], (b"next".to_vec(), false));
+    }
+
+    #[test]
+    fn finish_hands_over_the_unfinished_line() {
+        let mut s = Splitter::default();
+        let mut out = Vec::new();
+        s.feed(b"a\nlast", &mut |l, _| out.push(l.to_vec()));
+        s.finish(&mut |l, _| out.push(l.to_vec()));
+        s.finish(&mut |l, _| out.push(l.to_vec()));
+        assert_eq!(out, [b"a".to_vec(), b"last".to_vec()]);
+    }
+}
