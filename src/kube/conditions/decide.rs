@@ -6,16 +6,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
-use crate::findings::text;
+use crate::findings::text::{self, ConditionReason};
 use crate::gpu::pci::not_in_nvml;
 use crate::gpu::xid::catalogue;
 use crate::model::Snapshot;
 use crate::model::{PairStatus, PairVerdict, RecoveryAction};
 
-/// A message longer than this is cut: a Node object is read by everything in the cluster.
-const MESSAGE_MAX: usize = 1024;
-/// Pairs named in a message before "and N more".
-const PAIRS_NAMED: usize = 12;
 /// Occurrences of one XID remembered within the hold (the message says "N times").
 const TIMES_KEPT: usize = 64;
 
@@ -85,21 +81,17 @@ impl ConditionJudge {
 
     fn fault_condition(&self, snapshot: &Snapshot) -> Condition {
         // (reason, sentence), worst first: lost GPUs, missing GPUs, then XIDs by GPU.
-        let mut faults: Vec<(String, String)> = Vec::new();
+        let mut faults: Vec<(ConditionReason, String)> = Vec::new();
         for g in snapshot.gpus.iter().filter(|g| g.lost) {
             faults.push((
-                "GpuLost".into(),
-                format!(
-                    "GPU {} ({}) is lost: NVML says it fell off the bus; drain the node, then \
-                     reset the GPU (`nvidia-smi -r -i {}`) or reboot",
-                    g.index, g.pci_bus_id, g.index
-                ),
+                ConditionReason::GpuLost,
+                text::fault_gpu_lost(g.index, &g.pci_bus_id),
             ));
         }
         let missing = not_in_nvml(&snapshot.driver_gpus, &snapshot.gpus);
         if !missing.is_empty() {
             faults.push((
-                "GpuNotInNvml".into(),
+                ConditionReason::GpuNotInNvml,
                 text::gpu_not_in_nvml(&missing, snapshot.driver_gpus.len(), snapshot.gpus.len())
                     .trim_end_matches('.')
                     .to_string(),
@@ -122,7 +114,7 @@ impl ConditionJudge {
         actions.sort_by_key(|&(action, gpu, _)| (std::cmp::Reverse(action_rank(action)), gpu));
         for (action, gpu, bus) in actions {
             faults.push((
-                format!("RecoveryAction{}", camel(action.as_str())),
+                ConditionReason::RecoveryAction(action),
                 text::fault_recovery_action(gpu, bus, action),
             ));
         }
@@ -139,7 +131,7 @@ impl ConditionJudge {
         xids.sort_by_key(|&(action, gpu, xid, _)| (std::cmp::Reverse(action), gpu, xid));
         for (_, gpu, xid, times) in xids {
             faults.push((
-                format!("Xid{xid}"),
+                ConditionReason::Xid(xid),
                 text::fault_xid(gpu, xid, catalogue::lookup(xid), times, &hold),
             ));
         }
@@ -147,23 +139,16 @@ impl ConditionJudge {
             None => Condition {
                 type_: GPU_FAULT,
                 status: Status::False,
-                reason: "NoGpuFault".into(),
-                message: format!(
-                    "No GPU is lost or missing, NVML asks for no GPU reset or node reboot, and \
-                     no XID within the last {hold} calls for a GPU reset, a node reboot or the \
-                     vendor."
-                ),
+                reason: ConditionReason::NoGpuFault.to_string(),
+                message: text::no_gpu_fault(&hold),
             },
             Some((reason, _)) => Condition {
                 type_: GPU_FAULT,
                 status: Status::True,
-                reason: reason.clone(),
-                message: cut(faults
-                    .iter()
-                    .map(|(_, m)| m.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-                    + "."),
+                reason: reason.to_string(),
+                message: text::gpu_fault(
+                    &faults.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>(),
+                ),
             },
         }
     }
@@ -179,43 +164,22 @@ fn action_rank(action: RecoveryAction) -> u8 {
     }
 }
 
-/// `gpu_reset` -> `GpuReset`.
-fn camel(snake: &str) -> String {
-    snake
-        .split('_')
-        .map(|w| {
-            let mut c = w.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
 /// NVML is not up: with GPUs the driver lists, nothing can be told (Unknown); without any,
 /// there is nothing to be degraded.
 fn no_nvml(snapshot: &Snapshot) -> Desired {
     let (status, reason, message) = if snapshot.driver_gpus.is_empty() {
-        (
-            Status::False,
-            "NoGpus",
-            "No NVIDIA GPU is listed by the driver on this node.".to_string(),
-        )
+        (Status::False, ConditionReason::NoGpus, text::no_gpus())
     } else {
         (
             Status::Unknown,
-            "NvmlUnavailable",
-            format!(
-                "The driver lists {} NVIDIA GPUs but NVML does not load, so GPU health is \
-                 unknown: make the driver's libnvidia-ml.so.1 visible to shmlink.",
-                snapshot.driver_gpus.len()
-            ),
+            ConditionReason::NvmlUnavailable,
+            text::gpu_health_unknown(snapshot.driver_gpus.len()),
         )
     };
     let make = |type_| Condition {
         type_,
         status,
-        reason: reason.into(),
+        reason: reason.to_string(),
         message: message.clone(),
     };
     Desired {
@@ -233,8 +197,8 @@ fn link_condition(pairs: &[PairVerdict]) -> Condition {
         return Condition {
             type_: GPU_LINK_DEGRADED,
             status: Status::False,
-            reason: "GpuPairsHealthy".into(),
-            message: format!("All {} GPU pairs are ok.", pairs.len()),
+            reason: ConditionReason::GpuPairsHealthy.to_string(),
+            message: text::pairs_healthy(pairs.len()),
         };
     }
     let down: Vec<&PairVerdict> = bad
@@ -247,13 +211,6 @@ fn link_condition(pairs: &[PairVerdict]) -> Condition {
         .copied()
         .filter(|p| p.status == PairStatus::Degraded)
         .collect();
-    let mut parts = Vec::new();
-    if !down.is_empty() {
-        parts.push(format!("GPU pairs down: {}", name_pairs(&down)));
-    }
-    if !degraded.is_empty() {
-        parts.push(format!("GPU pairs degraded: {}", name_pairs(&degraded)));
-    }
     // A GPU in every bad pair is the likely culprit: name it.
     let common: BTreeSet<u32> = bad.iter().fold(
         [bad[0].gpu, bad[0].peer_gpu].into_iter().collect(),
@@ -263,66 +220,20 @@ fn link_condition(pairs: &[PairVerdict]) -> Condition {
                 .collect()
         },
     );
-    let culprit = match (bad.len() > 1, common.iter().next()) {
-        (true, Some(g)) => format!(" GPU {g} is in every one of them."),
-        _ => String::new(),
-    };
+    let culprit = common.iter().next().copied().filter(|_| bad.len() > 1);
     let gpus: BTreeSet<u32> = bad.iter().flat_map(|p| [p.gpu, p.peer_gpu]).collect();
     let first = gpus.iter().next().copied().unwrap_or(0);
     Condition {
         type_: GPU_LINK_DEGRADED,
         status: Status::True,
         reason: if down.is_empty() {
-            "GpuPairsDegraded"
+            ConditionReason::GpuPairsDegraded
         } else {
-            "GpuPairsDown"
+            ConditionReason::GpuPairsDown
         }
-        .into(),
-        message: cut(format!(
-            "{}.{culprit} Jobs across these GPUs fail or fall back to slower paths: drain the \
-             node, then reset the GPUs named (`nvidia-smi -r -i {first}`) or reboot; replace the \
-             GPU or NVSwitch whose links stay down.",
-            parts.join("; ")
-        )),
+        .to_string(),
+        message: text::pairs_failing(&down, &degraded, culprit, first),
     }
-}
-
-/// `GPU 0 <-> GPU 1 (links 0, 1 of GPU 0), ...` with at most [`PAIRS_NAMED`] named.
-fn name_pairs(pairs: &[&PairVerdict]) -> String {
-    let mut named: Vec<String> = pairs
-        .iter()
-        .take(PAIRS_NAMED)
-        .map(|p| {
-            let links = if p.links.is_empty() {
-                String::new()
-            } else {
-                let l: Vec<String> = p.links.iter().map(u32::to_string).collect();
-                format!(
-                    " (link{} {} of GPU {})",
-                    if l.len() == 1 { "" } else { "s" },
-                    l.join(", "),
-                    p.gpu
-                )
-            };
-            format!("GPU {} <-> GPU {}{links}", p.gpu, p.peer_gpu)
-        })
-        .collect();
-    if pairs.len() > PAIRS_NAMED {
-        named.push(format!("and {} more", pairs.len() - PAIRS_NAMED));
-    }
-    named.join(", ")
-}
-
-fn cut(mut s: String) -> String {
-    if s.len() > MESSAGE_MAX {
-        let mut end = MESSAGE_MAX - 3;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
 }
 
 #[cfg(test)]

@@ -1,0 +1,210 @@
+//! GPUs, their links and pairs, XIDs and NVML.
+
+use std::time::Duration;
+
+use super::{pair_status, pairs_with, secs};
+use crate::model::{PairStatus, RecoveryAction, Weight, XidAction, XidEntry};
+
+/// `gpu_xid`; `entry`: what the catalogue says of it.
+pub fn xid(gpu: u32, xid: u64, count: u64, entry: Option<XidEntry>) -> String {
+    let said = match entry {
+        Some(e) => format!(
+            "{}; NVIDIA's XID catalogue: {}",
+            e.what,
+            xid_advice(e.action)
+        ),
+        None => "not in NVIDIA's XID catalogue".to_string(),
+    };
+    format!("XID {xid} on GPU {gpu} ({count} since the agent started): {said}.")
+}
+
+/// What an XID's catalogue action asks of a person.
+pub const fn xid_advice(action: XidAction) -> &'static str {
+    match action {
+        XidAction::Ignore => "no action needed",
+        XidAction::RestartApp => "restart the application that hit it",
+        XidAction::UpdateSoftware => "update the driver or firmware",
+        XidAction::ResetGpu => "drain the node and reset the GPU (or reboot the node)",
+        XidAction::RebootNode => "drain and reboot the node",
+        XidAction::ContactVendor => "drain the node and contact the hardware vendor",
+    }
+}
+
+/// One fatal XID in `GpuFault`'s message: `times` seen within `hold` (a repeat escalates, as
+/// a fault that comes back after its action calls for the vendor).
+pub fn fault_xid(gpu: u32, xid: u64, entry: Option<XidEntry>, times: usize, hold: &str) -> String {
+    let (what, advice) = entry.map_or(("unknown", "drain the node"), |e| {
+        (e.what, xid_advice(e.action))
+    });
+    if times > 1 {
+        format!(
+            "XID {xid} ({what}) seen {times} times on GPU {gpu} within {hold}: it came back, so \
+             {advice}, and if it returns after that, replace the GPU or contact the vendor"
+        )
+    } else {
+        format!("XID {xid} ({what}) on GPU {gpu}: {advice}")
+    }
+}
+
+/// A GPU the driver lists that NVML does not see, by its PCI bus id.
+pub fn gpu_not_in_nvml(bus_ids: &[String], driver: usize, nvml: usize) -> String {
+    format!(
+        "The driver lists {driver} NVIDIA GPUs but NVML sees {nvml}: {} {} missing (fallen off \
+         the bus, or failed to initialise). Drain the node, check `dmesg` for Xid 79, then reset \
+         or reboot; replace the GPU if it stays missing.",
+        bus_ids.join(", "),
+        if bus_ids.len() == 1 { "is" } else { "are" }
+    )
+}
+
+/// The part `check` and `preflight` share when the driver shows GPUs and NVML does not load.
+pub fn nvml_not_loading(evidence: &str, reason: &str) -> String {
+    format!("{evidence} but NVML does not load ({reason})")
+}
+
+/// `nvml_unavailable`.
+pub fn nvml_unavailable(evidence: &str, reason: &str) -> String {
+    format!(
+        "{}: GPU link health is unknown. Make the driver's libnvidia-ml.so.1 visible to shmlink \
+         (the NVIDIA container runtime, or --nvml-lib).",
+        nvml_not_loading(evidence, reason)
+    )
+}
+
+/// The note of `GpuLinkRecovered`: `about` is what the failure was about (`GPU 7`).
+pub fn gpu_links_recovered(about: &str) -> String {
+    format!("{about}: GPU links healthy again")
+}
+
+/// `gpu_lost`. `describe`: ` (GPU-…, name, PCI …)`; `down`: the GPUs it no longer reaches.
+pub fn gpu_lost(g: u32, describe: &str, down: &[u32]) -> String {
+    format!(
+        "GPU {g}{describe} is lost: NVML reports it fell off the bus, so every job using it \
+         fails{}. Drain the node, check `dmesg` for Xid 79, then reset the GPU \
+         (`nvidia-smi -r -i {g}`) or reboot; replace it if it falls off again.",
+        if down.is_empty() {
+            String::new()
+        } else {
+            format!(" and its {} are down", pairs_with(down))
+        },
+    )
+}
+
+/// The broken-GPU case: GPU `g` fails with every other GPU.
+pub fn gpu_fails_with_all(
+    g: u32,
+    describe: &str,
+    peers: &[u32],
+    state: &str,
+    reasons: &str,
+) -> String {
+    format!(
+        "GPU {g}{describe} fails with every other GPU: all {} of its pairs ({}) are {state}, so \
+         any job that uses GPU {g} together with another GPU can crash or hang in collectives \
+         such as all-reduce. Reasons: {reasons}. Drain the node (or keep jobs off GPU {g}) and \
+         reset or replace GPU {g}; confirm with `nvidia-smi nvlink -s -i {g}`, `nvidia-smi \
+         nvlink -e -i {g}` and `nvidia-smi topo -p2p rw`.",
+        peers.len(),
+        pairs_with(peers),
+    )
+}
+
+/// Every pair of every live GPU fails: a node-wide cause.
+pub fn all_pairs_fail(pairs: usize, gpus: usize, state: &str, reasons: &str) -> String {
+    format!(
+        "Every one of the {pairs} pairs of the {gpus} GPUs is {state}, which points at the node \
+         rather than one GPU. Reasons: {reasons}. Drain the node; on an NVSwitch system check the \
+         fabric manager (`systemctl status nvidia-fabricmanager`), and check `nvidia-smi nvlink \
+         -s` and `nvidia-smi topo -p2p rw`."
+    )
+}
+
+/// One failing pair, with what to do for how badly it fails.
+pub fn pair_fails(
+    a: u32,
+    b: u32,
+    status: PairStatus,
+    weight: Option<Weight>,
+    reasons: &[String],
+) -> String {
+    let advice = match weight {
+        Some(Weight::Down) => {
+            "Jobs using these two GPUs together crash or hang at their first collective: drain \
+             the node, check `nvidia-smi nvlink -s` and `nvidia-smi topo -p2p rw`, then reseat \
+             or replace the GPU or its NVLink bridge."
+        }
+        Some(Weight::Broken) => {
+            "Peer-to-peer transfers between them fail or fall back: drain the node, check \
+             `nvidia-smi topo -p2p rw` and `nvidia-smi nvlink -s`, then reset or replace the GPU."
+        }
+        _ => {
+            "The link still carries traffic but retries transfers, so jobs slow down: watch \
+             `nvidia-smi nvlink -e`, and drain the node to reseat or replace the GPU if the \
+             counters keep growing."
+        }
+    };
+    format!(
+        "GPU {a} <-> GPU {b} is {}: {}. {advice}",
+        pair_status(status),
+        reasons.join("; ")
+    )
+}
+
+/// `gpu_recovery_action`: what NVML says GPU `g` needs, and what to do.
+pub fn gpu_recovery_action(g: u32, describe: &str, action: RecoveryAction) -> String {
+    let what = match action {
+        RecoveryAction::None => return format!("NVML asks for no recovery action on GPU {g}."),
+        RecoveryAction::DrainP2p => {
+            "to drain peer-to-peer traffic: its P2P transfers are not safe. Drain the node of multi-GPU jobs; NVML clears the action once the GPU has recovered, else reset it"
+        }
+        RecoveryAction::GpuReset => {
+            "a GPU reset: drain the node, then reset the GPU (`nvidia-smi -r -i {g}`)"
+        }
+        RecoveryAction::DrainAndReset => {
+            "to drain peer-to-peer traffic and reset the GPU: drain the node, then reset the GPU (`nvidia-smi -r -i {g}`)"
+        }
+        RecoveryAction::NodeReboot => "a node reboot: drain the node, then reboot it",
+    };
+    format!(
+        "NVML's recovery action for GPU {g}{describe} is {} ({}); jobs on it fail until that is done.",
+        action.as_str(),
+        what.replace("{g}", &g.to_string()),
+    )
+}
+
+/// A `GpuFault` sentence for NVML's recovery action on GPU `g` at PCI `bus`.
+pub fn fault_recovery_action(g: u32, bus: &str, action: RecoveryAction) -> String {
+    let todo = match action {
+        RecoveryAction::NodeReboot => "drain the node, then reboot it".to_string(),
+        _ => format!("drain the node, then reset the GPU (`nvidia-smi -r -i {g}`)"),
+    };
+    format!(
+        "NVML's recovery action for GPU {g} ({bus}) is {}: {todo}",
+        action.as_str()
+    )
+}
+
+/// `gpu_fabric_unhealthy`: GPU `g`'s NVSwitch fabric registration or health. `problem` is
+/// [`crate::model::FabricInfo::problem`].
+pub fn gpu_fabric_unhealthy(g: u32, describe: &str, problem: &str, nvswitch: bool) -> String {
+    format!(
+        "GPU {g}{describe}: {problem}{}. Check the fabric manager (`systemctl status nvidia-fabricmanager`, `nvidia-smi -q -i {g} | grep -A4 Fabric`), then reset the GPU or reboot the node if it does not register.",
+        if nvswitch {
+            ", so its NVLink traffic through the NVSwitches fails or runs slow"
+        } else {
+            ""
+        }
+    )
+}
+
+/// `gpu_link_errors`: counter growth on GPU `g` that made no pair fail yet.
+pub fn link_errors(g: u32, describe: &str, window: Duration, parts: &[String]) -> String {
+    format!(
+        "NVLink errors on GPU {g}{describe} in the last {} s: {}. No GPU pair fails because of \
+         them yet, but a link that keeps counting errors is marginal: watch \
+         `nvidia-smi nvlink -e -i {g}` and reseat or replace the GPU or its NVLink \
+         bridge if they keep growing.",
+        secs(window),
+        parts.join("; "),
+    )
+}

@@ -1,0 +1,74 @@
+//! A container's /dev/shm: how full, what runs out first, and the fix.
+
+use crate::model::{ContainerRef, ShmReading};
+use crate::units::human_bytes;
+
+/// The Kubernetes fix for a /dev/shm too small: the alert rules' ShmNearlyFull says it too.
+pub const SHM_FIX_KUBERNETES: &str =
+    "an emptyDir with medium: Memory at /dev/shm with a larger sizeLimit";
+
+/// `shm_nearly_full` / `shm_exhausted`: how full, what runs out first, and the fix.
+pub fn shm_full(r: &ShmReading) -> String {
+    let used = r.used_bytes.unwrap_or(0);
+    let available = r.available_bytes.unwrap_or(0);
+    let limit = used.saturating_add(available);
+    let pct = r.fullness().unwrap_or(0.0) * 100.0;
+    let memory_bound = match (r.memory_limit_bytes, r.size_bytes) {
+        // The memory cgroup's headroom, not the tmpfs, is what runs out first.
+        (Some(_), Some(size)) => limit < size,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    let container = ContainerRef::of(r);
+    let mut message = format!(
+        "/dev/shm of container {} is {pct:.0}% full: {} used, {} more can be written",
+        container.short_name(),
+        human_bytes(used),
+        human_bytes(available),
+    );
+    if let Some(size) = r.size_bytes {
+        message.push_str(&format!(" (tmpfs size {}", human_bytes(size)));
+        if let Some(mem) = r.memory_limit_bytes {
+            message.push_str(&format!(", memory limit {}", human_bytes(mem)));
+        }
+        message.push(')');
+    }
+    message.push_str(". ");
+    if memory_bound {
+        message.push_str(
+            "The memory limit, not the tmpfs size, is what runs out: tmpfs pages count against \
+             the container's memory limit, so raise the memory limit along with /dev/shm.",
+        );
+    } else {
+        message.push_str(&format!(
+            "Give it a larger /dev/shm: in Kubernetes {SHM_FIX_KUBERNETES}; in Docker \
+             --shm-size (or --ipc=host). tmpfs pages count against the memory limit, so leave room for them \
+             there too."
+        ));
+    }
+    message
+}
+
+/// `shm_runtime_default`: a GPU workload on the runtime's 64 MiB, and the YAML that fixes it.
+/// `shm_unmeasured`: the agent could not look, which is not the same as nothing being there.
+pub fn shm_unmeasured(r: &ShmReading, error: &str) -> String {
+    let container = ContainerRef::of(r);
+    format!(
+        "The /dev/shm of container {} could not be measured ({error}); its size and use are          unknown, not absent. Check the agent's privileges (SYS_PTRACE, DAC_READ_SEARCH) and          its log.",
+        container.short_name()
+    )
+}
+
+pub fn shm_runtime_default(r: &ShmReading) -> String {
+    let container = ContainerRef::of(r);
+    format!(
+        "Container {} requests GPUs but runs on the container runtime's default 64 MiB \
+         /dev/shm: PyTorch DataLoader workers and NCCL fail with bus errors once it fills. Add to \
+         the pod spec:\n\
+         volumes:\n- name: dshm\n  emptyDir:\n    medium: Memory\n    sizeLimit: 8Gi\n\
+         and to the container:\n\
+         volumeMounts:\n- name: dshm\n  mountPath: /dev/shm\n\
+         (tmpfs pages count against the memory limit: raise it by the sizeLimit).",
+        container.short_name()
+    )
+}
