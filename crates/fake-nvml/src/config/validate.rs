@@ -1,0 +1,314 @@
+//! The file as written -> `Config`: PCI ids, words (names.rs) and BERs turned into NVML's
+//! values, pairs checked against the GPUs, defaults that depend on other keys (minor number,
+//! NVML version, a link's remote type). Errors name where: `gpus[1].links[3]: ...`.
+
+use std::collections::BTreeMap;
+
+use nvml_wrapper_sys::bindings as sys;
+
+use super::names::{
+    caps_of, fabric_state, nvml_return, p2p_status, recovery_action, remote_type, topology_level,
+};
+use super::raw::{number, OneOrMany, RawConfig, RawFabric, RawGpu, RawLink, RawNvlink5};
+use super::{Config, Fabric, Gpu, Link, Nvlink5, P2pRule, Pci, P2P_CAPS};
+
+impl RawConfig {
+    /// The whole file: GPUs, then which links reach one of them, then P2P, topology, versions.
+    pub(super) fn validate(self) -> Result<Config, String> {
+        let count = self.gpus.len() as u32;
+        let mut gpus = Vec::with_capacity(self.gpus.len());
+        for (index, g) in self.gpus.into_iter().enumerate() {
+            gpus.push(g.validate(index)?);
+        }
+        // A remote type left out is "gpu" when the far end is one of ours, as NVML would say.
+        let ours: Vec<Pci> = gpus.iter().map(|g| g.pci.clone()).collect();
+        for gpu in &mut gpus {
+            for link in &mut gpu.links {
+                if link.remote_type
+                    == sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+                    && link.remote.as_ref().is_some_and(|r| ours.contains(r))
+                {
+                    link.remote_type =
+                        sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU;
+                }
+            }
+        }
+
+        let pair = |what: &str, n: usize, a: u32, b: u32| {
+            if a >= count || b >= count || a == b {
+                Err(format!(
+                    "{what}[{n}]: gpu {a} / peer_gpu {b} is not a pair of distinct GPUs of {count}"
+                ))
+            } else {
+                Ok((a.min(b), a.max(b)))
+            }
+        };
+
+        let mut p2p_default = [sys::nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK; P2P_CAPS];
+        for (cap, status) in &self.p2p_default {
+            let caps =
+                caps_of(std::slice::from_ref(cap)).map_err(|e| format!("p2p_default: {e}"))?;
+            let status = p2p_status(status).map_err(|e| format!("p2p_default: {e}"))?;
+            for (i, slot) in p2p_default.iter_mut().enumerate() {
+                if caps & (1 << i) != 0 {
+                    *slot = status;
+                }
+            }
+        }
+        let mut p2p = Vec::with_capacity(self.p2p.len());
+        for (n, r) in self.p2p.into_iter().enumerate() {
+            let caps = match &r.capability {
+                None => caps_of(&["all".into()]),
+                Some(OneOrMany::One(c)) => caps_of(std::slice::from_ref(c)),
+                Some(OneOrMany::Many(cs)) => caps_of(cs),
+            }
+            .map_err(|e| format!("p2p[{n}]: {e}"))?;
+            p2p.push(P2pRule {
+                pair: pair("p2p", n, r.gpu, r.peer_gpu)?,
+                caps,
+                status: p2p_status(&r.status).map_err(|e| format!("p2p[{n}]: {e}"))?,
+            });
+        }
+
+        let default_topology =
+            topology_level(&self.default_topology).map_err(|e| format!("default_topology: {e}"))?;
+        let mut topology = BTreeMap::new();
+        for (n, t) in self.topology.into_iter().enumerate() {
+            let level = topology_level(&t.level).map_err(|e| format!("topology[{n}]: {e}"))?;
+            topology.insert(pair("topology", n, t.gpu, t.peer_gpu)?, level);
+        }
+
+        let nvml_version = self
+            .nvml_version
+            .unwrap_or_else(|| format!("12.{}", self.driver_version));
+        Ok(Config {
+            driver_version: self.driver_version,
+            nvml_version,
+            gpus,
+            p2p_default,
+            p2p,
+            default_topology,
+            topology,
+        })
+    }
+}
+
+impl RawGpu {
+    /// GPU `index`; its links in order, then its own keys.
+    fn validate(self, index: usize) -> Result<Gpu, String> {
+        let at = |e: String| format!("gpus[{index}]: {e}");
+        let pci = Pci::parse(&self.pci_bus_id).map_err(at)?;
+        let mut links = Vec::with_capacity(self.links.len());
+        for (n, l) in self.links.into_iter().enumerate() {
+            links.push(
+                l.validate()
+                    .map_err(|e| format!("gpus[{index}].links[{n}]: {e}"))?,
+            );
+        }
+        if links.len() > sys::NVML_NVLINK_MAX_LINKS as usize {
+            return Err(at(format!(
+                "{} links, NVML has at most {}",
+                links.len(),
+                sys::NVML_NVLINK_MAX_LINKS
+            )));
+        }
+        Ok(Gpu {
+            name: self.name,
+            uuid: self.uuid,
+            pci,
+            pci_device_id: number(&self.pci_device_id).map_err(at)?,
+            pci_subsystem_id: number(&self.pci_subsystem_id).map_err(at)?,
+            minor_number: self.minor_number.unwrap_or(index as u32),
+            pcie_replays: u32::try_from(self.pcie_replays).unwrap_or(u32::MAX),
+            lost: self.lost,
+            xids: self.xids,
+            xid_events: self.xid_events,
+            error_counter_api: self.error_counter_api,
+            recovery_action: self
+                .recovery_action
+                .as_deref()
+                .map(recovery_action)
+                .transpose()
+                .map_err(at)?,
+            fabric: self
+                .fabric
+                .as_ref()
+                .map(RawFabric::validate)
+                .transpose()
+                .map_err(at)?,
+            links,
+        })
+    }
+}
+
+impl RawLink {
+    /// A remote type left out is UNKNOWN here; `RawConfig::validate` makes it GPU when the far
+    /// end is one of the file's GPUs.
+    fn validate(self) -> Result<Link, String> {
+        let remote = self
+            .remote_pci_bus_id
+            .as_deref()
+            .map(Pci::parse)
+            .transpose()?;
+        let remote_type = match self.remote_type.as_deref() {
+            Some(t) => remote_type(t)?,
+            None => sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+        };
+        Ok(Link {
+            active: self.active,
+            remote,
+            remote_type,
+            errors: self.errors,
+            nvlink5: self
+                .nvlink5
+                .validate()
+                .map_err(|e| format!("nvlink5: {e}"))?,
+        })
+    }
+}
+
+impl RawFabric {
+    fn validate(&self) -> Result<Fabric, String> {
+        let state = fabric_state(&self.state)?;
+        // Both flags are reported (TRUE 1 / FALSE 2), as a GPU with fabric health does.
+        let flag = |on: bool| if on { 1 } else { 2 };
+        Ok(Fabric {
+            state,
+            status: nvml_return(&self.status)?,
+            health_mask: (flag(self.degraded_bandwidth)
+                << sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW)
+                | (flag(self.route_unhealthy)
+                    << sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY),
+        })
+    }
+}
+
+impl RawNvlink5 {
+    fn validate(self) -> Result<Nvlink5, String> {
+        Ok(Nvlink5 {
+            recovery_successful: self.recovery_successful,
+            recovery_failed: self.recovery_failed,
+            recovery_events: self.recovery_events,
+            symbol_errors: self.symbol_errors,
+            effective_errors: self.effective_errors,
+            effective_ber: pack_ber(self.effective_ber)
+                .map_err(|e| format!("effective_ber: {e}"))?,
+            symbol_ber: pack_ber(self.symbol_ber).map_err(|e| format!("symbol_ber: {e}"))?,
+        })
+    }
+}
+
+/// A BER in [0, 1] as NVML packs it: bits 0-7 the exponent, bits 8-11 the mantissa, rate =
+/// mantissa x 10^-exponent (nvml.h, NVML_NVLINK_BER_*). The mantissa is one decimal digit, so
+/// 2.5e-11 is served as 3e-11. 0 is served as 0.
+pub fn pack_ber(ber: f64) -> Result<u64, String> {
+    if !(0.0..=1.0).contains(&ber) {
+        return Err(format!("{ber} is not a rate in [0, 1]"));
+    }
+    if ber == 0.0 {
+        return Ok(0);
+    }
+    let mut exponent = (-ber.log10()).ceil().max(0.0) as i32;
+    let mut mantissa = (ber * 10f64.powi(exponent)).round() as i64;
+    if mantissa >= 10 {
+        mantissa = 1;
+        exponent -= 1;
+    }
+    if exponent > 255 {
+        return Ok(0);
+    }
+    Ok(((mantissa.clamp(1, 15) as u64) << 8) | exponent.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mistakes_are_rejected_with_where() {
+        let bad = [
+            (
+                r#"{"gpus": [{"name": "G", "uuid": "U", "pci_bus_id": "18:00.0"}]}"#,
+                "gpus[0]",
+            ),
+            (r#"{"gpus": [], "typo": 1}"#, "unknown field"),
+            (
+                r#"{"gpus": [{"name": "G", "uuid": "U", "pci_bus_id": "0:1:0.0", "links": [{"remote_type": "nvswitch"}]}]}"#,
+                "gpus[0].links[0]",
+            ),
+            (
+                r#"{"gpus": [{"name": "G", "uuid": "U", "pci_bus_id": "0:1:0.0"}], "p2p": [{"gpu": 0, "peer_gpu": 1, "status": "ok"}]}"#,
+                "p2p[0]",
+            ),
+            (r#"{"default_topology": "numa"}"#, "default_topology"),
+            (r#"{"gpus": [}"#, "expected"),
+        ];
+        for (text, want) in bad {
+            let err = Config::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn remote_type_defaults_to_gpu_only_for_our_gpus() {
+        let cfg = Config::parse(
+            r#"{"gpus": [{"name": "G", "uuid": "A", "pci_bus_id": "00000000:18:00.0",
+                          "links": [{"remote_pci_bus_id": "0000:2a:00.0"}, {"remote_pci_bus_id": "00000000:05:00.0"}, {}]},
+                         {"name": "G", "uuid": "B", "pci_bus_id": "00000000:2A:00.0"}]}"#,
+        )
+        .unwrap();
+        let types: Vec<u32> = cfg.gpus[0].links.iter().map(|l| l.remote_type).collect();
+        assert_eq!(
+            types,
+            [
+                sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU,
+                sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+                sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+            ]
+        );
+    }
+
+    #[test]
+    fn recovery_action_and_fabric_parse_and_mistakes_are_named() {
+        let cfg = Config::parse(
+            r#"{"gpus": [{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", "recovery_action": "gpu_reset",
+                "fabric": {"state": "completed", "status": "timeout", "route_unhealthy": true}}]}"#,
+        )
+        .unwrap();
+        let g = &cfg.gpus[0];
+        assert_eq!(g.recovery_action, Some(1));
+        let f = g.fabric.unwrap();
+        assert_eq!(f.state as u32, sys::NVML_GPU_FABRIC_STATE_COMPLETED);
+        assert_eq!(f.status, sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT);
+        // degraded bandwidth FALSE (2) at bit 0, route unhealthy TRUE (1) at bit 4.
+        assert_eq!(f.health_mask, 0x12);
+        for (text, want) in [
+            (r#""recovery_action": "reboot""#, "recovery_action"),
+            (r#""fabric": {"state": "done"}"#, "fabric state"),
+            (
+                r#""fabric": {"state": "completed", "status": "oops"}"#,
+                "NVML status",
+            ),
+            (r#""error_counter_api": "nvlink6""#, "unknown variant"),
+            (r#""links": [{"nvlink5": {"symbol_ber": 3}}]"#, "symbol_ber"),
+            (r#""links": [{"nvlink5": {"symbols": 3}}]"#, "unknown field"),
+        ] {
+            let json = format!(
+                r#"{{"gpus": [{{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", {text}}}]}}"#
+            );
+            let err = Config::parse(&json).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn bers_pack_as_nvml_does() {
+        assert_eq!(pack_ber(0.0), Ok(0));
+        assert_eq!(pack_ber(1e-12), Ok((1 << 8) | 12));
+        assert_eq!(pack_ber(3e-11), Ok((3 << 8) | 11));
+        assert_eq!(pack_ber(9.6e-9), Ok((1 << 8) | 8));
+        assert_eq!(pack_ber(1.0), Ok(1 << 8));
+        assert!(pack_ber(2.0).is_err());
+        assert!(pack_ber(-1e-9).is_err());
+    }
+}
