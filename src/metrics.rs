@@ -575,3 +575,6 @@ fn encode_gpus(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
