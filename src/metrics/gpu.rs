@@ -1,0 +1,260 @@
+//! The GPU families: GPU info, lost and PCIe replays; NVLink state, error counters and BERs;
+//! recovery actions; P2P and pair health; XIDs; NVML up and the driver's GPU count.
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+
+use crate::model::{GpuReading, LinkReading, P2pStatus, PairStatus, PairVerdict};
+use crate::model::{Snapshot, XidCount};
+
+use super::{counter, gauge};
+
+/// Every GPU family; those of GPUs and pairs only while NVML lists GPUs.
+pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Result {
+    if !snapshot.gpus.is_empty() {
+        encode_gpus(encoder, &snapshot.gpus)?;
+        encode_nvlink_up(encoder, &snapshot.gpus)?;
+        encode_nvlink_errors(encoder, &snapshot.gpus)?;
+        encode_nvlink_ber(encoder, &snapshot.gpus)?;
+        encode_recovery_action(encoder, &snapshot.gpus)?;
+        encode_pairs(encoder, &snapshot.gpu_pairs)?;
+        encode_xids(encoder, &snapshot.xids)?;
+    }
+    encode_nvml(encoder, snapshot)
+}
+
+/// `shmlink_gpu_info`, `shmlink_gpu_lost`, `shmlink_gpu_pcie_replays_total`.
+fn encode_gpus(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+    let mut info = encoder.encode_descriptor(
+        "shmlink_gpu_info",
+        "GPUs NVML reports",
+        None,
+        MetricType::Gauge,
+    )?;
+    for g in gpus {
+        let gpu = g.index.to_string();
+        let labels = [
+            ("gpu", gpu.as_str()),
+            ("uuid", &g.uuid),
+            ("name", &g.name),
+            ("pci_bus_id", &g.pci_bus_id),
+        ];
+        gauge(&mut info, &labels, 1i64)?;
+    }
+    let mut lost = encoder.encode_descriptor(
+        "shmlink_gpu_lost",
+        "1 when NVML reports the GPU lost (fell off the bus)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for g in gpus {
+        let gpu = [("gpu", g.index.to_string())];
+        gauge(&mut lost, &gpu, i64::from(g.lost))?;
+    }
+    let mut replays = encoder.encode_descriptor(
+        "shmlink_gpu_pcie_replays",
+        "PCIe replay counter",
+        None,
+        MetricType::Counter,
+    )?;
+    for g in gpus {
+        if let Some(n) = g.pcie_replays {
+            counter(&mut replays, &[("gpu", g.index.to_string())], n)?;
+        }
+    }
+    Ok(())
+}
+
+/// A link's `gpu`, `link` and `peer` label values.
+struct LinkLabels {
+    gpu: String,
+    link: String,
+    peer: String,
+}
+
+impl LinkLabels {
+    fn get(&self) -> [(&'static str, &str); 3] {
+        [
+            ("gpu", &self.gpu),
+            ("link", &self.link),
+            ("peer", &self.peer),
+        ]
+    }
+}
+
+/// Every GPU's links in order, each with its labels.
+fn links(gpus: &[GpuReading]) -> impl Iterator<Item = (LinkLabels, &LinkReading)> {
+    gpus.iter().flat_map(|g| {
+        g.links.iter().map(|l| {
+            let labels = LinkLabels {
+                gpu: g.index.to_string(),
+                link: l.link.to_string(),
+                peer: l.peer.to_string(),
+            };
+            (labels, l)
+        })
+    })
+}
+
+/// `shmlink_nvlink_up`.
+fn encode_nvlink_up(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+    let mut up = encoder.encode_descriptor(
+        "shmlink_nvlink_up",
+        "1 when the NVLink is active",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (labels, l) in links(gpus) {
+        gauge(&mut up, &labels.get(), i64::from(l.active))?;
+    }
+    Ok(())
+}
+
+/// `shmlink_nvlink_errors_total`: the DL counters, and on NVLink5 GPUs their COUNT fields (more
+/// `type` values).
+fn encode_nvlink_errors(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+    let mut errors = encoder.encode_descriptor(
+        "shmlink_nvlink_errors",
+        "NVLink data-link error counters",
+        None,
+        MetricType::Counter,
+    )?;
+    for (labels, l) in links(gpus) {
+        let dl = l.errors.map(|e| {
+            [
+                ("replay", e.replay),
+                ("recovery", e.recovery),
+                ("crc_flit", e.crc_flit),
+                ("crc_data", e.crc_data),
+                ("ecc_data", e.ecc_data),
+            ]
+        });
+        let n5 = l.nvlink5.map(|e| {
+            [
+                ("recovery_successful", e.recovery_successful),
+                ("recovery_failed", e.recovery_failed),
+                ("recovery_events", e.recovery_events),
+                ("symbol", e.symbol),
+                ("effective", e.effective),
+            ]
+        });
+        for (kind, value) in dl.into_iter().flatten().chain(n5.into_iter().flatten()) {
+            counter(&mut errors, &(labels.get(), [("type", kind)]), value)?;
+        }
+    }
+    Ok(())
+}
+
+/// `shmlink_nvlink_ber`: the NVLink5 BERs the link answers.
+fn encode_nvlink_ber(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+    let mut ber = encoder.encode_descriptor(
+        "shmlink_nvlink_ber",
+        "NVLink5 bit error rate NVML reports for the link",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (labels, l) in links(gpus) {
+        let Some(e) = l.nvlink5 else { continue };
+        for (kind, value) in [("effective", e.effective_ber), ("symbol", e.symbol_ber)] {
+            let Some(value) = value else { continue };
+            gauge(&mut ber, &(labels.get(), [("kind", kind)]), value.value())?;
+        }
+    }
+    Ok(())
+}
+
+/// `shmlink_gpu_recovery_action`, where NVML gives one.
+fn encode_recovery_action(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+    let mut action = encoder.encode_descriptor(
+        "shmlink_gpu_recovery_action",
+        "1 for NVML's recovery action for the GPU, when it gives one",
+        None,
+        MetricType::Gauge,
+    )?;
+    for g in gpus {
+        let Some(a) = g.recovery_action else { continue };
+        let gpu = g.index.to_string();
+        gauge(
+            &mut action,
+            &[("gpu", gpu.as_str()), ("action", a.as_str())],
+            1i64,
+        )?;
+    }
+    Ok(())
+}
+
+/// `shmlink_gpu_p2p_ok` (pairs whose P2P query answered) and `shmlink_gpu_pair_healthy`.
+fn encode_pairs(encoder: &mut DescriptorEncoder, pairs: &[PairVerdict]) -> fmt::Result {
+    let labels = |pair: &PairVerdict| (pair.gpu.to_string(), pair.peer_gpu.to_string());
+    let mut p2p = encoder.encode_descriptor(
+        "shmlink_gpu_p2p_ok",
+        "1 when NVML reports P2P OK for the capability",
+        None,
+        MetricType::Gauge,
+    )?;
+    for pair in pairs {
+        let Some(caps) = pair.p2p else { continue };
+        let (a, b) = labels(pair);
+        for (capability, status) in caps.iter() {
+            let labels = [
+                ("gpu", a.as_str()),
+                ("peer_gpu", &b),
+                ("capability", capability),
+            ];
+            gauge(&mut p2p, &labels, i64::from(status == P2pStatus::Ok))?;
+        }
+    }
+    let mut healthy = encoder.encode_descriptor(
+        "shmlink_gpu_pair_healthy",
+        "1 when the GPU pair is ok, 0 degraded or down",
+        None,
+        MetricType::Gauge,
+    )?;
+    for pair in pairs {
+        let (a, b) = labels(pair);
+        let ok = i64::from(pair.status == PairStatus::Ok);
+        gauge(&mut healthy, &[("gpu", a.as_str()), ("peer_gpu", &b)], ok)?;
+    }
+    Ok(())
+}
+
+/// `shmlink_gpu_xid_errors_total`.
+fn encode_xids(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_gpu_xid_errors",
+        "XID errors since the agent started",
+        None,
+        MetricType::Counter,
+    )?;
+    for x in xids {
+        let (gpu, xid) = (x.gpu.to_string(), x.xid.to_string());
+        counter(
+            &mut metric,
+            &[("gpu", gpu.as_str()), ("xid", &xid)],
+            x.count,
+        )?;
+    }
+    Ok(())
+}
+
+/// `shmlink_nvml_up` and `shmlink_gpu_devices`, with or without GPUs.
+fn encode_nvml(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Result {
+    encoder
+        .encode_descriptor(
+            "shmlink_nvml_up",
+            "1 when NVML is loaded and answering",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&i64::from(snapshot.nvml_up))?;
+    encoder
+        .encode_descriptor(
+            "shmlink_gpu_devices",
+            "NVIDIA GPUs the driver lists (/proc/driver/nvidia/gpus), whether or not NVML loads",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&(snapshot.driver_gpus.len() as i64))
+}

@@ -1,0 +1,141 @@
+//! `/metrics`: the last snapshot, encoded on each scrape by a custom collector (so series of
+//! vanished containers simply stop being written), plus the agent's own counters.
+//!
+//! Nothing here scans: a scrape only reads the snapshot the scan thread last stored. This file
+//! holds the registry, [`Metrics`] and the snapshot collector; each family is defined in the one
+//! file of its concern: `shm`, `failures`, `gpu`, `self_metrics`.
+
+mod failures;
+mod gpu;
+mod self_metrics;
+mod shm;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::model::Snapshot;
+
+use failures::SourceMetrics;
+use self_metrics::{CollectorLabels, SelfMetrics};
+
+pub use self_metrics::ReasonLabels;
+
+/// The last complete scan, swapped in whole by the scan thread.
+pub type SharedSnapshot = Arc<ArcSwapOption<Snapshot>>;
+
+/// The content type of what [`Metrics::encode`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+pub struct Metrics {
+    registry: Registry,
+    scan_duration: Family<CollectorLabels, Histogram>,
+    scan_errors: Family<CollectorLabels, Counter>,
+    pub kube_events: Family<ReasonLabels, Counter>,
+    /// Events dropped: the queue to the API server was full, or the API server rejected them.
+    pub kube_events_dropped: Counter,
+    /// Node condition (and taint) writes the API server accepted, and those that failed.
+    pub node_condition_writes: Counter,
+    pub node_condition_write_errors: Counter,
+    /// 1 once this node's Pod cache has synced, 0 before; absent without Kubernetes.
+    kube_pod_cache_synced: FlagGauge,
+    sources: SourceMetrics,
+}
+
+impl Metrics {
+    pub fn new(snapshot: SharedSnapshot) -> Self {
+        let mut registry = Registry::default();
+        // The registry writes its own families in the order registered, then the collector's.
+        let SelfMetrics {
+            scan_duration,
+            scan_errors,
+            kube_events,
+            kube_events_dropped,
+            node_condition_writes,
+            node_condition_write_errors,
+            kube_pod_cache_synced,
+        } = SelfMetrics::register(&mut registry);
+        registry.register_collector(Box::new(SnapshotCollector { snapshot }));
+        let sources = SourceMetrics::register(&mut registry);
+        Metrics {
+            registry,
+            scan_duration,
+            scan_errors,
+            kube_events,
+            kube_events_dropped,
+            node_condition_writes,
+            node_condition_write_errors,
+            kube_pod_cache_synced,
+            sources,
+        }
+    }
+
+    /// The OpenMetrics text of everything.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Writes the snapshot's series on each scrape.
+#[derive(Debug)]
+struct SnapshotCollector {
+    snapshot: SharedSnapshot,
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        self_metrics::encode_build_info(&mut encoder)?;
+        let guard = self.snapshot.load();
+        let Some(snapshot) = guard.as_deref() else {
+            return Ok(());
+        };
+        shm::encode(&mut encoder, &snapshot.shm)?;
+        failures::encode(&mut encoder, &snapshot.failure_counts)?;
+        gpu::encode(&mut encoder, snapshot)?;
+        self_metrics::encode_last_scan(&mut encoder, snapshot.taken_at)
+    }
+}
+
+/// A gauge with no series until it is first set (one series with no labels): "absent when off".
+type FlagGauge = Family<Vec<(String, String)>, Gauge>;
+
+fn set_flag(gauge: &FlagGauge, on: bool) {
+    gauge.get_or_create(&Vec::new()).set(i64::from(on));
+}
+
+/// Plain counters, registered in this order.
+fn register_counters(registry: &mut Registry, counters: &[(&str, &str, &Counter)]) {
+    for (name, help, metric) in counters {
+        registry.register(*name, *help, (*metric).clone());
+    }
+}
+
+/// One counter series of a family the collector writes.
+fn counter(metric: &mut MetricEncoder, labels: &impl EncodeLabelSet, value: u64) -> fmt::Result {
+    metric
+        .encode_family(labels)?
+        .encode_counter::<NoLabelSet, _, u64>(&value, None)
+}
+
+/// One gauge series of a family the collector writes.
+fn gauge(
+    metric: &mut MetricEncoder,
+    labels: &impl EncodeLabelSet,
+    value: impl EncodeGaugeValue,
+) -> fmt::Result {
+    metric.encode_family(labels)?.encode_gauge(&value)
+}

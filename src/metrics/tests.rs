@@ -1,0 +1,276 @@
+//! The whole `/metrics` text of a rich fixed snapshot and fixed self metrics against
+//! `testdata/encode.txt` (before the first scan: `encode_empty.txt`), so a change to any family's
+//! name, HELP, TYPE, labels, order or values shows. Regenerate with
+//! `SHMLINK_BLESS=1 cargo test --lib metrics::tests`, then read the diff.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use arc_swap::ArcSwapOption;
+
+use crate::fixtures::{gpu_board, in_pod, shm_reading, MIB};
+use crate::model::LogStats;
+use crate::model::SourceStats;
+use crate::model::{
+    Ber, LinkErrors, LinkReading, Nvlink5Errors, P2pCaps, P2pStatus, PairStatus, Peer,
+    RecoveryAction,
+};
+use crate::model::{CollectorName, CollectorRun};
+use crate::model::{ContainerRef, FindingKind};
+use crate::model::{Snapshot, XidCount};
+
+use super::Metrics;
+
+/// Every kind of shm reading (named, unlimited, unmounted, unmeasured, host IPC), failures
+/// placed and not, three GPUs (DL counters, NVLink5 counters with and without BERs, lost,
+/// recovery actions), pairs ok / degraded / down with and without P2P, XIDs.
+fn rich_snapshot() -> Snapshot {
+    let mut named = in_pod(
+        shm_reading("c0ffee01", 64 * MIB, 60 * MIB),
+        "ml",
+        "trainer-0",
+        "uid-0",
+        "trainer",
+    );
+    named.memory_limit_bytes = Some(1 << 30);
+    named.used_peak_bytes = Some(63 * MIB);
+    let mut unlimited = shm_reading("c0ffee02", 0, 0);
+    (unlimited.size_bytes, unlimited.used_bytes) = (None, None);
+    unlimited.available_bytes = Some(512 * MIB);
+    unlimited.used_peak_bytes = None;
+    unlimited.host_ipc = true;
+    let mut unmounted = shm_reading("c0ffee03", 0, 0);
+    unmounted.mounted = Some(false);
+    (unmounted.size_bytes, unmounted.used_bytes) = (None, None);
+    (unmounted.available_bytes, unmounted.used_peak_bytes) = (None, None);
+    let mut unmeasured = unmounted.clone();
+    unmeasured.container_id = "c0ffee04".into();
+    unmeasured.mounted = None;
+    unmeasured.error = Some("permission denied".into());
+
+    let mut s = gpu_board(3);
+    s.shm = vec![named.clone(), unlimited, unmounted, unmeasured];
+    s.failure_counts = vec![
+        (
+            ContainerRef::of(&named),
+            FindingKind::ShmAllocationFailed,
+            2,
+        ),
+        (ContainerRef::of(&named), FindingKind::NcclP2pDisabled, 1),
+        (
+            ContainerRef {
+                namespace: None,
+                pod: None,
+                pod_uid: None,
+                container: None,
+                container_id: String::new(),
+            },
+            FindingKind::GpuJobCrashed,
+            1,
+        ),
+    ];
+    let dl = LinkErrors {
+        replay: 1,
+        recovery: 2,
+        crc_flit: 3,
+        crc_data: 4,
+        ecc_data: 5,
+    };
+    let n5 = Nvlink5Errors {
+        recovery_successful: 6,
+        recovery_failed: 7,
+        recovery_events: 8,
+        symbol: 9,
+        effective: 10,
+        effective_ber: Some(Ber {
+            mantissa: 3,
+            exponent: 12,
+        }),
+        symbol_ber: Some(Ber {
+            mantissa: 15,
+            exponent: 255,
+        }),
+    };
+    let link = |link, active, peer, errors, nvlink5| LinkReading {
+        link,
+        active,
+        peer,
+        errors,
+        nvlink5,
+    };
+    s.gpus[0].links = vec![
+        link(0, true, Peer::Gpu(1), Some(dl), None),
+        link(1, false, Peer::Switch, None, None),
+        link(
+            2,
+            true,
+            Peer::Pci("0000:99:00.0".into()),
+            Some(dl),
+            Some(n5),
+        ),
+    ];
+    s.gpus[0].recovery_action = Some(RecoveryAction::None);
+    let no_ber = Nvlink5Errors {
+        effective_ber: None,
+        ..n5
+    };
+    s.gpus[1].links = vec![
+        link(0, true, Peer::Gpu(0), None, Some(n5)),
+        link(1, true, Peer::Unknown, None, Some(no_ber)),
+    ];
+    s.gpus[1].recovery_action = Some(RecoveryAction::DrainP2p);
+    s.gpus[1].pcie_replays = Some(17);
+    s.gpus[2].lost = true;
+    s.gpus[2].pcie_replays = None;
+    let ok = P2pStatus::Ok;
+    s.gpu_pairs[0].p2p = Some(P2pCaps {
+        read: ok,
+        write: ok,
+        nvlink: ok,
+        atomics: P2pStatus::NotSupported,
+    });
+    s.gpu_pairs[1].status = PairStatus::Degraded;
+    s.gpu_pairs[1].p2p = Some(P2pCaps {
+        read: P2pStatus::ChipsetNotSupported,
+        write: ok,
+        nvlink: P2pStatus::Unknown,
+        atomics: ok,
+    });
+    s.gpu_pairs[2].status = PairStatus::Down;
+    s.xids = vec![
+        XidCount {
+            gpu: 1,
+            xid: 79,
+            count: 1,
+        },
+        XidCount {
+            gpu: 0,
+            xid: 48,
+            count: 3,
+        },
+    ];
+    s.taken_at = Some(UNIX_EPOCH + Duration::from_millis(1_795_000_000_250));
+    s
+}
+
+/// Self metrics with one value each, as a running agent would have them.
+fn record_self_metrics(m: &Metrics) {
+    let run = |collector, millis, errors| CollectorRun {
+        collector,
+        duration: Duration::from_millis(millis),
+        errors,
+    };
+    m.record_scan(&[
+        run(CollectorName::Shm, 3, 0),
+        run(CollectorName::Gpu, 40, 2),
+    ]);
+    m.record_scan(&[run(CollectorName::Shm, 1, 1)]);
+    m.count_error("pod_resources");
+    m.count_kube_event("ShmNearlyFull");
+    m.count_kube_event("ShmNearlyFull");
+    m.count_kube_event("GpuLinkDown");
+    m.kube_events_dropped.inc();
+    m.node_condition_writes.inc_by(4);
+    m.node_condition_write_errors.inc();
+    m.set_pod_cache_synced(true);
+    let first = SourceStats {
+        logs: LogStats {
+            files: 2,
+            bytes: 1000,
+            lines: 10,
+            dropped_lines: 1,
+            errors: 1,
+        },
+        kmsg_open: Some(false),
+        kmsg_records: 5,
+        kmsg_lost: 0,
+    };
+    let second = SourceStats {
+        logs: LogStats {
+            bytes: 1500,
+            lines: 16,
+            errors: 2,
+            ..first.logs
+        },
+        kmsg_records: 9,
+        kmsg_lost: 2,
+        ..first
+    };
+    m.record_sources(&first, None);
+    m.record_sources(&second, Some(&first));
+}
+
+/// The version made a placeholder, and the series of the self metrics' label families (kept in
+/// a HashMap by prometheus-client, so in no fixed order) put in label order, each series' own
+/// lines (a histogram's sum, count, buckets) left as written.
+fn normalized(text: &str) -> String {
+    const UNORDERED: [&str; 3] = [
+        "shmlink_scan_duration_seconds",
+        "shmlink_scan_errors",
+        "shmlink_kube_events",
+    ];
+    // A line's labels without `le`: the same for every line of one series.
+    fn series(line: &str) -> String {
+        let labels = line.split_once('{').map_or("", |(_, rest)| rest);
+        let labels = labels.split_once('}').map_or("", |(inner, _)| inner);
+        let labels = labels.split(',').filter(|l| !l.starts_with("le="));
+        labels.collect::<Vec<_>>().join(",")
+    }
+    let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+    let text = text.replace(&version, "version=\"VERSION\"");
+    let mut out: Vec<&str> = Vec::new();
+    let mut block: Vec<&str> = Vec::new();
+    let mut sorting = false;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            block.sort_by_key(|l| series(l));
+            out.append(&mut block);
+            sorting = line
+                .strip_prefix("# TYPE ")
+                .and_then(|rest| rest.split(' ').next())
+                .is_some_and(|name| UNORDERED.contains(&name));
+            out.push(line);
+        } else if sorting {
+            block.push(line);
+        } else {
+            out.push(line);
+        }
+    }
+    block.sort_by_key(|l| series(l));
+    out.append(&mut block);
+    out.join("\n") + "\n"
+}
+
+/// `got` against the checked-in `testdata/<file>`; with SHMLINK_BLESS set, `got` is written there.
+fn assert_text(file: &str, expected: &str, got: &str) {
+    if std::env::var_os("SHMLINK_BLESS").is_some() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics/testdata");
+        std::fs::write(format!("{dir}/{file}"), got).unwrap();
+        return;
+    }
+    assert_eq!(
+        got, expected,
+        "the /metrics text differs from testdata/{file}"
+    );
+}
+
+#[test]
+fn encode_is_the_checked_in_text() {
+    let metrics = Metrics::new(Arc::new(ArcSwapOption::from_pointee(rich_snapshot())));
+    record_self_metrics(&metrics);
+    let got = normalized(&metrics.encode().unwrap());
+    assert_text("encode.txt", include_str!("testdata/encode.txt"), &got);
+}
+
+/// Before the first scan: build info, the two collectors' error counters at 0, and the
+/// counters that exist from the start.
+#[test]
+fn before_the_first_scan() {
+    let metrics = Metrics::new(Arc::new(ArcSwapOption::empty()));
+    let got = normalized(&metrics.encode().unwrap());
+    assert_text(
+        "encode_empty.txt",
+        include_str!("testdata/encode_empty.txt"),
+        &got,
+    );
+}
