@@ -64,6 +64,7 @@ pub struct LogSettings {
     pub max_lines_per_sec: u32,
 }
 
+use crate::model::prefix_within;
 pub use crate::model::LogStats;
 
 /// Follows every container's log files under the roots. New files are looked for at most once a
@@ -263,11 +264,7 @@ fn text_of(bytes: &[u8], mut truncated: bool) -> String {
     };
     let mut text = String::from_utf8_lossy(bytes).into_owned();
     if text.len() > MAX_LINE {
-        let mut end = MAX_LINE;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+        text.truncate(prefix_within(&text, MAX_LINE).len());
         truncated = true;
     }
     if truncated {

@@ -1,81 +1,40 @@
 //! Pure: a snapshot (pair verdicts, GPUs NVML and the driver list, XID counts) -> the two
-//! conditions. Fatal XIDs are remembered for the hold time; everything else is as the snapshot
+//! conditions. Fatal XIDs are held for their time (`gpu::xid::judge`); everything else is as the snapshot
 //! says now.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
 use crate::findings::text::{self, ConditionReason};
 use crate::gpu::pci::not_in_nvml;
-use crate::gpu::xid::catalogue;
+use crate::gpu::xid::{catalogue, FatalXids};
 use crate::model::Snapshot;
 use crate::model::{PairStatus, PairVerdict, RecoveryAction};
-
-/// Occurrences of one XID remembered within the hold (the message says "N times").
-const TIMES_KEPT: usize = 64;
-
-/// One fatal XID on one GPU: the count last seen and when it grew, within the hold.
-#[derive(Debug, Default)]
-struct Seen {
-    count: u64,
-    at: VecDeque<Instant>,
-}
 
 /// Decides the conditions; remembers fatal XIDs for `hold`.
 #[derive(Debug)]
 pub struct ConditionJudge {
     hold: Duration,
-    xids: BTreeMap<(u32, u64), Seen>,
+    xids: FatalXids,
 }
 
 impl ConditionJudge {
     pub fn new(hold: Duration) -> ConditionJudge {
         ConditionJudge {
             hold,
-            xids: BTreeMap::new(),
+            xids: FatalXids::new(hold),
         }
     }
 
     pub fn decide(&mut self, snapshot: &Snapshot, now: Instant) -> Desired {
-        self.observe_xids(snapshot, now);
+        self.xids.observe(&snapshot.xids, now);
         if !snapshot.nvml_up {
             return no_nvml(snapshot);
         }
         Desired {
             link: link_condition(&snapshot.gpu_pairs),
             fault: self.fault_condition(snapshot),
-        }
-    }
-
-    /// Counts that grew are occurrences now; a count that went down, or vanished, means the
-    /// XID history started over (NVML loaded afresh: a driver reload, a reboot): forgotten.
-    fn observe_xids(&mut self, snapshot: &Snapshot, now: Instant) {
-        let counts: BTreeMap<(u32, u64), u64> = snapshot
-            .xids
-            .iter()
-            .filter(|x| catalogue::is_fatal(x.xid))
-            .map(|x| ((x.gpu, x.xid), x.count))
-            .collect();
-        self.xids
-            .retain(|k, seen| counts.get(k).is_some_and(|&c| c >= seen.count));
-        for (&key, &count) in &counts {
-            let seen = self.xids.entry(key).or_default();
-            let grew = count.saturating_sub(seen.count);
-            for _ in 0..grew.min(TIMES_KEPT as u64) {
-                seen.at.push_back(now);
-            }
-            while seen.at.len() > TIMES_KEPT {
-                seen.at.pop_front();
-            }
-            seen.count = count;
-            while seen
-                .at
-                .front()
-                .is_some_and(|t| now.duration_since(*t) >= self.hold)
-            {
-                seen.at.pop_front();
-            }
         }
     }
 
@@ -120,19 +79,10 @@ impl ConditionJudge {
         }
         let hold = humantime::format_duration(self.hold).to_string();
         // The XID whose action goes furthest (a reboot before a reset) names the reason.
-        let mut xids: Vec<(crate::model::XidAction, u32, u64, usize)> = self
-            .xids
-            .iter()
-            .filter(|(_, seen)| !seen.at.is_empty())
-            .filter_map(|(&(gpu, xid), seen)| {
-                Some((catalogue::lookup(xid)?.action, gpu, xid, seen.at.len()))
-            })
-            .collect();
-        xids.sort_by_key(|&(action, gpu, xid, _)| (std::cmp::Reverse(action), gpu, xid));
-        for (_, gpu, xid, times) in xids {
+        for h in self.xids.held() {
             faults.push((
-                ConditionReason::Xid(xid),
-                text::fault_xid(gpu, xid, catalogue::lookup(xid), times, &hold),
+                ConditionReason::Xid(h.xid),
+                text::fault_xid(h.gpu, h.xid, catalogue::lookup(h.xid), h.times, &hold),
             ));
         }
         match faults.first() {
