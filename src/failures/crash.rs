@@ -195,7 +195,9 @@ mod tests {
     }
 
     #[test]
+    /// Both parsers of kernel records, the crash's and the XIDs'.
     fn garbage_never_panics() {
+        use crate::gpu::xid::kernel::kernel_gpu;
         let mut rng = crate::fixtures::rng::Rng::new(0xc0ffee);
         let seeds: Vec<String> = kmsg::ALL.iter().flat_map(|c| records(c)).collect();
         for _ in 0..20_000 {
@@ -206,17 +208,18 @@ mod tests {
                 rng.mutate(seeds[seed].as_bytes())
             };
             if let Some(record) = parse_record(&bytes) {
-                let _ = gpu_lib_crash(&record);
-                let _ = gpu_lib_crash(&KmsgRecord {
+                let _ = (gpu_lib_crash(&record), kernel_gpu(&record));
+                let kernel = KmsgRecord {
                     facility: 0,
                     ..record
-                });
+                };
+                let _ = (gpu_lib_crash(&kernel), kernel_gpu(&kernel));
             }
         }
         for seed in &seeds {
             for cut in 0..=seed.len() {
                 if let Some(record) = parse_record(&seed.as_bytes()[..cut]) {
-                    let _ = gpu_lib_crash(&record);
+                    let _ = (gpu_lib_crash(&record), kernel_gpu(&record));
                 }
             }
         }

@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use crate::logs::path::Rotation;
 use crate::logs::{Bucket, Entry, Gate, LogOrigin};
 
-use super::discovery::Listed;
+use super::handle::Listed;
 use super::handle::{Handle, Position};
 use super::stream::{Format, Out, Stream};
 use super::{FileId, Start, Tally};

@@ -6,28 +6,18 @@
 //! that is itself a symlink is the admin's choice).
 
 use std::ffi::{CStr, CString};
-use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::path::Path;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::logs::path::{self, LogFile, Rotation};
+use crate::logs::path::{self, LogFile};
 use crate::logs::LogOrigin;
 
 use super::dirs::ContainerDir;
+use super::handle::Listed;
 use super::stream::Format;
-use super::{file_id, mtime, FileId, Follower};
-
-/// A log file as discovery found it.
-pub(super) struct Listed {
-    pub(super) name: CString,
-    pub(super) path: PathBuf,
-    pub(super) live: String,
-    pub(super) rotation: Rotation,
-    pub(super) id: FileId,
-    pub(super) mtime: SystemTime,
-}
+use super::{file_id, mtime, Follower};
 
 /// A root, opened where the admin says, symlink or not.
 pub(super) fn root_dir(root: &Path) -> rustix::io::Result<Dir> {

@@ -1,19 +1,31 @@
 //! One open log file (plain, or gzipped and decompressed): opened without following a symlink,
 //! its appends followed through truncation, or read to its end once rotated.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use flate2::read::MultiGzDecoder;
 use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::discovery::Listed;
 use super::split::Splitter;
 use super::{file_id, size, FileId, Tally};
+use crate::logs::path::Rotation;
+
+/// A log file as discovery found it.
+pub(super) struct Listed {
+    pub(super) name: CString,
+    pub(super) path: PathBuf,
+    pub(super) live: String,
+    pub(super) rotation: Rotation,
+    pub(super) id: FileId,
+    pub(super) mtime: SystemTime,
+}
 
 /// Decompressed bytes read of one gzipped file at most: a gzip bomb ends here.
 const GZ_MAX: u64 = 1 << 30;
