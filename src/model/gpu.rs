@@ -208,28 +208,6 @@ pub struct FabricInfo {
     pub route_unhealthy: Option<bool>,
 }
 
-impl FabricInfo {
-    /// Why the fabric is not healthy for this GPU, as words; None when it is.
-    pub fn problem(&self) -> Option<String> {
-        let mut parts = Vec::new();
-        match self.state {
-            FabricState::NotStarted => parts.push("its fabric registration has not started".into()),
-            FabricState::InProgress => parts.push("its fabric registration is not complete".into()),
-            FabricState::Completed if self.status != "success" => {
-                parts.push(format!("its fabric registration failed ({})", self.status))
-            }
-            FabricState::Completed => {}
-        }
-        if self.degraded_bandwidth == Some(true) {
-            parts.push("the fabric reports degraded bandwidth".into());
-        }
-        if self.route_unhealthy == Some(true) {
-            parts.push("the fabric reports an unhealthy route".into());
-        }
-        (!parts.is_empty()).then(|| parts.join(", "))
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuReading {
     pub index: u32,

@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::board::{ordered, Board};
 use super::verdict::PairState;
 use super::PairRules;
-use crate::findings::text::{link_list, rate, secs};
+use crate::findings::text;
 use crate::model::Weight;
 use crate::model::{LinkErrors, Peer};
 
@@ -63,7 +63,7 @@ pub(super) fn counter_rule(
                 if amount >= threshold && !affected.is_empty() {
                     hits.push((counter, amount, 0.0));
                 } else if amount > 0 {
-                    below.push(format!("{} +{amount}", counter.long()));
+                    below.push(text::growth(counter.long(), amount));
                 }
             }
             if growth.crc > 0 {
@@ -73,11 +73,10 @@ pub(super) fn counter_rule(
                 }
                 // Any CRC growth is worth a warning, unless the pairs fail anyway (see
                 // `findings`, which drops notices whose pairs are all not ok).
-                below.push(format!(
-                    "{} +{} (up to {}/s)",
+                below.push(text::growth_at_rate(
                     Counter::Crc.long(),
                     growth.crc,
-                    rate(growth.crc_rate)
+                    growth.crc_rate,
                 ));
             }
             for &pair in &affected {
@@ -102,28 +101,29 @@ pub(super) fn counter_rule(
     // Rule 7: baselines of GPUs (and links) no longer present are dropped.
     counters.retain(|key, _| seen.contains(key));
 
-    let window = secs(rules.window);
     for (pair, per_pair) in degrading {
         let Some(st) = pairs.get_mut(&pair) else {
             continue;
         };
         for ((gpu, counter), agg) in per_pair {
-            let links = link_list(&agg.links);
-            let text = match counter {
-                Counter::Crc => format!(
-                    "NVLink CRC errors on GPU {gpu} {links}: +{} in the last {window} s, \
-                     up to {}/s (degraded at {}/s)",
+            let reason = match counter {
+                Counter::Crc => text::reason_crc_rate(
+                    gpu,
+                    &agg.links,
                     agg.total,
-                    rate(agg.rate),
-                    rules.crc_degraded_per_sec
+                    agg.rate,
+                    rules.crc_degraded_per_sec,
+                    rules.window,
                 ),
-                _ => format!(
-                    "NVLink {} errors on GPU {gpu} {links}: +{} in the last {window} s",
+                _ => text::reason_counter_growth(
                     counter.long(),
-                    agg.total
+                    gpu,
+                    &agg.links,
+                    agg.total,
+                    rules.window,
                 ),
             };
-            st.push(Weight::Errors, text);
+            st.push(Weight::Errors, reason);
         }
     }
     notices

@@ -89,11 +89,10 @@ pub(super) fn findings(
             || culprits.contains(&n.gpu)
             || (!n.affected.is_empty() && n.affected.iter().all(|p| not_ok.contains(p)));
         if !covered {
-            per_gpu.entry(n.gpu).or_default().push(format!(
-                "link {} {}",
-                n.link,
-                n.parts.join(", ")
-            ));
+            per_gpu
+                .entry(n.gpu)
+                .or_default()
+                .push(text::link_growth(n.link, &n.parts));
         }
     }
     for (g, parts) in per_gpu {
@@ -138,12 +137,7 @@ fn brief_reasons(pairs: &[&Judged], max: usize) -> String {
             distinct.push(r);
         }
     }
-    let shown = distinct.len().min(max);
-    let mut text = distinct.get(..shown).unwrap_or_default().join("; ");
-    if distinct.len() > shown {
-        text.push_str(&format!(" (and {} more)", distinct.len() - shown));
-    }
-    text
+    text::some_reasons(&distinct, max)
 }
 
 /// The broken-GPU case: GPU `g` fails with every other GPU. Always critical: whatever the

@@ -25,10 +25,7 @@ pub(super) fn gpu_state_rule(
         let mut reasons = Vec::new();
         if let Some(action) = gpu.recovery_action.filter(|a| *a != RecoveryAction::None) {
             if action.drains_p2p() {
-                reasons.push(format!(
-                    "NVML's recovery action for GPU {g} is {}: P2P must be drained",
-                    action.as_str()
-                ));
+                reasons.push(text::reason_recovery_drains_p2p(g, action));
             }
             findings.push(Finding::new(
                 FindingKind::GpuRecoveryAction,
@@ -36,9 +33,9 @@ pub(super) fn gpu_state_rule(
                 text::gpu_recovery_action(g, &board.describe(g), action),
             ));
         }
-        if let Some(problem) = gpu.fabric.as_ref().and_then(|f| f.problem()) {
+        if let Some(problem) = gpu.fabric.as_ref().and_then(text::fabric_problem) {
             if board.nvswitch {
-                reasons.push(format!("GPU {g}: {problem}"));
+                reasons.push(text::reason_fabric(g, &problem));
             }
             findings.push(Finding::new(
                 FindingKind::GpuFabricUnhealthy,

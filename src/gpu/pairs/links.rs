@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::board::{ordered, Board};
 use super::verdict::PairState;
-use crate::findings::text::link_list;
+use crate::findings::text;
 use crate::model::Peer;
 use crate::model::Weight;
 
@@ -13,7 +13,7 @@ pub(super) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), Pair
     for (&(a, b), st) in pairs.iter_mut() {
         for g in [a, b] {
             if board.lost.contains(&g) {
-                st.push(Weight::Down, format!("GPU {g} is lost (fell off the bus)"));
+                st.push(Weight::Down, text::reason_gpu_lost(g));
             }
         }
     }
@@ -38,10 +38,7 @@ pub(super) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32)
                         st.links.push(link.link);
                     }
                     if !link.active {
-                        st.push(
-                            Weight::Down,
-                            format!("link {} of GPU {a} to GPU {b} is inactive", link.link),
-                        );
+                        st.push(Weight::Down, text::reason_link_inactive(link.link, a, *b));
                     }
                 }
                 Peer::Switch => {
@@ -57,20 +54,14 @@ pub(super) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32)
             continue;
         }
         let (weight, text) = if switch_down.len() == switch_links {
-            let text = if switch_links == 1 {
-                format!("the only NVSwitch link of GPU {a} is inactive")
-            } else {
-                format!("all {switch_links} NVSwitch links of GPU {a} are inactive")
-            };
-            (Weight::Down, text)
+            (
+                Weight::Down,
+                text::reason_switch_links_down(a, switch_links),
+            )
         } else {
             (
                 Weight::Broken,
-                format!(
-                    "{} of {switch_links} NVSwitch links of GPU {a} are inactive ({})",
-                    switch_down.len(),
-                    link_list(&switch_down)
-                ),
+                text::reason_switch_links_some_down(a, &switch_down, switch_links),
             )
         };
         for (_, st) in pairs.iter_mut().filter(|((x, y), _)| *x == a || *y == a) {

@@ -18,7 +18,7 @@ use super::board::Board;
 use super::counters::{affected_pairs, prune, push_with, Notice};
 use super::verdict::PairState;
 use super::PairRules;
-use crate::findings::text::{rate, secs};
+use crate::findings::text;
 use crate::model::Nvlink5Errors;
 use crate::model::Weight;
 
@@ -34,7 +34,6 @@ pub(super) fn nvlink5_rule(
 ) -> Vec<Notice> {
     let cutoff = now.checked_sub(rules.window);
     let threshold = rules.replay_recovery_degraded.max(1);
-    let window = secs(rules.window);
     let mut seen = HashSet::new();
     let mut notices = Vec::new();
 
@@ -58,11 +57,9 @@ pub(super) fn nvlink5_rule(
             let mut below = Vec::new();
             let mut count = |amount: u64, what: &str, reasons: &mut Vec<String>| {
                 if amount >= threshold {
-                    reasons.push(format!(
-                        "NVLink {what} on GPU {a} link {l}: +{amount} in the last {window} s"
-                    ));
+                    reasons.push(text::reason_nvlink5_count(what, a, l, amount, rules.window));
                 } else if amount > 0 {
-                    below.push(format!("{what} +{amount}"));
+                    below.push(text::growth(what, amount));
                 }
             };
             count(g.failed, "failed link recoveries", &mut reasons);
@@ -79,14 +76,17 @@ pub(super) fn nvlink5_rule(
                     continue;
                 }
                 if per_sec >= rules.nvlink5_errors_degraded_per_sec {
-                    reasons.push(format!(
-                        "NVLink {what} on GPU {a} link {l}: +{amount} in the last {window} s, up \
-                         to {}/s (degrading at {}/s)",
-                        rate(per_sec),
-                        rules.nvlink5_errors_degraded_per_sec
+                    reasons.push(text::reason_nvlink5_rate(
+                        what,
+                        a,
+                        l,
+                        amount,
+                        rules.window,
+                        per_sec,
+                        rules.nvlink5_errors_degraded_per_sec,
                     ));
                 } else {
-                    below.push(format!("{what} +{amount} (up to {}/s)", rate(per_sec)));
+                    below.push(text::growth_at_rate(what, amount, per_sec));
                 }
             }
             for (what, ber) in [
@@ -97,10 +97,7 @@ pub(super) fn nvlink5_rule(
                     continue;
                 };
                 if ber >= rules.ber_degraded {
-                    reasons.push(format!(
-                        "NVLink {what} {ber:e} on GPU {a} link {l} (degrading at {:e})",
-                        rules.ber_degraded
-                    ));
+                    reasons.push(text::reason_ber(what, ber, a, l, rules.ber_degraded));
                 }
             }
 

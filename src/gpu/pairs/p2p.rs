@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::board::Board;
 use super::verdict::PairState;
+use crate::findings::text;
 use crate::model::Weight;
 use crate::model::{P2pStatus, TopologyLevel};
 
@@ -28,10 +29,7 @@ pub(super) fn p2p_regression_rule(
             if status == P2pStatus::Ok {
                 *was_ok = true;
             } else if *was_ok {
-                st.push(
-                    Weight::Broken,
-                    format!("P2P {name} was ok and is now {}", status.as_str()),
-                );
+                st.push(Weight::Broken, text::reason_p2p_lost(name, status));
             }
         }
     }
@@ -71,45 +69,19 @@ pub(super) fn outlier_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), P
             .get(&(st.topology, models(key)))
             .copied()
             .unwrap_or(0);
-        let failing = match (caps.read, caps.write) {
-            (P2pStatus::Ok, P2pStatus::Ok) => None,
-            (read, P2pStatus::Ok) => Some(format!("read {}", read.as_str())),
-            (P2pStatus::Ok, write) => Some(format!("write {}", write.as_str())),
-            (read, write) if read == write => Some(format!("read and write {}", read.as_str())),
-            (read, write) => Some(format!(
-                "read {} and write {}",
-                read.as_str(),
-                write.as_str()
-            )),
-        };
+        let failing = text::p2p_failing(caps.read, caps.write);
         if let Some(failing) = failing.filter(|_| can > 0) {
-            let level = match st.topology {
-                Some(level) => format!("at topology level {}", level.as_str()),
-                None => "of unknown topology".to_string(),
-            };
             st.push(
                 Weight::Broken,
-                format!("P2P {failing} while {} {level} can", other_pairs(can)),
+                text::reason_p2p_unlike_peers(&failing, can, st.topology),
             );
         }
         let nvlink_can = nvlink_ok.get(&models(key)).copied().unwrap_or(0);
         if board.nvswitch && caps.nvlink != P2pStatus::Ok && nvlink_can > 0 {
             st.push(
                 Weight::Broken,
-                format!(
-                    "P2P over NVLink {} while {} on this NVSwitch fabric can",
-                    caps.nvlink.as_str(),
-                    other_pairs(nvlink_can)
-                ),
+                text::reason_p2p_nvlink_unlike_peers(caps.nvlink, nvlink_can),
             );
         }
-    }
-}
-
-fn other_pairs(n: usize) -> String {
-    if n == 1 {
-        "1 other pair".to_string()
-    } else {
-        format!("{n} other pairs")
     }
 }
