@@ -1,6 +1,6 @@
 //! shmlink: a node agent that watches each container's /dev/shm and the health of GPU links.
 //!
-//! One scan builds an immutable [`snapshot::Snapshot`]; `check` prints it, `serve` keeps the last
+//! One scan builds an immutable [`model::Snapshot`]; `check` prints it, `serve` keeps the last
 //! one behind an `Arc` and serves `/metrics` from it. See ARCHITECTURE.md for the flow.
 
 pub mod agent;
