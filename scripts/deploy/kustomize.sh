@@ -11,3 +11,4 @@ here=$(dirname "$0")
 name=$(echo "$dir" | tr / _)
 kubectl kustomize "$dir" >"$out/$name.yaml"
 python3 "$here/split.py" "$out/$name.yaml" "$out/$name"
+[ -n "${2:-}" ] || echo "   built into $out/$name.{core,crs}.yaml"
