@@ -18,11 +18,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     CARGO_TERM_COLOR=never \
     CARGO_NET_RETRY=5
 WORKDIR /src
-# The workspace: the manifest names the fake-nvml members and the parsers bench, so they come
-# along; tests, examples and the benchmark harness are left out (.dockerignore).
+# The workspace: the manifest names the fake-nvml members and the benchmark targets under
+# bench/, so they come along (bench/'s Rust sources only); tests and the benchmark scripts are
+# left out (.dockerignore).
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
-COPY benches ./benches
+COPY bench ./bench
 COPY src ./src
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,id=shmlink-target-${TARGETPLATFORM},target=/src/target \

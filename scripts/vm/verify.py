@@ -6,8 +6,12 @@ the reason, and the VM's timings; exits 1 when any failed or the VM's output is 
     python3 scripts/vm/verify.py target/vm/console.log
 """
 import json
-import re
+import os
 import sys
+
+# The harnesses' one Prometheus text parser: samples(text) -> [(name, {labels}, value)].
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "common"))
+from promtext import samples  # noqa: E402
 
 MIB = 1 << 20
 # Every scenario scenarios.sh makes: one that never said it was made is a failure, not a skip.
@@ -38,20 +42,6 @@ def parse(text):
             key, _, value = line[2:].partition(" ")
             values[key] = value
     return scenarios, {k: "\n".join(v) for k, v in blocks.items()}, values, errors
-
-
-def samples(text):
-    """Prometheus text -> [(name, {labels}, value)]."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)', line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-        out.append((m.group(1), labels, float(m.group(4))))
-    return out
 
 
 def sample(all_samples, name, **labels):

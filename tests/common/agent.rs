@@ -43,20 +43,7 @@ fn request(addr: SocketAddr, head: &str) -> Option<String> {
 
 /// The value of the one series of `metric` whose labels include every pair of `labels`.
 pub fn sample(body: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            let name_end = l.find(['{', ' ']).unwrap_or(l.len());
-            &l[..name_end] == metric
-        })
-        .find(|l| {
-            let set = l
-                .split_once('{')
-                .map_or("", |(_, rest)| rest.split('}').next().unwrap_or(""));
-            wanted.iter().all(|w| set.split(',').any(|kv| kv == w))
-        })
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    super::promtext::value(body, metric, labels)
 }
 
 /// `shmlink serve` on a free loopback port, scanning every 200 ms; killed on drop.

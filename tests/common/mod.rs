@@ -11,6 +11,7 @@ pub mod agent;
 pub mod fake_nvml;
 pub mod kube_api;
 pub mod pod_resources;
+pub mod promtext;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -3,10 +3,10 @@
 # (/kubepods/burstable/pod<uid>/<64 hex>, 256 MiB memory limit), each with 1 MiB written to its
 # runtime-default 64 MiB /dev/shm. Needs root, runc and busybox-static.
 #
-#   bench/containers.sh start N [PARALLEL]   # starts them PARALLEL at a time (default 8) and
-#                                            # returns once every one has written its data
-#   bench/containers.sh pids                 # "<pid>" of each running bench container, one a line
-#   bench/containers.sh stop                 # removes them and only the cgroups they made
+#   bench/containers/containers.sh start N [PARALLEL]
+#       starts them PARALLEL at a time (default 8) and returns once every one has written its data
+#   bench/containers/containers.sh pids    # "<pid>" of each running bench container, one a line
+#   bench/containers/containers.sh stop    # removes them and only the cgroups they made
 #
 # Containers are named shmlink-bench-<i>-<hex>; runc's state lives in its own root, apart from
 # the end-to-end tests' containers.

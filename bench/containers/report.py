@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Turns bench/run.sh's results (JSON lines) into Markdown tables.
+"""Turns the containers suite's results (bench/run.sh containers; JSON lines) into Markdown
+tables.
 
-    bench/report.py target/bench/results.jsonl                     # prints the tables
-    bench/report.py target/bench/results.jsonl --write BENCHMARKS.md  # replaces the block
-        between <!-- bench:begin --> and <!-- bench:end --> (the prose around it stays)
+    bench/containers/report.py target/bench/results.jsonl         # prints the tables
+    bench/containers/report.py target/bench/results.jsonl --write BENCHMARKS.md
+        # replaces the block between <!-- bench:begin --> and <!-- bench:end -->
+        # (the prose around it stays)
 """
 import json
 import sys
@@ -55,7 +57,7 @@ def report(rows):
       f"{m.get('rustc')}, {m.get('profile')} build; {m.get('runc')}; "
       f"prometheus-node-exporter {(m.get('node_exporter') or 'not installed').split(' (')[0].replace('node_exporter, version ', '')}.  ")
     w(f"Load average (1, 5, 15 min) at the start: {load}; at the end: {load_after}.  ")
-    w(f"Run: `bench/run.sh --sizes \"{m.get('sizes')}\" --reps {m.get('reps')} --serve-seconds {m.get('serve_seconds')}`"
+    w(f"Run: `bench/run.sh containers --sizes \"{m.get('sizes')}\" --reps {m.get('reps')} --serve-seconds {m.get('serve_seconds')}`"
       f" (serve at `--interval {m.get('interval')}`). Times in ms: median (min-max) of the repetitions.")
     w("")
 

@@ -1,5 +1,6 @@
-//! The measuring half of `bench/run.sh`: times shmlink's library against whatever containers
-//! are running and prints one JSON object per mode on stdout. Needs root for the shm modes.
+//! The measuring half of `bench/run.sh containers`: times shmlink's library against whatever
+//! containers are running and prints one JSON object per mode on stdout. Needs root for the shm
+//! modes.
 //!
 //! ```text
 //! scan_bench shm     [--reps R] [--expect N] [--pause-ms P]
@@ -25,8 +26,11 @@
 //! nothing the scanner reports beyond that: no IPC namespace, no mount check, no ancestor
 //! limits, no memory.stat, no cgroup path parsing.
 
-#[path = "common/timing.rs"]
+#[path = "../common/timing.rs"]
 mod timing;
+// The harnesses' one Prometheus text parser.
+#[path = "../../tests/common/promtext.rs"]
+mod promtext;
 
 use std::fmt::Write as _;
 use std::mem::MaybeUninit;
@@ -296,10 +300,7 @@ fn bench_metrics(args: &Args) -> Result<Value, Error> {
         let (text, w, c) = timed(|| metrics.encode());
         let text = text?;
         size = text.len();
-        series = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-            .count();
+        series = promtext::samples(&text).count();
         wall.push(w);
         cpu.push(c);
     }

@@ -12,9 +12,11 @@
 //! ```
 //!
 //! No containers are needed: the lines alone are the workload's output, and the Pod they are
-//! about is told by the log's path. Run by `bench/failures.sh`, which reads the `BENCH_JSON`
+//! about is told by the log's path. Run by `bench/run.sh failures`, which reads the `BENCH_JSON`
 //! line.
 
+// The end-to-end harness of tests/ (the fake API server, serve's scraper).
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
@@ -125,7 +127,7 @@ struct Target {
 }
 
 #[test]
-#[ignore = "a benchmark (bench/failures.sh runs it)"]
+#[ignore = "a benchmark (bench/run.sh failures runs it)"]
 fn failure_line_to_event_delay() {
     let pods: usize = env_or("BENCH_PODS", 100);
     let spread = Duration::from_secs_f64(env_or("BENCH_SPREAD_SECS", 30.0));

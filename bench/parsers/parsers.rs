@@ -1,5 +1,5 @@
 //! Micro-benchmarks of the pure parsers a scan runs per container, on the fixtures the unit
-//! tests use (tests/fixtures). `cargo bench --bench parsers`.
+//! tests use (tests/fixtures). `cargo bench --bench parsers`, or `bench/run.sh parsers`.
 
 use std::hint::black_box;
 
@@ -11,7 +11,7 @@ use shmlink::procfs::mountinfo::find_mount;
 
 macro_rules! fixture {
     ($path:literal) => {
-        include_str!(concat!("../tests/fixtures/", $path))
+        include_str!(concat!("../../tests/fixtures/", $path))
     };
 }
 

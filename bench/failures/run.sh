@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The cost of failure detection (container logs and the kernel log), against the issue's goals:
 #
-#   1. log bytes scanned per CPU-second (examples/log_bench.rs: LogTailer::since + one poll +
+#   1. log bytes scanned per CPU-second (bench/failures/log_bench.rs: LogTailer::since + one poll +
 #      Signatures::match_line on every line of a 256 MiB pod log tree; tailer and signatures
 #      apart too), goal >= 1 GB/s;
 #   2. `shmlink serve`'s CPU and RSS with 100 containers each logging 100 lines/s, logs and
 #      /dev/kmsg followed, beside a serve without log sources over the same window (the
 #      baseline), goal < 1% of one core;
 #   3. the delay from a failure line written to its Event at the API server
-#      (tests/bench_failures.rs against the in-process fake API server), goal p99 < 2 s.
+#      (bench/failures/bench_failures.rs against the in-process fake API server), goal p99 < 2 s.
 #
-#   bench/failures.sh                  # 256 MiB, 5 repetitions, serve 60 s, 100 Pods over 30 s
-#   bench/failures.sh --seconds 30 --mib 64 --reps 3 --pods 50 --spread 20
+#   bench/run.sh failures              # 256 MiB, 5 repetitions, serve 60 s, 100 Pods over 30 s
+#   bench/run.sh failures --seconds 30 --mib 64 --reps 3 --pods 50 --spread 20
+# The script runs alone too: bench/failures/run.sh [options].
 #
 # Needs root (it reads /dev/kmsg; says SKIPPED and exits 0 otherwise), cargo and python3.
 # The report (markdown) goes to stdout and to target/bench/failures.md, the raw results to
@@ -19,7 +20,7 @@
 # not found, a serve that did not follow every container, an Event that never arrived), never
 # on timing.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 seconds=60 mib=256 reps=5 containers=100 rate=100 pods=100 spread=30
 usage="usage: $0 [--seconds S] [--mib M] [--reps R] [--containers N] [--lines-per-sec L] [--pods P] [--spread S]"
@@ -42,15 +43,15 @@ if [ "$(id -u)" != 0 ]; then
   for fd in 1 2; do
     {
       echo "$banner"
-      echo "##  SKIPPED: bench/failures.sh needs root (it reads /dev/kmsg as serve does)."
-      echo "##  Nothing was measured. Run it as root: sudo bench/failures.sh"
+      echo "##  SKIPPED: bench/run.sh failures needs root (it reads /dev/kmsg as serve does)."
+      echo "##  Nothing was measured. Run it as root: sudo bench/run.sh failures"
       echo "$banner"
     } >&$fd
   done
   exit 0
 fi
 for tool in cargo python3; do
-  command -v $tool >/dev/null || { echo "bench/failures.sh: $tool is needed" >&2; exit 2; }
+  command -v $tool >/dev/null || { echo "bench/run.sh failures: $tool is needed" >&2; exit 2; }
 done
 
 say() { echo "== $*" >&2; }
@@ -68,7 +69,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "building (release): shmlink, examples/log_bench, tests/bench_failures"
+say "building (release): shmlink, the log_bench example, the bench_failures test"
 t_build=$SECONDS
 # The test last: its build of the binary (dev-dependency features) is the one then measured.
 cargo build -q --release --bin shmlink
@@ -99,7 +100,7 @@ cat "$work/log_bench.json" >>"$results"
 say "2/3 serve with $containers containers x $rate lines/s, logs and /dev/kmsg, beside a serve without log sources and one following $containers idle logs, ${seconds} s"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ready() {
-  python3 - "$1" <<'PY' || { echo "bench/failures.sh: serve on port $1 never got ready" >&2; return 1; }
+  python3 - "$1" <<'PY' || { echo "bench/run.sh failures: serve on port $1 never got ready" >&2; return 1; }
 import sys, time, urllib.request
 for _ in range(300):
     try:
@@ -225,8 +226,9 @@ python3 - "$port_logs" >"$work/metrics.txt" <<'PY'
 import sys, urllib.request
 print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode())
 PY
-python3 - "$work" "$w0" "$w1" "$(getconf CLK_TCK)" "$containers" "$rate" >>"$results" <<'PY'
+PYTHONPATH=tests/common python3 - "$work" "$w0" "$w1" "$(getconf CLK_TCK)" "$containers" "$rate" >>"$results" <<'PY'
 import json, sys
+from promtext import samples
 work, w0, w1, hz, containers, rate = sys.argv[1:]
 secs = float(w1) - float(w0)
 def load(name, when):
@@ -239,10 +241,8 @@ def threads(name):
         per[comm] = per.get(comm, 0) + ns - b.get(tid, (comm, 0))[1]
     return (p1 - p0) / float(hz), {c: v / 1e9 for c, v in per.items()}
 rss = [list(map(int, l.split())) for l in open(f"{work}/rss")]
-found = 0
-for line in open(f"{work}/metrics.txt"):
-    if line.startswith("shmlink_workload_failures_total{") and 'kind="shm_allocation_failed"' in line:
-        found += int(float(line.split()[-1]))
+found = sum(int(value) for name, labels, value in samples(open(f"{work}/metrics.txt").read())
+            if name == "shmlink_workload_failures_total" and labels.get("kind") == "shm_allocation_failed")
 writer = json.load(open(f"{work}/writer.json"))
 def proc(name, r):
     cpu, t = threads(name)
@@ -257,17 +257,17 @@ kill "$pid_logs" "$pid_base" "$pid_idle"; wait "$pid_logs" "$pid_base" "$pid_idl
 pids_to_kill=()
 found=$(tail -1 "$results" | python3 -c 'import json,sys; print(json.load(sys.stdin)["failures_counted"])')
 if [ "$found" != "$containers" ]; then
-  echo "bench/failures.sh: serve counted $found failures, $containers were written; its log:" >&2
+  echo "bench/run.sh failures: serve counted $found failures, $containers were written; its log:" >&2
   tail -20 "$work/serve-logs.log" >&2
   exit 1
 fi
 
 # 3 -----------------------------------------------------------------------------------------
-say "3/3 failure line -> Event: $pods Pods, one line each over $spread s (tests/bench_failures.rs)"
+say "3/3 failure line -> Event: $pods Pods, one line each over $spread s (bench/failures/bench_failures.rs)"
 BENCH_PODS=$pods BENCH_SPREAD_SECS=$spread \
   cargo test -q --release --test bench_failures -- --ignored --nocapture >"$work/latency.txt" 2>&1 || {
   cat "$work/latency.txt" >&2
-  echo "bench/failures.sh: the latency test failed" >&2
+  echo "bench/run.sh failures: the latency test failed" >&2
   exit 1
 }
 grep '^BENCH_JSON ' "$work/latency.txt" | sed 's/^BENCH_JSON //' >>"$results"
@@ -284,7 +284,7 @@ m, lb, s, d = rows["machine"], rows["logs"], rows["serve"], rows["event_delay"]
 ok = lambda b: "yes" if b else "no"
 print(f"Machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}; {m['rustc']}, release build.  ")
 print(f"Load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in m['load'])}. Whole run {sys.argv[2]} s (build not counted).  ")
-print(f"Run: `bench/failures.sh --mib {m['mib']} --reps {m['reps']} --seconds {m['seconds']} "
+print(f"Run: `bench/run.sh failures --mib {m['mib']} --reps {m['reps']} --seconds {m['seconds']} "
       f"--containers {m['containers']} --lines-per-sec {m['rate']} --pods {m['pods']} --spread {m['spread']:g}`")
 print()
 print(f"### 1. Log bytes scanned per CPU-second (`log_bench`, median of {lb['reps']})")

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 use timing::timed;
 
-#[path = "common/timing.rs"]
+#[path = "../common/timing.rs"]
 mod timing;
 
 use shmlink::failures::watch::MAX_LINES_PER_SEC;
@@ -44,11 +44,11 @@ use shmlink::logs::{LogSettings, LogTailer};
 type Error = Box<dyn std::error::Error>;
 
 /// Lines that look like failures and are not, verbatim from the signature tests' fixture.
-const LOOKALIKES: &str = include_str!("../tests/fixtures/logs/lookalikes.log");
+const LOOKALIKES: &str = include_str!("../../tests/fixtures/logs/lookalikes.log");
 /// What PyTorch 2.15 printed when its DataLoader outgrew /dev/shm: its traceback lines are the
 /// filler's tracebacks (the failure line itself is taken out and planted separately).
 const TORCH_TRACE: &str =
-    include_str!("../tests/fixtures/logs/torch-2.15.0-dataloader-64mib-shm.txt");
+    include_str!("../../tests/fixtures/logs/torch-2.15.0-dataloader-64mib-shm.txt");
 
 const LINE_STEP: Duration = Duration::from_millis(10);
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# How the dashboard's fleet view holds up on a big cluster: synthetic series of N nodes (8 GPUs,
-# 28 pairs, C containers each; a few nodes with unhealthy pairs), backfilled into a TSDB with
-# promtool, served by a real Prometheus, and timed: each recording rule of the shmlink-fleet
-# group (what Prometheus pays per evaluation), each fleet panel's query as Grafana sends it with
-# every variable at All (read from dashboards/shmlink.json), and the same panel computed from the
-# raw series for comparison. Needs prometheus and promtool.
+# The fleet suite: how the dashboard's fleet view holds up on a big cluster: synthetic series
+# of N nodes (8 GPUs, 28 pairs, C containers each; a few nodes with unhealthy pairs), backfilled
+# into a TSDB with promtool, served by a real Prometheus, and timed: each recording rule of the
+# shmlink-fleet group (what Prometheus pays per evaluation), each fleet panel's query as Grafana
+# sends it with every variable at All (read from dashboards/shmlink.json), and the same panel
+# computed from the raw series for comparison. Needs prometheus and promtool.
 #
-#   scripts/fleet-scale.sh [NODES] [CONTAINERS_PER_NODE]     (default 1000 20)
+#   bench/run.sh fleet [NODES] [CONTAINERS_PER_NODE]     (default 1000 20)
+#   (alone: bench/fleet/run.sh, the same arguments)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 NODES=${1:-1000}
 CONTAINERS=${2:-20}
 for tool in prometheus promtool; do

@@ -3,7 +3,7 @@
 containers. Times REPS runs of the loop over the PIDs given and prints one JSON object.
 (`-p` too: df reads /proc/self/mounts, and the container's /proc shows only its own PIDs.)
 
-    bench/diy.py N REPS PID...
+    bench/containers/diy.py N REPS PID...
 """
 import json
 import os

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""The base DaemonSet, RBAC and Service keep their contract: least-privilege ClusterRole, hostPID,
+node-critical, the capability set (SYS_PTRACE, DAC_READ_SEARCH; no kernel log), read-only host
+mounts, port 9477, probes, a headless Service that selects the agents.
+
+    scripts/deploy/base_contract.py [BASE_CORE_YAML]     (default: builds deploy/base)
+"""
+from deploycheck import arg, check, core
+
+docs = {(d["kind"], d["metadata"]["name"]): d for d in core(arg(1), "deploy/base")}
+assert ("Namespace", "shmlink") in docs, "no Namespace shmlink"
+for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"]:
+    check((kind, "shmlink") in docs, f"no {kind} shmlink")
+rules = sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
+               for r in docs["ClusterRole", "shmlink"]["rules"])
+check(rules == sorted([(("",), ("pods",), ("get", "list", "watch")),
+                       (("events.k8s.io",), ("events",), ("create", "patch")),
+                       (("",), ("nodes",), ("get",)),
+                       (("",), ("nodes/status",), ("patch",))]), f"ClusterRole is not least privilege: {rules}")
+ds = docs["DaemonSet", "shmlink"]
+check(ds["metadata"]["namespace"] == "shmlink", "DaemonSet namespace")
+pod = ds["spec"]["template"]["spec"]
+check(pod.get("hostPID") is True, "hostPID")
+check(pod.get("priorityClassName") == "system-node-critical", "priorityClassName")
+check({"operator": "Exists"} in pod.get("tolerations", []), "tolerations: operator Exists")
+check(pod["serviceAccountName"] == "shmlink", "serviceAccountName")
+(c,) = pod["containers"]
+check(c["args"][:5] == ["serve", "--proc-root", "/host/proc", "--cgroup-root", "/host/sys/fs/cgroup"], f"args {c['args']}")
+env = {e["name"]: e for e in c["env"]}
+check(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", "NODE_NAME")
+check(env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all", "NVIDIA_VISIBLE_DEVICES")
+check(env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility", "NVIDIA_DRIVER_CAPABILITIES")
+sc = c["securityContext"]
+check(sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+      and sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0, f"securityContext {sc}")
+check(sc["capabilities"]["drop"] == ["ALL"], "drop ALL")
+check(set(sc["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH"}, "capabilities beyond the contract")
+# The kernel log needs CAP_SYSLOG: off here, on with deploy/components/kernel-log.
+check(env["SHMLINK_KMSG"]["value"] == "off", "the base does not read the kernel log")
+check(sc["seccompProfile"]["type"] == "RuntimeDefault", "seccomp")
+vols = {v["name"]: v for v in pod["volumes"]}
+mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+for path, host in [("/host/proc", "/proc"), ("/host/sys/fs/cgroup", "/sys/fs/cgroup"),
+                   ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
+                   ("/var/log/pods", "/var/log/pods"),
+                   ("/host/var/lib/docker/containers", "/var/lib/docker/containers")]:
+    check(path in mounts and mounts[path].get("readOnly") is True, f"{path} mounted read-only")
+    check(vols[mounts[path]["name"]]["hostPath"]["path"] == host, f"{path} is the host's {host}")
+check(all(m.get("readOnly") for m in c["volumeMounts"]), "every mount read-only: the agent writes nothing")
+(port,) = c["ports"]
+check(port["containerPort"] == 9477 and port["name"] == "metrics", "port 9477 named metrics")
+check(c["livenessProbe"]["httpGet"]["path"] == "/healthz", "liveness /healthz")
+check(c["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness /readyz")
+res = c["resources"]
+check(res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"], "resources")
+svc = docs["Service", "shmlink"]
+check(svc["spec"]["clusterIP"] == "None", "headless Service")
+check(svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items(), "Service selects the agents")
+print("   ok")

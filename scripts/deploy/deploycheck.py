@@ -1,0 +1,54 @@
+"""What the deploy checks share: the failure message, and the kustomize builds they read.
+
+Every check runs alone from anywhere (`scripts/deploy/<check>`; as root scripts/test-deploy.sh
+installs the tools). A check given a file reads it (scripts/test-deploy.sh builds every directory once and passes
+the files); run alone without one, it builds the directory itself with `kubectl kustomize`.
+"""
+import os
+import subprocess
+import sys
+
+import yaml
+
+# Every check reads the repository's files by their paths from its root; the files a caller
+# names are taken from where it stands.
+sys.argv[1:] = [os.path.abspath(a) for a in sys.argv[1:]]
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+CR_GROUP = "monitoring.coreos.com/"
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAIL: {what}")
+
+
+def load(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d]
+
+
+def is_custom_resource(doc):
+    """The Prometheus Operator's kinds, which Kubernetes' own schema does not know."""
+    return doc["apiVersion"].startswith(CR_GROUP)
+
+
+def build(directory):
+    out = subprocess.run(["kubectl", "kustomize", directory], check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def core(path_or_none, directory):
+    """The core objects: from the file scripts/test-deploy.sh wrote, else built here."""
+    if path_or_none:
+        return load(path_or_none)
+    return [d for d in build(directory) if not is_custom_resource(d)]
+
+
+def custom_resources(path_or_none, directory):
+    if path_or_none:
+        return load(path_or_none)
+    return [d for d in build(directory) if is_custom_resource(d)]
+
+
+def arg(n):
+    return sys.argv[n] if len(sys.argv) > n else None

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""Writes deploy/overlays/prometheus-operator/prometheusrule.yaml from the plain rules
+(deploy/prometheus/shmlink.rules.yml): the PrometheusRule carries exactly their groups.
+
+    scripts/deploy/write_rule.py     (or scripts/test-deploy.sh --write-rule, then every check)
+"""
+import os
+import sys
+
+import yaml
+
+RULE = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+RULE = RULE or "deploy/overlays/prometheus-operator/prometheusrule.yaml"
+groups = yaml.safe_load(open("deploy/prometheus/shmlink.rules.yml"))["groups"]
+doc = {
+    "apiVersion": "monitoring.coreos.com/v1",
+    "kind": "PrometheusRule",
+    "metadata": {"name": "shmlink", "labels": {"app.kubernetes.io/name": "shmlink",
+                                               "app.kubernetes.io/part-of": "shmlink"}},
+    "spec": {"groups": groups},
+}
+
+
+class Dumper(yaml.SafeDumper):
+    pass
+
+
+def text(dumper, s):
+    style = "|" if "\n" in s else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
+
+
+Dumper.add_representer(str, text)
+with open(RULE, "w") as f:
+    f.write("# Generated from deploy/prometheus/shmlink.rules.yml by scripts/test-deploy.sh --write-rule;\n"
+            "# edit that file, not this one.\n")
+    yaml.dump(doc, f, Dumper=Dumper, sort_keys=False, width=100)
+print(f"wrote {os.path.relpath(RULE)}")
