@@ -43,15 +43,12 @@ fn serve_exposes_containers_and_drops_series_of_those_that_exit() {
     assert!(
         common::wait_until(Duration::from_secs(20), || {
             body = agent.metrics();
-            series_with(&body, "shmlink_shm_used_bytes{")
-                .first()
-                .is_some_and(|l| {
-                    l.rsplit(' ')
-                        .next()
-                        .and_then(|v| v.parse::<f64>().ok())
-                        .unwrap_or(0.0)
-                        >= 8.0 * 1048576.0
-                })
+            common::promtext::value(
+                &body,
+                "shmlink_shm_used_bytes",
+                &[("container_id", c.id.as_str())],
+            )
+            .is_some_and(|used| used >= 8.0 * 1048576.0)
         }),
         "no used-bytes series with 8 MiB for {}:\n{body}",
         c.id

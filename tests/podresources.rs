@@ -100,10 +100,12 @@ fn the_watcher_follows_the_kubelet_keeps_the_last_answer_on_errors_and_counts_th
     kubelet.fail(tonic::Code::Internal);
     let errors = || {
         let text = metrics.encode().unwrap();
-        text.lines()
-            .find(|l| l.starts_with("shmlink_scan_errors_total{collector=\"pod_resources\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+        common::promtext::value(
+            &text,
+            "shmlink_scan_errors_total",
+            &[("collector", "pod_resources")],
+        )
+        .unwrap_or(0.0)
     };
     assert!(wait_until(TIMEOUT, || errors() >= 2.0), "{}", errors());
     assert_eq!(watcher.holders()["GPU-7"], holder("ml", "trainer-1"));
