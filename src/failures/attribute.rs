@@ -31,7 +31,13 @@ pub fn who_is_pid(proc_root: &Path, pid: i32, host_mnt: Option<NsId>) -> Who {
 
 /// Pure: the container a `/proc/PID/cgroup` text places its process in.
 pub fn who_of_cgroup_file(text: &str) -> Who {
-    match memory_cgroup(text).and_then(|(path, _)| parse_cgroup_path(path)) {
+    memory_cgroup(text).map_or(Who::Process, |(path, _)| who_is_cgroup(path))
+}
+
+/// Pure: the container a memory cgroup's path names (the kernel's OOM report names the cgroup,
+/// which outlives its processes).
+pub fn who_is_cgroup(path: &str) -> Who {
+    match parse_cgroup_path(path) {
         Some(id) => Who::Container {
             pod_uid: id.pod_uid,
             container_id: id.container_id,

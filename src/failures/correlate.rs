@@ -73,6 +73,16 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         FindingKind::NcclP2pDisabled => {
             text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, &gpus, &gpu_pairs)
         }
+        FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => {
+            let comm = d.comm.as_deref().unwrap_or("a process");
+            match (&d.memory, d.kind) {
+                (Some(m), FindingKind::ShmOomKilled) => {
+                    text::shm_oom_killed(&who, &at, comm, d.pid, m, id.pod.is_some())
+                }
+                (Some(m), _) => text::workload_oom_killed(&who, &at, comm, d.pid, m),
+                (None, _) => d.evidence.clone(),
+            }
+        }
         _ => text::shm_allocation_failed(&who, &at, &d.evidence, shm.as_ref(), id.pod.is_some()),
     };
     Failure {
@@ -90,6 +100,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         shm,
         gpus,
         gpu_pairs,
+        memory: d.memory,
         message,
     }
 }
@@ -252,6 +263,7 @@ mod tests {
             comm: None,
             library: None,
             nccl_gpus: None,
+            memory: None,
         }
     }
 
@@ -351,6 +363,63 @@ mod tests {
             "{}",
             f.message
         );
+    }
+
+    #[test]
+    fn an_oom_kill_says_what_the_memory_was_and_whether_it_was_dev_shm() {
+        use crate::model::{MemorySource, MemorySplit};
+        let split = |shm: u64, anon: u64| MemorySplit {
+            limit_bytes: Some(64 * MIB),
+            usage_bytes: Some(64 * MIB),
+            shm_bytes: Some(shm),
+            anon_bytes: Some(anon),
+            source: MemorySource::KernelLog,
+        };
+        let no_pods = GpuHolders::new();
+        let known = Known {
+            snapshot: None,
+            pods: None,
+            holders: &no_pods,
+        };
+        let mut d = detected(FindingKind::ShmOomKilled, trainer());
+        d.source = FailureSource::Kernel;
+        d.pid = Some(5947);
+        d.comm = Some("dd".into());
+        d.memory = Some(split(65_654_784, 1_163_264));
+        let f = correlate(&d, known);
+        assert_eq!(f.memory, d.memory);
+        assert_eq!(
+            (f.namespace.as_deref(), f.pod.as_deref()),
+            (Some("ml"), Some("trainer-0"))
+        );
+        for part in [
+            "the kernel OOM-killed dd (host PID 5947)",
+            "/dev/shm held 62.6 MiB of the 64.0 MiB memory limit; the processes' own memory 1.1 MiB",
+            "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
+        ] {
+            assert!(f.message.contains(part), "{part:?} not in {}", f.message);
+        }
+        let mut d = detected(FindingKind::WorkloadOomKilled, trainer());
+        d.pid = Some(77);
+        d.comm = Some("pt_main_thread".into());
+        d.memory = Some(split(80 * 1024, 60 * MIB));
+        let f = correlate(&d, known);
+        for part in [
+            "for the workload's own memory: 60.0 MiB of the 64.0 MiB memory limit",
+            "/dev/shm held 80.0 KiB. Not /dev/shm",
+        ] {
+            assert!(f.message.contains(part), "{part:?} not in {}", f.message);
+        }
+        // The JSON carries the split only for memory deaths.
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["memory"]["shm_bytes"], 80 * 1024);
+        assert_eq!(json["memory"]["source"], "kernel_log");
+        d.memory = None;
+        d.kind = FindingKind::ShmAllocationFailed;
+        assert!(serde_json::to_value(correlate(&d, known))
+            .unwrap()
+            .get("memory")
+            .is_none());
     }
 
     #[test]

@@ -1,22 +1,31 @@
-//! Where a line becomes a failure: a container's log line matched against the signatures, or a
-//! kernel record of a crash placed through its host PID, -> [`Detected`].
+//! Where a line becomes a failure: a container's log line matched against the signatures, a
+//! kernel record of a crash placed through its host PID, or the kernel's OOM report placed
+//! through its cgroup path, -> [`Detected`].
 
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use super::attribute::who_is_pid;
+use super::attribute::{who_is_cgroup, who_is_pid};
 use super::crash::{gpu_lib_crash, Crash};
+use super::oom::{OomKill, OomReports};
 use super::signatures::{LogFailure, Signatures};
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::logs::{LogLine, LogOrigin};
-use crate::model::{cut, Detected, FailureSource, FindingKind, Who, EVIDENCE_MAX};
+use crate::model::{
+    cut, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who, EVIDENCE_MAX,
+};
+
+/// The share of a memory cgroup's usage that /dev/shm pages must reach for its OOM kill to be
+/// a /dev/shm failure (`shm_oom_killed`): most of it.
+pub const SHM_OOM_SHARE: f64 = 0.5;
 
 /// Lines and kernel records in, failures out.
 pub struct Recogniser {
     pub(super) signatures: Signatures,
     proc_root: PathBuf,
     host_mnt: Option<NsId>,
+    oom: OomReports,
 }
 
 impl Recogniser {
@@ -26,6 +35,7 @@ impl Recogniser {
             signatures: Signatures::new(),
             proc_root,
             host_mnt,
+            oom: OomReports::default(),
         }
     }
 
@@ -62,11 +72,16 @@ impl Recogniser {
             comm: None,
             library: None,
             nccl_gpus: m.gpus,
+            memory: None,
         })
     }
 
-    /// A kernel record: a crash in a GPU library, placed through the crashing PID at once.
-    pub fn kernel(&self, record: &KmsgRecord, at: SystemTime) -> Option<Detected> {
+    /// A kernel record: the end of an OOM report (every record is read in order for it), or a
+    /// crash in a GPU library, placed through the crashing PID at once.
+    pub fn kernel(&mut self, record: &KmsgRecord, at: SystemTime) -> Option<Detected> {
+        if let Some(kill) = self.oom.feed(record) {
+            return Some(oom_killed(kill, record, at));
+        }
         let Crash { comm, pid, library } = gpu_lib_crash(record)?;
         Some(Detected {
             who: who_is_pid(&self.proc_root, pid, self.host_mnt),
@@ -78,6 +93,109 @@ impl Recogniser {
             comm: Some(comm),
             library: Some(library),
             nccl_gpus: None,
+            memory: None,
         })
+    }
+}
+
+/// An OOM kill: the container its cgroup names, and whether /dev/shm pages were most of what
+/// the cgroup held ([`SHM_OOM_SHARE`]).
+fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime) -> Detected {
+    let memory = MemorySplit {
+        limit_bytes: kill.limit_bytes,
+        usage_bytes: kill.usage_bytes,
+        shm_bytes: kill.shmem_bytes,
+        anon_bytes: kill.anon_bytes,
+        source: MemorySource::KernelLog,
+    };
+    Detected {
+        who: who_is_cgroup(&kill.memcg),
+        kind: if shm_was_most(&memory) {
+            FindingKind::ShmOomKilled
+        } else {
+            FindingKind::WorkloadOomKilled
+        },
+        at,
+        source: FailureSource::Kernel,
+        evidence: cut(record.message.trim(), EVIDENCE_MAX),
+        pid: Some(kill.pid),
+        comm: Some(kill.comm),
+        library: None,
+        nccl_gpus: None,
+        memory: Some(memory),
+    }
+}
+
+/// Pure: /dev/shm pages at or above [`SHM_OOM_SHARE`] of the usage (the limit, where the
+/// report gave no usage).
+pub fn shm_was_most(m: &MemorySplit) -> bool {
+    match (m.shm_bytes, m.usage_bytes.or(m.limit_bytes)) {
+        (Some(shm), Some(total)) if total > 0 => shm as f64 >= SHM_OOM_SHARE * total as f64,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::kmsg::{self, records};
+    use crate::kernel_log::parse_record;
+
+    fn told(content: &str) -> Vec<Detected> {
+        let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None);
+        records(content)
+            .iter()
+            .filter_map(|rec| {
+                r.kernel(
+                    &parse_record(rec.as_bytes()).unwrap(),
+                    SystemTime::UNIX_EPOCH,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn oom_kills_are_dev_shm_failures_when_shm_was_most_of_the_usage() {
+        let v1 = told(kmsg::OOM_V1);
+        assert_eq!(v1.len(), 1);
+        assert_eq!(v1[0].kind, FindingKind::ShmOomKilled);
+        assert_eq!(
+            v1[0].who,
+            Who::Container {
+                pod_uid: Some("11111111-2222-3333-4444-555555555555".into()),
+                container_id: "a".repeat(64),
+            }
+        );
+        assert!(
+            v1[0].evidence.contains("Killed process 5947 (dd)"),
+            "{}",
+            v1[0].evidence
+        );
+        assert_eq!(told(kmsg::OOM_V2_SHM)[0].kind, FindingKind::ShmOomKilled);
+        let anon = told(kmsg::OOM_V2_ANON);
+        assert_eq!(anon[0].kind, FindingKind::WorkloadOomKilled);
+        assert_eq!(anon[0].pid, Some(77));
+    }
+
+    #[test]
+    fn the_share_that_makes_it_a_dev_shm_failure() {
+        let m = |shm, usage, limit| MemorySplit {
+            limit_bytes: limit,
+            usage_bytes: usage,
+            shm_bytes: shm,
+            anon_bytes: None,
+            source: MemorySource::KernelLog,
+        };
+        assert!(shm_was_most(&m(Some(50), Some(100), Some(100))));
+        assert!(!shm_was_most(&m(Some(49), Some(100), Some(100))));
+        assert!(
+            shm_was_most(&m(Some(60), None, Some(100))),
+            "the limit when no usage"
+        );
+        assert!(
+            !shm_was_most(&m(None, Some(100), Some(100))),
+            "unknown is not /dev/shm"
+        );
+        assert!(!shm_was_most(&m(Some(0), Some(0), None)));
     }
 }

@@ -46,7 +46,7 @@ impl Sources {
 
 /// `check`: what the logs and the kernel said since `since`.
 pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
-    let recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
+    let mut recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
     let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
         .poll_matching(|text| recogniser.signatures.is_candidate(text))
         .iter()
@@ -61,8 +61,10 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
                 }
                 for r in &batch {
                     let at = reader.wall_time(r.usec);
+                    // Every record is read, in order: an OOM report spans many.
+                    let told = recogniser.kernel(r, at);
                     if at >= since {
-                        out.extend(recogniser.kernel(r, at));
+                        out.extend(told);
                     }
                 }
             },
@@ -99,7 +101,7 @@ where
     let spawned = std::thread::Builder::new()
         .name("failures".into())
         .spawn(move || {
-            let recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
+            let mut recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
             let mut logs = LogTailer::from_end(sources.log_settings());
             let mut kmsg = sources.kmsg.as_ref().and_then(|path| {
                 KernelLog::open(path, KmsgStart::End)

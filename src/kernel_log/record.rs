@@ -52,6 +52,12 @@ pub fn decimal<T: FromStr>(field: &[u8]) -> Option<T> {
     std::str::from_utf8(field).ok()?.parse().ok()
 }
 
+/// The decimal number `s` starts with, and what follows it.
+pub fn leading_decimal<T: FromStr>(s: &str) -> Option<(T, &str)> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    Some((decimal(&s.as_bytes()[..digits])?, &s[digits..]))
+}
+
 fn unescape(text: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     let mut i = 0;

@@ -55,6 +55,27 @@ pub struct Detected {
     pub library: Option<String>,
     /// The GPUs NCCL names (its CUDA device numbers, in the process).
     pub nccl_gpus: Option<(u32, u32)>,
+    /// What the memory was when the kernel killed it (an OOM kill).
+    pub memory: Option<MemorySplit>,
+}
+
+/// Where a [`MemorySplit`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySource {
+    /// The kernel's OOM report: the numbers at the moment of the kill.
+    KernelLog,
+}
+
+/// What a memory cgroup held when it ran out (`failures[].memory`): its limit and usage, and
+/// how much of it was shared memory (/dev/shm's tmpfs pages) and the workload's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemorySplit {
+    pub limit_bytes: Option<u64>,
+    pub usage_bytes: Option<u64>,
+    pub shm_bytes: Option<u64>,
+    pub anon_bytes: Option<u64>,
+    pub source: MemorySource,
 }
 
 /// The container's /dev/shm at the last scan before the failure.
@@ -99,6 +120,9 @@ pub struct Failure {
     /// The GPUs the Pod held (NVML indices), from the kubelet's pod-resources.
     pub gpus: Vec<u32>,
     pub gpu_pairs: Vec<PairThen>,
+    /// Deaths of memory only (OOM kills); absent for the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemorySplit>,
     pub message: String,
 }
 

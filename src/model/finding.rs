@@ -54,6 +54,11 @@ pub enum FindingKind {
     /// The GPU's NVSwitch fabric registration is not complete or failed, or the fabric reports
     /// degraded bandwidth or an unhealthy route.
     GpuFabricUnhealthy,
+    /// The kernel OOM-killed a process of the container, and /dev/shm pages were most of the
+    /// memory cgroup's usage.
+    ShmOomKilled,
+    /// The kernel OOM-killed a process of the container for its own memory.
+    WorkloadOomKilled,
 }
 
 impl FindingKind {
@@ -76,6 +81,8 @@ impl FindingKind {
             FindingKind::GpuNotInNvml => "gpu_not_in_nvml",
             FindingKind::GpuRecoveryAction => "gpu_recovery_action",
             FindingKind::GpuFabricUnhealthy => "gpu_fabric_unhealthy",
+            FindingKind::ShmOomKilled => "shm_oom_killed",
+            FindingKind::WorkloadOomKilled => "workload_oom_killed",
         }
     }
 
@@ -99,6 +106,8 @@ impl FindingKind {
             FindingKind::GpuNotInNvml => Some(EventReason::GpuNotInNvml),
             FindingKind::GpuRecoveryAction => Some(EventReason::GpuRecoveryAction),
             FindingKind::GpuFabricUnhealthy => Some(EventReason::GpuFabricUnhealthy),
+            FindingKind::ShmOomKilled => Some(EventReason::ShmOomKilled),
+            FindingKind::WorkloadOomKilled => Some(EventReason::WorkloadOomKilled),
         }
     }
 
@@ -121,7 +130,9 @@ impl FindingKind {
             | FindingKind::GpuJobCrashed
             | FindingKind::GpuNotInNvml
             | FindingKind::GpuRecoveryAction
-            | FindingKind::GpuFabricUnhealthy => Severity::Critical,
+            | FindingKind::GpuFabricUnhealthy
+            | FindingKind::ShmOomKilled
+            | FindingKind::WorkloadOomKilled => Severity::Critical,
         }
     }
 }
@@ -151,6 +162,8 @@ pub enum EventReason {
     GpuNotInNvml,
     GpuRecoveryAction,
     GpuFabricUnhealthy,
+    ShmOomKilled,
+    WorkloadOomKilled,
 }
 
 impl EventReason {
@@ -171,6 +184,8 @@ impl EventReason {
             EventReason::GpuNotInNvml => "GpuNotInNvml",
             EventReason::GpuRecoveryAction => "GpuRecoveryAction",
             EventReason::GpuFabricUnhealthy => "GpuFabricUnhealthy",
+            EventReason::ShmOomKilled => "ShmOomKilled",
+            EventReason::WorkloadOomKilled => "WorkloadOomKilled",
         }
     }
 
@@ -347,6 +362,8 @@ mod tests {
             FindingKind::GpuNotInNvml,
             FindingKind::GpuRecoveryAction,
             FindingKind::GpuFabricUnhealthy,
+            FindingKind::ShmOomKilled,
+            FindingKind::WorkloadOomKilled,
         ] {
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),

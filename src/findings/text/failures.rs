@@ -1,7 +1,7 @@
 //! Why a workload died: what it said, what its /dev/shm and GPUs were then, and the fix.
 
 use super::{pair_status, SHM_FIX_KUBERNETES};
-use crate::model::{PairStatus, PairThen, ShmThen};
+use crate::model::{MemorySplit, PairStatus, PairThen, ShmThen};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// `shm_allocation_failed`: what the workload said, its /dev/shm then, and a concrete fix.
@@ -139,4 +139,85 @@ fn gpu_context(gpus: &[u32], pairs: &[PairThen]) -> String {
         .collect::<Vec<_>>()
         .join("; ");
     format!(". It held {list}; {parts}: the hardware, not your code. Drain the node and have the GPU reset or replaced.")
+}
+
+/// `shm_oom_killed`: the kernel OOM-killed a process, and /dev/shm pages were most of what its
+/// memory cgroup held: the split, and the fix that keeps /dev/shm from outgrowing the limit.
+pub fn shm_oom_killed(
+    who: &str,
+    at: &str,
+    comm: &str,
+    pid: Option<i32>,
+    m: &MemorySplit,
+    kubernetes: bool,
+) -> String {
+    let fix = if kubernetes {
+        "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit, or lower \
+         sizeLimit below the memory the workload leaves free, so that /dev/shm fills (and says \
+         so) before memory runs out"
+    } else {
+        "give docker run --memory room for --shm-size (the limit at least the shm size plus \
+         what the workload itself needs), or lower --shm-size"
+    };
+    format!(
+        "container {who}: the kernel OOM-killed {} at {at}{}, and /dev/shm was what filled it: \
+         /dev/shm held {} of the {}; the processes' own memory {}. tmpfs pages count \
+         against the memory limit, so a /dev/shm larger than the room the limit leaves turns a \
+         full /dev/shm into an OOM kill. Fix: {fix}.",
+        comm_and_pid(comm, pid),
+        oom_scope(m),
+        bytes_or_unknown(m.shm_bytes),
+        limit_words(m),
+        bytes_or_unknown(m.anon_bytes),
+    )
+}
+
+/// `workload_oom_killed`: an OOM kill of the workload's own memory, so nobody chases /dev/shm.
+pub fn workload_oom_killed(
+    who: &str,
+    at: &str,
+    comm: &str,
+    pid: Option<i32>,
+    m: &MemorySplit,
+) -> String {
+    format!(
+        "container {who}: the kernel OOM-killed {} at {at}{}, for the workload's own memory: \
+         {} of the {} was its processes' own, /dev/shm held {}. Not /dev/shm: lower what the \
+         workload holds (DataLoader workers, prefetch, batch size) or raise the memory limit.",
+        comm_and_pid(comm, pid),
+        oom_scope(m),
+        bytes_or_unknown(m.anon_bytes),
+        limit_words(m),
+        bytes_or_unknown(m.shm_bytes),
+    )
+}
+
+fn comm_and_pid(comm: &str, pid: Option<i32>) -> String {
+    match pid {
+        Some(pid) => format!("{comm} (host PID {pid})"),
+        None => comm.to_string(),
+    }
+}
+
+/// `, its memory cgroup at 64.0 MiB of 64.0 MiB`: the usage when the report gave one.
+fn oom_scope(m: &MemorySplit) -> String {
+    match (m.usage_bytes, m.limit_bytes) {
+        (Some(usage), Some(limit)) => format!(
+            ", its memory cgroup at {} of {}",
+            human_bytes(usage),
+            human_bytes(limit)
+        ),
+        _ => String::new(),
+    }
+}
+
+/// `64.0 MiB memory limit`, or `memory` where the limit is unknown.
+fn limit_words(m: &MemorySplit) -> String {
+    m.limit_bytes.map_or("memory".to_string(), |l| {
+        format!("{} memory limit", human_bytes(l))
+    })
+}
+
+fn bytes_or_unknown(b: Option<u64>) -> String {
+    b.map_or("an unknown amount".into(), human_bytes)
 }

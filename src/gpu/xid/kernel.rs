@@ -6,12 +6,11 @@
 //! that line beside its `Xid ... 79` line, so the two within [`SAME_EVENT`] are one XID 79.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use super::XidCounts;
 use crate::gpu::pci::{pci_address, same_pci_device};
-use crate::kernel_log::record::{decimal, KmsgRecord};
+use crate::kernel_log::record::{leading_decimal, KmsgRecord};
 use crate::model::GpuReading;
 
 /// XID 79: "GPU has fallen off the bus" in NVIDIA's XID catalogue.
@@ -49,7 +48,7 @@ fn xid(nvrm: &str) -> Option<KernelGpu> {
     let (address, rest) = rest.split_once(')')?;
     let pci = address.strip_prefix("PCI:").unwrap_or(address);
     pci_address(pci)?;
-    let (xid, rest) = leading_number::<u64>(rest.strip_prefix(": ")?)?;
+    let (xid, rest) = leading_decimal::<u64>(rest.strip_prefix(": ")?)?;
     let text = rest.strip_prefix(',').unwrap_or(rest).trim();
     let nvlink = xid == 74 || (144..=150).contains(&xid);
     Some(KernelGpu::Xid {
@@ -67,7 +66,7 @@ fn link_number(text: &str) -> Option<u32> {
         let l = *bytes.get(i.checked_sub(1)?)?;
         let word_start = i < 2 || !bytes[i - 2].is_ascii_alphanumeric();
         if (l == b'l' || l == b'L') && word_start {
-            leading_number(&text[i + 4..]).map(|(n, _)| n)
+            leading_decimal(&text[i + 4..]).map(|(n, _)| n)
         } else {
             None
         }
@@ -86,12 +85,6 @@ fn fell_off_bus(nvrm: &str) -> Option<KernelGpu> {
         .then(|| KernelGpu::FellOffBus {
             pci: pci.to_owned(),
         })
-}
-
-/// The decimal number `s` starts with, and what follows it.
-fn leading_number<T: FromStr>(s: &str) -> Option<(T, &str)> {
-    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    Some((decimal(&s.as_bytes()[..digits])?, &s[digits..]))
 }
 
 /// Turns kernel records into XIDs to count, one per event.

@@ -1,0 +1,280 @@
+//! Pure: what the kernel's OOM report says about a memory cgroup's kill. The report is many
+//! records (mm/oom_kill.c `dump_header`, `__oom_kill_process`; mm/memcontrol.c
+//! `mem_cgroup_print_oom_meminfo`), one line each:
+//!
+//! - `<comm> invoked oom-killer: gfp_mask=...` starts it;
+//! - `memory: usage 65536kB, limit 65536kB, failcnt 86` (the cgroup at its limit);
+//! - `Memory cgroup stats for <path>:`, then its memory.stat one key a line (`shmem`, v1's
+//!   `rss` and `total_*`, v2's `anon`), until `Tasks state`;
+//! - `oom-kill:constraint=...,oom_memcg=<path>,task_memcg=<path>,task=<comm>,pid=<pid>,...`;
+//! - `Memory cgroup out of memory: Killed process <pid> (<comm>) total-vm:..kB, anon-rss:..kB,
+//!   file-rss:..kB, shmem-rss:..kB, ...` ends it.
+//!
+//! Only kernel-facility records count: what a container prints, or writes to /dev/kmsg, never
+//! does. The cgroup paths are the kernel's, so they name the container even when every process
+//! in it is gone. Records of other CPUs may land between the lines: what is not in a line's
+//! expected shape is passed over.
+
+use crate::kernel_log::record::leading_decimal as decimal_prefix;
+use crate::kernel_log::KmsgRecord;
+
+/// Stats lines read at most in one report: a cgroup's memory.stat has about 60 keys (v1 with
+/// its `total_` twins about 70); past this, the rest is another report's or noise.
+const MAX_STAT_LINES: usize = 200;
+
+/// One OOM kill, as its report tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomKill {
+    /// The memory cgroup the killed task was in (`task_memcg`), else the one at its limit.
+    pub memcg: String,
+    /// The memory cgroup at its limit (`oom_memcg`); None for a system-wide OOM.
+    pub oom_memcg: Option<String>,
+    /// Host PID.
+    pub pid: i32,
+    pub comm: String,
+    /// The limit and usage of the cgroup at its limit.
+    pub limit_bytes: Option<u64>,
+    pub usage_bytes: Option<u64>,
+    /// Its memory.stat: shared memory (/dev/shm and other tmpfs pages) and anonymous memory.
+    pub shmem_bytes: Option<u64>,
+    pub anon_bytes: Option<u64>,
+    /// The killed process's own resident memory, by kind (the `Killed process` line).
+    pub anon_rss_bytes: Option<u64>,
+    pub shmem_rss_bytes: Option<u64>,
+}
+
+/// The parts of a report read so far.
+#[derive(Debug, Default)]
+struct Partial {
+    limit_bytes: Option<u64>,
+    usage_bytes: Option<u64>,
+    /// Stats lines still expected (0: not in the stats).
+    stats_left: usize,
+    stats: Stats,
+    memcg: Option<String>,
+    oom_memcg: Option<String>,
+    task_pid: Option<i32>,
+}
+
+/// The memory.stat keys kept; v1 prints the cgroup's own and its hierarchy's (`total_`), the
+/// hierarchy's is what the limit applies to.
+#[derive(Debug, Default)]
+struct Stats {
+    shmem: Option<u64>,
+    total_shmem: Option<u64>,
+    /// v2 `anon`, v1 `rss`.
+    anon: Option<u64>,
+    total_rss: Option<u64>,
+}
+
+/// Reads the records of the kernel log in order and gives an [`OomKill`] at each report's end.
+#[derive(Debug, Default)]
+pub struct OomReports {
+    partial: Option<Partial>,
+}
+
+impl OomReports {
+    pub fn feed(&mut self, record: &KmsgRecord) -> Option<OomKill> {
+        if !record.is_kernel() {
+            return None;
+        }
+        let line = record.message.trim();
+        if line.contains(" invoked oom-killer: ") {
+            self.partial = Some(Partial::default());
+            return None;
+        }
+        let p = self.partial.as_mut()?;
+        if let Some(rest) = line.strip_prefix("memory: usage ") {
+            // `65536kB, limit 65536kB, failcnt 86`
+            p.usage_bytes = kib(rest);
+            p.limit_bytes = after(rest, "limit ").and_then(kib);
+        } else if line.starts_with("Memory cgroup stats for ") {
+            p.stats_left = MAX_STAT_LINES;
+        } else if line.starts_with("Tasks state") {
+            p.stats_left = 0;
+        } else if let Some(summary) = line.strip_prefix("oom-kill:") {
+            p.stats_left = 0;
+            for field in summary.split(',') {
+                match field.split_once('=') {
+                    Some(("oom_memcg", v)) => p.oom_memcg = Some(v.to_owned()),
+                    Some(("task_memcg", v)) => p.memcg = Some(v.to_owned()),
+                    Some(("pid", v)) => p.task_pid = v.parse().ok(),
+                    _ => {}
+                }
+            }
+        } else if let Some(killed) = after(line, "Killed process ") {
+            let partial = self.partial.take()?;
+            return partial.kill(killed);
+        } else if p.stats_left > 0 {
+            p.stats_left -= 1;
+            p.stats.read(line);
+        }
+        None
+    }
+}
+
+impl Partial {
+    /// `4321 (python3) total-vm:80000kB, anon-rss:3072kB, file-rss:0kB, shmem-rss:1024kB, ...`
+    fn kill(self, killed: &str) -> Option<OomKill> {
+        let (pid, rest) = decimal_prefix::<i32>(killed)?;
+        let rest = rest.strip_prefix(" (")?;
+        // A comm may hold `) `; the kernel's text after it starts with ` total-vm:`.
+        let (comm, tail) = rest.rsplit_once(") total-vm:")?;
+        // The summary, when there is one, must be about the same task.
+        if self.task_pid.is_some_and(|p| p != pid) {
+            return None;
+        }
+        let memcg = self.memcg.or_else(|| self.oom_memcg.clone())?;
+        Some(OomKill {
+            memcg,
+            oom_memcg: self.oom_memcg,
+            pid,
+            comm: comm.to_owned(),
+            limit_bytes: self.limit_bytes,
+            usage_bytes: self.usage_bytes,
+            shmem_bytes: self.stats.total_shmem.or(self.stats.shmem),
+            anon_bytes: self.stats.total_rss.or(self.stats.anon),
+            anon_rss_bytes: after(tail, "anon-rss:").and_then(kib),
+            shmem_rss_bytes: after(tail, "shmem-rss:").and_then(kib),
+        })
+    }
+}
+
+impl Stats {
+    /// `key value`: only the keys kept, only a whole number.
+    fn read(&mut self, line: &str) {
+        let Some((key, value)) = line.split_once(' ') else {
+            return;
+        };
+        let Some((value, "")) = decimal_prefix::<u64>(value) else {
+            return;
+        };
+        let slot = match key {
+            "shmem" => &mut self.shmem,
+            "total_shmem" => &mut self.total_shmem,
+            "anon" | "rss" => &mut self.anon,
+            "total_rss" => &mut self.total_rss,
+            _ => return,
+        };
+        slot.get_or_insert(value);
+    }
+}
+
+/// What follows the first `pat` in `s`.
+fn after<'a>(s: &'a str, pat: &str) -> Option<&'a str> {
+    s.split_once(pat).map(|(_, rest)| rest)
+}
+
+/// `65536kB...` as bytes.
+fn kib(s: &str) -> Option<u64> {
+    let (n, rest) = decimal_prefix::<u64>(s)?;
+    rest.starts_with("kB").then(|| n.saturating_mul(1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::kmsg::{self, records};
+    use crate::kernel_log::parse_record;
+
+    fn kills(content: &str) -> Vec<OomKill> {
+        let mut reports = OomReports::default();
+        records(content)
+            .iter()
+            .filter_map(|r| {
+                reports.feed(&parse_record(r.as_bytes()).unwrap_or_else(|| panic!("{r}")))
+            })
+            .collect()
+    }
+
+    const CID: &str = "3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
+    const POD_SLICE: &str = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b6c1c55_3c0e_4a8e_9a51_2c1f3f6d7e80.slice";
+
+    #[test]
+    fn the_real_v1_report_of_a_tmpfs_filling_its_cgroup() {
+        let memcg = format!(
+            "/kubepods/burstable/pod11111111-2222-3333-4444-555555555555/{}",
+            "a".repeat(64)
+        );
+        assert_eq!(
+            kills(kmsg::OOM_V1),
+            [OomKill {
+                memcg: memcg.clone(),
+                oom_memcg: Some(memcg),
+                pid: 5947,
+                comm: "dd".into(),
+                limit_bytes: Some(64 << 20),
+                usage_bytes: Some(64 << 20),
+                shmem_bytes: Some(65_654_784),
+                anon_bytes: Some(1_163_264),
+                anon_rss_bytes: Some(1024 << 10),
+                shmem_rss_bytes: Some(0),
+            }]
+        );
+    }
+
+    #[test]
+    fn v2_reports_name_the_task_cgroup_and_read_anon_and_shmem() {
+        let task = format!("{POD_SLICE}/cri-containerd-{CID}.scope");
+        let shm = kills(kmsg::OOM_V2_SHM);
+        assert_eq!(shm.len(), 1);
+        assert_eq!(shm[0].memcg, task);
+        assert_eq!(shm[0].oom_memcg.as_deref(), Some(POD_SLICE));
+        assert_eq!((shm[0].pid, shm[0].comm.as_str()), (4321, "python3"));
+        assert_eq!(shm[0].limit_bytes, Some(128 << 20));
+        // The NIC's line amid the stats is not a stat.
+        assert_eq!(shm[0].shmem_bytes, Some(130_023_424));
+        assert_eq!(shm[0].anon_bytes, Some(3_145_728));
+        assert_eq!(shm[0].shmem_rss_bytes, Some(1024 << 10));
+
+        let anon = kills(kmsg::OOM_V2_ANON);
+        assert_eq!(anon.len(), 1);
+        assert_eq!(anon[0].memcg, task);
+        assert_eq!(anon[0].anon_bytes, Some(385_875_968));
+        assert_eq!(anon[0].shmem_bytes, Some(81_920));
+        assert_eq!(anon[0].usage_bytes, Some(384 << 20));
+    }
+
+    #[test]
+    fn user_space_cannot_forge_a_report() {
+        let forged: String = records(kmsg::OOM_V1)
+            .iter()
+            .map(|r| {
+                // Facility 1 (user): what a write to /dev/kmsg carries.
+                let (prefix, rest) = r.split_once(',').unwrap();
+                let level: u32 = prefix.parse().unwrap();
+                format!("{},{rest}", 8 + level % 8)
+            })
+            .collect();
+        assert!(kills(&forged).is_empty());
+    }
+
+    #[test]
+    fn a_kill_without_its_report_or_for_another_task_is_none() {
+        let lines: Vec<String> = records(kmsg::OOM_V1);
+        let last = lines.last().unwrap();
+        assert!(kills(last).is_empty(), "no report began");
+        let other_task: String = lines
+            .iter()
+            .map(|r| r.replace("pid=5947,", "pid=5948,"))
+            .collect();
+        assert!(kills(&other_task).is_empty());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut rng = crate::fixtures::rng::Rng::new(0x00f1);
+        let seeds: Vec<String> = [kmsg::OOM_V1, kmsg::OOM_V2_SHM, kmsg::OOM_V2_ANON]
+            .iter()
+            .flat_map(|c| records(c))
+            .collect();
+        let mut reports = OomReports::default();
+        for _ in 0..20_000 {
+            let seed = &seeds[rng.below(seeds.len())];
+            let bytes = rng.mutate(seed.as_bytes());
+            if let Some(record) = parse_record(&bytes) {
+                let _ = reports.feed(&record);
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Deaths that print nothing, end to end: real runc containers in kubelet-style memory cgroups
+//! that the real kernel OOM-kills, once for /dev/shm pages (a 1 GiB tmpfs emptyDir filled past
+//! a 64 MiB memory limit) and once for the workload's own memory; `serve` reads the kernel's
+//! report from /dev/kmsg and publishes one Event on each Pod, with what the memory was, at the
+//! in-process API server. A healthy neighbour gets nothing. Run with --nocapture to see the
+//! Events and their delays.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::agent::{sample, Agent};
+use common::kube_api::{pod, FakeApi};
+use common::{Container, ContainerSpec, HostTmpfs, Shm};
+use serde_json::Value;
+
+const NODE: &str = "gpu-node-7";
+const MIB: u64 = 1 << 20;
+
+fn events_about(api: &FakeApi, pod: &str) -> Vec<Value> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == pod)
+        .collect()
+}
+
+fn kmsg_readable() -> bool {
+    if Path::new("/dev/kmsg").exists() && std::fs::File::open("/dev/kmsg").is_ok() {
+        return true;
+    }
+    if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+        panic!("the kernel log /dev/kmsg cannot be read here");
+    }
+    eprintln!("SKIPPED: /dev/kmsg cannot be read; no OOM kill tested");
+    false
+}
+
+#[test]
+fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
+    if !common::e2e_available() || !kmsg_readable() {
+        return;
+    }
+    let api = FakeApi::start();
+    let (shm_uid, shm_id) = (common::random_pod_uid(), common::random_container_id());
+    let (own_uid, own_id) = (common::random_pod_uid(), common::random_container_id());
+    let (idle_uid, idle_id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(
+        NODE,
+        "ml",
+        "loader-0",
+        &shm_uid,
+        &[("loader", &shm_id)],
+    ));
+    api.apply_pod(pod(
+        NODE,
+        "ml",
+        "trainer-0",
+        &own_uid,
+        &[("trainer", &own_id)],
+    ));
+    api.apply_pod(pod(NODE, "ml", "idle-0", &idle_uid, &[("idle", &idle_id)]));
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start(
+        &[
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+            "--no-gpu",
+            "--kmsg",
+            "/dev/kmsg",
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    agent.wait_ready();
+
+    // The emptyDir fix gone wrong: /dev/shm 1 GiB, the memory limit 64 MiB; tmpfs pages are
+    // charged to the writer's memory cgroup, so the kernel kills when they reach the limit.
+    let volume = HostTmpfs::new(1024 * MIB);
+    let started = Instant::now();
+    let _loader = Container::start(ContainerSpec {
+        pod_uid: Some(shm_uid.clone()),
+        id: Some(shm_id.clone()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/batch bs=1M count=200; sleep 3600".into(),
+        ],
+        shm: Shm::Bind(volume.path.clone()),
+        memory_limit: Some((64 * MIB) as i64),
+        ..ContainerSpec::default()
+    });
+    // The workload's own memory: dd's 200 MiB buffer in a 64 MiB cgroup.
+    let _trainer = Container::start(ContainerSpec {
+        pod_uid: Some(own_uid.clone()),
+        id: Some(own_id.clone()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 3600".into(),
+        ],
+        memory_limit: Some((64 * MIB) as i64),
+        ..ContainerSpec::default()
+    });
+    let _idle = Container::start(ContainerSpec {
+        pod_uid: Some(idle_uid.clone()),
+        id: Some(idle_id.clone()),
+        memory_limit: Some((64 * MIB) as i64),
+        ..ContainerSpec::default()
+    });
+
+    let mut shm = Vec::new();
+    let mut own = Vec::new();
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            shm = events_about(&api, "loader-0");
+            own = events_about(&api, "trainer-0");
+            !shm.is_empty() && !own.is_empty()
+        }),
+        "no Event on both Pods; the server holds: {:#?}",
+        api.events()
+    );
+    println!(
+        "Events within {:?} of the containers' start:",
+        started.elapsed()
+    );
+    for e in shm.iter().chain(&own) {
+        println!(
+            "{} {} regarding Pod/{}: {}",
+            e["type"].as_str().unwrap_or(""),
+            e["reason"].as_str().unwrap_or(""),
+            e["regarding"]["name"].as_str().unwrap_or(""),
+            e["note"].as_str().unwrap_or("")
+        );
+    }
+
+    assert_eq!(shm.len(), 1, "one Event series: {shm:#?}");
+    assert_eq!(shm[0]["reason"], "ShmOomKilled");
+    assert_eq!(shm[0]["regarding"]["uid"], shm_uid.as_str());
+    let note = shm[0]["note"].as_str().unwrap();
+    for part in [
+        "container ml/loader-0/loader: the kernel OOM-killed ",
+        ", its memory cgroup at 64.0 MiB of 64.0 MiB, and /dev/shm was what filled it",
+        "of the 64.0 MiB memory limit",
+        "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
+    ] {
+        assert!(note.contains(part), "{part:?} not in {note}");
+    }
+
+    assert_eq!(own.len(), 1, "one Event series: {own:#?}");
+    assert_eq!(own[0]["reason"], "WorkloadOomKilled");
+    assert_eq!(own[0]["regarding"]["uid"], own_uid.as_str());
+    let note = own[0]["note"].as_str().unwrap();
+    assert!(
+        note.contains("for the workload's own memory") && note.contains("Not /dev/shm"),
+        "{note}"
+    );
+
+    let body = agent.wait_for_metrics("both kills counted", |b| {
+        sample(
+            b,
+            "shmlink_workload_failures_total",
+            &[("pod", "loader-0"), ("kind", "shm_oom_killed")],
+        )
+        .is_some()
+            && sample(
+                b,
+                "shmlink_workload_failures_total",
+                &[("pod", "trainer-0"), ("kind", "workload_oom_killed")],
+            )
+            .is_some()
+    });
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "idle-0")]
+        ),
+        None,
+        "the healthy neighbour: {body}"
+    );
+    assert!(events_about(&api, "idle-0").is_empty());
+
+    // `check` reads the same report back, with the split.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args([
+            "check",
+            "--json",
+            "--no-gpu",
+            "--since",
+            "5m",
+            "--kmsg",
+            "/dev/kmsg",
+        ])
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let failures = json["failures"].as_array().unwrap();
+    let loader = failures
+        .iter()
+        .find(|f| f["container_id"] == shm_id.as_str())
+        .unwrap_or_else(|| panic!("no failure of the loader in {failures:#?}"));
+    assert_eq!(loader["kind"], "shm_oom_killed");
+    assert_eq!(loader["source"], "kernel");
+    assert_eq!(loader["memory"]["source"], "kernel_log");
+    assert_eq!(loader["memory"]["limit_bytes"], 64 * MIB);
+    let shm_bytes = loader["memory"]["shm_bytes"].as_u64().unwrap();
+    assert!(shm_bytes >= 32 * MIB, "/dev/shm was most of it: {loader:#}");
+    let trainer = failures
+        .iter()
+        .find(|f| f["container_id"] == own_id.as_str())
+        .unwrap_or_else(|| panic!("no failure of the trainer in {failures:#?}"));
+    assert_eq!(trainer["kind"], "workload_oom_killed");
+    assert!(trainer["memory"]["anon_bytes"].as_u64().unwrap() >= 32 * MIB);
+    assert_eq!(out.status.code(), Some(1), "failures are findings");
+}
