@@ -25,6 +25,10 @@ fn events_about(api: &FakeApi, pod: &str) -> Vec<Value> {
         .collect()
 }
 
+fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["reason"] == reason).collect()
+}
+
 fn kmsg_readable() -> bool {
     if Path::new("/dev/kmsg").exists() && std::fs::File::open("/dev/kmsg").is_ok() {
         return true;
@@ -116,7 +120,8 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
         common::wait_until(Duration::from_secs(30), || {
             shm = events_about(&api, "loader-0");
             own = events_about(&api, "trainer-0");
-            !shm.is_empty() && !own.is_empty()
+            !with_reason(&shm, "ShmOomKilled").is_empty()
+                && !with_reason(&own, "WorkloadOomKilled").is_empty()
         }),
         "no Event on both Pods; the server holds: {:#?}",
         api.events()
@@ -135,10 +140,19 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
         );
     }
 
-    assert_eq!(shm.len(), 1, "one Event series: {shm:#?}");
-    assert_eq!(shm[0]["reason"], "ShmOomKilled");
-    assert_eq!(shm[0]["regarding"]["uid"], shm_uid.as_str());
-    let note = shm[0]["note"].as_str().unwrap();
+    // Besides the kill, the scan may see the tmpfs pages left at the limit: /dev/shm full by
+    // its memory bound, which is true.
+    for e in &shm {
+        assert!(
+            ["ShmOomKilled", "ShmExhausted", "ShmNearlyFull"]
+                .contains(&e["reason"].as_str().unwrap()),
+            "{e:#}"
+        );
+    }
+    let kill = with_reason(&shm, "ShmOomKilled");
+    assert_eq!(kill.len(), 1, "one Event series: {shm:#?}");
+    assert_eq!(kill[0]["regarding"]["uid"], shm_uid.as_str());
+    let note = kill[0]["note"].as_str().unwrap();
     for part in [
         "container ml/loader-0/loader: the kernel OOM-killed ",
         ", its memory cgroup at 64.0 MiB of 64.0 MiB, and /dev/shm was what filled it",
@@ -148,7 +162,7 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
         assert!(note.contains(part), "{part:?} not in {note}");
     }
 
-    assert_eq!(own.len(), 1, "one Event series: {own:#?}");
+    assert_eq!(own.len(), 1, "one Event series, no /dev/shm one: {own:#?}");
     assert_eq!(own[0]["reason"], "WorkloadOomKilled");
     assert_eq!(own[0]["regarding"]["uid"], own_uid.as_str());
     let note = own[0]["note"].as_str().unwrap();
