@@ -157,6 +157,10 @@ pub struct FailureSourceArgs {
     /// The kernel log (crashes in GPU libraries); `off` never opens it.
     #[arg(long, env = "SHMLINK_KMSG", default_value = "/dev/kmsg")]
     pub kmsg: PathBuf,
+    /// The share of a memory cgroup's usage /dev/shm's pages must reach for its OOM kill to be
+    /// `shm_oom_killed` (else `workload_oom_killed`).
+    #[arg(long, env = "SHMLINK_OOM_SHM_SHARE", default_value_t = 0.5, value_parser = parse_ratio)]
+    pub oom_shm_share: f64,
 }
 
 impl FailureSourceArgs {
@@ -297,6 +301,7 @@ mod tests {
         assert_eq!(s.common.thresholds.shm_warn_ratio, 0.80);
         assert_eq!(s.common.thresholds.shm_critical_ratio, 0.95);
         assert_eq!(s.pod_cache_wait, Duration::from_secs(10));
+        assert_eq!(s.sources.oom_shm_share, 0.5);
         assert_eq!(s.common.log_level, None);
         let cli = Cli::try_parse_from(["shmlink", "check"]).unwrap();
         let Command::Check(c) = cli.command else {

@@ -172,6 +172,7 @@ fn sources(common: &CommonArgs, args: &FailureSourceArgs) -> Sources {
         kmsg: FailureSourceArgs::on(&args.kmsg),
         proc_root: host.proc_root.clone(),
         host_mnt: host.host_namespaces().ok().map(|ns| ns.mnt),
+        oom_shm_share: args.oom_shm_share,
     }
 }
 

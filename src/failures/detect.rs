@@ -26,16 +26,19 @@ pub struct Recogniser {
     proc_root: PathBuf,
     host_mnt: Option<NsId>,
     oom: OomReports,
+    oom_shm_share: f64,
 }
 
 impl Recogniser {
-    /// `proc_root` and `host_mnt` place a host PID (`attribute.rs`).
-    pub fn new(proc_root: PathBuf, host_mnt: Option<NsId>) -> Recogniser {
+    /// `proc_root` and `host_mnt` place a host PID (`attribute.rs`); `oom_shm_share` is the
+    /// share of the usage /dev/shm must reach for an OOM kill to be its ([`SHM_OOM_SHARE`]).
+    pub fn new(proc_root: PathBuf, host_mnt: Option<NsId>, oom_shm_share: f64) -> Recogniser {
         Recogniser {
             signatures: Signatures::new(),
             proc_root,
             host_mnt,
             oom: OomReports::default(),
+            oom_shm_share,
         }
     }
 
@@ -80,7 +83,7 @@ impl Recogniser {
     /// crash in a GPU library, placed through the crashing PID at once.
     pub fn kernel(&mut self, record: &KmsgRecord, at: SystemTime) -> Option<Detected> {
         if let Some(kill) = self.oom.feed(record) {
-            return Some(oom_killed(kill, record, at));
+            return Some(oom_killed(kill, record, at, self.oom_shm_share));
         }
         let Crash { comm, pid, library } = gpu_lib_crash(record)?;
         Some(Detected {
@@ -98,9 +101,9 @@ impl Recogniser {
     }
 }
 
-/// An OOM kill: the container its cgroup names, and whether /dev/shm pages were most of what
-/// the cgroup held ([`SHM_OOM_SHARE`]).
-fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime) -> Detected {
+/// An OOM kill: the container its cgroup names, and whether /dev/shm pages were `share` of
+/// what the cgroup held or more.
+fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime, share: f64) -> Detected {
     let memory = MemorySplit {
         limit_bytes: kill.limit_bytes,
         usage_bytes: kill.usage_bytes,
@@ -110,7 +113,7 @@ fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime) -> Detected {
     };
     Detected {
         who: who_is_cgroup(&kill.memcg),
-        kind: if shm_was_most(&memory) {
+        kind: if shm_share_at_least(&memory, share) {
             FindingKind::ShmOomKilled
         } else {
             FindingKind::WorkloadOomKilled
@@ -126,11 +129,11 @@ fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime) -> Detected {
     }
 }
 
-/// Pure: /dev/shm pages at or above [`SHM_OOM_SHARE`] of the usage (the limit, where the
-/// report gave no usage).
-pub fn shm_was_most(m: &MemorySplit) -> bool {
+/// Pure: /dev/shm pages at or above `share` of the usage (the limit, where the report gave no
+/// usage).
+pub fn shm_share_at_least(m: &MemorySplit, share: f64) -> bool {
     match (m.shm_bytes, m.usage_bytes.or(m.limit_bytes)) {
-        (Some(shm), Some(total)) if total > 0 => shm as f64 >= SHM_OOM_SHARE * total as f64,
+        (Some(shm), Some(total)) if total > 0 => shm as f64 >= share * total as f64,
         _ => false,
     }
 }
@@ -142,7 +145,7 @@ mod tests {
     use crate::kernel_log::parse_record;
 
     fn told(content: &str) -> Vec<Detected> {
-        let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None);
+        let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None, SHM_OOM_SHARE);
         records(content)
             .iter()
             .filter_map(|rec| {
@@ -186,16 +189,29 @@ mod tests {
             anon_bytes: None,
             source: MemorySource::KernelLog,
         };
-        assert!(shm_was_most(&m(Some(50), Some(100), Some(100))));
-        assert!(!shm_was_most(&m(Some(49), Some(100), Some(100))));
+        assert!(shm_share_at_least(
+            &m(Some(50), Some(100), Some(100)),
+            SHM_OOM_SHARE
+        ));
+        assert!(!shm_share_at_least(
+            &m(Some(49), Some(100), Some(100)),
+            SHM_OOM_SHARE
+        ));
         assert!(
-            shm_was_most(&m(Some(60), None, Some(100))),
+            shm_share_at_least(&m(Some(60), None, Some(100)), SHM_OOM_SHARE),
             "the limit when no usage"
         );
         assert!(
-            !shm_was_most(&m(None, Some(100), Some(100))),
+            !shm_share_at_least(&m(None, Some(100), Some(100)), SHM_OOM_SHARE),
             "unknown is not /dev/shm"
         );
-        assert!(!shm_was_most(&m(Some(0), Some(0), None)));
+        assert!(!shm_share_at_least(
+            &m(Some(0), Some(0), None),
+            SHM_OOM_SHARE
+        ));
+        assert!(
+            shm_share_at_least(&m(Some(30), Some(100), None), 0.3),
+            "the share is an option"
+        );
     }
 }

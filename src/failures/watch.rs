@@ -24,7 +24,7 @@ pub const MAX_LINES_PER_SEC: u32 = 2000;
 const KMSG_BATCH: usize = 4096;
 
 /// Where the failures are told, and how to place a host PID.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Sources {
     pub pod_log_root: Option<PathBuf>,
     pub docker_root: Option<PathBuf>,
@@ -32,6 +32,8 @@ pub struct Sources {
     pub proc_root: PathBuf,
     /// The host's mount namespace: a process in it is not a container's.
     pub host_mnt: Option<NsId>,
+    /// [`detect::SHM_OOM_SHARE`](super::detect::SHM_OOM_SHARE) unless set.
+    pub oom_shm_share: f64,
 }
 
 impl Sources {
@@ -46,7 +48,11 @@ impl Sources {
 
 /// `check`: what the logs and the kernel said since `since`.
 pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
-    let mut recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
+    let mut recogniser = Recogniser::new(
+        sources.proc_root.clone(),
+        sources.host_mnt,
+        sources.oom_shm_share,
+    );
     let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
         .poll_matching(|text| recogniser.signatures.is_candidate(text))
         .iter()
@@ -101,7 +107,11 @@ where
     let spawned = std::thread::Builder::new()
         .name("failures".into())
         .spawn(move || {
-            let mut recogniser = Recogniser::new(sources.proc_root.clone(), sources.host_mnt);
+            let mut recogniser = Recogniser::new(
+                sources.proc_root.clone(),
+                sources.host_mnt,
+                sources.oom_shm_share,
+            );
             let mut logs = LogTailer::from_end(sources.log_settings());
             let mut kmsg = sources.kmsg.as_ref().and_then(|path| {
                 KernelLog::open(path, KmsgStart::End)
