@@ -105,10 +105,7 @@ impl GpuCollector {
                 }))
             }
             Err(e) => {
-                let reason = match &self.lib {
-                    Some(lib) => format!("loading NVML from {}: {e}", lib.display()),
-                    None => format!("loading NVML (libnvidia-ml.so.1): {e}"),
-                };
+                let reason = text::nvml_load_failed(self.lib.as_deref(), &e);
                 tracing::info!("{reason}; running shm-only");
                 State::Unavailable {
                     reason,
@@ -205,9 +202,9 @@ pub fn driver_gpus(proc_root: &Path) -> Vec<String> {
 pub fn driver_gpu_evidence(proc_root: &Path) -> Option<String> {
     let driver_gpus = proc_root.join("driver/nvidia/gpus");
     if std::fs::read_dir(&driver_gpus).is_ok_and(|mut d| d.next().is_some()) {
-        return Some(format!("{} lists NVIDIA GPUs", driver_gpus.display()));
+        return Some(text::driver_lists_gpus(&driver_gpus));
     }
     Path::new("/dev/nvidia0")
         .exists()
-        .then(|| "/dev/nvidia0 exists".to_string())
+        .then(|| text::DEV_NVIDIA0_EXISTS.to_string())
 }

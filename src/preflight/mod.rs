@@ -23,6 +23,7 @@ use rustix::fs::{Mode, OFlags};
 use crate::cgroup::memory::{parse_limit, parse_memory_stat, parse_usage, tightest, Level};
 use crate::cgroup::proc::locate_memory_cgroup;
 use crate::cgroup::CgroupVersion;
+use crate::findings::text;
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::pairs::{PairJudge, PairRules};
 use crate::host::read_ns;
@@ -247,10 +248,8 @@ impl Probe {
         let gpus = match NvmlGpus::open(options.nvml_lib.as_deref()) {
             Ok(gpus) => gpus,
             Err(e) => {
-                obs.nvml = NvmlState::Unavailable(match &options.nvml_lib {
-                    Some(lib) => format!("loading NVML from {}: {e}", lib.display()),
-                    None => format!("loading NVML (libnvidia-ml.so.1): {e}"),
-                });
+                obs.nvml =
+                    NvmlState::Unavailable(text::nvml_load_failed(options.nvml_lib.as_deref(), &e));
                 obs.evidence = self.gpu_evidence(env);
                 return obs;
             }

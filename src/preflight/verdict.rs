@@ -11,7 +11,6 @@ use super::observe::{
 pub use super::problem::{Grade, Problem, ProblemKind};
 use crate::findings::text;
 use crate::model::PairStatus;
-use crate::units::human_bytes;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,7 +69,6 @@ pub fn judge(
             message,
         })
     };
-    let b = human_bytes;
 
     // /dev/shm itself.
     let mut shm_short = false; // the tmpfs is too small for the need
@@ -81,41 +79,25 @@ pub fn judge(
             p(
                 Grade::Fail,
                 ProblemKind::ShmAbsent,
-                format!(
-                    "nothing at {}: shm_open fails, and with it DataLoader workers and NCCL",
-                    shm.path
-                ),
+                text::preflight_shm_absent(&shm.path),
             )
         }
         ShmState::Unreadable => p(
             Grade::Unknown,
             ProblemKind::ShmUnreadable,
-            format!(
-                "cannot measure {}: {}",
-                shm.path,
-                shm.error.as_deref().unwrap_or("unknown error")
-            ),
+            text::preflight_shm_unreadable(&shm.path, shm.error.as_deref()),
         ),
         ShmState::NotMounted => p(
             Grade::Warn,
             ProblemKind::ShmNotMounted,
-            format!(
-                "{} is a plain directory of the container's root file system, not a tmpfs: shared \
-                 memory there is written to {}",
-                shm.path,
-                shm.fs_type.as_deref().unwrap_or("that file system")
-            ),
+            text::preflight_shm_not_mounted(&shm.path, shm.fs_type.as_deref()),
         ),
         ShmState::Mounted => {
             if shm.fs_type.as_deref().is_some_and(|t| t != "tmpfs") {
                 p(
                     Grade::Warn,
                     ProblemKind::ShmNotTmpfs,
-                    format!(
-                        "{} is {}, not tmpfs",
-                        shm.path,
-                        shm.fs_type.as_deref().unwrap_or("?")
-                    ),
+                    text::preflight_shm_not_tmpfs(&shm.path, shm.fs_type.as_deref()),
                 );
             }
         }
@@ -141,13 +123,13 @@ pub fn judge(
                     } else {
                         ProblemKind::ShmSmallForGpus
                     },
-                    format!(
-                        "{} has {} free ({} size, {} used); {why} needs {}",
-                        shm.path,
-                        b(shm.free_bytes.unwrap_or(0)),
-                        shm.size_bytes.map_or("no".into(), b),
-                        b(shm.used_bytes.unwrap_or(0)),
-                        b(need.bytes),
+                    text::preflight_shm_too_small(
+                        &shm.path,
+                        shm.free_bytes,
+                        shm.size_bytes,
+                        shm.used_bytes,
+                        &why,
+                        need.bytes,
                     ),
                 );
             }
@@ -156,15 +138,13 @@ pub fn judge(
                 p(
                     severity,
                     ProblemKind::MemoryTooSmall,
-                    format!(
-                        "the memory cgroup has {} of headroom (limit {}, {} in use) and tmpfs pages \
-                         count against it: {why} needs {} in {}, so the OOM killer (or a bus error) \
-                         comes first",
-                        b(memory.headroom_bytes.unwrap_or(0)),
-                        memory.limit_bytes.map_or("none".into(), b),
-                        memory.usage_bytes.map_or("?".into(), b),
-                        b(need.bytes),
-                        shm.path,
+                    text::preflight_memory_too_small(
+                        memory.headroom_bytes,
+                        memory.limit_bytes,
+                        memory.usage_bytes,
+                        &why,
+                        need.bytes,
+                        &shm.path,
                     ),
                 );
             }
@@ -172,24 +152,14 @@ pub fn judge(
                 p(
                     Grade::Unknown,
                     ProblemKind::ShmUnboundedUnknown,
-                    format!(
-                        "{} has no size limit and no memory limit is visible: cannot tell whether {} fit",
-                        shm.path,
-                        b(need.bytes)
-                    ),
+                    text::preflight_unbounded_unknown(&shm.path, need.bytes),
                 );
             }
             if need.enforced && !memory.visible {
                 p(
                     Grade::Warn,
                     ProblemKind::MemoryUnknown,
-                    format!(
-                        "the memory cgroup is not visible ({}): judged by the tmpfs alone",
-                        memory
-                            .note
-                            .as_deref()
-                            .unwrap_or("no cgroup file system here")
-                    ),
+                    text::preflight_memory_unknown(memory.note.as_deref()),
                 );
             }
         }
@@ -201,13 +171,11 @@ pub fn judge(
             p(
                 Grade::Warn,
                 ProblemKind::MemoryBelowShmSize,
-                format!(
-                    "{} is {} but the memory limit is {}: tmpfs pages count against the limit, so \
-                     at most {} of it can ever be filled",
-                    shm.path,
-                    b(size),
-                    b(limit),
-                    b(memory.headroom_bytes.unwrap_or(limit))
+                text::preflight_memory_below_shm_size(
+                    &shm.path,
+                    size,
+                    limit,
+                    memory.headroom_bytes.unwrap_or(limit),
                 ),
             );
         }
@@ -218,17 +186,14 @@ pub fn judge(
         NvmlState::Unavailable(reason) if gpus.explicit_lib => p(
             Grade::Unknown,
             ProblemKind::NvmlUnavailable,
-            format!("{reason}: cannot judge the GPUs"),
+            text::preflight_nvml_unavailable(reason),
         ),
         NvmlState::Unavailable(reason) => {
             if let Some(evidence) = &gpus.evidence {
                 p(
                     Grade::Warn,
                     ProblemKind::GpuHealthUnknown,
-                    format!(
-                        "{}: GPU pairs not checked",
-                        text::nvml_not_loading(evidence, reason)
-                    ),
+                    text::preflight_gpu_health_unknown(evidence, reason),
                 );
             }
         }
@@ -242,14 +207,10 @@ pub fn judge(
         p(
             Grade::Warn,
             ProblemKind::GpuNotFound,
-            format!(
-                "{var} names {} that NVML does not list{}",
-                gpus.unmatched.join(","),
-                if gpus.selected_by == SelectorSource::CudaVisibleDevices {
-                    " (CUDA ignores it and every entry after it)"
-                } else {
-                    ""
-                }
+            text::preflight_gpu_not_found(
+                var,
+                &gpus.unmatched,
+                gpus.selected_by == SelectorSource::CudaVisibleDevices,
             ),
         );
     }
@@ -260,21 +221,15 @@ pub fn judge(
             .map_or(0, |g| g.cuda_ordinal)
     };
     for pair in gpus.pairs.iter().filter(|p| p.status != PairStatus::Ok) {
-        let status = text::pair_status(pair.status);
-        let reasons = if pair.reasons.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", pair.reasons.join("; "))
-        };
         p(
             Grade::Fail,
             ProblemKind::GpuPair,
-            format!(
-                "GPU {} <-> GPU {} (cuda:{} <-> cuda:{} in this process) is {status}{reasons}",
+            text::preflight_gpu_pair(
                 pair.gpu,
                 pair.peer_gpu,
-                ordinal(pair.gpu),
-                ordinal(pair.peer_gpu),
+                (ordinal(pair.gpu), ordinal(pair.peer_gpu)),
+                text::pair_status(pair.status),
+                &pair.reasons,
             ),
         );
     }

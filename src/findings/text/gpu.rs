@@ -208,3 +208,19 @@ pub fn link_errors(g: u32, describe: &str, window: Duration, parts: &[String]) -
         parts.join("; "),
     )
 }
+
+/// Why NVML did not load: from `lib` (None: the system's libnvidia-ml.so.1), and NVML's error.
+pub fn nvml_load_failed(lib: Option<&std::path::Path>, error: &dyn std::fmt::Display) -> String {
+    match lib {
+        Some(lib) => format!("loading NVML from {}: {error}", lib.display()),
+        None => format!("loading NVML (libnvidia-ml.so.1): {error}"),
+    }
+}
+
+/// The evidence of a GPU without NVML: the driver's list at `path`.
+pub fn driver_lists_gpus(path: &std::path::Path) -> String {
+    format!("{} lists NVIDIA GPUs", path.display())
+}
+
+/// The evidence of a GPU without NVML: its device node.
+pub const DEV_NVIDIA0_EXISTS: &str = "/dev/nvidia0 exists";

@@ -6,18 +6,21 @@
 //! - `shm.rs`: a container's /dev/shm; `gpu.rs`: GPUs, links, pairs, XIDs, NVML;
 //! - `pairs.rs`: the reasons a GPU pair is not ok;
 //! - `failures.rs`: why a workload died; `conditions.rs`: the Node's conditions, reasons too;
+//! - `preflight.rs`: preflight's problems;
 //! - here: the small pieces they share (lists of GPUs and links, rates, durations).
 
 mod conditions;
 mod failures;
 mod gpu;
 mod pairs;
+mod preflight;
 mod shm;
 
 pub use conditions::*;
 pub use failures::*;
 pub use gpu::*;
 pub use pairs::*;
+pub use preflight::*;
 pub use shm::*;
 
 use std::time::Duration;
