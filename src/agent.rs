@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use crate::cli::KubeMode;
+use crate::failures::memcg::OomCounters;
 use crate::failures::tell::Teller;
 use crate::failures::watch::{self, Sources, Told};
 use crate::gpu::xid::kernel::KernelXids;
@@ -97,6 +98,7 @@ pub async fn serve(
     interval: Duration,
     kube: KubeSettings,
     sources: Sources,
+    oom_counters: Option<OomCounters>,
 ) -> Result<(), AgentError> {
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let metrics = Arc::new(Metrics::new(snapshot.clone()));
@@ -162,9 +164,14 @@ pub async fn serve(
         .spawn({
             let (snapshot, metrics, health) = (snapshot.clone(), metrics.clone(), health.clone());
             move || {
-                scan_loop(
-                    scanner, kube, interval, &snapshot, &metrics, &health, &wake_rx,
-                )
+                let between = Between {
+                    scanner,
+                    kube,
+                    failures: Teller::default(),
+                    kernel_xids: KernelXids::default(),
+                    oom_counters,
+                };
+                scan_loop(between, interval, &snapshot, &metrics, &health, &wake_rx)
             }
         })
         .map_err(AgentError::Thread)?;
@@ -194,6 +201,8 @@ struct Between {
     kube: Option<KubeView>,
     failures: Teller,
     kernel_xids: KernelXids,
+    /// OOM kills as the memory cgroups count them, when the kernel log is off.
+    oom_counters: Option<OomCounters>,
 }
 
 impl Between {
@@ -255,20 +264,13 @@ impl Between {
 /// piling up; missed periods are skipped, not caught up. Failures the watcher finds between
 /// scans are correlated with the last snapshot and published at once.
 fn scan_loop(
-    scanner: Scanner,
-    kube: Option<KubeView>,
+    mut b: Between,
     interval: Duration,
     snapshot: &SharedSnapshot,
     metrics: &Metrics,
     health: &Health,
     wake: &mpsc::Receiver<Wake>,
 ) {
-    let mut b = Between {
-        scanner,
-        kube,
-        failures: Teller::default(),
-        kernel_xids: KernelXids::default(),
-    };
     // Series born before the Pod cache syncs carry empty names and are renamed moments later,
     // which resets every alert's `for:`: the first scan (and so /readyz) waits, boundedly.
     if let Some(wait) = b.kube.as_ref().map(|k| k.pod_cache_wait) {
@@ -313,8 +315,20 @@ fn scan_loop(
             first = false;
         }
         b.failures.after_scan(&mut out.snapshot, Instant::now());
+        let counted = b.oom_counters.as_mut().map_or_else(Vec::new, |c| {
+            c.after_scan(&out.snapshot.shm, std::time::SystemTime::now())
+        });
         snapshot.store(Some(Arc::new(out.snapshot)));
         health.mark_scanned();
+        if !counted.is_empty() {
+            b.on_told(
+                Told {
+                    failures: counted,
+                    gpus: Vec::new(),
+                },
+                snapshot,
+            );
+        }
 
         next += interval;
         let now = Instant::now();

@@ -7,6 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{Cli, Command, CommonArgs, FailureSourceArgs, KubeMode, LogFormat, LogLevel};
 use shmlink::failures::correlate::{correlate, finding, Known};
+use shmlink::failures::memcg::OomCounters;
 use shmlink::failures::watch::{collect, Sources};
 use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
@@ -58,10 +59,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             init_logging(args.log_format, args.common.log_level, "info")?;
             let sources = sources(&args.common, &args.sources);
-            let scanner = scanner(&args.common, true)?
+            let mut scanner = scanner(&args.common, true)?
                 .without_shmem_stat()
                 .with_docker_root(sources.docker_root.clone())
                 .with_peak_sampling(args.common.host.proc_root.clone(), PEAK_PERIOD);
+            // Without the kernel log, OOM kills are told from the memory cgroups' counters.
+            let oom_counters = match (&sources.kmsg, host_paths(&args.common).memory_hierarchy()) {
+                (None, Ok((hierarchy, version))) => {
+                    scanner = scanner.with_oom_kills();
+                    Some(OomCounters::new(hierarchy, version, sources.oom_shm_share))
+                }
+                _ => None,
+            };
             let kube = agent::KubeSettings {
                 mode: args.kube,
                 node: args.common.node_name(),
@@ -83,6 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 args.interval,
                 kube,
                 sources,
+                oom_counters,
             ))?;
             Ok(ExitCode::SUCCESS)
         }
@@ -140,10 +150,7 @@ fn scanner(common: &CommonArgs, with_xid_thread: bool) -> anyhow::Result<Scanner
         common.thresholds.shm_warn_ratio,
         common.thresholds.shm_critical_ratio,
     )?;
-    let host = HostPaths {
-        proc_root: common.host.proc_root.clone(),
-        cgroup_root: common.host.cgroup_root.clone(),
-    };
+    let host = host_paths(common);
     let gpu = GpuCollector::new(
         common.gpu.no_gpu,
         common.gpu.nvml_lib.as_deref(),
@@ -157,15 +164,19 @@ fn scanner(common: &CommonArgs, with_xid_thread: bool) -> anyhow::Result<Scanner
     Ok(Scanner::new(&host, common.node_name(), thresholds, gpu)?)
 }
 
+fn host_paths(common: &CommonArgs) -> HostPaths {
+    HostPaths {
+        proc_root: common.host.proc_root.clone(),
+        cgroup_root: common.host.cgroup_root.clone(),
+    }
+}
+
 /// How often a container's /dev/shm is sampled between scans while it is half full or growing.
 const PEAK_PERIOD: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The failure sources as the options name them (`off` turns one off).
 fn sources(common: &CommonArgs, args: &FailureSourceArgs) -> Sources {
-    let host = HostPaths {
-        proc_root: common.host.proc_root.clone(),
-        cgroup_root: common.host.cgroup_root.clone(),
-    };
+    let host = host_paths(common);
     Sources {
         pod_log_root: FailureSourceArgs::on(&args.pod_log_root),
         docker_root: FailureSourceArgs::on(&args.docker_root),

@@ -74,6 +74,13 @@ impl Scanner {
         self
     }
 
+    /// Reads each container's OOM kill counter: how `serve` tells OOM kills when it does not
+    /// read the kernel log (`failures::memcg`).
+    pub fn with_oom_kills(mut self) -> Self {
+        self.shm.set_read_oom_kills(true);
+        self
+    }
+
     /// Containers outside Kubernetes get the name and image Docker knows them by.
     fn name_docker_containers(&mut self, readings: &mut [ShmReading]) {
         for r in readings.iter_mut().filter(|r| r.pod_uid.is_none()) {

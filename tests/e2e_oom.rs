@@ -45,6 +45,22 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
     if !common::e2e_available() || !kmsg_readable() {
         return;
     }
+    // One after the other: each agent would see the other's kills in the kernel log.
+    scenario(Told::KernelLog);
+    scenario(Told::MemoryCgroup);
+}
+
+/// How the agent learns of the kills.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Told {
+    /// `--kmsg /dev/kmsg`: the kernel's report, the numbers at the kill.
+    KernelLog,
+    /// `--kmsg off`: the memory cgroups' counters, read each scan.
+    MemoryCgroup,
+}
+
+fn scenario(told: Told) {
+    println!("== {told:?}");
     let api = FakeApi::start();
     let (shm_uid, shm_id) = (common::random_pod_uid(), common::random_container_id());
     let (own_uid, own_id) = (common::random_pod_uid(), common::random_container_id());
@@ -73,7 +89,10 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
             NODE,
             "--no-gpu",
             "--kmsg",
-            "/dev/kmsg",
+            match told {
+                Told::KernelLog => "/dev/kmsg",
+                Told::MemoryCgroup => "off",
+            },
         ],
         &[("KUBECONFIG", kubeconfig.as_os_str())],
     );
@@ -155,19 +174,28 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
     let note = kill[0]["note"].as_str().unwrap();
     for part in [
         "container ml/loader-0/loader: the kernel OOM-killed ",
-        ", its memory cgroup at 64.0 MiB of 64.0 MiB, and /dev/shm was what filled it",
+        "and /dev/shm was what filled it: /dev/shm held ",
         "of the 64.0 MiB memory limit",
         "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
     ] {
         assert!(note.contains(part), "{part:?} not in {note}");
     }
+    if told == Told::KernelLog {
+        // The numbers at the kill: the cgroup at its limit.
+        assert!(
+            note.contains(", its memory cgroup at 64.0 MiB of 64.0 MiB,"),
+            "{note}"
+        );
+    }
+    let counted = note.contains("(Counted by the container's memory cgroup");
+    assert_eq!(counted, told == Told::MemoryCgroup, "{note}");
 
     assert_eq!(own.len(), 1, "one Event series, no /dev/shm one: {own:#?}");
     assert_eq!(own[0]["reason"], "WorkloadOomKilled");
     assert_eq!(own[0]["regarding"]["uid"], own_uid.as_str());
     let note = own[0]["note"].as_str().unwrap();
     assert!(
-        note.contains("for the workload's own memory") && note.contains("Not /dev/shm"),
+        note.contains("Not /dev/shm: lower what the workload holds"),
         "{note}"
     );
 
@@ -195,6 +223,9 @@ fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
         "the healthy neighbour: {body}"
     );
     assert!(events_about(&api, "idle-0").is_empty());
+    if told == Told::MemoryCgroup {
+        return; // `check` reads the kernel log back; the counters have no time
+    }
 
     // `check` reads the same report back, with the split.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))

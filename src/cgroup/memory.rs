@@ -18,6 +18,9 @@ pub struct MemoryReading {
     pub headroom_bytes: Option<u64>,
     /// shmem charged to this cgroup per its memory.stat.
     pub shmem_bytes: Option<u64>,
+    /// The processes of this cgroup the kernel OOM-killed since it was made (`oom_kill` of
+    /// memory.events, v1 memory.oom_control); None where the kernel does not count them.
+    pub oom_kills: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +35,15 @@ pub enum MemcgError {
         source: io::Error,
         partial: MemoryReading,
     },
+}
+
+/// `oom_kill N` of memory.events (v2) or memory.oom_control (v1): kills of processes in this
+/// cgroup (v2's `oom_group_kill` counts whole-group kills, each also an `oom_kill`).
+pub fn parse_oom_kills(content: &str) -> Option<u64> {
+    content.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == "oom_kill").then(|| value.trim().parse().ok())?
+    })
 }
 
 /// Values from here up are v1's "no limit" (PAGE_COUNTER_MAX rounded to pages).
@@ -49,18 +61,24 @@ pub fn parse_limit(s: &str) -> Option<u64> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemoryStat {
     pub shmem: Option<u64>,
+    /// Anonymous memory: v2 `anon`, v1 `total_rss` (else `rss`).
+    pub anon: Option<u64>,
     pub hierarchical_memory_limit: Option<u64>,
 }
 
 pub fn parse_memory_stat(content: &str) -> MemoryStat {
     let mut stat = MemoryStat::default();
     let mut total_shmem = None;
+    let mut total_rss = None;
     for line in content.lines() {
         let mut parts = line.split_ascii_whitespace();
         // The key first: most of memory.stat's ~40 (v2) or ~70 (v1) lines are not wanted, and
         // their values need not be parsed.
         let Some(key) = parts.next() else { continue };
-        if !matches!(key, "shmem" | "total_shmem" | "hierarchical_memory_limit") {
+        if !matches!(
+            key,
+            "shmem" | "total_shmem" | "anon" | "rss" | "total_rss" | "hierarchical_memory_limit"
+        ) {
             continue;
         }
         let Some(Ok(value)) = parts.next().map(str::parse::<u64>) else {
@@ -69,6 +87,8 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
         match key {
             "shmem" => stat.shmem = Some(value),
             "total_shmem" => total_shmem = Some(value),
+            "anon" | "rss" => stat.anon = Some(value),
+            "total_rss" => total_rss = Some(value),
             // v1 writes its "no limit" sentinel here too.
             "hierarchical_memory_limit" => {
                 stat.hierarchical_memory_limit = Some(value).filter(|&v| v < V1_NO_LIMIT)
@@ -78,6 +98,7 @@ pub fn parse_memory_stat(content: &str) -> MemoryStat {
     }
     // v1's total_shmem includes child cgroups; prefer it over the cgroup's own.
     stat.shmem = total_shmem.or(stat.shmem);
+    stat.anon = total_rss.or(stat.anon);
     stat
 }
 
@@ -118,6 +139,8 @@ pub struct MemcgReader {
     files: FileReader,
     /// memory.stat's shmem is read only for whom it is reported (`check --json`).
     read_shmem: bool,
+    /// The OOM kill counter is read only for whom it is told (`serve` without the kernel log).
+    read_oom_kills: bool,
 }
 
 impl MemcgReader {
@@ -128,7 +151,13 @@ impl MemcgReader {
             memo: HashMap::new(),
             files: FileReader::default(),
             read_shmem: true,
+            read_oom_kills: false,
         }
+    }
+
+    /// Whether to read each container's OOM kill counter (one small file more per container).
+    pub fn set_read_oom_kills(&mut self, on: bool) {
+        self.read_oom_kills = on;
     }
 
     /// Whether to read memory.stat's shmem, the largest and dearest file per container: `serve`
@@ -209,6 +238,16 @@ impl MemcgReader {
                 .and_then(|bytes| std::str::from_utf8(bytes).ok())
                 .and_then(|s| parse_memory_stat(s).shmem);
         }
+        if self.read_oom_kills {
+            let events = match leaf_dir {
+                Some(dir) => self.files.read(dir, files.oom_events),
+                None => self.files.read(CWD, leaf.join(files.oom_events)),
+            };
+            reading.oom_kills = events
+                .ok()
+                .and_then(|bytes| std::str::from_utf8(bytes).ok())
+                .and_then(parse_oom_kills);
+        }
         match leaf_error {
             None => Ok(reading),
             Some(source) => Err(MemcgError::Io {
@@ -270,6 +309,23 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     #[test]
+    fn oom_kills_are_counted_in_memory_events_and_v1_oom_control() {
+        // Linux 6.x memory.events, and v1 memory.oom_control after a kill (this machine's).
+        assert_eq!(
+            parse_oom_kills("low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n"),
+            Some(2)
+        );
+        assert_eq!(
+            parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"),
+            Some(1)
+        );
+        // Kernels before 4.13 have no counter; garbage is none.
+        assert_eq!(parse_oom_kills("oom_kill_disable 0\nunder_oom 0\n"), None);
+        assert_eq!(parse_oom_kills("oom_kill x\n"), None);
+        assert_eq!(parse_oom_kills(""), None);
+    }
+
+    #[test]
     fn v2_writes_max_for_no_limit_and_v1_a_sentinel_near_i64_max() {
         assert_eq!(parse_limit("max\n"), None);
         assert_eq!(parse_limit(fixture!("v1-unlimited.limit_in_bytes")), None);
@@ -315,6 +371,7 @@ mod tests {
             stat,
             MemoryStat {
                 shmem: Some(64 * MIB),
+                anon: Some(4202496),
                 hierarchical_memory_limit: None,
             }
         );
@@ -338,6 +395,9 @@ mod tests {
         assert_eq!(stat.hierarchical_memory_limit, Some(GIB));
         let root = parse_memory_stat(fixture!("v1-root.memory.stat"));
         assert_eq!(root.shmem, Some(9084928));
+        // Anonymous memory likewise: total_rss over rss; not anon_thp or rss_huge.
+        assert_eq!(root.anon, Some(9998336));
+        assert_eq!(stat.anon, Some(2101248));
     }
 
     #[test]

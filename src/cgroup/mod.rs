@@ -24,6 +24,8 @@ pub struct MemoryFiles {
     pub limit: &'static str,
     pub usage: &'static str,
     pub stat: &'static str,
+    /// Where the cgroup counts its OOM kills (`oom_kill N`): v1 since Linux 4.13.
+    pub oom_events: &'static str,
 }
 
 impl CgroupVersion {
@@ -41,11 +43,13 @@ impl CgroupVersion {
                 limit: "memory.limit_in_bytes",
                 usage: "memory.usage_in_bytes",
                 stat: "memory.stat",
+                oom_events: "memory.oom_control",
             },
             CgroupVersion::V2 => MemoryFiles {
                 limit: "memory.max",
                 usage: "memory.current",
                 stat: "memory.stat",
+                oom_events: "memory.events",
             },
         }
     }

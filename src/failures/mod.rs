@@ -19,6 +19,7 @@ pub mod correlate;
 pub mod crash;
 pub mod detect;
 pub mod ledger;
+pub mod memcg;
 pub mod oom;
 pub mod recent;
 pub mod signatures;

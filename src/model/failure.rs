@@ -18,6 +18,8 @@ pub enum FailureSource {
     Log,
     /// The kernel log.
     Kernel,
+    /// The container's memory cgroup's own counters (its OOM kills).
+    MemoryCgroup,
 }
 
 /// Whose failure it is, as far as the source says.
@@ -65,6 +67,8 @@ pub struct Detected {
 pub enum MemorySource {
     /// The kernel's OOM report: the numbers at the moment of the kill.
     KernelLog,
+    /// The memory cgroup's OOM kill counter, its memory.stat read just after the kill.
+    MemoryCgroup,
 }
 
 /// What a memory cgroup held when it ran out (`failures[].memory`): its limit and usage, and

@@ -52,6 +52,10 @@ pub struct ShmReading {
     pub memory_limit_bytes: Option<u64>,
     /// Shared memory charged to the container's memory cgroup (memory.stat), when readable.
     pub memory_shmem_bytes: Option<u64>,
+    /// The container's processes its memory cgroup counted as OOM-killed, when read (`serve`
+    /// without the kernel log).
+    #[serde(skip)]
+    pub memory_oom_kills: Option<u64>,
     /// The highest `used_bytes` seen since the previous scan (sampled between scans while the
     /// container is half full or growing); the scan's own reading at least.
     pub used_peak_bytes: Option<u64>,

@@ -134,6 +134,11 @@ impl ShmScanner {
         self.memcg.set_read_shmem(on);
     }
 
+    /// Whether readings carry `memory_oom_kills`: off unless turned on.
+    pub fn set_read_oom_kills(&mut self, on: bool) {
+        self.memcg.set_read_oom_kills(on);
+    }
+
     pub fn host_namespaces(&self) -> HostNamespaces {
         self.host_ns
     }
@@ -536,6 +541,7 @@ fn build_reading(
         available_bytes: available,
         memory_limit_bytes: memory.limit_bytes,
         memory_shmem_bytes: memory.shmem_bytes,
+        memory_oom_kills: memory.oom_kills,
         used_peak_bytes: used,
         image: None,
         status: ShmStatus::Ok,

@@ -1,7 +1,7 @@
 //! Why a workload died: what it said, what its /dev/shm and GPUs were then, and the fix.
 
 use super::{pair_status, SHM_FIX_KUBERNETES};
-use crate::model::{MemorySplit, PairStatus, PairThen, ShmThen};
+use crate::model::{MemorySource, MemorySplit, PairStatus, PairThen, ShmThen};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// `shm_allocation_failed`: what the workload said, its /dev/shm then, and a concrete fix.
@@ -163,12 +163,13 @@ pub fn shm_oom_killed(
         "container {who}: the kernel OOM-killed {} at {at}{}, and /dev/shm was what filled it: \
          /dev/shm held {} of the {}; the processes' own memory {}. tmpfs pages count \
          against the memory limit, so a /dev/shm larger than the room the limit leaves turns a \
-         full /dev/shm into an OOM kill. Fix: {fix}.",
+         full /dev/shm into an OOM kill. Fix: {fix}.{}",
         comm_and_pid(comm, pid),
         oom_scope(m),
         bytes_or_unknown(m.shm_bytes),
         limit_words(m),
         bytes_or_unknown(m.anon_bytes),
+        counted_by(m),
     )
 }
 
@@ -180,16 +181,38 @@ pub fn workload_oom_killed(
     pid: Option<i32>,
     m: &MemorySplit,
 ) -> String {
+    let split = match m.source {
+        MemorySource::KernelLog => format!(
+            "for the workload's own memory: {} of the {} was its processes' own, /dev/shm held {}",
+            bytes_or_unknown(m.anon_bytes),
+            limit_words(m),
+            bytes_or_unknown(m.shm_bytes),
+        ),
+        // Read after the kill, the killed process's memory is gone: only /dev/shm's is telling.
+        MemorySource::MemoryCgroup => format!(
+            "and /dev/shm was not what filled the memory: just after the kill it held {} of the {}",
+            bytes_or_unknown(m.shm_bytes),
+            limit_words(m),
+        ),
+    };
     format!(
-        "container {who}: the kernel OOM-killed {} at {at}{}, for the workload's own memory: \
-         {} of the {} was its processes' own, /dev/shm held {}. Not /dev/shm: lower what the \
-         workload holds (DataLoader workers, prefetch, batch size) or raise the memory limit.",
+        "container {who}: the kernel OOM-killed {} at {at}{}, {split}. Not /dev/shm: lower what \
+         the workload holds (DataLoader workers, prefetch, batch size) or raise the memory limit.{}",
         comm_and_pid(comm, pid),
         oom_scope(m),
-        bytes_or_unknown(m.anon_bytes),
-        limit_words(m),
-        bytes_or_unknown(m.shm_bytes),
+        counted_by(m),
     )
+}
+
+/// Where the numbers come from, when not the kernel's report of the kill itself.
+fn counted_by(m: &MemorySplit) -> &'static str {
+    match m.source {
+        MemorySource::KernelLog => "",
+        MemorySource::MemoryCgroup => {
+            " (Counted by the container's memory cgroup; its memory as read just after the \
+             kill, not at it.)"
+        }
+    }
 }
 
 fn comm_and_pid(comm: &str, pid: Option<i32>) -> String {
