@@ -247,7 +247,53 @@ until grep -q 'kind="gpu_job_crashed"' /tmp/metrics2 2>/dev/null; do
 done
 echo "@@BEGIN metrics-after-crash"; cat /tmp/metrics2; echo "@@END metrics-after-crash"
 echo "@@BEGIN kmsg-segfault"; dmesg | grep 'segfault at'; echo "@@END kmsg-segfault"
+
+# An OOM kill of /dev/shm pages on cgroup v2: a 1 GiB emptyDir filled past the container's
+# 64 MiB memory.max; the kernel's report, read from /dev/kmsg by the serve above.
+mkdir -p /mnt/emptydir5; mount -t tmpfs -o size=1g,mode=1777 tmpfs /mnt/emptydir5
+u=$(pod_uid); c=$(hex 32)
+cg=$BURSTABLE/kubepods-burstable-pod$(underscored "$u").slice/cri-containerd-$c.scope
+start oom "$cg" bind:/mnt/emptydir5 $((64 * MIB)) \
+  "touch /tmp/ready; sleep 2; dd if=/dev/zero of=/dev/shm/batch bs=1M count=200 2>/dev/null; exec sleep 3600" && \
+  scenario oom pod_uid=$u container_id=$c cgroup=/$cg limit_mib=64
+i=0
+until grep -q 'kind="shm_oom_killed"' /tmp/metrics3 2>/dev/null; do
+  i=$((i + 1)); [ $i -gt 120 ] && break
+  sleep 0.5
+  wget -q -O /tmp/metrics3 http://127.0.0.1:9477/metrics
+done
+echo "@@BEGIN metrics-after-oom"; cat /tmp/metrics3; echo "@@END metrics-after-oom"
+echo "@@BEGIN kmsg-oom"; dmesg | grep -E 'invoked oom-killer|^.{0,20}memory: usage|Memory cgroup stats for|^.{0,20}shmem |^.{0,20}anon |oom-kill:|Killed process'; echo "@@END kmsg-oom"
+shmlink check --json --no-gpu --kmsg /dev/kmsg --since 10m --pod-log-root /nonexistent > /tmp/check-oom.json 2>/dev/null
+echo "@@BEGIN check-oom"; cat /tmp/check-oom.json; echo; echo "@@END check-oom"
 kill -TERM $serve_pid; wait $serve_pid
 echo "@@SERVE-EXIT $?"
 echo "@@BEGIN serve-log"; tail -n 40 /tmp/serve.log; echo "@@END serve-log"
+
+# The same without the kernel log: the container's memory.events counts the kill. A second
+# container, its process killed while the agent watches.
+shmlink serve --no-gpu --kube off --listen 127.0.0.1:9478 --interval 1s --kmsg off \
+  --pod-log-root /nonexistent > /tmp/serve2.log 2>&1 &
+serve_pid=$!
+i=0
+until wget -q -O /tmp/readyz http://127.0.0.1:9478/readyz 2>/dev/null; do
+  i=$((i + 1)); [ $i -gt 300 ] && { echo "@@ERROR serve --kmsg off never ready"; break; }
+  sleep 0.2
+done
+mkdir -p /mnt/emptydir6; mount -t tmpfs -o size=1g,mode=1777 tmpfs /mnt/emptydir6
+u=$(pod_uid); c=$(hex 32)
+cg=$BURSTABLE/kubepods-burstable-pod$(underscored "$u").slice/cri-containerd-$c.scope
+start oomcount "$cg" bind:/mnt/emptydir6 $((64 * MIB)) \
+  "touch /tmp/ready; sleep 3; dd if=/dev/zero of=/dev/shm/batch bs=1M count=200 2>/dev/null; exec sleep 3600" && \
+  scenario oomcount pod_uid=$u container_id=$c cgroup=/$cg limit_mib=64
+i=0
+until grep -q 'kind="shm_oom_killed"' /tmp/metrics4 2>/dev/null; do
+  i=$((i + 1)); [ $i -gt 120 ] && break
+  sleep 0.5
+  wget -q -O /tmp/metrics4 http://127.0.0.1:9478/metrics
+done
+echo "@@BEGIN metrics-after-oomcount"; cat /tmp/metrics4; echo "@@END metrics-after-oomcount"
+echo "@@BEGIN memory-events"; cat "$CG/$cg/memory.events"; echo "@@END memory-events"
+kill -TERM $serve_pid; wait $serve_pid
+echo "@@BEGIN serve2-log"; grep -i oom /tmp/serve2.log | tail -n 5; echo "@@END serve2-log"
 exit 0

@@ -16,7 +16,7 @@ from promtext import samples  # noqa: E402
 MIB = 1 << 20
 # Every scenario scenarios.sh makes: one that never said it was made is a failure, not a skip.
 EXPECTED = ["default64", "full64", "emptydir", "hostipc", "crio", "guaranteed", "podlimit",
-            "symlink", "unlinked", "sharedw", "sharedr", "ctrlimit", "crash"]
+            "symlink", "unlinked", "sharedw", "sharedr", "ctrlimit", "crash", "oom", "oomcount"]
 
 
 def parse(text):
@@ -255,6 +255,39 @@ def main():
         expect(values.get("SERVE-EXIT") == "0", f"serve exited {values.get('SERVE-EXIT')} on SIGTERM")
         return f"kmsg: {kmsg.strip().splitlines()[0][:160]}; gpu_job_crashed counted 1"
     run("crash-kmsg", crash)
+
+    def oom():
+        expect("oom" in scenarios, f"not made: {errors}")
+        kmsg = blocks.get("kmsg-oom", "")
+        expect("invoked oom-killer" in kmsg and "oom-kill:" in kmsg, f"the VM's kernel log: {kmsg!r}")
+        cid = scenarios["oom"]["container_id"]
+        m = samples(blocks.get("metrics-after-oom", ""))
+        got = sample(m, "shmlink_workload_failures_total", kind="shm_oom_killed", container_id=cid)
+        expect(got is not None and got >= 1, f"shm_oom_killed of the oom container: {got}")
+        report = json.loads(blocks.get("check-oom", "") or "{}")
+        mine = [f for f in report.get("failures", []) if f.get("container_id") == cid]
+        expect(mine, f"check --json has no failure of the oom container: {report.get('failures')}")
+        f = mine[0]
+        mem = f.get("memory") or {}
+        expect(f["kind"] == "shm_oom_killed" and mem.get("source") == "kernel_log", f"{f}")
+        # cgroup v2's report: memory.max 64 MiB, and its memory.stat's shmem most of it.
+        expect(mem.get("limit_bytes") == 64 * MIB, f"limit {mem}")
+        expect((mem.get("shm_bytes") or 0) >= 48 * MIB, f"shm {mem}")
+        expect(mem.get("anon_bytes") is not None, f"anon {mem}")
+        return (f"shm_oom_killed: /dev/shm {mem['shm_bytes'] / MIB:.1f} MiB, anon "
+                f"{mem['anon_bytes'] / MIB:.1f} MiB of {mem['limit_bytes'] // MIB} MiB (the v2 report)")
+    run("oom-kmsg", oom)
+
+    def oomcount():
+        expect("oomcount" in scenarios, f"not made: {errors}")
+        events = blocks.get("memory-events", "")
+        expect("oom_kill 1" in events or "oom_kill 2" in events, f"memory.events: {events!r}")
+        m = samples(blocks.get("metrics-after-oomcount", ""))
+        got = sample(m, "shmlink_workload_failures_total", kind="shm_oom_killed",
+                     container_id=scenarios["oomcount"]["container_id"])
+        expect(got is not None and got >= 1, f"shm_oom_killed from memory.events: {got}")
+        return f"memory.events {' '.join(events.split())}; shm_oom_killed counted {int(got)}"
+    run("oom-memory-events", oomcount)
 
     for name in EXPECTED:
         if name not in scenarios and not any(r[0].startswith(name[:6]) for r in results):

@@ -78,7 +78,16 @@ impl OomReports {
         if !record.is_kernel() {
             return None;
         }
-        let line = record.message.trim();
+        // Before Linux 6.4 the memory.stat dump is one record of many lines (`\x0a` on
+        // /dev/kmsg, unescaped); since, a record a line.
+        let mut kill = None;
+        for line in record.message.lines() {
+            kill = kill.or(self.line(line.trim()));
+        }
+        kill
+    }
+
+    fn line(&mut self, line: &str) -> Option<OomKill> {
         if line.contains(" invoked oom-killer: ") {
             self.partial = Some(Partial::default());
             return None;
@@ -233,6 +242,15 @@ mod tests {
         assert_eq!(anon[0].anon_bytes, Some(385_875_968));
         assert_eq!(anon[0].shmem_bytes, Some(81_920));
         assert_eq!(anon[0].usage_bytes, Some(384 << 20));
+    }
+
+    #[test]
+    fn a_stats_dump_in_one_record_as_linux_6_1_prints_it() {
+        let one = kills(kmsg::OOM_V2_ONE_RECORD);
+        assert_eq!(one.len(), 1, "{one:?}");
+        assert_eq!(one[0].shmem_bytes, Some(65_409_024));
+        assert_eq!(one[0].anon_bytes, Some(1_142_784));
+        assert_eq!(one[0].limit_bytes, Some(64 << 20));
     }
 
     #[test]
