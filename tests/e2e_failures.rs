@@ -277,14 +277,7 @@ fn crashing_worker(uid: &str, id: &str, nccl: &tempfile::TempDir) -> Container {
 
 #[test]
 fn a_crash_in_libnccl_told_by_the_kernel_is_a_gpu_job_crashed_event_on_its_pod() {
-    if !common::e2e_available() {
-        return;
-    }
-    if !Path::new("/dev/kmsg").exists() || std::fs::File::open("/dev/kmsg").is_err() {
-        if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
-            panic!("the kernel log /dev/kmsg cannot be read here");
-        }
-        eprintln!("SKIPPED: /dev/kmsg cannot be read");
+    if !common::e2e_available() || !common::kmsg_readable() {
         return;
     }
     let Some(job) = CrashingJob::new("allreduce-0") else {

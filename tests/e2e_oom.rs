@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
@@ -29,20 +28,9 @@ fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["reason"] == reason).collect()
 }
 
-fn kmsg_readable() -> bool {
-    if Path::new("/dev/kmsg").exists() && std::fs::File::open("/dev/kmsg").is_ok() {
-        return true;
-    }
-    if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
-        panic!("the kernel log /dev/kmsg cannot be read here");
-    }
-    eprintln!("SKIPPED: /dev/kmsg cannot be read; no OOM kill tested");
-    false
-}
-
 #[test]
 fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
-    if !common::e2e_available() || !kmsg_readable() {
+    if !common::e2e_available() || !common::kmsg_readable() {
         return;
     }
     // One after the other: each agent would see the other's kills in the kernel log.

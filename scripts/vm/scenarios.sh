@@ -119,6 +119,16 @@ scenario() {
   printf '\n'
 }
 
+# scrape_until PORT FILE PATTERN: /metrics into FILE until it holds PATTERN (at most 60 s).
+scrape_until() {
+  local i=0
+  until grep -q "$3" "$2" 2>/dev/null; do
+    i=$((i + 1)); [ $i -gt 120 ] && break
+    sleep 0.5
+    wget -q -O "$2" "http://127.0.0.1:$1/metrics"
+  done
+}
+
 write() { echo "dd if=/dev/zero of=/dev/shm/data bs=1M count=$1 2>/dev/null; touch /tmp/ready; exec sleep 3600"; }
 
 echo "@@VM-CONTROLLERS $(cat $CG/cgroup.controllers)"
@@ -239,12 +249,7 @@ echo "@@BEGIN metrics"; cat /tmp/metrics1; echo "@@END metrics"
 u=$(pod_uid); c=$(hex 32)
 cg=$BURSTABLE/kubepods-burstable-pod$(underscored "$u").slice/cri-containerd-$c.scope
 start crash "$cg" default 0 "sleep 3; exec /nccl/crash" && scenario crash pod_uid=$u container_id=$c cgroup=/$cg
-i=0
-until grep -q 'kind="gpu_job_crashed"' /tmp/metrics2 2>/dev/null; do
-  i=$((i + 1)); [ $i -gt 120 ] && break
-  sleep 0.5
-  wget -q -O /tmp/metrics2 http://127.0.0.1:9477/metrics
-done
+scrape_until 9477 /tmp/metrics2 'kind="gpu_job_crashed"'
 echo "@@BEGIN metrics-after-crash"; cat /tmp/metrics2; echo "@@END metrics-after-crash"
 echo "@@BEGIN kmsg-segfault"; dmesg | grep 'segfault at'; echo "@@END kmsg-segfault"
 
@@ -256,12 +261,7 @@ cg=$BURSTABLE/kubepods-burstable-pod$(underscored "$u").slice/cri-containerd-$c.
 start oom "$cg" bind:/mnt/emptydir5 $((64 * MIB)) \
   "touch /tmp/ready; sleep 2; dd if=/dev/zero of=/dev/shm/batch bs=1M count=200 2>/dev/null; exec sleep 3600" && \
   scenario oom pod_uid=$u container_id=$c cgroup=/$cg limit_mib=64
-i=0
-until grep -q 'kind="shm_oom_killed"' /tmp/metrics3 2>/dev/null; do
-  i=$((i + 1)); [ $i -gt 120 ] && break
-  sleep 0.5
-  wget -q -O /tmp/metrics3 http://127.0.0.1:9477/metrics
-done
+scrape_until 9477 /tmp/metrics3 'kind="shm_oom_killed"'
 echo "@@BEGIN metrics-after-oom"; cat /tmp/metrics3; echo "@@END metrics-after-oom"
 echo "@@BEGIN kmsg-oom"; dmesg | grep -E 'invoked oom-killer|^.{0,20}memory: usage|Memory cgroup stats for|^.{0,20}shmem |^.{0,20}anon |oom-kill:|Killed process'; echo "@@END kmsg-oom"
 shmlink check --json --no-gpu --kmsg /dev/kmsg --since 10m --pod-log-root /nonexistent > /tmp/check-oom.json 2>/dev/null
@@ -286,12 +286,7 @@ cg=$BURSTABLE/kubepods-burstable-pod$(underscored "$u").slice/cri-containerd-$c.
 start oomcount "$cg" bind:/mnt/emptydir6 $((64 * MIB)) \
   "touch /tmp/ready; sleep 3; dd if=/dev/zero of=/dev/shm/batch bs=1M count=200 2>/dev/null; exec sleep 3600" && \
   scenario oomcount pod_uid=$u container_id=$c cgroup=/$cg limit_mib=64
-i=0
-until grep -q 'kind="shm_oom_killed"' /tmp/metrics4 2>/dev/null; do
-  i=$((i + 1)); [ $i -gt 120 ] && break
-  sleep 0.5
-  wget -q -O /tmp/metrics4 http://127.0.0.1:9478/metrics
-done
+scrape_until 9478 /tmp/metrics4 'kind="shm_oom_killed"'
 echo "@@BEGIN metrics-after-oomcount"; cat /tmp/metrics4; echo "@@END metrics-after-oomcount"
 echo "@@BEGIN memory-events"; cat "$CG/$cg/memory.events"; echo "@@END memory-events"
 kill -TERM $serve_pid; wait $serve_pid

@@ -42,6 +42,19 @@ pub fn shmlink_bin() -> &'static str {
     env!("CARGO_BIN_EXE_shmlink")
 }
 
+/// Whether the kernel log can be read here; says so when it cannot (and fails instead under
+/// `SHMLINK_E2E=require`).
+pub fn kmsg_readable() -> bool {
+    if Path::new("/dev/kmsg").exists() && std::fs::File::open("/dev/kmsg").is_ok() {
+        return true;
+    }
+    if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+        panic!("the kernel log /dev/kmsg cannot be read here");
+    }
+    eprintln!("SKIPPED: /dev/kmsg cannot be read; no kernel log facts tested");
+    false
+}
+
 /// Whether real containers can be made here. Says why not, once per test, when they cannot.
 pub fn e2e_available() -> bool {
     static WHY_NOT: OnceLock<Option<String>> = OnceLock::new();
