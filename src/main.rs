@@ -42,7 +42,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 scanner(&args.common, false)?.with_docker_root(sources.docker_root.clone());
             let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
             let since = std::time::SystemTime::now() - args.since;
-            add_failures(&mut snapshot, &collect(&sources, since), pods.as_ref());
+            add_failures(
+                &mut snapshot,
+                &collect(&sources, since),
+                pods.as_ref(),
+                sources.oom_shm_share,
+            );
             let mut stdout = std::io::stdout().lock();
             if args.json {
                 report::write_json(&mut stdout, &snapshot)?;
@@ -188,12 +193,19 @@ fn sources(common: &CommonArgs, args: &FailureSourceArgs) -> Sources {
 }
 
 /// `check`: the failures told since `--since`, with what this scan knows, as findings too.
-fn add_failures(snapshot: &mut Snapshot, found: &[Detected], pods: Option<&PodIndex>) {
+/// `oom_shm_share`: `--oom-shm-share`.
+fn add_failures(
+    snapshot: &mut Snapshot,
+    found: &[Detected],
+    pods: Option<&PodIndex>,
+    oom_shm_share: f64,
+) {
     let holders = GpuHolders::new();
     let known = Known {
         snapshot: Some(snapshot),
         pods,
         holders: &holders,
+        oom_shm_share,
     };
     let failures: Vec<_> = found.iter().map(|d| correlate(d, known)).collect();
     snapshot.findings.extend(failures.iter().map(finding));

@@ -3,10 +3,11 @@
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
+use super::detect::shm_share_at_least;
 use crate::findings::{on_runtime_default, text};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
-use crate::model::{Detected, Failure, PairThen, ShmThen, Who};
+use crate::model::{Detected, Failure, MemorySplit, PairThen, ShmThen, Who};
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
 
@@ -17,6 +18,8 @@ pub struct Known<'a> {
     pub snapshot: Option<&'a Snapshot>,
     pub pods: Option<&'a PodIndex>,
     pub holders: &'a GpuHolders,
+    /// `--oom-shm-share`: for an OOM kill whose report said nothing of shmem.
+    pub oom_shm_share: f64,
 }
 
 /// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs.
@@ -58,9 +61,10 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
                 .collect()
         })
         .unwrap_or_default();
+    let (kind, memory) = oom_judged_with_reading(d, reading, known.oom_shm_share);
     let at = rfc3339(d.at);
     let who = id.name();
-    let message = match d.kind {
+    let message = match kind {
         FindingKind::GpuJobCrashed => text::gpu_job_crashed(
             &who,
             &at,
@@ -75,7 +79,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         }
         FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => {
             let comm = d.comm.as_deref().unwrap_or("a process");
-            match (&d.memory, d.kind) {
+            match (&memory, kind) {
                 (Some(m), FindingKind::ShmOomKilled) => {
                     text::shm_oom_killed(&who, &at, comm, d.pid, m, id.pod.is_some())
                 }
@@ -92,7 +96,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         container: id.container,
         container_id: id.container_id,
         image: reading.and_then(|r| r.image.clone()),
-        kind: d.kind,
+        kind,
         at,
         source: d.source,
         evidence: d.evidence.clone(),
@@ -100,9 +104,35 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         shm,
         gpus,
         gpu_pairs,
-        memory: d.memory,
+        memory,
         message,
     }
+}
+
+/// An OOM kill whose report said nothing of shmem (a system-wide OOM has no cgroup stats) is
+/// judged by the scan's last reading of the container's own /dev/shm instead, never blamed on
+/// the workload for want of a number; every other failure is as detected.
+fn oom_judged_with_reading(
+    d: &Detected,
+    reading: Option<&ShmReading>,
+    share: f64,
+) -> (FindingKind, Option<MemorySplit>) {
+    let oom = matches!(
+        d.kind,
+        FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled
+    );
+    let Some(mut m) = d.memory.filter(|m| oom && m.shm_bytes.is_none()) else {
+        return (d.kind, d.memory);
+    };
+    m.shm_bytes = reading
+        .filter(|r| !r.host_ipc)
+        .and_then(|r| r.used_peak_bytes.or(r.used_bytes));
+    let kind = if shm_share_at_least(&m, share) {
+        FindingKind::ShmOomKilled
+    } else {
+        FindingKind::WorkloadOomKilled
+    };
+    (kind, Some(m))
 }
 
 /// The finding `check` reports for a failure: about its container, or the node when the
@@ -245,6 +275,7 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
+    use crate::failures::detect::SHM_OOM_SHARE;
     use crate::fixtures;
     use crate::model::FailureSource;
     use crate::model::PairStatus;
@@ -305,6 +336,7 @@ mod tests {
                 snapshot: Some(&s),
                 pods: None,
                 holders: &GpuHolders::new(),
+                oom_shm_share: SHM_OOM_SHARE,
             },
         );
         assert_eq!(f.container_id.as_deref(), Some("aaaa"), "found by its Pod");
@@ -329,6 +361,7 @@ mod tests {
             snapshot: Some(s),
             pods: None,
             holders: Box::leak(Box::new(holders())),
+            oom_shm_share: SHM_OOM_SHARE,
         };
         let mut d = detected(
             FindingKind::GpuJobCrashed,
@@ -380,6 +413,7 @@ mod tests {
             snapshot: None,
             pods: None,
             holders: &no_pods,
+            oom_shm_share: SHM_OOM_SHARE,
         };
         let mut d = detected(FindingKind::ShmOomKilled, trainer());
         d.source = FailureSource::Kernel;
@@ -410,6 +444,34 @@ mod tests {
         ] {
             assert!(f.message.contains(part), "{part:?} not in {}", f.message);
         }
+        // A report without shmem (a system-wide OOM): the scan's /dev/shm reading judges, and
+        // a full one is not blamed on the workload.
+        let mut r = fixtures::in_pod(
+            fixtures::shm_reading("cid", 64 * MIB, 60 * MIB),
+            "ml",
+            "trainer-0",
+            UID,
+            "trainer",
+        );
+        r.memory_limit_bytes = Some(64 * MIB);
+        let s = fixtures::scanned("node", vec![r], None);
+        let mut unknown = split(0, 4 * MIB);
+        unknown.shm_bytes = None;
+        d.memory = Some(unknown);
+        d.kind = FindingKind::WorkloadOomKilled;
+        let with_reading = Known {
+            snapshot: Some(&s),
+            ..known
+        };
+        let g = correlate(&d, with_reading);
+        assert_eq!(g.kind, FindingKind::ShmOomKilled, "{}", g.message);
+        assert_eq!(g.memory.unwrap().shm_bytes, Some(60 * MIB));
+        let g = correlate(&d, known);
+        assert_eq!(
+            g.kind,
+            FindingKind::WorkloadOomKilled,
+            "no reading, nothing to go by"
+        );
         // The JSON carries the split only for memory deaths.
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["memory"]["shm_bytes"], 80 * 1024);
@@ -430,6 +492,7 @@ mod tests {
                 snapshot: None,
                 pods: None,
                 holders: &GpuHolders::new(),
+                oom_shm_share: SHM_OOM_SHARE,
             },
         );
         assert_eq!(finding(&f).subject, Subject::Node);

@@ -11,13 +11,22 @@ use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{Detected, Failure, Snapshot};
 
-#[derive(Default)]
 pub struct Teller {
     ledger: Ledger,
     recent: RecentReadings,
+    oom_shm_share: f64,
 }
 
 impl Teller {
+    /// `oom_shm_share`: `--oom-shm-share`.
+    pub fn new(oom_shm_share: f64) -> Teller {
+        Teller {
+            ledger: Ledger::default(),
+            recent: RecentReadings::default(),
+            oom_shm_share,
+        }
+    }
+
     /// A fresh scan: it carries the failures told so far, and its containers are remembered
     /// for the failures told after they are gone.
     pub fn after_scan(&mut self, snapshot: &mut Snapshot, now: Instant) {
@@ -41,6 +50,7 @@ impl Teller {
             snapshot: with_recent.as_ref(),
             pods,
             holders,
+            oom_shm_share: self.oom_shm_share,
         };
         let failures: Vec<Failure> = found.iter().map(|d| correlate(d, known)).collect();
         for f in &failures {
