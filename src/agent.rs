@@ -146,7 +146,7 @@ pub async fn serve(
 
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let stop_watching = Arc::new(AtomicBool::new(false));
-    let oom_shm_share = sources.oom_shm_share;
+    let rules = sources.rules;
     let watcher = watch::spawn(
         sources,
         watch::channel(wake_tx.clone(), Wake::Failures),
@@ -168,7 +168,7 @@ pub async fn serve(
                 let between = Between {
                     scanner,
                     kube,
-                    failures: Teller::new(oom_shm_share),
+                    failures: Teller::new(rules),
                     kernel_xids: KernelXids::default(),
                     oom_counters,
                 };

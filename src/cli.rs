@@ -161,6 +161,10 @@ pub struct FailureSourceArgs {
     /// `shm_oom_killed` (else `workload_oom_killed`).
     #[arg(long, env = "SHMLINK_OOM_SHM_SHARE", default_value_t = 0.5, value_parser = parse_ratio)]
     pub oom_shm_share: f64,
+    /// How full /dev/shm must have been at its last reading or peak (of its effective limit)
+    /// for a SIGBUS death to be `shm_bus_error` (else `workload_bus_error`).
+    #[arg(long, env = "SHMLINK_BUS_ERROR_SHM_RATIO", default_value_t = 0.9, value_parser = parse_ratio)]
+    pub bus_error_shm_ratio: f64,
 }
 
 impl FailureSourceArgs {

@@ -7,6 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{Cli, Command, CommonArgs, FailureSourceArgs, KubeMode, LogFormat, LogLevel};
 use shmlink::failures::correlate::{correlate, finding, Known};
+use shmlink::failures::detect::DeathRules;
 use shmlink::failures::memcg::OomCounters;
 use shmlink::failures::watch::{collect, Sources};
 use shmlink::findings::Thresholds;
@@ -46,7 +47,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &mut snapshot,
                 &collect(&sources, since),
                 pods.as_ref(),
-                sources.oom_shm_share,
+                sources.rules,
             );
             let mut stdout = std::io::stdout().lock();
             if args.json {
@@ -72,7 +73,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let oom_counters = match (&sources.kmsg, host_paths(&args.common).memory_hierarchy()) {
                 (None, Ok((hierarchy, version))) => {
                     scanner = scanner.with_oom_kills();
-                    Some(OomCounters::new(hierarchy, version, sources.oom_shm_share))
+                    Some(OomCounters::new(
+                        hierarchy,
+                        version,
+                        sources.rules.oom_shm_share,
+                    ))
                 }
                 _ => None,
             };
@@ -188,24 +193,26 @@ fn sources(common: &CommonArgs, args: &FailureSourceArgs) -> Sources {
         kmsg: FailureSourceArgs::on(&args.kmsg),
         proc_root: host.proc_root.clone(),
         host_mnt: host.host_namespaces().ok().map(|ns| ns.mnt),
-        oom_shm_share: args.oom_shm_share,
+        rules: DeathRules {
+            oom_shm_share: args.oom_shm_share,
+            bus_error_shm_ratio: args.bus_error_shm_ratio,
+        },
     }
 }
 
 /// `check`: the failures told since `--since`, with what this scan knows, as findings too.
-/// `oom_shm_share`: `--oom-shm-share`.
 fn add_failures(
     snapshot: &mut Snapshot,
     found: &[Detected],
     pods: Option<&PodIndex>,
-    oom_shm_share: f64,
+    rules: DeathRules,
 ) {
     let holders = GpuHolders::new();
     let known = Known {
         snapshot: Some(snapshot),
         pods,
         holders: &holders,
-        oom_shm_share,
+        rules,
     };
     let failures: Vec<_> = found.iter().map(|d| correlate(d, known)).collect();
     snapshot.findings.extend(failures.iter().map(finding));

@@ -3,11 +3,13 @@
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
-use super::detect::shm_share_at_least;
+use super::detect::{shm_share_at_least, DeathRules};
 use crate::findings::{on_runtime_default, text};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
-use crate::model::{Detected, Failure, MemorySplit, PairThen, ShmThen, Who};
+use crate::model::{
+    Detected, Failure, FailureSource, MemorySource, MemorySplit, PairThen, ShmThen, Who,
+};
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
 
@@ -18,8 +20,8 @@ pub struct Known<'a> {
     pub snapshot: Option<&'a Snapshot>,
     pub pods: Option<&'a PodIndex>,
     pub holders: &'a GpuHolders,
-    /// `--oom-shm-share`: for an OOM kill whose report said nothing of shmem.
-    pub oom_shm_share: f64,
+    /// How deaths of memory are judged where the source left it to the last reading.
+    pub rules: DeathRules,
 }
 
 /// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs.
@@ -61,7 +63,12 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
                 .collect()
         })
         .unwrap_or_default();
-    let (kind, memory) = oom_judged_with_reading(d, reading, known.oom_shm_share);
+    let (kind, memory) = match d.kind {
+        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
+            bus_error_judged(d, reading, known.rules.bus_error_shm_ratio)
+        }
+        _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
+    };
     let at = rfc3339(d.at);
     let who = id.name();
     let message = match kind {
@@ -85,6 +92,15 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
                 }
                 (Some(m), _) => text::workload_oom_killed(&who, &at, comm, d.pid, m),
                 (None, _) => d.evidence.clone(),
+            }
+        }
+        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
+            let exit = d.exit.as_ref().map_or("SIGBUS".into(), |e| e.describe());
+            match (kind, &shm) {
+                (FindingKind::ShmBusError, Some(s)) => {
+                    text::shm_bus_error(&who, &at, &exit, s, id.pod.is_some())
+                }
+                _ => text::workload_bus_error(&who, &at, &exit, shm.as_ref()),
             }
         }
         _ => text::shm_allocation_failed(&who, &at, &d.evidence, shm.as_ref(), id.pod.is_some()),
@@ -127,12 +143,57 @@ fn oom_judged_with_reading(
     m.shm_bytes = reading
         .filter(|r| !r.host_ipc)
         .and_then(|r| r.used_peak_bytes.or(r.used_bytes));
+    // A runtime's record (kubelet's, Docker's) gives no numbers: the limit as last read.
+    m.limit_bytes = m
+        .limit_bytes
+        .or_else(|| reading.and_then(|r| r.memory_limit_bytes));
     let kind = if shm_share_at_least(&m, share) {
         FindingKind::ShmOomKilled
     } else {
         FindingKind::WorkloadOomKilled
     };
     (kind, Some(m))
+}
+
+/// A SIGBUS death: a /dev/shm failure when the container's /dev/shm was at `ratio` of its
+/// effective limit or more at its last reading or peak; the split says what was known.
+fn bus_error_judged(
+    d: &Detected,
+    reading: Option<&ShmReading>,
+    ratio: f64,
+) -> (FindingKind, Option<MemorySplit>) {
+    let peak = reading.and_then(|r| r.used_peak_bytes.or(r.used_bytes));
+    let full = reading.zip(peak).is_some_and(|(r, peak)| {
+        let limit = r
+            .used_bytes
+            .zip(r.available_bytes)
+            .and_then(|(u, a)| u.checked_add(a))
+            .or(r.size_bytes);
+        limit.is_some_and(|l| l > 0 && peak as f64 >= ratio * l as f64)
+    });
+    let memory = MemorySplit {
+        limit_bytes: reading.and_then(|r| r.memory_limit_bytes),
+        usage_bytes: None,
+        shm_bytes: peak,
+        anon_bytes: None,
+        source: memory_source(d.source),
+    };
+    let kind = if full {
+        FindingKind::ShmBusError
+    } else {
+        FindingKind::WorkloadBusError
+    };
+    (kind, Some(memory))
+}
+
+/// Where a split the source did not give comes from.
+fn memory_source(source: FailureSource) -> MemorySource {
+    match source {
+        FailureSource::Docker => MemorySource::Docker,
+        FailureSource::MemoryCgroup => MemorySource::MemoryCgroup,
+        FailureSource::Kernel => MemorySource::KernelLog,
+        FailureSource::PodStatus | FailureSource::Log => MemorySource::PodStatus,
+    }
 }
 
 /// The finding `check` reports for a failure: about its container, or the node when the
@@ -197,12 +258,13 @@ fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
             pod,
             uid,
             container,
+            container_id,
         } => Identity {
             namespace: Some(namespace.clone()),
             pod: Some(pod.clone()),
             pod_uid: Some(uid.clone()),
             container: Some(container.clone()),
-            container_id: None,
+            container_id: container_id.clone(),
         },
         Who::Container {
             pod_uid,
@@ -275,7 +337,6 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
-    use crate::failures::detect::SHM_OOM_SHARE;
     use crate::fixtures;
     use crate::model::FailureSource;
     use crate::model::PairStatus;
@@ -295,6 +356,7 @@ mod tests {
             library: None,
             nccl_gpus: None,
             memory: None,
+            exit: None,
         }
     }
 
@@ -304,6 +366,7 @@ mod tests {
             pod: "trainer-0".into(),
             uid: UID.into(),
             container: "trainer".into(),
+            container_id: None,
         }
     }
 
@@ -336,7 +399,7 @@ mod tests {
                 snapshot: Some(&s),
                 pods: None,
                 holders: &GpuHolders::new(),
-                oom_shm_share: SHM_OOM_SHARE,
+                rules: DeathRules::default(),
             },
         );
         assert_eq!(f.container_id.as_deref(), Some("aaaa"), "found by its Pod");
@@ -361,7 +424,7 @@ mod tests {
             snapshot: Some(s),
             pods: None,
             holders: Box::leak(Box::new(holders())),
-            oom_shm_share: SHM_OOM_SHARE,
+            rules: DeathRules::default(),
         };
         let mut d = detected(
             FindingKind::GpuJobCrashed,
@@ -413,7 +476,7 @@ mod tests {
             snapshot: None,
             pods: None,
             holders: &no_pods,
-            oom_shm_share: SHM_OOM_SHARE,
+            rules: DeathRules::default(),
         };
         let mut d = detected(FindingKind::ShmOomKilled, trainer());
         d.source = FailureSource::Kernel;
@@ -492,7 +555,7 @@ mod tests {
                 snapshot: None,
                 pods: None,
                 holders: &GpuHolders::new(),
-                oom_shm_share: SHM_OOM_SHARE,
+                rules: DeathRules::default(),
             },
         );
         assert_eq!(finding(&f).subject, Subject::Node);

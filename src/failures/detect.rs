@@ -12,13 +12,32 @@ use super::signatures::{LogFailure, Signatures};
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::logs::{LogLine, LogOrigin};
-use crate::model::{
-    cut, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who, EVIDENCE_MAX,
-};
+use crate::model::{Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who};
 
 /// The share of a memory cgroup's usage that /dev/shm pages must reach for its OOM kill to be
 /// a /dev/shm failure (`shm_oom_killed`): most of it.
 pub const SHM_OOM_SHARE: f64 = 0.5;
+/// How full /dev/shm must have been (its peak over its effective limit) for a SIGBUS death to
+/// be a /dev/shm failure (`shm_bus_error`): full or nearly.
+pub const BUS_ERROR_SHM_RATIO: f64 = 0.9;
+
+/// How deaths of memory are judged: `--oom-shm-share` and `--bus-error-shm-ratio`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeathRules {
+    /// [`SHM_OOM_SHARE`] unless set.
+    pub oom_shm_share: f64,
+    /// [`BUS_ERROR_SHM_RATIO`] unless set.
+    pub bus_error_shm_ratio: f64,
+}
+
+impl Default for DeathRules {
+    fn default() -> Self {
+        DeathRules {
+            oom_shm_share: SHM_OOM_SHARE,
+            bus_error_shm_ratio: BUS_ERROR_SHM_RATIO,
+        }
+    }
+}
 
 /// Lines and kernel records in, failures out.
 pub struct Recogniser {
@@ -56,27 +75,20 @@ impl Recogniser {
                 pod: pod.clone(),
                 uid: uid.clone(),
                 container: container.clone(),
+                container_id: None,
             },
             LogOrigin::Docker { id } => Who::Container {
                 pod_uid: None,
                 container_id: id.clone(),
             },
         };
-        Some(Detected {
-            who,
-            kind: match m.kind {
-                LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
-                LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
-            },
-            at: line.at,
-            source: FailureSource::Log,
-            evidence: cut(line.text.trim(), EVIDENCE_MAX),
-            pid: None,
-            comm: None,
-            library: None,
-            nccl_gpus: m.gpus,
-            memory: None,
-        })
+        let kind = match m.kind {
+            LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
+            LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
+        };
+        let mut d = Detected::new(who, kind, line.at, FailureSource::Log, &line.text);
+        d.nccl_gpus = m.gpus;
+        Some(d)
     }
 
     /// A kernel record: the end of an OOM report (every record is read in order for it), or a
@@ -86,18 +98,17 @@ impl Recogniser {
             return Some(oom_killed(kill, record, at, self.oom_shm_share));
         }
         let Crash { comm, pid, library } = gpu_lib_crash(record)?;
-        Some(Detected {
-            who: who_is_pid(&self.proc_root, pid, self.host_mnt),
-            kind: FindingKind::GpuJobCrashed,
+        let mut d = Detected::new(
+            who_is_pid(&self.proc_root, pid, self.host_mnt),
+            FindingKind::GpuJobCrashed,
             at,
-            source: FailureSource::Kernel,
-            evidence: cut(record.message.trim(), EVIDENCE_MAX),
-            pid: Some(pid),
-            comm: Some(comm),
-            library: Some(library),
-            nccl_gpus: None,
-            memory: None,
-        })
+            FailureSource::Kernel,
+            &record.message,
+        );
+        d.pid = Some(pid);
+        d.comm = Some(comm);
+        d.library = Some(library);
+        Some(d)
     }
 }
 
@@ -111,22 +122,22 @@ fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime, share: f64) ->
         anon_bytes: kill.anon_bytes,
         source: MemorySource::KernelLog,
     };
-    Detected {
-        who: who_is_cgroup(&kill.memcg),
-        kind: if shm_share_at_least(&memory, share) {
-            FindingKind::ShmOomKilled
-        } else {
-            FindingKind::WorkloadOomKilled
-        },
+    let kind = if shm_share_at_least(&memory, share) {
+        FindingKind::ShmOomKilled
+    } else {
+        FindingKind::WorkloadOomKilled
+    };
+    let mut d = Detected::new(
+        who_is_cgroup(&kill.memcg),
+        kind,
         at,
-        source: FailureSource::Kernel,
-        evidence: cut(record.message.trim(), EVIDENCE_MAX),
-        pid: Some(kill.pid),
-        comm: Some(kill.comm),
-        library: None,
-        nccl_gpus: None,
-        memory: Some(memory),
-    }
+        FailureSource::Kernel,
+        &record.message,
+    );
+    d.pid = Some(kill.pid);
+    d.comm = Some(kill.comm);
+    d.memory = Some(memory);
+    d
 }
 
 /// Pure: /dev/shm pages at or above `share` of the usage (the limit, where the report gave no

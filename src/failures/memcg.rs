@@ -131,6 +131,7 @@ fn told(
         library: None,
         nccl_gpus: None,
         memory: Some(memory),
+        exit: None,
     }
 }
 

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use super::correlate::{correlate, Known};
+use super::detect::DeathRules;
 use super::ledger::Ledger;
 use super::recent::RecentReadings;
 use crate::kube::podresources::GpuHolders;
@@ -14,16 +15,15 @@ use crate::model::{Detected, Failure, Snapshot};
 pub struct Teller {
     ledger: Ledger,
     recent: RecentReadings,
-    oom_shm_share: f64,
+    rules: DeathRules,
 }
 
 impl Teller {
-    /// `oom_shm_share`: `--oom-shm-share`.
-    pub fn new(oom_shm_share: f64) -> Teller {
+    pub fn new(rules: DeathRules) -> Teller {
         Teller {
             ledger: Ledger::default(),
             recent: RecentReadings::default(),
-            oom_shm_share,
+            rules,
         }
     }
 
@@ -50,7 +50,7 @@ impl Teller {
             snapshot: with_recent.as_ref(),
             pods,
             holders,
-            oom_shm_share: self.oom_shm_share,
+            rules: self.rules,
         };
         let failures: Vec<Failure> = found.iter().map(|d| correlate(d, known)).collect();
         for f in &failures {

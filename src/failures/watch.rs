@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-use super::detect::Recogniser;
+use super::detect::{DeathRules, Recogniser};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
 use crate::host::NsId;
 use crate::kernel_log::{KernelLog, KmsgStart};
@@ -32,8 +32,8 @@ pub struct Sources {
     pub proc_root: PathBuf,
     /// The host's mount namespace: a process in it is not a container's.
     pub host_mnt: Option<NsId>,
-    /// [`detect::SHM_OOM_SHARE`](super::detect::SHM_OOM_SHARE) unless set.
-    pub oom_shm_share: f64,
+    /// How deaths of memory are judged.
+    pub rules: DeathRules,
 }
 
 impl Sources {
@@ -51,7 +51,7 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
     let mut recogniser = Recogniser::new(
         sources.proc_root.clone(),
         sources.host_mnt,
-        sources.oom_shm_share,
+        sources.rules.oom_shm_share,
     );
     let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
         .poll_matching(|text| recogniser.signatures.is_candidate(text))
@@ -110,7 +110,7 @@ where
             let mut recogniser = Recogniser::new(
                 sources.proc_root.clone(),
                 sources.host_mnt,
-                sources.oom_shm_share,
+                sources.rules.oom_shm_share,
             );
             let mut logs = LogTailer::from_end(sources.log_settings());
             let mut kmsg = sources.kmsg.as_ref().and_then(|path| {

@@ -20,17 +20,24 @@ pub enum FailureSource {
     Kernel,
     /// The container's memory cgroup's own counters (its OOM kills).
     MemoryCgroup,
+    /// The Pod's status: how kubelet says a container ended (`lastState.terminated`).
+    PodStatus,
+    /// Docker's record of an exited container (`State` in its config.v2.json).
+    Docker,
 }
 
 /// Whose failure it is, as far as the source says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Who {
-    /// A Kubernetes container, from its log's path.
+    /// A Kubernetes container, from its log's path or its Pod's status.
     Pod {
         namespace: String,
         pod: String,
         uid: String,
         container: String,
+        /// The container instance, where the source names it (a Pod status names the one that
+        /// ended; a log path names only the restart).
+        container_id: Option<String>,
     },
     /// A container by ID (Docker's log path; the kernel's PID through its cgroup).
     Container {
@@ -59,6 +66,78 @@ pub struct Detected {
     pub nccl_gpus: Option<(u32, u32)>,
     /// What the memory was when the kernel killed it (an OOM kill).
     pub memory: Option<MemorySplit>,
+    /// How the container ended, as its runtime recorded it (Pod status, Docker).
+    pub exit: Option<Exit>,
+}
+
+impl Detected {
+    /// A failure with only what every source knows; the rest is set by the source that knows it.
+    pub fn new(
+        who: Who,
+        kind: FindingKind,
+        at: SystemTime,
+        source: FailureSource,
+        evidence: &str,
+    ) -> Detected {
+        Detected {
+            who,
+            kind,
+            at,
+            source,
+            evidence: super::cut(evidence.trim(), EVIDENCE_MAX),
+            pid: None,
+            comm: None,
+            library: None,
+            nccl_gpus: None,
+            memory: None,
+            exit: None,
+        }
+    }
+}
+
+/// How a container ended, as kubelet (`state`/`lastState.terminated`) or Docker (`State`)
+/// recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    /// The exit status (128 + N for a death by signal N where a shell or the runtime says so).
+    pub code: Option<i32>,
+    /// The signal, where the runtime reports it apart.
+    pub signal: Option<i32>,
+    /// The runtime's reason (`OOMKilled`, `Error`), when it gave one.
+    pub reason: Option<String>,
+}
+
+/// SIGBUS on Linux.
+pub const SIGBUS: i32 = 7;
+
+impl Exit {
+    /// Died of SIGBUS: exit status 135 (128 + 7) or signal 7.
+    pub fn bus_error(&self) -> bool {
+        self.signal == Some(SIGBUS) || self.code == Some(128 + SIGBUS)
+    }
+
+    /// The runtime says the kernel OOM-killed it (kubelet's and Docker's `OOMKilled`).
+    pub fn oom_killed(&self) -> bool {
+        self.reason.as_deref() == Some("OOMKilled")
+    }
+
+    /// `exit status 135 (SIGBUS)`, `OOMKilled, exit status 137`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(r) = self.reason.as_deref().filter(|r| !r.is_empty()) {
+            parts.push(r.to_string());
+        }
+        match (self.code, self.signal) {
+            (Some(c), _) if c > 128 && c - 128 == SIGBUS => {
+                parts.push(format!("exit status {c} (SIGBUS)"))
+            }
+            (Some(c), _) => parts.push(format!("exit status {c}")),
+            (None, Some(SIGBUS)) => parts.push("signal 7 (SIGBUS)".to_string()),
+            (None, Some(s)) => parts.push(format!("signal {s}")),
+            (None, None) => {}
+        }
+        parts.join(", ")
+    }
 }
 
 /// Where a [`MemorySplit`] comes from.
@@ -69,6 +148,10 @@ pub enum MemorySource {
     KernelLog,
     /// The memory cgroup's OOM kill counter, its memory.stat read just after the kill.
     MemoryCgroup,
+    /// A Pod status saying how the container ended; the memory as the last scan read it.
+    PodStatus,
+    /// Docker's record of the container; the memory as it was configured.
+    Docker,
 }
 
 /// What a memory cgroup held when it ran out (`failures[].memory`): its limit and usage, and
@@ -124,7 +207,7 @@ pub struct Failure {
     /// The GPUs the Pod held (NVML indices), from the kubelet's pod-resources.
     pub gpus: Vec<u32>,
     pub gpu_pairs: Vec<PairThen>,
-    /// Deaths of memory only (OOM kills); absent for the others.
+    /// Deaths of memory only (OOM kills, bus errors); absent for the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemorySplit>,
     pub message: String,

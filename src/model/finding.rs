@@ -59,6 +59,10 @@ pub enum FindingKind {
     ShmOomKilled,
     /// The kernel OOM-killed a process of the container for its own memory.
     WorkloadOomKilled,
+    /// A container died of SIGBUS (exit 135 / signal 7) with /dev/shm full or nearly full.
+    ShmBusError,
+    /// A container died of SIGBUS without /dev/shm being full.
+    WorkloadBusError,
 }
 
 impl FindingKind {
@@ -83,6 +87,8 @@ impl FindingKind {
             FindingKind::GpuFabricUnhealthy => "gpu_fabric_unhealthy",
             FindingKind::ShmOomKilled => "shm_oom_killed",
             FindingKind::WorkloadOomKilled => "workload_oom_killed",
+            FindingKind::ShmBusError => "shm_bus_error",
+            FindingKind::WorkloadBusError => "workload_bus_error",
         }
     }
 
@@ -108,6 +114,8 @@ impl FindingKind {
             FindingKind::GpuFabricUnhealthy => Some(EventReason::GpuFabricUnhealthy),
             FindingKind::ShmOomKilled => Some(EventReason::ShmOomKilled),
             FindingKind::WorkloadOomKilled => Some(EventReason::WorkloadOomKilled),
+            FindingKind::ShmBusError => Some(EventReason::ShmBusError),
+            FindingKind::WorkloadBusError => Some(EventReason::WorkloadBusError),
         }
     }
 
@@ -132,7 +140,9 @@ impl FindingKind {
             | FindingKind::GpuRecoveryAction
             | FindingKind::GpuFabricUnhealthy
             | FindingKind::ShmOomKilled
-            | FindingKind::WorkloadOomKilled => Severity::Critical,
+            | FindingKind::WorkloadOomKilled
+            | FindingKind::ShmBusError
+            | FindingKind::WorkloadBusError => Severity::Critical,
         }
     }
 }
@@ -164,6 +174,8 @@ pub enum EventReason {
     GpuFabricUnhealthy,
     ShmOomKilled,
     WorkloadOomKilled,
+    ShmBusError,
+    WorkloadBusError,
 }
 
 impl EventReason {
@@ -186,6 +198,8 @@ impl EventReason {
             EventReason::GpuFabricUnhealthy => "GpuFabricUnhealthy",
             EventReason::ShmOomKilled => "ShmOomKilled",
             EventReason::WorkloadOomKilled => "WorkloadOomKilled",
+            EventReason::ShmBusError => "ShmBusError",
+            EventReason::WorkloadBusError => "WorkloadBusError",
         }
     }
 
@@ -364,6 +378,8 @@ mod tests {
             FindingKind::GpuFabricUnhealthy,
             FindingKind::ShmOomKilled,
             FindingKind::WorkloadOomKilled,
+            FindingKind::ShmBusError,
+            FindingKind::WorkloadBusError,
         ] {
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),

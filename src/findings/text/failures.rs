@@ -194,6 +194,18 @@ pub fn workload_oom_killed(
             bytes_or_unknown(m.shm_bytes),
             limit_words(m),
         ),
+        MemorySource::PodStatus | MemorySource::Docker => match m.shm_bytes {
+            Some(shm) => format!(
+                "and /dev/shm was not what filled the memory: at its last reading before the kill \
+                 it held {} of the {}",
+                human_bytes(shm),
+                limit_words(m),
+            ),
+            None => format!(
+                "its /dev/shm not measured before it died (the {})",
+                limit_words(m)
+            ),
+        },
     };
     format!(
         "container {who}: the kernel OOM-killed {} at {at}{}, {split}. Not /dev/shm: lower what \
@@ -212,7 +224,88 @@ fn counted_by(m: &MemorySplit) -> &'static str {
             " (Counted by the container's memory cgroup; its memory as read just after the \
              kill, not at it.)"
         }
+        MemorySource::PodStatus => {
+            " (Told by the Pod's status, OOMKilled; /dev/shm as the last scan before the kill \
+             read it, not at the kill: the kernel log has the split at the moment.)"
+        }
+        MemorySource::Docker => {
+            " (Told by Docker's record, OOMKilled; the kernel's report of the kill was not \
+             found in the kernel log.)"
+        }
     }
+}
+
+/// `shm_bus_error`: the container died of SIGBUS with /dev/shm full or nearly: the process
+/// touched shared-memory pages the tmpfs had no room for. `exit`: how it ended, as its
+/// runtime says.
+pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, kubernetes: bool) -> String {
+    let size = shm.size_bytes.map_or("no size limit".into(), human_bytes);
+    let peak = shm.peak_bytes.or(shm.used_bytes);
+    let want = shm
+        .size_bytes
+        .unwrap_or(0)
+        .max(peak.unwrap_or(0))
+        .saturating_mul(2)
+        .max(1 << 30);
+    let fix = if kubernetes {
+        format!(
+            "mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise the \
+             container's memory limit by as much (tmpfs pages count against it)",
+            k8s_quantity(want)
+        )
+    } else {
+        format!(
+            "docker run --shm-size={} (and --memory with room for it), or --ipc=host",
+            docker_size(want)
+        )
+    };
+    format!(
+        "container {who} died of a bus error (SIGBUS: {exit}) at {at}, with /dev/shm full: its \
+         /dev/shm ({}{size}) peaked at {} before it died. A process that maps more shared memory \
+         than the tmpfs has room for (ftruncate reserves nothing) gets SIGBUS when it touches \
+         the pages past the end. Fix: {fix}.",
+        if shm.runtime_default {
+            "the container runtime's default, "
+        } else {
+            ""
+        },
+        peak.map_or("?".into(), human_bytes),
+    )
+}
+
+/// `workload_bus_error`: a SIGBUS death without a full /dev/shm (or with it unmeasured): said
+/// with what was known, so nobody chases /dev/shm without cause.
+pub fn workload_bus_error(who: &str, at: &str, exit: &str, shm: Option<&ShmThen>) -> String {
+    let then = match shm {
+        Some(s) if s.host_ipc => format!(
+            "it used the host's /dev/shm (host IPC), {} used at the last reading",
+            s.peak_bytes
+                .or(s.used_bytes)
+                .map_or("?".into(), human_bytes)
+        ),
+        Some(s) => format!(
+            "its /dev/shm was not full: it peaked at {} of {} before it died",
+            s.peak_bytes
+                .or(s.used_bytes)
+                .map_or("?".into(), human_bytes),
+            s.size_bytes.map_or("no size limit".into(), human_bytes),
+        ),
+        None => "its /dev/shm was not measured before it died (it ran between two scans, or \
+                 `check` read only its record)"
+            .to_string(),
+    };
+    let unmeasured = if shm.is_none() {
+        " If it maps /dev/shm (a DataLoader, NCCL, multiprocessing.shared_memory), give it a \
+         larger one and watch it with shmlink serve."
+    } else {
+        ""
+    };
+    format!(
+        "container {who} died of a bus error (SIGBUS: {exit}) at {at}; {then}. Not /dev/shm \
+         running out, as far as was measured: a bus error is also a memory-mapped file truncated \
+         under the process, or a fault in native code; its last log lines and a core dump say \
+         which.{unmeasured}"
+    )
 }
 
 fn comm_and_pid(comm: &str, pid: Option<i32>) -> String {
