@@ -105,10 +105,19 @@ pub async fn serve(
     let health = Arc::new(Health::new(interval));
 
     let runtime = tokio::runtime::Handle::current();
+    let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let kube = k8s::connect(kube.mode).await?.map(|client| {
         tracing::info!(node = %kube.node, "watching this node's pods; publishing Events");
+        // Deaths the Pods' statuses record are told like the watcher's failures, at once.
+        let deaths = wake_tx.clone();
+        let on_deaths = Box::new(move |failures| {
+            let _ = deaths.send(Wake::Failures(Told {
+                failures,
+                gpus: Vec::new(),
+            }));
+        });
         KubeView {
-            pods: PodWatcher::spawn(client.clone(), &kube.node, &runtime),
+            pods: PodWatcher::spawn(client.clone(), &kube.node, &runtime, on_deaths),
             gpu_holders: PodResourcesWatcher::spawn(
                 kube.pod_resources_socket.clone(),
                 interval,
@@ -144,7 +153,6 @@ pub async fn serve(
     let local = listener.local_addr().unwrap_or(listen);
     tracing::info!(addr = %local, interval = ?interval, "serving /metrics, /healthz, /readyz");
 
-    let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let stop_watching = Arc::new(AtomicBool::new(false));
     let rules = sources.rules;
     let watcher = watch::spawn(

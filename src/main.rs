@@ -5,16 +5,19 @@ use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+use k8s_openapi::api::core::v1::Pod;
 use shmlink::cli::{Cli, Command, CommonArgs, FailureSourceArgs, KubeMode, LogFormat, LogLevel};
 use shmlink::failures::correlate::{correlate, finding, Known};
 use shmlink::failures::detect::DeathRules;
 use shmlink::failures::memcg::OomCounters;
+use shmlink::failures::same::SameDeath;
 use shmlink::failures::watch::{collect, Sources};
 use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::kube::events::GpuHolders;
+use shmlink::kube::exits::deaths;
 use shmlink::kube::pods::{list_once, PodIndex};
 use shmlink::model::Detected;
 use shmlink::model::Severity;
@@ -37,18 +40,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check(args) => {
             init_logging(LogFormat::Text, args.common.log_level, "warn")?;
-            let pods = pods_once(args.kube, &args.common.node_name())?;
+            let listed = pods_once(args.kube, &args.common.node_name())?;
+            let pods = listed.as_deref().map(|p| PodIndex::new(p.iter()));
             let sources = sources(&args.common, &args.sources);
             let mut scanner =
                 scanner(&args.common, false)?.with_docker_root(sources.docker_root.clone());
             let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
             let since = std::time::SystemTime::now() - args.since;
-            add_failures(
-                &mut snapshot,
-                &collect(&sources, since),
-                pods.as_ref(),
-                sources.rules,
+            let mut found = collect(&sources, since);
+            // The deaths the Pods' statuses record, as serve tells them from the watch.
+            found.extend(
+                listed
+                    .iter()
+                    .flatten()
+                    .flat_map(deaths)
+                    .map(|(_, d)| d)
+                    .filter(|d| d.at >= since),
             );
+            found.sort_by_key(|d| d.at);
+            add_failures(&mut snapshot, &found, pods.as_ref(), sources.rules);
             let mut stdout = std::io::stdout().lock();
             if args.json {
                 report::write_json(&mut stdout, &snapshot)?;
@@ -214,7 +224,8 @@ fn add_failures(
         holders: &holders,
         rules,
     };
-    let failures: Vec<_> = found.iter().map(|d| correlate(d, known)).collect();
+    let failures =
+        SameDeath::default().keep_new(found.iter().map(|d| correlate(d, known)).collect());
     snapshot.findings.extend(failures.iter().map(finding));
     snapshot
         .findings
@@ -224,7 +235,7 @@ fn add_failures(
 
 /// This node's Pods for a one-shot `check`: `auto` goes on without them when the API server
 /// cannot be had, `on` fails.
-fn pods_once(mode: KubeMode, node: &str) -> anyhow::Result<Option<PodIndex>> {
+fn pods_once(mode: KubeMode, node: &str) -> anyhow::Result<Option<Vec<Pod>>> {
     if mode == KubeMode::Off {
         return Ok(None);
     }

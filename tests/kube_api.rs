@@ -47,7 +47,15 @@ async fn the_pod_reflector_lists_watches_resumes_and_relists_after_410() {
     let api = FakeApi::start();
     api.apply_pod(pod(NODE, "ml", "trainer-0", UID_1, &[("trainer", "aaaa")]));
     api.apply_pod(pod("node-b", "ml", "elsewhere", UID_2, &[("c", "bbbb")]));
-    let w = PodWatcher::spawn(client(&api), NODE, &tokio::runtime::Handle::current());
+    let (deaths_tx, deaths) = std::sync::mpsc::channel();
+    let w = PodWatcher::spawn(
+        client(&api),
+        NODE,
+        &tokio::runtime::Handle::current(),
+        Box::new(move |found| {
+            let _ = deaths_tx.send(found);
+        }),
+    );
 
     let index = eventually("the initial list", || has_pod(&w, UID_1)).await;
     assert_eq!(index.len(), 1, "only this node's pods");
@@ -76,6 +84,28 @@ async fn the_pod_reflector_lists_watches_resumes_and_relists_after_410() {
         w.index().filter(|i| i.by_uid(uid_3).is_none())
     })
     .await;
+
+    // Kubelet records a death: the container was OOM-killed and restarted. The watch delivers
+    // it once; the next status updates of the same Pod show it again and are not news.
+    let trainer = pod(NODE, "ml", "trainer-0", UID_1, &[("trainer", "aaaa")]);
+    let terminated = serde_json::json!({"exitCode": 137, "reason": "OOMKilled",
+        "containerID": "containerd://aaaa", "finishedAt": common::kube_api::finished_now()});
+    let restarted = common::kube_api::restarted(trainer, "trainer", terminated, "a2a2");
+    api.apply_pod(restarted.clone());
+    let told = eventually("the death delivered", || deaths.try_recv().ok()).await;
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].kind, FindingKind::WorkloadOomKilled);
+    assert_eq!(told[0].source, shmlink::model::FailureSource::PodStatus);
+    api.apply_pod(restarted);
+    eventually("the same status again in the cache", || {
+        w.index().filter(|i| {
+            i.by_uid(UID_1)
+                .is_some_and(|p| p.containers.contains_key("a2a2"))
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(deaths.try_recv().is_err(), "told once");
 
     // The watch ends (the API server's timeout): the reflector resumes from where it was.
     api.end_watches();

@@ -85,7 +85,11 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
             text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, &gpus, &gpu_pairs)
         }
         FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => {
-            let comm = d.comm.as_deref().unwrap_or("a process");
+            // A runtime's record names no process: the one it runs, whose end ended it.
+            let comm = d.comm.as_deref().unwrap_or(match d.source {
+                FailureSource::PodStatus | FailureSource::Docker => "its main process",
+                _ => "a process",
+            });
             match (&memory, kind) {
                 (Some(m), FindingKind::ShmOomKilled) => {
                     text::shm_oom_killed(&who, &at, comm, d.pid, m, id.pod.is_some())
@@ -545,6 +549,88 @@ mod tests {
             .unwrap()
             .get("memory")
             .is_none());
+    }
+
+    #[test]
+    fn a_sigbus_death_is_dev_shms_only_when_it_was_full_at_its_last_reading_or_peak() {
+        use crate::model::{Exit, MemorySource};
+        let no_pods = GpuHolders::new();
+        let mut d = detected(
+            FindingKind::WorkloadBusError,
+            Who::Pod {
+                namespace: "ml".into(),
+                pod: "trainer-0".into(),
+                uid: UID.into(),
+                container: "trainer".into(),
+                container_id: Some("dead".into()),
+            },
+        );
+        d.source = FailureSource::PodStatus;
+        d.exit = Some(Exit {
+            code: Some(135),
+            signal: None,
+            reason: Some("Error".into()),
+        });
+        let told = |peak: u64| {
+            let mut r = fixtures::shm_reading("dead", 64 * MIB, 10 * MIB);
+            r.used_peak_bytes = Some(peak);
+            r.memory_limit_bytes = Some(256 * MIB);
+            let s = fixtures::scanned("node", vec![r], None);
+            correlate(
+                &d,
+                Known {
+                    snapshot: Some(&s),
+                    pods: None,
+                    holders: &no_pods,
+                    rules: DeathRules::default(),
+                },
+            )
+        };
+        // 0.9 of the 64 MiB is 57.6 MiB.
+        let full = told(58 * MIB);
+        assert_eq!(full.kind, FindingKind::ShmBusError, "{}", full.message);
+        let m = full.memory.unwrap();
+        assert_eq!(
+            (m.shm_bytes, m.limit_bytes, m.source),
+            (Some(58 * MIB), Some(256 * MIB), MemorySource::PodStatus)
+        );
+        assert!(
+            full.message
+                .contains("SIGBUS: Error, exit status 135 (SIGBUS)"),
+            "{}",
+            full.message
+        );
+        let half = told(32 * MIB);
+        assert_eq!(half.kind, FindingKind::WorkloadBusError);
+        assert!(
+            half.message
+                .contains("its /dev/shm was not full: it peaked at 32.0 MiB of 64.0 MiB"),
+            "{}",
+            half.message
+        );
+        // Never measured: not blamed on /dev/shm, and said so.
+        let unmeasured = correlate(
+            &d,
+            Known {
+                snapshot: None,
+                pods: None,
+                holders: &no_pods,
+                rules: DeathRules::default(),
+            },
+        );
+        assert_eq!(unmeasured.kind, FindingKind::WorkloadBusError);
+        assert!(
+            unmeasured
+                .message
+                .contains("was not measured before it died"),
+            "{}",
+            unmeasured.message
+        );
+        assert_eq!(unmeasured.container_id.as_deref(), Some("dead"));
+        let json = serde_json::to_value(&unmeasured).unwrap();
+        assert_eq!(json["source"], "pod_status");
+        assert_eq!(json["memory"]["source"], "pod_status");
+        assert!(json["memory"]["shm_bytes"].is_null());
     }
 
     #[test]

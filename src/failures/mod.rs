@@ -8,6 +8,7 @@
 //! - `correlate.rs` (pure): + the container's /dev/shm then, its Pod, its GPUs and their pairs
 //!   -> [`Failure`](crate::model::Failure), with the message (`findings::text`);
 //! - `recent.rs`: the containers seen in the last minute (the dying one is often gone);
+//! - `same.rs`: one death told by two sources (the kernel and kubelet) is told once;
 //! - `ledger.rs`: `serve`'s recent failures and counts per container and kind;
 //! - `tell.rs`: `serve`'s scan thread tells them (correlates, logs, counts);
 //! - `watch.rs`: `serve`'s thread that follows the sources, and `check`'s read-back.
@@ -22,6 +23,7 @@ pub mod ledger;
 pub mod memcg;
 pub mod oom;
 pub mod recent;
+pub mod same;
 pub mod signatures;
 pub mod tell;
 pub mod watch;

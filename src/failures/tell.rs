@@ -8,6 +8,7 @@ use super::correlate::{correlate, Known};
 use super::detect::DeathRules;
 use super::ledger::Ledger;
 use super::recent::RecentReadings;
+use super::same::SameDeath;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{Detected, Failure, Snapshot};
@@ -15,6 +16,7 @@ use crate::model::{Detected, Failure, Snapshot};
 pub struct Teller {
     ledger: Ledger,
     recent: RecentReadings,
+    same: SameDeath,
     rules: DeathRules,
 }
 
@@ -23,6 +25,7 @@ impl Teller {
         Teller {
             ledger: Ledger::default(),
             recent: RecentReadings::default(),
+            same: SameDeath::default(),
             rules,
         }
     }
@@ -52,7 +55,9 @@ impl Teller {
             holders,
             rules: self.rules,
         };
-        let failures: Vec<Failure> = found.iter().map(|d| correlate(d, known)).collect();
+        let failures = self
+            .same
+            .keep_new(found.iter().map(|d| correlate(d, known)).collect());
         for f in &failures {
             tracing::warn!(kind = f.kind.as_str(), "{}", f.message);
         }

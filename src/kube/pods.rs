@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
@@ -12,7 +13,8 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use crate::model::ShmReading;
+use super::exits::Exits;
+use crate::model::{Detected, ShmReading};
 
 /// What the scans need to know of one Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,12 +151,14 @@ fn pod_meta(pod: &Pod) -> Option<PodMeta> {
 }
 
 /// This node's Pods, listed once (for `check`).
-pub async fn list_once(client: Client, node: &str) -> Result<PodIndex, kube::Error> {
+pub async fn list_once(client: Client, node: &str) -> Result<Vec<Pod>, kube::Error> {
     let api: Api<Pod> = Api::all(client);
     let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let pods = api.list(&params).await?;
-    Ok(PodIndex::new(pods.items.iter()))
+    Ok(api.list(&params).await?.items)
 }
+
+/// Where `serve` hands the deaths the Pods' statuses record (the scan thread's queue).
+pub type OnDeaths = Box<dyn Fn(Vec<Detected>) + Send + Sync>;
 
 /// A reflector over this node's Pods, driven by a task on the runtime.
 pub struct PodWatcher {
@@ -165,8 +169,14 @@ pub struct PodWatcher {
 
 impl PodWatcher {
     /// Starts watching Pods with `spec.nodeName=<node>`. Never waits for the API server: until
-    /// the first list is in, [`PodWatcher::index`] is `None`.
-    pub fn spawn(client: Client, node: &str, runtime: &tokio::runtime::Handle) -> PodWatcher {
+    /// the first list is in, [`PodWatcher::index`] is `None`. Each container death a Pod's
+    /// status newly records (`exits.rs`) goes to `on_deaths` as the watch delivers it.
+    pub fn spawn(
+        client: Client,
+        node: &str,
+        runtime: &tokio::runtime::Handle,
+        on_deaths: OnDeaths,
+    ) -> PodWatcher {
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
@@ -181,6 +191,7 @@ impl PodWatcher {
                     }
                 };
                 let mut logged = false;
+                let mut exits = Exits::new(SystemTime::now());
                 let stream = watcher(api, config)
                     .default_backoff()
                     .modify(|pod| pod.managed_fields_mut().clear())
@@ -193,7 +204,19 @@ impl PodWatcher {
                                 logged = true;
                             }
                             Err(_) => {}
-                            Ok(_) => logged = false,
+                            Ok(event) => {
+                                logged = false;
+                                match event {
+                                    watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                                        let found = exits.observe(&pod, SystemTime::now());
+                                        if !found.is_empty() {
+                                            on_deaths(found);
+                                        }
+                                    }
+                                    watcher::Event::Delete(pod) => exits.forget(&pod),
+                                    watcher::Event::Init | watcher::Event::InitDone => {}
+                                }
+                            }
                         }
                         std::future::ready(())
                     });

@@ -373,6 +373,16 @@ impl Container {
         );
     }
 
+    /// Waits until the container's init has exited (runc says `stopped`).
+    pub fn wait_exited(&self, timeout: Duration) -> bool {
+        wait_until(timeout, || runc_state(&self.id)["status"] == "stopped")
+    }
+
+    /// What the container printed (stdout and stderr, when no CRI log was asked for).
+    pub fn console(&self) -> String {
+        std::fs::read_to_string(self.bundle.path().join("console.log")).unwrap_or_default()
+    }
+
     /// Kills and deletes the container now (drop does the same).
     pub fn stop(self) {}
 }

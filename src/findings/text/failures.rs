@@ -161,14 +161,17 @@ pub fn shm_oom_killed(
     };
     format!(
         "container {who}: the kernel OOM-killed {} at {at}{}, and /dev/shm was what filled it: \
-         /dev/shm held {} of the {}; the processes' own memory {}. tmpfs pages count \
+         /dev/shm held {} of the {}{}. tmpfs pages count \
          against the memory limit, so a /dev/shm larger than the room the limit leaves turns a \
          full /dev/shm into an OOM kill. Fix: {fix}.{}",
         comm_and_pid(comm, pid),
         oom_scope(m),
         bytes_or_unknown(m.shm_bytes),
         limit_words(m),
-        bytes_or_unknown(m.anon_bytes),
+        m.anon_bytes.map_or(String::new(), |a| format!(
+            "; the processes' own memory {}",
+            human_bytes(a)
+        )),
         counted_by(m),
     )
 }
@@ -201,10 +204,19 @@ pub fn workload_oom_killed(
                 human_bytes(shm),
                 limit_words(m),
             ),
-            None => format!(
-                "its /dev/shm not measured before it died (the {})",
-                limit_words(m)
-            ),
+            None => {
+                // Nothing says what filled it: say so rather than blame the workload.
+                return format!(
+                    "container {who}: the kernel OOM-killed {} at {at}, at its {}; what filled \
+                     the memory is not known: its /dev/shm was not measured before it died. If \
+                     it uses /dev/shm (a DataLoader, NCCL), make sure the memory limit leaves \
+                     room for /dev/shm's size; else lower what the workload holds or raise the \
+                     memory limit.{}",
+                    comm_and_pid(comm, pid),
+                    limit_words(m),
+                    counted_by(m),
+                );
+            }
         },
     };
     format!(

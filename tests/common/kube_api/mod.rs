@@ -218,6 +218,36 @@ pub fn pod(
     })
 }
 
+/// What kubelet writes when a container of `pod` ended as `terminated` says (exitCode, reason,
+/// containerID, finishedAt) and was restarted as `new_id`: the restart count up, the old
+/// instance in `lastState.terminated`.
+pub fn restarted(mut pod: Value, container: &str, terminated: Value, new_id: &str) -> Value {
+    let statuses = pod["status"]["containerStatuses"]
+        .as_array_mut()
+        .expect("a pod with container statuses");
+    let status = statuses
+        .iter_mut()
+        .find(|s| s["name"] == container)
+        .expect("the container's status");
+    let restarts = status["restartCount"].as_i64().unwrap_or(0) + 1;
+    status["restartCount"] = json!(restarts);
+    status["containerID"] = json!(format!("containerd://{new_id}"));
+    status["lastState"] = json!({ "terminated": terminated });
+    status["state"] = json!({"running": {"startedAt": terminated["finishedAt"]}});
+    pod
+}
+
+/// `finishedAt` as kubelet writes it (whole seconds): now.
+pub fn finished_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    k8s_openapi::jiff::Timestamp::from_second(now as i64)
+        .unwrap()
+        .to_string()
+}
+
 /// A Node as the kubelet keeps it: its own four conditions (since long ago) and a taint of
 /// another controller.
 pub fn kubelet_node(name: &str) -> Value {

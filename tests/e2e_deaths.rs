@@ -1,0 +1,393 @@
+//! Deaths that print nothing, told by the Pod's status, end to end: real runc containers in
+//! kubelet-style cgroups die for real (a SIGBUS from a `multiprocessing.shared_memory` block
+//! larger than the 64 MiB /dev/shm; a SIGBUS from a truncated mapped file; the kernel's OOM
+//! kill of a container's main process), the in-process API server plays kubelet and records
+//! each death in `lastState.terminated`, and `serve` names it on the Pod: one Event per death,
+//! the kernel's report and kubelet's `OOMKilled` of one container one failure, a restart loop
+//! one Event series. Run with --nocapture to see the Events and their delays.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::agent::{sample, Agent};
+use common::kube_api::{finished_now, pod, restarted, FakeApi};
+use common::{ro_bind, Container, ContainerSpec, HostTmpfs, Shm};
+use serde_json::{json, Value};
+
+const NODE: &str = "gpu-node-7";
+const MIB: u64 = 1 << 20;
+/// Debian's interpreter, bound into the busybox containers with the libraries it needs.
+const PYTHON: &str = "/usr/bin/python3";
+
+fn events_about(api: &FakeApi, pod: &str) -> Vec<Value> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == pod)
+        .collect()
+}
+
+fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["reason"] == reason).collect()
+}
+
+/// The sum over every series of `metric` with these labels (each container instance of a
+/// restarting Pod has its own `container_id`).
+fn total(body: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    common::promtext::samples(body)
+        .filter(|s| s.name == metric && s.has_labels(labels))
+        .map(|s| s.value)
+        .sum()
+}
+
+/// How many times an Event's series says it happened (1 without a series).
+fn occurrences(e: &Value) -> u64 {
+    e["series"]["count"].as_u64().unwrap_or(1)
+}
+
+fn python_available() -> bool {
+    if Path::new(PYTHON).exists() {
+        return true;
+    }
+    eprintln!(
+        "\n##########\n## SKIPPED: {PYTHON} is missing (apt-get install python3); the SIGBUS \
+         deaths need a real program that maps shared memory\n##########\n"
+    );
+    false
+}
+
+/// A container that runs `script` with the host's Python (its /usr and libraries bound
+/// read-only into the busybox root).
+fn python_container(pod_uid: &str, id: &str, script: &str) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(pod_uid.to_string()),
+        id: Some(id.to_string()),
+        args: vec![PYTHON.into(), "-c".into(), script.into()],
+        memory_limit: Some((512 * MIB) as i64),
+        extra_mounts: vec![
+            ro_bind("/usr", "/usr"),
+            ro_bind("/lib", "/lib"),
+            ro_bind("/lib64", "/lib64"),
+        ],
+        ..ContainerSpec::default()
+    })
+}
+
+/// Fills a 100 MiB `multiprocessing.shared_memory` block on the 64 MiB /dev/shm: ftruncate
+/// reserves nothing, so the first page past 64 MiB is a SIGBUS. It stops at 60 MiB for a
+/// moment first, as a DataLoader between batches, so the scans see /dev/shm nearly full.
+const SHM_BLOCK: &str = r#"
+import time
+from multiprocessing import shared_memory
+block = shared_memory.SharedMemory(create=True, size=100 << 20)
+mib = b"\1" * (1 << 20)
+for i in range(60):
+    block.buf[i << 20:(i + 1) << 20] = mib
+time.sleep(3)
+for i in range(60, 100):
+    block.buf[i << 20:(i + 1) << 20] = mib
+"#;
+
+/// Another SIGBUS: a mapped file truncated under the process. /dev/shm stays empty.
+const TRUNCATED_MAP: &str = r#"
+import mmap, os, time
+fd = os.open("/tmp/data", os.O_RDWR | os.O_CREAT)
+os.ftruncate(fd, 1 << 20)
+m = mmap.mmap(fd, 1 << 20)
+time.sleep(1)
+os.ftruncate(fd, 0)
+m[4096] = 1
+"#;
+
+/// kubelet's record of a container that died with `exit_code` (`reason`), restarted as `new_id`.
+fn record_death(
+    api: &FakeApi,
+    pod: Value,
+    container: &str,
+    dead: &str,
+    exit_code: i32,
+    reason: &str,
+    new_id: &str,
+) -> (Value, Instant) {
+    let terminated = json!({"exitCode": exit_code, "reason": reason,
+        "containerID": format!("containerd://{dead}"), "finishedAt": finished_now()});
+    let next = restarted(pod, container, terminated, new_id);
+    api.apply_pod(next.clone());
+    (next, Instant::now())
+}
+
+/// Waits for an Event with `reason` on `pod_name` with at least `count` occurrences; returns
+/// it and how long after `since` it was seen.
+fn wait_event(api: &FakeApi, pod_name: &str, reason: &str, count: u64, since: Instant) -> Value {
+    let mut found = None;
+    let ok = common::wait_until(Duration::from_secs(20), || {
+        found = events_about(api, pod_name)
+            .into_iter()
+            .find(|e| e["reason"] == reason && occurrences(e) >= count);
+        found.is_some()
+    });
+    assert!(
+        ok,
+        "no {reason} Event on {pod_name} (x{count}); the server holds: {:#?}",
+        api.events()
+    );
+    let e = found.unwrap();
+    println!(
+        "{:>6} ms after the status change: {} {} regarding Pod/{} (x{}): {}",
+        since.elapsed().as_millis(),
+        e["type"].as_str().unwrap_or(""),
+        reason,
+        pod_name,
+        occurrences(&e),
+        e["note"].as_str().unwrap_or("")
+    );
+    assert!(
+        since.elapsed() < Duration::from_secs(2),
+        "{reason} on {pod_name} took {:?}",
+        since.elapsed()
+    );
+    e
+}
+
+#[test]
+fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
+    if !common::e2e_available() || !python_available() {
+        return;
+    }
+    let api = FakeApi::start();
+    let (fill_uid, fill_id) = (common::random_pod_uid(), common::random_container_id());
+    let (map_uid, map_id) = (common::random_pod_uid(), common::random_container_id());
+    let (idle_uid, idle_id) = (common::random_pod_uid(), common::random_container_id());
+    let fill_pod = pod(NODE, "ml", "shmfill-0", &fill_uid, &[("fill", &fill_id)]);
+    let map_pod = pod(NODE, "ml", "mapper-0", &map_uid, &[("mapper", &map_id)]);
+    api.apply_pod(fill_pod.clone());
+    api.apply_pod(map_pod.clone());
+    api.apply_pod(pod(NODE, "ml", "idle-0", &idle_uid, &[("idle", &idle_id)]));
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start(
+        &["--kube", "on", "--node-name", NODE, "--no-gpu"],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    agent.wait_ready();
+
+    let fill = python_container(&fill_uid, &fill_id, SHM_BLOCK);
+    let mapper = python_container(&map_uid, &map_id, TRUNCATED_MAP);
+    let _idle = Container::start(ContainerSpec {
+        pod_uid: Some(idle_uid.clone()),
+        id: Some(idle_id.clone()),
+        memory_limit: Some((64 * MIB) as i64),
+        ..ContainerSpec::default()
+    });
+    for c in [&fill, &mapper] {
+        assert!(
+            c.wait_exited(Duration::from_secs(60)),
+            "container {} is still running: {}",
+            c.id,
+            c.console()
+        );
+    }
+
+    // Kubelet records exit status 135 (128 + SIGBUS) for each.
+    let (_, changed) = record_death(&api, fill_pod, "fill", &fill_id, 135, "Error", "f2f2");
+    let e = wait_event(&api, "shmfill-0", "ShmBusError", 1, changed);
+    assert_eq!(e["regarding"]["uid"], fill_uid.as_str());
+    let note = e["note"].as_str().unwrap();
+    for part in [
+        "container ml/shmfill-0/fill died of a bus error (SIGBUS: Error, exit status 135 (SIGBUS))",
+        "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
+        "ftruncate reserves nothing",
+        "sizeLimit: 1Gi",
+    ] {
+        assert!(note.contains(part), "{part:?} not in {note}");
+    }
+
+    let (map_pod, changed) = record_death(&api, map_pod, "mapper", &map_id, 135, "Error", "m2m2");
+    let e = wait_event(&api, "mapper-0", "WorkloadBusError", 1, changed);
+    let note = e["note"].as_str().unwrap();
+    for part in [
+        "container ml/mapper-0/mapper died of a bus error",
+        "its /dev/shm was not full",
+        "Not /dev/shm running out",
+    ] {
+        assert!(note.contains(part), "{part:?} not in {note}");
+    }
+
+    // A restart loop: the mapper's next container dies the same way. One Event series, each
+    // death counted.
+    let again = python_container(&map_uid, "m2m2", TRUNCATED_MAP);
+    assert!(
+        again.wait_exited(Duration::from_secs(60)),
+        "{}",
+        again.console()
+    );
+    let (_, changed) = record_death(&api, map_pod, "mapper", "m2m2", 135, "Error", "m3m3");
+    wait_event(&api, "mapper-0", "WorkloadBusError", 2, changed);
+    let events = events_about(&api, "mapper-0");
+    assert_eq!(
+        with_reason(&events, "WorkloadBusError").len(),
+        1,
+        "one series: {events:#?}"
+    );
+
+    let body = agent.wait_for_metrics("the deaths counted", |b| {
+        total(
+            b,
+            "shmlink_workload_failures_total",
+            &[("pod", "mapper-0"), ("kind", "workload_bus_error")],
+        ) == 2.0
+    });
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "shmfill-0"), ("kind", "shm_bus_error")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "idle-0")]
+        ),
+        None,
+        "the healthy neighbour: {body}"
+    );
+    assert!(events_about(&api, "idle-0").is_empty());
+
+    // `check` lists the same Pods and tells the deaths they record, without the scans' readings.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args([
+            "check",
+            "--json",
+            "--no-gpu",
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+        ])
+        .args(["--since", "5m", "--kmsg", "off", "--pod-log-root", "off"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let failures = report["failures"].as_array().unwrap();
+    let mapper: Vec<_> = failures.iter().filter(|f| f["pod"] == "mapper-0").collect();
+    assert_eq!(
+        mapper.len(),
+        1,
+        "the Pod records its last death: {failures:#?}"
+    );
+    assert_eq!(mapper[0]["kind"], "workload_bus_error");
+    assert_eq!(mapper[0]["source"], "pod_status");
+    assert_eq!(mapper[0]["container_id"], "m2m2");
+    assert!(
+        mapper[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("its /dev/shm was not measured before it died"),
+        "{:#}",
+        mapper[0]
+    );
+    assert_eq!(out.status.code(), Some(1), "failures are findings");
+}
+
+#[test]
+fn kubelets_oomkilled_and_the_kernels_report_of_one_container_are_one_failure() {
+    if !common::e2e_available() || !common::kmsg_readable() {
+        return;
+    }
+    // One after the other: each agent would see the other's kills in the kernel log.
+    oom_scenario(true);
+    oom_scenario(false);
+}
+
+fn oom_scenario(kernel_log: bool) {
+    println!("== kernel log {}", if kernel_log { "on" } else { "off" });
+    let api = FakeApi::start();
+    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+    let loader_pod = pod(NODE, "ml", "loader-0", &uid, &[("loader", &id)]);
+    api.apply_pod(loader_pod.clone());
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start(
+        &[
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+            "--no-gpu",
+            "--kmsg",
+            if kernel_log { "/dev/kmsg" } else { "off" },
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    agent.wait_ready();
+
+    // The emptyDir fix gone wrong: a 1 GiB /dev/shm under a 128 MiB memory limit, filled 4 MiB
+    // at a time; the kernel OOM-kills and the container's main process ends with it.
+    let volume = HostTmpfs::new(1024 * MIB);
+    let loader = Container::start(ContainerSpec {
+        pod_uid: Some(uid.clone()),
+        id: Some(id.clone()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "i=0; while :; do i=$((i+1)); \
+             dd if=/dev/zero of=/dev/shm/batch$i bs=1M count=4 2>/dev/null || exit 137; \
+             sleep 0.1; done"
+                .into(),
+        ],
+        shm: Shm::Bind(volume.path.clone()),
+        memory_limit: Some((128 * MIB) as i64),
+        ..ContainerSpec::default()
+    });
+    assert!(
+        loader.wait_exited(Duration::from_secs(60)),
+        "the loader was never killed: {}",
+        loader.console()
+    );
+    // Kubelet notices an exit at its next relist (every second), then writes the status.
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, changed) = record_death(&api, loader_pod, "loader", &id, 137, "OOMKilled", "l2l2");
+    let e = wait_event(&api, "loader-0", "ShmOomKilled", 1, changed);
+    let note = e["note"].as_str().unwrap();
+    assert!(
+        note.contains("and /dev/shm was what filled it: /dev/shm held "),
+        "{note}"
+    );
+    assert!(note.contains("of the 128.0 MiB memory limit"), "{note}");
+    let by_status = note.contains("(Told by the Pod's status, OOMKilled;");
+    assert_eq!(by_status, !kernel_log, "{note}");
+
+    // kubelet's OOMKilled is the kernel's kill told again: nothing more is published.
+    std::thread::sleep(Duration::from_secs(1));
+    let events = events_about(&api, "loader-0");
+    let kills: Vec<_> = events
+        .iter()
+        .filter(|e| e["reason"].as_str().unwrap().ends_with("OomKilled"))
+        .collect();
+    assert_eq!(kills.len(), 1, "one failure: {events:#?}");
+    assert_eq!(occurrences(kills[0]), 1, "told once: {:#}", kills[0]);
+    let body = agent.metrics();
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "loader-0"), ("kind", "shm_oom_killed")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "loader-0"), ("kind", "workload_oom_killed")]
+        ),
+        None,
+        "{body}"
+    );
+}
