@@ -103,14 +103,21 @@ impl OomReports {
             p.stats_left = 0;
         } else if let Some(summary) = line.strip_prefix("oom-kill:") {
             p.stats_left = 0;
-            for field in summary.split(',') {
+            // `...,oom_memcg=<path>,task_memcg=<path>,task=<comm>,pid=<pid>,uid=<uid>`: the comm
+            // is the process's own to set (`,task_memcg=/x`, `,pid=1`), so the cgroups are read
+            // before the first `,task=` and the PID after the last `,pid=`.
+            let (head, task) = summary.split_once(",task=").unwrap_or((summary, ""));
+            for field in head.split(',') {
                 match field.split_once('=') {
                     Some(("oom_memcg", v)) => p.oom_memcg = Some(v.to_owned()),
                     Some(("task_memcg", v)) => p.memcg = Some(v.to_owned()),
-                    Some(("pid", v)) => p.task_pid = v.parse().ok(),
                     _ => {}
                 }
             }
+            p.task_pid = task
+                .rsplit_once(",pid=")
+                .and_then(|(_, v)| decimal_prefix::<i32>(v))
+                .map(|(pid, _)| pid);
         } else if let Some(killed) = after(line, "Killed process ") {
             let partial = self.partial.take()?;
             return partial.kill(killed);
@@ -265,6 +272,27 @@ mod tests {
             })
             .collect();
         assert!(kills(&forged).is_empty());
+    }
+
+    #[test]
+    fn a_process_name_cannot_move_the_kill_to_another_cgroup_or_pid() {
+        // A comm is 15 bytes of the process's choosing, printed amid the summary's fields.
+        for comm in [",task_memcg=/x", ",pid=1,uid=0", ",oom_memcg=/y"] {
+            let renamed: String = records(kmsg::OOM_V1)
+                .iter()
+                .map(|r| {
+                    r.replace("task=dd,", &format!("task={comm},"))
+                        .replace("(dd)", &format!("({comm})"))
+                })
+                .collect();
+            let found = kills(&renamed);
+            assert_eq!(found.len(), 1, "{comm}");
+            assert!(
+                found[0].memcg.starts_with("/kubepods/burstable/pod1111"),
+                "{comm}"
+            );
+            assert_eq!((found[0].pid, found[0].comm.as_str()), (5947, comm));
+        }
     }
 
     #[test]
