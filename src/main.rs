@@ -19,9 +19,9 @@ use shmlink::host::HostPaths;
 use shmlink::kube::events::GpuHolders;
 use shmlink::kube::exits::deaths;
 use shmlink::kube::pods::{list_once, PodIndex};
-use shmlink::model::Detected;
 use shmlink::model::Severity;
 use shmlink::model::Snapshot;
+use shmlink::model::{Detected, FailureSource};
 use shmlink::scan::Scanner;
 use shmlink::{agent, report};
 
@@ -57,7 +57,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .map(|(_, d)| d)
                     .filter(|d| d.at >= since),
             );
-            found.sort_by_key(|d| d.at);
+            // A runtime's record after the accounts with numbers: of two that tell one death
+            // (the kernel's kill, kubelet's OOMKilled stamped in whole seconds), the first stays.
+            found.sort_by_key(|d| {
+                let record = matches!(d.source, FailureSource::PodStatus | FailureSource::Docker);
+                (record, d.at)
+            });
             add_failures(&mut snapshot, &found, pods.as_ref(), sources.rules);
             let mut stdout = std::io::stdout().lock();
             if args.json {
