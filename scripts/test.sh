@@ -14,6 +14,10 @@ if [ "$(id -u)" = 0 ]; then
   command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
   # tests/e2e_hostile.rs: what the agent opens, traced
   command -v strace >/dev/null || missing+=(strace)
+  # tests/e2e_docker.rs: a private Docker engine (its own socket and data root), stopped after
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  # tests/e2e_deaths.rs, tests/e2e_docker.rs: a real SIGBUS from Debian's Python in a container
+  [ -x /usr/bin/python3 ] || missing+=(python3)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing ${missing[*]}"
     apt-get update -qq

@@ -10,6 +10,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use serde::Deserialize;
@@ -171,6 +172,11 @@ fn is_docker_id(id: &str) -> bool {
 /// Opens `<containers>/<id>/config.v2.json` confined beneath `containers`, refusing symlinks
 /// (ELOOP) so a planted link cannot point the read elsewhere.
 fn open_config(containers: &Path, id: &str) -> io::Result<File> {
+    open_record(containers, id, "config.v2.json")
+}
+
+/// Opens `<containers>/<id>/<file>` the same confined way.
+fn open_record(containers: &Path, id: &str, file: &str) -> io::Result<File> {
     let dir = rustix::fs::open(
         containers,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -179,12 +185,135 @@ fn open_config(containers: &Path, id: &str) -> io::Result<File> {
     // openat2, or on kernels without it the walk that refuses symlinks the same way.
     let fd = crate::beneath::open(
         &dir,
-        &format!("{id}/config.v2.json"),
+        &format!("{id}/{file}"),
         // NONBLOCK: a FIFO planted in place of the file must not hang the scan on open.
         OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )?;
     Ok(File::from(fd))
+}
+
+/// How a container ended, as Docker recorded it: config.v2.json's `State`, and what
+/// hostconfig.json says it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerExit {
+    pub id: String,
+    /// `--name`, without the leading slash.
+    pub name: String,
+    pub exit_code: i32,
+    /// The kernel OOM-killed a process of it (Docker's `OOMKilled`).
+    pub oom_killed: bool,
+    pub finished_at: SystemTime,
+    /// `--memory` (None when unlimited).
+    pub memory_limit: Option<u64>,
+    /// `--shm-size` (None with `--ipc=host` or where Docker did not record one).
+    pub shm_size: Option<u64>,
+}
+
+/// The fields of config.v2.json an exit needs.
+#[derive(Deserialize)]
+struct RecordV2 {
+    #[serde(rename = "ID")]
+    id: String,
+    #[serde(rename = "Name")]
+    name: String,
+    #[serde(rename = "State")]
+    state: StateV2,
+}
+
+#[derive(Deserialize)]
+struct StateV2 {
+    #[serde(rename = "Running")]
+    running: bool,
+    #[serde(rename = "OOMKilled", default)]
+    oom_killed: bool,
+    #[serde(rename = "ExitCode")]
+    exit_code: i32,
+    #[serde(rename = "FinishedAt")]
+    finished_at: String,
+}
+
+#[derive(Deserialize, Default)]
+struct HostConfig {
+    #[serde(rename = "Memory", default)]
+    memory: i64,
+    #[serde(rename = "ShmSize", default)]
+    shm_size: i64,
+    #[serde(rename = "IpcMode", default)]
+    ipc_mode: String,
+}
+
+/// Pure: a stopped container's exit out of config.v2.json's and hostconfig.json's texts; None
+/// while it runs, when it never finished, or when the text is not Docker's shape.
+pub fn parse_exit(config: &str, host_config: Option<&str>) -> Option<DockerExit> {
+    let record: RecordV2 = serde_json::from_str(config).ok()?;
+    if record.state.running || !is_docker_id(&record.id) {
+        return None;
+    }
+    let finished: k8s_openapi::jiff::Timestamp = record.state.finished_at.parse().ok()?;
+    let finished_at = SystemTime::from(finished);
+    // Docker writes year 1 for a container that never ran to an end.
+    if finished_at <= SystemTime::UNIX_EPOCH {
+        return None;
+    }
+    let host: HostConfig = host_config
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default();
+    let positive = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0);
+    Some(DockerExit {
+        name: record
+            .name
+            .strip_prefix('/')
+            .unwrap_or(&record.name)
+            .to_string(),
+        id: record.id,
+        exit_code: record.state.exit_code,
+        oom_killed: record.state.oom_killed,
+        finished_at,
+        memory_limit: positive(host.memory),
+        shm_size: (host.ipc_mode != "host")
+            .then(|| positive(host.shm_size))
+            .flatten(),
+    })
+}
+
+/// Records read at most per call: a host with more stopped containers than this is told about
+/// the first ones in directory order (Docker keeps stopped containers until removed).
+const MAX_RECORDS: usize = 10_000;
+
+/// The containers under `<docker-root>/containers` that stopped at or after `since`, each read
+/// confined beneath that directory; unreadable or foreign entries are skipped.
+pub fn exited_since(docker_root: &Path, since: SystemTime) -> Vec<DockerExit> {
+    let containers = docker_root.join("containers");
+    let Ok(entries) = std::fs::read_dir(&containers) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten().take(MAX_RECORDS) {
+        let Some(id) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !is_docker_id(&id) {
+            continue;
+        }
+        let read = |file: &str| {
+            let f = open_record(&containers, &id, file).ok()?;
+            let size = f.metadata().ok().filter(|m| m.is_file())?.len();
+            read_bounded(f, size).ok().flatten()
+        };
+        let Some(config) = read("config.v2.json") else {
+            continue;
+        };
+        let host = read("hostconfig.json");
+        if let Some(exit) = parse_exit(&config, host.as_deref()) {
+            // The record's ID must be its directory's: a copied file speaks for no one else.
+            if exit.id == id && exit.finished_at >= since {
+                out.push(exit);
+            }
+        }
+    }
+    out.sort_by_key(|e| e.finished_at);
+    out
 }
 
 /// The file's text, or `None` when it is larger than [`MAX_CONFIG_BYTES`] or not UTF-8.
@@ -235,6 +364,86 @@ mod tests {
             name: "asr".into(),
             image: "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime".into(),
         }
+    }
+
+    /// Records the real engine wrote (Docker 20.10, tests/fixtures/docker/).
+    fn fixture(name: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/docker")
+            .join(name);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn a_real_oom_killed_and_a_real_sigbus_record_are_their_exits() {
+        let oom = parse_exit(
+            &fixture("oomk.config.v2.json"),
+            Some(&fixture("oomk.hostconfig.json")),
+        )
+        .expect("a stopped container");
+        assert_eq!(
+            (oom.name.as_str(), oom.exit_code, oom.oom_killed),
+            ("oomk", 137, true)
+        );
+        assert_eq!(oom.memory_limit, Some(64 << 20), "--memory=64m");
+        assert_eq!(oom.shm_size, Some(1 << 30), "--shm-size=1g");
+        assert_eq!(
+            k8s_openapi::jiff::Timestamp::try_from(oom.finished_at)
+                .unwrap()
+                .to_string(),
+            "2026-11-24T22:41:18.292537149Z"
+        );
+        let bus = parse_exit(
+            &fixture("bus2.config.v2.json"),
+            Some(&fixture("bus2.hostconfig.json")),
+        )
+        .unwrap();
+        assert_eq!((bus.exit_code, bus.oom_killed), (135, false));
+        assert_eq!(bus.memory_limit, None, "no --memory");
+        assert_eq!(bus.shm_size, Some(64 << 20), "Docker's default");
+        // A running container has not ended; without hostconfig.json the limits are unknown.
+        assert_eq!(parse_exit(&fixture("running.config.v2.json"), None), None);
+        let no_host = parse_exit(&fixture("oomk.config.v2.json"), None).unwrap();
+        assert_eq!((no_host.memory_limit, no_host.shm_size), (None, None));
+        let never = format!(
+            r#"{{"ID":"{}","Name":"/a","State":{{"Running":false,"ExitCode":0,"FinishedAt":"0001-01-01T00:00:00Z"}}}}"#,
+            "a".repeat(64)
+        );
+        for text in [
+            "",
+            "{}",
+            "null",
+            r#"{"ID":"x","Name":"/a","State":{}}"#,
+            &never,
+        ] {
+            assert_eq!(parse_exit(text, None), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn exited_since_reads_each_record_beneath_the_root_by_its_own_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let oom = fixture("oomk.config.v2.json");
+        let id = parse_exit(&oom, None).unwrap().id;
+        write_config(dir.path(), &id, &oom);
+        // The same record copied under another ID speaks for no one.
+        write_config(dir.path(), &id.replace('e', "f"), &oom);
+        // A running one, and a symlinked directory to a record elsewhere.
+        let running = fixture("running.config.v2.json");
+        write_config(dir.path(), &"b".repeat(64), &running);
+        let elsewhere = tempfile::tempdir().unwrap();
+        write_config(elsewhere.path(), &id, &oom);
+        std::os::unix::fs::symlink(
+            elsewhere.path().join("containers").join(&id),
+            dir.path().join("containers").join("c".repeat(64)),
+        )
+        .unwrap();
+        let found = exited_since(dir.path(), SystemTime::UNIX_EPOCH);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].id, id);
+        let later = found[0].finished_at + Duration::from_secs(1);
+        assert!(exited_since(dir.path(), later).is_empty());
+        assert!(exited_since(&dir.path().join("absent"), SystemTime::UNIX_EPOCH).is_empty());
     }
 
     #[test]

@@ -50,6 +50,9 @@ fn python_available() -> bool {
     if Path::new(PYTHON).exists() {
         return true;
     }
+    if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+        panic!("{PYTHON} is missing (apt-get install python3)");
+    }
     eprintln!(
         "\n##########\n## SKIPPED: {PYTHON} is missing (apt-get install python3); the SIGBUS \
          deaths need a real program that maps shared memory\n##########\n"

@@ -283,6 +283,11 @@ fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
                 container_id: Some(container_id.clone()),
             }
         }
+        Who::Docker { container_id, name } => Identity {
+            container: Some(name.clone()),
+            container_id: Some(container_id.clone()),
+            ..Identity::default()
+        },
         Who::Process => Identity::default(),
     }
 }

@@ -7,6 +7,7 @@
 //!   whose it is as far as the source says (`attribute.rs`: a host PID through its cgroup);
 //! - `correlate.rs` (pure): + the container's /dev/shm then, its Pod, its GPUs and their pairs
 //!   -> [`Failure`](crate::model::Failure), with the message (`findings::text`);
+//! - `docker_deaths.rs` (pure): Docker's record of a stopped container -> a death (`check`);
 //! - `recent.rs`: the containers seen in the last minute (the dying one is often gone);
 //! - `same.rs`: one death told by two sources (the kernel and kubelet) is told once;
 //! - `ledger.rs`: `serve`'s recent failures and counts per container and kind;
@@ -19,6 +20,7 @@ pub mod attribute;
 pub mod correlate;
 pub mod crash;
 pub mod detect;
+pub mod docker_deaths;
 pub mod ledger;
 pub mod memcg;
 pub mod oom;

@@ -9,11 +9,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use super::detect::{DeathRules, Recogniser};
+use super::docker_deaths;
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
 use crate::host::NsId;
 use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::logs::{LogSettings, LogTailer};
-use crate::model::{Detected, SourceStats};
+use crate::model::{Detected, SourceStats, Who};
 
 /// How often `serve` reads the sources: a failure reaches its Event well within 2 s.
 pub const POLL: Duration = Duration::from_millis(200);
@@ -58,6 +59,14 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
         .iter()
         .filter_map(|l| recogniser.log_line(l))
         .collect();
+    // Docker's records of the containers that stopped since: the deaths that print nothing.
+    if let Some(root) = &sources.docker_root {
+        out.extend(
+            crate::docker::exited_since(root, since)
+                .iter()
+                .filter_map(docker_deaths::detected),
+        );
+    }
     if let Some(path) = &sources.kmsg {
         match KernelLog::open(path, KmsgStart::Since(since)) {
             Ok(mut reader) => loop {
@@ -75,6 +84,24 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
                 }
             },
             Err(e) => tracing::warn!("not reading the kernel log {}: {e}", path.display()),
+        }
+    }
+    // A container gone since has no reading to name it: Docker's record still does.
+    if let Some(root) = &sources.docker_root {
+        let mut names = crate::docker::DockerNames::new(Some(root.clone()));
+        for d in &mut out {
+            if let Who::Container {
+                pod_uid: None,
+                container_id,
+            } = &d.who
+            {
+                if let Some(c) = names.lookup(container_id) {
+                    d.who = Who::Docker {
+                        container_id: container_id.clone(),
+                        name: c.name,
+                    };
+                }
+            }
         }
     }
     out.sort_by_key(|d| d.at);

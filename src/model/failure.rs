@@ -44,6 +44,8 @@ pub enum Who {
         pod_uid: Option<String>,
         container_id: String,
     },
+    /// A Docker container by its record: its ID and its `--name` (it may be gone).
+    Docker { container_id: String, name: String },
     /// A host process the agent could not place (gone before it looked, or not in a container).
     Process,
 }
