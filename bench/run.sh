@@ -10,6 +10,9 @@
 #                         [--lines-per-sec L] [--pods P] [--spread S]
 #       failure detection: log bytes per CPU-second, serve's CPU following busy logs, failure
 #       line -> Event delay (root)
+#   bench/run.sh deaths [--containers N] [--kills K] [--cpu-seconds S]
+#       deaths that print nothing: serve's CPU with N real containers and both failure sources
+#       on (and with --kmsg off), the kernel's OOM report -> Event delay over K real kills (root)
 #   bench/run.sh parsers [criterion options]      the parser micro-benchmarks (cargo bench)
 #   bench/run.sh fleet [NODES] [CONTAINERS_PER_NODE]
 #       the dashboard's fleet queries and recording rules on a synthetic big cluster
@@ -29,6 +32,7 @@ suite=${1:-}
 [ $# -eq 0 ] || shift
 case "$suite" in
   containers | failures | fleet | footprint) exec "bench/$suite/run.sh" "$@" ;;
+  deaths) exec bench/failures/deaths.sh "$@" ;;
   parsers) exec cargo bench --bench parsers -- "$@" ;;
   --smoke)
     [ $# -eq 0 ] || { usage >&2; exit 2; }

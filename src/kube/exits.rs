@@ -11,8 +11,10 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod};
 use kube::ResourceExt;
 
-use super::pods::strip_runtime_prefix;
-use crate::model::{Detected, Exit, FailureSource, FindingKind, MemorySource, MemorySplit, Who};
+use crate::model::{
+    strip_runtime_prefix, Detected, Exit, FailureSource, FindingKind, MemorySource, MemorySplit,
+    Who,
+};
 use crate::units::parse_size;
 
 /// A death older than this when first seen is history, not news (a relist after a watch

@@ -14,6 +14,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
 use super::exits::Exits;
+pub use crate::model::strip_runtime_prefix;
 use crate::model::{Detected, ShmReading};
 
 /// What the scans need to know of one Pod.
@@ -93,13 +94,6 @@ impl PodIndex {
             }
         });
     }
-}
-
-/// `containerd://<id>`, `cri-o://<id>`, `docker://<id>`: the ID without the runtime prefix.
-pub fn strip_runtime_prefix(container_id: &str) -> &str {
-    container_id
-        .split_once("://")
-        .map_or(container_id, |(_, id)| id)
 }
 
 fn is_gpu_resource(name: &str) -> bool {

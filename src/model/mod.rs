@@ -26,6 +26,14 @@ pub fn short_id(id: &str) -> &str {
     }
 }
 
+/// `containerd://<id>`, `cri-o://<id>`, `docker://<id>` (a Pod status's spelling): the ID
+/// without the runtime prefix.
+pub fn strip_runtime_prefix(container_id: &str) -> &str {
+    container_id
+        .split_once("://")
+        .map_or(container_id, |(_, id)| id)
+}
+
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
 pub fn prefix_within(text: &str, max: usize) -> &str {
     if text.len() <= max {
