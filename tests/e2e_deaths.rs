@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
+use common::kube_api::events::with_reason;
 use common::kube_api::{finished_now, pod, restarted, FakeApi};
 use common::{ro_bind, Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::{json, Value};
@@ -20,17 +21,6 @@ const NODE: &str = "gpu-node-7";
 const MIB: u64 = 1 << 20;
 /// Debian's interpreter, bound into the busybox containers with the libraries it needs.
 const PYTHON: &str = "/usr/bin/python3";
-
-fn events_about(api: &FakeApi, pod: &str) -> Vec<Value> {
-    api.events()
-        .into_iter()
-        .filter(|e| e["regarding"]["name"] == pod)
-        .collect()
-}
-
-fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["reason"] == reason).collect()
-}
 
 /// The sum over every series of `metric` with these labels (each container instance of a
 /// restarting Pod has its own `container_id`).
@@ -125,7 +115,8 @@ fn record_death(
 fn wait_event(api: &FakeApi, pod_name: &str, reason: &str, count: u64, since: Instant) -> Value {
     let mut found = None;
     let ok = common::wait_until(Duration::from_secs(20), || {
-        found = events_about(api, pod_name)
+        found = api
+            .events_about(pod_name)
             .into_iter()
             .find(|e| e["reason"] == reason && occurrences(e) >= count);
         found.is_some()
@@ -226,7 +217,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     );
     let (_, changed) = record_death(&api, map_pod, "mapper", "m2m2", 135, "Error", "m3m3");
     wait_event(&api, "mapper-0", "WorkloadBusError", 2, changed);
-    let events = events_about(&api, "mapper-0");
+    let events = api.events_about("mapper-0");
     assert_eq!(
         with_reason(&events, "WorkloadBusError").len(),
         1,
@@ -258,7 +249,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
         None,
         "the healthy neighbour: {body}"
     );
-    assert!(events_about(&api, "idle-0").is_empty());
+    assert!(api.events_about("idle-0").is_empty());
 
     // `check` lists the same Pods and tells the deaths they record, without the scans' readings.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
@@ -367,7 +358,7 @@ fn oom_scenario(kernel_log: bool) {
 
     // kubelet's OOMKilled is the kernel's kill told again: nothing more is published.
     std::thread::sleep(Duration::from_secs(1));
-    let events = events_about(&api, "loader-0");
+    let events = api.events_about("loader-0");
     let kills: Vec<_> = events
         .iter()
         .filter(|e| e["reason"].as_str().unwrap().ends_with("OomKilled"))

@@ -10,23 +10,13 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
+use common::kube_api::events::with_reason;
 use common::kube_api::{pod, FakeApi};
 use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::Value;
 
 const NODE: &str = "gpu-node-7";
 const MIB: u64 = 1 << 20;
-
-fn events_about(api: &FakeApi, pod: &str) -> Vec<Value> {
-    api.events()
-        .into_iter()
-        .filter(|e| e["regarding"]["name"] == pod)
-        .collect()
-}
-
-fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["reason"] == reason).collect()
-}
 
 #[test]
 fn oom_kills_are_named_on_their_pods_with_what_the_memory_was() {
@@ -125,8 +115,8 @@ fn scenario(told: Told) {
     let mut own = Vec::new();
     assert!(
         common::wait_until(Duration::from_secs(30), || {
-            shm = events_about(&api, "loader-0");
-            own = events_about(&api, "trainer-0");
+            shm = api.events_about("loader-0");
+            own = api.events_about("trainer-0");
             !with_reason(&shm, "ShmOomKilled").is_empty()
                 && !with_reason(&own, "WorkloadOomKilled").is_empty()
         }),
@@ -210,7 +200,7 @@ fn scenario(told: Told) {
         None,
         "the healthy neighbour: {body}"
     );
-    assert!(events_about(&api, "idle-0").is_empty());
+    assert!(api.events_about("idle-0").is_empty());
     if told == Told::MemoryCgroup {
         return; // `check` reads the kernel log back; the counters have no time
     }

@@ -18,20 +18,18 @@
 // The end-to-end harness of tests/ (the fake API server, serve's scraper).
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod serve;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::agent::get;
 use common::kube_api::{pod, FakeApi};
 use serde_json::json;
+use serve::{Serve, NODE};
 
-const NODE: &str = "gpu-node-7";
 const REASON: &str = "ShmAllocationFailed";
 /// What PyTorch 2.15 printed when its DataLoader outgrew a 64 MiB /dev/shm.
 const TORCH_LINE: &str = "RuntimeError: unable to allocate shared memory(shm) for file \
@@ -39,52 +37,6 @@ const TORCH_LINE: &str = "RuntimeError: unable to allocate shared memory(shm) fo
 /// An Event later than this after its line counts as never arrived.
 const GIVE_UP: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(10);
-
-/// `shmlink serve` with the benchmark's options (serve's own interval, not the tests' 200 ms
-/// of `common::agent::Agent`); killed on drop.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-impl Serve {
-    fn start(pod_log_root: &Path, kubeconfig: &Path) -> Serve {
-        let addr = common::free_local_addr();
-        let log = std::env::temp_dir().join(format!("shmlink-bench-serve-{}.log", addr.port()));
-        let child = Command::new(common::shmlink_bin())
-            .args(["serve", "--listen", &addr.to_string(), "--interval", "5s"])
-            .args(["--kube", "on", "--node-name", NODE, "--no-gpu"])
-            .arg("--pod-log-root")
-            .arg(pod_log_root)
-            .args(["--docker-root", "off", "--kmsg", "off"])
-            .env("KUBECONFIG", kubeconfig)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting shmlink serve");
-        Serve { child, addr, log }
-    }
-
-    fn wait_ready(&self) {
-        assert!(
-            common::wait_until(Duration::from_secs(20), || get(self.addr, "/readyz")
-                .is_some_and(|(s, _)| s == 200)),
-            "serve never got ready; its log:\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default()
-        );
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // A failure printed it already.
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -166,7 +118,7 @@ fn failure_line_to_event_delay() {
         .map(|(i, t)| (t.uid.clone(), i))
         .collect();
 
-    let serve = Serve::start(logs.path(), &api.kubeconfig_path());
+    let serve = Serve::start(logs.path(), &api.kubeconfig_path(), "off");
     serve.wait_ready();
     // The Pod watch's first list, and the watcher's first look at the logs.
     std::thread::sleep(Duration::from_secs(1));

@@ -354,19 +354,13 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn detected(kind: FindingKind, who: Who) -> Detected {
-        Detected {
+        Detected::new(
             who,
             kind,
-            at: UNIX_EPOCH + Duration::from_secs(1_795_000_000),
-            source: FailureSource::Log,
-            evidence: "RuntimeError: unable to allocate shared memory(shm) for file </torch_13_1_0>: No space left on device (28)".into(),
-            pid: None,
-            comm: None,
-            library: None,
-            nccl_gpus: None,
-            memory: None,
-            exit: None,
-        }
+            UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+            FailureSource::Log,
+            "RuntimeError: unable to allocate shared memory(shm) for file </torch_13_1_0>: No space left on device (28)",
+        )
     }
 
     fn trainer() -> Who {

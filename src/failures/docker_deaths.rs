@@ -12,13 +12,7 @@ pub fn detected(e: &DockerExit) -> Option<Detected> {
         signal: None,
         reason: e.oom_killed.then(|| "OOMKilled".to_string()),
     };
-    let kind = if exit.oom_killed() {
-        FindingKind::WorkloadOomKilled
-    } else if exit.bus_error() {
-        FindingKind::WorkloadBusError
-    } else {
-        return None;
-    };
+    let kind = exit.death()?;
     let evidence = format!(
         "Docker's record of {}: State.OOMKilled {}, State.ExitCode {}, State.FinishedAt {}",
         e.name,

@@ -76,13 +76,7 @@ fn death(
         signal: t.signal.filter(|s| *s != 0),
         reason: t.reason.clone().filter(|r| !r.is_empty()),
     };
-    let kind = if exit.oom_killed() {
-        FindingKind::WorkloadOomKilled
-    } else if exit.bus_error() {
-        FindingKind::WorkloadBusError
-    } else {
-        return None;
-    };
+    let kind = exit.death()?;
     // Without a finish time a death cannot be placed in time, nor told from the next one.
     let finished = t.finished_at.as_ref()?;
     let at = SystemTime::from(finished.0);

@@ -123,6 +123,18 @@ impl Exit {
         self.reason.as_deref() == Some("OOMKilled")
     }
 
+    /// The death of memory this end is, before any reading judges it: `OOMKilled` an OOM kill,
+    /// SIGBUS a bus error; any other end (exit 137 alone is a SIGKILL from anyone) none.
+    pub fn death(&self) -> Option<FindingKind> {
+        if self.oom_killed() {
+            Some(FindingKind::WorkloadOomKilled)
+        } else if self.bus_error() {
+            Some(FindingKind::WorkloadBusError)
+        } else {
+            None
+        }
+    }
+
     /// `exit status 135 (SIGBUS)`, `OOMKilled, exit status 137`.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();

@@ -15,6 +15,14 @@ impl FakeApi {
         self.state().events.values().cloned().collect()
     }
 
+    /// The Events regarding the object named `name` (a Pod, a Node).
+    pub fn events_about(&self, name: &str) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["regarding"]["name"] == name)
+            .collect()
+    }
+
     /// Event create requests the server answered 201 or 409.
     pub fn event_creates(&self) -> Vec<Recorded> {
         self.requests()
@@ -22,6 +30,11 @@ impl FakeApi {
             .filter(|r| r.method == "POST" && r.path.contains("/events"))
             .collect()
     }
+}
+
+/// Those of `events` with `reason`.
+pub fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["reason"] == reason).collect()
 }
 
 /// POST /apis/events.k8s.io/v1/namespaces/<ns>/events.

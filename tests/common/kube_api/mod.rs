@@ -12,7 +12,7 @@
 //! `nodes` (get, patch), `events`; `routing` takes a request to them, `patch` holds the merge
 //! semantics.
 
-mod events;
+pub mod events;
 mod nodes;
 mod patch;
 mod pods;
