@@ -131,26 +131,48 @@ fn deaths_cost_and_delay() {
     eprintln!("== starting {containers} containers");
     let started = Instant::now();
     let mut running = Vec::new();
+    let mut log_files = Vec::new();
     for i in 0..containers {
         let (uid, id) = (common::random_pod_uid(), common::random_container_id());
         let name = format!("worker-{i}");
         api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
         let dir = logs.path().join(format!("ml_{name}_{uid}")).join("trainer");
         std::fs::create_dir_all(&dir).unwrap();
+        log_files.push(dir.join("0.log"));
+        // Quiet containers (a training process does not fork every second); their log lines
+        // come from one writer thread below, as containerd's shims would append them.
         running.push(Container::start(ContainerSpec {
             pod_uid: Some(uid),
             id: Some(id),
             memory_limit: Some((256 * MIB) as i64),
-            cri_log: Some(dir.join("0.log")),
-            // A line a second each: the logs are followed, not idle.
-            args: vec![
-                "sh".into(),
-                "-c".into(),
-                "while :; do echo step; sleep 1; done".into(),
-            ],
             ..ContainerSpec::default()
         }));
     }
+    // A line a second in each container's CRI log: the logs are followed, not idle.
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = std::thread::spawn({
+        let writing = writing.clone();
+        move || {
+            use std::io::Write;
+            let mut files: Vec<std::fs::File> = log_files
+                .iter()
+                .map(|p| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(p)
+                        .unwrap()
+                })
+                .collect();
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%fZ");
+                for f in &mut files {
+                    let _ = writeln!(f, "{now} stdout F [rank0] epoch=3 step=1200 loss=1.7342");
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    });
     eprintln!("   started in {:.0?}", started.elapsed());
     let kubeconfig = api.kubeconfig_path();
     let both = Serve::start(logs.path(), &kubeconfig, "/dev/kmsg");
@@ -257,5 +279,7 @@ fn deaths_cost_and_delay() {
     });
     eprintln!("{result:#}");
     println!("BENCH_JSON {result}");
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.join();
     drop(running);
 }
