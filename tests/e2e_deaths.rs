@@ -385,3 +385,156 @@ fn oom_scenario(kernel_log: bool) {
         "{body}"
     );
 }
+
+/// A DataLoader worker killed for its own memory, as PyTorch's main process tells it: the
+/// worker (a fork) takes anonymous memory until the kernel OOM-kills it; the main process
+/// waits for it with `WNOWAIT` (its zombie stays, as PyTorch's does) and prints PyTorch's line
+/// with the worker's PID in the container.
+const WORKER_KILLED: &str = r#"
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    chunks = []
+    while True:
+        chunks.append(b"\1" * (8 << 20))
+os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+print(f"RuntimeError: DataLoader worker (pid {pid}) is killed by signal: Killed. ",
+      file=sys.stderr, flush=True)
+time.sleep(60)
+"#;
+
+#[test]
+fn pytorchs_word_of_a_workers_oom_kill_is_told_with_the_kill() {
+    if !common::e2e_available() || !common::kmsg_readable() || !python_available() {
+        return;
+    }
+    // The kernel's report (the word comes a moment after it), then the memory cgroup's counter
+    // (the word comes first and waits for the scan that reads the counter).
+    worker_scenario(true);
+    worker_scenario(false);
+}
+
+fn worker_scenario(kernel_log: bool) {
+    println!("== kernel log {}", if kernel_log { "on" } else { "off" });
+    let api = FakeApi::start();
+    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(NODE, "ml", "loader-1", &uid, &[("loader", &id)]));
+    let logs = tempfile::tempdir().unwrap();
+    let dir = logs.path().join(format!("ml_loader-1_{uid}/loader"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = logs.path().to_str().unwrap();
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start(
+        &[
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+            "--no-gpu",
+            "--kmsg",
+            if kernel_log { "/dev/kmsg" } else { "off" },
+            "--pod-log-root",
+            root,
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    agent.wait_ready();
+
+    let log = dir.join("0.log");
+    let _loader = Container::start(ContainerSpec {
+        pod_uid: Some(uid.clone()),
+        id: Some(id.clone()),
+        args: vec![PYTHON.into(), "-c".into(), WORKER_KILLED.into()],
+        memory_limit: Some((128 * MIB) as i64),
+        extra_mounts: vec![
+            ro_bind("/usr", "/usr"),
+            ro_bind("/lib", "/lib"),
+            ro_bind("/lib64", "/lib64"),
+        ],
+        cri_log: Some(log.clone()),
+        ..ContainerSpec::default()
+    });
+    let mut word = String::new();
+    assert!(
+        common::wait_until(Duration::from_secs(60), || {
+            word = std::fs::read_to_string(&log).unwrap_or_default();
+            word.contains("is killed by signal: Killed.")
+        }),
+        "the main process never told the worker's death: {word}"
+    );
+    let line = word
+        .lines()
+        .find_map(|l| {
+            l.split_once(" stderr F ")
+                .map(|(_, t)| t.trim_end().to_string())
+        })
+        .unwrap();
+    let told = Instant::now();
+    let e = wait_event(&api, "loader-1", "WorkloadOomKilled", 1, told);
+    let note = e["note"].as_str().unwrap();
+    assert!(
+        note.ends_with(&format!("The workload told it too: {line}")),
+        "{note}"
+    );
+    assert!(note.contains("the memory limit"), "{note}");
+
+    // One failure: the line is no second one, and nothing more comes of it.
+    std::thread::sleep(Duration::from_secs(1));
+    let events = api.events_about("loader-1");
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let body = agent.metrics();
+    assert_eq!(
+        total(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "loader-1")]
+        ),
+        1.0,
+        "{body}"
+    );
+
+    if !kernel_log {
+        return; // check has no memory cgroup counters to read back
+    }
+    // `check` reads both back and ties them by the worker's PID in the container (its zombie
+    // is still there to ask).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args([
+            "check",
+            "--json",
+            "--no-gpu",
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+        ])
+        .args([
+            "--since",
+            "2m",
+            "--kmsg",
+            "/dev/kmsg",
+            "--pod-log-root",
+            root,
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let failures: Vec<&Value> = report["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["pod_uid"] == uid.as_str())
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:#?}");
+    assert_eq!(failures[0]["kind"], "workload_oom_killed");
+    assert_eq!(failures[0]["told_by_workload"], line.as_str());
+    let worker = line
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| p.parse::<i64>().ok())
+        .unwrap();
+    assert_eq!(failures[0]["pid_in_container"], worker, "{:#}", failures[0]);
+}

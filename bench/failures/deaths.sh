@@ -25,11 +25,21 @@ if [ "$(id -u)" != 0 ]; then
   echo "################################################################################" >&2
   exit 0
 fi
+missing=()
+command -v runc >/dev/null || missing+=(runc)
+[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing+=(busybox-static)
+command -v python3 >/dev/null || missing+=(python3)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 mkdir -p target/bench
 echo "== building (release) and running: $containers containers, $kills OOM kills, CPU over $cpu s" >&2
 BENCH_CONTAINERS=$containers BENCH_KILLS=$kills BENCH_CPU_SECS=$cpu \
   cargo test -q --release --test bench_deaths -- --ignored --nocapture 2>&2 \
   | sed -n 's/^BENCH_JSON //p' >target/bench/deaths.jsonl
+[ -s target/bench/deaths.jsonl ] || { echo "bench deaths: the harness gave no result (above: why)" >&2; exit 1; }
 python3 - target/bench/deaths.jsonl <<'PY' | tee target/bench/deaths.md
 import json, os, sys
 r = json.loads(open(sys.argv[1]).read())

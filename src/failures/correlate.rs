@@ -125,6 +125,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         gpus,
         gpu_pairs,
         memory,
+        pid_in_container: d.pid_in_container,
+        told_by_workload: None,
+        worker_pids: d.worker_pids.clone(),
         message,
     }
 }

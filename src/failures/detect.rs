@@ -9,6 +9,7 @@ use super::attribute::{who_is_cgroup, who_is_pid};
 use super::crash::{gpu_lib_crash, Crash};
 use super::oom::{OomKill, OomReports};
 use super::signatures::{LogFailure, Signatures};
+use super::worker;
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::logs::{LogLine, LogOrigin};
@@ -62,8 +63,16 @@ impl Recogniser {
     }
 
     /// A container's line: only ever about that container.
+    /// Whether a raw line may mean something here (asked before it is decoded).
+    pub fn is_candidate(&self, line: &[u8]) -> bool {
+        self.signatures.is_candidate(line) || worker::is_candidate(line)
+    }
+
     pub fn log_line(&self, line: &LogLine) -> Option<Detected> {
-        let m = self.signatures.match_line(&line.text)?;
+        let m = self.signatures.match_line(&line.text);
+        if m.is_none() && worker::parse(&line.text).is_none() {
+            return None;
+        }
         let who = match &line.origin {
             LogOrigin::Pod {
                 namespace,
@@ -82,6 +91,14 @@ impl Recogniser {
                 container_id: id.clone(),
             },
         };
+        let Some(m) = m else {
+            // PyTorch's word of a worker's SIGKILL: told only with the OOM kill it names.
+            let word = worker::parse(&line.text)?;
+            let kind = FindingKind::WorkloadOomKilled;
+            let mut d = Detected::new(who, kind, line.at, FailureSource::Log, &line.text);
+            d.worker_pids = word.pids;
+            return Some(d);
+        };
         let kind = match m.kind {
             LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
             LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
@@ -95,7 +112,12 @@ impl Recogniser {
     /// crash in a GPU library, placed through the crashing PID at once.
     pub fn kernel(&mut self, record: &KmsgRecord, at: SystemTime) -> Option<Detected> {
         if let Some(kill) = self.oom.feed(record) {
-            return Some(oom_killed(kill, record, at, self.oom_shm_share));
+            let mut d = oom_killed(kill, record, at, self.oom_shm_share);
+            // Read at once: the killed process's zombie lasts only until it is reaped.
+            d.pid_in_container = d
+                .pid
+                .and_then(|pid| worker::pid_in_namespace(&self.proc_root, pid));
+            return Some(d);
         }
         let Crash { comm, pid, library } = gpu_lib_crash(record)?;
         let mut d = Detected::new(

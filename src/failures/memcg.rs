@@ -132,6 +132,8 @@ fn told(
         nccl_gpus: None,
         memory: Some(memory),
         exit: None,
+        pid_in_container: None,
+        worker_pids: Vec::new(),
     }
 }
 

@@ -9,6 +9,7 @@
 //!   -> [`Failure`](crate::model::Failure), with the message (`findings::text`);
 //! - `docker_deaths.rs` (pure): Docker's record of a stopped container -> a death (`check`);
 //! - `recent.rs`: the containers seen in the last minute (the dying one is often gone);
+//! - `worker.rs` (pure): PyTorch's word that a DataLoader worker was killed, tied to the kill;
 //! - `same.rs`: one death told by two sources (the kernel and kubelet) is told once;
 //! - `ledger.rs`: `serve`'s recent failures and counts per container and kind;
 //! - `tell.rs`: `serve`'s scan thread tells them (correlates, logs, counts);
@@ -29,5 +30,6 @@ pub mod same;
 pub mod signatures;
 pub mod tell;
 pub mod watch;
+pub mod worker;
 
 pub use signatures::{LogFailure, LogMatch, Signature, Signatures, SIGNATURES};

@@ -3,10 +3,17 @@
 //! container's exit status 135. The first told stands (the kernel's report comes first and has
 //! the split); a later one of the same kind of death, from another source, about the same
 //! container, within [`WINDOW`], is the same death and is dropped.
+//!
+//! PyTorch's word that a DataLoader worker was killed (`worker.rs`) is no failure alone: it is
+//! tied to the OOM kill of the same container within the window (and of that worker, where the
+//! killed process's PID in the container is known), and told with it. A word that comes after
+//! the kill was told in another batch (`serve`'s Event is out) is dropped; one that comes
+//! first waits a window for the kill (the memory cgroup's counter is read each scan).
 
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
+use crate::findings::text;
 use crate::model::{Failure, FailureSource, FindingKind};
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
@@ -14,6 +21,8 @@ use crate::model::{Failure, FailureSource, FindingKind};
 pub const WINDOW: Duration = Duration::from_secs(60);
 /// Deaths remembered at most (the oldest go first).
 const KEPT: usize = 1024;
+/// Workers' words waiting for their kill at most.
+const WORDS: usize = 256;
 
 /// What kind of death a failure is, for telling two sources' accounts apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,9 +52,22 @@ struct Told {
     container_id: Option<String>,
     pod_uid: Option<String>,
     container: Option<String>,
+    pid_in_container: Option<i32>,
 }
 
 impl Told {
+    fn of(f: &Failure, death: Death) -> Told {
+        Told {
+            death,
+            source: f.source,
+            at: parse_rfc3339(&f.at),
+            container_id: f.container_id.clone(),
+            pod_uid: f.pod_uid.clone(),
+            container: f.container.clone(),
+            pid_in_container: f.pid_in_container,
+        }
+    }
+
     /// The same container: by ID where both name it (a restarted container has a new one), else
     /// by Pod UID and container name.
     fn same_container(&self, f: &Failure) -> bool {
@@ -67,41 +89,83 @@ fn ids_differ(a: Option<&str>, b: Option<&str>) -> bool {
     matches!((a, b), (Some(a), Some(b)) if a != b)
 }
 
-/// The deaths told lately.
+/// The deaths told lately, and the workers' words still waiting for theirs.
 #[derive(Default)]
 pub struct SameDeath {
     told: VecDeque<Told>,
+    words: VecDeque<Failure>,
 }
 
 impl SameDeath {
     /// Whether `f` is news: not a death another source already told. Remembers it when it is.
     pub fn is_new(&mut self, f: &Failure) -> bool {
         let Some(death) = death(f) else { return true };
-        let at = parse_rfc3339(&f.at);
+        let told = Told::of(f, death);
         let repeat = self.told.iter().any(|t| {
-            t.death == death && t.source != f.source && t.same_container(f) && near(t.at, at)
+            t.death == death && t.source != f.source && t.same_container(f) && near(t.at, told.at)
         });
         if repeat {
             return false;
         }
-        self.told.push_back(Told {
-            death,
-            source: f.source,
-            at,
-            container_id: f.container_id.clone(),
-            pod_uid: f.pod_uid.clone(),
-            container: f.container.clone(),
-        });
+        self.told.push_back(told);
         while self.told.len() > KEPT {
             self.told.pop_front();
         }
         true
     }
 
-    /// The failures that are news, in order.
+    /// The failures that are news, in order; a worker's word goes with the kill it tells.
     pub fn keep_new(&mut self, failures: Vec<Failure>) -> Vec<Failure> {
-        failures.into_iter().filter(|f| self.is_new(f)).collect()
+        let (words, deaths): (Vec<_>, Vec<_>) =
+            failures.into_iter().partition(Failure::is_workload_word);
+        let mut kept: Vec<Failure> = deaths.into_iter().filter(|f| self.is_new(f)).collect();
+        self.words.extend(words);
+        let now = SystemTime::now();
+        let told = &self.told;
+        self.words.retain(|word| {
+            let at = parse_rfc3339(&word.at);
+            if let Some(kill) = kept
+                .iter_mut()
+                .find(|f| f.told_by_workload.is_none() && tells(word, f))
+            {
+                kill.told_by_workload = Some(word.evidence.clone());
+                kill.message
+                    .push_str(&text::told_by_workload(&word.evidence));
+                return false;
+            }
+            // The kill was told before (in `serve`, its Event is out), or told with an earlier
+            // word: the same death.
+            let told_before = told.iter().any(|t| {
+                t.death == Death::Oom
+                    && t.source != FailureSource::Log
+                    && t.same_container(word)
+                    && near(t.at, at)
+                    && of_worker(t.pid_in_container, word)
+            });
+            // Waits a window for its kill, by the line's own time.
+            let fresh = at.is_some_and(|at| now.duration_since(at).unwrap_or_default() <= WINDOW);
+            !told_before && fresh
+        });
+        while self.words.len() > WORDS {
+            self.words.pop_front();
+        }
+        kept
     }
+}
+
+/// Whether PyTorch's `word` tells the OOM kill `kill`: the same container, about the same time,
+/// and the worker the kernel killed where its PID in the container is known.
+fn tells(word: &Failure, kill: &Failure) -> bool {
+    death(kill) == Some(Death::Oom)
+        && kill.source != FailureSource::Log
+        && Told::of(kill, Death::Oom).same_container(word)
+        && near(parse_rfc3339(&kill.at), parse_rfc3339(&word.at))
+        && of_worker(kill.pid_in_container, word)
+}
+
+/// The kill's process is one of the workers the word names, where its PID is known.
+fn of_worker(pid_in_container: Option<i32>, word: &Failure) -> bool {
+    pid_in_container.is_none_or(|pid| word.worker_pids.contains(&pid))
 }
 
 fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {
@@ -256,5 +320,112 @@ mod tests {
             "segfault",
         );
         assert!(same.is_new(&crash) && same.is_new(&crash));
+    }
+
+    /// An RFC 3339 time `secs` after now (the words wait by their lines' own time).
+    fn now_plus(secs: i64) -> String {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        (now + k8s_openapi::jiff::SignedDuration::from_secs(secs)).to_string()
+    }
+
+    fn word(at: &str, pids: &[i32]) -> Failure {
+        let mut w = death_of(
+            FindingKind::WorkloadOomKilled,
+            FailureSource::Log,
+            None,
+            at,
+            "RuntimeError: DataLoader worker (pid 57) is killed by signal: Killed.",
+        );
+        w.worker_pids = pids.to_vec();
+        w
+    }
+
+    fn kill(source: FailureSource, at: &str, pid_in_container: Option<i32>) -> Failure {
+        let mut k = death_of(
+            FindingKind::WorkloadOomKilled,
+            source,
+            Some("aaaa"),
+            at,
+            "Memory cgroup out of memory: Killed process 16790 (pt_data_worker)",
+        );
+        k.pid_in_container = pid_in_container;
+        k
+    }
+
+    #[test]
+    fn pytorchs_word_goes_with_the_kernels_kill_of_that_worker() {
+        let mut same = SameDeath::default();
+        let at = now_plus(0);
+        let told = same.keep_new(vec![
+            kill(FailureSource::Kernel, &at, Some(57)),
+            word(&now_plus(1), &[57]),
+        ]);
+        assert_eq!(told.len(), 1, "one death: {told:?}");
+        let line = "RuntimeError: DataLoader worker (pid 57) is killed by signal: Killed.";
+        assert_eq!(told[0].told_by_workload.as_deref(), Some(line));
+        assert!(told[0]
+            .message
+            .ends_with(&format!("The workload told it too: {line}")));
+        // A second word of the same kill later: the same death, nothing new.
+        assert!(same.keep_new(vec![word(&now_plus(2), &[57])]).is_empty());
+    }
+
+    #[test]
+    fn a_word_before_the_counters_kill_waits_for_it() {
+        let mut same = SameDeath::default();
+        assert!(
+            same.keep_new(vec![word(&now_plus(0), &[57])]).is_empty(),
+            "alone, a SIGKILL from anyone: no failure"
+        );
+        let told = same.keep_new(vec![kill(FailureSource::MemoryCgroup, &now_plus(4), None)]);
+        assert_eq!(told.len(), 1);
+        assert!(told[0].told_by_workload.is_some(), "tied when it came");
+        // Used once.
+        let again = same.keep_new(vec![kill(FailureSource::MemoryCgroup, &now_plus(9), None)]);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].told_by_workload, None);
+    }
+
+    #[test]
+    fn a_word_of_another_worker_container_or_time_is_not_tied() {
+        let mut same = SameDeath::default();
+        let at = now_plus(0);
+        // The kernel killed the worker that is 99 in the container; PyTorch speaks of 57.
+        let told = same.keep_new(vec![
+            kill(FailureSource::Kernel, &at, Some(99)),
+            word(&at, &[57]),
+        ]);
+        assert_eq!(told.len(), 1);
+        assert_eq!(told[0].told_by_workload, None);
+
+        let mut same = SameDeath::default();
+        let mut other = word(&at, &[57]);
+        other.container = Some("sidecar".into());
+        let told = same.keep_new(vec![kill(FailureSource::Kernel, &at, None), other]);
+        assert_eq!(told[0].told_by_workload, None, "another container's line");
+
+        let mut same = SameDeath::default();
+        let told = same.keep_new(vec![
+            kill(FailureSource::Kernel, &at, None),
+            word(&now_plus(-300), &[57]),
+        ]);
+        assert_eq!(told[0].told_by_workload, None, "minutes apart");
+        assert!(same.words.is_empty(), "an old word does not wait");
+    }
+
+    #[test]
+    fn a_word_after_a_kill_told_in_an_earlier_batch_is_dropped() {
+        let mut same = SameDeath::default();
+        let at = now_plus(0);
+        assert_eq!(
+            same.keep_new(vec![kill(FailureSource::Kernel, &at, None)])
+                .len(),
+            1
+        );
+        assert!(same.keep_new(vec![word(&at, &[57])]).is_empty());
+        assert!(
+            same.words.is_empty(),
+            "its kill's Event is out: not kept waiting"
+        );
     }
 }

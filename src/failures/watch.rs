@@ -16,7 +16,8 @@ use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::logs::{LogSettings, LogTailer};
 use crate::model::{Detected, SourceStats, Who};
 
-/// How often `serve` reads the sources: a failure reaches its Event well within 2 s.
+/// How often `serve` reads the sources: a failure reaches its Event well within 2 s (an OOM
+/// kill one poll later, with what the logs said of it meanwhile).
 pub const POLL: Duration = Duration::from_millis(200);
 /// Lines per second one container may log before the rest is dropped (and counted): a flood
 /// costs its own lines, not the node's CPU.
@@ -55,7 +56,7 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
         sources.rules.oom_shm_share,
     );
     let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
-        .poll_matching(|text| recogniser.signatures.is_candidate(text))
+        .poll_matching(|text| recogniser.is_candidate(text))
         .iter()
         .filter_map(|l| recogniser.log_line(l))
         .collect();
@@ -156,21 +157,29 @@ where
                 kmsg_open: sources.kmsg.as_ref().map(|_| kmsg.is_some()),
                 ..SourceStats::default()
             };
+            let logs_on = sources.pod_log_root.is_some() || sources.docker_root.is_some();
+            // The kernel's OOM kills of the last poll: told with this poll's lines, so that
+            // PyTorch's word of the kill (written a moment after it) goes with it.
+            let mut kills: Vec<Detected> = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let mut told = Told {
-                    failures: logs
-                        .poll_matching(|text| recogniser.signatures.is_candidate(text))
-                        .iter()
-                        .filter_map(|l| recogniser.log_line(l))
-                        .collect(),
+                    failures: std::mem::take(&mut kills),
                     gpus: Vec::new(),
                 };
+                told.failures.extend(
+                    logs.poll_matching(|text| recogniser.is_candidate(text))
+                        .iter()
+                        .filter_map(|l| recogniser.log_line(l)),
+                );
                 if let Some(reader) = kmsg.as_mut() {
                     let records = reader.read_available(KMSG_BATCH);
                     stats.kmsg_records += records.len() as u64;
                     for r in records {
                         let at = reader.wall_time(r.usec);
-                        told.failures.extend(recogniser.kernel(&r, at));
+                        match recogniser.kernel(&r, at) {
+                            Some(d) if logs_on && d.kind.is_oom_kill() => kills.push(d),
+                            d => told.failures.extend(d),
+                        }
                         told.gpus.extend(kernel_gpu(&r));
                     }
                     stats.kmsg_lost = reader.lost();

@@ -67,8 +67,10 @@ pub struct LogSettings {
 use crate::model::prefix_within;
 pub use crate::model::LogStats;
 
-/// Follows every container's log files under the roots. New files are looked for at most once a
-/// second; appends to known files are read on every poll.
+/// Follows every container's log files under the roots. serve's (`from_end`) learns from inotify
+/// which directories changed or were written to, and reads only those (and everything every 10 s
+/// anyway); without inotify, and in `check`, new files are looked for at most once a second and
+/// every known file is read on every poll.
 pub struct LogTailer {
     follower: follow::Follower,
 }
@@ -78,6 +80,7 @@ impl LogTailer {
     /// files that appear later are read from their start.
     pub fn from_end(settings: LogSettings) -> LogTailer {
         let mut tailer = LogTailer::new(&settings, follow::Start::AtEnd, None);
+        tailer.follower.notified();
         tailer.follower.discover();
         tailer
     }

@@ -70,6 +70,12 @@ pub struct Detected {
     pub memory: Option<MemorySplit>,
     /// How the container ended, as its runtime recorded it (Pod status, Docker).
     pub exit: Option<Exit>,
+    /// The killed process's PID in its container's PID namespace, where it could be read
+    /// (kernel OOM kills: `NSpid` while the process or its zombie lasts).
+    pub pid_in_container: Option<i32>,
+    /// Not a failure alone: PyTorch's word that DataLoader workers (these PIDs, in the
+    /// container's namespace) were killed, tied to the OOM kill it tells (`failures::same`).
+    pub worker_pids: Vec<i32>,
 }
 
 impl Detected {
@@ -93,6 +99,8 @@ impl Detected {
             nccl_gpus: None,
             memory: None,
             exit: None,
+            pid_in_container: None,
+            worker_pids: Vec::new(),
         }
     }
 }
@@ -224,10 +232,25 @@ pub struct Failure {
     /// Deaths of memory only (OOM kills, bus errors); absent for the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemorySplit>,
+    /// The killed process's PID in its container's PID namespace, where it was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid_in_container: Option<i32>,
+    /// The workload's own word of this death (PyTorch's DataLoader line), tied to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub told_by_workload: Option<String>,
+    /// Set on PyTorch's worker-death line before it is tied: the worker PIDs it names. Such a
+    /// line is never told alone (`failures::same`).
+    #[serde(skip)]
+    pub worker_pids: Vec<i32>,
     pub message: String,
 }
 
 impl Failure {
+    /// PyTorch's word of a worker's death, not a failure of its own.
+    pub fn is_workload_word(&self) -> bool {
+        !self.worker_pids.is_empty()
+    }
+
     /// Whose failure it is, as findings and the failure counter name a container.
     pub fn container_ref(&self) -> ContainerRef {
         ContainerRef {

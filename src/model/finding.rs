@@ -66,6 +66,14 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
+    /// A death by the OOM killer, of /dev/shm or of the workload's own memory.
+    pub const fn is_oom_kill(self) -> bool {
+        matches!(
+            self,
+            FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled
+        )
+    }
+
     /// The name in `check --json` (`findings[].kind`).
     pub const fn as_str(self) -> &'static str {
         match self {

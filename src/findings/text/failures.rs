@@ -141,6 +141,11 @@ fn gpu_context(gpus: &[u32], pairs: &[PairThen]) -> String {
     format!(". It held {list}; {parts}: the hardware, not your code. Drain the node and have the GPU reset or replaced.")
 }
 
+/// What a workload said of its own death, after the kill's message.
+pub fn told_by_workload(line: &str) -> String {
+    format!(" The workload told it too: {line}")
+}
+
 /// `shm_oom_killed`: the kernel OOM-killed a process, and /dev/shm pages were most of what its
 /// memory cgroup held: the split, and the fix that keeps /dev/shm from outgrowing the limit.
 pub fn shm_oom_killed(

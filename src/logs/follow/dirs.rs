@@ -29,6 +29,9 @@ pub(super) struct ContainerDir {
     known: HashMap<FileId, Option<u64>>,
     /// Listed by the last discovery.
     pub(super) seen: bool,
+    /// To be read by the next poll even if nothing is said of it: written to, or left with
+    /// bytes unread.
+    pub(super) pending: bool,
     /// The rate limit's, made at the first kept line.
     bucket: Option<Bucket>,
 }
@@ -41,6 +44,7 @@ impl ContainerDir {
             streams: BTreeMap::new(),
             known: HashMap::new(),
             seen: false,
+            pending: false,
             bucket: None,
         }
     }
@@ -57,7 +61,8 @@ impl ContainerDir {
         }
     }
 
-    /// Reads what is new in its files, at most `budget` bytes per stream.
+    /// Reads what is new in its files, at most `budget` bytes per stream; whether some may be
+    /// left (a budget spent, a passing error).
     pub(super) fn read(
         &mut self,
         budget: u64,
@@ -66,7 +71,7 @@ impl ContainerDir {
         scratch: &mut [u8],
         tally: &mut Tally,
         emit: &mut dyn FnMut(&LogOrigin, Entry),
-    ) {
+    ) -> bool {
         let mut out = Out {
             keep,
             gate,
@@ -76,12 +81,14 @@ impl ContainerDir {
             lines: 0,
             dropped: 0,
         };
+        let mut more = false;
         for stream in self.streams.values_mut() {
-            stream.read(budget, &mut self.known, scratch, tally, &mut out);
+            more |= stream.read(budget, &mut self.known, scratch, tally, &mut out);
         }
         tally.lines += out.lines;
         tally.dropped += out.dropped;
         self.streams.retain(|_, s| !s.is_empty());
+        more
     }
 
     /// Brings the state up to a new listing of the directory (`fd`).

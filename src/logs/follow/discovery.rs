@@ -16,6 +16,7 @@ use crate::logs::LogOrigin;
 
 use super::dirs::ContainerDir;
 use super::handle::Listed;
+use super::notify::Watched;
 use super::stream::Format;
 use super::{file_id, mtime, Follower};
 
@@ -32,6 +33,7 @@ impl Follower {
             return;
         };
         self.still.note(0, "", &root_dir);
+        self.watch(root, Watched::Tree);
         for (pod_name, pod_type) in self.list(&mut root_dir, root) {
             let Some(pod_str) = pod_name
                 .to_str()
@@ -45,6 +47,7 @@ impl Follower {
                 continue;
             };
             self.still.note(0, pod_str, &pod_dir);
+            self.watch(&pod_path, Watched::Tree);
             for (ctr_name, ctr_type) in self.list(&mut pod_dir, &pod_path) {
                 let Some((ctr_str, origin)) = ctr_name
                     .to_str()
@@ -60,6 +63,7 @@ impl Follower {
                 };
                 let key = (0, format!("{pod_str}/{ctr_str}"));
                 self.still.note(0, &key.1, &ctr_dir);
+                self.watch(&ctr_path, Watched::Container(key.clone()));
                 let dir = ContainerDir::new(origin, Format::Cri);
                 self.scan_dir(key, dir, &mut ctr_dir, &ctr_path, &path::pod_file);
             }
@@ -72,6 +76,7 @@ impl Follower {
             return;
         };
         self.still.note(1, "", &root_dir); // `containers` may be made later
+        self.watch(root, Watched::Tree);
         let containers = root.join("containers");
         let Some(mut containers_dir) =
             self.open_dir(&root_dir, c"containers", FileType::Unknown, &containers)
@@ -79,6 +84,7 @@ impl Follower {
             return;
         };
         self.still.note(1, "containers", &containers_dir);
+        self.watch(&containers, Watched::Tree);
         for (id_name, id_type) in self.list(&mut containers_dir, &containers) {
             let Some(id) = id_name.to_str().ok().filter(|n| path::docker_id(n)) else {
                 continue;
@@ -90,10 +96,19 @@ impl Follower {
             };
             let key = (1, id.to_string());
             self.still.note(1, &format!("containers/{id}"), &id_dir);
+            self.watch(&id_path, Watched::Container(key.clone()));
             let dir = ContainerDir::new(LogOrigin::Docker { id: id.to_string() }, Format::Docker);
             self.scan_dir(key, dir, &mut id_dir, &id_path, &|name| {
                 path::docker_file(id, name)
             });
+        }
+    }
+
+    /// Watches a directory before it is listed, so that nothing made after the listing is
+    /// missed.
+    fn watch(&mut self, path: &Path, what: Watched) {
+        if let Some(n) = self.notify.as_mut() {
+            n.watch(path, what);
         }
     }
 

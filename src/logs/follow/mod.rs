@@ -2,12 +2,14 @@
 //!
 //! This file holds the `Follower` the tailer drives (poll, discover) and what they count.
 //! `discovery` walks the roots without symlinks, `still` spares it the listing of unchanged
-//! directories, `dirs` decides per container directory which file is read from where, `stream`
-//! reads one live name's files in order, `handle` is one open file, `split` cuts its lines.
+//! directories, `notify` (serve's inotify) tells which directories changed or were written to,
+//! `dirs` decides per container directory which file is read from where, `stream` reads one
+//! live name's files in order, `handle` is one open file, `split` cuts its lines.
 
 mod dirs;
 mod discovery;
 mod handle;
+pub(super) mod notify;
 mod split;
 mod still;
 mod stream;
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::fs::Stat;
 
 use self::dirs::ContainerDir;
+use self::notify::Notifier;
 use self::still::Stamps;
 use super::{Entry, Gate, LogOrigin};
 
@@ -31,6 +34,9 @@ const CATCH_UP_BUDGET: u64 = 256 << 20;
 const CHUNK: usize = 64 * 1024;
 /// Distinct failing paths remembered (each logged and counted once).
 const MAX_FAILED: usize = 4096;
+/// With inotify: every directory is walked and every file read this often anyway, so that a
+/// lost event (or a watch on a directory swapped under it) costs at most this much delay.
+const SAFETY: Duration = Duration::from_secs(10);
 
 /// How discovery treats a file it has not seen before.
 #[derive(Debug, Clone, Copy)]
@@ -86,6 +92,14 @@ pub(super) struct Follower {
     gate: Gate,
     last_discovery: Option<Instant>,
     pub(super) rediscover: Duration,
+    /// serve's: which directories changed, so that idle files are not looked at.
+    notify: Option<Notifier>,
+    /// With `notify`: how often everything is walked and read anyway.
+    pub(super) safety: Duration,
+    last_full: Option<Instant>,
+    /// Container directories read (tests count them).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) visits: u64,
     /// The directories the last full walk listed, and those of the walk under way.
     still: Stamps,
     /// Full walks done.
@@ -109,11 +123,43 @@ impl Follower {
             gate,
             last_discovery: None,
             rediscover: Duration::from_secs(1),
+            notify: None,
+            safety: SAFETY,
+            last_full: None,
+            visits: 0,
             still: Stamps::default(),
             walks: 0,
             tally: Tally::default(),
             scratch: vec![0; CHUNK],
         }
+    }
+
+    /// Follows with inotify from now on (serve). Without it (no inotify, or its instance
+    /// limit reached) every file is polled, as `check` does.
+    pub fn notified(&mut self) {
+        match Notifier::new() {
+            Ok(n) => {
+                self.notify = Some(n);
+                // The next poll walks (a still tree too), and watches what it lists.
+                self.last_discovery = None;
+                self.still = Stamps::default();
+            }
+            Err(e) => tracing::warn!(
+                "container logs: no inotify ({e}; fs.inotify.max_user_instances?): polling \
+                 every log file instead"
+            ),
+        }
+    }
+
+    /// Whether inotify, not polling, decides what is read.
+    #[cfg(test)]
+    pub fn is_notified(&self) -> bool {
+        self.notify.as_ref().is_some_and(|n| !n.failed)
+    }
+
+    #[cfg(test)]
+    pub fn notifier(&mut self) -> Option<&mut Notifier> {
+        self.notify.as_mut()
     }
 
     pub fn tally(&self) -> &Tally {
@@ -127,15 +173,11 @@ impl Follower {
     }
 
     /// Reads what is new in every file, discovering first when due; `emit` gets each line that
-    /// `keep` wants and the gate lets through.
+    /// `keep` wants and the gate lets through. With inotify only the directories written to
+    /// (or left with bytes unread) are read, and discovery runs when a listed directory changed.
     pub fn poll(&mut self, keep: &dyn Fn(&[u8]) -> bool, emit: &mut dyn FnMut(&LogOrigin, Entry)) {
         let catching_up = matches!(self.start, Start::Since(_));
-        if self
-            .last_discovery
-            .is_none_or(|at| at.elapsed() >= self.rediscover)
-        {
-            self.discover();
-        }
+        let everything = self.prepare();
         let budget = if catching_up {
             CATCH_UP_BUDGET
         } else {
@@ -146,12 +188,53 @@ impl Follower {
             tally,
             scratch,
             gate,
+            visits,
             ..
         } = self;
-        for dir in dirs.values_mut() {
-            dir.read(budget, keep, gate, scratch, tally, &mut *emit);
+        for dir in dirs.values_mut().filter(|d| everything || d.pending) {
+            *visits += 1;
+            dir.pending = dir.read(budget, keep, gate, scratch, tally, &mut *emit);
         }
         dirs.retain(|_, d| d.seen || d.busy());
+    }
+
+    /// Discovers when due; whether every directory is to be read (else only those pending).
+    fn prepare(&mut self) -> bool {
+        let polling = self.notify.as_ref().is_none_or(|n| n.failed);
+        if polling {
+            if self
+                .last_discovery
+                .is_none_or(|at| at.elapsed() >= self.rediscover)
+            {
+                self.discover();
+            }
+            // Events queued meanwhile only say what is read anyway.
+            if let Some(n) = self.notify.as_mut() {
+                n.drain();
+            }
+            return true;
+        }
+        let changes = self
+            .notify
+            .as_mut()
+            .map(Notifier::drain)
+            .unwrap_or_default();
+        for key in &changes.written {
+            if let Some(dir) = self.dirs.get_mut(key) {
+                dir.pending = true;
+            }
+        }
+        let full = changes.lost
+            || self.last_discovery.is_none()
+            || self.last_full.is_none_or(|at| at.elapsed() >= self.safety);
+        if full {
+            self.last_full = Some(Instant::now());
+        }
+        if full || changes.tree {
+            self.discover();
+            return true; // new files, rotations: read from where discovery left them
+        }
+        false
     }
 
     /// Walks the roots at the expected depth and brings every container directory up to date;
@@ -165,6 +248,9 @@ impl Follower {
             return;
         }
         self.walks += 1;
+        if let Some(n) = self.notify.as_mut() {
+            n.reset_failed();
+        }
         let started = SystemTime::now();
         self.still.begin();
         let failures = self.tally.failures;

@@ -93,7 +93,8 @@ impl Stream {
         self.draining.push_back(handle);
     }
 
-    /// Reads up to `budget` bytes: the fds being drained first, then the live one.
+    /// Reads up to `budget` bytes: the fds being drained first, then the live one. Whether some
+    /// may be left for the next poll.
     pub(super) fn read(
         &mut self,
         budget: u64,
@@ -101,7 +102,7 @@ impl Stream {
         scratch: &mut [u8],
         tally: &mut Tally,
         out: &mut Out<'_>,
-    ) {
+    ) -> bool {
         let Stream {
             decoder,
             current,
@@ -116,7 +117,7 @@ impl Stream {
         };
         while let Some(handle) = draining.front_mut() {
             match handle.drain(&mut pass) {
-                Ok(false) => return, // budget spent
+                Ok(false) => return true, // budget spent
                 Ok(true) => {}
                 Err(e) => pass.tally.fail(&handle.path, &e),
             }
@@ -127,12 +128,21 @@ impl Stream {
             }
             draining.pop_front();
         }
-        if let Some(handle) = current {
-            match handle.follow(&mut pass) {
-                Ok(false) => {}
-                Ok(true) => decoder.reset(), // truncated
-                // Kept: a passing error (EIO on a network disk) is tried again next poll.
-                Err(e) => pass.tally.fail(&handle.path, &e),
+        let Some(handle) = current else {
+            return false;
+        };
+        let followed = handle.follow(&mut pass);
+        let spent = pass.left == 0;
+        match followed {
+            Ok(false) => spent,
+            Ok(true) => {
+                decoder.reset(); // truncated
+                spent
+            }
+            // Kept: a passing error (EIO on a network disk) is tried again next poll.
+            Err(e) => {
+                pass.tally.fail(&handle.path, &e);
+                true
             }
         }
     }

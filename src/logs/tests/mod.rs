@@ -4,6 +4,7 @@
 mod appends;
 mod discovery;
 mod limits;
+mod notify;
 mod roots;
 mod rotation;
 mod since;
@@ -127,9 +128,11 @@ fn gzip(path: &Path, text: &str) {
     gz.finish().unwrap();
 }
 
-/// Rediscovers on every poll: the tests change the tree between polls.
+/// Rediscovers and reads everything on every poll: the tests change the tree between polls
+/// (`notify.rs` tests what inotify spares).
 fn eager(mut tailer: LogTailer) -> LogTailer {
     tailer.follower.rediscover = Duration::ZERO;
+    tailer.follower.safety = Duration::ZERO;
     tailer
 }
 
