@@ -409,7 +409,7 @@ fn pytorchs_word_of_a_workers_oom_kill_is_told_with_the_kill() {
         return;
     }
     // The kernel's report (the word comes a moment after it), then the memory cgroup's counter
-    // (the word comes first and waits for the scan that reads the counter).
+    // (read by a scan, before or after the word).
     worker_scenario(true);
     worker_scenario(false);
 }
@@ -472,10 +472,15 @@ fn worker_scenario(kernel_log: bool) {
     let told = Instant::now();
     let e = wait_event(&api, "loader-1", "WorkloadOomKilled", 1, told);
     let note = e["note"].as_str().unwrap();
-    assert!(
-        note.ends_with(&format!("The workload told it too: {line}")),
-        "{note}"
-    );
+    let tied = note.ends_with(&format!("The workload told it too: {line}"));
+    if kernel_log {
+        // The kill is held one poll for the line written a moment after it.
+        assert!(tied, "{note}");
+    } else {
+        // The scan that reads the counter may come before or after the poll that reads the
+        // line: tied, or the line dropped as the same death. Never a second failure (below).
+        assert!(tied || !note.contains("The workload told it too"), "{note}");
+    }
     assert!(note.contains("the memory limit"), "{note}");
 
     // One failure: the line is no second one, and nothing more comes of it.
