@@ -71,6 +71,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
     };
     let at = rfc3339(d.at);
     let who = id.name();
+    let kubernetes = id.pod.is_some();
     let message = match kind {
         FindingKind::GpuJobCrashed => text::gpu_job_crashed(
             &who,
@@ -107,7 +108,18 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
                 _ => text::workload_bus_error(&who, &at, &exit, shm.as_ref()),
             }
         }
-        _ => text::shm_allocation_failed(&who, &at, &d.evidence, shm.as_ref(), id.pod.is_some()),
+        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, &d.evidence, kubernetes),
+        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, &d.evidence, kubernetes),
+        FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, &d.evidence),
+        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, &d.evidence, kubernetes),
+        FindingKind::ImexChannelMissing => {
+            text::imex_channel_missing(&who, &at, &d.evidence, kubernetes)
+        }
+        FindingKind::GpuPeerAccessRefused => {
+            text::gpu_peer_access_refused(&who, &at, &d.evidence, &gpus, &gpu_pairs)
+        }
+        FindingKind::ShmFallback => text::shm_fallback(&who, &at, &d.evidence, kubernetes),
+        _ => text::shm_allocation_failed(&who, &at, &d.evidence, shm.as_ref(), kubernetes),
     };
     Failure {
         namespace: id.namespace,

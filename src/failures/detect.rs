@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use super::attribute::{who_is_cgroup, who_is_pid};
+use super::context::{self, Window};
 use super::crash::{gpu_lib_crash, Crash};
 use super::oom::{OomKill, OomReports};
 use super::signatures::{LogFailure, Signatures};
@@ -47,6 +48,8 @@ pub struct Recogniser {
     host_mnt: Option<NsId>,
     oom: OomReports,
     oom_shm_share: f64,
+    /// Each container's last lines, for texts generic alone (`context.rs`).
+    window: Window,
 }
 
 impl Recogniser {
@@ -59,20 +62,20 @@ impl Recogniser {
             host_mnt,
             oom: OomReports::default(),
             oom_shm_share,
+            window: Window::default(),
         }
     }
 
     /// A container's line: only ever about that container.
     /// Whether a raw line may mean something here (asked before it is decoded).
     pub fn is_candidate(&self, line: &[u8]) -> bool {
-        self.signatures.is_candidate(line) || worker::is_candidate(line)
+        self.signatures.is_candidate(line)
+            || worker::is_candidate(line)
+            || context::is_candidate(line)
     }
 
-    pub fn log_line(&self, line: &LogLine) -> Option<Detected> {
+    pub fn log_line(&mut self, line: &LogLine) -> Option<Detected> {
         let m = self.signatures.match_line(&line.text);
-        if m.is_none() && worker::parse(&line.text).is_none() {
-            return None;
-        }
         let who = match &line.origin {
             LogOrigin::Pod {
                 namespace,
@@ -93,17 +96,34 @@ impl Recogniser {
         };
         let Some(m) = m else {
             // PyTorch's word of a worker's SIGKILL: told only with the OOM kill it names.
-            let word = worker::parse(&line.text)?;
-            let kind = FindingKind::WorkloadOomKilled;
-            let mut d = Detected::new(who, kind, line.at, FailureSource::Log, &line.text);
-            d.worker_pids = word.pids;
-            return Some(d);
+            if let Some(word) = worker::parse(&line.text) {
+                let kind = FindingKind::WorkloadOomKilled;
+                let mut d = Detected::new(who, kind, line.at, FailureSource::Log, &line.text);
+                d.worker_pids = word.pids;
+                return Some(d);
+            }
+            // A generic line a recent line of the same container decides.
+            let (kind, hint) = self.window.unmatched(&line.origin, &line.text, line.at)?;
+            self.window.matched(&line.origin, line.at, false);
+            let evidence = format!("{} (after: {hint})", line.text.trim());
+            return Some(Detected::new(
+                who,
+                finding_kind(kind),
+                line.at,
+                FailureSource::Log,
+                &evidence,
+            ));
         };
-        let kind = match m.kind {
-            LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
-            LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
-        };
-        let mut d = Detected::new(who, kind, line.at, FailureSource::Log, &line.text);
+        if !self.window.matched(&line.origin, line.at, m.guessed) {
+            return None;
+        }
+        let mut d = Detected::new(
+            who,
+            finding_kind(m.kind),
+            line.at,
+            FailureSource::Log,
+            &line.text,
+        );
         d.nccl_gpus = m.gpus;
         Some(d)
     }
@@ -162,6 +182,21 @@ fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime, share: f64) ->
     d
 }
 
+/// The finding a log failure is.
+fn finding_kind(kind: LogFailure) -> FindingKind {
+    match kind {
+        LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
+        LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
+        LogFailure::ShmNotShared => FindingKind::ShmNotShared,
+        LogFailure::ShmUnavailable => FindingKind::ShmUnavailable,
+        LogFailure::FdLimitReached => FindingKind::FdLimitReached,
+        LogFailure::CudaIpcDenied => FindingKind::CudaIpcDenied,
+        LogFailure::ImexChannelMissing => FindingKind::ImexChannelMissing,
+        LogFailure::GpuPeerAccessRefused => FindingKind::GpuPeerAccessRefused,
+        LogFailure::ShmFallback => FindingKind::ShmFallback,
+    }
+}
+
 /// Pure: /dev/shm pages at or above `share` of the usage (the limit, where the report gave no
 /// usage).
 pub fn shm_share_at_least(m: &MemorySplit, share: f64) -> bool {
@@ -211,6 +246,36 @@ mod tests {
         let anon = told(kmsg::OOM_V2_ANON);
         assert_eq!(anon[0].kind, FindingKind::WorkloadOomKilled);
         assert_eq!(anon[0].pid, Some(77));
+    }
+
+    fn log(container: &str, secs: u64, text: &str) -> LogLine {
+        LogLine {
+            origin: LogOrigin::Docker {
+                id: container.repeat(64),
+            },
+            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000 + secs),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn nccls_create_line_without_errno_after_the_line_that_says_why_is_one_failure() {
+        // NCCL 2.11 (src/include/shm.h): SYSCHECK's line, then shmOpen's summary line.
+        let why = "node08:27106:27302 [0] include/shm.h:19 NCCL WARN Call to shm_open failed : \
+                   Permission denied";
+        let summary = "node08:27106:27302 [0] include/shm.h:48 NCCL WARN Error while creating \
+                       shared memory segment nccl-shm-recv-b7948f403864987a-0-3-0 (size 4460544)";
+        let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None, SHM_OOM_SHARE);
+        let a = r.log_line(&log("a", 0, why)).unwrap();
+        assert_eq!(a.kind, FindingKind::ShmUnavailable);
+        assert!(
+            r.log_line(&log("a", 0, summary)).is_none(),
+            "the same failure"
+        );
+        // Alone (another container, or long after), the summary is told: a full /dev/shm.
+        let b = r.log_line(&log("b", 0, summary)).unwrap();
+        assert_eq!(b.kind, FindingKind::ShmAllocationFailed);
+        assert!(r.log_line(&log("a", 60, summary)).is_some());
     }
 
     #[test]

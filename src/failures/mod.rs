@@ -3,6 +3,7 @@
 //!
 //! - `signatures.rs` (pure): what a container's log line means (PyTorch, NCCL, libc texts);
 //! - `crash.rs` (pure): what a kernel record means (a process crashed in a GPU library);
+//! - `context.rs` (pure): a window of each container's last lines, for texts generic alone;
 //! - `detect.rs`: a line or record -> [`Detected`](crate::model::Detected): kind, evidence and
 //!   whose it is as far as the source says (`attribute.rs`: a host PID through its cgroup);
 //! - `correlate.rs` (pure): + the container's /dev/shm then, its Pod, its GPUs and their pairs
@@ -18,6 +19,7 @@
 //! XIDs in the kernel log are the GPUs' concern: `gpu::xid::kernel`.
 
 pub mod attribute;
+pub mod context;
 pub mod correlate;
 pub mod crash;
 pub mod detect;

@@ -16,6 +16,20 @@ pub enum LogFailure {
     ShmAllocationFailed,
     /// NCCL refused to run because NVML says P2P is off between two NVLink-connected GPUs.
     NcclP2pDisabled,
+    /// A segment another process made is not in this one's /dev/shm (not shared, or removed).
+    ShmNotShared,
+    /// No usable /dev/shm (missing, read-only, POSIX shared memory not implemented).
+    ShmUnavailable,
+    /// The file-descriptor limit, not /dev/shm (PyTorch's file_descriptor strategy).
+    FdLimitReached,
+    /// pidfd_getfd refused: CUDA IPC without ptrace permission.
+    CudaIpcDenied,
+    /// No IMEX channel for multi-node NVLink.
+    ImexChannelMissing,
+    /// CUDA refused peer access between two GPUs.
+    GpuPeerAccessRefused,
+    /// Less /dev/shm than wanted; the workload goes on, slower.
+    ShmFallback,
 }
 
 /// A line that matched a signature.
@@ -28,6 +42,9 @@ pub struct LogMatch {
     /// workload's own view (`nvmlDeviceGetIndex` inside its container, which sees only its
     /// GPUs), in the order NCCL printed them.
     pub gpus: Option<(u32, u32)>,
+    /// The kind is the row's usual cause, not said by the line (no errno): told only when no
+    /// line of the same container just said more (`context.rs`).
+    pub guessed: bool,
 }
 
 /// One known text.
@@ -48,6 +65,22 @@ const TORCH_SHM_WRITE: &str = "torch-shm-write";
 const NCCL_P2P_DISABLED: &str = "nccl-p2p-disabled-nvlink";
 const ENOSPC_DEV_SHM: &str = "enospc-dev-shm";
 const ENOSPC_DEV_SHM_GO: &str = "enospc-dev-shm-go";
+const ENOSPC_CODE_DEV_SHM: &str = "enospc-code-dev-shm";
+const EROFS_DEV_SHM: &str = "erofs-dev-shm";
+const TORCH_OPEN_SHM: &str = "torch-open-shm";
+const TORCH_UNLINK: &str = "torch-unlink-shm";
+const NCCL_SHM_CREATE: &str = "nccl-shm-create";
+const NCCL_SHM_ATTACH: &str = "nccl-shm-attach";
+const NCCL_SHM_OPEN: &str = "nccl-shm-open";
+const NCCL_SHM_FILE: &str = "nccl-shm-file";
+const NCCL_SHM_UNLINK: &str = "nccl-shm-unlink";
+const TRITON_SHM_INIT: &str = "triton-shm-init";
+const POSTGRES_DSM_RESIZE: &str = "postgres-dsm-resize";
+const POSTGRES_DSM_OPEN: &str = "postgres-dsm-open";
+const CHROMIUM_SHM_CREATE: &str = "chromium-shm-create";
+const RAYLET_SHM_CAP: &str = "raylet-shm-cap";
+const TRITON_SHM_GROW: &str = "triton-shm-grow";
+const SEMAPHORE_TRACKER: &str = "python-semaphore-tracker-enosys";
 
 /// Every known text. The order is the priority when one line matches several rows: specific
 /// texts first, the generic ENOSPC last.
@@ -89,13 +122,61 @@ pub const SIGNATURES: &[Signature] = &[
                  SIGBUS",
     },
     Signature {
-        id: "nccl-shm-create",
+        id: "torch-dataloader-sigbus-old",
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "is killed by signal: Bus error",
+        fixture: "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
+        source: "PyTorch 1.0-1.2 torch/csrc/DataLoader.cpp: the same, before the hint about \
+                 shared memory was added (PR #25730): a DataLoader worker's SIGBUS",
+    },
+    Signature {
+        id: NCCL_SHM_CREATE,
         kind: LogFailure::ShmAllocationFailed,
         needle: "Error while creating shared memory segment",
         fixture: "3d3e22c3066f:168:168 [0] misc/shmutils.cc:113 NCCL WARN Error while creating \
                   shared memory segment /dev/shm/nccl-Y7jXhK (size 9637888)",
-        source: "NCCL src/misc/shmutils.cc ncclShmOpen (src/include/shm.h shmOpen before): any \
-                 failure to create a segment; attaching to a peer's is another text",
+        source: "NCCL src/misc/shmutils.cc ncclShmOpen (src/include/shm.h shmOpen before): a \
+                 failure to create a segment; 2.22+ append the errno: EACCES, EROFS, ENOENT \
+                 are no /dev/shm to write to (shm_unavailable), the rest a full one",
+    },
+    Signature {
+        id: NCCL_SHM_ATTACH,
+        kind: LogFailure::ShmNotShared,
+        needle: "Error while attaching to shared memory segment",
+        fixture: "node-1:2211:2268 [1] misc/shmutils.cc:155 NCCL WARN Error while attaching to \
+                  shared memory segment /dev/shm/nccl-hFp3Ea (size 9637888), error: No such file \
+                  or directory (2)",
+        source: "NCCL src/misc/shmutils.cc ncclShmOpen, 2.22+: the peer's segment is not in this \
+                 /dev/shm. `(size 0)` or an empty name is NCCL's cuMem host mismatch \
+                 (NVIDIA/nccl#2190, NCCL_CUMEM_HOST_ENABLE=0), not ours; without an errno \
+                 (before 2.22) the cause is not said",
+    },
+    Signature {
+        id: NCCL_SHM_OPEN,
+        kind: LogFailure::ShmUnavailable,
+        needle: "Call to shm_open failed",
+        fixture: "b6b4ab0e7b5d:31:71 [0] include/shm.h:19 NCCL WARN Call to shm_open failed : \
+                  Permission denied",
+        source: "NCCL src/include/shm.h shmSetup (2.11 and before): SYSCHECKVAL of shm_open; by \
+                 errno",
+    },
+    Signature {
+        id: NCCL_SHM_FILE,
+        kind: LogFailure::ShmUnavailable,
+        needle: "failed to create shared memory file",
+        fixture: "gpu-3:12:40 [0] misc/shmutils.cc:89 NCCL WARN Error: failed to create shared \
+                  memory file 0x7f3a2c0b9e10, error Read-only file system (30)",
+        source: "NCCL src/misc/shmutils.cc ncclShmOpen (2.23+): mkstemp in /dev/shm failed; by \
+                 errno",
+    },
+    Signature {
+        id: NCCL_SHM_UNLINK,
+        kind: LogFailure::ShmNotShared,
+        needle: "NCCL WARN unlink shared memory ",
+        fixture: "node-000:8639:8745 [0] misc/shmutils.cc:54 NCCL WARN unlink shared memory \
+                  /dev/shm/nccl-d5rTd0 failed, error: No such file or directory",
+        source: "NCCL src/misc/shmutils.cc ncclShmUnlink (2.16+; docs, troubleshooting): the \
+                 segment was removed under the job (systemd-logind RemoveIPC, a cleaner)",
     },
     Signature {
         id: "nccl-shm-extend",
@@ -123,6 +204,270 @@ pub const SIGNATURES: &[Signature] = &[
         source: "NCCL src/include/shm.h (older releases): shm_allocate's warning",
     },
     Signature {
+        id: TORCH_OPEN_SHM,
+        kind: LogFailure::FdLimitReached,
+        needle: "unable to open shared memory object ",
+        fixture: "RuntimeError: unable to open shared memory object </torch_2186_1497540467_57> \
+                  in read-write mode: Too many open files (24)",
+        source: "PyTorch aten/src/ATen/MapAllocator.cpp: shm_open of a shared tensor failed; the \
+                 errno (1.12+) says why: EMFILE the descriptor limit, ENOENT a segment gone or \
+                 in another /dev/shm, EACCES/EROFS no /dev/shm to use; without one, not said",
+    },
+    Signature {
+        id: "torch-fd-limit",
+        kind: LogFailure::FdLimitReached,
+        needle: "Too many open files. Communication with the workers is no longer possible",
+        fixture: "RuntimeError: Too many open files. Communication with the workers is no longer \
+                  possible. Please increase the limit using `ulimit -n` in the shell or change \
+                  the sharing strategy by calling \
+                  `torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning \
+                  of your code",
+        source: "PyTorch torch/utils/data/dataloader.py _try_get_data: EMFILE while the \
+                 file_descriptor strategy passes tensors",
+    },
+    Signature {
+        id: "python-ancdata",
+        kind: LogFailure::FdLimitReached,
+        needle: "received 0 items of ancdata",
+        fixture: "RuntimeError: received 0 items of ancdata",
+        source: "CPython Lib/multiprocessing/reduction.py recvfds: the descriptor sent over \
+                 SCM_RIGHTS was dropped at the receiver's RLIMIT_NOFILE (PyTorch's \
+                 file_descriptor strategy)",
+    },
+    Signature {
+        id: TORCH_UNLINK,
+        kind: LogFailure::ShmNotShared,
+        needle: "could not unlink the shared memory file",
+        fixture: "RuntimeError: could not unlink the shared memory file /torch_10386_3413375536 \
+                  : No such file or directory (2)",
+        source: "PyTorch aten/src/ATen/MapAllocator.cpp close/unlink: the segment was already \
+                 gone (systemd-logind RemoveIPC, a cleaner, another /dev/shm); another errno is \
+                 not ours",
+    },
+    Signature {
+        id: "torch-pidfd-getfd",
+        kind: LogFailure::CudaIpcDenied,
+        needle: "pidfd_getfd: Operation not permitted",
+        fixture: "RuntimeError: pidfd_getfd: Operation not permitted",
+        source: "PyTorch c10/cuda/CUDACachingAllocator.cpp ExpandableSegment::fromShared: a CUDA \
+                 tensor of an expandable_segments allocator shared between processes needs \
+                 ptrace permission over the sender",
+    },
+    Signature {
+        id: "torch-pidfd-open",
+        kind: LogFailure::CudaIpcDenied,
+        needle: "pidfd_open:Operation not permitted",
+        fixture: "RuntimeError: pidfd_open:Operation not permitted",
+        source: "PyTorch c10/cuda/CUDACachingAllocator.cpp ExpandableSegment::fromShared: \
+                 pidfd_open refused (a seccomp profile)",
+    },
+    Signature {
+        id: "python-sem-open",
+        kind: LogFailure::ShmUnavailable,
+        needle: "lacks a functioning sem_open implementation",
+        fixture: "ImportError: This platform lacks a functioning sem_open implementation, \
+                  therefore, the required synchronization primitives needed will not function, \
+                  see issue 3770.",
+        source: "CPython Lib/multiprocessing/synchronize.py (and loky's copy): no POSIX \
+                 semaphores, no /dev/shm",
+    },
+    Signature {
+        id: SEMAPHORE_TRACKER,
+        kind: LogFailure::ShmUnavailable,
+        needle: "semaphore_tracker: ",
+        fixture: "loky/backend/semaphore_tracker.py:174: UserWarning: semaphore_tracker: \
+                  '/loky-1-Au1xgY': [Errno 38] ENOSYS",
+        source: "CPython 3.7 Lib/multiprocessing/semaphore_tracker.py and old loky: unlinking a \
+                 semaphore failed with ENOSYS: no POSIX semaphores (no /dev/shm)",
+    },
+    Signature {
+        id: "python-psm-attach",
+        kind: LogFailure::ShmNotShared,
+        needle: "No such file or directory: '/psm_",
+        fixture: "FileNotFoundError: [Errno 2] No such file or directory: '/psm_9a1f0c2e'",
+        source: "CPython Lib/multiprocessing/shared_memory.py SharedMemory(name=...): the block \
+                 another process made is not in this /dev/shm (unlinked, or another container)",
+    },
+    Signature {
+        id: "vllm-shm-space",
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "Insufficient space in /dev/shm:",
+        fixture: "RuntimeError: Insufficient space in /dev/shm: 240 MiB required, 64 MiB free.",
+        source: "vLLM vllm/distributed/device_communicators/shm_broadcast.py \
+                 check_shm_free_space (PR #48879; the text as quoted in PR #50606)",
+    },
+    Signature {
+        id: "ray-object-store-size",
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "exceeds /dev/shm size",
+        fixture: "ValueError: The configured object store size (64.0 GB) exceeds /dev/shm size \
+                  (33.67 GB). This will harm performance. Consider deleting files in /dev/shm or \
+                  increasing its size with --shm-size in Docker. To ignore this warning, set \
+                  RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1.",
+        source: "Ray python/ray/_private/services.py determine_plasma_store_config: ray.init \
+                 refuses an object store larger than /dev/shm",
+    },
+    Signature {
+        id: "ray-object-store-capacity",
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "exceeds the capacity of /dev/shm",
+        fixture: "ValueError: The configured object store size exceeds the capacity of /dev/shm. \
+                  This will harm performance. To proceed regardless of this warning, you can set \
+                  RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1.",
+        source: "Ray 1.2-1.3 python/ray/_private/services.py: the same refusal, older words",
+    },
+    Signature {
+        id: "ray-object-store-tmp",
+        kind: LogFailure::ShmFallback,
+        needle: "instead of /dev/shm because /dev/shm has only",
+        fixture: "WARNING services.py:1826 -- WARNING: The object store is using /tmp instead of \
+                  /dev/shm because /dev/shm has only 67108864 bytes available. This will harm \
+                  performance!",
+        source: "Ray python/ray/_private/services.py determine_plasma_store_config: the object \
+                 store falls back to /tmp (a warning; the job runs, slower)",
+    },
+    Signature {
+        id: RAYLET_SHM_CAP,
+        kind: LogFailure::ShmFallback,
+        needle: "System memory request exceeds memory available in",
+        fixture: "[2026-01-12 10:01:02,345 W 811 811] (raylet) store_runner.cc:83: System memory \
+                  request exceeds memory available in /dev/shm. The request is for 2000000000 \
+                  bytes, and the amount available is 60397977 bytes.",
+        source: "Ray src/ray/object_manager/plasma/store_runner.cc: the plasma store is capped \
+                 to what /dev/shm holds (a warning)",
+    },
+    Signature {
+        id: "ray-shm-free-up",
+        kind: LogFailure::ShmFallback,
+        needle: "You may be able to free up space by deleting files in /dev/shm",
+        fixture: "You may be able to free up space by deleting files in /dev/shm. If you are \
+                  inside a Docker container, you may need to pass an argument with the flag \
+                  '--shm-size' to 'docker run'.",
+        source:
+            "Ray services.py and store_runner.cc: the second line of both warnings that /dev/shm \
+                 is smaller than the object store (the store goes to /tmp or is capped)",
+    },
+    Signature {
+        id: TRITON_SHM_INIT,
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "Unable to initialize shared memory key '",
+        fixture: "UNAVAILABLE: Internal: Unable to initialize shared memory key \
+                  'triton_python_backend_shm_region_1' to requested size (67108864 bytes). If \
+                  you are running Triton inside docker, use '--shm-size' flag to control the \
+                  shared memory region size. Each Python backend model instance requires at \
+                  least 64MBs of shared memory. Error: No space left on device",
+        source: "Triton python_backend src/shm_manager.cc SharedMemoryManager: by the errno it \
+                 ends with (ENOSPC full, ENOENT no /dev/shm)",
+    },
+    Signature {
+        id: TRITON_SHM_GROW,
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "Failed to increase the shared memory pool size",
+        fixture: "Failed to increase the shared memory pool size for key \
+                  'triton_python_backend_shm_region_2' to 134217728 bytes. If you are running \
+                  Triton inside docker, use '--shm-size' flag to control the shared memory \
+                  region size. Error: No space left on device",
+        source: "Triton python_backend src/shm_manager.cc GrowIfNeeded",
+    },
+    Signature {
+        id: "triton-shm-run-out",
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "because it run out of shared memory",
+        fixture: "Failed to initialize the model instance add_sub_0 because it run out of shared \
+                  memory. Increase the shared memory size to fix this error.",
+        source: "Triton python_backend (2021) src/python.cc",
+    },
+    Signature {
+        id: "triton-shm-region-open",
+        kind: LogFailure::ShmNotShared,
+        needle: "Unable to open shared memory region: '",
+        fixture: "tritonclient.utils.InferenceServerException: [StatusCode.INTERNAL] Unable to \
+                  open shared memory region: '/input_simple'",
+        source: "Triton server src/shared_memory_manager.cc OpenSharedMemoryRegion: the client's \
+                 region is not in the server's /dev/shm",
+    },
+    Signature {
+        id: POSTGRES_DSM_RESIZE,
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "could not resize shared memory segment",
+        fixture: "ERROR:  could not resize shared memory segment \"/PostgreSQL.1136341590\" to \
+                  3158016 bytes: No space left on device",
+        source: "PostgreSQL src/backend/storage/ipc/dsm_impl.c dsm_impl_posix: posix_fallocate \
+                 of a dynamic shared memory segment in /dev/shm; ENOSPC only",
+    },
+    Signature {
+        id: POSTGRES_DSM_OPEN,
+        kind: LogFailure::ShmNotShared,
+        needle: "could not open shared memory segment",
+        fixture: "FATAL:  could not open shared memory segment \"/PostgreSQL.241200488\": No such \
+                  file or directory",
+        source: "PostgreSQL src/backend/storage/ipc/dsm_impl.c dsm_impl_posix: the segment is \
+                 gone (systemd-logind RemoveIPC, /dev/shm emptied or not shared); ENOENT only",
+    },
+    Signature {
+        id: "chromium-discardable",
+        kind: LogFailure::ShmFallback,
+        needle: "Less than 64MB of free space in temporary directory for shared memory files",
+        fixture: "[1:1:0311/101502.123:WARNING:discardable_shared_memory_manager.cc(197)] Less \
+                  than 64MB of free space in temporary directory for shared memory files: 60",
+        source: "Chromium components/discardable_memory/service/\
+                 discardable_shared_memory_manager.cc GetDefaultMaxBytes (a warning)",
+    },
+    Signature {
+        id: CHROMIUM_SHM_CREATE,
+        kind: LogFailure::ShmUnavailable,
+        needle: "Creating shared memory in ",
+        fixture: "[7:7:0131/235140.910186:ERROR:platform_shared_memory_region_posix.cc(217)] \
+                  Creating shared memory in /dev/shm/.org.chromium.Chromium.x7kIrq failed: No \
+                  such file or directory (2)",
+        source: "Chromium base/memory/platform_shared_memory_region_posix.cc Create: only in \
+                 /dev/shm; by errno (ENOENT, EACCES, EROFS: no /dev/shm; ENOSPC: full)",
+    },
+    Signature {
+        id: "chromium-shm-access",
+        kind: LogFailure::ShmUnavailable,
+        needle: "Unable to access(W_OK|X_OK) /dev/shm",
+        fixture: "[7:7:0131/235140.910202:ERROR:platform_shared_memory_region_posix.cc(222)] \
+                  Unable to access(W_OK|X_OK) /dev/shm: Permission denied (13)",
+        source: "Chromium base/memory/platform_shared_memory_region_posix.cc Create",
+    },
+    Signature {
+        id: "nccl-peer-with-device",
+        kind: LogFailure::GpuPeerAccessRefused,
+        needle: "failed to peer with device",
+        fixture: "node-2:3127:3180 [1] transport/p2p.cc:118 NCCL WARN failed to peer with device \
+                  0(=3000): 217 peer access is not supported between these two devices",
+        source: "NCCL src/transport/p2p.cc p2pMap: cudaDeviceEnablePeerAccess failed",
+    },
+    Signature {
+        id: "nccl-peer-access",
+        kind: LogFailure::GpuPeerAccessRefused,
+        needle: "peer access is not supported between these two devices",
+        fixture: "node-2:3127:3180 [0] transport/p2p.cc:273 NCCL WARN failed to open CUDA IPC \
+                  handle : 217 peer access is not supported between these two devices",
+        source: "CUDA's text for cudaErrorPeerAccessUnsupported (217), as NCCL src/transport/\
+                 p2p.cc and shm.cc and CUDA programs print it",
+    },
+    Signature {
+        id: "nccl-mnnvl-imex",
+        kind: LogFailure::ImexChannelMissing,
+        needle: "Check the IMEX",
+        fixture: "gb200-07:4021:4102 [0] mnnvl.cc:90 NCCL WARN MNNVL (cliqueSize 72) is \
+                  available but not working on this system. Check the IMEX channel \
+                  configuration (/dev/nvidia-caps-imex-channels). Set NCCL_MNNVL_ENABLE=0 to \
+                  ignore this issue.",
+        source: "NCCL src/mnnvl.cc ncclMnnvlCheck (2.25+): FABRIC handles do not work: no IMEX \
+                 channel in the container, or its service down",
+    },
+    Signature {
+        id: "nccl-mnnvl-unsupported",
+        kind: LogFailure::ImexChannelMissing,
+        needle: "MNNVL is not supported on this system",
+        fixture: "gb200-07:4021:4102 [0] init.cc:1115 NCCL WARN MNNVL is not supported on this \
+                  system",
+        source: "NCCL src/init.cc initTransportsRank (2.20-2.24) with NCCL_MNNVL_ENABLE=1",
+    },
+    Signature {
         id: NCCL_P2P_DISABLED,
         kind: LogFailure::NcclP2pDisabled,
         needle: "P2P is disabled between NVLINK connected GPUs",
@@ -141,6 +486,21 @@ pub const SIGNATURES: &[Signature] = &[
         fixture: "OSError: [Errno 28] No space left on device: '/dev/shm/psm_4a1b2c3d'",
         source: "strerror(ENOSPC) (glibc, Python's OSError) on a line that names /dev/shm; \
                  about any other path it is no shm fact",
+    },
+    Signature {
+        id: EROFS_DEV_SHM,
+        kind: LogFailure::ShmUnavailable,
+        needle: "Read-only file system",
+        fixture: "OSError: [Errno 30] Read-only file system: '/dev/shm/sem.mp-8fd2a1'",
+        source: "strerror(EROFS) on a line that names /dev/shm: it cannot be written",
+    },
+    Signature {
+        id: ENOSPC_CODE_DEV_SHM,
+        kind: LogFailure::ShmAllocationFailed,
+        needle: "failed with error code 28",
+        fixture: "[PARENT ERROR] write to file /dev/shm/libfuzzer_core_17 failed with error code \
+                  28",
+        source: "ENOSPC by number (28) on a line that names /dev/shm",
     },
     Signature {
         id: ENOSPC_DEV_SHM_GO,
@@ -205,13 +565,16 @@ impl Signatures {
             let Some(sig) = SIGNATURES.get(row) else {
                 continue;
             };
-            if let Some(gpus) = verify(sig, line, m.end(), &names_shm) {
+            if let Some((kind, gpus)) = verify(sig, line, m.end(), &names_shm) {
+                let guessed =
+                    sig.id == NCCL_SHM_CREATE && line.get(m.end()..).and_then(errno).is_none();
                 best = Some((
                     row,
                     LogMatch {
-                        kind: sig.kind,
+                        kind,
                         signature: sig.id,
                         gpus,
+                        guessed,
                     },
                 ));
             }
@@ -221,25 +584,104 @@ impl Signatures {
 }
 
 /// Checks beyond the needle, which ends at `end`: `None` if the line only looks like the text,
-/// else the GPUs it names (for the P2P row). `names_shm` caches whether the line names /dev/shm.
+/// else its kind (the row's, or what the errno it names says) and the GPUs it names (for the
+/// P2P row). `names_shm` caches whether the line names /dev/shm.
 fn verify(
     sig: &Signature,
     line: &str,
     end: usize,
     names_shm: &OnceCell<bool>,
-) -> Option<Option<(u32, u32)>> {
+) -> Option<(LogFailure, Option<(u32, u32)>)> {
     let rest = line.get(end..)?;
-    match sig.id {
+    let on_shm = || *names_shm.get_or_init(|| line.contains("/dev/shm"));
+    let kind = match sig.id {
         // Docker's json-file driver writes `<` as \u003c.
         TORCH_SHM_WRITE => {
-            (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(None)
+            (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(sig.kind)
         }
-        NCCL_P2P_DISABLED => gpu_pair(rest).map(Some),
-        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO => {
-            (*names_shm.get_or_init(|| line.contains("/dev/shm"))).then_some(None)
+        NCCL_P2P_DISABLED => return gpu_pair(rest).map(|g| (sig.kind, Some(g))),
+        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM => {
+            on_shm().then_some(sig.kind)
         }
-        _ => Some(None),
-    }
+        // Only the errnos that say which; an old line without one says nothing sure.
+        TORCH_OPEN_SHM => match errno(rest)? {
+            Errno::NoFiles => Some(LogFailure::FdLimitReached),
+            Errno::NoEntry => Some(LogFailure::ShmNotShared),
+            Errno::NoSpace => Some(LogFailure::ShmAllocationFailed),
+            Errno::Denied | Errno::ReadOnly => Some(LogFailure::ShmUnavailable),
+        },
+        TORCH_UNLINK => match errno(rest) {
+            None | Some(Errno::NoEntry) => Some(sig.kind),
+            Some(_) => None,
+        },
+        NCCL_SHM_CREATE | TRITON_SHM_INIT | CHROMIUM_SHM_CREATE | NCCL_SHM_OPEN | NCCL_SHM_FILE => {
+            if sig.id == CHROMIUM_SHM_CREATE && !rest.starts_with("/dev/shm/") {
+                return None;
+            }
+            match errno(rest) {
+                Some(Errno::NoSpace) => Some(LogFailure::ShmAllocationFailed),
+                Some(Errno::Denied | Errno::ReadOnly | Errno::NoEntry) => {
+                    Some(LogFailure::ShmUnavailable)
+                }
+                Some(Errno::NoFiles) => Some(LogFailure::FdLimitReached),
+                // NCCL's create line before 2.22 names no errno: a full /dev/shm is its usual
+                // cause (the lines before it say which call failed).
+                None if sig.id == NCCL_SHM_CREATE => Some(sig.kind),
+                None => None,
+            }
+        }
+        // `(size 0)` or no name: NCCL's cuMem host mismatch, not a /dev/shm matter.
+        NCCL_SHM_ATTACH => (errno(rest) == Some(Errno::NoEntry)
+            && !rest.contains("(size 0)")
+            && !rest.trim_start().starts_with("/dev/shm/nccl- "))
+        .then_some(sig.kind),
+        NCCL_SHM_UNLINK => rest
+            .contains("failed, error: No such file or directory")
+            .then_some(sig.kind),
+        POSTGRES_DSM_RESIZE => (errno(rest) == Some(Errno::NoSpace)).then_some(sig.kind),
+        POSTGRES_DSM_OPEN => (errno(rest) == Some(Errno::NoEntry)).then_some(sig.kind),
+        RAYLET_SHM_CAP => rest.starts_with(" /dev/shm").then_some(sig.kind),
+        SEMAPHORE_TRACKER => {
+            (rest.contains("ENOSYS") || rest.contains("[Errno 38]")).then_some(sig.kind)
+        }
+        // Triton appends the error it met: only ENOSPC (or none said) is a full /dev/shm.
+        TRITON_SHM_GROW => match rest.rsplit_once("Error: ") {
+            Some((_, error)) => error
+                .trim()
+                .starts_with("No space left on device")
+                .then_some(sig.kind),
+            None => Some(sig.kind),
+        },
+        _ => Some(sig.kind),
+    }?;
+    Some((kind, None))
+}
+
+/// The errnos that decide a row's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Errno {
+    NoSpace,
+    NoEntry,
+    NoFiles,
+    Denied,
+    ReadOnly,
+}
+
+/// The errno a line's rest names by its text (glibc's strerror, as every program here prints
+/// it), the first of them.
+fn errno(rest: &str) -> Option<Errno> {
+    const TEXTS: [(&str, Errno); 5] = [
+        ("No space left on device", Errno::NoSpace),
+        ("No such file or directory", Errno::NoEntry),
+        ("Too many open files", Errno::NoFiles),
+        ("Permission denied", Errno::Denied),
+        ("Read-only file system", Errno::ReadOnly),
+    ];
+    TEXTS
+        .iter()
+        .filter_map(|(text, e)| rest.find(text).map(|at| (at, *e)))
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, e)| e)
 }
 
 /// ` <a> and <b>` at the start of `rest`.

@@ -63,6 +63,22 @@ pub enum FindingKind {
     ShmBusError,
     /// A container died of SIGBUS without /dev/shm being full.
     WorkloadBusError,
+    /// A process could not open a shared-memory segment another made: they do not share a
+    /// /dev/shm (or IPC namespace), or it was removed under them.
+    ShmNotShared,
+    /// No usable /dev/shm: missing, read-only, or POSIX shared memory not implemented there.
+    ShmUnavailable,
+    /// PyTorch's file-descriptor sharing ran out of file descriptors.
+    FdLimitReached,
+    /// CUDA IPC between processes refused: pidfd_getfd without ptrace permission.
+    CudaIpcDenied,
+    /// Multi-node NVLink without an IMEX channel in the container.
+    ImexChannelMissing,
+    /// CUDA refused peer access between two GPUs.
+    GpuPeerAccessRefused,
+    /// The workload goes on with less shared memory than it wanted (Ray's object store in
+    /// /tmp): slower, not dead.
+    ShmFallback,
 }
 
 impl FindingKind {
@@ -97,6 +113,13 @@ impl FindingKind {
             FindingKind::WorkloadOomKilled => "workload_oom_killed",
             FindingKind::ShmBusError => "shm_bus_error",
             FindingKind::WorkloadBusError => "workload_bus_error",
+            FindingKind::ShmNotShared => "shm_not_shared",
+            FindingKind::ShmUnavailable => "shm_unavailable",
+            FindingKind::FdLimitReached => "fd_limit_reached",
+            FindingKind::CudaIpcDenied => "cuda_ipc_denied",
+            FindingKind::ImexChannelMissing => "imex_channel_missing",
+            FindingKind::GpuPeerAccessRefused => "gpu_peer_access_refused",
+            FindingKind::ShmFallback => "shm_fallback",
         }
     }
 
@@ -124,6 +147,13 @@ impl FindingKind {
             FindingKind::WorkloadOomKilled => Some(EventReason::WorkloadOomKilled),
             FindingKind::ShmBusError => Some(EventReason::ShmBusError),
             FindingKind::WorkloadBusError => Some(EventReason::WorkloadBusError),
+            FindingKind::ShmNotShared => Some(EventReason::ShmNotShared),
+            FindingKind::ShmUnavailable => Some(EventReason::ShmUnavailable),
+            FindingKind::FdLimitReached => Some(EventReason::FdLimitReached),
+            FindingKind::CudaIpcDenied => Some(EventReason::CudaIpcDenied),
+            FindingKind::ImexChannelMissing => Some(EventReason::ImexChannelMissing),
+            FindingKind::GpuPeerAccessRefused => Some(EventReason::GpuPeerAccessRefused),
+            FindingKind::ShmFallback => Some(EventReason::ShmFallback),
         }
     }
 
@@ -135,7 +165,8 @@ impl FindingKind {
             | FindingKind::ShmRuntimeDefault
             | FindingKind::ShmUnmeasured
             | FindingKind::GpuLinkErrors
-            | FindingKind::NcclP2pDisabled => Severity::Warning,
+            | FindingKind::NcclP2pDisabled
+            | FindingKind::ShmFallback => Severity::Warning,
             FindingKind::ShmExhausted
             | FindingKind::GpuLost
             | FindingKind::GpuLinkDown
@@ -150,7 +181,13 @@ impl FindingKind {
             | FindingKind::ShmOomKilled
             | FindingKind::WorkloadOomKilled
             | FindingKind::ShmBusError
-            | FindingKind::WorkloadBusError => Severity::Critical,
+            | FindingKind::WorkloadBusError
+            | FindingKind::ShmNotShared
+            | FindingKind::ShmUnavailable
+            | FindingKind::FdLimitReached
+            | FindingKind::CudaIpcDenied
+            | FindingKind::ImexChannelMissing
+            | FindingKind::GpuPeerAccessRefused => Severity::Critical,
         }
     }
 }
@@ -184,6 +221,13 @@ pub enum EventReason {
     WorkloadOomKilled,
     ShmBusError,
     WorkloadBusError,
+    ShmNotShared,
+    ShmUnavailable,
+    FdLimitReached,
+    CudaIpcDenied,
+    ImexChannelMissing,
+    GpuPeerAccessRefused,
+    ShmFallback,
 }
 
 impl EventReason {
@@ -208,6 +252,13 @@ impl EventReason {
             EventReason::WorkloadOomKilled => "WorkloadOomKilled",
             EventReason::ShmBusError => "ShmBusError",
             EventReason::WorkloadBusError => "WorkloadBusError",
+            EventReason::ShmNotShared => "ShmNotShared",
+            EventReason::ShmUnavailable => "ShmUnavailable",
+            EventReason::FdLimitReached => "FdLimitReached",
+            EventReason::CudaIpcDenied => "CudaIpcDenied",
+            EventReason::ImexChannelMissing => "ImexChannelMissing",
+            EventReason::GpuPeerAccessRefused => "GpuPeerAccessRefused",
+            EventReason::ShmFallback => "ShmFallback",
         }
     }
 
@@ -388,6 +439,13 @@ mod tests {
             FindingKind::WorkloadOomKilled,
             FindingKind::ShmBusError,
             FindingKind::WorkloadBusError,
+            FindingKind::ShmNotShared,
+            FindingKind::ShmUnavailable,
+            FindingKind::FdLimitReached,
+            FindingKind::CudaIpcDenied,
+            FindingKind::ImexChannelMissing,
+            FindingKind::GpuPeerAccessRefused,
+            FindingKind::ShmFallback,
         ] {
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),

@@ -101,7 +101,7 @@ pub fn nccl_p2p_disabled(
 }
 
 /// ". Its GPUs: ...; pair 6-7 is degraded: the hardware, not your code (...)", or healthy.
-fn gpu_context(gpus: &[u32], pairs: &[PairThen]) -> String {
+pub(super) fn gpu_context(gpus: &[u32], pairs: &[PairThen]) -> String {
     if gpus.is_empty() {
         return ". The GPUs it held are not known (no kubelet pod-resources answer).".into();
     }

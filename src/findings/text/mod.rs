@@ -5,13 +5,16 @@
 //!
 //! - `shm.rs`: a container's /dev/shm; `gpu.rs`: GPUs, links, pairs, XIDs, NVML;
 //! - `pairs.rs`: the reasons a GPU pair is not ok;
-//! - `failures.rs`: why a workload died; `conditions.rs`: the Node's conditions, reasons too;
+//! - `failures.rs`: why a workload died; `ipc.rs`: what else failed its IPC (a /dev/shm not
+//!   shared or missing, descriptors, CUDA IPC, IMEX, peer access, fallbacks);
+//! - `conditions.rs`: the Node's conditions, reasons too;
 //! - `preflight.rs`: preflight's problems;
 //! - here: the small pieces they share (lists of GPUs and links, rates, durations).
 
 mod conditions;
 mod failures;
 mod gpu;
+mod ipc;
 mod pairs;
 mod preflight;
 mod shm;
@@ -19,6 +22,7 @@ mod shm;
 pub use conditions::*;
 pub use failures::*;
 pub use gpu::*;
+pub use ipc::*;
 pub use pairs::*;
 pub use preflight::*;
 pub use shm::*;

@@ -1,0 +1,169 @@
+//! A short window of each container's recent lines, for texts that are generic alone and
+//! specific together:
+//!
+//! - Python prints `[Errno 38] Function not implemented` (or EACCES, ENOENT) for many calls;
+//!   after the traceback line that makes a semaphore (`_multiprocessing.SemLock(`) it says that
+//!   POSIX semaphores have no /dev/shm: `shm_unavailable`, told with the line that decided.
+//! - NCCL up to 2.11 prints `Error while creating shared memory segment` without an errno; a
+//!   full /dev/shm is its usual cause, but when a line of the same container just said which
+//!   call failed and why (told already), it is the same failure, not a second one.
+//!
+//! Pure apart from its memory: what each container said in the last [`WINDOW`].
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use super::signatures::LogFailure;
+use crate::logs::LogOrigin;
+
+/// How far back a line of the same container still decides.
+pub const WINDOW: Duration = Duration::from_secs(5);
+/// Containers remembered at most (then forgotten all at once: a window is seconds long).
+const ORIGINS: usize = 4096;
+/// Bytes kept of a hint line.
+const HINT_MAX: usize = 256;
+
+/// Lines that say nothing alone but decide the next ones.
+const HINTS: &[&str] = &["_multiprocessing.SemLock("];
+/// Generic lines a hint decides, and what they then are.
+const DECIDED: &[(&str, LogFailure)] = &[
+    (
+        "[Errno 38] Function not implemented",
+        LogFailure::ShmUnavailable,
+    ),
+    ("[Errno 13] Permission denied", LogFailure::ShmUnavailable),
+    (
+        "[Errno 2] No such file or directory",
+        LogFailure::ShmUnavailable,
+    ),
+];
+
+/// Whether a raw line may be a hint or a line a hint decides (the tailer's first look).
+pub fn is_candidate(line: &[u8]) -> bool {
+    let finder = |needle: &str| memchr::memmem::find(line, needle.as_bytes()).is_some();
+    finder("SemLock(") || finder("[Errno ")
+}
+
+#[derive(Default)]
+struct Recent {
+    hint: Option<(String, SystemTime)>,
+    failure: Option<SystemTime>,
+}
+
+#[derive(Default)]
+pub struct Window {
+    recent: HashMap<LogOrigin, Recent>,
+}
+
+fn within(earlier: SystemTime, at: SystemTime) -> bool {
+    at.duration_since(earlier).is_ok_and(|d| d <= WINDOW)
+}
+
+impl Window {
+    fn of(&mut self, origin: &LogOrigin) -> &mut Recent {
+        if self.recent.len() >= ORIGINS && !self.recent.contains_key(origin) {
+            self.recent.clear();
+        }
+        self.recent.entry(origin.clone()).or_default()
+    }
+
+    /// A line no row matched: a hint is remembered; a generic line after one is what the hint
+    /// decides, told with the hint (the line that decided).
+    pub fn unmatched(
+        &mut self,
+        origin: &LogOrigin,
+        text: &str,
+        at: SystemTime,
+    ) -> Option<(LogFailure, String)> {
+        if HINTS.iter().any(|h| text.contains(h)) {
+            let mut hint = text.trim().to_string();
+            if hint.len() > HINT_MAX {
+                let mut cut = HINT_MAX;
+                while !hint.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                hint.truncate(cut);
+            }
+            self.of(origin).hint = Some((hint, at));
+            return None;
+        }
+        let (_, kind) = DECIDED.iter().find(|(needle, _)| text.contains(needle))?;
+        let recent = self.recent.get_mut(origin)?;
+        let (hint, when) = recent.hint.take()?;
+        within(when, at).then_some((*kind, hint))
+    }
+
+    /// A failure a row matched: whether it is to be told. A row's guess (`guessed`: a text
+    /// without the errno that would say why) shortly after another failure of the same
+    /// container is that failure again.
+    pub fn matched(&mut self, origin: &LogOrigin, at: SystemTime, guessed: bool) -> bool {
+        let recent = self.of(origin);
+        let again = guessed && recent.failure.is_some_and(|f| within(f, at));
+        recent.failure = Some(at);
+        !again
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(c: &str) -> LogOrigin {
+        LogOrigin::Pod {
+            namespace: "ml".into(),
+            pod: "p".into(),
+            uid: "u".into(),
+            container: c.into(),
+        }
+    }
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+    }
+
+    const SEMLOCK: &str = "    sl = self._semlock = _multiprocessing.SemLock(";
+    const ENOSYS: &str = "OSError: [Errno 38] Function not implemented";
+
+    #[test]
+    fn a_semaphores_traceback_decides_the_errno_after_it() {
+        let mut w = Window::default();
+        assert!(is_candidate(SEMLOCK.as_bytes()) && is_candidate(ENOSYS.as_bytes()));
+        assert_eq!(w.unmatched(&pod("a"), SEMLOCK, t(0)), None);
+        assert_eq!(
+            w.unmatched(&pod("a"), ENOSYS, t(1)),
+            Some((LogFailure::ShmUnavailable, SEMLOCK.trim().to_string()))
+        );
+        // Used once: the same errno again says nothing.
+        assert_eq!(w.unmatched(&pod("a"), ENOSYS, t(2)), None);
+    }
+
+    #[test]
+    fn the_errno_alone_another_containers_hint_or_an_old_one_decide_nothing() {
+        let mut w = Window::default();
+        assert_eq!(w.unmatched(&pod("a"), ENOSYS, t(0)), None, "alone");
+        w.unmatched(&pod("a"), SEMLOCK, t(0));
+        assert_eq!(
+            w.unmatched(&pod("b"), ENOSYS, t(1)),
+            None,
+            "another container"
+        );
+        assert_eq!(
+            w.unmatched(&pod("a"), ENOSYS, t(60)),
+            None,
+            "a minute later"
+        );
+    }
+
+    #[test]
+    fn a_guess_right_after_a_failure_of_the_same_container_is_that_failure() {
+        let mut w = Window::default();
+        assert!(w.matched(&pod("a"), t(0), false));
+        assert!(!w.matched(&pod("a"), t(1), true), "the same failure");
+        assert!(w.matched(&pod("b"), t(1), true), "another container's");
+        assert!(w.matched(&pod("a"), t(30), true), "later: its own");
+        assert!(
+            w.matched(&pod("a"), t(31), false),
+            "specific texts are always told"
+        );
+    }
+}
