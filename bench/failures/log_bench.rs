@@ -15,8 +15,9 @@
 //! limit (`MAX_LINES_PER_SEC`, applied here too) drops none.
 //!
 //! Then, R times, interleaved, each on this thread:
-//! - *full*: `LogTailer::since(..)`, one `poll_matching` keeping the lines that hold a needle,
-//!   `Signatures::match_line` on those (what `check` does, and `serve` per poll);
+//! - *full*: `LogTailer::since(..)`, one `poll_matching` keeping the lines the recogniser's
+//!   filter wants (a needle, PyTorch's worker line, a context hint), `Signatures::match_line` on
+//!   those (what `check` does, and `serve` per poll);
 //! - *tailer*: the same, keeping no line (`poll_matching(|_| false)`): reading, splitting and
 //!   parsing alone;
 //! - *signatures*: `match_line` over an in-memory `Vec<String>` of the same lines' texts.
@@ -37,6 +38,7 @@ use timing::timed;
 #[path = "../common/timing.rs"]
 mod timing;
 
+use shmlink::failures::detect::{Recogniser, SHM_OOM_SHARE};
 use shmlink::failures::watch::MAX_LINES_PER_SEC;
 use shmlink::failures::{Signatures, SIGNATURES};
 use shmlink::logs::{LogSettings, LogTailer};
@@ -450,11 +452,14 @@ fn run(args: &Args) -> Result<Value, Error> {
     let (mut sig_wall, mut sig_cpu) = (Vec::new(), Vec::new());
     let mut found_full = 0;
     let mut found_sigs = 0;
+    // The filter serve and check put before the tailer's lines: the signatures' automaton and
+    // the looks for PyTorch's worker lines and the context hints.
+    let recogniser = Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE);
     for _ in 0..args.reps {
         let ((n, found), wall, cpu) = timed(|| {
             // As serve and check read: only lines holding a needle become LogLines.
             let mut tailer = LogTailer::since(settings.clone(), since);
-            let got = tailer.poll_matching(|t| sigs.is_candidate(t));
+            let got = tailer.poll_matching(|t| recogniser.is_candidate(t));
             let found = got
                 .iter()
                 .filter(|l| sigs.match_line(&l.text).is_some())
