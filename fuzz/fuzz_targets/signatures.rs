@@ -1,9 +1,13 @@
 //! Log lines of any shape: no panic, and a line that matches a signature is always a candidate
-//! (the cheap first look never hides a match).
+//! (the cheap first look never hides a match); the same for the recogniser over the lines of a
+//! container in a row (its window of recent lines, PyTorch's worker lines).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use shmlink::failures::detect::{Recogniser, SHM_OOM_SHARE};
 use shmlink::failures::Signatures;
+use shmlink::logs::{LogLine, LogOrigin};
 use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
 
 static SIGS: OnceLock<Signatures> = OnceLock::new();
 
@@ -15,5 +19,16 @@ fuzz_target!(|data: &[u8]| {
     }
     if std::str::from_utf8(data).is_ok() && !sigs.is_candidate(data) {
         assert!(sigs.match_line(&text).is_none());
+    }
+    let mut r = Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE);
+    for (i, l) in text.lines().enumerate() {
+        let line = LogLine {
+            origin: LogOrigin::Docker { id: "a".repeat(64) },
+            at: SystemTime::UNIX_EPOCH + Duration::from_millis(i as u64 * 100),
+            text: l.to_string(),
+        };
+        if r.log_line(&line).is_some() {
+            assert!(r.is_candidate(l.as_bytes()), "{l:?}");
+        }
     }
 });

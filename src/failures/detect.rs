@@ -57,7 +57,10 @@ impl Recogniser {
     /// share of the usage /dev/shm must reach for an OOM kill to be its ([`SHM_OOM_SHARE`]).
     pub fn new(proc_root: PathBuf, host_mnt: Option<NsId>, oom_shm_share: f64) -> Recogniser {
         Recogniser {
-            signatures: Signatures::new(),
+            // One pass over each line: the rows' needles and the texts decided here.
+            signatures: Signatures::with_candidates(
+                &[&[worker::NEEDLE][..], context::NEEDLES].concat(),
+            ),
             proc_root,
             host_mnt,
             oom: OomReports::default(),
@@ -67,11 +70,10 @@ impl Recogniser {
     }
 
     /// A container's line: only ever about that container.
-    /// Whether a raw line may mean something here (asked before it is decoded).
+    /// Whether a raw line may mean something here (asked before it is decoded): one pass of one
+    /// automaton.
     pub fn is_candidate(&self, line: &[u8]) -> bool {
         self.signatures.is_candidate(line)
-            || worker::is_candidate(line)
-            || context::is_candidate(line)
     }
 
     pub fn log_line(&mut self, line: &LogLine) -> Option<Detected> {

@@ -528,18 +528,30 @@ impl Default for Signatures {
 
 impl Signatures {
     pub fn new() -> Self {
-        // The needles are this file's constants: a build error is a bug the tests catch, never
-        // a consequence of input.
+        Self::with_candidates(&[])
+    }
+
+    /// Also wanting, in the same one pass, the lines that hold one of `more`: texts that are no
+    /// row's but that the recogniser decides from their neighbours (`context.rs`, `worker.rs`).
+    pub fn with_candidates(more: &[&str]) -> Self {
+        // The needles are this file's constants and the callers': a build error is a bug the
+        // tests catch, never a consequence of input.
         let needles = AhoCorasick::new(SIGNATURES.iter().map(|s| s.needle))
             .expect("the signature needles build an automaton");
         let any = AhoCorasick::builder()
             .match_kind(aho_corasick::MatchKind::LeftmostFirst)
-            .build(SIGNATURES.iter().map(|s| s.needle))
+            .build(
+                SIGNATURES
+                    .iter()
+                    .map(|s| s.needle)
+                    .chain(more.iter().copied()),
+            )
             .expect("the signature needles build an automaton");
         Signatures { needles, any }
     }
 
-    /// Whether the line holds any signature's needle: the cheap first look, on raw bytes (a
+    /// Whether the line holds any signature's needle (or one of the extra candidates): the
+    /// cheap first look, on raw bytes (a
     /// log's line before its lossy UTF-8 conversion; no needle holds a byte that the conversion
     /// or Docker's JSON escaping would change).
     pub fn is_candidate(&self, line: &[u8]) -> bool {

@@ -17,20 +17,16 @@ pub struct WorkerDeath {
     pub pids: Vec<i32>,
 }
 
-const WORKER: &str = "DataLoader worker (pid";
+/// The text every such line holds (the recogniser's filter looks for it).
+pub const NEEDLE: &str = "DataLoader worker (pid";
 /// Listed PIDs at most (a DataLoader has a few dozen workers).
 const MAX_PIDS: usize = 64;
-
-/// Whether a raw line may be one (asked before the line is decoded, as the signatures are).
-pub fn is_candidate(line: &[u8]) -> bool {
-    memchr::memmem::find(line, WORKER.as_bytes()).is_some()
-}
 
 /// The worker death `text` tells, if it is one of a SIGKILL or of an unexplained exit. A bus
 /// error (`killed by signal: Bus error`) is a signature of its own; other signals are not
 /// deaths of memory.
 pub fn parse(text: &str) -> Option<WorkerDeath> {
-    let start = text.find(WORKER)? + WORKER.len();
+    let start = text.find(NEEDLE)? + NEEDLE.len();
     let rest = &text[start..];
     let rest = rest.strip_prefix("(s)").unwrap_or(rest);
     let rest = rest.strip_prefix(' ')?;
@@ -86,7 +82,7 @@ mod tests {
             ),
         ];
         for (line, pids) in cases {
-            assert!(is_candidate(line.as_bytes()), "{line}");
+            assert!(line.contains(NEEDLE), "{line}");
             assert_eq!(parse(line), Some(WorkerDeath { pids }), "{line}");
         }
     }
