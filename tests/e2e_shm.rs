@@ -239,3 +239,75 @@ fn a_full_dev_shm_is_critical_and_check_exits_1() {
     assert_eq!(finding["kind"], "shm_exhausted");
     assert_eq!(finding["severity"], "critical");
 }
+
+/// A crashed run's NCCL segment survives in the Pod's memory emptyDir; the restarted container
+/// (a new container of the same Pod, the same volume) is told what it inherited. A container
+/// that writes its own segments after it starts is told nothing.
+#[test]
+fn a_restarted_container_is_told_the_segments_it_inherited() {
+    if !common::e2e_available() {
+        return;
+    }
+    let pod = common::random_pod_uid();
+    let volume = HostTmpfs::new(256 * MIB);
+    let crashed = Container::start(ContainerSpec {
+        pod_uid: Some(pod.clone()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/nccl-Y7jXhK bs=1M count=9 2>/dev/null; \
+             dd if=/dev/zero of=/dev/shm/psm_4a1b2c3d bs=1M count=1 2>/dev/null; exit 1"
+                .into(),
+        ],
+        shm: Shm::Bind(volume.path.clone()),
+        ..ContainerSpec::default()
+    });
+    assert!(
+        crashed.wait_exited(std::time::Duration::from_secs(30)),
+        "{}",
+        crashed.console()
+    );
+    // Its files are older than the next container by more than the clocks' grain.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let restarted = Container::start(ContainerSpec {
+        pod_uid: Some(pod.clone()),
+        args: common::write_then_sleep(2),
+        shm: Shm::Bind(volume.path.clone()),
+        ..ContainerSpec::default()
+    });
+    restarted.wait_ready();
+    let own = HostTmpfs::new(64 * MIB);
+    let fresh = Container::start(ContainerSpec {
+        pod_uid: Some(common::random_pod_uid()),
+        args: common::write_then_sleep(4),
+        shm: Shm::Bind(own.path.clone()),
+        ..ContainerSpec::default()
+    });
+    fresh.wait_ready();
+
+    let report = common::run_check_json(&[]);
+    let e = common::shm_entry(&report, &restarted.id).unwrap();
+    let l = &e["leftovers"];
+    assert_eq!(l["count"], 2, "{e:#}");
+    assert_eq!(as_u64(&l["bytes"]), 10 * MIB, "{e:#}");
+    assert_eq!(l["largest"][0][0], "nccl-Y7jXhK");
+    assert_eq!(as_u64(&l["largest"][0][1]), 9 * MIB);
+    let findings: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "shm_leftover_segments")
+        .collect();
+    assert_eq!(findings.len(), 1, "{findings:#?}");
+    let message = findings[0]["message"].as_str().unwrap();
+    for part in [
+        "held 2 files written before it started",
+        "nccl-Y7jXhK 9.0 MiB",
+        "rm -f /dev/shm/nccl-*",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    // The data the restarted container wrote itself is its own; the fresh one has nothing old.
+    let f = common::shm_entry(&report, &fresh.id).unwrap();
+    assert!(f.get("leftovers").is_none(), "{f:#}");
+}

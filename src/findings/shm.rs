@@ -73,6 +73,7 @@ pub fn shm_findings(
     requests_gpu: Option<impl Fn(&str) -> bool>,
 ) -> Vec<Finding> {
     let mut findings = evaluate_shm(readings, thresholds);
+    findings.extend(readings.iter().filter_map(leftovers_finding));
     if let Some(requests_gpu) = requests_gpu {
         let gpu_workload = |r: &&ShmReading| r.pod_uid.as_deref().is_some_and(&requests_gpu);
         findings.extend(
@@ -92,6 +93,16 @@ fn shm_finding(r: &ShmReading) -> Option<Finding> {
         ShmStatus::Critical => FindingKind::ShmExhausted,
     };
     Some(Finding::new(kind, Subject::container(r), text::shm_full(r)))
+}
+
+/// `shm_leftover_segments`: a young container's /dev/shm held files from before it started.
+pub fn leftovers_finding(r: &ShmReading) -> Option<Finding> {
+    let l = r.leftovers.as_ref().filter(|l| l.count > 0)?;
+    Some(Finding::new(
+        FindingKind::ShmLeftoverSegments,
+        Subject::container(r),
+        text::shm_leftovers(r, l),
+    ))
 }
 
 /// The container runtime's default /dev/shm (Docker's and containerd's).

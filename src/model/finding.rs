@@ -79,6 +79,9 @@ pub enum FindingKind {
     /// The workload goes on with less shared memory than it wanted (Ray's object store in
     /// /tmp): slower, not dead.
     ShmFallback,
+    /// A young container's /dev/shm held files written before it started (a crashed run's
+    /// segments in a Pod's memory emptyDir).
+    ShmLeftoverSegments,
 }
 
 impl FindingKind {
@@ -120,6 +123,7 @@ impl FindingKind {
             FindingKind::ImexChannelMissing => "imex_channel_missing",
             FindingKind::GpuPeerAccessRefused => "gpu_peer_access_refused",
             FindingKind::ShmFallback => "shm_fallback",
+            FindingKind::ShmLeftoverSegments => "shm_leftover_segments",
         }
     }
 
@@ -154,6 +158,7 @@ impl FindingKind {
             FindingKind::ImexChannelMissing => Some(EventReason::ImexChannelMissing),
             FindingKind::GpuPeerAccessRefused => Some(EventReason::GpuPeerAccessRefused),
             FindingKind::ShmFallback => Some(EventReason::ShmFallback),
+            FindingKind::ShmLeftoverSegments => Some(EventReason::ShmLeftoverSegments),
         }
     }
 
@@ -166,7 +171,8 @@ impl FindingKind {
             | FindingKind::ShmUnmeasured
             | FindingKind::GpuLinkErrors
             | FindingKind::NcclP2pDisabled
-            | FindingKind::ShmFallback => Severity::Warning,
+            | FindingKind::ShmFallback
+            | FindingKind::ShmLeftoverSegments => Severity::Warning,
             FindingKind::ShmExhausted
             | FindingKind::GpuLost
             | FindingKind::GpuLinkDown
@@ -228,6 +234,7 @@ pub enum EventReason {
     ImexChannelMissing,
     GpuPeerAccessRefused,
     ShmFallback,
+    ShmLeftoverSegments,
 }
 
 impl EventReason {
@@ -259,6 +266,7 @@ impl EventReason {
             EventReason::ImexChannelMissing => "ImexChannelMissing",
             EventReason::GpuPeerAccessRefused => "GpuPeerAccessRefused",
             EventReason::ShmFallback => "ShmFallback",
+            EventReason::ShmLeftoverSegments => "ShmLeftoverSegments",
         }
     }
 
@@ -446,6 +454,7 @@ mod tests {
             FindingKind::ImexChannelMissing,
             FindingKind::GpuPeerAccessRefused,
             FindingKind::ShmFallback,
+            FindingKind::ShmLeftoverSegments,
         ] {
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),

@@ -65,6 +65,23 @@ pub struct ShmReading {
     /// Why /dev/shm could not be measured (permission, I/O, a system call the kernel lacks);
     /// null when it was.
     pub error: Option<String>,
+    /// Files its /dev/shm held that were written before it started (looked at while it is
+    /// young); absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leftovers: Option<Leftovers>,
+}
+
+/// What a container found in its /dev/shm when it started (`shm::leftovers`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Leftovers {
+    /// Regular files written before it started.
+    pub count: u64,
+    /// What they hold in memory.
+    pub bytes: u64,
+    /// The largest, by name, with what each holds.
+    pub largest: Vec<(String, u64)>,
+    /// The listing stopped at its bound (entries or time): there may be more.
+    pub truncated: bool,
 }
 
 impl ShmReading {

@@ -5,6 +5,7 @@
 //! cgroups, and reads one process per cgroup: its namespaces, its /dev/shm (statvfs of the
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
+pub mod leftovers;
 pub mod peak;
 pub mod statfs;
 
@@ -14,13 +15,14 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::time::SystemTime;
 
 use rustix::fs::{Mode, OFlags, RawDir};
 
 use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
 use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
 use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsSource};
-use crate::model::{short_id, ShmReading, ShmStatus};
+use crate::model::{short_id, Leftovers, ShmReading, ShmStatus};
 use crate::procfs::kfile::FileReader;
 use crate::procfs::mountinfo::{self, MountEntry};
 use statfs::{OpenShmError, ShmStat};
@@ -103,7 +105,13 @@ pub struct ShmScanner {
     path: Vec<u8>,
     /// getdents64's buffer.
     dirents: Vec<MaybeUninit<u8>>,
+    /// When each measured process started, by PID with its container (read once: it does not
+    /// change; a PID reused by another container is read again).
+    starts: HashMap<i32, (String, Option<SystemTime>)>,
 }
+
+/// Start times remembered at most (then forgotten all at once and read again).
+const STARTS: usize = 16_384;
 
 impl ShmScanner {
     pub fn new(host: &HostPaths) -> Result<Self, HostError> {
@@ -126,6 +134,7 @@ impl ShmScanner {
             files: FileReader::default(),
             path: Vec::with_capacity(64),
             dirents: vec![MaybeUninit::uninit(); 16 * 1024],
+            starts: HashMap::new(),
         })
     }
 
@@ -351,7 +360,30 @@ impl ShmScanner {
             (Err(e), _) if is_vanished(&e) => return None,
             _ => false,
         };
-        let shm = self.stat_shm(pid, mnt, rel, &container_id, out)?;
+        // A young container's /dev/shm is looked through for what was there before it (not the
+        // host's: every process of the host writes there).
+        let young = if host_ipc {
+            None
+        } else {
+            if self.starts.len() >= STARTS {
+                self.starts.clear();
+            }
+            let start = match self.starts.get(&pid) {
+                Some((id, start)) if *id == container_id => *start,
+                _ => {
+                    let start = leftovers::started(&self.proc_root, pid);
+                    self.starts.insert(pid, (container_id.clone(), start));
+                    start
+                }
+            };
+            start.filter(|start| {
+                SystemTime::now()
+                    .duration_since(*start)
+                    .is_ok_and(|age| age <= leftovers::YOUNG)
+            })
+        };
+        let mut inherited = None;
+        let shm = self.stat_shm(pid, mnt, rel, &container_id, young, &mut inherited, out)?;
         let memory = match self.memcg.read_at(rel, Some(dirs)) {
             Ok(memory) => memory,
             Err(MemcgError::Gone(_)) => return None,
@@ -363,24 +395,23 @@ impl ShmScanner {
                 }
             }
         };
-        Some(build_reading(
-            identity,
-            container_id,
-            pid,
-            rel,
-            host_ipc,
-            shm,
-            memory,
-        ))
+        let mut reading = build_reading(identity, container_id, pid, rel, host_ipc, shm, memory);
+        reading.leftovers = inherited;
+        Some(reading)
     }
 
-    /// statvfs of /dev/shm with the mount's details; `None` when the process is gone.
+    /// statvfs of /dev/shm with the mount's details; `None` when the process is gone. For a
+    /// container started at `young` (recently), what its /dev/shm held from before goes to
+    /// `inherited`.
+    #[allow(clippy::too_many_arguments)]
     fn stat_shm(
         &mut self,
         pid: i32,
         mnt: NsId,
         rel: &str,
         container_id: &str,
+        young: Option<SystemTime>,
+        inherited: &mut Option<Leftovers>,
         out: &mut ShmScan,
     ) -> Option<Look> {
         let root = match statfs::open_container_root(&self.proc_root, pid) {
@@ -393,10 +424,27 @@ impl ShmScanner {
                 )));
             }
         };
-        let stat = match statfs::open_beneath(&root, "dev/shm")
-            .and_then(|fd| statfs::measure(&fd).map_err(OpenShmError::Io))
-        {
-            Ok(stat) => stat,
+        let opened = statfs::open_beneath(&root, "dev/shm").and_then(|fd| {
+            let stat = statfs::measure(&fd).map_err(OpenShmError::Io)?;
+            Ok((fd, stat))
+        });
+        let stat = match opened {
+            Ok((fd, stat)) => {
+                // Only a tmpfs mounted there that holds something is worth a listing.
+                if let Some(start) = young.filter(|_| {
+                    stat.is_tmpfs
+                        && stat.is_mount_root != Some(false)
+                        && stat.used_bytes() != Some(0)
+                }) {
+                    match leftovers::list(&fd) {
+                        Ok((entries, truncated)) => {
+                            *inherited = leftovers::inherited(&entries, start, truncated);
+                        }
+                        Err(e) => self.error(out, "listing /dev/shm", rel, &e),
+                    }
+                }
+                stat
+            }
             Err(OpenShmError::Absent(_)) => return Some(Look::NotMounted),
             Err(OpenShmError::Symlink) => {
                 self.warn_once(
@@ -549,6 +597,7 @@ fn build_reading(
             Look::Unmeasured(e) => Some(e),
             _ => None,
         },
+        leftovers: None,
     }
 }
 

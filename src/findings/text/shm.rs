@@ -1,6 +1,6 @@
 //! A container's /dev/shm: how full, what runs out first, and the fix.
 
-use crate::model::{ContainerRef, ShmReading};
+use crate::model::{ContainerRef, Leftovers, ShmReading};
 use crate::units::human_bytes;
 
 /// The Kubernetes fix for a /dev/shm too small: the alert rules' ShmNearlyFull says it too.
@@ -70,5 +70,34 @@ pub fn shm_runtime_default(r: &ShmReading) -> String {
          volumeMounts:\n- name: dshm\n  mountPath: /dev/shm\n\
          (tmpfs pages count against the memory limit: raise it by the sizeLimit).",
         container.short_name()
+    )
+}
+
+/// `shm_leftover_segments`: what a container found in its /dev/shm when it started.
+pub fn shm_leftovers(r: &ShmReading, l: &Leftovers) -> String {
+    let container = ContainerRef::of(r);
+    let named = l
+        .largest
+        .iter()
+        .map(|(name, bytes)| format!("{name} {}", human_bytes(*bytes)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = if l.count > l.largest.len() as u64 || l.truncated {
+        ", ..."
+    } else {
+        ""
+    };
+    format!(
+        "Container {}: its /dev/shm held {}{} file{} written before it started, {} in all, which \
+         count against its memory limit: {named}{more}. A crashed run's segments (NCCL's nccl-*, \
+         PSM's psm_*, PyTorch's torch_*) survive a restart in a Pod's memory emptyDir, or come \
+         from another container sharing it, and a restarted job can fail on them again. Fix: \
+         remove them as the container starts (rm -f /dev/shm/nccl-* /dev/shm/psm_* \
+         /dev/shm/torch_* before the program runs), or give each container its own /dev/shm.",
+        container.short_name(),
+        if l.truncated { "at least " } else { "" },
+        l.count,
+        if l.count == 1 { "" } else { "s" },
+        human_bytes(l.bytes),
     )
 }

@@ -1,0 +1,205 @@
+//! Segments a container found in its /dev/shm when it started: files written before it, left by
+//! an earlier instance of it (a memory emptyDir outlives a container's restarts) or by another
+//! container sharing the volume. NCCL's `nccl-*` and PSM's `psm_*` segments of a crashed run
+//! stay there, count against the memory limit, and can turn one crash into a crash loop.
+//!
+//! Listed beneath the container's root through the /dev/shm handle the scan opened, never
+//! following a link, at most [`MAX_ENTRIES`] entries and [`DEADLINE`] per container; only while
+//! the container is young ([`YOUNG`]).
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+
+use crate::model::Leftovers;
+
+/// Containers started this long ago or less are looked at.
+pub const YOUNG: Duration = Duration::from_secs(600);
+/// Entries looked at per /dev/shm at most.
+pub const MAX_ENTRIES: usize = 4096;
+/// Time spent listing one /dev/shm at most.
+pub const DEADLINE: Duration = Duration::from_millis(50);
+/// Files named in a finding, the largest.
+const NAMED: usize = 5;
+/// A file written within this of the start is the container's own (clocks' grain, start-up).
+const GRACE: Duration = Duration::from_secs(2);
+
+/// One regular file of a /dev/shm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    /// What it holds in memory (its blocks; a sparse segment holds less than its size).
+    pub bytes: u64,
+    pub modified: SystemTime,
+}
+
+/// Pure: the files last written before the container started, largest first; None when none.
+pub fn inherited(entries: &[Entry], started: SystemTime, truncated: bool) -> Option<Leftovers> {
+    let before = started.checked_sub(GRACE).unwrap_or(started);
+    let mut old: Vec<&Entry> = entries.iter().filter(|e| e.modified < before).collect();
+    if old.is_empty() {
+        return None;
+    }
+    old.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    Some(Leftovers {
+        count: old.len() as u64,
+        bytes: old.iter().map(|e| e.bytes).sum(),
+        largest: old
+            .iter()
+            .take(NAMED)
+            .map(|e| (e.name.clone(), e.bytes))
+            .collect(),
+        truncated,
+    })
+}
+
+/// Lists the regular files of the /dev/shm behind `shm` (an `O_PATH` handle opened beneath the
+/// container's root): never through a link, at most [`MAX_ENTRIES`], within [`DEADLINE`].
+/// Whether the listing stopped early comes back with it.
+pub fn list(shm: &OwnedFd) -> io::Result<(Vec<Entry>, bool)> {
+    let started = Instant::now();
+    let dir = rustix::fs::openat(
+        shm,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let dir_fd = dir.try_clone()?;
+    let mut out = Vec::new();
+    let mut seen = 0;
+    for entry in Dir::new(dir)? {
+        let entry = entry?;
+        seen += 1;
+        if seen > MAX_ENTRIES || started.elapsed() > DEADLINE {
+            return Ok((out, true));
+        }
+        let name: &CStr = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
+        }
+        if !matches!(entry.file_type(), FileType::RegularFile | FileType::Unknown) {
+            continue;
+        }
+        // Relative to the directory, the link itself, never what it points at.
+        let Ok(st) = rustix::fs::statat(dir_fd.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue; // removed meanwhile
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            continue;
+        }
+        out.push(Entry {
+            name: name.to_string_lossy().into_owned(),
+            bytes: u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512),
+            modified: modified(&st),
+        });
+    }
+    Ok((out, false))
+}
+
+#[allow(clippy::unnecessary_cast)] // the field types differ between architectures
+fn modified(st: &rustix::fs::Stat) -> SystemTime {
+    match u64::try_from(st.st_mtime) {
+        Ok(secs) => {
+            SystemTime::UNIX_EPOCH
+                + Duration::from_secs(secs)
+                + Duration::from_nanos(st.st_mtime_nsec as u64)
+        }
+        Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}
+
+/// Pure: a process's start, in clock ticks since boot, from its /proc/PID/stat (field 22,
+/// counted after the command's closing parenthesis, which the command itself may contain).
+pub fn start_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// When the process `pid` started, by the clock: boot time plus its start ticks.
+pub fn started(proc_root: &std::path::Path, pid: i32) -> Option<SystemTime> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let ticks = start_ticks(&stat)?;
+    let hz = rustix::param::clock_ticks_per_second();
+    if hz == 0 {
+        return None;
+    }
+    let uptime = u64::try_from(rustix::system::sysinfo().uptime).ok()?;
+    let boot = SystemTime::now().checked_sub(Duration::from_secs(uptime))?;
+    boot.checked_add(Duration::from_millis(ticks.saturating_mul(1000) / hz))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, mib: u64, secs_before: u64, start: SystemTime) -> Entry {
+        Entry {
+            name: name.into(),
+            bytes: mib << 20,
+            modified: start - Duration::from_secs(secs_before),
+        }
+    }
+
+    #[test]
+    fn files_from_before_the_start_are_inherited_largest_first() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut files = vec![
+            entry("nccl-Y7jXhK", 9, 120, start),
+            entry("psm_4a1b2c3d", 1, 300, start),
+            entry("torch_12_34_0", 30, 0, start), // its own, just written
+        ];
+        files.push(Entry {
+            modified: start + Duration::from_secs(5),
+            ..entry("nccl-new", 4, 0, start)
+        });
+        let got = inherited(&files, start, false).unwrap();
+        assert_eq!(got.count, 2);
+        assert_eq!(got.bytes, 10 << 20);
+        assert_eq!(
+            got.largest,
+            [
+                ("nccl-Y7jXhK".to_string(), 9 << 20),
+                ("psm_4a1b2c3d".to_string(), 1 << 20)
+            ]
+        );
+        assert_eq!(inherited(&files[2..], start, false), None, "only its own");
+    }
+
+    #[test]
+    fn the_start_is_field_22_even_when_the_command_holds_parentheses() {
+        let stat = "4242 (pt) worker) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615";
+        assert_eq!(start_ticks(stat), Some(987654));
+        assert_eq!(start_ticks("4242 (x) S 1"), None);
+        let me = started(std::path::Path::new("/proc"), std::process::id() as i32).unwrap();
+        let age = SystemTime::now().duration_since(me).unwrap_or_default();
+        assert!(
+            age < Duration::from_secs(3600),
+            "this test started {age:?} ago"
+        );
+    }
+
+    #[test]
+    fn a_listing_never_follows_a_link_and_reports_what_the_files_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nccl-abc"), vec![1u8; 1 << 20]).unwrap();
+        std::fs::write(dir.path().join("outside"), vec![1u8; 4096]).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside"), dir.path().join("link")).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let fd = rustix::fs::open(
+            dir.path(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let (mut got, truncated) = list(&fd).unwrap();
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        assert!(!truncated);
+        let names: Vec<&str> = got.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["nccl-abc", "outside"], "no link, no directory");
+        assert!(got[0].bytes >= 1 << 20);
+    }
+}
