@@ -1,7 +1,8 @@
 //! Why a workload died, one way down: a source (`logs`, `kernel_log`) gives a line; here it
 //! becomes a failure and is told with what was known then.
 //!
-//! - `signatures.rs` (pure): what a container's log line means (PyTorch, NCCL, libc texts);
+//! - `signatures/` (pure): what a container's log line means (`table.rs`: the texts of PyTorch,
+//!   NCCL, CPython, vLLM, Ray, Triton, PostgreSQL, Chromium, libc; `mod.rs`: the matcher);
 //! - `crash.rs` (pure): what a kernel record means (a process crashed in a GPU library);
 //! - `context.rs` (pure): a window of each container's last lines, for texts generic alone;
 //! - `detect.rs`: a line or record -> [`Detected`](crate::model::Detected): kind, evidence and

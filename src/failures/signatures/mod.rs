@@ -1,0 +1,514 @@
+//! Pure: which known failure a workload's log line reports. One [`Signature`] row per text a
+//! program prints (`table.rs`, with where each comes from); an Aho-Corasick automaton over
+//! every row's needle finds the candidates in one pass over the line, so a line costs its
+//! length whatever the number of rows, and only a line holding a needle is looked at further
+//! (`verify`: the rest of the line, the errno that decides the kind).
+
+use std::cell::OnceCell;
+
+use aho_corasick::AhoCorasick;
+use serde::Serialize;
+
+/// What a log line says killed (or is about to kill) the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFailure {
+    /// A shared-memory segment (in /dev/shm) could not be allocated or grown.
+    ShmAllocationFailed,
+    /// NCCL refused to run because NVML says P2P is off between two NVLink-connected GPUs.
+    NcclP2pDisabled,
+    /// A segment another process made is not in this one's /dev/shm (not shared, or removed).
+    ShmNotShared,
+    /// No usable /dev/shm (missing, read-only, POSIX shared memory not implemented).
+    ShmUnavailable,
+    /// The file-descriptor limit, not /dev/shm (PyTorch's file_descriptor strategy).
+    FdLimitReached,
+    /// pidfd_getfd refused: CUDA IPC without ptrace permission.
+    CudaIpcDenied,
+    /// No IMEX channel for multi-node NVLink.
+    ImexChannelMissing,
+    /// CUDA refused peer access between two GPUs.
+    GpuPeerAccessRefused,
+    /// Less /dev/shm than wanted; the workload goes on, slower.
+    ShmFallback,
+}
+
+/// A line that matched a signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogMatch {
+    pub kind: LogFailure,
+    /// The matching row's [`Signature::id`].
+    pub signature: &'static str,
+    /// For [`LogFailure::NcclP2pDisabled`]: the two GPUs NCCL names, as NVML indices in the
+    /// workload's own view (`nvmlDeviceGetIndex` inside its container, which sees only its
+    /// GPUs), in the order NCCL printed them.
+    pub gpus: Option<(u32, u32)>,
+    /// The kind is the row's usual cause, not said by the line (no errno): told only when no
+    /// line of the same container just said more (`context.rs`).
+    pub guessed: bool,
+}
+
+/// One known text.
+pub struct Signature {
+    /// Stable name, reported in [`LogMatch::signature`].
+    pub id: &'static str,
+    pub kind: LogFailure,
+    /// The literal the automaton looks for; case-sensitive, as the program prints it.
+    pub needle: &'static str,
+    /// A line as the program prints it (the tests match every one).
+    pub fixture: &'static str,
+    /// Where the text comes from.
+    pub source: &'static str,
+}
+
+mod table;
+
+pub use table::SIGNATURES;
+use table::*;
+
+/// The matcher over [`SIGNATURES`], built once and shared.
+#[derive(Debug, Clone)]
+pub struct Signatures {
+    needles: AhoCorasick,
+    /// The same needles, leftmost-first: `is_match` with a SIMD prefilter, which overlapping
+    /// search does without. Most lines hold no needle and stop here.
+    any: AhoCorasick,
+}
+
+impl Default for Signatures {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Signatures {
+    pub fn new() -> Self {
+        Self::with_candidates(&[])
+    }
+
+    /// Also wanting, in the same one pass, the lines that hold one of `more`: texts that are no
+    /// row's but that the recogniser decides from their neighbours (`context.rs`, `worker.rs`).
+    pub fn with_candidates(more: &[&str]) -> Self {
+        // The needles are this file's constants and the callers': a build error is a bug the
+        // tests catch, never a consequence of input.
+        let needles = AhoCorasick::new(SIGNATURES.iter().map(|s| s.needle))
+            .expect("the signature needles build an automaton");
+        let any = AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+            .build(
+                SIGNATURES
+                    .iter()
+                    .map(|s| s.needle)
+                    .chain(more.iter().copied()),
+            )
+            .expect("the signature needles build an automaton");
+        Signatures { needles, any }
+    }
+
+    /// Whether the line holds any signature's needle (or one of the extra candidates): the
+    /// cheap first look, on raw bytes (a
+    /// log's line before its lossy UTF-8 conversion; no needle holds a byte that the conversion
+    /// or Docker's JSON escaping would change).
+    pub fn is_candidate(&self, line: &[u8]) -> bool {
+        self.any.is_match(line)
+    }
+
+    /// The failure `line` reports, if any. Of several rows that match, the first in
+    /// [`SIGNATURES`] wins.
+    pub fn match_line(&self, line: &str) -> Option<LogMatch> {
+        if !self.any.is_match(line) {
+            return None;
+        }
+        let mut best: Option<(usize, LogMatch)> = None;
+        // Looked for once per line, however many ENOSPC needles it holds.
+        let names_shm = OnceCell::new();
+        // Overlapping: a needle inside another's match must still be seen (each is verified
+        // on its own, and a lookalike of one must not hide another).
+        for m in self.needles.find_overlapping_iter(line) {
+            let row = m.pattern().as_usize();
+            if best.as_ref().is_some_and(|(b, _)| *b <= row) {
+                continue;
+            }
+            let Some(sig) = SIGNATURES.get(row) else {
+                continue;
+            };
+            if let Some((kind, gpus)) = verify(sig, line, m.end(), &names_shm) {
+                let guessed =
+                    sig.id == NCCL_SHM_CREATE && line.get(m.end()..).and_then(errno).is_none();
+                best = Some((
+                    row,
+                    LogMatch {
+                        kind,
+                        signature: sig.id,
+                        gpus,
+                        guessed,
+                    },
+                ));
+            }
+        }
+        best.map(|(_, m)| m)
+    }
+}
+
+/// Checks beyond the needle, which ends at `end`: `None` if the line only looks like the text,
+/// else its kind (the row's, or what the errno it names says) and the GPUs it names (for the
+/// P2P row). `names_shm` caches whether the line names /dev/shm.
+fn verify(
+    sig: &Signature,
+    line: &str,
+    end: usize,
+    names_shm: &OnceCell<bool>,
+) -> Option<(LogFailure, Option<(u32, u32)>)> {
+    let rest = line.get(end..)?;
+    let on_shm = || *names_shm.get_or_init(|| line.contains("/dev/shm"));
+    let kind = match sig.id {
+        // Docker's json-file driver writes `<` as \u003c.
+        TORCH_SHM_WRITE => {
+            (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(sig.kind)
+        }
+        NCCL_P2P_DISABLED => return gpu_pair(rest).map(|g| (sig.kind, Some(g))),
+        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM => {
+            on_shm().then_some(sig.kind)
+        }
+        // Only the errnos that say which; an old line without one says nothing sure.
+        TORCH_OPEN_SHM => match errno(rest)? {
+            Errno::NoFiles => Some(LogFailure::FdLimitReached),
+            Errno::NoEntry => Some(LogFailure::ShmNotShared),
+            Errno::NoSpace => Some(LogFailure::ShmAllocationFailed),
+            Errno::Denied | Errno::ReadOnly => Some(LogFailure::ShmUnavailable),
+        },
+        TORCH_UNLINK => match errno(rest) {
+            None | Some(Errno::NoEntry) => Some(sig.kind),
+            Some(_) => None,
+        },
+        NCCL_SHM_CREATE | TRITON_SHM_INIT | CHROMIUM_SHM_CREATE | NCCL_SHM_OPEN | NCCL_SHM_FILE => {
+            if sig.id == CHROMIUM_SHM_CREATE && !rest.starts_with("/dev/shm/") {
+                return None;
+            }
+            match errno(rest) {
+                Some(Errno::NoSpace) => Some(LogFailure::ShmAllocationFailed),
+                Some(Errno::Denied | Errno::ReadOnly | Errno::NoEntry) => {
+                    Some(LogFailure::ShmUnavailable)
+                }
+                Some(Errno::NoFiles) => Some(LogFailure::FdLimitReached),
+                // NCCL's create line before 2.22 names no errno: a full /dev/shm is its usual
+                // cause (the lines before it say which call failed).
+                None if sig.id == NCCL_SHM_CREATE => Some(sig.kind),
+                None => None,
+            }
+        }
+        // `(size 0)` or no name: NCCL's cuMem host mismatch, not a /dev/shm matter.
+        NCCL_SHM_ATTACH => (errno(rest) == Some(Errno::NoEntry)
+            && !rest.contains("(size 0)")
+            && !rest.trim_start().starts_with("/dev/shm/nccl- "))
+        .then_some(sig.kind),
+        NCCL_SHM_UNLINK => rest
+            .contains("failed, error: No such file or directory")
+            .then_some(sig.kind),
+        POSTGRES_DSM_RESIZE => (errno(rest) == Some(Errno::NoSpace)).then_some(sig.kind),
+        POSTGRES_DSM_OPEN => (errno(rest) == Some(Errno::NoEntry)).then_some(sig.kind),
+        RAYLET_SHM_CAP => rest.starts_with(" /dev/shm").then_some(sig.kind),
+        SEMAPHORE_TRACKER => {
+            (rest.contains("ENOSYS") || rest.contains("[Errno 38]")).then_some(sig.kind)
+        }
+        // Triton appends the error it met: only ENOSPC (or none said) is a full /dev/shm.
+        TRITON_SHM_GROW => match rest.rsplit_once("Error: ") {
+            Some((_, error)) => error
+                .trim()
+                .starts_with("No space left on device")
+                .then_some(sig.kind),
+            None => Some(sig.kind),
+        },
+        _ => Some(sig.kind),
+    }?;
+    Some((kind, None))
+}
+
+/// The errnos that decide a row's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Errno {
+    NoSpace,
+    NoEntry,
+    NoFiles,
+    Denied,
+    ReadOnly,
+}
+
+/// The errno a line's rest names by its text (glibc's strerror, as every program here prints
+/// it), the first of them.
+fn errno(rest: &str) -> Option<Errno> {
+    const TEXTS: [(&str, Errno); 5] = [
+        ("No space left on device", Errno::NoSpace),
+        ("No such file or directory", Errno::NoEntry),
+        ("Too many open files", Errno::NoFiles),
+        ("Permission denied", Errno::Denied),
+        ("Read-only file system", Errno::ReadOnly),
+    ];
+    TEXTS
+        .iter()
+        .filter_map(|(text, e)| rest.find(text).map(|at| (at, *e)))
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, e)| e)
+}
+
+/// ` <a> and <b>` at the start of `rest`.
+fn gpu_pair(rest: &str) -> Option<(u32, u32)> {
+    let rest = rest.strip_prefix(' ')?;
+    let (a, rest) = leading_number(rest)?;
+    let rest = rest.strip_prefix(" and ")?;
+    let (b, _) = leading_number(rest)?;
+    Some((a, b))
+}
+
+/// The decimal number `s` starts with, and what follows it.
+fn leading_number(s: &str) -> Option<(u32, &str)> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let n = s.get(..digits)?.parse().ok()?;
+    Some((n, &s[digits..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../../../tests/fixtures/logs/", $name))
+        };
+    }
+
+    /// The fixture files' lines that are not comments or blank.
+    fn lines(content: &str) -> impl Iterator<Item = &str> {
+        content
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+    }
+
+    fn kind(line: &str) -> Option<LogFailure> {
+        Signatures::new().match_line(line).map(|m| m.kind)
+    }
+
+    #[test]
+    fn every_signature_matches_its_own_fixture() {
+        let sigs = Signatures::new();
+        for sig in SIGNATURES {
+            let m = sigs.match_line(sig.fixture);
+            assert_eq!(m.as_ref().map(|m| m.signature), Some(sig.id), "{}", sig.id);
+            assert_eq!(m.map(|m| m.kind), Some(sig.kind), "{}", sig.id);
+            assert!(sig.fixture.contains(sig.needle), "{}", sig.id);
+        }
+    }
+
+    #[test]
+    fn the_contract_lists_every_row() {
+        let contract = include_str!("../../../docs/CONTRACT.md");
+        for sig in SIGNATURES {
+            assert!(
+                contract.contains(&format!("| `{}` |", sig.id)),
+                "docs/CONTRACT.md, \"What a log line must say\", has no row {}",
+                sig.id
+            );
+        }
+    }
+
+    #[test]
+    fn ids_and_needles_are_unique_and_every_row_is_documented() {
+        let mut ids: Vec<_> = SIGNATURES.iter().map(|s| s.id).collect();
+        let mut needles: Vec<_> = SIGNATURES.iter().map(|s| s.needle).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        needles.sort_unstable();
+        needles.dedup();
+        assert_eq!(ids.len(), SIGNATURES.len());
+        assert_eq!(needles.len(), SIGNATURES.len());
+        assert!(SIGNATURES
+            .iter()
+            .all(|s| !s.needle.is_empty() && !s.source.is_empty()));
+    }
+
+    #[test]
+    fn pytorch_texts_are_shm_allocation_failures() {
+        let sigs = Signatures::new();
+        let mut seen = Vec::new();
+        for line in lines(fixture!("pytorch.log")) {
+            let m = sigs.match_line(line).unwrap_or_else(|| panic!("{line}"));
+            assert_eq!(m.kind, LogFailure::ShmAllocationFailed, "{line}");
+            assert_eq!(m.gpus, None);
+            seen.push(m.signature);
+        }
+        for id in [
+            "torch-shm-fallocate",
+            "torch-shm-write",
+            "torch-worker-sigbus",
+            "torch-dataloader-sigbus",
+        ] {
+            assert!(seen.contains(&id), "{id}");
+        }
+    }
+
+    #[test]
+    fn nccl_shm_texts_are_shm_allocation_failures() {
+        let sigs = Signatures::new();
+        let mut seen = Vec::new();
+        for line in lines(fixture!("nccl-shm.log")) {
+            let m = sigs.match_line(line).unwrap_or_else(|| panic!("{line}"));
+            assert_eq!(m.kind, LogFailure::ShmAllocationFailed, "{line}");
+            seen.push(m.signature);
+        }
+        for id in [
+            "nccl-shm-create",
+            "nccl-shm-extend",
+            "nccl-posix-fallocate",
+            "nccl-shm-unable-allocate",
+        ] {
+            assert!(seen.contains(&id), "{id}");
+        }
+    }
+
+    #[test]
+    fn nccl_p2p_disabled_names_both_gpus_in_order() {
+        let sigs = Signatures::new();
+        let got: Vec<_> = lines(fixture!("nccl-p2p.log"))
+            .map(|l| sigs.match_line(l).and_then(|m| m.gpus))
+            .collect();
+        assert_eq!(
+            got,
+            [Some((1, 3)), Some((5, 4)), Some((1, 0)), Some((7, 6))]
+        );
+    }
+
+    #[test]
+    fn enospc_counts_only_when_the_line_names_dev_shm() {
+        let sigs = Signatures::new();
+        for line in lines(fixture!("enospc.log")) {
+            let m = sigs.match_line(line).unwrap_or_else(|| panic!("{line}"));
+            assert!(m.signature.starts_with("enospc-dev-shm"), "{line}");
+        }
+        assert_eq!(
+            kind("OSError: [Errno 28] No space left on device: '/data/checkpoints/step_1000.pt'"),
+            None
+        );
+    }
+
+    #[test]
+    fn lookalikes_match_nothing() {
+        let sigs = Signatures::new();
+        for line in lines(fixture!("lookalikes.log")) {
+            assert_eq!(sigs.match_line(line), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_specific_text_wins_over_the_generic_enospc_on_the_same_line() {
+        let m = Signatures::new()
+            .match_line(
+                "NCCL WARN Error: failed to extend /dev/shm/nccl-x to 9637892 bytes, error: \
+                 No space left on device (28)",
+            )
+            .unwrap();
+        assert_eq!(m.signature, "nccl-shm-extend");
+    }
+
+    #[test]
+    fn a_lookalike_needle_does_not_hide_a_real_one_later_on_the_line() {
+        // The P2P needle without GPUs first, then a real shm failure.
+        let m = Signatures::new()
+            .match_line(
+                "grep 'P2P is disabled between NVLINK connected GPUs' && echo 'Error while \
+                 creating shared memory segment /dev/shm/nccl-a (size 1)'",
+            )
+            .unwrap();
+        assert_eq!(m.signature, "nccl-shm-create");
+        // And the same P2P text twice: the second names the GPUs.
+        let m = Signatures::new()
+            .match_line(
+                "P2P is disabled between NVLINK connected GPUs: P2P is disabled between NVLINK \
+                 connected GPUs 2 and 6.",
+            )
+            .unwrap();
+        assert_eq!(m.gpus, Some((2, 6)));
+    }
+
+    #[test]
+    fn a_long_line_costs_its_length_not_its_needles_times_its_length() {
+        // 4.6 MB of ENOSPC about another path: each occurrence would rescan the line for
+        // /dev/shm were the answer not kept.
+        let line = "No space left on device: /data ".repeat(150_000);
+        assert_eq!(Signatures::new().match_line(&line), None);
+        let line = format!("{line} /dev/shm");
+        assert_eq!(
+            Signatures::new().match_line(&line).map(|m| m.signature),
+            Some("enospc-dev-shm")
+        );
+    }
+
+    #[test]
+    fn needles_are_plain_ascii_that_no_log_format_rewrites() {
+        // The tailer asks `is_candidate` of raw bytes: a Docker entry's JSON-escaped text
+        // (Go escapes `"`, `\`, `<`, `>`, `&` and control bytes) or a line before its lossy
+        // UTF-8 conversion. A needle of other printable ASCII reads the same in both.
+        for sig in SIGNATURES {
+            assert!(
+                sig.needle
+                    .bytes()
+                    .all(|b| (b' '..=b'~').contains(&b) && !b"\"\\<>&".contains(&b)),
+                "{}: {:?}",
+                sig.id,
+                sig.needle
+            );
+        }
+        let sigs = Signatures::new();
+        for sig in SIGNATURES {
+            assert!(sigs.is_candidate(sig.fixture.as_bytes()), "{}", sig.id);
+        }
+        assert!(!sigs.is_candidate(b"step 10 loss 0.1 \xff\xfe"));
+    }
+
+    #[test]
+    fn docker_json_logs_escape_the_angle_bracket() {
+        let line = r#"{"log":"RuntimeError: unable to write to file \u003c/torch_18692_1954506624\u003e: No space left on device (28)\n","stream":"stderr","time":"2024-05-01T10:00:00Z"}"#;
+        assert_eq!(kind(line), Some(LogFailure::ShmAllocationFailed));
+    }
+
+    #[test]
+    fn gpu_numbers_that_do_not_fit_are_no_match() {
+        assert_eq!(
+            kind("P2P is disabled between NVLINK connected GPUs 99999999999 and 1."),
+            None
+        );
+        assert_eq!(gpu_pair(" 0 and 7."), Some((0, 7)));
+        assert_eq!(gpu_pair(" 0 and x"), None);
+        assert_eq!(gpu_pair("0 and 7"), None);
+    }
+
+    #[test]
+    fn kinds_serialize_in_snake_case() {
+        assert_eq!(
+            serde_json::to_string(&LogFailure::ShmAllocationFailed).unwrap(),
+            "\"shm_allocation_failed\""
+        );
+        assert_eq!(
+            serde_json::to_string(&LogFailure::NcclP2pDisabled).unwrap(),
+            "\"nccl_p2p_disabled\""
+        );
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let sigs = Signatures::new();
+        let mut rng = crate::fixtures::rng::Rng::new(0x5eed);
+        let seeds: Vec<&str> = SIGNATURES.iter().map(|s| s.fixture).collect();
+        for _ in 0..20_000 {
+            let seed = rng.below(seeds.len());
+            let line = rng.mutate(seeds[seed].as_bytes());
+            let _ = sigs.match_line(&String::from_utf8_lossy(&line));
+        }
+        for seed in &seeds {
+            for cut in 0..=seed.len() {
+                if let Some(prefix) = seed.get(..cut) {
+                    let _ = sigs.match_line(prefix);
+                }
+            }
+        }
+    }
+}
