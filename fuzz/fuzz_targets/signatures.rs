@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 static SIGS: OnceLock<Signatures> = OnceLock::new();
+/// Made once (its automata are costly), cloned fresh for each input.
+static RECOGNISER: OnceLock<Recogniser> = OnceLock::new();
 
 fuzz_target!(|data: &[u8]| {
     let sigs = SIGS.get_or_init(Signatures::new);
@@ -20,7 +22,9 @@ fuzz_target!(|data: &[u8]| {
     if std::str::from_utf8(data).is_ok() && !sigs.is_candidate(data) {
         assert!(sigs.match_line(&text).is_none());
     }
-    let mut r = Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE);
+    let mut r = RECOGNISER
+        .get_or_init(|| Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE))
+        .clone();
     for (i, l) in text.lines().enumerate() {
         let line = LogLine {
             origin: LogOrigin::Docker { id: "a".repeat(64) },

@@ -41,13 +41,13 @@ const DECIDED: &[(&str, LogFailure)] = &[
 /// What a hint or a line a hint decides holds: the recogniser's filter looks for these.
 pub const NEEDLES: &[&str] = &["SemLock(", "[Errno "];
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Recent {
     hint: Option<(String, SystemTime)>,
     failure: Option<SystemTime>,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Window {
     recent: HashMap<LogOrigin, Recent>,
 }

@@ -41,7 +41,9 @@ impl Default for DeathRules {
     }
 }
 
-/// Lines and kernel records in, failures out.
+/// Lines and kernel records in, failures out. A clone starts with the same state (a fresh one
+/// made once is the cheap way to many: its automata are shared).
+#[derive(Clone)]
 pub struct Recogniser {
     pub(super) signatures: Signatures,
     proc_root: PathBuf,

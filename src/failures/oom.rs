@@ -44,7 +44,7 @@ pub struct OomKill {
 }
 
 /// The parts of a report read so far.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Partial {
     limit_bytes: Option<u64>,
     usage_bytes: Option<u64>,
@@ -58,7 +58,7 @@ struct Partial {
 
 /// The memory.stat keys kept; v1 prints the cgroup's own and its hierarchy's (`total_`), the
 /// hierarchy's is what the limit applies to.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Stats {
     shmem: Option<u64>,
     total_shmem: Option<u64>,
@@ -68,7 +68,7 @@ struct Stats {
 }
 
 /// Reads the records of the kernel log in order and gives an [`OomKill`] at each report's end.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct OomReports {
     partial: Option<Partial>,
 }
