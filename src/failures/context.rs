@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use super::signatures::LogFailure;
 use crate::logs::LogOrigin;
+use crate::model::FindingKind;
 
 /// How far back a line of the same container still decides.
 pub const WINDOW: Duration = Duration::from_secs(5);
@@ -26,15 +26,15 @@ const HINT_MAX: usize = 256;
 /// Lines that say nothing alone but decide the next ones.
 const HINTS: &[&str] = &["_multiprocessing.SemLock("];
 /// Generic lines a hint decides, and what they then are.
-const DECIDED: &[(&str, LogFailure)] = &[
+const DECIDED: &[(&str, FindingKind)] = &[
     (
         "[Errno 38] Function not implemented",
-        LogFailure::ShmUnavailable,
+        FindingKind::ShmUnavailable,
     ),
-    ("[Errno 13] Permission denied", LogFailure::ShmUnavailable),
+    ("[Errno 13] Permission denied", FindingKind::ShmUnavailable),
     (
         "[Errno 2] No such file or directory",
-        LogFailure::ShmUnavailable,
+        FindingKind::ShmUnavailable,
     ),
 ];
 
@@ -71,7 +71,7 @@ impl Window {
         origin: &LogOrigin,
         text: &str,
         at: SystemTime,
-    ) -> Option<(LogFailure, String)> {
+    ) -> Option<(FindingKind, String)> {
         if HINTS.iter().any(|h| text.contains(h)) {
             let mut hint = text.trim().to_string();
             if hint.len() > HINT_MAX {
@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(w.unmatched(&pod("a"), SEMLOCK, t(0)), None);
         assert_eq!(
             w.unmatched(&pod("a"), ENOSYS, t(1)),
-            Some((LogFailure::ShmUnavailable, SEMLOCK.trim().to_string()))
+            Some((FindingKind::ShmUnavailable, SEMLOCK.trim().to_string()))
         );
         // Used once: the same errno again says nothing.
         assert_eq!(w.unmatched(&pod("a"), ENOSYS, t(2)), None);

@@ -9,7 +9,7 @@ use super::attribute::{who_is_cgroup, who_is_pid};
 use super::context::{self, Window};
 use super::crash::{gpu_lib_crash, Crash};
 use super::oom::{OomKill, OomReports};
-use super::signatures::{LogFailure, Signatures};
+use super::signatures::Signatures;
 use super::worker;
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
@@ -112,7 +112,7 @@ impl Recogniser {
             let evidence = format!("{} (after: {hint})", line.text.trim());
             return Some(Detected::new(
                 who,
-                finding_kind(kind),
+                kind,
                 line.at,
                 FailureSource::Log,
                 &evidence,
@@ -121,13 +121,7 @@ impl Recogniser {
         if !self.window.matched(&line.origin, line.at, m.guessed) {
             return None;
         }
-        let mut d = Detected::new(
-            who,
-            finding_kind(m.kind),
-            line.at,
-            FailureSource::Log,
-            &line.text,
-        );
+        let mut d = Detected::new(who, m.kind, line.at, FailureSource::Log, &line.text);
         d.nccl_gpus = m.gpus;
         Some(d)
     }
@@ -184,21 +178,6 @@ fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime, share: f64) ->
     d.comm = Some(kill.comm);
     d.memory = Some(memory);
     d
-}
-
-/// The finding a log failure is.
-fn finding_kind(kind: LogFailure) -> FindingKind {
-    match kind {
-        LogFailure::ShmAllocationFailed => FindingKind::ShmAllocationFailed,
-        LogFailure::NcclP2pDisabled => FindingKind::NcclP2pDisabled,
-        LogFailure::ShmNotShared => FindingKind::ShmNotShared,
-        LogFailure::ShmUnavailable => FindingKind::ShmUnavailable,
-        LogFailure::FdLimitReached => FindingKind::FdLimitReached,
-        LogFailure::CudaIpcDenied => FindingKind::CudaIpcDenied,
-        LogFailure::ImexChannelMissing => FindingKind::ImexChannelMissing,
-        LogFailure::GpuPeerAccessRefused => FindingKind::GpuPeerAccessRefused,
-        LogFailure::ShmFallback => FindingKind::ShmFallback,
-    }
 }
 
 /// Pure: /dev/shm pages at or above `share` of the usage (the limit, where the report gave no

@@ -35,4 +35,4 @@ pub mod tell;
 pub mod watch;
 pub mod worker;
 
-pub use signatures::{LogFailure, LogMatch, Signature, Signatures, SIGNATURES};
+pub use signatures::{LogMatch, Signature, Signatures, SIGNATURES};

@@ -6,40 +6,16 @@
 
 use std::cell::OnceCell;
 
+use crate::model::FindingKind;
 use aho_corasick::AhoCorasick;
-use serde::Serialize;
-
-/// What a log line says killed (or is about to kill) the workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LogFailure {
-    /// A shared-memory segment (in /dev/shm) could not be allocated or grown.
-    ShmAllocationFailed,
-    /// NCCL refused to run because NVML says P2P is off between two NVLink-connected GPUs.
-    NcclP2pDisabled,
-    /// A segment another process made is not in this one's /dev/shm (not shared, or removed).
-    ShmNotShared,
-    /// No usable /dev/shm (missing, read-only, POSIX shared memory not implemented).
-    ShmUnavailable,
-    /// The file-descriptor limit, not /dev/shm (PyTorch's file_descriptor strategy).
-    FdLimitReached,
-    /// pidfd_getfd refused: CUDA IPC without ptrace permission.
-    CudaIpcDenied,
-    /// No IMEX channel for multi-node NVLink.
-    ImexChannelMissing,
-    /// CUDA refused peer access between two GPUs.
-    GpuPeerAccessRefused,
-    /// Less /dev/shm than wanted; the workload goes on, slower.
-    ShmFallback,
-}
 
 /// A line that matched a signature.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogMatch {
-    pub kind: LogFailure,
+    pub kind: FindingKind,
     /// The matching row's [`Signature::id`].
     pub signature: &'static str,
-    /// For [`LogFailure::NcclP2pDisabled`]: the two GPUs NCCL names, as NVML indices in the
+    /// For [`FindingKind::NcclP2pDisabled`]: the two GPUs NCCL names, as NVML indices in the
     /// workload's own view (`nvmlDeviceGetIndex` inside its container, which sees only its
     /// GPUs), in the order NCCL printed them.
     pub gpus: Option<(u32, u32)>,
@@ -52,7 +28,7 @@ pub struct LogMatch {
 pub struct Signature {
     /// Stable name, reported in [`LogMatch::signature`].
     pub id: &'static str,
-    pub kind: LogFailure,
+    pub kind: FindingKind,
     /// The literal the automaton looks for; case-sensitive, as the program prints it.
     pub needle: &'static str,
     /// A line as the program prints it (the tests match every one).
@@ -158,7 +134,7 @@ fn verify(
     line: &str,
     end: usize,
     names_shm: &OnceCell<bool>,
-) -> Option<(LogFailure, Option<(u32, u32)>)> {
+) -> Option<(FindingKind, Option<(u32, u32)>)> {
     let rest = line.get(end..)?;
     let on_shm = || *names_shm.get_or_init(|| line.contains("/dev/shm"));
     let kind = match sig.id {
@@ -172,10 +148,10 @@ fn verify(
         }
         // Only the errnos that say which; an old line without one says nothing sure.
         TORCH_OPEN_SHM => match errno(rest)? {
-            Errno::NoFiles => Some(LogFailure::FdLimitReached),
-            Errno::NoEntry => Some(LogFailure::ShmNotShared),
-            Errno::NoSpace => Some(LogFailure::ShmAllocationFailed),
-            Errno::Denied | Errno::ReadOnly => Some(LogFailure::ShmUnavailable),
+            Errno::NoFiles => Some(FindingKind::FdLimitReached),
+            Errno::NoEntry => Some(FindingKind::ShmNotShared),
+            Errno::NoSpace => Some(FindingKind::ShmAllocationFailed),
+            Errno::Denied | Errno::ReadOnly => Some(FindingKind::ShmUnavailable),
         },
         TORCH_UNLINK => match errno(rest) {
             None | Some(Errno::NoEntry) => Some(sig.kind),
@@ -186,11 +162,11 @@ fn verify(
                 return None;
             }
             match errno(rest) {
-                Some(Errno::NoSpace) => Some(LogFailure::ShmAllocationFailed),
+                Some(Errno::NoSpace) => Some(FindingKind::ShmAllocationFailed),
                 Some(Errno::Denied | Errno::ReadOnly | Errno::NoEntry) => {
-                    Some(LogFailure::ShmUnavailable)
+                    Some(FindingKind::ShmUnavailable)
                 }
-                Some(Errno::NoFiles) => Some(LogFailure::FdLimitReached),
+                Some(Errno::NoFiles) => Some(FindingKind::FdLimitReached),
                 // NCCL's create line before 2.22 names no errno: a full /dev/shm is its usual
                 // cause (the lines before it say which call failed).
                 None if sig.id == NCCL_SHM_CREATE => Some(sig.kind),
@@ -284,7 +260,7 @@ mod tests {
             .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
     }
 
-    fn kind(line: &str) -> Option<LogFailure> {
+    fn kind(line: &str) -> Option<FindingKind> {
         Signatures::new().match_line(line).map(|m| m.kind)
     }
 
@@ -332,7 +308,7 @@ mod tests {
         let mut seen = Vec::new();
         for line in lines(fixture!("pytorch.log")) {
             let m = sigs.match_line(line).unwrap_or_else(|| panic!("{line}"));
-            assert_eq!(m.kind, LogFailure::ShmAllocationFailed, "{line}");
+            assert_eq!(m.kind, FindingKind::ShmAllocationFailed, "{line}");
             assert_eq!(m.gpus, None);
             seen.push(m.signature);
         }
@@ -352,7 +328,7 @@ mod tests {
         let mut seen = Vec::new();
         for line in lines(fixture!("nccl-shm.log")) {
             let m = sigs.match_line(line).unwrap_or_else(|| panic!("{line}"));
-            assert_eq!(m.kind, LogFailure::ShmAllocationFailed, "{line}");
+            assert_eq!(m.kind, FindingKind::ShmAllocationFailed, "{line}");
             seen.push(m.signature);
         }
         for id in [
@@ -467,7 +443,7 @@ mod tests {
     #[test]
     fn docker_json_logs_escape_the_angle_bracket() {
         let line = r#"{"log":"RuntimeError: unable to write to file \u003c/torch_18692_1954506624\u003e: No space left on device (28)\n","stream":"stderr","time":"2024-05-01T10:00:00Z"}"#;
-        assert_eq!(kind(line), Some(LogFailure::ShmAllocationFailed));
+        assert_eq!(kind(line), Some(FindingKind::ShmAllocationFailed));
     }
 
     #[test]
@@ -484,11 +460,11 @@ mod tests {
     #[test]
     fn kinds_serialize_in_snake_case() {
         assert_eq!(
-            serde_json::to_string(&LogFailure::ShmAllocationFailed).unwrap(),
+            serde_json::to_string(&FindingKind::ShmAllocationFailed).unwrap(),
             "\"shm_allocation_failed\""
         );
         assert_eq!(
-            serde_json::to_string(&LogFailure::NcclP2pDisabled).unwrap(),
+            serde_json::to_string(&FindingKind::NcclP2pDisabled).unwrap(),
             "\"nccl_p2p_disabled\""
         );
     }

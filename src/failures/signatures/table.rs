@@ -2,7 +2,8 @@
 //! (its source file, or the report it was read in). The order is the priority when one line
 //! matches several rows: specific texts first, the generic ENOSPC last.
 
-use super::{LogFailure, Signature};
+use super::Signature;
+use crate::model::FindingKind;
 
 // Ids of rows that need more than their needle (see `verify`).
 pub(super) const TORCH_SHM_WRITE: &str = "torch-shm-write";
@@ -31,7 +32,7 @@ pub(super) const SEMAPHORE_TRACKER: &str = "python-semaphore-tracker-enosys";
 pub const SIGNATURES: &[Signature] = &[
     Signature {
         id: "torch-shm-fallocate",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "unable to allocate shared memory(shm) for file",
         fixture: "RuntimeError: unable to allocate shared memory(shm) for file \
                   </torch_13_2001593316_0>: No space left on device (28)",
@@ -40,7 +41,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: TORCH_SHM_WRITE,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "unable to write to file ",
         fixture: "RuntimeError: unable to write to file </torch_18692_1954506624>: \
                   No space left on device (28)",
@@ -49,7 +50,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "torch-worker-sigbus",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Unexpected bus error encountered in worker",
         fixture: "ERROR: Unexpected bus error encountered in worker. This might be caused by \
                   insufficient shared memory (shm).",
@@ -57,7 +58,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "torch-dataloader-sigbus",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "dataloader's workers are out of shared memory",
         fixture: "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. \
                   It is possible that dataloader's workers are out of shared memory. Please try \
@@ -67,7 +68,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "torch-dataloader-sigbus-old",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "is killed by signal: Bus error",
         fixture: "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.",
         source: "PyTorch 1.0-1.2 torch/csrc/DataLoader.cpp: the same, before the hint about \
@@ -75,7 +76,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: NCCL_SHM_CREATE,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Error while creating shared memory segment",
         fixture: "3d3e22c3066f:168:168 [0] misc/shmutils.cc:113 NCCL WARN Error while creating \
                   shared memory segment /dev/shm/nccl-Y7jXhK (size 9637888)",
@@ -85,7 +86,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: NCCL_SHM_ATTACH,
-        kind: LogFailure::ShmNotShared,
+        kind: FindingKind::ShmNotShared,
         needle: "Error while attaching to shared memory segment",
         fixture: "node-1:2211:2268 [1] misc/shmutils.cc:155 NCCL WARN Error while attaching to \
                   shared memory segment /dev/shm/nccl-hFp3Ea (size 9637888), error: No such file \
@@ -97,7 +98,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: NCCL_SHM_OPEN,
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "Call to shm_open failed",
         fixture: "b6b4ab0e7b5d:31:71 [0] include/shm.h:19 NCCL WARN Call to shm_open failed : \
                   Permission denied",
@@ -106,7 +107,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: NCCL_SHM_FILE,
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "failed to create shared memory file",
         fixture: "gpu-3:12:40 [0] misc/shmutils.cc:89 NCCL WARN Error: failed to create shared \
                   memory file 0x7f3a2c0b9e10, error Read-only file system (30)",
@@ -115,7 +116,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: NCCL_SHM_UNLINK,
-        kind: LogFailure::ShmNotShared,
+        kind: FindingKind::ShmNotShared,
         needle: "NCCL WARN unlink shared memory ",
         fixture: "node-000:8639:8745 [0] misc/shmutils.cc:54 NCCL WARN unlink shared memory \
                   /dev/shm/nccl-d5rTd0 failed, error: No such file or directory",
@@ -124,7 +125,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-shm-extend",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "failed to extend /dev/shm/",
         fixture: "3d3e22c3066f:168:168 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend \
                   /dev/shm/nccl-Y7jXhK to 9637892 bytes",
@@ -132,7 +133,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-posix-fallocate",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Call to posix_fallocate failed",
         fixture: "4e9a7654171e:8639:8745 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate \
                   failed : No space left on device",
@@ -141,7 +142,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-shm-unable-allocate",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Unable to allocate shared memory (",
         fixture: "4e9a7654171e:8639:8745 [0] include/shm.h:26 NCCL WARN Unable to allocate shared \
                   memory (4263936 bytes) : No space left on device",
@@ -149,7 +150,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: TORCH_OPEN_SHM,
-        kind: LogFailure::FdLimitReached,
+        kind: FindingKind::FdLimitReached,
         needle: "unable to open shared memory object ",
         fixture: "RuntimeError: unable to open shared memory object </torch_2186_1497540467_57> \
                   in read-write mode: Too many open files (24)",
@@ -159,7 +160,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "torch-fd-limit",
-        kind: LogFailure::FdLimitReached,
+        kind: FindingKind::FdLimitReached,
         needle: "Too many open files. Communication with the workers is no longer possible",
         fixture: "RuntimeError: Too many open files. Communication with the workers is no longer \
                   possible. Please increase the limit using `ulimit -n` in the shell or change \
@@ -171,7 +172,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "python-ancdata",
-        kind: LogFailure::FdLimitReached,
+        kind: FindingKind::FdLimitReached,
         needle: "received 0 items of ancdata",
         fixture: "RuntimeError: received 0 items of ancdata",
         source: "CPython Lib/multiprocessing/reduction.py recvfds: the descriptor sent over \
@@ -180,7 +181,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: TORCH_UNLINK,
-        kind: LogFailure::ShmNotShared,
+        kind: FindingKind::ShmNotShared,
         needle: "could not unlink the shared memory file",
         fixture: "RuntimeError: could not unlink the shared memory file /torch_10386_3413375536 \
                   : No such file or directory (2)",
@@ -190,7 +191,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "torch-pidfd-getfd",
-        kind: LogFailure::CudaIpcDenied,
+        kind: FindingKind::CudaIpcDenied,
         needle: "pidfd_getfd: Operation not permitted",
         fixture: "RuntimeError: pidfd_getfd: Operation not permitted",
         source: "PyTorch c10/cuda/CUDACachingAllocator.cpp ExpandableSegment::fromShared: a CUDA \
@@ -199,7 +200,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "torch-pidfd-open",
-        kind: LogFailure::CudaIpcDenied,
+        kind: FindingKind::CudaIpcDenied,
         needle: "pidfd_open:Operation not permitted",
         fixture: "RuntimeError: pidfd_open:Operation not permitted",
         source: "PyTorch c10/cuda/CUDACachingAllocator.cpp ExpandableSegment::fromShared: \
@@ -207,7 +208,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "python-sem-open",
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "lacks a functioning sem_open implementation",
         fixture: "ImportError: This platform lacks a functioning sem_open implementation, \
                   therefore, the required synchronization primitives needed will not function, \
@@ -217,7 +218,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: SEMAPHORE_TRACKER,
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "semaphore_tracker: ",
         fixture: "loky/backend/semaphore_tracker.py:174: UserWarning: semaphore_tracker: \
                   '/loky-1-Au1xgY': [Errno 38] ENOSYS",
@@ -226,7 +227,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "python-psm-attach",
-        kind: LogFailure::ShmNotShared,
+        kind: FindingKind::ShmNotShared,
         needle: "No such file or directory: '/psm_",
         fixture: "FileNotFoundError: [Errno 2] No such file or directory: '/psm_9a1f0c2e'",
         source: "CPython Lib/multiprocessing/shared_memory.py SharedMemory(name=...): the block \
@@ -234,7 +235,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "vllm-shm-space",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Insufficient space in /dev/shm:",
         fixture: "RuntimeError: Insufficient space in /dev/shm: 240 MiB required, 64 MiB free.",
         source: "vLLM vllm/distributed/device_communicators/shm_broadcast.py \
@@ -242,7 +243,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "ray-object-store-size",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "exceeds /dev/shm size",
         fixture: "ValueError: The configured object store size (64.0 GB) exceeds /dev/shm size \
                   (33.67 GB). This will harm performance. Consider deleting files in /dev/shm or \
@@ -253,7 +254,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "ray-object-store-capacity",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "exceeds the capacity of /dev/shm",
         fixture: "ValueError: The configured object store size exceeds the capacity of /dev/shm. \
                   This will harm performance. To proceed regardless of this warning, you can set \
@@ -262,7 +263,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "ray-object-store-tmp",
-        kind: LogFailure::ShmFallback,
+        kind: FindingKind::ShmFallback,
         needle: "instead of /dev/shm because /dev/shm has only",
         fixture: "WARNING services.py:1826 -- WARNING: The object store is using /tmp instead of \
                   /dev/shm because /dev/shm has only 67108864 bytes available. This will harm \
@@ -272,7 +273,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: RAYLET_SHM_CAP,
-        kind: LogFailure::ShmFallback,
+        kind: FindingKind::ShmFallback,
         needle: "System memory request exceeds memory available in",
         fixture: "[2026-01-12 10:01:02,345 W 811 811] (raylet) store_runner.cc:83: System memory \
                   request exceeds memory available in /dev/shm. The request is for 2000000000 \
@@ -282,7 +283,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "ray-shm-free-up",
-        kind: LogFailure::ShmFallback,
+        kind: FindingKind::ShmFallback,
         needle: "You may be able to free up space by deleting files in /dev/shm",
         fixture: "You may be able to free up space by deleting files in /dev/shm. If you are \
                   inside a Docker container, you may need to pass an argument with the flag \
@@ -293,7 +294,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: TRITON_SHM_INIT,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Unable to initialize shared memory key '",
         fixture: "UNAVAILABLE: Internal: Unable to initialize shared memory key \
                   'triton_python_backend_shm_region_1' to requested size (67108864 bytes). If \
@@ -305,7 +306,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: TRITON_SHM_GROW,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "Failed to increase the shared memory pool size",
         fixture: "Failed to increase the shared memory pool size for key \
                   'triton_python_backend_shm_region_2' to 134217728 bytes. If you are running \
@@ -315,7 +316,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "triton-shm-run-out",
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "because it run out of shared memory",
         fixture: "Failed to initialize the model instance add_sub_0 because it run out of shared \
                   memory. Increase the shared memory size to fix this error.",
@@ -323,7 +324,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "triton-shm-region-open",
-        kind: LogFailure::ShmNotShared,
+        kind: FindingKind::ShmNotShared,
         needle: "Unable to open shared memory region: '",
         fixture: "tritonclient.utils.InferenceServerException: [StatusCode.INTERNAL] Unable to \
                   open shared memory region: '/input_simple'",
@@ -332,7 +333,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: POSTGRES_DSM_RESIZE,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "could not resize shared memory segment",
         fixture: "ERROR:  could not resize shared memory segment \"/PostgreSQL.1136341590\" to \
                   3158016 bytes: No space left on device",
@@ -341,7 +342,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: POSTGRES_DSM_OPEN,
-        kind: LogFailure::ShmNotShared,
+        kind: FindingKind::ShmNotShared,
         needle: "could not open shared memory segment",
         fixture: "FATAL:  could not open shared memory segment \"/PostgreSQL.241200488\": No such \
                   file or directory",
@@ -350,7 +351,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "chromium-discardable",
-        kind: LogFailure::ShmFallback,
+        kind: FindingKind::ShmFallback,
         needle: "Less than 64MB of free space in temporary directory for shared memory files",
         fixture: "[1:1:0311/101502.123:WARNING:discardable_shared_memory_manager.cc(197)] Less \
                   than 64MB of free space in temporary directory for shared memory files: 60",
@@ -359,7 +360,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: CHROMIUM_SHM_CREATE,
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "Creating shared memory in ",
         fixture: "[7:7:0131/235140.910186:ERROR:platform_shared_memory_region_posix.cc(217)] \
                   Creating shared memory in /dev/shm/.org.chromium.Chromium.x7kIrq failed: No \
@@ -369,7 +370,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "chromium-shm-access",
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "Unable to access(W_OK|X_OK) /dev/shm",
         fixture: "[7:7:0131/235140.910202:ERROR:platform_shared_memory_region_posix.cc(222)] \
                   Unable to access(W_OK|X_OK) /dev/shm: Permission denied (13)",
@@ -377,7 +378,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-peer-with-device",
-        kind: LogFailure::GpuPeerAccessRefused,
+        kind: FindingKind::GpuPeerAccessRefused,
         needle: "failed to peer with device",
         fixture: "node-2:3127:3180 [1] transport/p2p.cc:118 NCCL WARN failed to peer with device \
                   0(=3000): 217 peer access is not supported between these two devices",
@@ -385,7 +386,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-peer-access",
-        kind: LogFailure::GpuPeerAccessRefused,
+        kind: FindingKind::GpuPeerAccessRefused,
         needle: "peer access is not supported between these two devices",
         fixture: "node-2:3127:3180 [0] transport/p2p.cc:273 NCCL WARN failed to open CUDA IPC \
                   handle : 217 peer access is not supported between these two devices",
@@ -394,7 +395,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-mnnvl-imex",
-        kind: LogFailure::ImexChannelMissing,
+        kind: FindingKind::ImexChannelMissing,
         needle: "Check the IMEX",
         fixture: "gb200-07:4021:4102 [0] mnnvl.cc:90 NCCL WARN MNNVL (cliqueSize 72) is \
                   available but not working on this system. Check the IMEX channel \
@@ -405,7 +406,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: "nccl-mnnvl-unsupported",
-        kind: LogFailure::ImexChannelMissing,
+        kind: FindingKind::ImexChannelMissing,
         needle: "MNNVL is not supported on this system",
         fixture: "gb200-07:4021:4102 [0] init.cc:1115 NCCL WARN MNNVL is not supported on this \
                   system",
@@ -413,7 +414,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: NCCL_P2P_DISABLED,
-        kind: LogFailure::NcclP2pDisabled,
+        kind: FindingKind::NcclP2pDisabled,
         needle: "P2P is disabled between NVLINK connected GPUs",
         fixture: "node-000:8639:8745 [1] graph/paths.cc:314 NCCL WARN P2P is disabled between \
                   NVLINK connected GPUs 1 and 3. This should not be the case given their \
@@ -425,7 +426,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: ENOSPC_DEV_SHM,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "No space left on device",
         fixture: "OSError: [Errno 28] No space left on device: '/dev/shm/psm_4a1b2c3d'",
         source: "strerror(ENOSPC) (glibc, Python's OSError) on a line that names /dev/shm; \
@@ -433,14 +434,14 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: EROFS_DEV_SHM,
-        kind: LogFailure::ShmUnavailable,
+        kind: FindingKind::ShmUnavailable,
         needle: "Read-only file system",
         fixture: "OSError: [Errno 30] Read-only file system: '/dev/shm/sem.mp-8fd2a1'",
         source: "strerror(EROFS) on a line that names /dev/shm: it cannot be written",
     },
     Signature {
         id: ENOSPC_CODE_DEV_SHM,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "failed with error code 28",
         fixture: "[PARENT ERROR] write to file /dev/shm/libfuzzer_core_17 failed with error code \
                   28",
@@ -448,7 +449,7 @@ pub const SIGNATURES: &[Signature] = &[
     },
     Signature {
         id: ENOSPC_DEV_SHM_GO,
-        kind: LogFailure::ShmAllocationFailed,
+        kind: FindingKind::ShmAllocationFailed,
         needle: "no space left on device",
         fixture: "Error: write /dev/shm/cache/shard-0007: no space left on device",
         source: "Go's text for ENOSPC (syscall.Errno), lower-case, on a line that names /dev/shm",
