@@ -105,13 +105,21 @@ pub struct ShmScanner {
     path: Vec<u8>,
     /// getdents64's buffer.
     dirents: Vec<MaybeUninit<u8>>,
-    /// When each measured process started, by PID with its container (read once: it does not
-    /// change; a PID reused by another container is read again).
-    starts: HashMap<i32, (String, Option<SystemTime>)>,
+    /// Each measured process, by PID: its container, when it started, and what its /dev/shm
+    /// held from before (both read once: neither changes; a PID reused by another container is
+    /// read again).
+    starts: HashMap<i32, Started>,
 }
 
-/// Start times remembered at most (then forgotten all at once and read again).
+/// Processes remembered at most (then forgotten all at once and read again).
 const STARTS: usize = 16_384;
+
+struct Started {
+    container_id: String,
+    at: Option<SystemTime>,
+    /// Listed once, while young: None until then.
+    inherited: Option<Option<Leftovers>>,
+}
 
 impl ShmScanner {
     pub fn new(host: &HostPaths) -> Result<Self, HostError> {
@@ -360,30 +368,44 @@ impl ShmScanner {
             (Err(e), _) if is_vanished(&e) => return None,
             _ => false,
         };
-        // A young container's /dev/shm is looked through for what was there before it (not the
-        // host's: every process of the host writes there).
-        let young = if host_ipc {
-            None
-        } else {
-            if self.starts.len() >= STARTS {
-                self.starts.clear();
-            }
-            let start = match self.starts.get(&pid) {
-                Some((id, start)) if *id == container_id => *start,
-                _ => {
-                    let start = leftovers::started(&self.proc_root, pid);
-                    self.starts.insert(pid, (container_id.clone(), start));
-                    start
-                }
+        // A young container's /dev/shm is looked through once for what was there before it
+        // (not the host's: every process of the host writes there).
+        if self.starts.len() >= STARTS {
+            self.starts.clear();
+        }
+        if self
+            .starts
+            .get(&pid)
+            .is_none_or(|s| s.container_id != container_id)
+        {
+            let at = leftovers::started(&self.proc_root, pid);
+            let started = Started {
+                container_id: container_id.clone(),
+                at,
+                inherited: None,
             };
-            start.filter(|start| {
-                SystemTime::now()
-                    .duration_since(*start)
+            self.starts.insert(pid, started);
+        }
+        let young = self.starts.get(&pid).and_then(|s| s.at).filter(|at| {
+            !host_ipc
+                && SystemTime::now()
+                    .duration_since(*at)
                     .is_ok_and(|age| age <= leftovers::YOUNG)
-            })
-        };
+        });
+        let listed = self.starts.get(&pid).and_then(|s| s.inherited.clone());
         let mut inherited = None;
-        let shm = self.stat_shm(pid, mnt, rel, &container_id, young, &mut inherited, out)?;
+        let to_list = young.filter(|_| listed.is_none());
+        let shm = self.stat_shm(pid, mnt, rel, &container_id, to_list, &mut inherited, out)?;
+        let inherited = match listed {
+            Some(before) => before,
+            None => {
+                if let (Some(s), Some(_)) = (self.starts.get_mut(&pid), to_list) {
+                    s.inherited = Some(inherited.clone());
+                }
+                inherited
+            }
+        }
+        .filter(|_| young.is_some());
         let memory = match self.memcg.read_at(rel, Some(dirs)) {
             Ok(memory) => memory,
             Err(MemcgError::Gone(_)) => return None,
