@@ -93,13 +93,6 @@ os.ftruncate(fd, 0)
 m[4096] = 1
 "#;
 
-/// `serve` with Kubernetes on against the fake API server, on NODE, GPUs off, and `extra`.
-fn kube_agent(kubeconfig: &Path, extra: &[&str]) -> Agent {
-    let mut args = vec!["--kube", "on", "--node-name", NODE, "--no-gpu"];
-    args.extend_from_slice(extra);
-    Agent::start(&args, &[("KUBECONFIG", kubeconfig.as_os_str())])
-}
-
 /// kubelet's record of a container that died with `exit_code` (`reason`), restarted as `new_id`.
 fn record_death(
     api: &FakeApi,
@@ -166,7 +159,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     api.apply_pod(map_pod.clone());
     api.apply_pod(pod(NODE, "ml", "idle-0", &idle_uid, &[("idle", &idle_id)]));
     let kubeconfig = api.kubeconfig_path();
-    let agent = kube_agent(&kubeconfig, &[]);
+    let agent = Agent::start_kube(&kubeconfig, NODE, &[]);
     agent.wait_ready();
 
     let fill = python_container(&fill_uid, &fill_id, SHM_BLOCK);
@@ -310,8 +303,9 @@ fn oom_scenario(kernel_log: bool) {
     let loader_pod = pod(NODE, "ml", "loader-0", &uid, &[("loader", &id)]);
     api.apply_pod(loader_pod.clone());
     let kubeconfig = api.kubeconfig_path();
-    let agent = kube_agent(
+    let agent = Agent::start_kube(
         &kubeconfig,
+        NODE,
         &["--kmsg", if kernel_log { "/dev/kmsg" } else { "off" }],
     );
     agent.wait_ready();
@@ -420,8 +414,9 @@ fn worker_scenario(kernel_log: bool) {
     std::fs::create_dir_all(&dir).unwrap();
     let root = logs.path().to_str().unwrap();
     let kubeconfig = api.kubeconfig_path();
-    let agent = kube_agent(
+    let agent = Agent::start_kube(
         &kubeconfig,
+        NODE,
         &[
             "--kmsg",
             if kernel_log { "/dev/kmsg" } else { "off" },

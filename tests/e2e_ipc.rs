@@ -85,17 +85,10 @@ fn a_segment_in_another_containers_dev_shm_is_told_as_not_shared() {
     let dir = logs.path().join(format!("ml_infer-0_{uid}/client"));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--pod-log-root",
-            logs.path().to_str().unwrap(),
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    let agent = Agent::start_kube(
+        &kubeconfig,
+        NODE,
+        &["--pod-log-root", logs.path().to_str().unwrap()],
     );
     agent.wait_ready();
 

@@ -58,6 +58,15 @@ impl Agent {
         Agent::start_under(&[], extra, env)
     }
 
+    /// `serve` with Kubernetes on against the fake API server's `kubeconfig`, as `node`, GPUs
+    /// off, and `extra`.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn start_kube(kubeconfig: &std::path::Path, node: &str, extra: &[&str]) -> Agent {
+        let mut args = vec!["--kube", "on", "--node-name", node, "--no-gpu"];
+        args.extend_from_slice(extra);
+        Agent::start(&args, &[("KUBECONFIG", kubeconfig.as_os_str())])
+    }
+
     /// `start`, with the binary run by `wrapper` (e.g. `setpriv ... --`), which must exec it.
     pub fn start_under(wrapper: &[&str], extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
         let addr = super::free_local_addr();
