@@ -68,6 +68,19 @@ impl Told {
         }
     }
 
+    /// Whether PyTorch's `word` tells this death: an OOM kill another source told, of the same
+    /// container, about the same time, and of a worker the word names where the killed
+    /// process's PID in the container is known.
+    fn is_told_by(&self, word: &Failure) -> bool {
+        self.death == Death::Oom
+            && self.source != FailureSource::Log
+            && self.same_container(word)
+            && near(self.at, parse_rfc3339(&word.at))
+            && self
+                .pid_in_container
+                .is_none_or(|pid| word.worker_pids.contains(&pid))
+    }
+
     /// The same container: by ID where both name it (a restarted container has a new one), else
     /// by Pod UID and container name.
     fn same_container(&self, f: &Failure) -> bool {
@@ -135,13 +148,7 @@ impl SameDeath {
             }
             // The kill was told before (in `serve`, its Event is out), or told with an earlier
             // word: the same death.
-            let told_before = told.iter().any(|t| {
-                t.death == Death::Oom
-                    && t.source != FailureSource::Log
-                    && t.same_container(word)
-                    && near(t.at, at)
-                    && of_worker(t.pid_in_container, word)
-            });
+            let told_before = told.iter().any(|t| t.is_told_by(word));
             // Waits a window for its kill, by the line's own time.
             let fresh = at.is_some_and(|at| now.duration_since(at).unwrap_or_default() <= WINDOW);
             !told_before && fresh
@@ -153,19 +160,9 @@ impl SameDeath {
     }
 }
 
-/// Whether PyTorch's `word` tells the OOM kill `kill`: the same container, about the same time,
-/// and the worker the kernel killed where its PID in the container is known.
+/// Whether PyTorch's `word` tells the OOM kill `kill` (see [`Told::is_told_by`]).
 fn tells(word: &Failure, kill: &Failure) -> bool {
-    death(kill) == Some(Death::Oom)
-        && kill.source != FailureSource::Log
-        && Told::of(kill, Death::Oom).same_container(word)
-        && near(parse_rfc3339(&kill.at), parse_rfc3339(&word.at))
-        && of_worker(kill.pid_in_container, word)
-}
-
-/// The kill's process is one of the workers the word names, where its PID is known.
-fn of_worker(pid_in_container: Option<i32>, word: &Failure) -> bool {
-    pid_in_container.is_none_or(|pid| word.worker_pids.contains(&pid))
+    death(kill) == Some(Death::Oom) && Told::of(kill, Death::Oom).is_told_by(word)
 }
 
 fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {

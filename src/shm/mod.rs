@@ -370,42 +370,24 @@ impl ShmScanner {
         };
         // A young container's /dev/shm is looked through once for what was there before it
         // (not the host's: every process of the host writes there).
-        if self.starts.len() >= STARTS {
-            self.starts.clear();
-        }
-        if self
-            .starts
-            .get(&pid)
-            .is_none_or(|s| s.container_id != container_id)
-        {
-            let at = leftovers::started(&self.proc_root, pid);
-            let started = Started {
-                container_id: container_id.clone(),
-                at,
-                inherited: None,
-            };
-            self.starts.insert(pid, started);
-        }
-        let young = self.starts.get(&pid).and_then(|s| s.at).filter(|at| {
-            !host_ipc
-                && SystemTime::now()
-                    .duration_since(*at)
-                    .is_ok_and(|age| age <= leftovers::YOUNG)
-        });
-        let listed = self.starts.get(&pid).and_then(|s| s.inherited.clone());
-        let mut inherited = None;
+        let (young, listed) = if host_ipc {
+            (None, None)
+        } else {
+            self.youth(pid, &container_id)
+        };
         let to_list = young.filter(|_| listed.is_none());
+        let mut inherited = None;
         let shm = self.stat_shm(pid, mnt, rel, &container_id, to_list, &mut inherited, out)?;
         let inherited = match listed {
             Some(before) => before,
-            None => {
-                if let (Some(s), Some(_)) = (self.starts.get_mut(&pid), to_list) {
+            None if to_list.is_some() => {
+                if let Some(s) = self.starts.get_mut(&pid) {
                     s.inherited = Some(inherited.clone());
                 }
                 inherited
             }
-        }
-        .filter(|_| young.is_some());
+            None => None,
+        };
         let memory = match self.memcg.read_at(rel, Some(dirs)) {
             Ok(memory) => memory,
             Err(MemcgError::Gone(_)) => return None,
@@ -420,6 +402,42 @@ impl ShmScanner {
         let mut reading = build_reading(identity, container_id, pid, rel, host_ipc, shm, memory);
         reading.leftovers = inherited;
         Some(reading)
+    }
+
+    /// When process `pid` of `container_id` started, if at most [`leftovers::YOUNG`] ago, and
+    /// what its /dev/shm held from before if it was listed already. The start is read once.
+    fn youth(
+        &mut self,
+        pid: i32,
+        container_id: &str,
+    ) -> (Option<SystemTime>, Option<Option<Leftovers>>) {
+        if self.starts.len() >= STARTS {
+            self.starts.clear();
+        }
+        if self
+            .starts
+            .get(&pid)
+            .is_none_or(|s| s.container_id != container_id)
+        {
+            let started = Started {
+                container_id: container_id.to_string(),
+                at: leftovers::started(&self.proc_root, pid),
+                inherited: None,
+            };
+            self.starts.insert(pid, started);
+        }
+        let Some(s) = self.starts.get(&pid) else {
+            return (None, None);
+        };
+        let young = s.at.filter(|at| {
+            SystemTime::now()
+                .duration_since(*at)
+                .is_ok_and(|age| age <= leftovers::YOUNG)
+        });
+        match young {
+            Some(at) => (Some(at), s.inherited.clone()),
+            None => (None, None),
+        }
     }
 
     /// statvfs of /dev/shm with the mount's details; `None` when the process is gone. For a
