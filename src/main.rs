@@ -230,7 +230,7 @@ fn add_failures(
         rules,
     };
     let failures =
-        SameDeath::default().keep_new(found.iter().map(|d| correlate(d, known)).collect());
+        SameDeath::default().keep_new(found.iter().filter_map(|d| correlate(d, known)).collect());
     snapshot.findings.extend(failures.iter().map(finding));
     snapshot
         .findings

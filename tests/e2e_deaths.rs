@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
@@ -53,10 +53,21 @@ fn python_available() -> bool {
 /// A container that runs `script` with the host's Python (its /usr and libraries bound
 /// read-only into the busybox root).
 fn python_container(pod_uid: &str, id: &str, script: &str) -> Container {
+    with_python(
+        pod_uid,
+        id,
+        vec![PYTHON.into(), "-c".into(), script.into()],
+        None,
+    )
+}
+
+/// A container with the host's Python in reach, running `args`, its output in `cri_log`.
+fn with_python(pod_uid: &str, id: &str, args: Vec<String>, cri_log: Option<PathBuf>) -> Container {
     Container::start(ContainerSpec {
         pod_uid: Some(pod_uid.to_string()),
         id: Some(id.to_string()),
-        args: vec![PYTHON.into(), "-c".into(), script.into()],
+        args,
+        cri_log,
         memory_limit: Some((512 * MIB) as i64),
         extra_mounts: vec![
             ro_bind("/usr", "/usr"),
@@ -284,6 +295,123 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
         mapper[0]
     );
     assert_eq!(out.status.code(), Some(1), "failures are findings");
+}
+
+/// A shell's word of its child's SIGBUS (`Bus error`, all busybox sh prints) names no cause:
+/// told as /dev/shm's only for the container whose /dev/shm was full, and not at all for the
+/// one whose mapped file was truncated. The Pods' status is left alone: the line alone tells it.
+#[test]
+fn a_shells_bus_error_is_told_only_where_dev_shm_was_full() {
+    if !common::e2e_available() || !python_available() {
+        return;
+    }
+    let api = FakeApi::start();
+    let (fill_uid, fill_id) = (common::random_pod_uid(), common::random_container_id());
+    let (map_uid, map_id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(
+        NODE,
+        "ml",
+        "shfill-0",
+        &fill_uid,
+        &[("fill", &fill_id)],
+    ));
+    api.apply_pod(pod(NODE, "ml", "shmap-0", &map_uid, &[("mapper", &map_id)]));
+    let logs = tempfile::tempdir().unwrap();
+    let log_of = |uid: &str, pod: &str, container: &str| {
+        let dir = logs.path().join(format!("ml_{pod}_{uid}/{container}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("0.log")
+    };
+    let (fill_log, map_log) = (
+        log_of(&fill_uid, "shfill-0", "fill"),
+        log_of(&map_uid, "shmap-0", "mapper"),
+    );
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start_kube(
+        &kubeconfig,
+        NODE,
+        &["--pod-log-root", logs.path().to_str().unwrap()],
+    );
+    agent.wait_ready();
+
+    // The shell stays, as an entrypoint script's would after its command: the container (and
+    // its /dev/shm reading) lives on.
+    let shell = |script: &str| {
+        vec![
+            "/bin/sh".to_string(),
+            "-c".into(),
+            format!("{PYTHON} -c '{script}'; sleep 20"),
+        ]
+    };
+    let _mapper = with_python(
+        &map_uid,
+        &map_id,
+        shell(TRUNCATED_MAP),
+        Some(map_log.clone()),
+    );
+    let _fill = with_python(
+        &fill_uid,
+        &fill_id,
+        shell(SHM_BLOCK),
+        Some(fill_log.clone()),
+    );
+    for log in [&map_log, &fill_log] {
+        let mut text = String::new();
+        assert!(
+            common::wait_until(Duration::from_secs(30), || {
+                text = std::fs::read_to_string(log).unwrap_or_default();
+                text.contains(" F Bus error")
+            }),
+            "the shell did not say it in {}: {text}",
+            log.display()
+        );
+    }
+    let written = Instant::now();
+    let mut found: Vec<Value> = Vec::new();
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            found = with_reason(&api.events_about("shfill-0"), "ShmBusError")
+                .into_iter()
+                .cloned()
+                .collect();
+            !found.is_empty()
+        }),
+        "no ShmBusError Event; the server holds: {:#?}",
+        api.events()
+    );
+    let note = found[0]["note"].as_str().unwrap();
+    println!(
+        "{} ms after the line: {note}",
+        written.elapsed().as_millis()
+    );
+    for part in [
+        "container ml/shfill-0/fill died of a bus error (SIGBUS: its log said \"Bus error\")",
+        "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
+    ] {
+        assert!(note.contains(part), "{part:?} not in {note}");
+    }
+    // The mapper's line was written first: by now it has been read and judged.
+    let body = agent.wait_for_metrics("the fill's death counted", |b| {
+        sample(
+            b,
+            "shmlink_workload_failures_total",
+            &[("pod", "shfill-0"), ("kind", "shm_bus_error")],
+        ) == Some(1.0)
+    });
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_workload_failures_total",
+            &[("pod", "shmap-0")]
+        ),
+        None,
+        "a bus error with /dev/shm empty is not told from the line: {body}"
+    );
+    assert!(
+        api.events_about("shmap-0").is_empty(),
+        "{:#?}",
+        api.events()
+    );
 }
 
 #[test]

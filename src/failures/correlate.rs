@@ -24,8 +24,9 @@ pub struct Known<'a> {
     pub rules: DeathRules,
 }
 
-/// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs.
-pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
+/// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs;
+/// `None` for a line told only with a full /dev/shm ([`Detected::judged`]) when it was not.
+pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let mut id = identity(&placed(d, known.snapshot), known.pods);
     let reading = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
     if let Some(r) = reading {
@@ -35,6 +36,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         id.pod_uid = id.pod_uid.or_else(|| r.pod_uid.clone());
         id.container = id.container.or_else(|| r.container.clone());
         id.container_id = id.container_id.or_else(|| Some(r.container_id.clone()));
+    }
+    if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
+        return None;
     }
     let shm = reading.map(|r| ShmThen {
         size_bytes: r.size_bytes,
@@ -100,7 +104,11 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
             }
         }
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            let exit = d.exit.as_ref().map_or("SIGBUS".into(), |e| e.describe());
+            let exit = match (&d.exit, d.source) {
+                (Some(e), _) => e.describe(),
+                (None, FailureSource::Log) => format!("its log said \"{}\"", d.evidence),
+                (None, _) => "SIGBUS".into(),
+            };
             match (kind, &shm) {
                 (FindingKind::ShmBusError, Some(s)) => {
                     text::shm_bus_error(&who, &at, &exit, s, id.pod.is_some())
@@ -119,9 +127,16 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
             text::gpu_peer_access_refused(&who, &at, &d.evidence, &gpus, &gpu_pairs)
         }
         FindingKind::ShmFallback => text::shm_fallback(&who, &at, &d.evidence, kubernetes),
-        _ => text::shm_allocation_failed(&who, &at, &d.evidence, shm.as_ref(), kubernetes),
+        _ => text::shm_allocation_failed(
+            &who,
+            &at,
+            &d.evidence,
+            shm.as_ref(),
+            kubernetes,
+            d.signature.is_some_and(is_browser),
+        ),
     };
-    Failure {
+    Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
         pod_uid: id.pod_uid,
@@ -141,7 +156,32 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Failure {
         told_by_workload: None,
         worker_pids: d.worker_pids.clone(),
         message,
-    }
+    })
+}
+
+/// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
+/// out.
+fn is_browser(signature: &str) -> bool {
+    ["chromium-", "puppeteer-", "chromedriver-"]
+        .iter()
+        .any(|p| signature.starts_with(p))
+}
+
+/// Whether the container's /dev/shm was at `ratio` of its effective limit or more at its last
+/// reading or peak.
+fn shm_was_full(reading: Option<&ShmReading>, ratio: f64) -> bool {
+    let Some(r) = reading else {
+        return false;
+    };
+    let Some(peak) = r.used_peak_bytes.or(r.used_bytes) else {
+        return false;
+    };
+    let limit = r
+        .used_bytes
+        .zip(r.available_bytes)
+        .and_then(|(u, a)| u.checked_add(a))
+        .or(r.size_bytes);
+    limit.is_some_and(|l| l > 0 && peak as f64 >= ratio * l as f64)
 }
 
 /// An OOM kill whose report said nothing of shmem (a system-wide OOM has no cgroup stats) is
@@ -182,14 +222,7 @@ fn bus_error_judged(
     ratio: f64,
 ) -> (FindingKind, Option<MemorySplit>) {
     let peak = reading.and_then(|r| r.used_peak_bytes.or(r.used_bytes));
-    let full = reading.zip(peak).is_some_and(|(r, peak)| {
-        let limit = r
-            .used_bytes
-            .zip(r.available_bytes)
-            .and_then(|(u, a)| u.checked_add(a))
-            .or(r.size_bytes);
-        limit.is_some_and(|l| l > 0 && peak as f64 >= ratio * l as f64)
-    });
+    let full = shm_was_full(reading, ratio);
     let memory = MemorySplit {
         limit_bytes: reading.and_then(|r| r.memory_limit_bytes),
         usage_bytes: None,
@@ -419,7 +452,8 @@ mod tests {
                 holders: &GpuHolders::new(),
                 rules: DeathRules::default(),
             },
-        );
+        )
+        .expect("told");
         assert_eq!(f.container_id.as_deref(), Some("aaaa"), "found by its Pod");
         assert_eq!(f.at, "2026-11-18T11:06:40Z");
         let shm = f.shm.as_ref().expect("its /dev/shm then");
@@ -456,7 +490,7 @@ mod tests {
         d.comm = Some("python3".into());
         d.library = Some("libnccl.so.2".into());
         let bad = board(&[(5, 6, PairStatus::Degraded), (6, 7, PairStatus::Degraded)]);
-        let f = correlate(&d, known(&bad));
+        let f = correlate(&d, known(&bad)).expect("told");
         assert_eq!(f.gpus, vec![6, 7]);
         assert_eq!(f.gpu_pairs.len(), 1, "only the pairs its own GPUs make");
         assert!(
@@ -471,7 +505,7 @@ mod tests {
             f.message
         );
         let good = board(&[(6, 7, PairStatus::Ok)]);
-        let f = correlate(&d, known(&good));
+        let f = correlate(&d, known(&good)).expect("told");
         assert!(
             f.message.contains("all its GPU pairs are healthy"),
             "{}",
@@ -501,7 +535,7 @@ mod tests {
         d.pid = Some(5947);
         d.comm = Some("dd".into());
         d.memory = Some(split(65_654_784, 1_163_264));
-        let f = correlate(&d, known);
+        let f = correlate(&d, known).expect("told");
         assert_eq!(f.memory, d.memory);
         assert_eq!(
             (f.namespace.as_deref(), f.pod.as_deref()),
@@ -518,7 +552,7 @@ mod tests {
         d.pid = Some(77);
         d.comm = Some("pt_main_thread".into());
         d.memory = Some(split(80 * 1024, 60 * MIB));
-        let f = correlate(&d, known);
+        let f = correlate(&d, known).expect("told");
         for part in [
             "for the workload's own memory: 60.0 MiB of the 64.0 MiB memory limit",
             "/dev/shm held 80.0 KiB. Not /dev/shm",
@@ -544,10 +578,10 @@ mod tests {
             snapshot: Some(&s),
             ..known
         };
-        let g = correlate(&d, with_reading);
+        let g = correlate(&d, with_reading).expect("told");
         assert_eq!(g.kind, FindingKind::ShmOomKilled, "{}", g.message);
         assert_eq!(g.memory.unwrap().shm_bytes, Some(60 * MIB));
-        let g = correlate(&d, known);
+        let g = correlate(&d, known).expect("told");
         assert_eq!(
             g.kind,
             FindingKind::WorkloadOomKilled,
@@ -559,7 +593,7 @@ mod tests {
         assert_eq!(json["memory"]["source"], "kernel_log");
         d.memory = None;
         d.kind = FindingKind::ShmAllocationFailed;
-        assert!(serde_json::to_value(correlate(&d, known))
+        assert!(serde_json::to_value(correlate(&d, known).expect("told"))
             .unwrap()
             .get("memory")
             .is_none());
@@ -599,6 +633,7 @@ mod tests {
                     rules: DeathRules::default(),
                 },
             )
+            .expect("told")
         };
         // 0.9 of the 64 MiB is 57.6 MiB.
         let full = told(58 * MIB);
@@ -631,7 +666,8 @@ mod tests {
                 holders: &no_pods,
                 rules: DeathRules::default(),
             },
-        );
+        )
+        .expect("told");
         assert_eq!(unmeasured.kind, FindingKind::WorkloadBusError);
         assert!(
             unmeasured
@@ -648,6 +684,79 @@ mod tests {
     }
 
     #[test]
+    fn a_line_that_names_a_fault_but_not_its_cause_is_told_only_with_dev_shm_full() {
+        use crate::failures::signatures::Signatures;
+        let no_pods = GpuHolders::new();
+        let who = Who::Pod {
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            uid: UID.into(),
+            container: "trainer".into(),
+            container_id: Some("dead".into()),
+        };
+        let signatures = Signatures::new();
+        let of_line = |line: &str| {
+            let m = signatures.match_line(line).expect(line);
+            let mut d = detected(m.kind, who.clone());
+            d.source = FailureSource::Log;
+            d.evidence = line.into();
+            d.signature = Some(m.signature);
+            d.judged = m.judged;
+            d
+        };
+        let told = |d: &Detected, peak: Option<u64>| {
+            let readings = peak.map(|peak| {
+                let mut r = fixtures::shm_reading("dead", 64 * MIB, 10 * MIB);
+                r.used_peak_bytes = Some(peak);
+                fixtures::scanned("node", vec![r], None)
+            });
+            correlate(
+                d,
+                Known {
+                    snapshot: readings.as_ref(),
+                    pods: None,
+                    holders: &no_pods,
+                    rules: DeathRules::default(),
+                },
+            )
+        };
+        let shell = of_line("/entrypoint.sh: line 12:  4242 Bus error  (core dumped) python x.py");
+        assert!(shell.judged);
+        let full = told(&shell, Some(63 * MIB)).expect("full: told");
+        assert_eq!(full.kind, FindingKind::ShmBusError);
+        assert!(
+            full.message
+                .contains("its log said \"/entrypoint.sh: line 12:")
+                && full.message.contains("peaked at 63.0 MiB"),
+            "{}",
+            full.message
+        );
+        // Not full, or never measured: a bus error of some other cause, or no death at all.
+        assert_eq!(told(&shell, Some(20 * MIB)), None);
+        assert_eq!(told(&shell, None), None);
+
+        let chromium =
+            of_line("[778:7:0131/235140.910186:FATAL:memory.cc(22)] Out of memory. size=524288");
+        let full = told(&chromium, Some(64 * MIB)).expect("full: told");
+        assert_eq!(full.kind, FindingKind::ShmAllocationFailed);
+        assert!(
+            full.message.contains("--disable-dev-shm-usage"),
+            "{}",
+            full.message
+        );
+        assert_eq!(told(&chromium, Some(MIB)), None);
+
+        // A line that says the cause is told whatever the reading.
+        let torch = of_line("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).");
+        assert!(!torch.judged);
+        assert!(told(&torch, Some(MIB)).is_some() && told(&torch, None).is_some());
+        assert!(!told(&torch, None)
+            .unwrap()
+            .message
+            .contains("--disable-dev-shm-usage"));
+    }
+
+    #[test]
     fn an_unplaced_process_is_the_nodes_finding() {
         let f = correlate(
             &detected(FindingKind::GpuJobCrashed, Who::Process),
@@ -657,7 +766,8 @@ mod tests {
                 holders: &GpuHolders::new(),
                 rules: DeathRules::default(),
             },
-        );
+        )
+        .expect("told");
         assert_eq!(finding(&f).subject, Subject::Node);
         assert!(f.message.contains("an unknown process"), "{}", f.message);
     }

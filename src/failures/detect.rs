@@ -123,6 +123,8 @@ impl Recogniser {
         }
         let mut d = Detected::new(who, m.kind, line.at, FailureSource::Log, &line.text);
         d.nccl_gpus = m.gpus;
+        d.signature = Some(m.signature);
+        d.judged = m.judged;
         Some(d)
     }
 

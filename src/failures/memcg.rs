@@ -134,6 +134,8 @@ fn told(
         exit: None,
         pid_in_container: None,
         worker_pids: Vec::new(),
+        signature: None,
+        judged: false,
     }
 }
 

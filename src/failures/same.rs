@@ -19,6 +19,10 @@ use crate::model::{Failure, FailureSource, FindingKind};
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
 /// kill, kubelet's `finishedAt` when the runtime saw the exit, a log line when it was written.
 pub const WINDOW: Duration = Duration::from_secs(60);
+/// How far apart one fault's own lines are (a handler's line, then the shell's `Bus error (core
+/// dumped)`): a line that names a fault but not its cause ([`FindingKind::ShmBusError`] from a
+/// log) within this of another bus-error line of its container is the same death.
+const FAULT_LINES: Duration = Duration::from_secs(5);
 /// Deaths remembered at most (the oldest go first).
 const KEPT: usize = 1024;
 /// Workers' words waiting for their kill at most.
@@ -114,8 +118,13 @@ impl SameDeath {
     pub fn is_new(&mut self, f: &Failure) -> bool {
         let Some(death) = death(f) else { return true };
         let told = Told::of(f, death);
+        // Only log rows that are judged carry this kind (`failures::signatures`).
+        let fault_line = f.source == FailureSource::Log && f.kind == FindingKind::ShmBusError;
         let repeat = self.told.iter().any(|t| {
-            t.death == death && t.source != f.source && t.same_container(f) && near(t.at, told.at)
+            t.death == death
+                && t.same_container(f)
+                && near(t.at, told.at)
+                && (t.source != f.source || fault_line && within(t.at, told.at, FAULT_LINES))
         });
         if repeat {
             return false;
@@ -166,8 +175,12 @@ fn tells(word: &Failure, kill: &Failure) -> bool {
 }
 
 fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {
+    within(a, b, WINDOW)
+}
+
+fn within(a: Option<SystemTime>, b: Option<SystemTime>, window: Duration) -> bool {
     match (a, b) {
-        (Some(a), Some(b)) => a.duration_since(b).unwrap_or_else(|e| e.duration()) <= WINDOW,
+        (Some(a), Some(b)) => a.duration_since(b).unwrap_or_else(|e| e.duration()) <= window,
         // A time that did not parse cannot tell two deaths apart: the same container suffices.
         _ => true,
     }
@@ -197,6 +210,54 @@ mod tests {
         f.at = at.to_string();
         f.evidence = evidence.to_string();
         f
+    }
+
+    #[test]
+    fn one_faults_lines_are_one_death_and_a_later_fault_is_another() {
+        let mut same = SameDeath::default();
+        let line = |at: &str, evidence: &str| {
+            death_of(
+                FindingKind::ShmBusError,
+                FailureSource::Log,
+                None,
+                at,
+                evidence,
+            )
+        };
+        let worker = death_of(
+            FindingKind::ShmAllocationFailed,
+            FailureSource::Log,
+            None,
+            "2026-11-24T10:00:00.000Z",
+            "ERROR: Unexpected bus error encountered in worker.",
+        );
+        assert!(same.is_new(&worker));
+        // The handler's and the shell's lines of that fault.
+        assert!(!same.is_new(&line(
+            "2026-11-24T10:00:00.200Z",
+            "Fatal Python error: Bus error"
+        )));
+        assert!(!same.is_new(&line("2026-11-24T10:00:01.000Z", "Bus error (core dumped)")));
+        // Half a minute on, the job's next attempt died too: another death.
+        assert!(same.is_new(&line("2026-11-24T10:00:30.000Z", "Bus error (core dumped)")));
+        // Another DataLoader worker's own line is still its own (it says the cause).
+        let second = death_of(
+            FindingKind::ShmAllocationFailed,
+            FailureSource::Log,
+            None,
+            "2026-11-24T10:00:30.100Z",
+            "ERROR: Unexpected bus error encountered in worker.",
+        );
+        assert!(same.is_new(&second));
+        // The exit status 135 of the container that printed them: the same death.
+        let exit = death_of(
+            FindingKind::ShmBusError,
+            FailureSource::PodStatus,
+            None,
+            "2026-11-24T10:00:31.000Z",
+            "exit 135",
+        );
+        assert!(!same.is_new(&exit));
     }
 
     #[test]

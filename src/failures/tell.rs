@@ -57,7 +57,7 @@ impl Teller {
         };
         let failures = self
             .same
-            .keep_new(found.iter().map(|d| correlate(d, known)).collect());
+            .keep_new(found.iter().filter_map(|d| correlate(d, known)).collect());
         for f in &failures {
             tracing::warn!(kind = f.kind.as_str(), "{}", f.message);
         }

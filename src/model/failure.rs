@@ -76,6 +76,12 @@ pub struct Detected {
     /// Not a failure alone: PyTorch's word that DataLoader workers (these PIDs, in the
     /// container's namespace) were killed, tied to the OOM kill it tells (`failures::same`).
     pub worker_pids: Vec<i32>,
+    /// The log row that matched (`failures::signatures`), for texts whose fix is the
+    /// program's own.
+    pub signature: Option<&'static str>,
+    /// A line that names a fault but not its cause (a shell's `Bus error (core dumped)`):
+    /// told only when the container's /dev/shm was full then (`failures::correlate`).
+    pub judged: bool,
 }
 
 impl Detected {
@@ -101,6 +107,8 @@ impl Detected {
             exit: None,
             pid_in_container: None,
             worker_pids: Vec::new(),
+            signature: None,
+            judged: false,
         }
     }
 }

@@ -22,6 +22,9 @@ pub struct LogMatch {
     /// The kind is the row's usual cause, not said by the line (no errno): told only when no
     /// line of the same container just said more (`context.rs`).
     pub guessed: bool,
+    /// The line names a fault, not its cause: told only when /dev/shm was full then
+    /// (`table::JUDGED`).
+    pub judged: bool,
 }
 
 /// One known text.
@@ -118,12 +121,33 @@ impl Signatures {
                         signature: sig.id,
                         gpus,
                         guessed,
+                        judged: JUDGED.contains(&sig.id),
                     },
                 ));
             }
         }
         best.map(|(_, m)| m)
     }
+}
+
+/// Whether `Bus error` (between `before` and `rest`) is a shell's word of a child killed by
+/// SIGBUS: the whole line, `(core dumped)` after it, or bash's job line, the PID before it and
+/// the status padded to a column after it (`bash: line 1:  4242 Bus error      python x.py`); a
+/// sentence that mentions bus errors is none of these.
+fn shell_reported(before: &str, rest: &str) -> bool {
+    if rest.trim_start().starts_with("(core dumped)")
+        || (before.trim().is_empty() && rest.trim().is_empty())
+    {
+        return true;
+    }
+    let Some(job) = before.strip_suffix(' ') else {
+        return false;
+    };
+    let name = job.trim_end_matches(|c: char| c.is_ascii_digit());
+    name.len() < job.len()
+        && name.ends_with(' ')
+        && name.trim_end().ends_with(':')
+        && (rest.is_empty() || rest.starts_with("  "))
 }
 
 /// Checks beyond the needle, which ends at `end`: `None` if the line only looks like the text,
@@ -184,6 +208,16 @@ fn verify(
         POSTGRES_DSM_RESIZE => (errno(rest) == Some(Errno::NoSpace)).then_some(sig.kind),
         POSTGRES_DSM_OPEN => (errno(rest) == Some(Errno::NoEntry)).then_some(sig.kind),
         RAYLET_SHM_CAP => rest.starts_with(" /dev/shm").then_some(sig.kind),
+        SHELL_BUS_ERROR => {
+            let before = line.get(..end - sig.needle.len())?;
+            shell_reported(before, rest).then_some(sig.kind)
+        }
+        DEEPSPEED_EXIT_SIGBUS => {
+            (!rest.starts_with(|c: char| c.is_ascii_digit())).then_some(sig.kind)
+        }
+        CHROMIUM_OOM => line.contains(":FATAL:memory").then_some(sig.kind),
+        // The error's whole text: it ends the line (its stack follows on the next ones).
+        PUPPETEER_PAGE_CRASHED => rest.trim().is_empty().then_some(sig.kind),
         SEMAPHORE_TRACKER => {
             (rest.contains("ENOSYS") || rest.contains("[Errno 38]")).then_some(sig.kind)
         }
@@ -364,6 +398,37 @@ mod tests {
             kind("OSError: [Errno 28] No space left on device: '/data/checkpoints/step_1000.pt'"),
             None
         );
+    }
+
+    #[test]
+    fn a_shells_bus_error_is_judged_and_a_sentence_about_one_is_nothing() {
+        let sigs = Signatures::new();
+        // As bash 5.2, busybox ash and dash print a child killed by SIGBUS (the first two
+        // seen on this machine).
+        for line in [
+            "bash:  4577 Bus error               python3 -c \"import os\"",
+            "/entrypoint.sh: line 12:  4242 Bus error               python train.py",
+            "sh: line 1: 7 Bus error (core dumped) ./a.out",
+            "Bus error",
+            "Bus error (core dumped)",
+        ] {
+            let m = sigs.match_line(line).expect(line);
+            assert_eq!((m.signature, m.judged), (SHELL_BUS_ERROR, true), "{line}");
+            assert_eq!(m.kind, FindingKind::ShmBusError);
+        }
+        for line in [
+            "stats: 3 Bus error events",
+            "on Bus error: abort",
+            "Tip: a Bus error here usually means /dev/shm is full",
+            "bash:  4577 Bus errors counted",
+        ] {
+            assert_eq!(sigs.match_line(line), None, "{line}");
+        }
+        // A line that says the cause is told as that, not judged.
+        let torch = sigs
+            .match_line("RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.")
+            .unwrap();
+        assert!(!torch.judged);
     }
 
     #[test]

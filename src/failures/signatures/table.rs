@@ -26,6 +26,29 @@ pub(super) const CHROMIUM_SHM_CREATE: &str = "chromium-shm-create";
 pub(super) const RAYLET_SHM_CAP: &str = "raylet-shm-cap";
 pub(super) const TRITON_SHM_GROW: &str = "triton-shm-grow";
 pub(super) const SEMAPHORE_TRACKER: &str = "python-semaphore-tracker-enosys";
+pub(super) const SHELL_BUS_ERROR: &str = "shell-bus-error";
+pub(super) const DEEPSPEED_EXIT_SIGBUS: &str = "deepspeed-exit-sigbus";
+pub(super) const CHROMIUM_OOM: &str = "chromium-out-of-memory";
+pub(super) const PUPPETEER_PAGE_CRASHED: &str = "puppeteer-page-crashed";
+
+/// Rows whose line names a fault but not its cause: told only when the container's /dev/shm
+/// was full then (`correlate`), as the row's kind; else nothing, so help text that says "Bus
+/// error" and faults of other causes stay quiet.
+pub(super) const JUDGED: &[&str] = &[
+    "python-faulthandler-sigbus",
+    "gdb-sigbus",
+    "ucx-sigbus",
+    "abseil-sigbus",
+    "go-sigbus",
+    "envoy-sigbus",
+    "torch-spawn-sigbus",
+    "torch-elastic-sigbus",
+    DEEPSPEED_EXIT_SIGBUS,
+    SHELL_BUS_ERROR,
+    CHROMIUM_OOM,
+    PUPPETEER_PAGE_CRASHED,
+    "chromedriver-page-crash",
+];
 
 /// Every known text. The order is the priority when one line matches several rows: specific
 /// texts first, the generic ENOSPC last.
@@ -453,5 +476,118 @@ pub const SIGNATURES: &[Signature] = &[
         needle: "no space left on device",
         fixture: "Error: write /dev/shm/cache/shard-0007: no space left on device",
         source: "Go's text for ENOSPC (syscall.Errno), lower-case, on a line that names /dev/shm",
+    },
+    // Judged rows (`JUDGED`): last, so that any row that says the cause wins on its line.
+    Signature {
+        id: "python-faulthandler-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "Fatal Python error: Bus error",
+        fixture: "(RayWorker pid=3554640) Fatal Python error: Bus error",
+        source: "CPython Modules/faulthandler.c: the fatal-signal handler's line for SIGBUS \
+                 (vllm-project/vllm#859)",
+    },
+    Signature {
+        id: "gdb-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "signal SIGBUS, Bus error",
+        fixture: "Thread 787 \"imagenet_fake_d\" received signal SIGBUS, Bus error.",
+        source: "gdb's stop and core-file lines (`received signal`, `terminated with signal`) \
+                 (NVIDIA/JAX-Toolbox#183)",
+    },
+    Signature {
+        id: "ucx-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "Caught signal 7 (Bus error",
+        fixture: "[8d6bf97c3bf4:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical \
+                  address)",
+        source: "UCX src/ucs/debug/debug.c: its fault handler, loaded by MPI and NCCL's UCX \
+                 plugin (msr-fiddle/pipedream#76)",
+    },
+    Signature {
+        id: "abseil-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "*** SIGBUS received at time=",
+        fixture: "(RayWorker pid=3554640) *** SIGBUS received at time=1692931519 on cpu 133 ***",
+        source: "Abseil absl/debugging/failure_signal_handler.cc, as Ray and TensorFlow print \
+                 it (vllm-project/vllm#859)",
+    },
+    Signature {
+        id: "go-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "[signal SIGBUS: bus error",
+        fixture: "[signal SIGBUS: bus error code=0x2 addr=0x7f3a1c000000 pc=0x46a2f1]",
+        source: "Go src/runtime/panic.go and signal_unix.go: a fault in mapped memory",
+    },
+    Signature {
+        id: "envoy-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "Caught Bus error, suspect faulting address",
+        fixture: "Caught Bus error, suspect faulting address 0x7fdbf98e2028",
+        source: "Envoy source/server/signal_action.cc: its stats in /dev/shm for hot restart \
+                 (envoyproxy/envoy#4235)",
+    },
+    Signature {
+        id: "torch-spawn-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "terminated with signal SIGBUS",
+        fixture: "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated \
+                  with signal SIGBUS",
+        source: "PyTorch torch/multiprocessing/spawn.py ProcessContext.join (KdaiP/StableTTS#11)",
+    },
+    Signature {
+        id: "torch-elastic-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "Signal 7 (SIGBUS) received by PID",
+        fixture: "  traceback : Signal 7 (SIGBUS) received by PID 10",
+        source: "PyTorch torch/distributed/elastic/multiprocessing/errors/__init__.py \
+                 ProcessFailure: torchrun's root-cause table for a rank killed by SIGBUS",
+    },
+    Signature {
+        id: DEEPSPEED_EXIT_SIGBUS,
+        kind: FindingKind::ShmBusError,
+        needle: "exits with return code = -7",
+        fixture: "[2023-08-02 16:31:05,466] [ERROR] [launch.py:321:sigkill_handler] \
+                  ['/usr/bin/python3', '-u', 'main.py', '--local_rank=0'] exits with return \
+                  code = -7",
+        source: "DeepSpeed deepspeed/launcher/launch.py sigkill_handler: a rank ended by signal \
+                 7 (SIGBUS); -70 and the like are not",
+    },
+    Signature {
+        id: SHELL_BUS_ERROR,
+        kind: FindingKind::ShmBusError,
+        needle: "Bus error",
+        fixture: "/entrypoint.sh: line 12:  4242 Bus error               (core dumped) python \
+                  train.py",
+        source: "bash jobs.c, dash and busybox ash: a child killed by SIGBUS (strsignal's \
+                 text); only the shell's shapes (`Bus error` alone, `(core dumped)` after it, \
+                 a job line's PID before it) (namhyung/uftrace#371)",
+    },
+    Signature {
+        id: CHROMIUM_OOM,
+        kind: FindingKind::ShmAllocationFailed,
+        needle: "Out of memory. size=",
+        fixture: "[778:7:0131/235140.910186:FATAL:memory.cc(22)] Out of memory. size=524288",
+        source: "Chromium base/process/memory.cc TerminateBecauseOutOfMemory: a shared-memory \
+                 allocation failing in a full /dev/shm ends here too; only its FATAL:memory \
+                 line (stephen-fox/chrome-docker#8)",
+    },
+    Signature {
+        id: PUPPETEER_PAGE_CRASHED,
+        kind: FindingKind::ShmAllocationFailed,
+        needle: "Error: Page crashed!",
+        fixture: "(node:7) UnhandledPromiseRejectionWarning: Unhandled promise rejection \
+                  (rejection id: 1): Error: Page crashed!",
+        source: "Puppeteer src/common/Page.ts: the renderer died; a full /dev/shm is the known \
+                 cause in containers (puppeteer/puppeteer#831)",
+    },
+    Signature {
+        id: "chromedriver-page-crash",
+        kind: FindingKind::ShmAllocationFailed,
+        needle: "session deleted because of page crash",
+        fixture: "selenium.common.exceptions.WebDriverException: Message: unknown error: session \
+                  deleted because of page crash",
+        source: "ChromeDriver chrome/test/chromedriver (kTabCrashed): the renderer died under \
+                 Selenium; a full /dev/shm is the known cause in containers \
+                 (SeleniumHQ/docker-selenium#589, elgalu/docker-selenium#20)",
     },
 ];

@@ -12,11 +12,19 @@ pub fn shm_allocation_failed(
     evidence: &str,
     shm: Option<&ShmThen>,
     kubernetes: bool,
+    browser: bool,
 ) -> String {
     let mut out = format!("container {who} could not allocate shared memory at {at}: {evidence}");
+    // Chromium's own switch: its shared-memory files go to /tmp, whatever /dev/shm holds.
+    let browser_fix = if browser {
+        " Or start Chromium with --disable-dev-shm-usage (Puppeteer: args: \
+         ['--disable-dev-shm-usage']): it then keeps these files in /tmp."
+    } else {
+        ""
+    };
     let Some(s) = shm else {
         out.push_str(&format!(
-            ". Its /dev/shm was not measured before it died; give it a larger one: {}",
+            ". Its /dev/shm was not measured before it died; give it a larger one: {}.{browser_fix}",
             if kubernetes {
                 format!("in Kubernetes {SHM_FIX_KUBERNETES}")
             } else {
@@ -62,6 +70,7 @@ pub fn shm_allocation_failed(
             docker_size(want)
         ));
     }
+    out.push_str(browser_fix);
     out
 }
 
