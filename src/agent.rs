@@ -12,6 +12,7 @@ use crate::cli::KubeMode;
 use crate::failures::memcg::OomCounters;
 use crate::failures::tell::Teller;
 use crate::failures::watch::{self, Sources, Told};
+use crate::findings::changes::{Changed, FindingChanges};
 use crate::gpu::xid::kernel::KernelXids;
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
 use crate::kube::events::GpuHolders;
@@ -175,6 +176,7 @@ pub async fn serve(
             move || {
                 let between = Between {
                     scanner,
+                    findings_told: kube.is_none().then(FindingChanges::default),
                     kube,
                     failures: Teller::new(rules),
                     kernel_xids: KernelXids::default(),
@@ -212,6 +214,8 @@ struct Between {
     kernel_xids: KernelXids,
     /// OOM kills as the memory cgroups count them, when the kernel log is off.
     oom_counters: Option<OomCounters>,
+    /// Without Kubernetes, the findings said in the log as they begin and end.
+    findings_told: Option<FindingChanges>,
 }
 
 impl Between {
@@ -315,6 +319,9 @@ fn scan_loop(
         if let Some(k) = b.kube.as_mut() {
             k.after_scan(&out.snapshot, pods.as_ref());
         }
+        if let Some(told) = b.findings_told.as_mut() {
+            log_changes(told.update(&out.snapshot.findings));
+        }
         if first {
             tracing::info!(
                 containers = out.snapshot.shm.len(),
@@ -346,6 +353,27 @@ fn scan_loop(
         } else if !b.wait(next, wake, snapshot) {
             return;
         }
+    }
+}
+
+/// A finding's beginning and end in the log, with the words its Event would carry.
+fn log_changes(changed: Changed) {
+    for f in changed.began {
+        tracing::warn!(
+            kind = f.kind.as_str(),
+            subject = %f.subject,
+            severity = ?f.severity,
+            "finding began: {}",
+            f.message
+        );
+    }
+    for f in changed.ended {
+        tracing::warn!(
+            kind = f.kind.as_str(),
+            subject = %f.subject,
+            "finding ended: {}",
+            f.message
+        );
     }
 }
 

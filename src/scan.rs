@@ -164,6 +164,8 @@ impl Scanner {
                 shm: readings,
                 gpus: gpu.gpus,
                 gpu_pairs: gpu.pairs,
+                gpu_blame: gpu.blame,
+                gpu_users: gpu.users,
                 xids: gpu
                     .xids
                     .into_iter()

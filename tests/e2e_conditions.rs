@@ -700,3 +700,43 @@ fn kernel_log_xids_are_one_count_with_nvmls() {
     fake.write(&nvml);
     agent.wait_for_metrics("the second XID 79", |b| xids(b, "2", "79") == Some(2.0));
 }
+
+/// The field's case on an NVLink5 board: failed link recoveries on GPU 4's link 9 and symbol
+/// errors growing fast on GPU 2's link 3. Every pair with either fails, GPU 0's among them; the
+/// condition names GPUs 2 and 4 with their links, and no healthy GPU for a reset.
+#[test]
+fn two_faulty_gpus_are_named_with_their_links_and_no_healthy_gpu_is_reset() {
+    let api = FakeApi::start();
+    api.apply_node(kubelet_node(NODE));
+    let mut nvml = fake_nvml::preset("b200-8");
+    let fake = FakeNvml::new(&nvml);
+    let agent = start(&api, &fake, &[]);
+    wait_condition(&api, &agent, "GpuLinkDegraded", "False", |c| {
+        c["status"] == "False"
+    });
+    nvml["gpus"][4]["links"][9]["nvlink5"] = json!({"recovery_failed": 3, "recovery_events": 3});
+    nvml["gpus"][2]["links"][3]["nvlink5"] = json!({"symbol_errors": 50000});
+    fake.write(&nvml);
+    let link = wait_condition(&api, &agent, "GpuLinkDegraded", "True, both", |c| {
+        c["status"] == "True"
+            && c["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("GPU 2 and GPU 4"))
+    });
+    let message = link["message"].as_str().unwrap();
+    println!("{message}");
+    for part in [
+        "GPU 2 and GPU 4 fail with every other GPU (GPU 2: NVLink symbol errors on GPU 2 link 3",
+        "GPU 4: NVLink failed link recoveries on GPU 4 link 9",
+        "reset GPU 2 and GPU 4 (`nvidia-smi -r -i 2`, `nvidia-smi -r -i 4`)",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    for healthy in [0, 1, 3, 5, 6, 7] {
+        assert!(
+            !message.contains(&format!("-r -i {healthy}")),
+            "GPU {healthy} named for a reset: {message}"
+        );
+    }
+    assert!(agent.terminate().success());
+}

@@ -183,63 +183,6 @@ fn a_dataloader_dying_of_shm_is_one_event_series_on_its_pod_within_seconds() {
         .any(|f| f["kind"] == "shm_allocation_failed" && f["subject"] == "ml/trainer-0/trainer"));
 }
 
-/// A program with no libc that calls into `libnccl.so.2`, which dereferences NULL: the kernel
-/// logs `crash[PID]: segfault at 0 ... in libnccl.so.2[...]`. Everything it needs (the
-/// library, the program, the dynamic loader) sits in one directory bound at /nccl.
-fn build_crashing_nccl(dir: &Path) -> bool {
-    let Some(gcc) = common::tool("gcc", "gcc") else {
-        return false;
-    };
-    std::fs::write(
-        dir.join("nccl.c"),
-        "int ncclAllReduce(void) { volatile int *p = (int *)0; return *p; }\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("crash.c"),
-        "extern int ncclAllReduce(void);\nvoid _start(void) { ncclAllReduce(); for (;;) {} }\n",
-    )
-    .unwrap();
-    let gcc = |args: &[&str]| {
-        let out = Command::new(&gcc)
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "gcc {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    gcc(&[
-        "-shared",
-        "-fPIC",
-        "-nostdlib",
-        "-Wl,-soname,libnccl.so.2",
-        "-o",
-        "libnccl.so.2",
-        "nccl.c",
-    ]);
-    gcc(&[
-        "-nostdlib",
-        "-fno-stack-protector",
-        "-o",
-        "crash",
-        "crash.c",
-        "-L.",
-        "-l:libnccl.so.2",
-        "-Wl,-rpath,/nccl",
-        "-Wl,--dynamic-linker=/nccl/ld-linux-x86-64.so.2",
-    ]);
-    std::fs::copy(
-        std::fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap(),
-        dir.join("ld-linux-x86-64.so.2"),
-    )
-    .unwrap();
-    true
-}
-
 /// A Pod `name` of one container `worker` at the API server, and the program that crashes in
 /// libnccl.so.2 (None when gcc is missing; said).
 struct CrashingJob {
@@ -252,7 +195,7 @@ struct CrashingJob {
 impl CrashingJob {
     fn new(name: &str) -> Option<CrashingJob> {
         let nccl = tempfile::tempdir().unwrap();
-        if !build_crashing_nccl(nccl.path()) {
+        if !common::crash::build_crashing_nccl(nccl.path()) {
             return None;
         }
         let api = FakeApi::start();

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use shmlink::gpu::nvml::NvmlGpus;
 use shmlink::gpu::xid::{self, XidCounts};
 use shmlink::model::{
-    FabricInfo, FabricState, GpuSample, LinkErrors, P2pCaps, P2pStatus, Peer, RecoveryAction,
-    TopologyLevel,
+    FabricInfo, FabricState, GpuSample, LinkErrors, P2pCaps, P2pStatus, PcieLink, Peer,
+    RecoveryAction, TopologyLevel,
 };
 
 const CONFIG_ENV: &str = "FAKE_NVML_CONFIG";
@@ -416,6 +416,44 @@ fn the_legacy_library_samples_without_its_optional_symbols() {
     assert_eq!(s.gpus[3].links[11].peer, Peer::Gpu(2));
 }
 
+/// The processes on each GPU, its PCIe link and how busy it is: the `_v3` process calls where
+/// the driver has them, the `_v2` ones on an older driver (the legacy library lacks `_v3`).
+#[test]
+fn processes_pcie_link_and_utilization_come_through_either_process_call() {
+    let _serial = serial();
+    let mut config = preset("pcie-8");
+    config["gpus"][5]["processes"] = json!([{"pid": 4242, "used_memory": 1u64 << 30}]);
+    config["gpus"][7]["processes"] =
+        json!([{"pid": 4242, "used_memory": 2u64 << 30}, {"pid": 77, "used_memory": 5}]);
+    config["gpus"][3]["pcie_link"] = json!({"gen": 3, "max_gen": 5, "width": 8, "max_width": 16});
+    config["gpus"][3]["utilization"] = json!({"gpu": 97, "memory": 40});
+    let file = Config::new(&config);
+    for lib in [fake(), fake_legacy()] {
+        let (s, stats) = file.open(&lib).sample();
+        let pids = |g: usize| -> Vec<u32> { s.gpus[g].processes.iter().map(|p| p.pid).collect() };
+        assert_eq!(pids(5), vec![4242], "{}", lib.display());
+        assert_eq!(pids(7), vec![4242, 77]);
+        assert!(pids(0).is_empty());
+        assert_eq!(s.gpus[7].processes[0].used_memory_bytes, Some(2 << 30));
+        assert_eq!(
+            s.gpus[3].pcie_link,
+            Some(PcieLink {
+                gen: 3,
+                max_gen: 5,
+                width: 8,
+                max_width: 16
+            })
+        );
+        assert_eq!(s.gpus[3].utilization_percent, Some(97));
+        // Not given: NVML says NOT_SUPPORTED, which is no error.
+        assert_eq!(
+            (s.gpus[0].pcie_link, s.gpus[0].utilization_percent),
+            (None, None)
+        );
+        assert_eq!(stats.errors, 0);
+    }
+}
+
 #[test]
 fn open_fails_without_a_library_or_a_config() {
     let _serial = serial();
@@ -524,9 +562,10 @@ fn the_fake_counts_the_calls_a_sample_makes() {
         stats.calls
     );
     // Per GPU: 1 PCIe replay + 18 links x (state, remote PCI, remote type, 4 counters, ECC)
-    // + 1 field-values call (recovery action, NVLink5 fields) + 1 fabric info; per pair: 4 P2P
-    // + 1 topology.
-    assert_eq!(made, 8 * (1 + 18 * 8 + 2) + 28 * 5);
+    // + 1 field-values call (recovery action, NVLink5 fields) + 1 fabric info + 2 process
+    // counts (compute, graphics; none running) + 1 PCIe link call (NOT_SUPPORTED ends it) + 1
+    // utilization; per pair: 4 P2P + 1 topology.
+    assert_eq!(made, 8 * (1 + 18 * 8 + 2 + 4) + 28 * 5);
     assert_eq!(stats.calls, made, "shmlink's own count is exact");
 
     // B200: the DL counters are tried on link 0 only (the counter call, then the DL fields);
@@ -544,7 +583,7 @@ fn the_fake_counts_the_calls_a_sample_makes() {
         .gpus
         .iter()
         .all(|g| g.links.iter().all(|l| l.nvlink5.is_some())));
-    assert_eq!(made, 8 * (1 + 18 * 3 + 2 + 2) + 28 * 5);
+    assert_eq!(made, 8 * (1 + 18 * 3 + 2 + 2 + 4) + 28 * 5);
 }
 
 #[test]

@@ -8,7 +8,8 @@ use crate::findings::{on_runtime_default, text};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
-    Detected, Failure, FailureSource, MemorySource, MemorySplit, PairThen, ShmThen, Who,
+    Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen,
+    ShmThen, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -48,10 +49,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         runtime_default: on_runtime_default(r),
         host_ipc: r.host_ipc,
     });
-    let gpus = match (&id.namespace, &id.pod, known.snapshot) {
-        (Some(ns), Some(pod), Some(s)) => held_gpus(ns, pod, known.holders, s),
-        _ => Vec::new(),
-    };
+    let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs: Vec<PairThen> = known
         .snapshot
         .map(|s| {
@@ -63,10 +61,18 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
                     peer_gpu: p.peer_gpu,
                     status: p.status,
                     reasons: p.reasons.clone(),
+                    since: p.since.map(rfc3339),
                 })
                 .collect()
         })
         .unwrap_or_default();
+    let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
+    let job = text::JobGpus {
+        gpus: &gpus,
+        from: gpus_from,
+        pairs: &gpu_pairs,
+        culprits: &culprits,
+    };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
             bus_error_judged(d, reading, known.rules.bus_error_shm_ratio)
@@ -83,12 +89,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
             d.comm.as_deref().unwrap_or("?"),
             d.pid,
             d.library.as_deref().unwrap_or("a GPU library"),
-            &gpus,
-            &gpu_pairs,
+            &job,
         ),
-        FindingKind::NcclP2pDisabled => {
-            text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, &gpus, &gpu_pairs)
-        }
+        FindingKind::NcclP2pDisabled => text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, &job),
         FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => {
             // A runtime's record names no process: the one it runs, whose end ended it.
             let comm = d.comm.as_deref().unwrap_or(match d.source {
@@ -124,7 +127,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
             text::imex_channel_missing(&who, &at, &d.evidence, kubernetes)
         }
         FindingKind::GpuPeerAccessRefused => {
-            text::gpu_peer_access_refused(&who, &at, &d.evidence, &gpus, &gpu_pairs)
+            text::gpu_peer_access_refused(&who, &at, &d.evidence, &job)
         }
         FindingKind::ShmFallback => text::shm_fallback(&who, &at, &d.evidence, kubernetes),
         _ => text::shm_allocation_failed(
@@ -150,6 +153,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         pid: d.pid,
         shm,
         gpus,
+        gpus_from,
         gpu_pairs,
         memory,
         pid_in_container: d.pid_in_container,
@@ -291,16 +295,74 @@ impl Identity {
 fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     match (&d.who, d.pid, snapshot) {
         (Who::Process, Some(pid), Some(s)) => {
-            s.shm
-                .iter()
-                .find(|r| r.pid == pid)
-                .map_or(Who::Process, |r| Who::Container {
+            if let Some(r) = s.shm.iter().find(|r| r.pid == pid) {
+                return Who::Container {
                     pod_uid: r.pod_uid.clone(),
                     container_id: r.container_id.clone(),
+                };
+            }
+            // A GPU process gone before the kernel's line was read: where NVML saw it.
+            u32::try_from(pid)
+                .ok()
+                .and_then(|p| s.gpu_users.container_of_pid(p))
+                .map_or(Who::Process, |c| Who::Container {
+                    pod_uid: c.pod_uid.clone(),
+                    container_id: c.container_id.clone(),
                 })
         }
         (who, _, _) => who.clone(),
     }
+}
+
+/// The GPUs the failed process used: NVML's lists of it, else of its container, else the
+/// GPUs the kubelet says its Pod holds.
+fn gpus_used(d: &Detected, id: &Identity, known: Known<'_>) -> (Vec<u32>, Option<GpusFrom>) {
+    let Some(s) = known.snapshot else {
+        return (Vec::new(), None);
+    };
+    let users = &s.gpu_users;
+    if let Some(pid) = d.pid.and_then(|p| u32::try_from(p).ok()) {
+        let gpus = users.gpus_of_pid(pid);
+        if !gpus.is_empty() {
+            return (gpus, Some(GpusFrom::Process));
+        }
+    }
+    if let Some(cid) = &id.container_id {
+        let gpus = users.gpus_of_container(cid);
+        if !gpus.is_empty() {
+            return (gpus, Some(GpusFrom::Container));
+        }
+    }
+    if let (Some(ns), Some(pod)) = (&id.namespace, &id.pod) {
+        let gpus = held_gpus(ns, pod, known.holders, s);
+        if !gpus.is_empty() {
+            return (gpus, Some(GpusFrom::PodResources));
+        }
+    }
+    (Vec::new(), None)
+}
+
+/// Of the job's GPUs, those the pair judge blames; else the ends of its failing pairs.
+fn culprits_among(gpus: &[u32], pairs: &[PairThen], snapshot: Option<&Snapshot>) -> Vec<u32> {
+    let blamed: Vec<u32> = snapshot
+        .map(|s| {
+            s.gpu_blame
+                .suspects
+                .iter()
+                .map(|x| x.gpu)
+                .filter(|g| gpus.contains(g))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !blamed.is_empty() {
+        return blamed;
+    }
+    let ends: BTreeSet<u32> = pairs
+        .iter()
+        .filter(|p| p.status != PairStatus::Ok)
+        .flat_map(|p| [p.gpu, p.peer_gpu])
+        .collect();
+    ends.into_iter().collect()
 }
 
 fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
@@ -499,15 +561,17 @@ mod tests {
             f.message
         );
         assert!(
-            f.message.contains("pair 6-7 is degraded")
-                && f.message.contains("the hardware, not your code"),
+            f.message
+                .contains("its Pod holds GPUs 6 and 7; pair 6-7 has been degraded")
+                && f.message.contains("the hardware, not your code")
+                && f.message.contains("reset GPUs 6 and 7"),
             "{}",
             f.message
         );
         let good = board(&[(6, 7, PairStatus::Ok)]);
         let f = correlate(&d, known(&good)).expect("told");
         assert!(
-            f.message.contains("all its GPU pairs are healthy"),
+            f.message.contains("all pairs among GPUs 6, 7 are healthy"),
             "{}",
             f.message
         );
@@ -681,6 +745,87 @@ mod tests {
         assert_eq!(json["source"], "pod_status");
         assert_eq!(json["memory"]["source"], "pod_status");
         assert!(json["memory"]["shm_bytes"].is_null());
+    }
+
+    #[test]
+    fn a_gone_process_is_placed_and_its_gpus_named_from_nvmls_lists_with_the_blamed_gpu() {
+        use crate::model::{Blame, Suspect, SuspectBy, UserContainer};
+        use std::collections::BTreeSet;
+        let mut s = board(&[
+            (5, 7, PairStatus::Down),
+            (6, 7, PairStatus::Down),
+            (5, 6, PairStatus::Ok),
+        ]);
+        let since = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        for p in &mut s.gpu_pairs {
+            if p.status != PairStatus::Ok {
+                p.since = Some(since);
+            }
+        }
+        s.gpu_blame = Blame {
+            suspects: vec![Suspect {
+                gpu: 7,
+                bad_pairs: 2,
+                by: SuspectBy::MostPairs,
+                reasons: Vec::new(),
+            }],
+            node_wide: false,
+        };
+        // NVML listed PID 4242 of container aaaa on GPUs 5 and 7 before it crashed; its /proc
+        // entry is gone, so the kernel's line could not be placed.
+        s.gpu_users
+            .seen(4242, Some(1), BTreeSet::from([5, 7]), since, || {
+                Some(UserContainer {
+                    pod_uid: Some(UID.into()),
+                    container_id: "aaaa".into(),
+                })
+            });
+        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        d.source = FailureSource::Kernel;
+        d.pid = Some(4242);
+        d.comm = Some("python3".into());
+        d.library = Some("libnccl.so.2".into());
+        let known = Known {
+            snapshot: Some(&s),
+            pods: None,
+            holders: &GpuHolders::new(),
+            rules: DeathRules::default(),
+        };
+        let f = correlate(&d, known).expect("told");
+        assert_eq!(f.container_id.as_deref(), Some("aaaa"));
+        assert_eq!(f.pod.as_deref(), Some("trainer-0"), "named by its reading");
+        assert_eq!(
+            (f.gpus.clone(), f.gpus_from),
+            (vec![5, 7], Some(GpusFrom::Process))
+        );
+        for part in [
+            "crashed in libnccl.so.2 at 2026-11-18T11:06:40Z while using GPUs 5 and 7; pair \
+             5-7 has been down since 2026-11-18T",
+            "the hardware, not your code. Drain the node, then reset GPU 7 (`nvidia-smi -r -i 7`)",
+        ] {
+            assert!(f.message.contains(part), "{part:?} not in {}", f.message);
+        }
+        assert!(!f.message.contains("-r -i 5"), "{}", f.message);
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(json["gpus_from"], "process");
+        assert!(json["gpu_pairs"][0]["since"].as_str().is_some());
+
+        // Another process of the same container, never listed: its container's GPUs.
+        d.pid = Some(5151);
+        d.who = Who::Container {
+            pod_uid: Some(UID.into()),
+            container_id: "aaaa".into(),
+        };
+        let f = correlate(&d, known).expect("told");
+        assert_eq!(
+            (f.gpus.clone(), f.gpus_from),
+            (vec![5, 7], Some(GpusFrom::Container))
+        );
+        assert!(
+            f.message.contains("its container was using GPUs 5 and 7"),
+            "{}",
+            f.message
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! [`Finding`](crate::model::Finding) itself is in `model`; GPU findings are decided in
 //! `gpu::pairs` and `gpu::xid`, worded here.
 
+pub mod changes;
 pub mod shm;
 pub mod text;
 

@@ -11,8 +11,8 @@ use super::nvml::NvmlGpus;
 use super::pairs::{PairJudge, PairRules};
 use super::xid::{self, RecentXids, XidCounts};
 use crate::findings::text;
+use crate::model::{Blame, GpuReading, GpuUsers, PairVerdict};
 use crate::model::{Finding, FindingKind, Subject};
-use crate::model::{GpuReading, PairVerdict};
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
 /// after the agent.
 const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);
@@ -25,6 +25,10 @@ pub struct GpuScan {
     /// XIDs since start per (GPU index, XID).
     pub xids: BTreeMap<(u32, u64), u64>,
     pub findings: Vec<Finding>,
+    /// Which GPUs the failing pairs point at (the pair judge's word).
+    pub blame: Blame,
+    /// Which processes used which GPUs lately (kept across scans).
+    pub users: GpuUsers,
     pub nvml_up: bool,
     /// PCI bus ids of the GPUs the driver lists, NVML or not.
     pub driver_gpus: Vec<String>,
@@ -35,6 +39,7 @@ pub struct GpuScan {
 
 struct Loaded {
     gpus: NvmlGpus,
+    users: GpuUsers,
     judge: PairJudge,
     xids: Arc<XidCounts>,
     recent_xids: RecentXids,
@@ -99,6 +104,7 @@ impl GpuCollector {
                 }
                 State::Loaded(Box::new(Loaded {
                     gpus,
+                    users: GpuUsers::default(),
                     judge: PairJudge::new(self.rules),
                     xids,
                     recent_xids: RecentXids::default(),
@@ -141,7 +147,7 @@ impl GpuCollector {
                 scan
             }
             State::Loaded(loaded) => {
-                let mut scan = loaded.scan();
+                let mut scan = loaded.scan(&self.proc_root);
                 let missing = super::pci::not_in_nvml(&driver_gpus, &scan.gpus);
                 if !missing.is_empty() {
                     scan.findings.push(Finding::new(
@@ -165,9 +171,15 @@ impl Drop for GpuCollector {
 }
 
 impl Loaded {
-    fn scan(&mut self) -> GpuScan {
+    fn scan(&mut self, proc_root: &Path) -> GpuScan {
         let (sample, stats) = self.gpus.sample();
         let now = Instant::now();
+        super::users::observe(
+            &mut self.users,
+            proc_root,
+            &sample.gpus,
+            std::time::SystemTime::now(),
+        );
         let judgement = self.judge.judge(&sample, now);
         let mut findings = judgement.findings;
         let xids = self.xids.snapshot();
@@ -175,6 +187,8 @@ impl Loaded {
         GpuScan {
             gpus: sample.gpus,
             pairs: judgement.pairs,
+            blame: judgement.blame,
+            users: self.users.clone(),
             xids,
             findings,
             nvml_up: true,

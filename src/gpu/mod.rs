@@ -7,4 +7,5 @@ pub mod collector;
 pub mod nvml;
 pub mod pairs;
 pub mod pci;
+pub mod users;
 pub mod xid;

@@ -19,9 +19,12 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+
 use crate::model::{
-    Ber, FabricInfo, FabricState, GpuReading, GpuSample, LinkErrors, LinkReading, Nvlink5Errors,
-    P2pCaps, P2pStatus, PairSample, Peer, RecoveryAction, TopologyLevel,
+    Ber, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample, LinkErrors, LinkReading,
+    Nvlink5Errors, P2pCaps, P2pStatus, PairSample, PcieLink, Peer, RecoveryAction, TopologyLevel,
 };
 
 /// PCI location (domain, bus, device): how a link's remote end is matched to our GPUs.
@@ -161,6 +164,9 @@ impl NvmlGpus {
             recovery_action: None,
             fabric: None,
             links: Vec::new(),
+            processes: Vec::new(),
+            pcie_link: None,
+            utilization_percent: None,
         };
         let Some(device) = &g.device else {
             reading.lost = true;
@@ -218,6 +224,14 @@ impl NvmlGpus {
         }
         self.read_fields(device, &mut reading, stats);
         reading.fabric = self.fabric(device, stats);
+        reading.processes = processes(device, stats);
+        reading.pcie_link = pcie_link(device, stats);
+        stats.calls += 1;
+        reading.utilization_percent = device
+            .utilization_rates()
+            .map_err(|e| count_unless_unsupported(&e, stats))
+            .ok()
+            .map(|u| u.gpu);
         reading
     }
 
@@ -546,6 +560,72 @@ fn read_pair(
         p2p: p2p.ok(),
         topology,
     }
+}
+
+/// The processes on a GPU: compute and graphics, by the `_v3` calls, else (an older driver
+/// without them) the `_v2` ones; a PID in both lists once.
+fn processes(device: &Device<'static>, stats: &mut SampleStats) -> Vec<GpuProcess> {
+    let mut out: Vec<GpuProcess> = Vec::new();
+    let lists = [
+        (
+            Device::running_compute_processes as fn(&Device<'static>) -> _,
+            Device::running_compute_processes_v2 as fn(&Device<'static>) -> _,
+        ),
+        (
+            Device::running_graphics_processes,
+            Device::running_graphics_processes_v2,
+        ),
+    ];
+    for (v3, v2) in lists {
+        // A symbol the library lacks is no call; a list is a count call, then the list call
+        // unless the count is 0.
+        let listed = match v3(device) {
+            Err(NvmlError::FailedToLoadSymbol(_)) => v2(device),
+            other => other,
+        };
+        stats.calls += match &listed {
+            Err(NvmlError::FailedToLoadSymbol(_)) => 0,
+            Ok(l) if !l.is_empty() => 2,
+            _ => 1,
+        };
+        let listed: Vec<ProcessInfo> = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                count_unless_unsupported(&e, stats);
+                continue;
+            }
+        };
+        for p in listed {
+            if out.iter().any(|o| o.pid == p.pid) {
+                continue;
+            }
+            out.push(GpuProcess {
+                pid: p.pid,
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            });
+        }
+    }
+    out
+}
+
+/// The PCIe link now and at most; None unless NVML answers all four.
+fn pcie_link(device: &Device<'static>, stats: &mut SampleStats) -> Option<PcieLink> {
+    let mut read = |call: fn(&Device<'static>) -> Result<u32, NvmlError>| {
+        stats.calls += 1;
+        call(device)
+            .map_err(|e| count_unless_unsupported(&e, stats))
+            .ok()
+    };
+    // The first NOT_SUPPORTED ends it: the others would say the same.
+    Some(PcieLink {
+        gen: read(Device::current_pcie_link_gen)?,
+        max_gen: read(Device::max_pcie_link_gen)?,
+        width: read(Device::current_pcie_link_width)?,
+        max_width: read(Device::max_pcie_link_width)?,
+    })
 }
 
 fn count_unless_unsupported(e: &NvmlError, stats: &mut SampleStats) {

@@ -9,6 +9,7 @@ use prometheus_client::metrics::MetricType;
 use crate::model::{GpuReading, LinkReading, P2pStatus, PairStatus, PairVerdict};
 use crate::model::{Snapshot, XidCount};
 
+use super::shm::container_labels;
 use super::{counter, gauge};
 
 /// Every GPU family; those of GPUs and pairs only while NVML lists GPUs.
@@ -21,6 +22,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_recovery_action(encoder, &snapshot.gpus)?;
         encode_pairs(encoder, &snapshot.gpu_pairs)?;
         encode_xids(encoder, &snapshot.xids)?;
+        encode_users(encoder, snapshot)?;
     }
     encode_nvml(encoder, snapshot)
 }
@@ -63,6 +65,38 @@ fn encode_gpus(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Res
         if let Some(n) = g.pcie_replays {
             counter(&mut replays, &[("gpu", g.index.to_string())], n)?;
         }
+    }
+    Ok(())
+}
+
+/// `shmlink_gpu_container_info`: which container uses which GPU now, from NVML's process
+/// lists (no PID label: PIDs churn), with the container's labels as its /dev/shm series carry
+/// them.
+fn encode_users(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Result {
+    let mut info = encoder.encode_descriptor(
+        "shmlink_gpu_container_info",
+        "1 for each GPU a container's processes use (NVML's running processes)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (c, gpu) in snapshot.gpu_users.containers_now() {
+        let gpu = gpu.to_string();
+        let reading = snapshot
+            .shm
+            .iter()
+            .find(|r| r.container_id == c.container_id);
+        let [ns, pod, container, id, uid] = match reading {
+            Some(r) => container_labels!(r),
+            None => [
+                ("namespace", ""),
+                ("pod", ""),
+                ("container", ""),
+                ("container_id", c.container_id.as_str()),
+                ("pod_uid", c.pod_uid.as_deref().unwrap_or("")),
+            ],
+        };
+        let labels = [ns, pod, container, id, uid, ("gpu", gpu.as_str())];
+        gauge(&mut info, &labels, 1i64)?;
     }
     Ok(())
 }

@@ -50,6 +50,16 @@ fn rich_snapshot() -> Snapshot {
 
     let mut s = gpu_board(3);
     s.shm = vec![named.clone(), unlimited, unmounted, unmeasured];
+    // The trainer's processes on GPUs 0 and 2; a container the scan did not measure on GPU 1.
+    let at = std::time::SystemTime::UNIX_EPOCH;
+    for (pid, gpus, container_id) in [(10, [0, 2], "c0ffee01"), (11, [1, 1], "c0ffee99")] {
+        s.gpu_users.seen(pid, None, gpus.into(), at, || {
+            Some(crate::model::UserContainer {
+                pod_uid: None,
+                container_id: container_id.into(),
+            })
+        });
+    }
     s.failure_counts = vec![
         (
             ContainerRef::of(&named),

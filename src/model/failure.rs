@@ -215,6 +215,21 @@ pub struct PairThen {
     pub peer_gpu: u32,
     pub status: PairStatus,
     pub reasons: Vec<String>,
+    /// Since when it has failed (RFC 3339), as the pair judge counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}
+
+/// Where a failure's GPUs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpusFrom {
+    /// NVML listed the process itself on them.
+    Process,
+    /// NVML listed other processes of its container on them.
+    Container,
+    /// The kubelet's pod-resources: the GPUs its Pod holds.
+    PodResources,
 }
 
 /// `check --json`'s `failures[]` entry (docs/CONTRACT.md): identity as in `shm`, what was said,
@@ -234,8 +249,11 @@ pub struct Failure {
     pub evidence: String,
     pub pid: Option<i32>,
     pub shm: Option<ShmThen>,
-    /// The GPUs the Pod held (NVML indices), from the kubelet's pod-resources.
+    /// The GPUs the process (or its container) used, NVML indices: from NVML's process lists,
+    /// else the kubelet's pod-resources (`gpus_from`).
     pub gpus: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpus_from: Option<GpusFrom>,
     pub gpu_pairs: Vec<PairThen>,
     /// Deaths of memory only (OOM kills, bus errors); absent for the others.
     #[serde(skip_serializing_if = "Option::is_none")]

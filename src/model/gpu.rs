@@ -224,6 +224,34 @@ pub struct GpuReading {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fabric: Option<FabricInfo>,
     pub links: Vec<LinkReading>,
+    /// The processes using it (NVML's running compute and graphics processes), host PIDs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<GpuProcess>,
+    /// Its PCIe link as trained now and at most; absent where NVML does not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_link: Option<PcieLink>,
+    /// How busy it was over NVML's last sample period, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub utilization_percent: Option<u32>,
+}
+
+/// A process NVML lists on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    /// In the host's PID namespace (NVML's view); the agent runs with the host's.
+    pub pid: u32,
+    /// Absent where NVML cannot say (no permission, MIG).
+    pub used_memory_bytes: Option<u64>,
+}
+
+/// A GPU's PCIe link: generation and width now, and the most the GPU and its slot allow
+/// (nvmlDeviceGetMaxPcieLinkGeneration is the device's and the system's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PcieLink {
+    pub gen: u32,
+    pub max_gen: u32,
+    pub width: u32,
+    pub max_width: u32,
 }
 
 /// nvmlGpuP2PStatus_t, in the contract's snake case.
@@ -325,6 +353,38 @@ pub enum PairStatus {
     Down,
 }
 
+/// Which GPUs the failing pairs point at: the pair judge's word (`gpu::pairs`), which every text
+/// that tells a person what to reset takes, so that none names a GPU that is not at fault.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Blame {
+    /// The most to blame first; empty when no pair fails or when `node_wide`.
+    pub suspects: Vec<Suspect>,
+    /// Every pair of every GPU fails: the node (fabric, platform, driver), not one GPU.
+    pub node_wide: bool,
+}
+
+/// One GPU the failing pairs point at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suspect {
+    pub gpu: u32,
+    /// How many of its pairs fail.
+    pub bad_pairs: usize,
+    pub by: SuspectBy,
+    /// Its pairs' reasons that name it (with their link numbers), else all of its pairs'.
+    pub reasons: Vec<String>,
+}
+
+/// Why a GPU is a suspect, surest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SuspectBy {
+    /// All of its pairs fail, with three GPUs or more: the broken-GPU case.
+    FailsWithAll,
+    /// It is in more failing pairs than any other GPU (two or more).
+    MostPairs,
+    /// Failing pairs share no GPU: either end of each may be at fault.
+    EitherEnd,
+}
+
 /// The verdict on one GPU pair: the contract's `gpu_pairs` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PairVerdict {
@@ -337,6 +397,9 @@ pub struct PairVerdict {
     /// Links of `gpu` that lead directly to `peer_gpu` (empty on NVSwitch and PCIe boards).
     pub links: Vec<u32>,
     pub reasons: Vec<String>,
+    /// Since when the pair has failed without a break (by the agent's clock; None while ok).
+    #[serde(skip)]
+    pub since: Option<std::time::SystemTime>,
 }
 
 /// How bad one reason is. The pair's status is the worst of its reasons.

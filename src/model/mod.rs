@@ -5,6 +5,7 @@
 mod failure;
 mod finding;
 mod gpu;
+mod gpu_users;
 mod shm;
 mod snapshot;
 mod stats;
@@ -13,6 +14,7 @@ mod xid;
 pub use failure::*;
 pub use finding::*;
 pub use gpu::*;
+pub use gpu_users::*;
 pub use shm::*;
 pub use snapshot::*;
 pub use stats::*;

@@ -5,7 +5,8 @@
 use serde::Serialize;
 
 use super::{
-    ContainerRef, Failure, Finding, FindingKind, GpuReading, PairVerdict, Severity, ShmReading,
+    Blame, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, PairVerdict,
+    Severity, ShmReading,
 };
 
 /// XID errors of one kind on one GPU.
@@ -24,6 +25,13 @@ pub struct Snapshot {
     /// Filled by the GPU collector; empty when no NVML is loaded.
     pub gpus: Vec<GpuReading>,
     pub gpu_pairs: Vec<PairVerdict>,
+    /// Which GPUs the failing pairs point at: the pair judge's word, for every text that says
+    /// what to reset.
+    #[serde(skip)]
+    pub gpu_blame: Blame,
+    /// Which processes (and containers) used which GPUs lately.
+    #[serde(skip)]
+    pub gpu_users: GpuUsers,
     /// XID errors since the agent started.
     pub xids: Vec<XidCount>,
     pub findings: Vec<Finding>,

@@ -3,3 +3,4 @@
 
 pub mod kfile;
 pub mod mountinfo;
+pub mod stat;

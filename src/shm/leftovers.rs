@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
 use crate::model::Leftovers;
+pub use crate::procfs::stat::started;
 
 /// Containers started this long ago or less are looked at.
 pub const YOUNG: Duration = Duration::from_secs(600);
@@ -111,26 +112,6 @@ fn modified(st: &rustix::fs::Stat) -> SystemTime {
     }
 }
 
-/// Pure: a process's start, in clock ticks since boot, from its /proc/PID/stat (field 22,
-/// counted after the command's closing parenthesis, which the command itself may contain).
-pub fn start_ticks(stat: &str) -> Option<u64> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_ascii_whitespace().nth(19)?.parse().ok()
-}
-
-/// When the process `pid` started, by the clock: boot time plus its start ticks.
-pub fn started(proc_root: &std::path::Path, pid: i32) -> Option<SystemTime> {
-    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    let ticks = start_ticks(&stat)?;
-    let hz = rustix::param::clock_ticks_per_second();
-    if hz == 0 {
-        return None;
-    }
-    let uptime = u64::try_from(rustix::system::sysinfo().uptime).ok()?;
-    let boot = SystemTime::now().checked_sub(Duration::from_secs(uptime))?;
-    boot.checked_add(Duration::from_millis(ticks.saturating_mul(1000) / hz))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,20 +147,6 @@ mod tests {
             ]
         );
         assert_eq!(inherited(&files[2..], start, false), None, "only its own");
-    }
-
-    #[test]
-    fn the_start_is_field_22_even_when_the_command_holds_parentheses() {
-        let stat = "4242 (pt) worker) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
-                    987654 1000 100 18446744073709551615";
-        assert_eq!(start_ticks(stat), Some(987654));
-        assert_eq!(start_ticks("4242 (x) S 1"), None);
-        let me = started(std::path::Path::new("/proc"), std::process::id() as i32).unwrap();
-        let age = SystemTime::now().duration_since(me).unwrap_or_default();
-        assert!(
-            age < Duration::from_secs(3600),
-            "this test started {age:?} ago"
-        );
     }
 
     #[test]

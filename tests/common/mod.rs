@@ -8,6 +8,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod agent;
+pub mod crash;
 pub mod docker;
 pub mod fake_nvml;
 pub mod kube_api;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::model::{prefix_within, PairVerdict, RecoveryAction};
+use crate::model::{prefix_within, Blame, PairVerdict, RecoveryAction, SuspectBy};
 
 /// A message longer than this is cut: a Node object is read by everything in the cluster.
 pub const CONDITION_MESSAGE_MAX: usize = 1024;
@@ -66,14 +66,9 @@ pub fn pairs_healthy(pairs: usize) -> String {
     format!("All {pairs} GPU pairs are ok.")
 }
 
-/// `GpuPairsDown` / `GpuPairsDegraded`: the pairs, the GPU in every one of them (`common`, when
-/// more than one pair fails), and what to do; `first`: the lowest GPU named.
-pub fn pairs_failing(
-    down: &[&PairVerdict],
-    degraded: &[&PairVerdict],
-    common: Option<u32>,
-    first: u32,
-) -> String {
+/// `GpuPairsDown` / `GpuPairsDegraded`: the pairs, the GPUs the pair judge blames (with their
+/// reasons), and what to do: only a blamed GPU is ever named for a reset.
+pub fn pairs_failing(down: &[&PairVerdict], degraded: &[&PairVerdict], blame: &Blame) -> String {
     let mut parts = Vec::new();
     if !down.is_empty() {
         parts.push(format!("GPU pairs down: {}", name_pairs(down)));
@@ -81,16 +76,86 @@ pub fn pairs_failing(
     if !degraded.is_empty() {
         parts.push(format!("GPU pairs degraded: {}", name_pairs(degraded)));
     }
-    let culprit = match common {
-        Some(g) => format!(" GPU {g} is in every one of them."),
-        None => String::new(),
+    let gpus: Vec<u32> = blame.suspects.iter().map(|s| s.gpu).collect();
+    let resets = gpus
+        .iter()
+        .map(|g| format!("`nvidia-smi -r -i {g}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reset = format!(
+        "drain the node, then reset {} ({resets}) or reboot; replace a GPU whose links stay down",
+        gpu_list(&gpus)
+    );
+    let (who, todo) = match blame.suspects.first().map(|s| s.by) {
+        _ if blame.node_wide => (
+            " Every pair of every GPU fails: the node, not one GPU (fabric manager, NVSwitch, \
+             platform)."
+                .to_string(),
+            "drain the node, check `systemctl status nvidia-fabricmanager` and `nvidia-smi \
+             nvlink -s`, then reboot it"
+                .to_string(),
+        ),
+        None => (
+            String::new(),
+            "drain the node and check `nvidia-smi nvlink -s` and `nvidia-smi topo -p2p rw`"
+                .to_string(),
+        ),
+        Some(SuspectBy::FailsWithAll) => (
+            format!(
+                " {} {} with every other GPU ({}).",
+                gpu_list(&gpus),
+                if gpus.len() == 1 { "fails" } else { "fail" },
+                suspect_reasons(blame)
+            ),
+            reset,
+        ),
+        Some(SuspectBy::MostPairs) => (
+            format!(
+                " {} {} in the most of them ({} pairs each; {}).",
+                gpu_list(&gpus),
+                if gpus.len() == 1 { "is" } else { "are" },
+                blame.suspects[0].bad_pairs,
+                suspect_reasons(blame)
+            ),
+            reset,
+        ),
+        Some(SuspectBy::EitherEnd) => (
+            " The failing pairs share no GPU: either end of each may be at fault.".to_string(),
+            reset,
+        ),
     };
     within_max(format!(
-        "{}.{culprit} Jobs across these GPUs fail or fall back to slower paths: drain the \
-         node, then reset the GPUs named (`nvidia-smi -r -i {first}`) or reboot; replace the \
-         GPU or NVSwitch whose links stay down.",
+        "{}.{who} Jobs across these GPUs fail or fall back to slower paths: {todo}.",
         parts.join("; ")
     ))
+}
+
+/// `GPU 2`, `GPU 2 and GPU 4`, `GPU 1, GPU 2 and GPU 4`.
+fn gpu_list(gpus: &[u32]) -> String {
+    let named: Vec<String> = gpus.iter().map(|g| format!("GPU {g}")).collect();
+    match named.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// Each suspect's first reasons, as `GPU 4: ...; GPU 2: ...`.
+fn suspect_reasons(blame: &Blame) -> String {
+    blame
+        .suspects
+        .iter()
+        .map(|s| {
+            let r: Vec<&str> = s
+                .reasons
+                .iter()
+                .take(2)
+                .map(|r| prefix_within(r, 160))
+                .collect();
+            format!("GPU {}: {}", s.gpu, r.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `GPU 0 <-> GPU 1 (links 0, 1 of GPU 0), ...` with at most [`PAIRS_NAMED`] named.

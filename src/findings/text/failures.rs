@@ -1,7 +1,7 @@
 //! Why a workload died: what it said, what its /dev/shm and GPUs were then, and the fix.
 
 use super::{pair_status, SHM_FIX_KUBERNETES};
-use crate::model::{MemorySource, MemorySplit, PairStatus, PairThen, ShmThen};
+use crate::model::{GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen, ShmThen};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// `shm_allocation_failed`: what the workload said, its /dev/shm then, and a concrete fix.
@@ -81,12 +81,11 @@ pub fn gpu_job_crashed(
     comm: &str,
     pid: Option<i32>,
     library: &str,
-    gpus: &[u32],
-    pairs: &[PairThen],
+    gpus: &JobGpus<'_>,
 ) -> String {
     let pid = pid.map_or(String::new(), |p| format!(" (host PID {p})"));
     let mut out = format!("process {comm}{pid} of {who} crashed in {library} at {at}");
-    out.push_str(&gpu_context(gpus, pairs));
+    out.push_str(&gpu_context(gpus));
     out
 }
 
@@ -95,8 +94,7 @@ pub fn nccl_p2p_disabled(
     who: &str,
     at: &str,
     nccl: Option<(u32, u32)>,
-    gpus: &[u32],
-    pairs: &[PairThen],
+    gpus: &JobGpus<'_>,
 ) -> String {
     let between = nccl.map_or(String::new(), |(a, b)| {
         format!(" between GPUs {a} and {b} (as the container numbers them)")
@@ -105,40 +103,77 @@ pub fn nccl_p2p_disabled(
         "NCCL in {who} says P2P is disabled{between} although they are NVLink-connected, at \
          {at}: traffic falls back to slower paths or the job fails"
     );
-    out.push_str(&gpu_context(gpus, pairs));
+    out.push_str(&gpu_context(gpus));
     out
 }
 
-/// ". Its GPUs: ...; pair 6-7 is degraded: the hardware, not your code (...)", or healthy.
-pub(super) fn gpu_context(gpus: &[u32], pairs: &[PairThen]) -> String {
-    if gpus.is_empty() {
-        return ". The GPUs it held are not known (no kubelet pod-resources answer).".into();
+/// The GPUs a failed job used and what the pair judge said of the pairs among them.
+pub struct JobGpus<'a> {
+    /// NVML indices, lowest first.
+    pub gpus: &'a [u32],
+    pub from: Option<GpusFrom>,
+    pub pairs: &'a [PairThen],
+    /// The GPUs among them the pair judge blames (else the ends of their failing pairs).
+    pub culprits: &'a [u32],
+}
+
+/// `GPU 5`, `GPUs 5 and 7`, `GPUs 1, 5 and 7`.
+pub(super) fn gpus_named(gpus: &[u32]) -> String {
+    let n: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    match n.split_last() {
+        None => "no GPU".into(),
+        Some((last, [])) => format!("GPU {last}"),
+        Some((last, rest)) => format!("GPUs {} and {last}", rest.join(", ")),
     }
-    let list = gpus
-        .iter()
-        .map(|g| format!("GPU {g}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let bad: Vec<&PairThen> = pairs
+}
+
+/// ". It was using GPUs 5 and 7; pair 5-7 has been down since ... (...): the hardware, not
+/// your code. ...", or that all pairs among them are healthy.
+pub(super) fn gpu_context(job: &JobGpus<'_>) -> String {
+    let gpus = job.gpus;
+    if gpus.is_empty() {
+        return ". The GPUs it used are not known (NVML listed no process of it, and no kubelet \
+                pod-resources answer)."
+            .into();
+    }
+    let list = gpus_named(gpus);
+    let used = match job.from {
+        Some(GpusFrom::Process) => format!(" while using {list}"),
+        Some(GpusFrom::Container) => format!("; its container was using {list}"),
+        _ => format!("; its Pod holds {list}"),
+    };
+    let bad: Vec<&PairThen> = job
+        .pairs
         .iter()
         .filter(|p| p.status != PairStatus::Ok)
         .collect();
     if bad.is_empty() {
-        let pairs = if pairs.is_empty() {
+        let healthy = if gpus.len() < 2 {
             String::new()
+        } else if job.pairs.is_empty() {
+            "; the pairs among them were not judged (no NVML)".into()
         } else {
-            " and all its GPU pairs are healthy".to_string()
+            format!(
+                "; all pairs among GPUs {} are healthy",
+                gpus.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         };
         return format!(
-            ". It held {list}{pairs}: look at the job itself (NCCL_DEBUG=INFO, the stack of \
-             the crash)."
+            "{used}{healthy}: look at the job itself (NCCL_DEBUG=INFO, the stack of the crash)."
         );
     }
     let parts = bad
         .iter()
         .map(|p| {
+            let since = p
+                .since
+                .as_deref()
+                .map_or(String::new(), |t| format!(" since {t}"));
             format!(
-                "pair {}-{} is {}: {}",
+                "pair {}-{} has been {}{since} ({})",
                 p.gpu,
                 p.peer_gpu,
                 pair_status(p.status),
@@ -147,7 +182,17 @@ pub(super) fn gpu_context(gpus: &[u32], pairs: &[PairThen]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ");
-    format!(". It held {list}; {parts}: the hardware, not your code. Drain the node and have the GPU reset or replaced.")
+    let resets = job
+        .culprits
+        .iter()
+        .map(|g| format!("`nvidia-smi -r -i {g}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{used}; {parts}: the hardware, not your code. Drain the node, then reset {} ({resets}) \
+         or replace it; until then keep jobs off that pair.",
+        gpus_named(job.culprits)
+    )
 }
 
 /// What a workload said of its own death, after the kill's message.

@@ -4,8 +4,6 @@
 //! its cause and the fix a person types; `kubernetes`: the container is a Pod's (the fix is a
 //! Pod spec), else Docker's flags.
 
-use crate::model::PairThen;
-
 /// `shm_not_shared`: a segment another process made is not in this one's /dev/shm.
 pub fn shm_not_shared(who: &str, at: &str, evidence: &str, kubernetes: bool) -> String {
     let fix = if kubernetes {
@@ -90,12 +88,11 @@ pub fn gpu_peer_access_refused(
     who: &str,
     at: &str,
     evidence: &str,
-    gpus: &[u32],
-    pairs: &[PairThen],
+    gpus: &super::failures::JobGpus<'_>,
 ) -> String {
     let mut out =
         format!("CUDA in {who} refused peer access between two of its GPUs at {at}: {evidence}");
-    out.push_str(&super::failures::gpu_context(gpus, pairs));
+    out.push_str(&super::failures::gpu_context(gpus));
     out.push_str(
         " Until the pair is fixed, NCCL_P2P_DISABLE=1 lets the job run through host memory \
          (slower); shmlink probe tells which pair refuses.",

@@ -4,20 +4,22 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use super::blame::blame;
 use super::board::Board;
 use super::counters::Notice;
 use super::verdict::Judged;
 use super::PairRules;
 use crate::findings::text;
-use crate::model::Weight;
+use crate::model::{Blame, Weight};
 use crate::model::{Finding, FindingKind, Severity, Subject};
 
+/// The findings, and which GPUs they blame.
 pub(super) fn findings(
     board: &Board<'_>,
     judged: &[Judged],
     notices: Vec<Notice>,
     rules: &PairRules,
-) -> Vec<Finding> {
+) -> (Vec<Finding>, Blame) {
     let mut out = Vec::new();
     let not_ok: HashSet<(u32, u32)> = judged
         .iter()
@@ -102,7 +104,15 @@ pub(super) fn findings(
             text::link_errors(g, &board.describe(g), rules.window, &parts),
         ));
     }
-    out
+    // A lost GPU fails with all its peers: first to blame.
+    culprits.extend(board.lost.iter().copied());
+    let all_failing: Vec<&Judged> = judged.iter().filter(|j| j.weight.is_some()).collect();
+    let failing_for_blame = if board.lost.is_empty() {
+        failing
+    } else {
+        all_failing
+    };
+    (out, blame(&failing_for_blame, &culprits, node_wide))
 }
 
 fn worst(pairs: &[&Judged]) -> Option<Weight> {

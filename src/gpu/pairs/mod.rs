@@ -37,8 +37,9 @@
 //! `links.rs` (rules 1-2), `counters.rs` (3), `p2p.rs` (4-5), `findings.rs` (6).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+mod blame;
 mod board;
 mod counters;
 mod findings;
@@ -56,7 +57,7 @@ use nvlink5::Nvlink5History;
 use p2p::P2pMemory;
 use verdict::Judged;
 
-use crate::model::Finding;
+use crate::model::{Blame, Finding};
 use crate::model::{GpuSample, PairStatus, PairVerdict};
 
 /// Thresholds of the pair verdicts. The defaults follow DCGM's NVLink health watch.
@@ -98,6 +99,8 @@ pub struct Judgement {
     /// Every unordered pair of the sample's GPUs, `gpu < peer_gpu`, sorted.
     pub pairs: Vec<PairVerdict>,
     pub findings: Vec<Finding>,
+    /// Which GPUs the failing pairs point at.
+    pub blame: Blame,
 }
 
 /// Judges GPU pairs scan after scan; keeps the baselines that rules 3 and 4 need.
@@ -107,6 +110,8 @@ pub struct PairJudge {
     counters: CounterHistory,
     nvlink5: Nvlink5History,
     p2p_ever_ok: P2pMemory,
+    /// Since when each failing pair (by its GPUs' UUIDs) has failed.
+    failing_since: HashMap<(String, String), SystemTime>,
 }
 
 impl PairJudge {
@@ -116,11 +121,17 @@ impl PairJudge {
             counters: HashMap::new(),
             nvlink5: HashMap::new(),
             p2p_ever_ok: HashMap::new(),
+            failing_since: HashMap::new(),
         }
     }
 
     /// Judges one sample. `now` is when the sample was taken (tests pass synthetic instants).
     pub fn judge(&mut self, sample: &GpuSample, now: Instant) -> Judgement {
+        self.judge_at(sample, now, SystemTime::now())
+    }
+
+    /// [`PairJudge::judge`], with the clock time of `now` for the pairs' `since`.
+    pub fn judge_at(&mut self, sample: &GpuSample, now: Instant, clock: SystemTime) -> Judgement {
         let board = Board::new(sample);
         let mut pairs = board.pair_states(sample);
         links::lost_rule(&board, &mut pairs);
@@ -155,15 +166,27 @@ impl PairJudge {
                         topology: st.topology,
                         links,
                         reasons: st.reasons.into_iter().map(|r| r.text).collect(),
+                        since: None,
                     },
                 }
             })
             .collect();
-        let mut findings = findings::findings(&board, &judged, notices, &self.rules);
+        let mut judged = judged;
+        let mut failing_since = HashMap::new();
+        for j in judged.iter_mut().filter(|j| j.weight.is_some()) {
+            let key = (board.key(j.verdict.gpu), board.key(j.verdict.peer_gpu));
+            let since = self.failing_since.get(&key).copied().unwrap_or(clock);
+            j.verdict.since = Some(since);
+            failing_since.insert(key, since);
+        }
+        // Only the pairs failing now: a pair that recovers starts over.
+        self.failing_since = failing_since;
+        let (mut findings, blame) = findings::findings(&board, &judged, notices, &self.rules);
         findings.extend(gpu_findings);
         Judgement {
             pairs: judged.into_iter().map(|j| j.verdict).collect(),
             findings,
+            blame,
         }
     }
 }

@@ -2,7 +2,6 @@
 //! conditions. Fatal XIDs are held for their time (`gpu::xid::judge`); everything else is as the snapshot
 //! says now.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
@@ -10,7 +9,7 @@ use crate::findings::text::{self, ConditionReason};
 use crate::gpu::pci::not_in_nvml;
 use crate::gpu::xid::{catalogue, FatalXids};
 use crate::model::Snapshot;
-use crate::model::{PairStatus, PairVerdict, RecoveryAction};
+use crate::model::{Blame, PairStatus, PairVerdict, RecoveryAction};
 
 /// Decides the conditions; remembers fatal XIDs for `hold`.
 #[derive(Debug)]
@@ -33,7 +32,7 @@ impl ConditionJudge {
             return no_nvml(snapshot);
         }
         Desired {
-            link: link_condition(&snapshot.gpu_pairs),
+            link: link_condition(&snapshot.gpu_pairs, &snapshot.gpu_blame),
             fault: self.fault_condition(snapshot),
         }
     }
@@ -138,7 +137,8 @@ fn no_nvml(snapshot: &Snapshot) -> Desired {
     }
 }
 
-fn link_condition(pairs: &[PairVerdict]) -> Condition {
+/// The culprit is the pair judge's (`Snapshot::gpu_blame`), never guessed again here.
+fn link_condition(pairs: &[PairVerdict], blame: &Blame) -> Condition {
     let bad: Vec<&PairVerdict> = pairs
         .iter()
         .filter(|p| p.status != PairStatus::Ok)
@@ -161,18 +161,6 @@ fn link_condition(pairs: &[PairVerdict]) -> Condition {
         .copied()
         .filter(|p| p.status == PairStatus::Degraded)
         .collect();
-    // A GPU in every bad pair is the likely culprit: name it.
-    let common: BTreeSet<u32> = bad.iter().fold(
-        [bad[0].gpu, bad[0].peer_gpu].into_iter().collect(),
-        |acc, p| {
-            acc.into_iter()
-                .filter(|g| *g == p.gpu || *g == p.peer_gpu)
-                .collect()
-        },
-    );
-    let culprit = common.iter().next().copied().filter(|_| bad.len() > 1);
-    let gpus: BTreeSet<u32> = bad.iter().flat_map(|p| [p.gpu, p.peer_gpu]).collect();
-    let first = gpus.iter().next().copied().unwrap_or(0);
     Condition {
         type_: GPU_LINK_DEGRADED,
         status: Status::True,
@@ -182,7 +170,7 @@ fn link_condition(pairs: &[PairVerdict]) -> Condition {
             ConditionReason::GpuPairsDown
         }
         .to_string(),
-        message: text::pairs_failing(&down, &degraded, culprit, first),
+        message: text::pairs_failing(&down, &degraded, blame),
     }
 }
 

@@ -51,7 +51,43 @@ pub struct Gpu {
     pub recovery_action: Option<u32>,
     /// nvmlDeviceGetGpuFabricInfoV's answer; None: NOT_SUPPORTED.
     pub fabric: Option<Fabric>,
+    /// Compute processes, in file order; no pid twice.
+    pub processes: Vec<Process>,
+    /// The four PCIe link calls' answers; None: NOT_SUPPORTED.
+    pub pcie_link: Option<PcieLink>,
+    /// nvmlDeviceGetUtilizationRates's answer; None: NOT_SUPPORTED.
+    pub utilization: Option<Utilization>,
     pub links: Vec<Link>,
+}
+
+/// One process with a compute context on the GPU (nvmlProcessInfo_t without MIG instances).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Process {
+    /// As the host sees it: NVML reports host pids, not a container's.
+    pub pid: u32,
+    /// Bytes; u64::MAX is NVML_VALUE_NOT_AVAILABLE.
+    pub used_memory: u64,
+}
+
+/// The PCIe link, current and maximum; validate.rs checks gen <= max_gen, width <= max_width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieLink {
+    #[serde(rename = "gen")]
+    pub generation: u32,
+    #[serde(rename = "max_gen")]
+    pub max_generation: u32,
+    pub width: u32,
+    pub max_width: u32,
+}
+
+/// Percentages, 0-100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Utilization {
+    pub gpu: u32,
+    pub memory: u32,
 }
 
 /// The GPU's fabric registration, as nvmlGpuFabricInfo_v2/v3_t carry it.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{ErrorCounterApi, LinkErrors};
+use super::{ErrorCounterApi, LinkErrors, PcieLink, Process, Utilization};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +56,12 @@ pub(super) struct RawGpu {
     pub(super) recovery_action: Option<String>,
     #[serde(default)]
     pub(super) fabric: Option<RawFabric>,
+    #[serde(default)]
+    pub(super) processes: Vec<Process>,
+    #[serde(default)]
+    pub(super) pcie_link: Option<PcieLink>,
+    #[serde(default)]
+    pub(super) utilization: Option<Utilization>,
     #[serde(default)]
     pub(super) links: Vec<RawLink>,
 }

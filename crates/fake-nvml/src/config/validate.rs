@@ -10,7 +10,9 @@ use super::names::{
     caps_of, fabric_state, nvml_return, p2p_status, recovery_action, remote_type, topology_level,
 };
 use super::raw::{number, OneOrMany, RawConfig, RawFabric, RawGpu, RawLink, RawNvlink5};
-use super::{Config, Fabric, Gpu, Link, Nvlink5, P2pRule, Pci, P2P_CAPS};
+use super::{
+    Config, Fabric, Gpu, Link, Nvlink5, P2pRule, Pci, PcieLink, Process, Utilization, P2P_CAPS,
+};
 
 impl RawConfig {
     /// The whole file: GPUs, then which links reach one of them, then P2P, topology, versions.
@@ -136,6 +138,17 @@ impl RawGpu {
                 .map(RawFabric::validate)
                 .transpose()
                 .map_err(at)?,
+            processes: check_processes(self.processes).map_err(at)?,
+            pcie_link: self
+                .pcie_link
+                .map(PcieLink::validate)
+                .transpose()
+                .map_err(at)?,
+            utilization: self
+                .utilization
+                .map(Utilization::validate)
+                .transpose()
+                .map_err(at)?,
             links,
         })
     }
@@ -180,6 +193,55 @@ impl RawFabric {
                 | (flag(self.route_unhealthy)
                     << sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY),
         })
+    }
+}
+
+/// NVML lists a process once per GPU.
+fn check_processes(processes: Vec<Process>) -> Result<Vec<Process>, String> {
+    for (n, p) in processes.iter().enumerate() {
+        if processes[..n].iter().any(|q| q.pid == p.pid) {
+            return Err(format!("processes[{n}]: pid {} listed twice", p.pid));
+        }
+    }
+    Ok(processes)
+}
+
+impl PcieLink {
+    /// Generations PCIe has had (1-6) and the widths a link trains at.
+    fn validate(self) -> Result<PcieLink, String> {
+        let bad = |e: String| Err(format!("pcie_link: {e}"));
+        if !(1 <= self.generation
+            && self.generation <= self.max_generation
+            && self.max_generation <= 6)
+        {
+            return bad(format!(
+                "want 1 <= gen ({}) <= max_gen ({}) <= 6",
+                self.generation, self.max_generation
+            ));
+        }
+        for w in [self.width, self.max_width] {
+            if ![1, 2, 4, 8, 16, 32].contains(&w) {
+                return bad(format!("width {w} is not 1, 2, 4, 8, 16 or 32"));
+            }
+        }
+        if self.width > self.max_width {
+            return bad(format!(
+                "width {} > max_width {}",
+                self.width, self.max_width
+            ));
+        }
+        Ok(self)
+    }
+}
+
+impl Utilization {
+    fn validate(self) -> Result<Utilization, String> {
+        for (what, v) in [("gpu", self.gpu), ("memory", self.memory)] {
+            if v > 100 {
+                return Err(format!("utilization: {what} {v} is not a percentage"));
+            }
+        }
+        Ok(self)
     }
 }
 
@@ -292,6 +354,117 @@ mod tests {
             (r#""error_counter_api": "nvlink6""#, "unknown variant"),
             (r#""links": [{"nvlink5": {"symbol_ber": 3}}]"#, "symbol_ber"),
             (r#""links": [{"nvlink5": {"symbols": 3}}]"#, "unknown field"),
+        ] {
+            let json = format!(
+                r#"{{"gpus": [{{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", {text}}}]}}"#
+            );
+            let err = Config::parse(&json).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn processes_pcie_link_and_utilization_parse_and_mistakes_are_named() {
+        let cfg = Config::parse(
+            r#"{"gpus": [{"name": "G", "uuid": "U", "pci_bus_id": "0:1:0.0",
+                "processes": [{"pid": 4242, "used_memory": 1073741824}, {"pid": 7, "used_memory": 0}],
+                "pcie_link": {"gen": 4, "max_gen": 5, "width": 8, "max_width": 16},
+                "utilization": {"gpu": 100, "memory": 0}},
+                {"name": "G", "uuid": "V", "pci_bus_id": "0:2:0.0"}]}"#,
+        )
+        .unwrap();
+        let g = &cfg.gpus[0];
+        assert_eq!(
+            g.processes,
+            [
+                Process {
+                    pid: 4242,
+                    used_memory: 1 << 30
+                },
+                Process {
+                    pid: 7,
+                    used_memory: 0
+                }
+            ]
+        );
+        assert_eq!(
+            g.pcie_link,
+            Some(PcieLink {
+                generation: 4,
+                max_generation: 5,
+                width: 8,
+                max_width: 16
+            })
+        );
+        assert_eq!(
+            g.utilization,
+            Some(Utilization {
+                gpu: 100,
+                memory: 0
+            })
+        );
+        let h = &cfg.gpus[1];
+        assert!(h.processes.is_empty() && h.pcie_link.is_none() && h.utilization.is_none());
+
+        let link = |l: &str| format!(r#""pcie_link": {{{l}}}"#);
+        for (text, want) in [
+            (
+                r#""processes": [{"pid": 1, "used_memory": 2}, {"pid": 1, "used_memory": 3}]"#
+                    .into(),
+                "processes[1]: pid 1 listed twice",
+            ),
+            (
+                r#""processes": [{"pid": -1, "used_memory": 2}]"#.into(),
+                "invalid value",
+            ),
+            (
+                r#""processes": [{"pid": 1}]"#.into(),
+                "missing field `used_memory`",
+            ),
+            (
+                r#""processes": [{"pid": 1, "used_memory": 2, "name": "x"}]"#.into(),
+                "unknown field",
+            ),
+            (
+                link(r#""gen": 4, "max_gen": 5, "width": 8"#),
+                "missing field `max_width`",
+            ),
+            (
+                link(r#""gen": 0, "max_gen": 5, "width": 8, "max_width": 16"#),
+                "gpus[0]: pcie_link: want 1 <= gen (0)",
+            ),
+            (
+                link(r#""gen": 5, "max_gen": 4, "width": 8, "max_width": 16"#),
+                "pcie_link: want",
+            ),
+            (
+                link(r#""gen": 4, "max_gen": 7, "width": 8, "max_width": 16"#),
+                "pcie_link: want",
+            ),
+            (
+                link(r#""gen": 4, "max_gen": 5, "width": 3, "max_width": 16"#),
+                "width 3 is not",
+            ),
+            (
+                link(r#""gen": 4, "max_gen": 5, "width": 8, "max_width": 64"#),
+                "width 64 is not",
+            ),
+            (
+                link(r#""gen": 4, "max_gen": 5, "width": 16, "max_width": 8"#),
+                "width 16 > max_width 8",
+            ),
+            (
+                r#""utilization": {"gpu": 101, "memory": 0}"#.into(),
+                "utilization: gpu 101 is not a percentage",
+            ),
+            (
+                r#""utilization": {"gpu": 1, "memory": 200}"#.into(),
+                "utilization: memory 200",
+            ),
+            (
+                r#""utilization": {"gpu": 1}"#.into(),
+                "missing field `memory`",
+            ),
         ] {
             let json = format!(
                 r#"{{"gpus": [{{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", {text}}}]}}"#

@@ -18,6 +18,8 @@ mod fields;
 mod init;
 mod nvlink;
 mod pairs;
+mod pcie;
+mod processes;
 
 pub use device::*;
 pub use events::*;
@@ -28,6 +30,8 @@ pub use fields::*;
 pub use init::*;
 pub use nvlink::*;
 pub use pairs::*;
+pub use pcie::*;
+pub use processes::*;
 
 use std::ffi::{c_char, c_uint};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -256,6 +260,88 @@ mod tests {
             assert_eq!(nvmlDeviceRegisterEvents(dev, 1 << 40, set), NOT_SUPPORTED);
             assert_eq!(nvmlEventSetFree(set), SUCCESS);
             assert_eq!(nvmlEventSetFree(set), INVALID_ARGUMENT);
+
+            // The preset has no processes, PCIe link or utilization.
+            count = 0;
+            let no_infos = std::ptr::null_mut();
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v2(dev, &mut count, no_infos),
+                SUCCESS
+            );
+            assert_eq!(count, 0);
+            let mut value: c_uint = 0;
+            assert_eq!(
+                nvmlDeviceGetCurrPcieLinkGeneration(dev, &mut value),
+                NOT_SUPPORTED
+            );
+            let mut util: sys::nvmlUtilization_t = std::mem::zeroed();
+            assert_eq!(nvmlDeviceGetUtilizationRates(dev, &mut util), NOT_SUPPORTED);
+
+            // A new version of the file: the next call answers from it.
+            let tmp = dir.join("nvml.json.tmp");
+            std::fs::write(
+                &tmp,
+                r#"{"gpus": [{"name": "G", "uuid": "GPU-0", "pci_bus_id": "0:1:0.0",
+                    "processes": [{"pid": 4242, "used_memory": 1024}, {"pid": 7, "used_memory": 0}],
+                    "pcie_link": {"gen": 4, "max_gen": 5, "width": 8, "max_width": 16},
+                    "utilization": {"gpu": 93, "memory": 41}},
+                   {"name": "G", "uuid": "GPU-1", "pci_bus_id": "0:2:0.0", "lost": true,
+                    "processes": [{"pid": 1, "used_memory": 1}]}]}"#,
+            )
+            .unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
+            let (dev, lost) = (handle(0), handle(1));
+            count = 0;
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v2(dev, &mut count, no_infos),
+                INSUFFICIENT_SIZE
+            );
+            assert_eq!(count, 2);
+            let mut infos = [std::mem::zeroed::<sys::nvmlProcessInfo_t>(); 7];
+            count = 7;
+            #[cfg(not(fake_nvml_legacy))]
+            {
+                assert_eq!(
+                    nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut count, infos.as_mut_ptr()),
+                    SUCCESS
+                );
+                assert_eq!((count, infos[1].pid), (2, 7));
+                count = 7;
+            }
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v2(dev, &mut count, infos.as_mut_ptr()),
+                SUCCESS
+            );
+            assert_eq!(
+                (count, infos[0].pid, infos[0].usedGpuMemory),
+                (2, 4242, 1024)
+            );
+            count = 0;
+            assert_eq!(
+                nvmlDeviceGetGraphicsRunningProcesses_v2(dev, &mut count, no_infos),
+                SUCCESS
+            );
+            assert_eq!(count, 0);
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v2(lost, &mut count, no_infos),
+                GPU_IS_LOST
+            );
+            for (f, want) in [
+                (
+                    nvmlDeviceGetCurrPcieLinkGeneration as unsafe extern "C" fn(_, _) -> _,
+                    4,
+                ),
+                (nvmlDeviceGetMaxPcieLinkGeneration, 5),
+                (nvmlDeviceGetCurrPcieLinkWidth, 8),
+                (nvmlDeviceGetMaxPcieLinkWidth, 16),
+            ] {
+                assert_eq!(f(dev, &mut value), SUCCESS);
+                assert_eq!(value, want);
+                assert_eq!(f(lost, &mut value), GPU_IS_LOST);
+            }
+            assert_eq!(nvmlDeviceGetUtilizationRates(dev, &mut util), SUCCESS);
+            assert_eq!((util.gpu, util.memory), (93, 41));
+            assert_eq!(nvmlDeviceGetUtilizationRates(lost, &mut util), GPU_IS_LOST);
 
             assert_eq!(nvmlShutdown(), SUCCESS);
             assert_eq!(nvmlShutdown(), UNINITIALIZED);

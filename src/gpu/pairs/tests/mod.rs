@@ -43,6 +43,9 @@ fn gpu(index: u32, links: Vec<LinkReading>) -> GpuReading {
         recovery_action: None,
         fabric: None,
         links,
+        processes: Vec::new(),
+        pcie_link: None,
+        utilization_percent: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Rules 3b-3c: NVLink5 counters (Blackwell), NVML's recovery action, fabric health.
 
 use super::*;
-use crate::model::{Ber, FabricInfo, FabricState, Nvlink5Errors, RecoveryAction};
+use crate::model::{Ber, Blame, FabricInfo, FabricState, Nvlink5Errors, RecoveryAction, SuspectBy};
 
 /// `n` B200-like GPUs on NVSwitches: the DL counters absent, NVLink5 counters at 0.
 fn b200(n: u32, links: u32) -> GpuSample {
@@ -303,4 +303,48 @@ fn the_new_findings_read_as_one_sentence_each() {
         "{}",
         action.message
     );
+}
+
+#[test]
+fn two_faulty_gpus_are_both_blamed_with_their_links_and_no_healthy_gpu_is() {
+    let t0 = Instant::now();
+    let mut judge = PairJudge::default();
+    let mut s = b200(8, 18);
+    judge.judge(&s, t0);
+    // GPU 4: failed recoveries on link 9; GPU 2: symbol errors growing fast on link 3.
+    n5(&mut s, 4, 9).recovery_failed = 3;
+    n5(&mut s, 2, 3).symbol = 5000;
+    let j = judge.judge(&s, secs_after(t0, 5));
+    let blamed: Vec<(u32, SuspectBy)> = j.blame.suspects.iter().map(|s| (s.gpu, s.by)).collect();
+    // Both fail with all seven peers; GPU 0 is in two failing pairs only.
+    assert_eq!(
+        blamed,
+        vec![(2, SuspectBy::FailsWithAll), (4, SuspectBy::FailsWithAll)]
+    );
+    assert!(!j.blame.node_wide);
+    let four = &j.blame.suspects[1];
+    assert_eq!(four.bad_pairs, 7);
+    assert_eq!(
+        four.reasons,
+        vec!["NVLink failed link recoveries on GPU 4 link 9: +3 in the last 60 s".to_string()]
+    );
+    assert!(
+        j.blame.suspects[0].reasons[0].starts_with("NVLink symbol errors on GPU 2 link 3"),
+        "{:?}",
+        j.blame.suspects[0].reasons
+    );
+}
+
+#[test]
+fn a_healthy_board_blames_no_one_and_one_bad_switch_link_blames_its_gpu() {
+    let t0 = Instant::now();
+    let mut judge = PairJudge::default();
+    let mut s = b200(8, 18);
+    judge.judge(&s, t0);
+    assert_eq!(judge.judge(&s, secs_after(t0, 1)).blame, Blame::default());
+    n5(&mut s, 5, 0).recovery_failed = 1;
+    let j = judge.judge(&s, secs_after(t0, 5));
+    // A switch link serves all of GPU 5's pairs: it fails with all.
+    assert_eq!(j.blame.suspects.len(), 1);
+    assert_eq!(j.blame.suspects[0].gpu, 5);
 }

@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::fixtures::{gpu_board, pair};
-use crate::model::XidCount;
+use crate::model::{Blame, Suspect, SuspectBy, XidCount};
 
 const HOLD: Duration = Duration::from_secs(3600);
 
@@ -58,18 +58,90 @@ fn a_down_pair_makes_link_degraded_true_naming_gpus_and_links() {
 }
 
 #[test]
-fn a_broken_gpu_is_named_as_the_one_in_every_degraded_pair() {
+fn a_broken_gpu_is_named_as_the_pair_judge_blames_it() {
     let mut s = gpu_board(8);
     for p in s.gpu_pairs.iter_mut().filter(|p| p.peer_gpu == 7) {
         p.status = PairStatus::Degraded;
     }
+    s.gpu_blame = Blame {
+        suspects: vec![suspect(
+            7,
+            SuspectBy::FailsWithAll,
+            7,
+            "links of GPU 7 are inactive",
+        )],
+        node_wide: false,
+    };
     let d = judge().decide(&s, Instant::now());
     assert_eq!(d.link.reason, "GpuPairsDegraded");
     assert!(d.link.message.contains("GPU 0 <-> GPU 7, GPU 1 <-> GPU 7"));
     assert!(
-        d.link.message.contains("GPU 7 is in every one of them."),
+        d.link.message.contains(
+            "GPU 7 fails with every other GPU (GPU 7: links of GPU 7 are inactive). Jobs \
+             across these GPUs fail or fall back to slower paths: drain the node, then reset \
+             GPU 7 (`nvidia-smi -r -i 7`) or reboot"
+        ),
         "{}",
         d.link.message
+    );
+}
+
+fn suspect(gpu: u32, by: SuspectBy, bad_pairs: usize, reason: &str) -> Suspect {
+    Suspect {
+        gpu,
+        bad_pairs,
+        by,
+        reasons: vec![reason.to_string()],
+    }
+}
+
+/// The field's case: GPUs 2 and 4 at fault on an NVLink5 board. Every pair with either fails,
+/// GPU 0 among them; only 2 and 4 are named for a reset, with their links.
+#[test]
+fn two_blamed_gpus_are_named_with_their_links_and_no_healthy_gpu_for_a_reset() {
+    let mut s = gpu_board(8);
+    for p in s
+        .gpu_pairs
+        .iter_mut()
+        .filter(|p| [2, 4].contains(&p.gpu) || [2, 4].contains(&p.peer_gpu))
+    {
+        p.status = PairStatus::Degraded;
+    }
+    s.gpu_blame = Blame {
+        suspects: vec![
+            suspect(
+                2,
+                SuspectBy::FailsWithAll,
+                7,
+                "NVLink symbol errors on GPU 2 link 3: +5000 in the last 60 s, up to 1000/s",
+            ),
+            suspect(
+                4,
+                SuspectBy::FailsWithAll,
+                7,
+                "NVLink failed link recoveries on GPU 4 link 9: +3 in the last 60 s",
+            ),
+        ],
+        node_wide: false,
+    };
+    let m = judge().decide(&s, Instant::now()).link.message;
+    for part in [
+        "GPU 2 and GPU 4 fail with every other GPU (GPU 2: NVLink symbol errors on GPU 2 link 3",
+        "GPU 4: NVLink failed link recoveries on GPU 4 link 9",
+        "reset GPU 2 and GPU 4 (`nvidia-smi -r -i 2`, `nvidia-smi -r -i 4`)",
+    ] {
+        assert!(m.contains(part), "{part:?} not in {m}");
+    }
+    assert!(!m.contains("-r -i 0"), "{m}");
+    // Nothing blamed (every pair fails): the node, and no GPU named for a reset.
+    s.gpu_blame = Blame {
+        suspects: Vec::new(),
+        node_wide: true,
+    };
+    let m = judge().decide(&s, Instant::now()).link.message;
+    assert!(
+        m.contains("the node, not one GPU") && !m.contains("nvidia-smi -r"),
+        "{m}"
     );
 }
 

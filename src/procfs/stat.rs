@@ -1,0 +1,45 @@
+//! Pure: `/proc/PID/stat`, for a process's start (which tells a process from a later one that
+//! got its PID).
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// A process's start, in clock ticks since boot (field 22, counted after the command's closing
+/// parenthesis, which the command itself may contain).
+pub fn start_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// When the process `pid` started, by the clock: boot time plus its start ticks.
+pub fn started(proc_root: &Path, pid: i32) -> Option<SystemTime> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let ticks = start_ticks(&stat)?;
+    let hz = rustix::param::clock_ticks_per_second();
+    if hz == 0 {
+        return None;
+    }
+    let uptime = u64::try_from(rustix::system::sysinfo().uptime).ok()?;
+    let boot = SystemTime::now().checked_sub(Duration::from_secs(uptime))?;
+    boot.checked_add(Duration::from_millis(ticks.saturating_mul(1000) / hz))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_is_field_22_whatever_the_command_holds() {
+        let stat = "4242 (a) b) (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
+                    987654 1000000 200 18446744073709551615";
+        assert_eq!(start_ticks(stat), Some(987654));
+        assert_eq!(start_ticks("4242 (x"), None);
+        assert_eq!(start_ticks(""), None);
+        let me = started(Path::new("/proc"), std::process::id() as i32).unwrap();
+        let age = SystemTime::now().duration_since(me).unwrap_or_default();
+        assert!(
+            age < Duration::from_secs(3600),
+            "this test started {age:?} ago"
+        );
+    }
+}
