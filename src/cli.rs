@@ -182,6 +182,9 @@ pub struct HostArgs {
     /// The host's cgroup file system.
     #[arg(long, env = "SHMLINK_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
+    /// The host's sysfs: the PCIe path under each GPU (AER counters, ACS), DMI.
+    #[arg(long, env = "SHMLINK_SYS_ROOT", default_value = "/sys")]
+    pub sys_root: PathBuf,
 }
 
 #[derive(Debug, Args)]

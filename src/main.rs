@@ -185,7 +185,8 @@ fn scanner(common: &CommonArgs, with_xid_thread: bool) -> anyhow::Result<Scanner
             window: common.gpu.nvlink_error_window,
             ..PairRules::default()
         },
-    );
+    )
+    .with_sys_root(&common.host.sys_root);
     Ok(Scanner::new(&host, common.node_name(), thresholds, gpu)?)
 }
 

@@ -297,6 +297,22 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
     for gpu in nvml["gpus"].as_array_mut().unwrap() {
         gpu["recovery_action"] = json!("none");
     }
+    // Every GPU's PCIe link; the trainer's process on GPU 0; each GPU below a switch port
+    // (sysfs under --sys-root) with AER counters and an ACS capability: the PCIe panels.
+    let sys = shmlink::fixtures::sysfs::SysTree::new(&dir.path().join("sys"));
+    for (i, gpu) in nvml["gpus"].as_array_mut().unwrap().iter_mut().enumerate() {
+        gpu["pcie_link"] = json!({"gen": 5, "max_gen": 5, "width": 16, "max_width": 16});
+        let bus =
+            shmlink::gpu::pcie::parse::sysfs_bdf(gpu["pci_bus_id"].as_str().unwrap()).unwrap();
+        let port = format!("0000:{:02x}:00.0", 0x80 + i);
+        sys.gpu_under(
+            &bus,
+            &[shmlink::fixtures::sysfs::Bridge::port(&port, Some(0x0000))],
+        );
+        sys.aer(&bus, 0, 0, 0);
+        sys.aer(&port, 3, 0, 0);
+    }
+    nvml["gpus"][0]["processes"] = json!([{"pid": c.pid, "used_memory": 1u64 << 30}]);
     nvml["gpus"][7]["error_counter_api"] = json!("nvlink5");
     for link in nvml["gpus"][7]["links"].as_array_mut().unwrap() {
         link["nvlink5"] = json!({"recovery_successful": 3, "symbol_errors": 12,
@@ -315,6 +331,8 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
             NODE,
             "--nvml-lib",
             lib.to_str().unwrap(),
+            "--sys-root",
+            dir.path().join("sys").to_str().unwrap(),
         ],
         &env,
     );

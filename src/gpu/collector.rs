@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::nvml::NvmlGpus;
 use super::pairs::{PairJudge, PairRules};
+use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
 use crate::findings::text;
 use crate::model::{Blame, GpuReading, GpuUsers, PairVerdict};
@@ -55,6 +56,10 @@ pub struct GpuCollector {
     lib: Option<PathBuf>,
     /// Where to look for signs of an NVIDIA GPU when NVML does not load.
     proc_root: PathBuf,
+    /// The PCIe paths under the GPUs (`--sys-root`).
+    sys: SysPci,
+    /// The hypervisor the machine runs under, read once.
+    hypervisor: Option<String>,
     with_xid_thread: bool,
     rules: PairRules,
     stop: Arc<AtomicBool>,
@@ -75,6 +80,8 @@ impl GpuCollector {
         let mut collector = GpuCollector {
             lib: lib.map(Path::to_path_buf),
             proc_root: proc_root.to_path_buf(),
+            sys: SysPci::new(Path::new("/sys")),
+            hypervisor: None,
             with_xid_thread,
             rules,
             stop: Arc::new(AtomicBool::new(false)),
@@ -121,6 +128,19 @@ impl GpuCollector {
         }
     }
 
+    /// Reads the PCIe paths under `sys_root` (the host's /sys) instead of /sys.
+    pub fn with_sys_root(mut self, sys_root: &Path) -> Self {
+        self.sys = SysPci::new(sys_root);
+        self.hypervisor = self.sys.hypervisor();
+        if let Some(h) = &self.hypervisor {
+            tracing::info!(
+                hypervisor = %h,
+                "running in a VM: ACS on its emulated PCIe bridges is not judged"
+            );
+        }
+        self
+    }
+
     /// Where XIDs are counted: the kernel log's are added here by the scan thread.
     pub fn xid_counts(&self) -> Arc<XidCounts> {
         self.xids.clone()
@@ -147,7 +167,7 @@ impl GpuCollector {
                 scan
             }
             State::Loaded(loaded) => {
-                let mut scan = loaded.scan(&self.proc_root);
+                let mut scan = loaded.scan(&self.proc_root, &self.sys, self.hypervisor.as_deref());
                 let missing = super::pci::not_in_nvml(&driver_gpus, &scan.gpus);
                 if !missing.is_empty() {
                     scan.findings.push(Finding::new(
@@ -171,8 +191,12 @@ impl Drop for GpuCollector {
 }
 
 impl Loaded {
-    fn scan(&mut self, proc_root: &Path) -> GpuScan {
-        let (sample, stats) = self.gpus.sample();
+    fn scan(&mut self, proc_root: &Path, sys: &SysPci, hypervisor: Option<&str>) -> GpuScan {
+        let (mut sample, stats) = self.gpus.sample();
+        for g in &mut sample.gpus {
+            g.pcie_path = sys.path_of(&g.pci_bus_id);
+        }
+        sample.hypervisor = hypervisor.map(str::to_string);
         let now = Instant::now();
         super::users::observe(
             &mut self.users,

@@ -7,5 +7,6 @@ pub mod collector;
 pub mod nvml;
 pub mod pairs;
 pub mod pci;
+pub mod pcie;
 pub mod users;
 pub mod xid;

@@ -150,7 +150,14 @@ impl NvmlGpus {
                 });
             }
         }
-        (GpuSample { gpus, pairs }, stats)
+        (
+            GpuSample {
+                gpus,
+                pairs,
+                hypervisor: None,
+            },
+            stats,
+        )
     }
 
     fn read_gpu(&self, g: &CachedGpu, stats: &mut SampleStats) -> GpuReading {
@@ -167,6 +174,7 @@ impl NvmlGpus {
             processes: Vec::new(),
             pcie_link: None,
             utilization_percent: None,
+            pcie_path: Vec::new(),
         };
         let Some(device) = &g.device else {
             reading.lost = true;

@@ -6,7 +6,9 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
-use crate::model::{GpuReading, LinkReading, P2pStatus, PairStatus, PairVerdict};
+use crate::model::{
+    AcsState, GpuReading, LinkReading, P2pStatus, PairStatus, PairVerdict, PcieLink,
+};
 use crate::model::{Snapshot, XidCount};
 
 use super::shm::container_labels;
@@ -23,6 +25,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_pairs(encoder, &snapshot.gpu_pairs)?;
         encode_xids(encoder, &snapshot.xids)?;
         encode_users(encoder, snapshot)?;
+        encode_pcie(encoder, &snapshot.gpus)?;
     }
     encode_nvml(encoder, snapshot)
 }
@@ -97,6 +100,87 @@ fn encode_users(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Re
         };
         let labels = [ns, pod, container, id, uid, ("gpu", gpu.as_str())];
         gauge(&mut info, &labels, 1i64)?;
+    }
+    Ok(())
+}
+
+/// The PCIe link per GPU (NVML), and the AER counts and ACS redirect of the functions on its
+/// path (sysfs).
+fn encode_pcie(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+    type Part = fn(&PcieLink) -> u32;
+    const LINK: [(&str, &str, Part); 4] = [
+        (
+            "shmlink_gpu_pcie_link_generation",
+            "PCIe generation the GPU's link runs at now (lower when idle)",
+            |l| l.gen,
+        ),
+        (
+            "shmlink_gpu_pcie_link_max_generation",
+            "Highest PCIe generation the GPU and its slot allow",
+            |l| l.max_gen,
+        ),
+        (
+            "shmlink_gpu_pcie_link_width",
+            "Lanes the GPU's PCIe link runs with now",
+            |l| l.width,
+        ),
+        (
+            "shmlink_gpu_pcie_link_max_width",
+            "Most lanes the GPU and its slot allow",
+            |l| l.max_width,
+        ),
+    ];
+    for (name, help, part) in LINK {
+        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for g in gpus {
+            if let Some(link) = &g.pcie_link {
+                gauge(
+                    &mut metric,
+                    &[("gpu", g.index.to_string())],
+                    i64::from(part(link)),
+                )?;
+            }
+        }
+    }
+    let mut aer = encoder.encode_descriptor(
+        "shmlink_gpu_pcie_aer_errors",
+        "AER errors counted since boot by the GPU or a bridge on its PCIe path (sysfs)",
+        None,
+        MetricType::Counter,
+    )?;
+    for g in gpus {
+        let gpu = g.index.to_string();
+        for hop in &g.pcie_path {
+            let Some(t) = hop.aer else { continue };
+            for (severity, n) in [
+                ("correctable", t.correctable),
+                ("nonfatal", t.nonfatal),
+                ("fatal", t.fatal),
+            ] {
+                let labels = [
+                    ("gpu", gpu.as_str()),
+                    ("device", hop.bdf.as_str()),
+                    ("severity", severity),
+                ];
+                counter(&mut aer, &labels, n)?;
+            }
+        }
+    }
+    let mut acs = encoder.encode_descriptor(
+        "shmlink_gpu_pcie_acs_redirect",
+        "1 when ACS on a bridge on the GPU's PCIe path redirects peer-to-peer traffic",
+        None,
+        MetricType::Gauge,
+    )?;
+    for g in gpus {
+        let gpu = g.index.to_string();
+        for hop in g.pcie_path.iter().filter(|h| h.bridge) {
+            if hop.acs == AcsState::Unknown {
+                continue;
+            }
+            let labels = [("gpu", gpu.as_str()), ("device", hop.bdf.as_str())];
+            gauge(&mut acs, &labels, i64::from(hop.acs.redirects()))?;
+        }
     }
     Ok(())
 }

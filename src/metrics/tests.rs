@@ -50,6 +50,32 @@ fn rich_snapshot() -> Snapshot {
 
     let mut s = gpu_board(3);
     s.shm = vec![named.clone(), unlimited, unmounted, unmeasured];
+    // GPU 1 busy on a link trained down, behind a switch port that counts AER errors and
+    // redirects P2P.
+    s.gpus[1].pcie_link = Some(crate::model::PcieLink {
+        gen: 3,
+        max_gen: 5,
+        width: 8,
+        max_width: 16,
+    });
+    s.gpus[1].pcie_path = vec![
+        crate::model::PcieHop {
+            bdf: "0000:19:00.0".into(),
+            bridge: false,
+            aer: Some(crate::model::AerTotals::default()),
+            acs: crate::model::AcsState::Unknown,
+        },
+        crate::model::PcieHop {
+            bdf: "0000:18:08.0".into(),
+            bridge: true,
+            aer: Some(crate::model::AerTotals {
+                correctable: 12,
+                nonfatal: 1,
+                fatal: 0,
+            }),
+            acs: crate::model::AcsState::Control(0x001d),
+        },
+    ];
     // The trainer's processes on GPUs 0 and 2; a container the scan did not measure on GPU 1.
     let at = std::time::SystemTime::UNIX_EPOCH;
     for (pid, gpus, container_id) in [(10, [0, 2], "c0ffee01"), (11, [1, 1], "c0ffee99")] {

@@ -54,6 +54,12 @@ pub enum FindingKind {
     /// The GPU's NVSwitch fabric registration is not complete or failed, or the fabric reports
     /// degraded bandwidth or an unhealthy route.
     GpuFabricUnhealthy,
+    /// A busy GPU's PCIe link runs below the generation or width it and its slot allow.
+    GpuPcieDegraded,
+    /// AER errors counted on a GPU or a PCIe bridge above it lately.
+    GpuPcieErrors,
+    /// ACS redirects peer-to-peer traffic on a PCIe bridge between two GPUs.
+    PcieAcsEnabled,
     /// The kernel OOM-killed a process of the container, and /dev/shm pages were most of the
     /// memory cgroup's usage.
     ShmOomKilled,
@@ -112,6 +118,9 @@ impl FindingKind {
             FindingKind::GpuNotInNvml => "gpu_not_in_nvml",
             FindingKind::GpuRecoveryAction => "gpu_recovery_action",
             FindingKind::GpuFabricUnhealthy => "gpu_fabric_unhealthy",
+            FindingKind::GpuPcieDegraded => "gpu_pcie_degraded",
+            FindingKind::GpuPcieErrors => "gpu_pcie_errors",
+            FindingKind::PcieAcsEnabled => "pcie_acs_enabled",
             FindingKind::ShmOomKilled => "shm_oom_killed",
             FindingKind::WorkloadOomKilled => "workload_oom_killed",
             FindingKind::ShmBusError => "shm_bus_error",
@@ -147,6 +156,9 @@ impl FindingKind {
             FindingKind::GpuNotInNvml => Some(EventReason::GpuNotInNvml),
             FindingKind::GpuRecoveryAction => Some(EventReason::GpuRecoveryAction),
             FindingKind::GpuFabricUnhealthy => Some(EventReason::GpuFabricUnhealthy),
+            FindingKind::GpuPcieDegraded => Some(EventReason::GpuPcieDegraded),
+            FindingKind::GpuPcieErrors => Some(EventReason::GpuPcieErrors),
+            FindingKind::PcieAcsEnabled => Some(EventReason::PcieAcsEnabled),
             FindingKind::ShmOomKilled => Some(EventReason::ShmOomKilled),
             FindingKind::WorkloadOomKilled => Some(EventReason::WorkloadOomKilled),
             FindingKind::ShmBusError => Some(EventReason::ShmBusError),
@@ -172,7 +184,10 @@ impl FindingKind {
             | FindingKind::GpuLinkErrors
             | FindingKind::NcclP2pDisabled
             | FindingKind::ShmFallback
-            | FindingKind::ShmLeftoverSegments => Severity::Warning,
+            | FindingKind::ShmLeftoverSegments
+            | FindingKind::GpuPcieDegraded
+            | FindingKind::GpuPcieErrors
+            | FindingKind::PcieAcsEnabled => Severity::Warning,
             FindingKind::ShmExhausted
             | FindingKind::GpuLost
             | FindingKind::GpuLinkDown
@@ -223,6 +238,9 @@ pub enum EventReason {
     GpuNotInNvml,
     GpuRecoveryAction,
     GpuFabricUnhealthy,
+    GpuPcieDegraded,
+    GpuPcieErrors,
+    PcieAcsEnabled,
     ShmOomKilled,
     WorkloadOomKilled,
     ShmBusError,
@@ -255,6 +273,9 @@ impl EventReason {
             EventReason::GpuNotInNvml => "GpuNotInNvml",
             EventReason::GpuRecoveryAction => "GpuRecoveryAction",
             EventReason::GpuFabricUnhealthy => "GpuFabricUnhealthy",
+            EventReason::GpuPcieDegraded => "GpuPcieDegraded",
+            EventReason::GpuPcieErrors => "GpuPcieErrors",
+            EventReason::PcieAcsEnabled => "PcieAcsEnabled",
             EventReason::ShmOomKilled => "ShmOomKilled",
             EventReason::WorkloadOomKilled => "WorkloadOomKilled",
             EventReason::ShmBusError => "ShmBusError",
@@ -455,6 +476,9 @@ mod tests {
             FindingKind::GpuPeerAccessRefused,
             FindingKind::ShmFallback,
             FindingKind::ShmLeftoverSegments,
+            FindingKind::GpuPcieDegraded,
+            FindingKind::GpuPcieErrors,
+            FindingKind::PcieAcsEnabled,
         ] {
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),

@@ -233,6 +233,55 @@ pub struct GpuReading {
     /// How busy it was over NVML's last sample period, percent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub utilization_percent: Option<u32>,
+    /// Its PCI functions from the GPU up to its root port, as sysfs shows them (the GPU
+    /// first); empty where sysfs does not list it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pcie_path: Vec<PcieHop>,
+}
+
+/// One PCI function on a GPU's way up to its root port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PcieHop {
+    /// `0000:1c:00.0`, as sysfs names it.
+    pub bdf: String,
+    /// A PCI-to-PCI bridge (a switch port or a root port); the GPU is not.
+    pub bridge: bool,
+    /// Its AER counters' totals; absent where it has no AER files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aer: Option<AerTotals>,
+    pub acs: AcsState,
+}
+
+/// A device's AER error counts since boot (sysfs `aer_dev_*`, their `TOTAL_ERR_*` lines).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AerTotals {
+    pub correctable: u64,
+    pub nonfatal: u64,
+    pub fatal: u64,
+}
+
+/// A bridge's Access Control Services, from its config space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcsState {
+    /// The extended config space could not be read (it takes CAP_SYS_ADMIN), or not a bridge.
+    Unknown,
+    /// No ACS capability.
+    Absent,
+    /// The ACS control register (`ECAP_ACS+6`).
+    Control(u16),
+}
+
+impl AcsState {
+    /// P2P Request Redirect, P2P Completion Redirect, P2P Egress Control: the bits that send
+    /// peer-to-peer traffic up to the root complex (or block it), as the kernel's P2PDMA
+    /// check counts them.
+    pub const REDIRECT_BITS: u16 = 0x0004 | 0x0008 | 0x0020;
+
+    /// Whether it redirects peer-to-peer traffic.
+    pub fn redirects(self) -> bool {
+        matches!(self, AcsState::Control(c) if c & Self::REDIRECT_BITS != 0)
+    }
 }
 
 /// A process NVML lists on a GPU.
@@ -343,6 +392,9 @@ pub struct PairSample {
 pub struct GpuSample {
     pub gpus: Vec<GpuReading>,
     pub pairs: Vec<PairSample>,
+    /// The hypervisor this machine runs under, where it says (a VM's PCIe bridges are
+    /// emulated: their ACS says nothing of the host's).
+    pub hypervisor: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use super::{pair_status, pairs_with, secs};
-use crate::model::{PairStatus, RecoveryAction, Weight, XidAction, XidEntry};
+use crate::model::{
+    AerTotals, PairStatus, PcieHop, PcieLink, RecoveryAction, Weight, XidAction, XidEntry,
+};
 
 /// `gpu_xid`; `entry`: what the catalogue says of it.
 pub fn xid(gpu: u32, xid: u64, count: u64, entry: Option<XidEntry>) -> String {
@@ -224,3 +226,90 @@ pub fn driver_lists_gpus(path: &std::path::Path) -> String {
 
 /// The evidence of a GPU without NVML: its device node.
 pub const DEV_NVIDIA0_EXISTS: &str = "/dev/nvidia0 exists";
+
+/// `gpu_pcie_degraded`: a busy GPU's link below what it and its slot allow.
+pub fn gpu_pcie_degraded(g: u32, describe: &str, link: PcieLink, busy: u32, bdf: &str) -> String {
+    let lspci = if bdf.is_empty() {
+        String::new()
+    } else {
+        format!(", `sudo lspci -vv -s {bdf} | grep LnkSta`")
+    };
+    format!(
+        "The PCIe link of GPU {g}{describe} runs at Gen{} x{} while the GPU is busy ({busy}% \
+         utilized), below the Gen{} x{} it and its slot allow: host-GPU copies, and P2P over \
+         PCIe, get a fraction of the bandwidth. Reseat the GPU (or its riser or cable) and check \
+         the slot's link-speed setting in the BIOS; `nvidia-smi -q -i {g} -d PCIE`{lspci} show \
+         the link.",
+        link.gen, link.width, link.max_gen, link.max_width
+    )
+}
+
+/// `gpu_pcie_errors`: AER growth on the GPU and the bridges above it.
+pub fn gpu_pcie_errors(
+    g: u32,
+    describe: &str,
+    grown: &[(&PcieHop, AerTotals)],
+    window: Duration,
+) -> String {
+    let parts: Vec<String> = grown
+        .iter()
+        .map(|(hop, d)| {
+            let mut counts = Vec::new();
+            for (n, what) in [
+                (d.fatal, "fatal"),
+                (d.nonfatal, "non-fatal"),
+                (d.correctable, "correctable"),
+            ] {
+                if n > 0 {
+                    counts.push(format!("+{n} {what}"));
+                }
+            }
+            let which = if hop.bridge {
+                "the bridge above it"
+            } else {
+                "the GPU"
+            };
+            format!("{} at {} ({which})", counts.join(", "), hop.bdf)
+        })
+        .collect();
+    let severe = grown.iter().any(|(_, d)| d.fatal + d.nonfatal > 0);
+    let advice = if severe {
+        "Uncorrectable errors lose or corrupt transfers: drain the node, reseat the GPU and its \
+         riser or cable, and have the slot or switch checked if they come back."
+    } else {
+        "Correctable errors are retried in hardware, so transfers slow down before anything \
+         fails; if they keep counting, reseat the GPU and its riser or cable at the next \
+         maintenance."
+    };
+    format!(
+        "PCIe AER errors on the path of GPU {g}{describe} in the last {} min: {}. {advice} \
+         `sudo lspci -vv -s <device> | grep -A3 UESta` shows the latest.",
+        window.as_secs() / 60,
+        parts.join("; ")
+    )
+}
+
+/// A pair's reason: a bridge between the two redirects P2P.
+pub fn reason_acs(bdf: &str, ctrl: u16) -> String {
+    format!("ACS on PCIe bridge {bdf} redirects P2P to the root complex (ACSCtl {ctrl:#06x})")
+}
+
+/// `pcie_acs_enabled`: the bridges, their control words and the GPUs each lies between.
+pub fn pcie_acs_enabled(bridges: &[(&str, u16, Vec<u32>)]) -> String {
+    let named: Vec<String> = bridges
+        .iter()
+        .map(|(bdf, ctrl, gpus)| {
+            let g: Vec<String> = gpus.iter().map(u32::to_string).collect();
+            format!("{bdf} (ACSCtl {ctrl:#06x}, between GPUs {})", g.join(", "))
+        })
+        .collect();
+    let first = bridges.first().map_or("<bridge>", |b| b.0);
+    format!(
+        "ACS redirects peer-to-peer traffic on PCIe bridges between GPUs: {}. GPU P2P then goes \
+         up through the root complex (much slower) or is blocked, and NCCL hangs or crawls. On \
+         bare metal, disable IO virtualization (VT-d/IOMMU) in the BIOS, or ACS on these \
+         bridges (`sudo setpci -s {first} ECAP_ACS+0x6.w=0000`, lost at reboot); \
+         `sudo lspci -vvv | grep ACSCtl` shows them.",
+        named.join(", ")
+    )
+}

@@ -31,10 +31,15 @@
 //!    board, where every pair should reach every other over NVLink, the same goes for the nvlink
 //!    capability across all pairs.
 //!
-//! 6. Findings, one per problem a person acts on (`findings.rs`).
+//! 6. Findings, one per problem a person acts on (`findings.rs`), and which GPUs they blame
+//!    (`blame.rs`).
+//! 7. The PCIe path under the GPUs (`pcie.rs`): a busy GPU's link trained down, AER errors on
+//!    it or a bridge above it, ACS redirecting P2P on a bridge between two GPUs; the pairs whose
+//!    P2P crosses PCIe get a reason for each.
 //!
 //! Files: `board.rs` indexes the sample, `verdict.rs` weighs reasons into a status,
-//! `links.rs` (rules 1-2), `counters.rs` (3), `p2p.rs` (4-5), `findings.rs` (6).
+//! `links.rs` (rules 1-2), `counters.rs` (3), `p2p.rs` (4-5), `findings.rs` and `blame.rs` (6),
+//! `pcie.rs` (7).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -47,6 +52,7 @@ mod gpu_state;
 mod links;
 mod nvlink5;
 mod p2p;
+mod pcie;
 mod verdict;
 
 pub use crate::model::Weight;
@@ -110,6 +116,8 @@ pub struct PairJudge {
     counters: CounterHistory,
     nvlink5: Nvlink5History,
     p2p_ever_ok: P2pMemory,
+    /// AER totals of the devices on the GPUs' PCIe paths (rule 7).
+    aer: pcie::AerHistory,
     /// Since when each failing pair (by its GPUs' UUIDs) has failed.
     failing_since: HashMap<(String, String), SystemTime>,
 }
@@ -121,6 +129,7 @@ impl PairJudge {
             counters: HashMap::new(),
             nvlink5: HashMap::new(),
             p2p_ever_ok: HashMap::new(),
+            aer: HashMap::new(),
             failing_since: HashMap::new(),
         }
     }
@@ -148,6 +157,13 @@ impl PairJudge {
         let gpu_findings = gpu_state::gpu_state_rule(&board, &mut pairs);
         p2p::p2p_regression_rule(&mut self.p2p_ever_ok, &board, &mut pairs);
         p2p::outlier_rule(&board, &mut pairs);
+        let pcie_findings = pcie::pcie_rule(
+            &mut self.aer,
+            &board,
+            sample.hypervisor.as_deref(),
+            now,
+            &mut pairs,
+        );
 
         let judged: Vec<Judged> = pairs
             .into_iter()
@@ -183,6 +199,7 @@ impl PairJudge {
         self.failing_since = failing_since;
         let (mut findings, blame) = findings::findings(&board, &judged, notices, &self.rules);
         findings.extend(gpu_findings);
+        findings.extend(pcie_findings);
         Judgement {
             pairs: judged.into_iter().map(|j| j.verdict).collect(),
             findings,

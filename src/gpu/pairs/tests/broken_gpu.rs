@@ -127,6 +127,7 @@ fn several_links_between_two_gpus_are_all_listed() {
             Some(caps(OK, OK, OK)),
             Some(TopologyLevel::Node),
         )],
+        hypervisor: None,
     };
     let j = judge_once(&s);
     assert_eq!(verdict(&j, 0, 1).links, vec![1, 3, 5]);
@@ -245,6 +246,7 @@ fn nvlink_capability_is_not_compared_without_nvswitch() {
             let nv = if bridged { OK } else { NS };
             (Some(caps(OK, OK, nv)), Some(TopologyLevel::Node))
         }),
+        hypervisor: None,
     };
     let j = judge_once(&s);
     assert!(all_ok(&j), "{:#?}", j.pairs);
@@ -265,6 +267,7 @@ fn mixed_models_are_compared_with_their_like() {
             };
             (Some(caps(st, st, NS)), Some(TopologyLevel::Node))
         }),
+        hypervisor: None,
     };
     for g in &mut s.gpus {
         g.name = if g.index == 3 {

@@ -38,6 +38,7 @@ fn odd_input_does_not_panic() {
             pair(1, 0, Some(caps(OK, OK, OK)), Some(TopologyLevel::Single)),
             pair(0, 1, Some(caps(NS, NS, NS)), None),
         ],
+        hypervisor: None,
     };
     let mut judge = PairJudge::new(PairRules {
         window: Duration::ZERO,

@@ -67,6 +67,7 @@ fn lost_gpu_is_one_finding_and_its_pairs_are_down() {
         pairs: all_pairs(4, |_, _| {
             (Some(caps(OK, OK, NS)), Some(TopologyLevel::Node))
         }),
+        hypervisor: None,
     };
     gpu_mut(&mut s, 2).lost = true;
     for (a, b) in [(0, 2), (1, 2), (2, 3)] {
@@ -101,6 +102,7 @@ fn lone_lost_gpu_has_no_pairs_but_a_finding() {
     let j = judge_once(&GpuSample {
         gpus: vec![g],
         pairs: Vec::new(),
+        hypervisor: None,
     });
     assert!(j.pairs.is_empty());
     assert_eq!(j.findings.len(), 1);

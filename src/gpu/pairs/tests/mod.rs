@@ -24,6 +24,7 @@ mod identity;
 mod links;
 mod nvlink5;
 mod p2p;
+mod pcie;
 mod shape;
 
 // ---- builders -------------------------------------------------------------------------
@@ -46,6 +47,7 @@ fn gpu(index: u32, links: Vec<LinkReading>) -> GpuReading {
         processes: Vec::new(),
         pcie_link: None,
         utilization_percent: None,
+        pcie_path: Vec::new(),
     }
 }
 
@@ -120,6 +122,7 @@ fn pcie8(broken: Option<u32>) -> GpuSample {
             let st = if bad { NS } else { OK };
             (Some(caps(st, st, NS)), Some(socket_level(8, a, b)))
         }),
+        hypervisor: None,
     }
 }
 
@@ -142,6 +145,7 @@ fn mesh(n: u32) -> GpuSample {
         pairs: all_pairs(n, |a, b| {
             (Some(caps(OK, OK, OK)), Some(socket_level(n, a, b)))
         }),
+        hypervisor: None,
     }
 }
 
@@ -162,6 +166,7 @@ fn nvswitch(n: u32, links: u32) -> GpuSample {
         pairs: all_pairs(n, |a, b| {
             (Some(caps(OK, OK, OK)), Some(socket_level(n, a, b)))
         }),
+        hypervisor: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn missing_p2p_is_not_a_verdict() {
     let s = GpuSample {
         gpus: (0..3).map(|i| gpu(i, Vec::new())).collect(),
         pairs: Vec::new(),
+        hypervisor: None,
     };
     let j = judge_once(&s);
     assert_eq!(j.pairs.len(), 3);
@@ -68,6 +69,7 @@ fn unknown_topology_is_its_own_level() {
     let mut s = GpuSample {
         gpus: (0..4).map(|i| gpu(i, Vec::new())).collect(),
         pairs: all_pairs(4, |_, _| (Some(caps(OK, OK, NS)), None)),
+        hypervisor: None,
     };
     set_p2p(&mut s, 0, 1, Some(caps(NS, OK, NS)));
     // the only pair at level node: nothing to compare with

@@ -1,0 +1,209 @@
+//! Rule 7: the PCIe path under the GPUs of an 8-GPU PCIe board (no NVLink): two GPUs per
+//! switch, four switches on two root ports.
+
+use super::*;
+use crate::model::{AcsState, AerTotals, PcieHop, PcieLink};
+
+/// The path of GPU `g`: its own function, its switch's downstream port, the switch's upstream
+/// port, the root port of its half of the board.
+fn path(g: u32) -> Vec<PcieHop> {
+    let switch = g / 2;
+    let hop = |bdf: String, bridge: bool| PcieHop {
+        bdf,
+        bridge,
+        aer: Some(AerTotals::default()),
+        acs: if bridge {
+            AcsState::Absent
+        } else {
+            AcsState::Unknown
+        },
+    };
+    vec![
+        hop(format!("0000:{:02x}:00.0", 0x20 + g), false),
+        hop(format!("0000:{:02x}:{:02x}.0", 0x10 + switch, g % 2), true),
+        hop(format!("0000:{:02x}:00.0", 0x08 + switch), true),
+        hop(format!("0000:00:{:02x}.0", 1 + switch / 2), true),
+    ]
+}
+
+fn board() -> GpuSample {
+    let mut s = pcie8(None);
+    for g in &mut s.gpus {
+        g.pcie_path = path(g.index);
+        g.pcie_link = Some(PcieLink {
+            gen: 5,
+            max_gen: 5,
+            width: 16,
+            max_width: 16,
+        });
+        g.utilization_percent = Some(0);
+    }
+    s
+}
+
+fn kinds(j: &Judgement) -> Vec<(&'static str, String, Severity)> {
+    j.findings
+        .iter()
+        .map(|f| (f.kind.as_str(), f.subject.to_string(), f.severity))
+        .collect()
+}
+
+#[test]
+fn a_link_trained_down_is_judged_only_while_the_gpu_is_busy() {
+    let t0 = Instant::now();
+    let mut judge = PairJudge::default();
+    let mut s = board();
+    gpu_mut(&mut s, 3).pcie_link = Some(PcieLink {
+        gen: 3,
+        max_gen: 5,
+        width: 8,
+        max_width: 16,
+    });
+    // Idle: links train down to save power; nothing to say.
+    let j = judge.judge(&s, t0);
+    assert!(all_ok(&j), "{:?}", j.pairs);
+    assert!(j.findings.is_empty(), "{:?}", kinds(&j));
+    gpu_mut(&mut s, 3).utilization_percent = Some(97);
+    let j = judge.judge(&s, secs_after(t0, 1));
+    assert_eq!(
+        kinds(&j),
+        vec![("gpu_pcie_degraded", "GPU 3".to_string(), Severity::Warning)]
+    );
+    assert!(
+        j.findings[0]
+            .message
+            .contains("runs at Gen3 x8 while the GPU is busy (97% utilized), below the Gen5 x16"),
+        "{}",
+        j.findings[0].message
+    );
+    assert!(j.findings[0].message.contains("lspci -vv -s 0000:23:00.0"));
+    // The GPU's finding alone: its pairs still work (slower), no pair fails.
+    assert!(all_ok(&j), "{:?}", j.pairs);
+    // A busy GPU at full speed is fine.
+    gpu_mut(&mut s, 3).pcie_link = Some(PcieLink {
+        gen: 5,
+        max_gen: 5,
+        width: 16,
+        max_width: 16,
+    });
+    assert!(all_ok(&judge.judge(&s, secs_after(t0, 2))));
+}
+
+#[test]
+fn aer_errors_that_grow_on_a_gpu_or_a_bridge_above_it_are_found_for_a_while() {
+    let t0 = Instant::now();
+    let mut judge = PairJudge::default();
+    let mut s = board();
+    // Counts from before the agent started are no news.
+    gpu_mut(&mut s, 2).pcie_path[1].aer = Some(AerTotals {
+        correctable: 500,
+        nonfatal: 0,
+        fatal: 0,
+    });
+    assert!(judge.judge(&s, t0).findings.is_empty());
+    // GPU 2's downstream port counts 12 more correctable errors.
+    gpu_mut(&mut s, 2).pcie_path[1].aer = Some(AerTotals {
+        correctable: 512,
+        nonfatal: 0,
+        fatal: 0,
+    });
+    let j = judge.judge(&s, secs_after(t0, 10));
+    assert_eq!(
+        kinds(&j),
+        vec![("gpu_pcie_errors", "GPU 2".to_string(), Severity::Warning)]
+    );
+    assert!(
+        j.findings[0]
+            .message
+            .contains("+12 correctable at 0000:11:00.0 (the bridge above it)"),
+        "{}",
+        j.findings[0].message
+    );
+    assert!(all_ok(&j), "AER does not fail a pair");
+    // The switch's upstream port, shared by GPUs 2 and 3: a non-fatal error is critical, for both.
+    for g in [2, 3] {
+        gpu_mut(&mut s, g).pcie_path[2].aer = Some(AerTotals {
+            correctable: 0,
+            nonfatal: 1,
+            fatal: 0,
+        });
+    }
+    let j = judge.judge(&s, secs_after(t0, 20));
+    let got = kinds(&j);
+    assert!(got.contains(&("gpu_pcie_errors", "GPU 2".to_string(), Severity::Critical)));
+    assert!(got.contains(&("gpu_pcie_errors", "GPU 3".to_string(), Severity::Critical)));
+    // No growth for the window: over.
+    let j = judge.judge(&s, secs_after(t0, 20 + 601));
+    assert!(j.findings.is_empty(), "{:?}", kinds(&j));
+    // A total that goes down (reboot, hot reset) is a new baseline, not growth.
+    gpu_mut(&mut s, 2).pcie_path[1].aer = Some(AerTotals::default());
+    assert!(judge.judge(&s, secs_after(t0, 700)).findings.is_empty());
+}
+
+#[test]
+fn acs_redirect_on_a_bridge_between_two_gpus_is_found_on_bare_metal_only() {
+    let t0 = Instant::now();
+    let mut s = board();
+    // GPU 4's downstream port: ReqRedir+ CmpltRedir+ (what Linux sets under an IOMMU).
+    gpu_mut(&mut s, 4).pcie_path[1].acs = AcsState::Control(0x001d);
+    // GPU 6's only SrcValid: no redirect.
+    gpu_mut(&mut s, 6).pcie_path[1].acs = AcsState::Control(0x0001);
+    let j = PairJudge::default().judge(&s, t0);
+    assert_eq!(
+        kinds(&j),
+        vec![
+            (
+                "gpu_pair_degraded",
+                "GPU 4 <-> GPU 5".to_string(),
+                Severity::Warning
+            ),
+            ("pcie_acs_enabled", "node".to_string(), Severity::Warning)
+        ]
+    );
+    let m = &j.findings[1].message;
+    assert!(
+        m.contains("0000:12:00.0 (ACSCtl 0x001d, between GPUs 4, 5)")
+            && m.contains("setpci -s 0000:12:00.0 ECAP_ACS+0x6.w=0000"),
+        "{m}"
+    );
+    // Only the pair below that switch crosses the bridge; pairs across root ports go through
+    // the root complex anyway.
+    assert_eq!(verdict(&j, 4, 5).status, PairStatus::Degraded);
+    assert!(verdict(&j, 4, 5).reasons[0].starts_with("ACS on PCIe bridge 0000:12:00.0"));
+    assert_eq!(verdict(&j, 4, 6).status, PairStatus::Ok);
+    assert_eq!(verdict(&j, 6, 7).status, PairStatus::Ok);
+    // In a VM the bridges are emulated: not judged.
+    s.hypervisor = Some("QEMU".into());
+    let j = PairJudge::default().judge(&s, t0);
+    assert!(j.findings.is_empty() && all_ok(&j), "{:?}", kinds(&j));
+    // Unknown (no CAP_SYS_ADMIN): not judged either.
+    s.hypervisor = None;
+    gpu_mut(&mut s, 4).pcie_path[1].acs = AcsState::Unknown;
+    assert!(PairJudge::default().judge(&s, t0).findings.is_empty());
+}
+
+#[test]
+fn nvlink_pairs_do_not_take_pcie_reasons() {
+    let t0 = Instant::now();
+    let mut s = mesh(4);
+    for g in &mut s.gpus {
+        g.pcie_path = path(g.index);
+        g.utilization_percent = Some(90);
+        g.pcie_link = Some(PcieLink {
+            gen: 3,
+            max_gen: 4,
+            width: 16,
+            max_width: 16,
+        });
+    }
+    // An ACS bridge under an NVLink mesh: its P2P goes over NVLink.
+    gpu_mut(&mut s, 0).pcie_path[1].acs = AcsState::Control(0x001d);
+    let j = PairJudge::default().judge(&s, t0);
+    assert!(all_ok(&j), "{:?}", j.pairs);
+    let got = kinds(&j);
+    assert_eq!(
+        got.iter().filter(|k| k.0 == "gpu_pcie_degraded").count(),
+        4,
+        "one per GPU: {got:?}"
+    );
+}
