@@ -29,6 +29,54 @@ pub enum Command {
     /// are the GPUs it sees healthy? Exit status: 0 fit, 1 not fit (the fix is printed), 2 it
     /// cannot tell.
     Preflight(PreflightArgs),
+    /// Copies between every ordered pair of GPUs through the CUDA driver (peer access, an
+    /// 8-byte and a sized copy, read back and compared, timed) and judges each against what
+    /// NVML says its path carries. Exit status: 0 every pair ok, 1 any pair degraded or failed,
+    /// 2 it could not run (no libcuda, no NVML).
+    Probe(ProbeArgs),
+    /// The probe's worker process (run by `probe` and `serve`, not by people).
+    #[command(name = "probe-worker", hide = true)]
+    ProbeWorker(ProbeWorkerArgs),
+}
+
+/// Where libcuda comes from, and what the probe copies.
+#[derive(Debug, Args)]
+pub struct CudaArgs {
+    /// libcuda to load (default: the system's libcuda.so.1).
+    #[arg(long, env = "SHMLINK_CUDA_LIB")]
+    pub cuda_lib: Option<PathBuf>,
+    /// Bytes of the sized copy per pair, e.g. 64Mi.
+    #[arg(long, value_name = "SIZE", default_value = "64Mi")]
+    pub bytes: String,
+    /// How long a pair's copies may take before the pair counts as hung (larger copies get
+    /// the time of the copy at 1 GB/s, three times over).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_window)]
+    pub probe_timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Print JSON (the schema in CONTRACT.md) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only these GPUs (NVML indices), e.g. 0,5,7.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub gpus: Option<Vec<u32>>,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeWorkerArgs {
+    #[arg(long)]
+    pub cuda_lib: Option<PathBuf>,
+    #[arg(long)]
+    pub bytes: u64,
+    /// `none`, or ordered pairs of CUDA ordinals: `0:1,1:0`.
+    #[arg(long)]
+    pub pairs: String,
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +109,12 @@ pub struct PreflightArgs {
     /// The /dev/shm to check.
     #[arg(long, env = "SHMLINK_SHM_DIR", default_value = "/dev/shm")]
     pub shm_dir: PathBuf,
+    /// Also copy between every ordered pair of the GPUs this container sees (the pair probe):
+    /// a pair that fails or runs slow makes it not fit.
+    #[arg(long)]
+    pub p2p: bool,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -84,6 +138,12 @@ pub struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Run the GPU pair probe this often (off by default), on the GPUs NVML lists no process
+    /// on; its results are pair verdict reasons and metrics.
+    #[arg(long, env = "SHMLINK_P2P_PROBE_INTERVAL", value_name = "DURATION", value_parser = parse_window)]
+    pub p2p_probe_interval: Option<Duration>,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
     /// Address to serve /metrics, /healthz and /readyz on.
     #[arg(long, env = "SHMLINK_LISTEN", default_value = "0.0.0.0:9477")]
     pub listen: SocketAddr,

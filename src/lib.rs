@@ -20,6 +20,7 @@ pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod preflight;
+pub mod probe;
 pub mod procfs;
 pub mod report;
 pub mod scan;

@@ -118,6 +118,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 kube,
                 sources,
                 oom_counters,
+                match args.p2p_probe_interval {
+                    Some(every) => Some((probe_options(&args.cuda)?, every)),
+                    None => None,
+                },
             ))?;
             Ok(ExitCode::SUCCESS)
         }
@@ -125,7 +129,70 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             init_logging(LogFormat::Text, args.common.log_level, "error")?;
             preflight(args)
         }
+        Command::Probe(args) => {
+            init_logging(LogFormat::Text, args.common.log_level, "warn")?;
+            probe(args)
+        }
+        Command::ProbeWorker(args) => {
+            let pairs = shmlink::probe::parse_pairs(&args.pairs).map_err(anyhow::Error::msg)?;
+            let bytes = usize::try_from(args.bytes).context("--bytes")?;
+            Ok(ExitCode::from(shmlink::probe::worker::run(
+                args.cuda_lib.as_deref(),
+                bytes,
+                &pairs,
+            )))
+        }
     }
+}
+
+/// How the probe runs from `shmlink probe` and `serve`: this binary as its worker.
+fn probe_options(cuda: &shmlink::cli::CudaArgs) -> anyhow::Result<shmlink::probe::ProbeOptions> {
+    Ok(shmlink::probe::ProbeOptions {
+        cuda_lib: cuda.cuda_lib.clone(),
+        bytes: shmlink::units::parse_size("--bytes", &cuda.bytes)?,
+        timeout: cuda.probe_timeout,
+        init_timeout: std::time::Duration::from_secs(60),
+        worker: std::env::current_exe().context("finding this program for the probe's worker")?,
+        stop: None,
+    })
+}
+
+/// `shmlink probe`: every ordered pair, judged with NVML's view of the board.
+fn probe(args: shmlink::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
+    use shmlink::probe::{self, judge};
+    let opts = probe_options(&args.cuda)?;
+    let nvml = shmlink::gpu::nvml::NvmlGpus::open(args.common.gpu.nvml_lib.as_deref())
+        .map_err(|e| anyhow::anyhow!("NVML did not load ({e}): the probe judges pairs by it"))?;
+    let (sample, _) = nvml.sample();
+    let only = args.gpus.as_deref();
+    let probed = probe::run(&opts, |devices| {
+        probe::pairs_among(devices, &sample.gpus, only)
+    })
+    .map_err(|e| anyhow::anyhow!("the probe could not run: {e}"))?;
+    let report = judge::judge(&probed, &sample);
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        let json = serde_json::json!({
+            "pairs": report.pairs,
+            "culprits": report.culprits,
+            "unmatched_cuda_devices": report.unmatched,
+            "seconds": probed.took.as_secs_f64(),
+        });
+        serde_json::to_writer_pretty(&mut stdout, &json)?;
+        writeln!(stdout)?;
+    } else {
+        write!(
+            stdout,
+            "{}",
+            shmlink::findings::text::probe_table(&report.pairs, &report.culprits, probed.took)
+        )?;
+    }
+    stdout.flush()?;
+    Ok(if report.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// `shmlink preflight`: bad sizes are a one-line error (exit 2, through `main`).
@@ -156,6 +223,11 @@ fn preflight(args: shmlink::cli::PreflightArgs) -> anyhow::Result<ExitCode> {
             ..PairRules::default()
         },
         host_ipc_ns: args.host_ipc_ns,
+        p2p: if args.p2p {
+            Some(probe_options(&args.cuda)?)
+        } else {
+            None
+        },
     };
     let report = preflight::run(&probe, &preflight::Env::from_process(), &options);
     let mut stdout = std::io::stdout().lock();

@@ -50,6 +50,11 @@ impl Scanner {
     }
 
     /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
+    /// Where the pair probe leaves its results for the scans to judge.
+    pub fn probe_results(&self) -> crate::gpu::collector::ProbeResults {
+        self.gpu.probe_results()
+    }
+
     pub fn xid_counts(&self) -> std::sync::Arc<crate::gpu::xid::XidCounts> {
         self.gpu.xid_counts()
     }
@@ -166,6 +171,7 @@ impl Scanner {
                 gpu_pairs: gpu.pairs,
                 gpu_blame: gpu.blame,
                 gpu_users: gpu.users,
+                gpu_probes: gpu.probes,
                 xids: gpu
                     .xids
                     .into_iter()

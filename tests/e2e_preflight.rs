@@ -450,3 +450,64 @@ fn it_answers_within_a_second() {
         "{took:?} against runc exec's {baseline:?}"
     );
 }
+
+/// `preflight --p2p` in a container that sees GPUs 5 and 7 (CUDA lists just those two, as in
+/// a container): NVML says their NVLink P2P is fine, but GPU 7 refuses peer access. The probe
+/// makes the pair fail, with the GPU to avoid in the fix.
+#[test]
+fn preflight_p2p_fails_gpus_5_and_7_when_7_refuses_peer_access() {
+    use common::fake_cuda::{self, FakeCuda};
+    if !common::e2e_available() {
+        return;
+    }
+    let nvml_config = fake_nvml::preset("nvswitch-8");
+    let fake = FakeNvml::new(&nvml_config);
+    let mut c = fake_cuda::config(&nvml_config, &[5, 7], 300.0);
+    fake_cuda::fault(&mut c, &nvml_config, 5, 7, json!({"peer_access": false}));
+    fake_cuda::fault(&mut c, &nvml_config, 7, 5, json!({"peer_access": false}));
+    let cuda = FakeCuda::new(&c);
+    let config_dir = fake.config.parent().unwrap();
+    let container = start(
+        Shm::RuntimeDefault,
+        None,
+        &[(config_dir, NVML_DIR), (cuda.dir.path(), "/cuda")],
+    );
+    let lib =
+        |p: std::path::PathBuf| format!("{BIN_DIR}/{}", p.file_name().unwrap().to_str().unwrap());
+    let (nvml_lib, cuda_lib) = (lib(fake_nvml::lib()), lib(fake_cuda::lib()));
+    let env = [
+        format!("FAKE_NVML_CONFIG={NVML_DIR}/nvml.json"),
+        "FAKE_CUDA_CONFIG=/cuda/cuda.json".to_string(),
+        "CUDA_VISIBLE_DEVICES=5,7".to_string(),
+    ];
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let args = [
+        "--nvml-lib",
+        &nvml_lib,
+        "--cuda-lib",
+        &cuda_lib,
+        "--min-shm",
+        "1Mi",
+    ];
+    // Without --p2p NVML alone says the pair is fine.
+    let out = preflight(&container, &env, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    let mut p2p = args.to_vec();
+    p2p.push("--p2p");
+    let out = preflight(&container, &env, &p2p);
+    show(
+        "preflight --p2p, GPU 7 refusing peer access, CUDA_VISIBLE_DEVICES=5,7",
+        &out,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("FAIL gpu_pair: GPU 5 <-> GPU 7")
+            && t.contains(
+                "probe: peer access GPU 5 -> GPU 7 refused although NVML reports NVLink P2P"
+            ),
+        "{t}"
+    );
+    assert!(t.contains("Avoid GPU 7"), "{t}");
+}

@@ -12,7 +12,10 @@ use super::pairs::{PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
 use crate::findings::text;
-use crate::model::{Blame, GpuReading, GpuUsers, PairVerdict};
+use crate::model::{Blame, GpuReading, GpuUsers, PairProbe, PairVerdict};
+
+/// The pair probe's last results, shared by the probe's thread and the collector.
+pub type ProbeResults = Arc<std::sync::Mutex<Vec<PairProbe>>>;
 use crate::model::{Finding, FindingKind, Subject};
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
 /// after the agent.
@@ -30,6 +33,8 @@ pub struct GpuScan {
     pub blame: Blame,
     /// Which processes used which GPUs lately (kept across scans).
     pub users: GpuUsers,
+    /// The pair probe's last results.
+    pub probes: Vec<PairProbe>,
     pub nvml_up: bool,
     /// PCI bus ids of the GPUs the driver lists, NVML or not.
     pub driver_gpus: Vec<String>,
@@ -60,6 +65,8 @@ pub struct GpuCollector {
     sys: SysPci,
     /// The hypervisor the machine runs under, read once.
     hypervisor: Option<String>,
+    /// The pair probe's last results, written by the probe's thread (`serve`).
+    probes: ProbeResults,
     with_xid_thread: bool,
     rules: PairRules,
     stop: Arc<AtomicBool>,
@@ -82,6 +89,7 @@ impl GpuCollector {
             proc_root: proc_root.to_path_buf(),
             sys: SysPci::new(Path::new("/sys")),
             hypervisor: None,
+            probes: ProbeResults::default(),
             with_xid_thread,
             rules,
             stop: Arc::new(AtomicBool::new(false)),
@@ -141,6 +149,11 @@ impl GpuCollector {
         self
     }
 
+    /// Where the pair probe leaves its results for the next scans to judge.
+    pub fn probe_results(&self) -> ProbeResults {
+        self.probes.clone()
+    }
+
     /// Where XIDs are counted: the kernel log's are added here by the scan thread.
     pub fn xid_counts(&self) -> Arc<XidCounts> {
         self.xids.clone()
@@ -167,7 +180,17 @@ impl GpuCollector {
                 scan
             }
             State::Loaded(loaded) => {
-                let mut scan = loaded.scan(&self.proc_root, &self.sys, self.hypervisor.as_deref());
+                let probes = self
+                    .probes
+                    .lock()
+                    .map(|p| p.clone())
+                    .unwrap_or_else(|e| e.into_inner().clone());
+                let mut scan = loaded.scan(
+                    &self.proc_root,
+                    &self.sys,
+                    self.hypervisor.as_deref(),
+                    probes,
+                );
                 let missing = super::pci::not_in_nvml(&driver_gpus, &scan.gpus);
                 if !missing.is_empty() {
                     scan.findings.push(Finding::new(
@@ -191,8 +214,15 @@ impl Drop for GpuCollector {
 }
 
 impl Loaded {
-    fn scan(&mut self, proc_root: &Path, sys: &SysPci, hypervisor: Option<&str>) -> GpuScan {
+    fn scan(
+        &mut self,
+        proc_root: &Path,
+        sys: &SysPci,
+        hypervisor: Option<&str>,
+        probes: Vec<PairProbe>,
+    ) -> GpuScan {
         let (mut sample, stats) = self.gpus.sample();
+        sample.probes = probes;
         for g in &mut sample.gpus {
             g.pcie_path = sys.path_of(&g.pci_bus_id);
         }
@@ -213,6 +243,7 @@ impl Loaded {
             pairs: judgement.pairs,
             blame: judgement.blame,
             users: self.users.clone(),
+            probes: sample.probes,
             xids,
             findings,
             nvml_up: true,

@@ -155,6 +155,7 @@ impl NvmlGpus {
                 gpus,
                 pairs,
                 hypervisor: None,
+                probes: Vec::new(),
             },
             stats,
         )

@@ -1,5 +1,6 @@
 //! The GPU families: GPU info, lost and PCIe replays; NVLink state, error counters and BERs;
-//! recovery actions; P2P and pair health; XIDs; NVML up and the driver's GPU count.
+//! recovery actions; P2P and pair health; XIDs; who uses which GPU; the PCIe path; the pair
+//! probe; NVML up and the driver's GPU count.
 
 use std::fmt;
 
@@ -7,7 +8,8 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use crate::model::{
-    AcsState, GpuReading, LinkReading, P2pStatus, PairStatus, PairVerdict, PcieLink,
+    AcsState, GpuReading, LinkReading, P2pStatus, PairProbe, PairStatus, PairVerdict, PcieLink,
+    ProbeStatus,
 };
 use crate::model::{Snapshot, XidCount};
 
@@ -26,6 +28,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_xids(encoder, &snapshot.xids)?;
         encode_users(encoder, snapshot)?;
         encode_pcie(encoder, &snapshot.gpus)?;
+        encode_probes(encoder, &snapshot.gpu_probes)?;
     }
     encode_nvml(encoder, snapshot)
 }
@@ -180,6 +183,39 @@ fn encode_pcie(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Res
             }
             let labels = [("gpu", gpu.as_str()), ("device", hop.bdf.as_str())];
             gauge(&mut acs, &labels, i64::from(hop.acs.redirects()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The pair probe's last results, per ordered pair (`gpu` -> `peer_gpu`).
+fn encode_probes(encoder: &mut DescriptorEncoder, probes: &[PairProbe]) -> fmt::Result {
+    let mut ok = encoder.encode_descriptor(
+        "shmlink_gpu_pair_probe_ok",
+        "1 when the pair probe's copies from gpu to peer_gpu were ok at its last run",
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in probes {
+        let labels = [
+            ("gpu", p.from_gpu.to_string()),
+            ("peer_gpu", p.to_gpu.to_string()),
+        ];
+        gauge(&mut ok, &labels, i64::from(p.status == ProbeStatus::Ok))?;
+    }
+    let mut gbps = encoder.encode_descriptor(
+        "shmlink_gpu_pair_probe_bandwidth_bytes_per_second",
+        "The pair probe's sized copy from gpu to peer_gpu at its last run",
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in probes {
+        if let Some(g) = p.gbps {
+            let labels = [
+                ("gpu", p.from_gpu.to_string()),
+                ("peer_gpu", p.to_gpu.to_string()),
+            ];
+            gauge(&mut gbps, &labels, g * 1e9)?;
         }
     }
     Ok(())

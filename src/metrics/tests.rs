@@ -76,6 +76,22 @@ fn rich_snapshot() -> Snapshot {
             acs: crate::model::AcsState::Control(0x001d),
         },
     ];
+    // The pair probe: 0 -> 1 fine, 1 -> 0 corrupted.
+    let probe = |from, to, ok: bool| crate::model::PairProbe {
+        from_gpu: from,
+        to_gpu: to,
+        status: if ok {
+            crate::model::ProbeStatus::Ok
+        } else {
+            crate::model::ProbeStatus::Failed
+        },
+        peer_access: true,
+        verified: ok,
+        gbps: Some(if ok { 312.5 } else { 300.0 }),
+        expected_gbps: Some(450.0),
+        reason: None,
+    };
+    s.gpu_probes = vec![probe(0, 1, true), probe(1, 0, false)];
     // The trainer's processes on GPUs 0 and 2; a container the scan did not measure on GPU 1.
     let at = std::time::SystemTime::UNIX_EPOCH;
     for (pid, gpus, container_id) in [(10, [0, 2], "c0ffee01"), (11, [1, 1], "c0ffee99")] {

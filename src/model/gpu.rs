@@ -388,13 +388,15 @@ pub struct PairSample {
 }
 
 /// One scan of every GPU and pair, before any verdict.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuSample {
     pub gpus: Vec<GpuReading>,
     pub pairs: Vec<PairSample>,
     /// The hypervisor this machine runs under, where it says (a VM's PCIe bridges are
     /// emulated: their ACS says nothing of the host's).
     pub hypervisor: Option<String>,
+    /// The pair probe's last results (`serve --p2p-probe-interval`), ordered pairs.
+    pub probes: Vec<PairProbe>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -403,6 +405,34 @@ pub enum PairStatus {
     Ok,
     Degraded,
     Down,
+}
+
+/// The pair probe's verdict on one ordered pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeStatus {
+    Ok,
+    Degraded,
+    Failed,
+}
+
+/// What copies from one GPU to another did (`shmlink probe --json`'s `pairs[]`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairProbe {
+    /// NVML indices.
+    pub from_gpu: u32,
+    pub to_gpu: u32,
+    pub status: ProbeStatus,
+    /// Peer access could be enabled.
+    pub peer_access: bool,
+    /// The bytes read back were the bytes sent.
+    pub verified: bool,
+    /// The sized copy, GB/s (10^9 bytes per second), as CUDA's events timed it.
+    pub gbps: Option<f64>,
+    /// What the pair's own path carries, GB/s, as NVML describes it; null when unknown.
+    pub expected_gbps: Option<f64>,
+    /// Why it is not ok, for people.
+    pub reason: Option<String>,
 }
 
 /// Which GPUs the failing pairs point at: the pair judge's word (`gpu::pairs`), which every text

@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::{
-    Blame, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, PairVerdict,
-    Severity, ShmReading,
+    Blame, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, PairProbe,
+    PairVerdict, Severity, ShmReading,
 };
 
 /// XID errors of one kind on one GPU.
@@ -32,6 +32,9 @@ pub struct Snapshot {
     /// Which processes (and containers) used which GPUs lately.
     #[serde(skip)]
     pub gpu_users: GpuUsers,
+    /// The pair probe's last results (`serve --p2p-probe-interval`).
+    #[serde(skip)]
+    pub gpu_probes: Vec<PairProbe>,
     /// XID errors since the agent started.
     pub xids: Vec<XidCount>,
     pub findings: Vec<Finding>,

@@ -80,6 +80,8 @@ pub struct Options {
     pub rules: PairRules,
     /// The host's IPC namespace inode, when the node is itself a container.
     pub host_ipc_ns: Option<u64>,
+    /// `--p2p`: the pair probe over the visible GPUs, its results judged with the pairs.
+    pub p2p: Option<crate::probe::ProbeOptions>,
 }
 
 /// Measures and judges: one call, one [`Report`].
@@ -241,6 +243,7 @@ impl Probe {
             pairs: Vec::new(),
             avoid: Vec::new(),
             healthy: Vec::new(),
+            probe_error: None,
         };
         if options.no_gpu {
             return obs;
@@ -255,8 +258,7 @@ impl Probe {
             }
         };
         obs.nvml = NvmlState::Loaded;
-        let (sample, _) = gpus.sample();
-        let judgement = PairJudge::new(options.rules).judge(&sample, Instant::now());
+        let (mut sample, _) = gpus.sample();
         let nvml: Vec<NvmlGpu> = sample
             .gpus
             .iter()
@@ -267,6 +269,19 @@ impl Probe {
             })
             .collect();
         let (visible, unmatched) = visible_gpus(&selector, selected_by, &nvml);
+        if let Some(opts) = &options.p2p {
+            // CUDA in this container sees only its GPUs; the pairs are judged as rule 8 does.
+            let only: Vec<u32> = visible.iter().map(|g| g.index).collect();
+            match crate::probe::run(opts, |devices| {
+                crate::probe::pairs_among(devices, &sample.gpus, Some(&only))
+            }) {
+                Ok(probed) => {
+                    sample.probes = crate::probe::judge::judge(&probed, &sample).pairs;
+                }
+                Err(e) => obs.probe_error = Some(e),
+            }
+        }
+        let judgement = PairJudge::new(options.rules).judge(&sample, Instant::now());
         obs.pairs = visible_pairs(&judgement.pairs, &visible);
         obs.avoid = gpus_to_avoid(&judgement.pairs);
         obs.healthy = sample
@@ -438,6 +453,7 @@ mod tests {
             nvml_lib: None,
             rules: PairRules::default(),
             host_ipc_ns: None,
+            p2p: None,
         };
         let env = Env {
             kubernetes_service_host: Some("10.0.0.1".into()),

@@ -129,6 +129,9 @@ pub struct GpuObs {
     /// NVML's GPUs not to avoid, for the fix.
     #[serde(skip)]
     pub healthy: Vec<u32>,
+    /// `--p2p`: why the pair probe could not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_error: Option<String>,
 }
 
 /// Where the container runs, for the fix (CONTRACT.md: Kubernetes when

@@ -44,6 +44,8 @@ pub enum ProblemKind {
     GpuNotFound,
     /// A pair of visible GPUs is down or degraded.
     GpuPair,
+    /// `--p2p`: the pair probe could not run (no libcuda, the driver did not start).
+    P2pProbeUnavailable,
 }
 
 impl ProblemKind {
@@ -64,6 +66,7 @@ impl ProblemKind {
             ProblemKind::GpuHealthUnknown => "gpu_health_unknown",
             ProblemKind::GpuNotFound => "gpu_not_found",
             ProblemKind::GpuPair => "gpu_pair",
+            ProblemKind::P2pProbeUnavailable => "p2p_probe_unavailable",
         }
     }
 }

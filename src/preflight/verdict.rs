@@ -214,6 +214,13 @@ pub fn judge(
             ),
         );
     }
+    if let Some(e) = &gpus.probe_error {
+        p(
+            Grade::Unknown,
+            ProblemKind::P2pProbeUnavailable,
+            text::preflight_probe_unavailable(e),
+        );
+    }
     let ordinal = |i: u32| {
         gpus.visible
             .iter()

@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod crash;
 pub mod docker;
+pub mod fake_cuda;
 pub mod fake_nvml;
 pub mod kube_api;
 pub mod pod_resources;

@@ -17,6 +17,7 @@ mod gpu;
 mod ipc;
 mod pairs;
 mod preflight;
+mod probe;
 mod shm;
 
 pub use conditions::*;
@@ -25,6 +26,7 @@ pub use gpu::*;
 pub use ipc::*;
 pub use pairs::*;
 pub use preflight::*;
+pub use probe::*;
 pub use shm::*;
 
 use std::time::Duration;

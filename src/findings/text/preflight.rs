@@ -139,3 +139,11 @@ pub fn preflight_gpu_pair(
         cuda.0, cuda.1
     )
 }
+
+/// `p2p_probe_unavailable`: `--p2p` asked for copies the probe could not make.
+pub fn preflight_probe_unavailable(error: &str) -> String {
+    format!(
+        "--p2p: the GPU pair probe could not run ({error}), so the copies between the visible \
+         GPUs are untested"
+    )
+}

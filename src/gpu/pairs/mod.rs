@@ -37,9 +37,12 @@
 //!    it or a bridge above it, ACS redirecting P2P on a bridge between two GPUs; the pairs whose
 //!    P2P crosses PCIe get a reason for each.
 //!
+//! 8. The pair probe's results, where `serve` runs it (`probe.rs`): a direction that failed
+//!    makes the pair `degraded` (`Broken`), one that ran slow `degraded` (`Errors`).
+//!
 //! Files: `board.rs` indexes the sample, `verdict.rs` weighs reasons into a status,
 //! `links.rs` (rules 1-2), `counters.rs` (3), `p2p.rs` (4-5), `findings.rs` and `blame.rs` (6),
-//! `pcie.rs` (7).
+//! `pcie.rs` (7), `probe.rs` (8).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -53,6 +56,7 @@ mod links;
 mod nvlink5;
 mod p2p;
 mod pcie;
+mod probe;
 mod verdict;
 
 pub use crate::model::Weight;
@@ -157,6 +161,7 @@ impl PairJudge {
         let gpu_findings = gpu_state::gpu_state_rule(&board, &mut pairs);
         p2p::p2p_regression_rule(&mut self.p2p_ever_ok, &board, &mut pairs);
         p2p::outlier_rule(&board, &mut pairs);
+        probe::probe_rule(sample, &board, &mut pairs);
         let pcie_findings = pcie::pcie_rule(
             &mut self.aer,
             &board,

@@ -128,6 +128,7 @@ fn several_links_between_two_gpus_are_all_listed() {
             Some(TopologyLevel::Node),
         )],
         hypervisor: None,
+        probes: Vec::new(),
     };
     let j = judge_once(&s);
     assert_eq!(verdict(&j, 0, 1).links, vec![1, 3, 5]);
@@ -247,6 +248,7 @@ fn nvlink_capability_is_not_compared_without_nvswitch() {
             (Some(caps(OK, OK, nv)), Some(TopologyLevel::Node))
         }),
         hypervisor: None,
+        probes: Vec::new(),
     };
     let j = judge_once(&s);
     assert!(all_ok(&j), "{:#?}", j.pairs);
@@ -268,6 +270,7 @@ fn mixed_models_are_compared_with_their_like() {
             (Some(caps(st, st, NS)), Some(TopologyLevel::Node))
         }),
         hypervisor: None,
+        probes: Vec::new(),
     };
     for g in &mut s.gpus {
         g.name = if g.index == 3 {

@@ -39,6 +39,7 @@ fn odd_input_does_not_panic() {
             pair(0, 1, Some(caps(NS, NS, NS)), None),
         ],
         hypervisor: None,
+        probes: Vec::new(),
     };
     let mut judge = PairJudge::new(PairRules {
         window: Duration::ZERO,

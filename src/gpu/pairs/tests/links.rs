@@ -68,6 +68,7 @@ fn lost_gpu_is_one_finding_and_its_pairs_are_down() {
             (Some(caps(OK, OK, NS)), Some(TopologyLevel::Node))
         }),
         hypervisor: None,
+        probes: Vec::new(),
     };
     gpu_mut(&mut s, 2).lost = true;
     for (a, b) in [(0, 2), (1, 2), (2, 3)] {
@@ -103,6 +104,7 @@ fn lone_lost_gpu_has_no_pairs_but_a_finding() {
         gpus: vec![g],
         pairs: Vec::new(),
         hypervisor: None,
+        probes: Vec::new(),
     });
     assert!(j.pairs.is_empty());
     assert_eq!(j.findings.len(), 1);

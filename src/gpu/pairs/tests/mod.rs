@@ -123,6 +123,7 @@ fn pcie8(broken: Option<u32>) -> GpuSample {
             (Some(caps(st, st, NS)), Some(socket_level(8, a, b)))
         }),
         hypervisor: None,
+        probes: Vec::new(),
     }
 }
 
@@ -146,6 +147,7 @@ fn mesh(n: u32) -> GpuSample {
             (Some(caps(OK, OK, OK)), Some(socket_level(n, a, b)))
         }),
         hypervisor: None,
+        probes: Vec::new(),
     }
 }
 
@@ -167,6 +169,7 @@ fn nvswitch(n: u32, links: u32) -> GpuSample {
             (Some(caps(OK, OK, OK)), Some(socket_level(n, a, b)))
         }),
         hypervisor: None,
+        probes: Vec::new(),
     }
 }
 

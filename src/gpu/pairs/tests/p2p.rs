@@ -53,6 +53,7 @@ fn missing_p2p_is_not_a_verdict() {
         gpus: (0..3).map(|i| gpu(i, Vec::new())).collect(),
         pairs: Vec::new(),
         hypervisor: None,
+        probes: Vec::new(),
     };
     let j = judge_once(&s);
     assert_eq!(j.pairs.len(), 3);
@@ -70,6 +71,7 @@ fn unknown_topology_is_its_own_level() {
         gpus: (0..4).map(|i| gpu(i, Vec::new())).collect(),
         pairs: all_pairs(4, |_, _| (Some(caps(OK, OK, NS)), None)),
         hypervisor: None,
+        probes: Vec::new(),
     };
     set_p2p(&mut s, 0, 1, Some(caps(NS, OK, NS)));
     // the only pair at level node: nothing to compare with
