@@ -8,6 +8,7 @@
 //! never guessed at, since the kernel reuses them.
 
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use crate::cgroup::path::parse_cgroup_path;
 use crate::cgroup::proc::memory_cgroup;
@@ -27,6 +28,21 @@ pub fn who_is_pid(proc_root: &Path, pid: i32, host_mnt: Option<NsId>) -> Who {
         return Who::Process;
     };
     who_of_cgroup_file(&text)
+}
+
+/// Whether host process `pid` can be the one a kernel record at `at` names as `comm`: it
+/// started before the record (a second of slack between the two clocks) and bears that name.
+/// `check --since` reads records from long ago, and the kernel reuses PIDs: a process started
+/// after the record is another one, never blamed for it.
+pub fn is_same_process(proc_root: &Path, pid: i32, comm: &str, at: SystemTime) -> bool {
+    let Some(start) = crate::procfs::stat::started(proc_root, pid) else {
+        return false;
+    };
+    if start > at + Duration::from_secs(1) {
+        return false;
+    }
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+        .is_ok_and(|name| name.trim_end_matches('\n') == comm)
 }
 
 /// Pure: the container a `/proc/PID/cgroup` text places its process in.
@@ -51,6 +67,25 @@ mod tests {
     use super::*;
 
     const CID: &str = "3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
+
+    /// This test process, by its real /proc: a record from before it started is not its, nor
+    /// one that names another comm.
+    #[test]
+    fn a_process_started_after_the_record_or_named_otherwise_is_not_the_crasher() {
+        let proc = Path::new("/proc");
+        let pid = std::process::id() as i32;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        let comm = comm.trim_end();
+        let now = SystemTime::now();
+        assert!(is_same_process(proc, pid, comm, now));
+        assert!(!is_same_process(proc, pid, "python3-other", now));
+        let long_ago = now - Duration::from_secs(30 * 24 * 3600);
+        assert!(
+            !is_same_process(proc, pid, comm, long_ago),
+            "the PID was reused"
+        );
+        assert!(!is_same_process(proc, i32::MAX, comm, now), "gone");
+    }
 
     #[test]
     fn a_kubelet_cgroup_names_pod_and_container_on_v1_and_v2() {

@@ -116,6 +116,24 @@ fn mapped_file(mapped: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A crash in a file whose name holds a newline and a whole crash line, as syslog(2)'s
+    /// reader joins it (the newline escaped, as /dev/kmsg escapes it): the crash is the real
+    /// crasher's, in a file that is no GPU library; PID 1 is never blamed.
+    #[test]
+    fn a_crash_line_inside_a_file_name_is_not_a_crash() {
+        let record = KmsgRecord {
+            facility: 0,
+            level: 6,
+            seq: 1,
+            usec: 1,
+            message: "crash[4242]: segfault at 0 ip 0000000000401000 sp 00007ffc2b6c1f40 error \
+                      4 in x\\x0atrainer[1]: segfault at 0 ip 00007f0000001000 sp \
+                      00007ffc2b6c1f40 error 4 in libnccl.so.2[7f0000000000+1000]"
+                .into(),
+        };
+        assert_eq!(gpu_lib_crash(&record), None);
+    }
     use crate::fixtures::kmsg::{self, records};
     use crate::kernel_log::parse_record;
 

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use super::attribute::{who_is_cgroup, who_is_pid};
+use super::attribute::{is_same_process, who_is_cgroup, who_is_pid};
 use super::context::{self, Window};
 use super::crash::{gpu_lib_crash, Crash};
 use super::oom::{OomKill, OomReports};
@@ -140,8 +140,13 @@ impl Recogniser {
             return Some(d);
         }
         let Crash { comm, pid, library } = gpu_lib_crash(record)?;
+        let who = if is_same_process(&self.proc_root, pid, &comm, at) {
+            who_is_pid(&self.proc_root, pid, self.host_mnt)
+        } else {
+            Who::Process
+        };
         let mut d = Detected::new(
-            who_is_pid(&self.proc_root, pid, self.host_mnt),
+            who,
             FindingKind::GpuJobCrashed,
             at,
             FailureSource::Kernel,

@@ -56,6 +56,34 @@ pub fn parse_line(line: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
     ))
 }
 
+/// The records of a READ_ALL text. The kernel repeats a multi-line record's `<prefix>[time] `
+/// on each of its lines: a line with the same prefix and time as the line before, or with none,
+/// continues that record (two records the kernel stamped in the same microsecond with the same
+/// prefix are read as one: the text cannot tell them apart, and a forged line must not pass). Its newlines are escaped `\x0a`, as /dev/kmsg escapes them, so a
+/// newline a process puts in its comm or a file name cannot start a record of its own.
+fn records(text: &[u8]) -> Vec<(u8, u8, u64, Vec<u8>)> {
+    let mut out: Vec<(u8, u8, u64, Vec<u8>)> = Vec::new();
+    for line in text.split(|&b| b == b'\n') {
+        match parse_line(line) {
+            Some((f, l, u, m)) => match out.last_mut() {
+                Some(last) if (last.0, last.1, last.2) == (f, l, u) => {
+                    last.3.extend_from_slice(b"\\x0a");
+                    last.3.extend_from_slice(m);
+                }
+                _ => out.push((f, l, u, m.to_vec())),
+            },
+            None if !line.is_empty() => {
+                if let Some(last) = out.last_mut() {
+                    last.3.extend_from_slice(b"\\x0a");
+                    last.3.extend_from_slice(line);
+                }
+            }
+            None => {}
+        }
+    }
+    out
+}
+
 /// Which records of a READ_ALL text are new, given what earlier reads saw.
 #[derive(Debug, Default)]
 struct Newest {
@@ -67,7 +95,11 @@ struct Newest {
 impl Newest {
     /// The records of `text` not seen before, oldest first.
     fn take(&mut self, text: &[u8]) -> Vec<(u8, u8, u64, Vec<u8>)> {
-        let records: Vec<_> = text.split(|&b| b == b'\n').filter_map(parse_line).collect();
+        let joined = records(text);
+        let records: Vec<(u8, u8, u64, &[u8])> = joined
+            .iter()
+            .map(|(f, l, u, m)| (*f, *l, *u, m.as_slice()))
+            .collect();
         let mut found_last = self.at.is_none();
         let mut out = Vec::new();
         for &(facility, level, usec, message) in &records {
@@ -285,16 +317,21 @@ mod tests {
     #[test]
     fn only_records_after_the_newest_seen_are_new() {
         let mut n = Newest::default();
-        let first = text(&[(1, "a"), (2, "b"), (2, "c")]);
+        let first = text(&[(1, "a"), (2, "b"), (3, "c")]);
         assert_eq!(messages(n.take(&first)), ["a", "b", "c"]);
         assert!(
             n.take(&first).is_empty(),
             "the same text again: nothing new"
         );
-        // A record at the newest time, and later ones.
-        let more = text(&[(1, "a"), (2, "b"), (2, "c"), (2, "d"), (3, "e")]);
+        // Later ones.
+        let more = text(&[(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")]);
         assert_eq!(messages(n.take(&more)), ["d", "e"]);
         assert_eq!(n.lost, 0);
+        // Lines at one microsecond with one prefix are one record (its lines, as the kernel
+        // prints a multi-line record): read once.
+        let multi = text(&[(6, "f"), (6, "g")]);
+        assert_eq!(messages(n.take(&multi)), ["f\\x0ag"]);
+        assert!(n.take(&multi).is_empty());
     }
 
     #[test]
@@ -306,6 +343,25 @@ mod tests {
         // Older records only (a clock that cannot go back): nothing new, no loss.
         assert!(n.take(&text(&[(1, "a")])).is_empty());
         assert_eq!(n.lost, 1);
+    }
+
+    /// A file name with a newline in it, as syslog(2) prints the crash line: the kernel repeats
+    /// the record's prefix on the second line, which reads like a crash of PID 1 on its own.
+    #[test]
+    fn a_newline_in_a_record_continues_it_and_never_starts_one() {
+        let text = b"<6>[  100.000001] crash[4242]: segfault at 0 ip 0000000000401000 sp \
+                     00007ffc2b6c1f40 error 4 in x\n<6>[  100.000001] trainer[1]: segfault at 0 \
+                     ip 00007f0000001000 sp 00007ffc2b6c1f40 error 4 in libnccl.so.2[7f0000000000+\
+                     1000]\n<4>[  100.000002] next record\n";
+        let got = records(text);
+        assert_eq!(got.len(), 2);
+        let first = String::from_utf8_lossy(&got[0].3).into_owned();
+        assert!(
+            first.starts_with("crash[4242]: segfault at 0")
+                && first.contains(" in x\\x0atrainer[1]: segfault at 0"),
+            "{first}"
+        );
+        assert_eq!(String::from_utf8_lossy(&got[1].3), "next record");
     }
 
     #[test]

@@ -84,6 +84,24 @@ pub struct Detected {
     pub judged: bool,
 }
 
+/// `text` with its control characters written `\x1b` (ESC, CR, C1 controls, ...): a line a
+/// workload printed reaches terminals (`check`'s tables) and Event notes, where an escape
+/// sequence would redraw what a person reads.
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\x{:02x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl Detected {
     /// A failure with only what every source knows; the rest is set by the source that knows it.
     pub fn new(
@@ -98,7 +116,7 @@ impl Detected {
             kind,
             at,
             source,
-            evidence: super::cut(evidence.trim(), EVIDENCE_MAX),
+            evidence: super::cut(&printable(evidence.trim()), EVIDENCE_MAX),
             pid: None,
             comm: None,
             library: None,
@@ -286,5 +304,25 @@ impl Failure {
             container: self.container.clone(),
             container_id: self.container_id.clone().unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_in_evidence_are_written_out() {
+        let d = Detected::new(
+            Who::Process,
+            crate::model::FindingKind::ShmAllocationFailed,
+            std::time::SystemTime::UNIX_EPOCH,
+            FailureSource::Log,
+            "No space left on device: '/dev/shm/x'\u{1b}[2J\u{1b}[H all good\r\u{9b}",
+        );
+        assert_eq!(
+            d.evidence,
+            "No space left on device: '/dev/shm/x'\\x1b[2J\\x1b[H all good\\x0d\\x9b"
+        );
     }
 }

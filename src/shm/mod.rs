@@ -5,6 +5,7 @@
 //! cgroups, and reads one process per cgroup: its namespaces, its /dev/shm (statvfs of the
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
+pub mod deadline;
 pub mod leftovers;
 pub mod peak;
 pub mod statfs;
@@ -25,6 +26,7 @@ use crate::host::{parse_ns_link, HostError, HostNamespaces, HostPaths, NsId, NsS
 use crate::model::{short_id, Leftovers, ShmReading, ShmStatus};
 use crate::procfs::kfile::FileReader;
 use crate::procfs::mountinfo::{self, MountEntry};
+use deadline::{Measurer, Unanswered};
 use statfs::{OpenShmError, ShmStat};
 
 /// How many of a cgroup's processes to try before giving up on it (they may all be exiting).
@@ -109,7 +111,18 @@ pub struct ShmScanner {
     /// held from before (both read once: neither changes; a PID reused by another container is
     /// read again).
     starts: HashMap<i32, Started>,
+    /// /dev/shm measured where a deadline can end it.
+    measurer: Measurer,
+    /// Containers whose /dev/shm did not answer in time: not asked again.
+    hung: HashSet<String>,
 }
+
+/// What a container whose /dev/shm hangs is told.
+const HUNG: &str = "/dev/shm did not answer statfs within 2 s (a FUSE or network file system \
+                    that hangs?): not measured, and not asked again";
+const TOO_MANY_STUCK: &str = "not measured: too many /dev/shm mounts of other containers hang";
+/// Hung containers remembered at most.
+const HUNG_KEPT: usize = 4096;
 
 /// Processes remembered at most (then forgotten all at once and read again).
 const STARTS: usize = 16_384;
@@ -143,6 +156,8 @@ impl ShmScanner {
             path: Vec::with_capacity(64),
             dirents: vec![MaybeUninit::uninit(); 16 * 1024],
             starts: HashMap::new(),
+            measurer: Measurer::default(),
+            hung: HashSet::new(),
         })
     }
 
@@ -464,10 +479,36 @@ impl ShmScanner {
                 )));
             }
         };
-        let opened = statfs::open_beneath(&root, "dev/shm").and_then(|fd| {
-            let stat = statfs::measure(&fd).map_err(OpenShmError::Io)?;
-            Ok((fd, stat))
-        });
+        if self.hung.contains(container_id) {
+            return Some(Look::Unmeasured(HUNG.into()));
+        }
+        let opened = match self.measurer.open_and_measure(root) {
+            Ok(answer) => answer,
+            Err(why) => {
+                if why == Unanswered::Hung && self.hung.len() < HUNG_KEPT {
+                    self.hung.insert(container_id.to_string());
+                }
+                self.warn_once(
+                    format!("hung {container_id}"),
+                    format_args!(
+                        "container {}: {}",
+                        short_id(container_id),
+                        match why {
+                            Unanswered::Hung => HUNG,
+                            Unanswered::TooManyStuck => TOO_MANY_STUCK,
+                        }
+                    ),
+                );
+                out.errors += 1;
+                return Some(Look::Unmeasured(
+                    match why {
+                        Unanswered::Hung => HUNG,
+                        Unanswered::TooManyStuck => TOO_MANY_STUCK,
+                    }
+                    .into(),
+                ));
+            }
+        };
         let stat = match opened {
             Ok((fd, stat)) => {
                 // Only a tmpfs mounted there that holds something is worth a listing.

@@ -11,6 +11,10 @@ pub struct XidCounts {
     counts: Mutex<Tallies>,
 }
 
+/// Distinct (GPU, XID) tallies kept at most per source: a tally never shrinks, so a source that
+/// could name any number would grow it without end.
+const MAX_TALLIES: usize = 256;
+
 #[derive(Debug, Default)]
 struct Tallies {
     nvml: BTreeMap<(u32, u64), u64>,
@@ -21,18 +25,30 @@ impl XidCounts {
     /// One XID NVML delivered.
     pub fn record(&self, gpu: u32, xid: u64) {
         if let Ok(mut t) = self.counts.lock() {
-            *t.nvml.entry((gpu, xid)).or_default() += 1;
+            bump(&mut t.nvml, gpu, xid);
         }
     }
 
-    /// One XID the kernel log told.
+    /// One XID the kernel log told; an XID NVIDIA's catalogue does not list is not one (the
+    /// kernel log is text others can shape).
     pub fn record_kernel(&self, gpu: u32, xid: u64) {
+        if super::catalogue::lookup(xid).is_none() {
+            tracing::debug!(
+                xid,
+                "an XID outside NVIDIA's catalogue in the kernel log: not counted"
+            );
+            return;
+        }
         if let Ok(mut t) = self.counts.lock() {
-            *t.kernel.entry((gpu, xid)).or_default() += 1;
+            bump(&mut t.kernel, gpu, xid);
         }
     }
 
     pub fn snapshot(&self) -> BTreeMap<(u32, u64), u64> {
+        self.tallies()
+    }
+
+    fn tallies(&self) -> BTreeMap<(u32, u64), u64> {
         let Ok(t) = self.counts.lock() else {
             return BTreeMap::new();
         };
@@ -45,9 +61,37 @@ impl XidCounts {
     }
 }
 
+/// Counts one; a new (GPU, XID) past [`MAX_TALLIES`] is dropped (and said once).
+fn bump(tally: &mut BTreeMap<(u32, u64), u64>, gpu: u32, xid: u64) {
+    if let Some(n) = tally.get_mut(&(gpu, xid)) {
+        *n += 1;
+    } else if tally.len() < MAX_TALLIES {
+        tally.insert((gpu, xid), 1);
+    } else if tally.len() == MAX_TALLIES {
+        tracing::warn!(
+            gpu,
+            xid,
+            "{MAX_TALLIES} distinct XIDs counted: further ones are not"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xids_outside_the_catalogue_and_past_the_cap_are_not_tallied() {
+        let counts = XidCounts::default();
+        counts.record_kernel(0, 987_654);
+        assert!(counts.snapshot().is_empty());
+        for gpu in 0..1000 {
+            counts.record(gpu, 48);
+        }
+        assert_eq!(counts.snapshot().len(), MAX_TALLIES);
+        counts.record(0, 48);
+        assert_eq!(counts.snapshot()[&(0, 48)], 2, "a known one still counts");
+    }
 
     #[test]
     fn nvml_and_the_kernel_seeing_the_same_xids_count_once() {

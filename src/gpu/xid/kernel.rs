@@ -33,13 +33,29 @@ pub enum KernelGpu {
     FellOffBus { pci: String },
 }
 
-/// What a kernel-facility record says about a GPU, if anything: the driver's `NVRM: ` lines.
+/// What a kernel-facility record says about a GPU, if anything: the driver's `NVRM: ` lines,
+/// in the driver's own shape only. A process can name itself `NVRM: GPU 18:0 ` (its comm, 15
+/// bytes) and crash in a file named `fallen off the bus`: the kernel's crash line then begins
+/// like a driver line, so a crash line (`comm[pid]: ...`) is never one, and the address must be
+/// whole (`0000:18:00.0`), as the driver prints it.
 pub fn kernel_gpu(record: &KmsgRecord) -> Option<KernelGpu> {
-    if !record.is_kernel() {
+    if !record.is_kernel() || is_task_line(&record.message) {
         return None;
     }
     let nvrm = record.message.trim_start().strip_prefix("NVRM: ")?;
     xid(nvrm).or_else(|| fell_off_bus(nvrm))
+}
+
+/// The kernel's lines about a task: `comm[pid]: ` (a segfault, a trap, a general protection
+/// fault), whatever the comm holds. The driver's lines never have `[digits]: ` in them.
+fn is_task_line(message: &str) -> bool {
+    message.match_indices("]: ").any(|(i, _)| {
+        let head = &message[..i];
+        head.rfind('[').is_some_and(|open| {
+            let digits = &head[open + 1..];
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        })
+    })
 }
 
 /// `Xid (PCI:0000:3b:00): 79, <text>` (old drivers: no `PCI:`, no text).
@@ -77,14 +93,25 @@ fn link_number(text: &str) -> Option<u32> {
 /// bus.`; not `GPU at PCI:0000:3b:00: GPU-<uuid>`, which only names a GPU.
 fn fell_off_bus(nvrm: &str) -> Option<KernelGpu> {
     let rest = nvrm.strip_prefix("GPU ")?;
-    let rest = rest.strip_prefix("at ").unwrap_or(rest);
+    let (at, rest) = match rest.strip_prefix("at ") {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
     let (token, tail) = rest.split_once(' ')?;
     let pci = token.strip_suffix(':').unwrap_or(token);
+    // domain:bus:device.function, as the driver prints it: never a short `18:0`.
+    if pci.matches(':').count() != 2 || !pci.contains('.') {
+        return None;
+    }
     pci_address(pci)?;
-    tail.contains("fallen off the bus")
-        .then(|| KernelGpu::FellOffBus {
-            pci: pci.to_owned(),
-        })
+    let said = if at {
+        tail.starts_with("has fallen off the bus")
+    } else {
+        token.ends_with(':') && tail.starts_with("GPU has fallen off the bus")
+    };
+    said.then(|| KernelGpu::FellOffBus {
+        pci: pci.to_owned(),
+    })
 }
 
 /// Turns kernel records into XIDs to count, one per event.
@@ -244,6 +271,8 @@ mod tests {
                 bus("0000:3b:00.0"),
                 None, // `GPU at PCI:...: GPU-<uuid>` only names the GPU
                 None, // another NVRM line
+                None, // a crash line whose comm is `NVRM: GPU 18:0 `
+                None, // a crash line whose comm spells the whole driver line
             ]
         );
     }

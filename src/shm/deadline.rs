@@ -1,0 +1,156 @@
+//! /dev/shm opened and measured where a deadline can end it. A pod can mount a FUSE file
+//! system (or an NFS volume whose server then stops) at /dev/shm: statfs (and statx) then wait
+//! on its server forever, and a scan thread that waits with them never scans again. The calls
+//! run on a worker thread; the scan thread waits at most [`DEADLINE`] for each answer. A worker
+//! that does not answer in time is left behind, stuck in the kernel (nothing can cancel the
+//! call; it returns if the mount is ever torn down), the container is not asked again, and the
+//! next measurement gets a new worker. At most [`MAX_STUCK`] workers are ever left behind.
+
+use std::os::fd::OwnedFd;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use super::statfs::{self, OpenShmError, ShmStat};
+
+/// How long one /dev/shm may take to answer: a tmpfs answers in microseconds.
+pub const DEADLINE: Duration = Duration::from_secs(2);
+/// Workers left stuck at most; past it, no more are started (every measurement is refused).
+pub const MAX_STUCK: usize = 16;
+
+type Answer = Result<(OwnedFd, ShmStat), OpenShmError>;
+type Job = (OwnedFd, Sender<Answer>);
+
+/// Why there is no measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unanswered {
+    /// The file system did not answer within the deadline.
+    Hung,
+    /// Too many workers are stuck already: not tried.
+    TooManyStuck,
+}
+
+#[derive(Debug)]
+pub struct Measurer {
+    worker: Option<Sender<Job>>,
+    stuck: usize,
+    deadline: Duration,
+}
+
+impl Default for Measurer {
+    fn default() -> Self {
+        Measurer::new(DEADLINE)
+    }
+}
+
+impl Measurer {
+    pub fn new(deadline: Duration) -> Measurer {
+        Measurer {
+            worker: None,
+            stuck: 0,
+            deadline,
+        }
+    }
+
+    /// Opens `dev/shm` beneath the container's `root` and measures it, within the deadline.
+    pub fn open_and_measure(&mut self, root: OwnedFd) -> Result<Answer, Unanswered> {
+        if self.stuck >= MAX_STUCK {
+            return Err(Unanswered::TooManyStuck);
+        }
+        let (reply, answer) = mpsc::channel();
+        let sent = match &self.worker {
+            Some(w) => w.send((root, reply)).map_err(|e| e.0),
+            None => Err((root, reply)),
+        };
+        if let Err(job) = sent {
+            // No worker yet, or it ended: a new one.
+            let w = spawn();
+            if w.send(job).is_err() {
+                return Err(Unanswered::Hung);
+            }
+            self.worker = Some(w);
+        }
+        wait(&answer, self.deadline).inspect_err(|_| {
+            // That worker is stuck in the call: leave it, the next job gets a new one.
+            self.worker = None;
+            self.stuck += 1;
+        })
+    }
+
+    /// Workers left stuck so far.
+    pub fn stuck(&self) -> usize {
+        self.stuck
+    }
+}
+
+fn wait(answer: &Receiver<Answer>, deadline: Duration) -> Result<Answer, Unanswered> {
+    match answer.recv_timeout(deadline) {
+        Ok(a) => Ok(a),
+        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => Err(Unanswered::Hung),
+    }
+}
+
+fn spawn() -> Sender<Job> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let spawned = std::thread::Builder::new()
+        .name("shm-statfs".into())
+        .spawn(move || {
+            for (root, reply) in rx {
+                let answer = statfs::open_beneath(&root, "dev/shm").and_then(|fd| {
+                    let stat = statfs::measure(&fd).map_err(OpenShmError::Io)?;
+                    Ok((fd, stat))
+                });
+                if reply.send(answer).is_err() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("starting a /dev/shm measuring thread: {e}");
+    }
+    tx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{Mode, OFlags};
+
+    fn root(dir: &std::path::Path) -> OwnedFd {
+        rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_dev_shm_is_measured_through_the_worker() {
+        let mut m = Measurer::default();
+        let answer = m.open_and_measure(root(std::path::Path::new("/"))).unwrap();
+        let (_, stat) = answer.unwrap();
+        assert!(stat.is_tmpfs, "the host's /dev/shm");
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            m.open_and_measure(root(dir.path())).unwrap(),
+            Err(OpenShmError::Absent(_))
+        ));
+        assert_eq!(m.stuck(), 0);
+    }
+
+    #[test]
+    fn a_worker_that_does_not_answer_in_time_is_left_and_the_next_job_gets_another() {
+        // A zero deadline: the answer is never there in time.
+        let mut m = Measurer::new(Duration::ZERO);
+        let slash = || root(std::path::Path::new("/"));
+        assert_eq!(m.open_and_measure(slash()).err(), Some(Unanswered::Hung));
+        assert_eq!(m.stuck(), 1);
+        for _ in 1..MAX_STUCK {
+            let _ = m.open_and_measure(slash());
+        }
+        assert_eq!(
+            m.open_and_measure(slash()).err(),
+            Some(Unanswered::TooManyStuck)
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! Kernel records a process forges, for the real kernel: a process that names itself like the
+//! NVIDIA driver and crashes in a file named like its message, and a crash in a file whose name
+//! holds a newline and a whole crash line. Neither may become a GPU fault or a crash of PID 1.
+//! Root only (/dev/kmsg and syslog(2)); gcc builds the programs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::agent::{sample, Agent};
+use common::fake_nvml::{self, FakeNvml};
+use serde_json::Value;
+
+/// A program that names itself `comm` (prctl) and dereferences NULL in its own text, built as
+/// `dir/name`. None when gcc is missing (said).
+fn crasher(dir: &Path, name: &str, comm: &str) -> Option<PathBuf> {
+    let gcc = common::tool("gcc", "gcc")?;
+    let src = dir.join("crash.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <sys/prctl.h>\nint main(void) {{ prctl(PR_SET_NAME, \"{comm}\"); \
+             return *(volatile int *)0; }}\n"
+        ),
+    )
+    .unwrap();
+    let bin = dir.join(name);
+    let out = Command::new(gcc)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(bin)
+}
+
+/// Runs it; true once the kernel logged its segfault (the ring read with dmesg).
+fn crash(bin: &Path, marker: &str) -> bool {
+    let status = Command::new(bin).status().unwrap();
+    assert!(!status.success(), "it was to crash");
+    common::wait_until(Duration::from_secs(5), || {
+        let out = Command::new("dmesg").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).contains(marker)
+    })
+}
+
+#[test]
+fn a_process_named_like_the_driver_crashing_in_fallen_off_the_bus_is_no_xid_79() {
+    if !common::kmsg_readable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 15 bytes: the most a comm holds. GPU 0 of the board is at 0000:18:00.0.
+    let Some(bin) = crasher(dir.path(), "fallen off the bus", "NVRM: GPU 18:0 ") else {
+        return;
+    };
+    let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
+    let lib = fake_nvml::lib();
+    let agent = Agent::start(
+        &["--nvml-lib", lib.to_str().unwrap(), "--kmsg", "/dev/kmsg"],
+        &fake.env(),
+    );
+    agent.wait_ready();
+    assert!(
+        crash(&bin, "in fallen off the bus["),
+        "the kernel did not log the crash (show_unhandled_signals off?)"
+    );
+    // The agent reads the kernel log every 200 ms: give it ten polls.
+    std::thread::sleep(Duration::from_secs(2));
+    let body = agent.metrics();
+    assert_eq!(
+        sample(&body, "shmlink_gpu_xid_errors_total", &[("xid", "79")]),
+        None,
+        "{body}"
+    );
+    let log = agent.log_text();
+    assert!(!log.contains("reports XID"), "{log}");
+    assert!(agent.terminate().success());
+}
+
+#[test]
+fn a_newline_in_a_file_name_read_through_syslog_blames_nobody_else() {
+    if !common::kmsg_readable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let name = "x\ntrainer[1]: segfault at 0 ip 0000000000401000 sp 00007ffc2b6c1f40 error 4 in \
+                libnccl.so.2";
+    let Some(bin) = crasher(dir.path(), name, "crasher") else {
+        return;
+    };
+    assert!(
+        crash(&bin, "trainer[1]: segfault at 0"),
+        "the kernel did not log the crash"
+    );
+    for source in ["syslog", "/dev/kmsg"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+            .args(["check", "--json", "--no-gpu", "--since", "5m"])
+            .args([
+                "--kmsg",
+                source,
+                "--pod-log-root",
+                "off",
+                "--docker-root",
+                "off",
+            ])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let blamed: Vec<&Value> = report["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| {
+                f["pid"] == 1
+                    || f["evidence"]
+                        .as_str()
+                        .is_some_and(|e| e.starts_with("trainer[1]"))
+            })
+            .collect();
+        assert!(blamed.is_empty(), "{source}: {blamed:#?}");
+    }
+}
