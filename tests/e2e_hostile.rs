@@ -332,3 +332,97 @@ fn through_a_container_root(line: &str) -> bool {
             })
     })
 }
+
+/// A container whose /dev/shm is no tmpfs (so the scan reads its mountinfo for the type) and
+/// which stacks 6,000 bind mounts on a 3.5 KB path: about 41 MiB of mountinfo, as any pod that
+/// may create a user namespace can make. `check` reads it through a bounded buffer, stops at
+/// 4 MiB, and its peak RSS stays small; the bystander's figures stay right.
+#[test]
+fn six_thousand_long_mounts_do_not_blow_checks_memory() {
+    if !common::e2e_available() {
+        return;
+    }
+    let keep = bystander(2);
+    let dir = tempfile::Builder::new()
+        .prefix("shmlink-e2e-disk-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let odd = Container::start(ContainerSpec {
+        shm: Shm::Bind(dir.path().to_path_buf()),
+        ..ContainerSpec::default()
+    });
+    let (_, baseline) = check_peak_rss();
+    let mounted = in_mount_namespace_of(odd.pid, || {
+        // /tmp/aaaa.../aaaa... : 14 levels of 250 bytes.
+        let mut long = std::path::PathBuf::from("/tmp");
+        for _ in 0..14 {
+            long.push("a".repeat(250));
+        }
+        fs::create_dir_all(&long).expect("the long path");
+        let mut n = 0;
+        for _ in 0..6000 {
+            if rustix::mount::mount_bind(&long, &long).is_err() {
+                break;
+            }
+            n += 1;
+        }
+        n
+    });
+    assert_eq!(mounted, 6000);
+    let size = fs::metadata(format!("/proc/{}/mountinfo", odd.pid))
+        .map(|_| {
+            fs::read(format!("/proc/{}/mountinfo", odd.pid))
+                .map(|b| b.len())
+                .unwrap_or(0)
+        })
+        .unwrap_or(0);
+    let (out, peak_mib) = check_peak_rss();
+    eprintln!(
+        "check beside a container with {} MiB of mountinfo: peak RSS {peak_mib:.1} MiB \
+         (without those mounts: {baseline:.1} MiB)",
+        size >> 20
+    );
+    assert!(size > 30 << 20, "{size}");
+    // The file is 40 MiB: read whole it cost at least as much again (115 MB before, when it was
+    // read whole and kept). Streamed, the heap does not grow (strace: no brk or mmap for it).
+    assert!(
+        peak_mib < baseline + 32.0,
+        "peak RSS {peak_mib:.1} MiB, {baseline:.1} without the mounts"
+    );
+    let report: Value = serde_json::from_slice(&out).unwrap();
+    assert_bystander_right(&report, &keep, 2);
+    let e = common::shm_entry(&report, &odd.id).unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(e["mounted"], true, "{e:#}");
+}
+
+/// `check --json`'s output and peak RSS in MiB (wait4's rusage).
+// Reaped by wait4 below, for its rusage, which Child::wait does not give.
+#[allow(clippy::zombie_processes)]
+fn check_peak_rss() -> (Vec<u8>, f64) {
+    let child = Command::new(common::shmlink_bin())
+        .args([
+            "check",
+            "--json",
+            "--no-gpu",
+            "--kmsg",
+            "off",
+            "--pod-log-root",
+            "off",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stdout = child.stdout.unwrap();
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut stdout, &mut out).unwrap();
+    // SAFETY: plain out-parameters; the child is ours and not waited for elsewhere.
+    let usage = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &mut status, 0, &mut usage), pid);
+        usage
+    };
+    (out, usage.ru_maxrss as f64 / 1024.0)
+}

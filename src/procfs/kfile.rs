@@ -61,6 +61,63 @@ impl FileReader {
         }
     }
 
+    /// Each line of a file of many records (mountinfo), read a chunk at a time through a
+    /// buffer that never grows past `CHUNK` + `max_line`: a container can make its mountinfo
+    /// tens of MiB (thousands of mounts on long paths). At most `max_total` bytes are read; a
+    /// line longer than `max_line` is skipped whole; `f` returns false to stop. Returns whether
+    /// the file was cut short by `max_total`.
+    pub fn for_each_line(
+        &mut self,
+        dir: impl AsFd,
+        path: impl AsRef<Path>,
+        max_total: usize,
+        max_line: usize,
+        mut f: impl FnMut(&[u8]) -> bool,
+    ) -> io::Result<bool> {
+        const CHUNK: usize = 64 * 1024;
+        let fd = open(dir, path.as_ref())?;
+        let mut buf = vec![0u8; CHUNK + max_line];
+        let (mut len, mut total, mut skipping) = (0usize, 0usize, false);
+        loop {
+            if total >= max_total {
+                return Ok(true);
+            }
+            let room = (buf.len() - len).min(max_total - total);
+            let n = match rustix::io::read(&fd, &mut buf[len..len + room]) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            total += n;
+            let end = len + n;
+            let mut start = 0;
+            while let Some(nl) = memchr::memchr(b'\n', &buf[start..end]) {
+                let line = &buf[start..start + nl];
+                start += nl + 1;
+                if skipping {
+                    skipping = false;
+                } else if !f(line) {
+                    return Ok(false);
+                }
+            }
+            if n == 0 {
+                if start < end && !skipping {
+                    f(&buf[start..end]);
+                }
+                return Ok(false);
+            }
+            // The rest is the start of a line: kept, unless it is already too long to be one.
+            let rest = end - start;
+            if rest > max_line {
+                skipping = true;
+                len = 0;
+            } else {
+                buf.copy_within(start..end, 0);
+                len = rest;
+            }
+        }
+    }
+
     /// At most the first `max` bytes of a file, with one read: for cgroup.procs, of which only
     /// the first few processes matter. seq_file hands over whole records (lines).
     pub fn read_head(
@@ -93,6 +150,55 @@ fn open(dir: impl AsFd, path: &Path) -> io::Result<rustix::fd::OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_stream_through_a_bounded_buffer_and_stop_at_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mountinfo");
+        let long = "x".repeat(100_000);
+        let mut text = String::new();
+        for i in 0..5000 {
+            text.push_str(&format!("{i} line\n"));
+        }
+        text.push_str(&long);
+        text.push('\n');
+        text.push_str("last line");
+        std::fs::write(&path, &text).unwrap();
+        let mut r = FileReader::default();
+        let mut seen = Vec::new();
+        let cut = r
+            .for_each_line(rustix::fs::CWD, &path, 1 << 20, 16 << 10, |l| {
+                seen.push(String::from_utf8_lossy(l).into_owned());
+                true
+            })
+            .unwrap();
+        assert!(!cut);
+        assert_eq!(
+            seen.len(),
+            5001,
+            "the long line skipped, the unterminated last kept"
+        );
+        assert_eq!(seen[4999], "4999 line");
+        assert_eq!(seen[5000], "last line");
+        // A cap: cut short, and said so.
+        let mut n = 0;
+        let cut = r
+            .for_each_line(rustix::fs::CWD, &path, 1000, 16 << 10, |_| {
+                n += 1;
+                true
+            })
+            .unwrap();
+        assert!(cut && n > 0 && n < 200, "{n}");
+        // Stopped by the caller.
+        let mut n = 0;
+        r.for_each_line(rustix::fs::CWD, &path, 1 << 20, 16 << 10, |_| {
+            n += 1;
+            n < 3
+        })
+        .unwrap();
+        assert_eq!(n, 3);
+        assert!(r.buf.len() <= 8 * 1024, "the shared buffer did not grow");
+    }
 
     #[test]
     fn reads_a_file_whole_whatever_its_size() {

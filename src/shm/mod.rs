@@ -121,6 +121,10 @@ pub struct ShmScanner {
 const HUNG: &str = "/dev/shm did not answer statfs within 2 s (a FUSE or network file system \
                     that hangs?): not measured, and not asked again";
 const TOO_MANY_STUCK: &str = "not measured: too many /dev/shm mounts of other containers hang";
+/// mountinfo read at most per container, and its longest line: a mount point and a root of
+/// PATH_MAX each, and their options, fit.
+const MOUNTINFO_MAX: usize = 4 << 20;
+const MOUNTINFO_LINE_MAX: usize = 16 << 10;
 /// Hung containers remembered at most.
 const HUNG_KEPT: usize = 4096;
 
@@ -583,18 +587,44 @@ impl ShmScanner {
             }
         }
         let path = self.proc_root.join(pid.to_string()).join("mountinfo");
-        // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide /dev/shm.
-        let text = match self.files.read_to_end(rustix::fs::CWD, &path) {
-            Ok(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        // Streamed, a line at a time, bounded: a pod can make its mountinfo tens of MiB. The
+        // topmost /dev/shm line is the last; with statx's mount ID the one measured ends it.
+        let mut entry: Option<MountEntry> = None;
+        let read = self.files.for_each_line(
+            rustix::fs::CWD,
+            &path,
+            MOUNTINFO_MAX,
+            MOUNTINFO_LINE_MAX,
+            |line| {
+                // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide it.
+                let Some(e) = mountinfo::find_mount(&String::from_utf8_lossy(line), "/dev/shm")
+                else {
+                    return true;
+                };
+                // The line must describe the mount we measured, not one stacked elsewhere.
+                if same_mount(stat, &e) {
+                    let exact = stat.mount_id.is_some();
+                    entry = Some(e);
+                    return !exact;
+                }
+                true
+            },
+        );
+        match read {
+            Ok(true) => self.warn_once(
+                format!("mountinfo cut {rel}"),
+                format_args!(
+                    "container {rel}: mountinfo is over {} MiB: read no further",
+                    MOUNTINFO_MAX >> 20
+                ),
+            ),
+            Ok(false) => {}
             Err(e) if is_vanished(&e) => return None,
             Err(e) => {
                 self.error(out, "mountinfo", rel, &e);
                 return Some(Err(e.to_string()));
             }
-        };
-        let entry = mountinfo::find_mount(&text, "/dev/shm")
-            // The mountinfo line must describe the mount we measured, not one stacked elsewhere.
-            .filter(|e| same_mount(stat, e));
+        }
         self.mounts.insert(
             mnt,
             CachedMount {
