@@ -38,8 +38,32 @@ pub fn parse_cgroup_path(path: &str) -> Option<CgroupIdentity> {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let leaf = *segments.last()?;
     if let Some(identity) = parse_colon_leaf(leaf) {
-        return identity;
+        // The runtime makes these beside the pods (under its own service), never inside a
+        // container: one there is a cgroup a container made, naming another container.
+        let parent = &segments[..segments.len() - 1];
+        let inside = (0..parent.len()).any(|i| {
+            let s = parent[i];
+            pod_uid_of(s).is_some()
+                || is_hex_id(s)
+                || parse_colon_leaf(s).is_some()
+                || runtime_named(parent, i).is_some()
+        });
+        if !inside {
+            return identity;
+        }
+        // Its enclosing container's: the path without the colon leaves it ends with.
+        let mut end = parent.len();
+        while end > 0 && parse_colon_leaf(parent[end - 1]).is_some() {
+            end -= 1;
+        }
+        return parse_segments(&parent[..end]);
     }
+    parse_segments(&segments)
+}
+
+/// The identity of a path's segments whose leaf is no colon leaf.
+fn parse_segments(segments: &[&str]) -> Option<CgroupIdentity> {
+    let leaf = *segments.last()?;
     let pod_at = segments.iter().rposition(|s| pod_uid_of(s).is_some());
     if pod_at.is_none() && is_kubepods_level(leaf) {
         return None;
@@ -181,6 +205,26 @@ fn pod_uid_of(seg: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A container that may write its cgroup makes a child named as the runtime names a
+    /// container beside the pods: it stays the enclosing container's, never the one it names.
+    #[test]
+    fn a_colon_leaf_inside_a_container_is_that_containers_not_the_one_it_names() {
+        let own = "3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
+        let victim = "b".repeat(64);
+        let uid = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
+        let forged = format!(
+            "/kubepods/burstable/pod{uid}/{own}/kubepods-burstable-pod9d9d9d9d_0000_4000_8000_000000000000.slice:cri-containerd:{victim}"
+        );
+        let id = parse_cgroup_path(&forged).unwrap();
+        assert_eq!(id.container_id, own);
+        assert_eq!(id.pod_uid.as_deref(), Some(uid));
+        // Where the runtime puts it, it names the container.
+        let real = format!(
+            "/system.slice/containerd.service/kubepods-burstable-pod9d9d9d9d_0000_4000_8000_000000000000.slice:cri-containerd:{victim}"
+        );
+        assert_eq!(parse_cgroup_path(&real).unwrap().container_id, victim);
+    }
     use QosClass::{BestEffort, Burstable, Guaranteed};
     use Runtime::{Containerd, CriO, Docker, Unknown};
 

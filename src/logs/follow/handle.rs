@@ -91,6 +91,15 @@ impl Handle {
         let opened = rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty())
             .and_then(|fd| Ok((rustix::fs::fstat(&fd)?, fd)));
         let (st, file) = match opened {
+            // A runtime's log has one name. A second link is someone with write access to the
+            // log directory making a host file (a key, a shadow file) read as a pod's log.
+            Ok((st, _)) if st.st_nlink > 1 => {
+                tally.fail(
+                    &f.path,
+                    &std::io::Error::other("a hard-linked file: not read as a log"),
+                );
+                return None;
+            }
             Ok((st, fd)) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
                 (st, File::from(fd))
             }

@@ -56,6 +56,23 @@ fn symlinks_under_the_roots_are_never_followed() {
     assert_eq!(texts(&tailer.poll()), ["real later"]);
 }
 
+/// Someone with write access to the log directory hard-links a host file into it: no symlink
+/// to refuse, but the file has two names, which a runtime's log never has.
+#[test]
+fn a_hard_linked_file_is_not_read_as_a_log() {
+    let node = Node::new();
+    let real = node.container("pytorch");
+    append(&real.join("0.log"), cri(&["real"]));
+    let outside = node.outside();
+    fs::create_dir_all(&outside).unwrap();
+    append(&outside.join("shadow"), cri(&["SECRET host file"]));
+    fs::hard_link(outside.join("shadow"), real.join("1.log")).unwrap();
+    let mut tailer = eager(LogTailer::since(node.settings(), SystemTime::UNIX_EPOCH));
+    let lines = tailer.poll();
+    assert_eq!(texts(&lines), ["real"]);
+    assert_eq!(tailer.stats().errors, 1, "counted");
+}
+
 #[test]
 fn a_symlinked_docker_containers_dir_is_ignored() {
     let node = Node::new();
