@@ -63,22 +63,27 @@ fn in_mount_namespace_of<T: Send + 'static>(pid: i32, f: impl FnOnce() -> T + Se
     .expect("the namespace thread")
 }
 
+/// A container whose /dev/shm is a directory of the host's ext4 root file system, bind-mounted.
+fn on_disk_dev_shm() -> (tempfile::TempDir, Container) {
+    let dir = tempfile::Builder::new()
+        .prefix("shmlink-e2e-disk-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let c = Container::start(ContainerSpec {
+        shm: Shm::Bind(dir.path().to_path_buf()),
+        ..ContainerSpec::default()
+    });
+    (dir, c)
+}
+
 #[test]
 fn dev_shm_that_is_not_a_tmpfs_is_reported_as_what_it_is() {
     if !common::e2e_available() {
         return;
     }
     let keep = bystander(3);
-    // A directory of the host's ext4 root file system bind-mounted at /dev/shm.
-    let dir = tempfile::Builder::new()
-        .prefix("shmlink-e2e-disk-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
-    let odd = Container::start(ContainerSpec {
-        shm: Shm::Bind(dir.path().to_path_buf()),
-        ..ContainerSpec::default()
-    });
+    let (_dir, odd) = on_disk_dev_shm();
     let report = common::run_check_json(&[]);
     let e = common::shm_entry(&report, &odd.id).unwrap_or_else(|| panic!("{report:#}"));
     assert_eq!(e["mounted"], true, "{e:#}");
@@ -343,15 +348,7 @@ fn six_thousand_long_mounts_do_not_blow_checks_memory() {
         return;
     }
     let keep = bystander(2);
-    let dir = tempfile::Builder::new()
-        .prefix("shmlink-e2e-disk-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
-    let odd = Container::start(ContainerSpec {
-        shm: Shm::Bind(dir.path().to_path_buf()),
-        ..ContainerSpec::default()
-    });
+    let (_dir, odd) = on_disk_dev_shm();
     let (_, baseline) = check_peak_rss();
     let mounted = in_mount_namespace_of(odd.pid, || {
         // /tmp/aaaa.../aaaa... : 14 levels of 250 bytes.

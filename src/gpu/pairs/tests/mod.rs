@@ -223,6 +223,14 @@ fn assert_only_pairs_of(j: &Judgement, g: u32, status: PairStatus) {
     }
 }
 
+/// The findings as (kind, subject, severity).
+fn kinds(j: &Judgement) -> Vec<(&'static str, String, Severity)> {
+    j.findings
+        .iter()
+        .map(|f| (f.kind.as_str(), f.subject.to_string(), f.severity))
+        .collect()
+}
+
 fn all_ok(j: &Judgement) -> bool {
     j.pairs
         .iter()

@@ -19,13 +19,6 @@ fn n5(s: &mut GpuSample, g: u32, l: u32) -> &mut Nvlink5Errors {
     link_mut(s, g, l).nvlink5.as_mut().expect("nvlink5")
 }
 
-fn kinds(j: &Judgement) -> Vec<(&'static str, String, Severity)> {
-    j.findings
-        .iter()
-        .map(|f| (f.kind.as_str(), f.subject.to_string(), f.severity))
-        .collect()
-}
-
 #[test]
 fn failed_recoveries_on_one_link_degrade_only_that_gpus_pairs_naming_the_link() {
     let t0 = Instant::now();

@@ -41,13 +41,6 @@ fn board() -> GpuSample {
     s
 }
 
-fn kinds(j: &Judgement) -> Vec<(&'static str, String, Severity)> {
-    j.findings
-        .iter()
-        .map(|f| (f.kind.as_str(), f.subject.to_string(), f.severity))
-        .collect()
-}
-
 #[test]
 fn a_link_trained_down_is_judged_only_while_the_gpu_is_busy() {
     let t0 = Instant::now();
