@@ -32,18 +32,7 @@ impl FileReader {
     /// seq_file fills the reader's buffer up to its size or the end, and a regular file reads
     /// short only at its end. A read that fills the buffer reads on, into a larger one.
     pub fn read(&mut self, dir: impl AsFd, path: impl AsRef<Path>) -> io::Result<&[u8]> {
-        self.read_until(dir, path.as_ref(), true)
-    }
-
-    /// The whole of a file of many records (mountinfo): reads until the kernel says the end.
-    pub fn read_to_end(&mut self, dir: impl AsFd, path: impl AsRef<Path>) -> io::Result<&[u8]> {
-        self.read_until(dir, path.as_ref(), false)
-    }
-
-    /// Reads into the buffer, growing it, until a read returns nothing or, with
-    /// `short_is_end`, less than it was offered.
-    fn read_until(&mut self, dir: impl AsFd, path: &Path, short_is_end: bool) -> io::Result<&[u8]> {
-        let fd = open(dir, path)?;
+        let fd = open(dir, path.as_ref())?;
         let mut len = 0;
         loop {
             if len == self.buf.len() {
@@ -55,7 +44,7 @@ impl FileReader {
                 Err(e) => return Err(e.into()),
             };
             len += n;
-            if n == 0 || (short_is_end && len < self.buf.len()) {
+            if n == 0 || len < self.buf.len() {
                 return Ok(&self.buf[..len]);
             }
         }
@@ -240,25 +229,41 @@ mod tests {
     fn a_file_of_many_records_reads_to_its_end() {
         let mut reader = FileReader::default();
         // mountinfo comes a page at a time; a container with many mounts has several pages.
-        let got = reader
-            .read_to_end(rustix::fs::CWD, "/proc/self/mountinfo")
-            .unwrap()
-            .to_vec();
+        let mut lines: Vec<Vec<u8>> = Vec::new();
+        reader
+            .for_each_line(
+                rustix::fs::CWD,
+                "/proc/self/mountinfo",
+                1 << 20,
+                16 << 10,
+                |l| {
+                    lines.push(l.to_vec());
+                    true
+                },
+            )
+            .unwrap();
         // Mounts may come and go meanwhile: whole lines, each a mount, is what must hold.
-        assert!(got.ends_with(b"\n"));
-        assert!(got
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .all(|l| l.windows(3).any(|w| w == b" - ")));
+        assert!(!lines.is_empty());
+        assert!(lines.iter().all(|l| l.windows(3).any(|w| w == b" - ")));
         let dir = tempfile::tempdir().unwrap();
         let big: Vec<u8> = (0..3 * FIRST_READ + 5)
             .map(|i| b'0' + (i % 10) as u8)
             .collect();
         std::fs::write(dir.path().join("f"), &big).unwrap();
-        let got = reader
-            .read_to_end(rustix::fs::CWD, dir.path().join("f"))
+        let mut got = Vec::new();
+        reader
+            .for_each_line(
+                rustix::fs::CWD,
+                dir.path().join("f"),
+                1 << 20,
+                1 << 20,
+                |l| {
+                    got.extend_from_slice(l);
+                    true
+                },
+            )
             .unwrap();
-        assert_eq!(got, &big[..]);
+        assert_eq!(got, big);
     }
 
     #[test]
