@@ -393,33 +393,15 @@ fn six_thousand_long_mounts_do_not_blow_checks_memory() {
     assert_eq!(e["mounted"], true, "{e:#}");
 }
 
-/// `check --json`'s output and peak RSS in MiB (wait4's rusage).
-// Reaped by wait4 below, for its rusage, which Child::wait does not give.
-#[allow(clippy::zombie_processes)]
+/// `check --json`'s output and peak RSS in MiB.
 fn check_peak_rss() -> (Vec<u8>, f64) {
-    let child = Command::new(common::shmlink_bin())
-        .args([
-            "check",
-            "--json",
-            "--no-gpu",
-            "--kmsg",
-            "off",
-            "--pod-log-root",
-            "off",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut stdout = child.stdout.unwrap();
-    let mut out = Vec::new();
-    std::io::Read::read_to_end(&mut stdout, &mut out).unwrap();
-    // SAFETY: plain out-parameters; the child is ours and not waited for elsewhere.
-    let usage = unsafe {
-        let mut status = 0;
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::wait4(pid, &mut status, 0, &mut usage), pid);
-        usage
-    };
-    (out, usage.ru_maxrss as f64 / 1024.0)
+    common::output_and_peak_rss(Command::new(common::shmlink_bin()).args([
+        "check",
+        "--json",
+        "--no-gpu",
+        "--kmsg",
+        "off",
+        "--pod-log-root",
+        "off",
+    ]))
 }

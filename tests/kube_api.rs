@@ -1,6 +1,7 @@
 //! The Kubernetes code against an in-process server that speaks the real API, through the real
 //! `kube` client: the pod reflector (list, watch, resume, 410 Gone) and Event publishing
-//! (create, series patch, outages, 500s, a full queue).
+//! (create, series patch, outages, 500s, a full queue, repeats merged, a flooding Pod among
+//! 1,000 others).
 
 mod common;
 
@@ -12,7 +13,7 @@ use common::kube_api::{pod, Behaviour, FakeApi};
 use serde_json::Value;
 use shmlink::fixtures;
 use shmlink::kube::events::{
-    spawn_publisher, EventMsg, EventPlanner, EventQueue, GpuHolders, PublishSettings,
+    spawn_publisher, EventMsg, EventPlanner, EventQueue, EventSpec, GpuHolders, PublishSettings,
 };
 use shmlink::kube::pods::{PodIndex, PodWatcher};
 use shmlink::metrics::Metrics;
@@ -368,7 +369,249 @@ async fn a_full_queue_drops_and_counts_instead_of_blocking() {
         started.elapsed() < Duration::from_millis(100),
         "send never waits"
     );
-    let dropped = m.kube_events_dropped.get();
-    // Two fit in the queue and the task may hold one more.
-    assert!((7..=8).contains(&dropped), "dropped {dropped}");
+    // Two distinct Events are held (the one under way counts), all first Events: every other
+    // new one is dropped, whenever the task took its first.
+    assert_eq!(m.kube_events_dropped.get(), 8);
+    api.resume();
+    let events = eventually("the two held", || {
+        let e = api.events();
+        (e.len() == 2).then_some(e)
+    })
+    .await;
+    let mut notes: Vec<_> = events.iter().map(|e| e["note"].clone()).collect();
+    notes.sort_by_key(|n| n.to_string());
+    assert_eq!(
+        notes,
+        vec![
+            "GPU 0 fails with every other GPU",
+            "GPU 1 fails with every other GPU"
+        ]
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(api.events().len(), 2);
+    assert_eq!(m.kube_events_dropped.get(), 8);
+}
+
+fn publishes(msgs: &[EventMsg]) -> Vec<&EventSpec> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            EventMsg::Publish(spec) => Some(&**spec),
+            EventMsg::Ended(_) => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_sent_while_the_api_server_is_away_is_not_dropped_with_the_queue_full() {
+    let mut api = FakeApi::start();
+    let (queue, m) = publisher(
+        &api,
+        PublishSettings {
+            capacity: 2,
+            ..fast()
+        },
+    );
+    let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
+    let scan = |gpus: std::ops::Range<u32>| Snapshot {
+        node: NODE.into(),
+        findings: gpus.map(gpu_finding).collect(),
+        ..Snapshot::default()
+    };
+    let first = planner.plan(&scan(0..1), None, &GpuHolders::new(), Instant::now());
+    let gpu_0 = publishes(&first)[0].clone();
+    queue.send(first);
+    eventually("GPU 0's Event", || (queue.remembered() == 1).then_some(())).await;
+
+    api.stop();
+    // GPU 0 is not new: three new Events, one more than the queue holds.
+    let next = planner.plan(&scan(0..4), None, &GpuHolders::new(), Instant::now());
+    let ids: Vec<u64> = publishes(&next).iter().map(|s| s.id).collect();
+    assert_eq!(ids.len(), 3);
+    queue.send(next);
+    assert_eq!(m.kube_events_dropped.get(), 1, "GPU 3's, the newest");
+
+    // Full and the API server away: GPU 0's end is taken and forgotten at once; GPU 1's (under
+    // way or waiting) once it is published.
+    queue.send(vec![EventMsg::Ended(gpu_0.id), EventMsg::Ended(ids[0])]);
+    assert_eq!(m.kube_events_dropped.get(), 1, "no Ended dropped");
+    assert_eq!(queue.remembered(), 0, "GPU 0 forgotten without a call");
+
+    api.resume();
+    eventually("GPU 1 and 2 published, GPU 1 forgotten", || {
+        (api.events().len() == 3 && queue.remembered() == 1).then_some(())
+    })
+    .await;
+    // Forgotten: the same id again is a create (409, the name is taken), not a series patch.
+    queue.send(vec![EventMsg::Publish(Box::new(gpu_0.clone()))]);
+    let to_gpu_0 = |method: &str| {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.method == method && r.path.contains("/events"))
+            .filter(|r| r.path.ends_with(&gpu_0.name) || r.body["metadata"]["name"] == gpu_0.name)
+            .count()
+    };
+    eventually("GPU 0 created again", || {
+        (to_gpu_0("POST") == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(to_gpu_0("PATCH"), 0);
+    assert_eq!(m.kube_events_dropped.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_sent_before_the_first_create_are_created_with_their_series_in_one_call() {
+    let mut api = FakeApi::start();
+    let (queue, m) = publisher(&api, fast());
+    api.stop();
+    // A zero heartbeat: every scan repeats the condition.
+    let mut planner = EventPlanner::new(NODE, Duration::ZERO);
+    let snapshot = Snapshot {
+        node: NODE.into(),
+        findings: vec![gpu_finding(7)],
+        ..Snapshot::default()
+    };
+    for _ in 0..5 {
+        queue.send(planner.plan(&snapshot, None, &GpuHolders::new(), Instant::now()));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    api.resume();
+    let event = eventually("the event", || api.events().pop()).await;
+    assert_eq!(event["series"]["count"], 5, "{event}");
+    assert!(event["series"]["lastObservedTime"].is_string());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let calls = api.requests();
+    let calls: Vec<_> = calls
+        .iter()
+        .filter(|r| r.path.contains("/events"))
+        .collect();
+    assert!(calls.iter().all(|r| r.method == "POST"), "no series patch");
+    assert_eq!(
+        api.event_creates().len(),
+        1,
+        "one call once the server is back"
+    );
+    let body = m.encode().unwrap();
+    assert!(
+        body.contains("shmlink_kube_events_total{reason=\"GpuLinkDegraded\"} 1"),
+        "{body}"
+    );
+}
+
+/// A UID for pod `i`.
+fn uid(i: usize) -> String {
+    format!("{i:08x}-0000-4000-8000-000000000000")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_pod_does_not_crowd_out_1000_other_pods_first_events() {
+    const PODS: usize = 1000;
+    const REPEATS_PER_POD: usize = 20;
+    let api = FakeApi::start();
+    let (queue, m) = publisher(
+        &api,
+        PublishSettings {
+            capacity: PublishSettings::default().capacity,
+            ..fast()
+        },
+    );
+    let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
+    let noisy = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "noisy", &uid(PODS));
+    let failure = |i: usize| {
+        fixtures::failure(
+            FindingKind::GpuJobCrashed,
+            "ml",
+            &format!("pod-{i}"),
+            &uid(i),
+        )
+    };
+
+    // As the scan thread sends them: the noisy Pod's first failure, then each Pod's one failure
+    // amid twenty more of the noisy Pod's. Every tenth Pod's condition ends while its Event
+    // still waits.
+    let started = Instant::now();
+    let mut sent = 1;
+    queue.send(planner.plan_failures(std::slice::from_ref(&noisy), None, Instant::now()));
+    let mut ids = Vec::new();
+    for i in 0..PODS {
+        let mut batch = vec![noisy.clone(); REPEATS_PER_POD / 2];
+        batch.push(failure(i));
+        batch.extend(vec![noisy.clone(); REPEATS_PER_POD / 2]);
+        sent += REPEATS_PER_POD;
+        let mut msgs = planner.plan_failures(&batch, None, Instant::now());
+        let id = publishes(&msgs)[REPEATS_PER_POD / 2].id;
+        ids.push(id);
+        if i % 10 == 0 {
+            msgs.push(EventMsg::Ended(id));
+        }
+        queue.send(msgs);
+    }
+    let sending = started.elapsed();
+
+    let pod_creates = || {
+        api.event_creates()
+            .into_iter()
+            .filter(|r| r.body["regarding"]["name"] != "noisy")
+            .count()
+    };
+    let deadline = started + Duration::from_secs(120);
+    while pod_creates() < PODS {
+        assert!(Instant::now() < deadline, "{} of {PODS}", pod_creates());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let delivered = started.elapsed();
+    let noisy_event = eventually("every occurrence of the noisy Pod counted", || {
+        api.events_about("noisy")
+            .pop()
+            .filter(|e| e["series"]["count"] == sent)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Each Pod's Event created once, the noisy Pod's one Event counting all 20,001.
+    let mut per_pod = std::collections::HashMap::new();
+    for r in api.event_creates() {
+        *per_pod
+            .entry(r.body["regarding"]["name"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(per_pod.len(), PODS + 1);
+    assert!(per_pod.values().all(|n| *n == 1), "each created once");
+    assert_eq!(api.events_about("noisy").len(), 1);
+    assert_eq!(noisy_event["series"]["count"], 20_001);
+    assert_eq!(m.kube_events_dropped.get(), 0);
+
+    // Calls: one create per Pod, and for the noisy Pod one per round of the Pods waiting ahead
+    // of it. While sending is R times faster than calling, each round is about R times the
+    // last, so sending saw about log_R(the Pods) rounds; then one last update. R >= 4 (checked
+    // below): at most 1 + 5 + 1 calls, 10 allowed.
+    let calls: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/events"))
+        .collect();
+    let noisy_calls = calls
+        .iter()
+        .filter(|r| r.path.contains("/noisy.") || r.body["regarding"]["name"] == "noisy")
+        .count();
+    eprintln!(
+        "{} API calls ({noisy_calls} for the noisy Pod), sending {sending:?}, all {PODS} first \
+         Events in {delivered:?}, {} dropped",
+        calls.len(),
+        m.kube_events_dropped.get()
+    );
+    assert!(sending < delivered / 4, "sending {sending:?}");
+    assert!(noisy_calls <= 10, "{noisy_calls} calls for the noisy Pod");
+    assert_eq!(calls.len(), PODS + noisy_calls);
+
+    // The ended Pods' Events are forgotten once out; ending more forgets them at once.
+    assert_eq!(queue.remembered(), PODS + 1 - PODS / 10);
+    let more: Vec<EventMsg> = ids
+        .iter()
+        .skip(1)
+        .step_by(10)
+        .map(|id| EventMsg::Ended(*id))
+        .collect();
+    queue.send(more);
+    assert_eq!(queue.remembered(), PODS + 1 - 2 * (PODS / 10));
 }

@@ -373,13 +373,18 @@ fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
             uid,
             container,
             container_id,
-        } => Identity {
-            namespace: Some(namespace.clone()),
-            pod: Some(pod.clone()),
-            pod_uid: Some(uid.clone()),
-            container: Some(container.clone()),
-            container_id: container_id.clone(),
-        },
+        } => {
+            // A log directory's name is whatever its writer chose; the Pod cache's name for a
+            // known UID is the API server's.
+            let meta = pods.and_then(|p| p.by_uid(uid));
+            Identity {
+                namespace: Some(meta.map_or(namespace, |m| &m.namespace).clone()),
+                pod: Some(meta.map_or(pod, |m| &m.name).clone()),
+                pod_uid: Some(uid.clone()),
+                container: Some(container.clone()),
+                container_id: container_id.clone(),
+            }
+        }
         Who::Container {
             pod_uid,
             container_id,
@@ -501,6 +506,46 @@ mod tests {
             ("GPU-6".to_string(), vec![("ml".into(), "trainer-0".into())]),
             ("GPU-7".to_string(), vec![("ml".into(), "trainer-0".into())]),
         ])
+    }
+
+    #[test]
+    fn a_log_directory_named_for_another_pod_is_told_by_the_pod_caches_name_for_its_uid() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": UID},
+            "spec": {"containers": [{"name": "trainer"}]}
+        }))
+        .unwrap();
+        let pods = PodIndex::new([&pod]);
+        // Someone with write access to the log directories named this one for another Pod.
+        let forged = Who::Pod {
+            namespace: "prod".into(),
+            pod: "payments-0".into(),
+            uid: UID.into(),
+            container: "trainer".into(),
+            container_id: None,
+        };
+        let told = |pods| {
+            correlate(
+                &detected(FindingKind::ShmAllocationFailed, forged.clone()),
+                Known {
+                    snapshot: None,
+                    pods,
+                    holders: &GpuHolders::new(),
+                    rules: DeathRules::default(),
+                },
+            )
+            .expect("told")
+        };
+        let f = told(Some(&pods));
+        assert_eq!(
+            (f.namespace.as_deref(), f.pod.as_deref()),
+            (Some("ml"), Some("trainer-0"))
+        );
+        assert!(f.message.contains("ml/trainer-0/trainer"), "{}", f.message);
+        assert!(!f.message.contains("payments"), "{}", f.message);
+        // A UID the cache does not know: the path's word is all there is.
+        let f = told(None);
+        assert_eq!(f.pod.as_deref(), Some("payments-0"));
     }
 
     #[test]

@@ -71,13 +71,19 @@ impl Recogniser {
         }
     }
 
-    /// A container's line: only ever about that container.
     /// Whether a raw line may mean something here (asked before it is decoded): one pass of one
     /// automaton.
     pub fn is_candidate(&self, line: &[u8]) -> bool {
         self.signatures.is_candidate(line)
     }
 
+    /// The same question, asked of a copy (its automata shared): so that a source can ask it
+    /// while each line it keeps is handed to [`Recogniser::log_line`] as it is read.
+    pub fn candidates(&self) -> Signatures {
+        self.signatures.clone()
+    }
+
+    /// A container's line: only ever about that container.
     pub fn log_line(&mut self, line: &LogLine) -> Option<Detected> {
         let m = self.signatures.match_line(&line.text);
         let who = match &line.origin {

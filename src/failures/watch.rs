@@ -2,6 +2,7 @@
 //! `serve` (every [`POLL`]), or back over `--since` in `check` ([`collect`]). What they say is
 //! recognised and placed (`detect.rs`), and handed on as [`Detected`].
 
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -14,7 +15,7 @@ use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
 use crate::host::NsId;
 use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::logs::{LogSettings, LogTailer};
-use crate::model::{Detected, SourceStats, Who};
+use crate::model::{Detected, FindingKind, SourceStats, Who};
 
 /// How often `serve` reads the sources: a failure reaches its Event well within 2 s (an OOM
 /// kill one poll later, with what the logs said of it meanwhile).
@@ -55,11 +56,13 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
         sources.host_mnt,
         sources.rules.oom_shm_share,
     );
-    let mut out: Vec<Detected> = LogTailer::since(sources.log_settings(), since)
-        .poll_matching(|text| recogniser.is_candidate(text))
-        .iter()
-        .filter_map(|l| recogniser.log_line(l))
-        .collect();
+    let mut kept = Bounded::default();
+    let candidates = recogniser.candidates();
+    LogTailer::since(sources.log_settings(), since).poll_each(
+        |text| candidates.is_candidate(text),
+        |line| kept.extend(recogniser.log_line(&line)),
+    );
+    let mut out = kept.into_vec();
     // Docker's records of the containers that stopped since: the deaths that print nothing.
     if let Some(root) = &sources.docker_root {
         out.extend(
@@ -107,6 +110,65 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
     }
     out.sort_by_key(|d| d.at);
     out
+}
+
+/// A container's failures of one kind that `check` lists at most: the first and the newest
+/// (a container printing the same failure for an hour would otherwise hold millions).
+const KEPT_PER_KIND: usize = 64;
+
+/// `check`'s failures from the logs, at most [`KEPT_PER_KIND`] per container and kind: the
+/// first half and the newest half of them, the rest counted and said once.
+#[derive(Default)]
+struct Bounded {
+    by_key: HashMap<(Who, FindingKind), Kept>,
+}
+
+/// One container's failures of one kind: the first, the newest, and how many were left out.
+type Kept = (Vec<Detected>, VecDeque<Detected>, u64);
+
+impl Bounded {
+    fn extend(&mut self, d: Option<Detected>) {
+        let Some(d) = d else { return };
+        let (first, newest, left_out) = self.by_key.entry((d.who.clone(), d.kind)).or_default();
+        if first.len() < KEPT_PER_KIND / 2 {
+            first.push(d);
+            return;
+        }
+        newest.push_back(d);
+        if newest.len() > KEPT_PER_KIND / 2 {
+            newest.pop_front();
+            *left_out += 1;
+        }
+    }
+
+    fn into_vec(self) -> Vec<Detected> {
+        let mut out = Vec::new();
+        for ((who, kind), (first, newest, left_out)) in self.by_key {
+            if left_out > 0 {
+                let whose = match &who {
+                    Who::Pod {
+                        namespace,
+                        pod,
+                        container,
+                        ..
+                    } => format!("{namespace}/{pod}/{container}"),
+                    Who::Container { container_id, .. } | Who::Docker { container_id, .. } => {
+                        crate::model::short_id(container_id).to_string()
+                    }
+                    Who::Process => "a process".into(),
+                };
+                tracing::warn!(
+                    "container {whose}: {left_out} more {} failures in its log are not listed \
+                     (the first {half} and the newest {half} are)",
+                    kind.as_str(),
+                    half = KEPT_PER_KIND / 2
+                );
+            }
+            out.extend(first);
+            out.extend(newest);
+        }
+        out
+    }
 }
 
 /// What one poll found: workloads' failures, and what the kernel said about GPUs.
@@ -166,10 +228,10 @@ where
                     failures: std::mem::take(&mut kills),
                     gpus: Vec::new(),
                 };
-                told.failures.extend(
-                    logs.poll_matching(|text| recogniser.is_candidate(text))
-                        .iter()
-                        .filter_map(|l| recogniser.log_line(l)),
+                let candidates = recogniser.candidates();
+                logs.poll_each(
+                    |text| candidates.is_candidate(text),
+                    |line| told.failures.extend(recogniser.log_line(&line)),
                 );
                 if let Some(reader) = kmsg.as_mut() {
                     let records = reader.read_available(KMSG_BATCH);
@@ -208,4 +270,51 @@ pub fn channel<T: Send + 'static>(
     wrap: fn(Told) -> T,
 ) -> impl Fn(Told) -> bool + Send + 'static {
     move |batch| tx.send(wrap(batch)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::FailureSource;
+
+    #[test]
+    fn check_keeps_the_first_and_the_newest_failures_of_a_flooding_container() {
+        let who = |c: &str| Who::Container {
+            pod_uid: None,
+            container_id: c.into(),
+        };
+        let at = |i: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(i);
+        let mut kept = Bounded::default();
+        for i in 0..10_000 {
+            let kind = FindingKind::ShmAllocationFailed;
+            kept.extend(Some(Detected::new(
+                who("flood"),
+                kind,
+                at(i),
+                FailureSource::Log,
+                "x",
+            )));
+        }
+        kept.extend(Some(Detected::new(
+            who("quiet"),
+            FindingKind::ShmAllocationFailed,
+            at(5),
+            FailureSource::Log,
+            "y",
+        )));
+        let mut out = kept.into_vec();
+        out.sort_by_key(|d| d.at);
+        let flood: Vec<u64> = out
+            .iter()
+            .filter(|d| d.who == who("flood"))
+            .map(|d| {
+                d.at.duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs()
+            })
+            .collect();
+        let want: Vec<u64> = (0..32).chain(10_000 - 32..10_000).collect();
+        assert_eq!(flood, want);
+        assert_eq!(out.iter().filter(|d| d.who == who("quiet")).count(), 1);
+    }
 }

@@ -120,14 +120,21 @@ impl LogTailer {
     /// for its end; and a flood of other lines never uses up the rate limit of the ones kept.
     pub fn poll_matching(&mut self, keep: impl Fn(&[u8]) -> bool) -> Vec<LogLine> {
         let mut out = Vec::new();
+        self.poll_each(keep, |line| out.push(line));
+        out
+    }
+
+    /// As [`LogTailer::poll_matching`], handing each kept line to `each` as it is read: the
+    /// caller keeps what it makes of a line (a failure's bounded evidence), never the polls'
+    /// lines all at once (a flood of 64 KiB lines across many containers).
+    pub fn poll_each(&mut self, keep: impl Fn(&[u8]) -> bool, mut each: impl FnMut(LogLine)) {
         self.follower.poll(&keep, &mut |origin, entry| {
-            out.push(LogLine {
+            each(LogLine {
                 origin: origin.clone(),
                 at: entry.at,
                 text: entry.text,
             })
         });
-        out
     }
 
     /// Cumulative counts.
@@ -138,6 +145,7 @@ impl LogTailer {
             bytes: tally.bytes,
             lines: tally.lines,
             dropped_lines: tally.dropped,
+            skipped_bytes: tally.skipped,
             errors: tally.errors,
         }
     }

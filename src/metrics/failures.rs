@@ -20,6 +20,7 @@ pub(super) struct SourceMetrics {
     log_lines: Counter,
     log_bytes: Counter,
     log_lines_dropped: Counter,
+    log_bytes_skipped: Counter,
     kmsg_records: Counter,
     kmsg_lost: Counter,
     /// One series, made at the watcher's first report if the kernel log is on.
@@ -44,8 +45,14 @@ impl SourceMetrics {
                 ),
                 (
                     "shmlink_log_lines_dropped",
-                    "Log lines holding a failure text dropped by the per-container rate limit",
+                    "Log lines holding a failure text dropped by the rate limits (per container, \
+                     and per poll across containers)",
                     &m.log_lines_dropped,
+                ),
+                (
+                    "shmlink_log_bytes_skipped",
+                    "Bytes of rotated log files let go unread: written faster than read",
+                    &m.log_bytes_skipped,
                 ),
                 (
                     "shmlink_kmsg_records",
@@ -82,6 +89,11 @@ impl Metrics {
                 &m.log_lines_dropped,
                 logs.dropped_lines,
                 was_logs.dropped_lines,
+            ),
+            (
+                &m.log_bytes_skipped,
+                logs.skipped_bytes,
+                was_logs.skipped_bytes,
             ),
             (&m.kmsg_records, now.kmsg_records, was.kmsg_records),
             (&m.kmsg_lost, now.kmsg_lost, was.kmsg_lost),

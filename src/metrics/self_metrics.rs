@@ -69,7 +69,7 @@ impl SelfMetrics {
             &[
             (
                 "shmlink_kube_events_dropped",
-                "Kubernetes Events dropped (queue full, or rejected by the API server)",
+                "Kubernetes Events or series updates dropped (too many waiting, or rejected by the API server)",
                 &m.kube_events_dropped,
             ),
             (

@@ -231,6 +231,7 @@ fn record_self_metrics(m: &Metrics) {
             bytes: 1000,
             lines: 10,
             dropped_lines: 1,
+            skipped_bytes: 4096,
             errors: 1,
         },
         kmsg_open: Some(false),

@@ -36,8 +36,11 @@ pub struct LogStats {
     pub bytes: u64,
     /// Complete lines read, kept or not.
     pub lines: u64,
-    /// Kept lines dropped by the rate limit.
+    /// Kept lines dropped by the rate limits (per container, per poll).
     pub dropped_lines: u64,
+    /// Bytes of rotated files let go unread: written faster than read, and deleted or rotated
+    /// past the files kept to drain.
+    pub skipped_bytes: u64,
     /// Unreadable roots, directories and files, each counted once.
     pub errors: u64,
 }

@@ -131,9 +131,19 @@ impl Agent {
     }
 
     /// Scrapes until `done` holds for a scrape, or panics with the last one.
-    pub fn wait_for_metrics(&self, what: &str, mut done: impl FnMut(&str) -> bool) -> String {
+    pub fn wait_for_metrics(&self, what: &str, done: impl FnMut(&str) -> bool) -> String {
+        self.wait_for_metrics_within(what, Duration::from_secs(20), done)
+    }
+
+    /// As `wait_for_metrics`, for up to `within`.
+    pub fn wait_for_metrics_within(
+        &self,
+        what: &str,
+        within: Duration,
+        mut done: impl FnMut(&str) -> bool,
+    ) -> String {
         let mut body = String::new();
-        let ok = super::wait_until(Duration::from_secs(20), || {
+        let ok = super::wait_until(within, || {
             body = self.metrics();
             done(&body)
         });

@@ -185,6 +185,36 @@ pub fn run_check(args: &[&str]) -> Output {
         .expect("running shmlink check")
 }
 
+/// A command's stdout and its peak RSS in MiB (wait4's rusage: the kernel's high-water mark,
+/// which no sampling misses).
+// Reaped by wait4 below, for its rusage, which Child::wait does not give.
+#[allow(clippy::zombie_processes)]
+pub fn output_and_peak_rss(command: &mut Command) -> (Vec<u8>, f64) {
+    let child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stdout = child.stdout.unwrap();
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut stdout, &mut out).unwrap();
+    // SAFETY: plain out-parameters; the child is ours and not waited for elsewhere.
+    let usage = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &mut status, 0, &mut usage), pid);
+        usage
+    };
+    (out, usage.ru_maxrss as f64 / 1024.0)
+}
+
+/// A running process's peak RSS so far in MiB (VmHWM).
+pub fn peak_rss_of(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 /// `check --json`: the report, whatever the findings (other tests' containers may be full).
 /// The `shm` entry of a `check --json` report for one container.
 pub fn shm_entry(report: &Value, container_id: &str) -> Option<Value> {

@@ -8,13 +8,18 @@
 //! reason comes from the finding's kind, the Pods and GPUs from its typed subject, the note is
 //! its message (`findings::text`).
 //!
-//! [`EventQueue`] (`publisher.rs`) carries them to a task that publishes them: a bounded queue
-//! (what does not fit is dropped and counted), a rate limit, retries with backoff while the API
-//! server is away. kube's `Recorder` is not used: its series key ignores the note and has no
-//! place for the GPU a Node Event is about, so two GPUs failing on one node would collapse into
-//! one series that keeps the first GPU's note. Names are fixed per occurrence, so a create
-//! retried after a lost answer meets 409 Conflict instead of making a duplicate.
+//! [`EventQueue`] (`publisher.rs`) carries them to a task that publishes them, one call at a
+//! time, rate-limited, retried with backoff while the API server is away. What waits is kept in
+//! `pending.rs` (pure): repeats of one Event merge into one series update, objects take turns so
+//! a Pod failing a hundred times a second cannot crowd out other Pods' or the Node's Events, an
+//! `Ended` needs no call and is never dropped, and when full a waiting series update makes room
+//! for a new Event before a new Event is dropped (either counted). kube's `Recorder` is not
+//! used: its series key ignores the note and has no place for the GPU a Node Event is about, so
+//! two GPUs failing on one node would collapse into one series that keeps the first GPU's note.
+//! Names are fixed per occurrence, so a create retried after a lost answer meets 409 Conflict
+//! instead of making a duplicate.
 
+mod pending;
 mod planner;
 mod publisher;
 

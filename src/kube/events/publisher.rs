@@ -1,8 +1,8 @@
-//! The publishing task: a bounded queue from the scan thread, a rate limit, retries with
-//! backoff while the API server is away, one series per occurrence.
+//! The publishing task: what the scan thread sends waits in [`Pending`] (repeats merged, taken
+//! round robin by the object an Event regards, bounded); the task takes one call at a time,
+//! rate-limited, retried with backoff while the API server is away.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -11,32 +11,75 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
-use super::{EventMsg, EventSpec, EventType};
+use super::pending::{Call, CallKind, Finished, Pending};
+use super::{EventMsg, EventType};
 use crate::metrics::Metrics;
+
+/// What the queues and the task share.
+struct Shared {
+    pending: Mutex<Pending>,
+    /// Something was sent, or the last queue was dropped.
+    wake: Notify,
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        // Every change to `Pending` is whole before it can panic; what a panic left is usable.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Held by every clone of one [`EventQueue`]: when the last goes, the task is told to end.
+struct Sender(Arc<Shared>);
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.0.pending().close();
+        self.0.wake.notify_one();
+    }
+}
 
 /// The scan thread's end of the queue to the publishing task.
 #[derive(Clone)]
 pub struct EventQueue {
-    tx: mpsc::Sender<EventMsg>,
+    sender: Arc<Sender>,
     metrics: Arc<Metrics>,
 }
 
 impl EventQueue {
-    /// Queues without waiting; what does not fit is dropped and counted.
+    /// Queues without waiting on the API server (a short lock shared with the task); what does
+    /// not fit is dropped and counted, an `Ended` never.
     pub fn send(&self, msgs: Vec<EventMsg>) {
-        for msg in msgs {
-            if self.tx.try_send(msg).is_err() {
-                self.metrics.kube_events_dropped.inc();
+        if msgs.is_empty() {
+            return;
+        }
+        let shared = &self.sender.0;
+        let mut dropped = 0;
+        {
+            let mut pending = shared.pending();
+            for msg in msgs {
+                if pending.push(msg).dropped() {
+                    dropped += 1;
+                }
             }
         }
+        self.metrics.kube_events_dropped.inc_by(dropped as u64);
+        shared.wake.notify_one();
+    }
+
+    /// Events remembered for their series (created and not yet ended), for tests.
+    #[doc(hidden)]
+    pub fn remembered(&self) -> usize {
+        self.sender.0.pending().created_len()
     }
 }
 
 /// Settings of the publishing task.
 #[derive(Debug, Clone, Copy)]
 pub struct PublishSettings {
+    /// At most this many distinct Events waiting; repeats of one take no more room.
     pub capacity: usize,
     /// At least this long between two API calls.
     pub min_gap: Duration,
@@ -50,7 +93,11 @@ pub struct PublishSettings {
 impl Default for PublishSettings {
     fn default() -> Self {
         PublishSettings {
-            capacity: 512,
+            // Distinct conditions, not messages: repeats merge. A burst (the agent starting on
+            // a node of 250 Pods, several failing in several ways, or a GPU fault regarding
+            // every Pod holding it) must not lose first Events. An entry is at most ~1.5 KiB
+            // (the note is cut at 1 KiB): ~6 MiB in the worst case, when all are waiting.
+            capacity: 4096,
             min_gap: Duration::from_millis(50),
             backoff_start: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
@@ -59,7 +106,8 @@ impl Default for PublishSettings {
     }
 }
 
-/// Starts the task that publishes queued Events; it ends when every [`EventQueue`] is dropped.
+/// Starts the task that publishes queued Events; it ends when every [`EventQueue`] is dropped
+/// and what they sent is published.
 pub fn spawn_publisher(
     client: Client,
     node: String,
@@ -67,20 +115,25 @@ pub fn spawn_publisher(
     settings: PublishSettings,
     runtime: &tokio::runtime::Handle,
 ) -> EventQueue {
-    let (tx, rx) = mpsc::channel(settings.capacity);
-    runtime.spawn(publish_loop(client, node, metrics.clone(), settings, rx));
-    EventQueue { tx, metrics }
-}
-
-/// An Event created, and how many times it has been seen.
-struct Created {
-    namespace: String,
-    name: String,
-    count: i32,
+    let shared = Arc::new(Shared {
+        pending: Mutex::new(Pending::new(settings.capacity)),
+        wake: Notify::new(),
+    });
+    runtime.spawn(publish_loop(
+        client,
+        node,
+        metrics.clone(),
+        settings,
+        shared.clone(),
+    ));
+    EventQueue {
+        sender: Arc::new(Sender(shared)),
+        metrics,
+    }
 }
 
 enum Outcome {
-    Done,
+    Done(Finished),
     /// Will not succeed by retrying (forbidden, invalid): dropped.
     Rejected(kube::Error),
     Retry(String),
@@ -91,22 +144,27 @@ async fn publish_loop(
     node: String,
     metrics: Arc<Metrics>,
     settings: PublishSettings,
-    mut rx: mpsc::Receiver<EventMsg>,
+    shared: Arc<Shared>,
 ) {
-    let mut created: HashMap<u64, Created> = HashMap::new();
     let mut node_uid: Option<String> = None;
     let mut failing = false;
-    while let Some(msg) = rx.recv().await {
-        let spec = match msg {
-            EventMsg::Ended(id) => {
-                created.remove(&id);
+    loop {
+        let (next, closed) = {
+            let mut pending = shared.pending();
+            (pending.take(), pending.is_closed())
+        };
+        let mut call = match next {
+            Some(call) => call,
+            None if closed => return,
+            // A send between the lock and here leaves a permit: no wake-up is lost.
+            None => {
+                shared.wake.notified().await;
                 continue;
             }
-            EventMsg::Publish(spec) => spec,
         };
         let mut backoff = settings.backoff_start;
         loop {
-            if node_uid.is_none() && spec.regarding.kind.as_deref() == Some("Node") {
+            if node_uid.is_none() && call.spec.regarding.kind.as_deref() == Some("Node") {
                 let nodes = Api::<Node>::all(client.clone());
                 let get = nodes.get_opt(&node);
                 node_uid = tokio::time::timeout(settings.request_timeout, get)
@@ -116,7 +174,7 @@ async fn publish_loop(
                     .flatten()
                     .and_then(|n| n.metadata.uid);
             }
-            let publish = publish_one(&client, &node, node_uid.as_deref(), &spec, &mut created);
+            let publish = publish_one(&client, &node, node_uid.as_deref(), &call);
             let outcome = tokio::time::timeout(settings.request_timeout, publish)
                 .await
                 .unwrap_or_else(|_| {
@@ -126,20 +184,24 @@ async fn publish_loop(
                     ))
                 });
             match outcome {
-                Outcome::Done => {
+                Outcome::Done(finished) => {
                     if failing {
                         tracing::info!("publishing Events again");
                         failing = false;
                     }
-                    metrics.count_kube_event(spec.reason.as_str());
+                    if finished != Finished::Gone {
+                        metrics.count_kube_event(call.spec.reason.as_str());
+                    }
+                    shared.pending().finish(finished);
                     break;
                 }
                 Outcome::Rejected(e) => {
                     tracing::warn!(
-                        reason = spec.reason.as_str(),
+                        reason = call.spec.reason.as_str(),
                         "Event rejected, dropped: {e}"
                     );
                     metrics.kube_events_dropped.inc();
+                    shared.pending().finish(Finished::Rejected);
                     break;
                 }
                 Outcome::Retry(e) => {
@@ -149,6 +211,11 @@ async fn publish_loop(
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(settings.backoff_max);
+                    // The same Event again, with its repeats sent meanwhile.
+                    match shared.pending().retry() {
+                        Some(again) => call = again,
+                        None => break,
+                    }
                 }
             }
         }
@@ -156,37 +223,33 @@ async fn publish_loop(
     }
 }
 
-async fn publish_one(
-    client: &Client,
-    node: &str,
-    node_uid: Option<&str>,
-    spec: &EventSpec,
-    created: &mut HashMap<u64, Created>,
-) -> Outcome {
+async fn publish_one(client: &Client, node: &str, node_uid: Option<&str>, call: &Call) -> Outcome {
     let now = MicroTime(Timestamp::now());
-    if let Some(c) = created.get_mut(&spec.id) {
-        let api: Api<K8sEvent> = Api::namespaced(client.clone(), &c.namespace);
-        let series = EventSeries {
-            count: c.count + 1,
-            last_observed_time: now,
-        };
-        let patch = serde_json::json!({ "series": series });
-        return match api
-            .patch(&c.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                c.count += 1;
-                Outcome::Done
-            }
-            // Expired (Events live an hour by default): the next occurrence starts anew.
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                created.remove(&spec.id);
-                Outcome::Done
-            }
-            Err(e) => classify(e),
-        };
-    }
+    let spec = &call.spec;
+    let count = match &call.kind {
+        CallKind::Update {
+            namespace,
+            name,
+            count,
+        } => {
+            let api: Api<K8sEvent> = Api::namespaced(client.clone(), namespace);
+            let series = EventSeries {
+                count: *count,
+                last_observed_time: now,
+            };
+            let patch = serde_json::json!({ "series": series });
+            return match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Outcome::Done(Finished::Updated),
+                // Expired (Events live an hour by default): the next occurrence starts anew.
+                Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done(Finished::Gone),
+                Err(e) => classify(e),
+            };
+        }
+        CallKind::Create { count } => *count,
+    };
     let mut regarding = spec.regarding.clone();
     if regarding.kind.as_deref() == Some("Node") && regarding.uid.is_none() {
         regarding.uid = node_uid.map(str::to_string);
@@ -196,6 +259,13 @@ async fn publish_one(
         .namespace
         .clone()
         .unwrap_or_else(|| "default".to_string());
+    // Repeats merged before the first call: created with its series, in one call. The API
+    // server takes a series on create when its count is at least 2 and lastObservedTime is
+    // set, as client-go's recorder does when it creates an Event whose series patch met 404.
+    let series = (count > 1).then(|| EventSeries {
+        count,
+        last_observed_time: now.clone(),
+    });
     let event = K8sEvent {
         metadata: ObjectMeta {
             name: Some(spec.name.clone()),
@@ -209,6 +279,7 @@ async fn publish_one(
         regarding: Some(regarding),
         reporting_controller: Some("shmlink".into()),
         reporting_instance: Some(node.into()),
+        series,
         type_: Some(
             match spec.type_ {
                 EventType::Normal => "Normal",
@@ -220,20 +291,12 @@ async fn publish_one(
     };
     let api: Api<K8sEvent> = Api::namespaced(client.clone(), &namespace);
     match api.create(&PostParams::default(), &event).await {
-        // 409: an earlier try was created though its answer was lost.
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => return classify(e),
+        // 409: an earlier try was created though its answer was lost (with the occurrences
+        // merged by then; the next update counts every one).
+        Ok(_) => Outcome::Done(Finished::Created { namespace }),
+        Err(kube::Error::Api(s)) if s.code == 409 => Outcome::Done(Finished::Created { namespace }),
+        Err(e) => classify(e),
     }
-    created.insert(
-        spec.id,
-        Created {
-            namespace,
-            name: spec.name.clone(),
-            count: 1,
-        },
-    );
-    Outcome::Done
 }
 
 fn classify(e: kube::Error) -> Outcome {

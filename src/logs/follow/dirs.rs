@@ -61,13 +61,15 @@ impl ContainerDir {
         }
     }
 
-    /// Reads what is new in its files, at most `budget` bytes per stream; whether some may be
-    /// left (a budget spent, a passing error).
+    /// Reads what is new in its files, at most `budget` bytes per stream, handing on at most
+    /// `kept_left` more lines; whether some may be left (a budget spent, a passing error).
+    #[allow(clippy::too_many_arguments)] // one poll's shared state, passed down as it is
     pub(super) fn read(
         &mut self,
         budget: u64,
         keep: &dyn Fn(&[u8]) -> bool,
         gate: &Gate,
+        kept_left: &mut u32,
         scratch: &mut [u8],
         tally: &mut Tally,
         emit: &mut dyn FnMut(&LogOrigin, Entry),
@@ -75,6 +77,7 @@ impl ContainerDir {
         let mut out = Out {
             keep,
             gate,
+            kept_left,
             bucket: &mut self.bucket,
             origin: &self.origin,
             emit,
@@ -99,6 +102,7 @@ impl ContainerDir {
         start: Start,
         tally: &mut Tally,
     ) {
+        keep_newest_live(&mut files, MAX_LIVE);
         // Oldest first: rotated files by their order, then the live one.
         files.sort_by_key(|f| match f.rotation {
             Rotation::Rotated { order, .. } => (0, order),
@@ -203,6 +207,26 @@ impl ContainerDir {
             .entry(live.to_string())
             .or_insert_with(|| Stream::new(format))
     }
+}
+
+/// Live names followed per container directory: kubelet writes one per restart and keeps the
+/// last few; thousands (someone writing into the log directory) cost only the newest.
+const MAX_LIVE: usize = 4;
+
+/// Drops all but the `max` most recently written live names, and the rotations of those
+/// dropped.
+fn keep_newest_live(files: &mut Vec<Listed>, max: usize) {
+    let mut live: Vec<(SystemTime, &str)> = files
+        .iter()
+        .filter(|f| f.rotation == Rotation::Live)
+        .map(|f| (f.mtime, f.live.as_str()))
+        .collect();
+    if live.len() <= max {
+        return;
+    }
+    live.sort_unstable_by(|a, b| b.cmp(a));
+    let kept: HashSet<String> = live[..max].iter().map(|l| l.1.to_string()).collect();
+    files.retain(|f| kept.contains(&f.live));
 }
 
 /// Where a live file that no fd follows yet is read from; `known`, whether it is known here

@@ -37,6 +37,8 @@ pub(super) struct Handle {
     pub(super) path: PathBuf,
     source: Source,
     lines: Splitter,
+    /// Its place among the log files open at once ([`super::OpenFiles`]).
+    _open: super::OpenSlot,
 }
 
 /// Where reading a newly opened file starts.
@@ -85,6 +87,12 @@ impl Handle {
         at: Position,
         tally: &mut Tally,
     ) -> Option<Handle> {
+        // Thousands of log files (someone writing into the log directories) must not take the
+        // descriptors the /dev/shm scan needs.
+        let Some(slot) = tally.open.take() else {
+            tally.refuse(&f.path);
+            return None;
+        };
         // O_NONBLOCK: a FIFO swapped in between listing and opening must not block the poll.
         let flags =
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
@@ -126,6 +134,7 @@ impl Handle {
             path: f.path.clone(),
             source,
             lines: Splitter::default(),
+            _open: slot,
         })
     }
 
@@ -135,6 +144,16 @@ impl Handle {
             Source::Plain { offset, .. } => Some(offset),
             Source::Gz { .. } => None,
         }
+    }
+
+    /// The bytes not yet read of a plain file, and whether it has no name left (rotated, then
+    /// deleted: its disk space is held by this fd alone). None for a gzipped one, or unknown.
+    pub(super) fn unread(&self) -> Option<(u64, bool)> {
+        let Source::Plain { file, offset } = &self.source else {
+            return None;
+        };
+        let st = rustix::fs::fstat(file).ok()?;
+        Some((size(&st).saturating_sub(*offset), st.st_nlink == 0))
     }
 
     /// Hands over the unfinished last line, if any.

@@ -14,9 +14,15 @@ mod split;
 mod still;
 mod stream;
 
+#[cfg(test)]
+pub(in crate::logs) use stream::MAX_UNREAD_DELETED;
+
 use std::collections::{BTreeMap, HashSet};
 use std::io;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::Stat;
@@ -26,8 +32,17 @@ use self::notify::Notifier;
 use self::still::Stamps;
 use super::{Entry, Gate, LogOrigin};
 
-/// Bytes read per file stream per poll, so that one flooding container cannot starve the rest.
+/// Bytes read per file stream per poll at most, so that one flooding container cannot starve
+/// the rest.
 const POLL_BUDGET: u64 = 4 << 20;
+/// Bytes read per poll across every container (serve): 16 MiB every 200 ms is 80 MB/s, more
+/// than a node's containers log unless some flood; then each directory gets an equal share.
+pub(super) const POLL_TOTAL: u64 = 16 << 20;
+/// A directory's share never falls below this, however many are to be read.
+const MIN_SHARE: u64 = 256 << 10;
+/// Kept lines handed on per poll across every container (serve), past the per-container rate
+/// limit: what one poll makes of its lines stays bounded however many containers flood.
+pub(super) const KEPT_PER_POLL: u32 = 4096;
 /// The first poll of `since` reads what is on disk in one go (kubelet keeps 5 × 10 MiB a
 /// container by default); this only bounds a runaway.
 const CATCH_UP_BUDGET: u64 = 256 << 20;
@@ -51,35 +66,136 @@ pub(super) enum Start {
     New,
 }
 
+/// Log files open at once at most, if the descriptor limit allows (a quarter of it otherwise):
+/// a node's containers need a few each (the live file, one being drained).
+const MAX_OPEN: usize = 8192;
+
+/// How many log files are open, shared by their handles; a new one only while under the cap.
+#[derive(Debug, Clone)]
+pub(super) struct OpenFiles {
+    count: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl Default for OpenFiles {
+    fn default() -> Self {
+        OpenFiles::new(open_files_allowed())
+    }
+}
+
+impl OpenFiles {
+    pub(super) fn new(max: usize) -> OpenFiles {
+        OpenFiles {
+            count: Arc::new(AtomicUsize::new(0)),
+            max,
+        }
+    }
+
+    /// A place for one more open file, given back when dropped; None at the cap.
+    fn take(&self) -> Option<OpenSlot> {
+        self.count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(OpenSlot(self.count.clone()))
+    }
+
+    #[cfg(test)]
+    pub(super) fn open(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// One open log file's place in [`OpenFiles`].
+#[derive(Debug)]
+pub(super) struct OpenSlot(Arc<AtomicUsize>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// [`MAX_OPEN`], or a quarter of the soft descriptor limit if that is less.
+fn open_files_allowed() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let quarter = soft.map_or(usize::MAX, |n| usize::try_from(n / 4).unwrap_or(usize::MAX));
+    MAX_OPEN.min(quarter).max(16)
+}
+
 /// What was read, and what failed.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
+    /// The log files open now, and the cap.
+    pub(super) open: OpenFiles,
+    /// Files not opened for the cap, each counted once as an error.
+    refused: u64,
     pub files: u64,
     pub bytes: u64,
     pub errors: u64,
     /// Complete lines read, kept or not.
     pub lines: u64,
-    /// Kept lines the rate limit dropped.
+    /// Kept lines the rate limits dropped.
     pub dropped: u64,
+    /// Bytes of deleted files let go unread ([`stream::MAX_UNREAD_DELETED`]).
+    pub skipped: u64,
+    /// Whether a file was let go before (said once at `warn`, later at `debug`).
+    let_go_before: bool,
     failed: HashSet<PathBuf>,
     /// Failures of any path, each time.
     failures: u64,
 }
 
 impl Tally {
+    /// A log file not opened: as many are open as allowed.
+    fn refuse(&mut self, path: &Path) {
+        self.refused += 1;
+        if self.refused == 1 {
+            tracing::warn!(
+                "container logs: {} log files open, the most allowed: {} and any more are not \
+                 read (thousands of log files: someone writing into the log directories?)",
+                self.open.max,
+                path.display()
+            );
+        }
+        self.remember_failed(path);
+    }
+
+    /// A deleted file closed with `bytes` unread.
+    fn let_go(&mut self, path: &Path, bytes: u64) {
+        self.skipped += bytes;
+        if std::mem::replace(&mut self.let_go_before, true) {
+            tracing::debug!("container log {}: {bytes} bytes skipped", path.display());
+        } else {
+            tracing::warn!(
+                "container log {} was written and rotated away faster than it could be read: \
+                 let go with {bytes} bytes unread (shmlink_log_bytes_skipped_total counts this \
+                 and later ones)",
+                path.display()
+            );
+        }
+    }
+
     /// An unreadable path: counted and logged once. A path that vanished is not an error.
     fn fail(&mut self, path: &Path, e: &io::Error) {
         if e.kind() == io::ErrorKind::NotFound {
             return;
         }
+        if self.remember_failed(path) {
+            tracing::warn!("container logs: cannot read {}: {e}", path.display());
+        }
+    }
+
+    /// Counts a failing path, as an error the first time; whether it was the first.
+    fn remember_failed(&mut self, path: &Path) -> bool {
         self.failures += 1;
         if self.failed.len() >= MAX_FAILED {
             self.failed.clear();
         }
-        if self.failed.insert(path.to_path_buf()) {
-            self.errors += 1;
-            tracing::warn!("container logs: cannot read {}: {e}", path.display());
-        }
+        let new = self.failed.insert(path.to_path_buf());
+        self.errors += u64::from(new);
+        new
     }
 }
 
@@ -87,7 +203,9 @@ pub(super) struct Follower {
     pods: Option<PathBuf>,
     docker: Option<PathBuf>,
     /// Per container directory, by (root: 0 pods / 1 docker, path under the root).
-    dirs: BTreeMap<(u8, String), ContainerDir>,
+    dirs: BTreeMap<DirKey, ContainerDir>,
+    /// The directory the last poll read first: the next starts after it.
+    cursor: Option<DirKey>,
     start: Start,
     gate: Gate,
     last_discovery: Option<Instant>,
@@ -119,6 +237,7 @@ impl Follower {
             pods,
             docker,
             dirs: BTreeMap::new(),
+            cursor: None,
             start,
             gate,
             last_discovery: None,
@@ -166,6 +285,12 @@ impl Follower {
         &self.tally
     }
 
+    /// Allows `max` log files open at once (tests: a cap they can reach).
+    #[cfg(test)]
+    pub fn cap_open_files(&mut self, max: usize) {
+        self.tally.open = OpenFiles::new(max);
+    }
+
     /// Container directories held (listed, or with files still being drained).
     #[cfg(test)]
     pub fn tracked(&self) -> usize {
@@ -175,26 +300,65 @@ impl Follower {
     /// Reads what is new in every file, discovering first when due; `emit` gets each line that
     /// `keep` wants and the gate lets through. With inotify only the directories written to
     /// (or left with bytes unread) are read, and discovery runs when a listed directory changed.
+    ///
+    /// serve's polls share [`POLL_TOTAL`] bytes and [`KEPT_PER_POLL`] lines between the
+    /// directories to be read, starting one further along each poll, so that what is left for
+    /// the next poll is not always the same directories'. check's first poll reads everything.
     pub fn poll(&mut self, keep: &dyn Fn(&[u8]) -> bool, emit: &mut dyn FnMut(&LogOrigin, Entry)) {
         let catching_up = matches!(self.start, Start::Since(_));
         let everything = self.prepare();
-        let budget = if catching_up {
-            CATCH_UP_BUDGET
-        } else {
-            POLL_BUDGET
-        };
         let Follower {
             dirs,
             tally,
             scratch,
             gate,
             visits,
+            cursor,
             ..
         } = self;
-        for dir in dirs.values_mut().filter(|d| everything || d.pending) {
+        let due = |d: &ContainerDir| everything || d.pending;
+        let (share, mut bytes_left, mut kept_left) = if catching_up {
+            (CATCH_UP_BUDGET, u64::MAX, u32::MAX)
+        } else {
+            let n = dirs.values().filter(|d| due(d)).count() as u64;
+            let share = (POLL_TOTAL / n.max(1)).clamp(MIN_SHARE, POLL_BUDGET);
+            (share, POLL_TOTAL, KEPT_PER_POLL)
+        };
+        let from = cursor.take();
+        let after = match &from {
+            Some(k) => dirs.range_mut((Excluded(k.clone()), Unbounded)),
+            None => dirs.range_mut(..),
+        };
+        let mut first = None;
+        let mut read = |key: &DirKey, dir: &mut ContainerDir| {
+            if bytes_left == 0 {
+                dir.pending = true; // the next poll goes on from here
+                return;
+            }
+            first.get_or_insert_with(|| key.clone());
             *visits += 1;
-            dir.pending = dir.read(budget, keep, gate, scratch, tally, &mut *emit);
+            let before = tally.bytes;
+            let budget = share.min(bytes_left);
+            dir.pending = dir.read(
+                budget,
+                keep,
+                gate,
+                &mut kept_left,
+                scratch,
+                tally,
+                &mut *emit,
+            );
+            bytes_left = bytes_left.saturating_sub(tally.bytes - before);
+        };
+        for (key, dir) in after.filter(|(_, d)| due(d)) {
+            read(key, dir);
         }
+        if let Some(k) = &from {
+            for (key, dir) in dirs.range_mut(..=k.clone()).filter(|(_, d)| due(d)) {
+                read(key, dir);
+            }
+        }
+        *cursor = first;
         dirs.retain(|_, d| d.seen || d.busy());
     }
 
@@ -275,6 +439,9 @@ impl Follower {
         self.last_discovery = Some(Instant::now());
     }
 }
+
+/// A container directory by (root: 0 pods / 1 docker, path under the root).
+type DirKey = (u8, String);
 
 /// A file by (dev, inode).
 type FileId = (u64, u64);

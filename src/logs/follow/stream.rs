@@ -10,8 +10,12 @@ use crate::logs::{Bucket, Entry, Gate, LogOrigin, Pushed};
 use super::handle::{Handle, Pass};
 use super::{FileId, Tally};
 
-/// Rotated fds still being drained, per file stream; kubelet rotates at most every 10 s.
+/// Rotated fds kept to be drained, per file stream; kubelet rotates at most every 10 s.
 const MAX_DRAINING: usize = 8;
+/// Unread bytes of deleted files one stream's fds may hold: a writer faster than the reader
+/// (whose rotated files the runtime then deletes) would otherwise keep their disk space, which
+/// the node believes freed. Past this the oldest are let go, their unread bytes counted.
+pub(in crate::logs) const MAX_UNREAD_DELETED: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Format {
@@ -81,16 +85,36 @@ impl Stream {
         }
     }
 
+    /// Drained after those queued before; past [`MAX_DRAINING`] the oldest are let go when
+    /// read next.
     pub(super) fn queue(&mut self, handle: Handle) {
-        if self.draining.len() >= MAX_DRAINING {
-            if let Some(old) = self.draining.pop_front() {
-                tracing::debug!(
-                    "container log {} rotated faster than read",
-                    old.path.display()
-                );
+        self.draining.push_back(handle);
+    }
+
+    /// Closes the oldest files being drained past [`MAX_DRAINING`], and the oldest deleted ones
+    /// while their unread bytes are more than [`MAX_UNREAD_DELETED`]: what they held is skipped
+    /// and counted.
+    fn let_go_of_deleted(&mut self, tally: &mut Tally) {
+        let unread: Vec<Option<(u64, bool)>> = self.draining.iter().map(Handle::unread).collect();
+        let mut deleted: u64 = unread.iter().flatten().filter(|u| u.1).map(|u| u.0).sum();
+        let mut over = self.draining.len().saturating_sub(MAX_DRAINING);
+        let mut i = 0;
+        for left in unread {
+            let (bytes, gone) = left.unwrap_or((0, false));
+            if over > 0 || (gone && deleted > MAX_UNREAD_DELETED) {
+                over = over.saturating_sub(1);
+                if gone {
+                    deleted -= bytes;
+                }
+                if let Some(handle) = self.draining.remove(i) {
+                    tally.let_go(&handle.path, bytes);
+                }
+                // A line cut by the skip is not joined with what follows it.
+                self.decoder.reset();
+            } else {
+                i += 1;
             }
         }
-        self.draining.push_back(handle);
     }
 
     /// Reads up to `budget` bytes: the fds being drained first, then the live one. Whether some
@@ -103,6 +127,7 @@ impl Stream {
         tally: &mut Tally,
         out: &mut Out<'_>,
     ) -> bool {
+        self.let_go_of_deleted(tally);
         let Stream {
             decoder,
             current,
@@ -152,6 +177,8 @@ impl Stream {
 pub(super) struct Out<'a> {
     pub(super) keep: &'a dyn Fn(&[u8]) -> bool,
     pub(super) gate: &'a Gate,
+    /// Lines this poll may still hand on, across containers.
+    pub(super) kept_left: &'a mut u32,
     pub(super) bucket: &'a mut Option<Bucket>,
     pub(super) origin: &'a LogOrigin,
     pub(super) emit: &'a mut dyn FnMut(&LogOrigin, Entry),
@@ -173,9 +200,12 @@ impl Out<'_> {
         };
         self.lines += 1;
         match self.gate.pass(self.bucket, entry.at) {
-            Ok(true) => (self.emit)(self.origin, entry),
+            Ok(true) if *self.kept_left > 0 => {
+                *self.kept_left -= 1;
+                (self.emit)(self.origin, entry);
+            }
+            Ok(true) | Err(_) => self.dropped += 1,
             Ok(false) => {}
-            Err(_) => self.dropped += 1,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod appends;
 mod discovery;
+mod floods;
 mod limits;
 mod notify;
 mod roots;

@@ -161,3 +161,18 @@ fn a_removed_container_directory_is_dropped_and_its_watches_with_it() {
     // Roots, `containers`, the pod, "a" (no Docker container directory here).
     assert_eq!(tailer.follower.notifier().unwrap().watches(), 5);
 }
+
+#[test]
+fn a_file_written_on_after_its_first_read_in_a_new_directory_is_read_to_its_end() {
+    let node = Node::new();
+    let mut tailer = notified(&node);
+    let long = cri(&[&"x".repeat(60_000)]);
+    let log = node.container("late").join("0.log");
+    append(&log, long.repeat(9));
+    let mut n = tailer.poll().len();
+    append(&log, long.repeat(118));
+    for _ in 0..5 {
+        n += tailer.poll().len();
+    }
+    assert_eq!(n, 127);
+}
