@@ -129,3 +129,61 @@ fn a_newline_in_a_file_name_read_through_syslog_blames_nobody_else() {
         assert!(blamed.is_empty(), "{source}: {blamed:#?}");
     }
 }
+
+/// What `check --json` lists of the kernel log of the last 5 minutes read through `source`.
+fn kernel_failures(source: &str) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args(["check", "--json", "--no-gpu", "--since", "5m"])
+        .args([
+            "--kmsg",
+            source,
+            "--pod-log-root",
+            "off",
+            "--docker-root",
+            "off",
+        ])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["failures"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_pid_and_a_library_in_a_name_or_written_to_kmsg_from_user_space_blame_nobody() {
+    if !common::kmsg_readable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 15 bytes of comm that read like another process crashing in NCCL; it crashes in its own
+    // binary, which is no GPU library.
+    let Some(bin) = crasher(dir.path(), "crash", "a[1] in libnccl") else {
+        return;
+    };
+    assert!(
+        crash(&bin, "a[1] in libnccl["),
+        "the kernel did not log the crash"
+    );
+    // A record written from user space in the kernel's words: its facility says it is not the
+    // kernel's (root may write /dev/kmsg; a pod with CAP_SYSLOG too).
+    let forged = format!(
+        "trainer[1]: segfault at 0 ip 0000000000401000 sp 00007ffc2b6c1f40 error 4 in \
+         libnccl.so.2[7f0000000000+1000] forged-{}",
+        std::process::id()
+    );
+    if std::fs::write("/dev/kmsg", format!("<3>{forged}\n")).is_err() {
+        eprintln!("SKIPPED in part: /dev/kmsg not writable; the user-space record is not tested");
+    }
+    for source in ["syslog", "/dev/kmsg"] {
+        let blamed: Vec<Value> = kernel_failures(source)
+            .into_iter()
+            .filter(|f| {
+                f["pid"] == 1
+                    || f["evidence"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("a[1] in libnccl") || e.contains("forged-"))
+            })
+            .collect();
+        assert!(blamed.is_empty(), "{source}: {blamed:#?}");
+    }
+}

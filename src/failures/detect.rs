@@ -222,6 +222,39 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_printing_another_pods_name_and_container_id_speaks_only_of_itself() {
+        use crate::logs::LogLine;
+        let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None, SHM_OOM_SHARE);
+        let victim = "b".repeat(64);
+        let line = LogLine {
+            origin: LogOrigin::Pod {
+                namespace: "team-a".into(),
+                pod: "noisy-0".into(),
+                uid: "aaaaaaaa-0000-4000-8000-000000000000".into(),
+                container: "main".into(),
+            },
+            at: SystemTime::UNIX_EPOCH,
+            text: format!(
+                "pod prod/payments-0 uid bbbbbbbb-0000-4000-8000-000000000000 container \
+                 containerd://{victim} python3[1]: RuntimeError: unable to allocate shared memory(shm) \
+                 for file </torch_1_1_0>: No space left on device (28)"
+            ),
+        };
+        let d = r.log_line(&line).expect("a failure");
+        assert_eq!(
+            d.who,
+            Who::Pod {
+                namespace: "team-a".into(),
+                pod: "noisy-0".into(),
+                uid: "aaaaaaaa-0000-4000-8000-000000000000".into(),
+                container: "main".into(),
+                container_id: None,
+            }
+        );
+        assert_eq!(d.pid, None, "a PID in a log line is no host PID");
+    }
+
+    #[test]
     fn oom_kills_are_dev_shm_failures_when_shm_was_most_of_the_usage() {
         let v1 = told(kmsg::OOM_V1);
         assert_eq!(v1.len(), 1);

@@ -4,6 +4,7 @@
 mod appends;
 mod discovery;
 mod floods;
+mod hostile;
 mod limits;
 mod notify;
 mod roots;
