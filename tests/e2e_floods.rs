@@ -251,3 +251,74 @@ fn a_writer_faster_than_the_reader_leaves_no_deleted_log_held_past_the_cap() {
     assert!(skipped > 0.0);
     assert!(peak < idle + 24.0, "serve {peak:.1} MiB, idle {idle:.1}");
 }
+
+/// Descriptors `pid` holds open.
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn three_thousand_log_files_leave_the_dev_shm_scan_its_descriptors() {
+    if !common::e2e_available() {
+        return;
+    }
+    let Some(prlimit) = common::tool("prlimit", "util-linux") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("pods");
+    // Someone with write access to the log directories makes 3,000 logs, and 3,000 more
+    // restart logs in one container's directory.
+    for i in 0..3000 {
+        fs::write(pod_log(&root, i), format!("{} stdout F hello\n", now())).unwrap();
+    }
+    let many = pod_log(&root, 3000).with_file_name("");
+    for n in 0..3000 {
+        fs::write(many.join(format!("{n}.log")), "").unwrap();
+    }
+    let c = common::Container::start(common::ContainerSpec {
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/data bs=1M count=3 2>/dev/null; touch /tmp/ready; \
+             exec sleep 3600"
+                .into(),
+        ],
+        ..common::ContainerSpec::default()
+    });
+    c.wait_ready();
+    // The agent as a DaemonSet might run it: 1,024 descriptors.
+    let prlimit = prlimit.to_string_lossy().into_owned();
+    let agent = Agent::start_under(
+        &[&prlimit, "--nofile=1024:1024", "--"],
+        &["--no-gpu", "--pod-log-root", root.to_str().unwrap()],
+        &[],
+    );
+    agent.wait_ready();
+    let body = agent.wait_for_metrics("the container's /dev/shm and the logs refused", |b| {
+        sample(
+            b,
+            "shmlink_shm_used_bytes",
+            &[("container_id", c.id.as_str())],
+        ) == Some((3 * MIB) as f64)
+            && sample(b, "shmlink_scan_errors_total", &[("collector", "logs")]).unwrap_or(0.0) > 0.0
+    });
+    let fds = open_fds(agent.pid());
+    let refused = sample(&body, "shmlink_scan_errors_total", &[("collector", "logs")]);
+    println!(
+        "6,000 log files under a 1,024-descriptor limit: {fds} descriptors open, {refused:?} \
+         log files refused; the /dev/shm scan measured {}",
+        c.id
+    );
+    // A quarter of the limit for logs: 256, the rest for everything else.
+    assert!(fds < 512, "{fds} descriptors");
+    assert_eq!(
+        sample(&body, "shmlink_scan_errors_total", &[("collector", "shm")]),
+        Some(0.0),
+        "{body}"
+    );
+    assert!(agent
+        .log_text()
+        .contains("log files open, the most allowed"));
+    assert!(agent.terminate().success());
+}
