@@ -338,8 +338,13 @@ fn scan_loop(
         if b.kube.is_some() {
             metrics.set_pod_cache_synced(pods.is_some());
         }
+        let began = Instant::now();
         let mut out = b.scanner.scan_with(pods.as_ref());
         metrics.record_scan(&out.runs);
+        // The kernel log's GPUs fallen off the bus, against what NVML just said of them.
+        let counts = b.scanner.xid_counts();
+        b.kernel_xids
+            .confirm(&out.snapshot.gpus, out.snapshot.nvml_up, began, &counts);
         if let Some(k) = b.kube.as_mut() {
             k.after_scan(&out.snapshot, pods.as_ref());
         }

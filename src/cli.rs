@@ -74,7 +74,8 @@ pub struct ProbeWorkerArgs {
     pub cuda_lib: Option<PathBuf>,
     #[arg(long)]
     pub bytes: u64,
-    /// `none`, or ordered pairs of CUDA ordinals: `0:1,1:0`.
+    /// `none`, ordered pairs of CUDA ordinals (`0:1,1:0`), or `ask`: one such line on stdin
+    /// after the devices are said.
     #[arg(long)]
     pub pairs: String,
 }

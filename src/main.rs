@@ -134,12 +134,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             probe(args)
         }
         Command::ProbeWorker(args) => {
-            let pairs = shmlink::probe::parse_pairs(&args.pairs).map_err(anyhow::Error::msg)?;
+            let pairs = match args.pairs.as_str() {
+                shmlink::probe::ASK => None,
+                list => Some(shmlink::probe::parse_pairs(list).map_err(anyhow::Error::msg)?),
+            };
             let bytes = usize::try_from(args.bytes).context("--bytes")?;
             Ok(ExitCode::from(shmlink::probe::worker::run(
                 args.cuda_lib.as_deref(),
                 bytes,
-                &pairs,
+                pairs,
             )))
         }
     }

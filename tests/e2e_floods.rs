@@ -277,13 +277,7 @@ fn three_thousand_log_files_leave_the_dev_shm_scan_its_descriptors() {
         fs::write(many.join(format!("{n}.log")), "").unwrap();
     }
     let c = common::Container::start(common::ContainerSpec {
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "dd if=/dev/zero of=/dev/shm/data bs=1M count=3 2>/dev/null; touch /tmp/ready; \
-             exec sleep 3600"
-                .into(),
-        ],
+        args: common::write_then_sleep(3),
         ..common::ContainerSpec::default()
     });
     c.wait_ready();

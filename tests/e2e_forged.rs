@@ -101,24 +101,8 @@ fn a_newline_in_a_file_name_read_through_syslog_blames_nobody_else() {
         "the kernel did not log the crash"
     );
     for source in ["syslog", "/dev/kmsg"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
-            .args(["check", "--json", "--no-gpu", "--since", "5m"])
-            .args([
-                "--kmsg",
-                source,
-                "--pod-log-root",
-                "off",
-                "--docker-root",
-                "off",
-            ])
-            .output()
-            .unwrap();
-        let report: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-        let blamed: Vec<&Value> = report["failures"]
-            .as_array()
-            .unwrap()
-            .iter()
+        let blamed: Vec<Value> = kernel_failures(source)
+            .into_iter()
             .filter(|f| {
                 f["pid"] == 1
                     || f["evidence"]

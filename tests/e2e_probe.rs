@@ -30,6 +30,7 @@ fn probe(nvml: &FakeNvml, cuda: &FakeCuda, extra: &[&str]) -> (Output, Duration)
         .env("FAKE_NVML_CONFIG", &nvml.config)
         .env("FAKE_CUDA_CONFIG", cuda.config())
         .env("FAKE_CUDA_STATS", cuda.stats())
+        .env("FAKE_CUDA_INITS", cuda.inits_file())
         .output()
         .unwrap();
     (out, started.elapsed())
@@ -44,6 +45,7 @@ fn run(
     let nvml = FakeNvml::new(&nvml_config);
     let cuda = FakeCuda::new(&cuda_config(&nvml_config));
     let (table, took) = probe(&nvml, &cuda, &[]);
+    let inits = cuda.inits();
     println!(
         "== {case} ({preset}), {took:?}:\n{}{}",
         String::from_utf8_lossy(&table.stdout),
@@ -59,6 +61,11 @@ fn run(
         held,
         json!({"allocations": 0, "peers_enabled": 0, "contexts_retained": 0}),
         "{case}"
+    );
+    assert_eq!(
+        cuda.inits(),
+        2 * inits,
+        "{case}: the JSON run starts the driver as often"
     );
     (report, out.status.code().unwrap_or(-1), cuda)
 }
@@ -90,9 +97,10 @@ fn not_ok(report: &Value) -> Vec<(u64, u64, String)> {
 
 #[test]
 fn a_healthy_board_is_ok_in_nvmls_numbers_whatever_cudas_order() {
-    let (report, code, _) = run("healthy", "nvswitch-8", |n| {
+    let (report, code, cuda) = run("healthy", "nvswitch-8", |n| {
         fake_cuda::config(n, &REVERSED, 300.0)
     });
+    let cuda_inits = cuda.inits();
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["pairs"].as_array().unwrap().len(), 56);
     let p = pair(&report, 0, 7);
@@ -101,6 +109,10 @@ fn a_healthy_board_is_ok_in_nvmls_numbers_whatever_cudas_order() {
     assert!((p["gbps"].as_f64().unwrap() - 300.0).abs() < 1.0, "{p}");
     // 18 NVLink4 links of 25 GB/s each way.
     assert_eq!(p["expected_gbps"], 450.0);
+    assert_eq!(
+        cuda_inits, 2,
+        "the driver started once for each of the two runs"
+    );
 }
 
 #[test]
@@ -161,7 +173,7 @@ fn one_direction_corrupting_and_one_pair_at_a_tenth_are_told_apart() {
 #[test]
 fn a_hang_and_a_crash_answer_within_the_deadline_naming_their_pairs() {
     let started = Instant::now();
-    let (report, code, _) = run("4 -> 5 hangs, 5 -> 6 crashes", "nvswitch-8", |n| {
+    let (report, code, cuda) = run("4 -> 5 hangs, 5 -> 6 crashes", "nvswitch-8", |n| {
         let mut c = fake_cuda::config(n, &REVERSED, 300.0);
         fake_cuda::fault(&mut c, n, 4, 5, json!({"hang": true}));
         fake_cuda::fault(&mut c, n, 5, 6, json!({"crash": true}));
@@ -180,6 +192,8 @@ fn a_hang_and_a_crash_answer_within_the_deadline_naming_their_pairs() {
         .as_str()
         .unwrap()
         .contains("copying GPU 5 -> GPU 6 crashed the probe (killed by signal 6)"));
+    // Each run: the first worker, one after the hang, one after the crash.
+    assert_eq!(cuda.inits(), 2 * 3);
     // Two probes (table and JSON), each waiting out one hang of 2 s.
     assert!(
         started.elapsed() < Duration::from_secs(20),

@@ -31,6 +31,14 @@ pub struct CgroupIdentity {
     pub runtime: Runtime,
 }
 
+impl CgroupIdentity {
+    /// Whether it is surely a container's: a Pod's, a runtime's, or a leaf that is a container
+    /// ID. A host service's cgroup (`/system.slice/sshd.service`) parses too, as its leaf.
+    pub fn is_surely_a_container(&self) -> bool {
+        self.pod_uid.is_some() || self.runtime != Runtime::Unknown || is_hex_id(&self.container_id)
+    }
+}
+
 /// Parses a cgroup path relative to its hierarchy root, e.g. `/kubepods/burstable/pod<uid>/<id>`.
 /// Returns `None` for the root cgroup, kubepods and QoS-level cgroups, pod-level cgroups and
 /// CRI-O's conmon cgroups.

@@ -1,6 +1,7 @@
 //! Pure: where /proc/PID/cgroup puts a process, and where a mountinfo shows that cgroup's
 //! hierarchy mounted (a container sees its own cgroup, or more of the tree, under a mount).
 
+use super::path::{parse_cgroup_path, CgroupIdentity};
 use super::CgroupVersion;
 use crate::procfs::mountinfo;
 
@@ -39,6 +40,11 @@ pub struct CgroupLocation {
     pub mount_point: String,
     /// The cgroup's directory relative to the mount point ("" = the mount point itself).
     pub rel: String,
+}
+
+/// What a process's memory cgroup, as its `/proc/PID/cgroup` names it, says of its container.
+pub fn identity_of_process(proc_cgroup: &str) -> Option<CgroupIdentity> {
+    parse_cgroup_path(memory_cgroup(proc_cgroup)?.0)
 }
 
 /// The memory cgroup of a process from its `/proc/PID/cgroup` and `/proc/PID/mountinfo`: the

@@ -10,8 +10,8 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::cgroup::path::parse_cgroup_path;
-use crate::cgroup::proc::memory_cgroup;
+use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
+use crate::cgroup::proc::identity_of_process;
 use crate::host::{read_ns, NsId};
 use crate::model::Who;
 
@@ -47,18 +47,19 @@ pub fn is_same_process(proc_root: &Path, pid: i32, comm: &str, at: SystemTime) -
 
 /// Pure: the container a `/proc/PID/cgroup` text places its process in.
 pub fn who_of_cgroup_file(text: &str) -> Who {
-    memory_cgroup(text).map_or(Who::Process, |(path, _)| who_is_cgroup(path))
+    identity_of_process(text).map_or(Who::Process, who_is)
 }
 
 /// Pure: the container a memory cgroup's path names (the kernel's OOM report names the cgroup,
 /// which outlives its processes).
 pub fn who_is_cgroup(path: &str) -> Who {
-    match parse_cgroup_path(path) {
-        Some(id) => Who::Container {
-            pod_uid: id.pod_uid,
-            container_id: id.container_id,
-        },
-        None => Who::Process,
+    parse_cgroup_path(path).map_or(Who::Process, who_is)
+}
+
+fn who_is(id: CgroupIdentity) -> Who {
+    Who::Container {
+        pod_uid: id.pod_uid,
+        container_id: id.container_id,
     }
 }
 

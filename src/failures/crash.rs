@@ -15,7 +15,11 @@ pub struct Crash {
 /// The crash a kernel-facility record tells, if any. The driver's own `NVRM: ` lines are
 /// about GPUs (`gpu::xid::kernel`), never a process's crash.
 pub fn gpu_lib_crash(record: &KmsgRecord) -> Option<Crash> {
-    if !record.is_kernel() {
+    // The kernel prints these lines at KERN_INFO (KERN_EMERG for PID 1). Their ` in <file>`
+    // and ` likely on CPU` pieces are KERN_CONT: when two CPUs print at once the pieces become
+    // records of their own at the default level, and the one that starts ` in <file name>`
+    // would read as whatever crash line the file name spells.
+    if !record.is_kernel() || !matches!(record.level, LEVEL_INFO | LEVEL_EMERG) {
         return None;
     }
     let message = record.message.trim_start();
@@ -24,6 +28,9 @@ pub fn gpu_lib_crash(record: &KmsgRecord) -> Option<Crash> {
     }
     crash_line(message)
 }
+
+const LEVEL_EMERG: u8 = 0;
+const LEVEL_INFO: u8 = 6;
 
 /// The kernel's lines for a user process killed by a fault, as (comm, pid, what follows):
 /// - x86 `comm[pid]: segfault at ADDR ip IP sp SP error N in lib[...] likely on CPU ...`
@@ -134,6 +141,26 @@ mod tests {
         };
         assert_eq!(gpu_lib_crash(&record), None);
     }
+
+    /// Two crashes printed at once: the continuation ` in <file>` became a record of its own
+    /// at the default level (as the kernel logged it here, two test crashers on two CPUs).
+    #[test]
+    fn a_crash_lines_continuation_printed_apart_is_not_a_crash() {
+        let fragment = |level| KmsgRecord {
+            facility: 0,
+            level,
+            seq: 1,
+            usec: 1,
+            message: " in x\\x0atrainer[1]: segfault at 0 ip 0000000000401000 sp \
+                      00007ffc2b6c1f40 error 4 in libnccl.so.2[115b,55a2d5e51000+1000] likely \
+                      on CPU 0 (core 0, socket 0)"
+                .into(),
+        };
+        assert_eq!(gpu_lib_crash(&fragment(4)), None);
+        // The same text at the level the kernel gives the line itself would be read: the level
+        // is what tells them apart.
+        assert!(gpu_lib_crash(&fragment(6)).is_some());
+    }
     use crate::fixtures::kmsg::{self, records};
     use crate::kernel_log::parse_record;
 
@@ -194,10 +221,11 @@ mod tests {
             assert_ne!(record.facility, 0, "{r}");
             assert_eq!(gpu_lib_crash(&record), None, "{r}");
             assert_eq!(kernel_gpu(&record), None, "{r}");
-            // The same text from the kernel would count, as a crash or as a GPU's XID: the
-            // facility alone tells them apart.
+            // The same text from the kernel, at the level it prints such lines, would count, as
+            // a crash or as a GPU's XID: the facility tells them apart.
             let forged = KmsgRecord {
                 facility: 0,
+                level: LEVEL_INFO,
                 ..record
             };
             assert!(

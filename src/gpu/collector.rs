@@ -187,7 +187,7 @@ impl GpuCollector {
                     .unwrap_or_else(|e| e.into_inner().clone());
                 let mut scan = loaded.scan(
                     &self.proc_root,
-                    &self.sys,
+                    &mut self.sys,
                     self.hypervisor.as_deref(),
                     probes,
                 );
@@ -217,7 +217,7 @@ impl Loaded {
     fn scan(
         &mut self,
         proc_root: &Path,
-        sys: &SysPci,
+        sys: &mut SysPci,
         hypervisor: Option<&str>,
         probes: Vec<PairProbe>,
     ) -> GpuScan {

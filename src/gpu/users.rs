@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::SystemTime;
 
-use crate::cgroup::path::{parse_cgroup_path, Runtime};
-use crate::cgroup::proc::memory_cgroup;
+use crate::cgroup::path::CgroupIdentity;
+use crate::cgroup::proc::identity_of_process;
 use crate::model::{GpuReading, GpuUsers, UserContainer};
 use crate::procfs::stat::start_ticks;
 
@@ -36,19 +36,12 @@ pub fn observe(users: &mut GpuUsers, proc_root: &Path, gpus: &[GpuReading], now:
 /// Pure: the container a `/proc/PID/cgroup` text places its process in; None for a host
 /// process.
 fn container_of(proc_cgroup: &str) -> Option<UserContainer> {
-    let (path, _) = memory_cgroup(proc_cgroup)?;
-    let id = parse_cgroup_path(path)?;
-    // A host service's cgroup (`/system.slice/sshd.service`) names no container: only a Pod's,
-    // a runtime's, or a container ID's own leaf does.
-    let hex_id =
-        id.container_id.len() == 64 && id.container_id.bytes().all(|b| b.is_ascii_hexdigit());
-    if id.pod_uid.is_none() && id.runtime == Runtime::Unknown && !hex_id {
-        return None;
-    }
-    Some(UserContainer {
-        pod_uid: id.pod_uid,
-        container_id: id.container_id,
-    })
+    identity_of_process(proc_cgroup)
+        .filter(CgroupIdentity::is_surely_a_container)
+        .map(|id| UserContainer {
+            pod_uid: id.pod_uid,
+            container_id: id.container_id,
+        })
 }
 
 #[cfg(test)]

@@ -102,14 +102,23 @@ pub fn run(
     choose: impl FnOnce(&[String]) -> Vec<(i32, i32)>,
 ) -> Result<Probed, String> {
     let started = Instant::now();
-    let mut first = Worker::spawn(opts, &[])?;
+    // The first worker says its devices, then is told the pairs: the driver starts once unless
+    // a pair hangs or crashes it.
+    let mut first = Worker::spawn(opts, None)?;
     let devices = first.devices(opts.init_timeout)?;
-    first.finish();
     let mut left = choose(&devices);
+    first.tell(&left)?;
+    let mut next = Some(first);
     let mut outcomes = Vec::new();
     while !left.is_empty() {
-        let mut w = Worker::spawn(opts, &left)?;
-        w.devices(opts.init_timeout)?;
+        let mut w = match next.take() {
+            Some(w) => w,
+            None => {
+                let mut w = Worker::spawn(opts, Some(&left))?;
+                w.devices(opts.init_timeout)?;
+                w
+            }
+        };
         let deadline_for = cuda::copy_deadline(opts.bytes, opts.timeout);
         let mut current: Option<(i32, i32)> = None;
         let mut deadline = Instant::now() + deadline_for;
@@ -180,23 +189,19 @@ struct Worker {
 }
 
 impl Worker {
-    fn spawn(opts: &ProbeOptions, pairs: &[(i32, i32)]) -> Result<Worker, String> {
-        let list = if pairs.is_empty() {
-            "none".to_string()
-        } else {
-            pairs
-                .iter()
-                .map(|(a, b)| format!("{a}:{b}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+    /// Runs `pairs`; None: the pairs are told after the devices ([`Worker::tell`]).
+    fn spawn(opts: &ProbeOptions, pairs: Option<&[(i32, i32)]>) -> Result<Worker, String> {
         let mut cmd = Command::new(&opts.worker);
         cmd.arg(WORKER_COMMAND)
             .arg("--bytes")
             .arg(opts.bytes.to_string())
             .arg("--pairs")
-            .arg(list)
-            .stdin(Stdio::null())
+            .arg(pairs.map_or_else(|| ASK.to_string(), pairs_arg))
+            .stdin(if pairs.is_some() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if let Some(lib) = &opts.cuda_lib {
@@ -238,6 +243,14 @@ impl Worker {
         }
     }
 
+    /// Tells a worker spawned without pairs which to run (one line on its stdin, then EOF).
+    fn tell(&mut self, pairs: &[(i32, i32)]) -> Result<(), String> {
+        use std::io::Write;
+        let mut stdin = self.child.stdin.take().ok_or("the worker has no stdin")?;
+        writeln!(stdin, "{}", pairs_arg(pairs))
+            .map_err(|e| format!("telling the probe's worker its pairs: {e}"))
+    }
+
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -255,10 +268,6 @@ impl Worker {
             Err(e) => format!("could not be waited for: {e}"),
         }
     }
-
-    fn finish(mut self) {
-        let _ = self.child.wait();
-    }
 }
 
 impl Drop for Worker {
@@ -267,6 +276,18 @@ impl Drop for Worker {
             self.kill();
         }
     }
+}
+
+/// `--pairs` for a worker that reads its pairs from stdin after saying its devices.
+pub const ASK: &str = "ask";
+
+/// `none`, or `a:b,c:d`.
+fn pairs_arg(pairs: &[(i32, i32)]) -> String {
+    if pairs.is_empty() {
+        return "none".into();
+    }
+    let each: Vec<String> = pairs.iter().map(|(a, b)| format!("{a}:{b}")).collect();
+    each.join(",")
 }
 
 /// `--pairs`: `none`, or `a:b,c:d`.

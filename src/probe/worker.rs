@@ -9,8 +9,9 @@ use std::path::Path;
 use super::cuda::Cuda;
 use super::{Line, PairLine};
 
-/// Runs the worker; `pairs` are CUDA ordinals. Returns the exit status.
-pub fn run(cuda_lib: Option<&Path>, bytes: usize, pairs: &[(i32, i32)]) -> u8 {
+/// Runs the worker; `pairs` are CUDA ordinals, or None: read from stdin (one line, as
+/// `--pairs` spells them) once the devices are said. Returns the exit status.
+pub fn run(cuda_lib: Option<&Path>, bytes: usize, pairs: Option<Vec<(i32, i32)>>) -> u8 {
     let mut out = std::io::stdout().lock();
     let mut say = |line: &Line| {
         let mut text = serde_json::to_string(line).unwrap_or_default();
@@ -35,7 +36,24 @@ pub fn run(cuda_lib: Option<&Path>, bytes: usize, pairs: &[(i32, i32)]) -> u8 {
     if !say(&Line::Devices(devices)) {
         return 2;
     }
-    for &(from, to) in pairs {
+    let pairs = match pairs {
+        Some(p) => p,
+        None => {
+            let mut line = String::new();
+            let told = std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())
+                .and_then(|_| super::parse_pairs(line.trim_end()));
+            match told {
+                Ok(p) => p,
+                Err(e) => {
+                    say(&Line::Error(format!("the pairs to run: {e}")));
+                    return 2;
+                }
+            }
+        }
+    };
+    for &(from, to) in &pairs {
         if !say(&Line::Start { from, to }) {
             return 2;
         }

@@ -67,6 +67,16 @@ impl FakeCuda {
         self.dir.path().join("stats.json")
     }
 
+    /// Where each driver start is written (`FAKE_CUDA_INITS`).
+    pub fn inits_file(&self) -> PathBuf {
+        self.dir.path().join("inits")
+    }
+
+    /// How many times a process started the driver so far.
+    pub fn inits(&self) -> usize {
+        std::fs::read_to_string(self.inits_file()).map_or(0, |t| t.lines().count())
+    }
+
     /// What the fake holds now (allocations, peer mappings, retained contexts), as it last
     /// wrote it; None when it never wrote.
     pub fn held(&self) -> Option<Value> {

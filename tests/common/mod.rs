@@ -186,7 +186,8 @@ pub fn run_check(args: &[&str]) -> Output {
 }
 
 /// A command's stdout and its peak RSS in MiB (wait4's rusage: the kernel's high-water mark,
-/// which no sampling misses).
+/// which no sampling misses). It starts from the test process's own peak at the spawn (exec
+/// keeps the old memory's high-water mark), so a test that measures keeps its own heap small.
 // Reaped by wait4 below, for its rusage, which Child::wait does not give.
 #[allow(clippy::zombie_processes)]
 pub fn output_and_peak_rss(command: &mut Command) -> (Vec<u8>, f64) {

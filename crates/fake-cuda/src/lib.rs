@@ -6,7 +6,8 @@
 //!
 //! With `FAKE_CUDA_STATS` set, the live allocations, enabled peer mappings and retained
 //! contexts are written there (JSON) after each call that changes them, so a test can see that
-//! the probe left nothing behind.
+//! the probe left nothing behind. With `FAKE_CUDA_INITS` set, each process's driver start (its
+//! first `cuInit`) appends a line there, so a test can count them.
 
 // Each function's safety contract is CUDA's own for the symbol of the same name.
 #![allow(clippy::missing_safety_doc)]
@@ -29,6 +30,7 @@ pub type CUstream = *mut c_void;
 
 pub const CONFIG_ENV: &str = "FAKE_CUDA_CONFIG";
 pub const STATS_ENV: &str = "FAKE_CUDA_STATS";
+pub const INITS_ENV: &str = "FAKE_CUDA_INITS";
 
 const SUCCESS: CUresult = 0;
 const INVALID_VALUE: CUresult = 1;
@@ -137,6 +139,16 @@ pub unsafe extern "C" fn cuInit(_flags: c_uint) -> CUresult {
         events: HashMap::new(),
         next_event: 1,
     });
+    if let Some(path) = std::env::var_os(INITS_ENV) {
+        use std::io::Write;
+        let line = format!("{}\n", std::process::id());
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
+        // A count a test reads; a failure to write it only makes that test fail.
+        let _ = file.and_then(|mut f| f.write_all(line.as_bytes()));
+    }
     SUCCESS
 }
 

@@ -133,11 +133,7 @@ pub fn pairs_failing(down: &[&PairVerdict], degraded: &[&PairVerdict], blame: &B
 /// `GPU 2`, `GPU 2 and GPU 4`, `GPU 1, GPU 2 and GPU 4`.
 fn gpu_list(gpus: &[u32]) -> String {
     let named: Vec<String> = gpus.iter().map(|g| format!("GPU {g}")).collect();
-    match named.split_last() {
-        None => String::new(),
-        Some((last, [])) => last.clone(),
-        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
-    }
+    super::and_list(&named)
 }
 
 /// Each suspect's first reasons, as `GPU 4: ...; GPU 2: ...`.

@@ -120,10 +120,10 @@ pub struct JobGpus<'a> {
 /// `GPU 5`, `GPUs 5 and 7`, `GPUs 1, 5 and 7`.
 pub(super) fn gpus_named(gpus: &[u32]) -> String {
     let n: Vec<String> = gpus.iter().map(u32::to_string).collect();
-    match n.split_last() {
-        None => "no GPU".into(),
-        Some((last, [])) => format!("GPU {last}"),
-        Some((last, rest)) => format!("GPUs {} and {last}", rest.join(", ")),
+    match gpus {
+        [] => "no GPU".into(),
+        [_] => format!("GPU {}", n[0]),
+        _ => format!("GPUs {}", super::and_list(&n)),
     }
 }
 

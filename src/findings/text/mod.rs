@@ -87,6 +87,18 @@ pub fn ranges(numbers: &[u32]) -> String {
     parts.join(", ")
 }
 
+/// `a`, `a and b`, `a, b and c`: items as a sentence lists them; empty for none.
+pub fn and_list<T: AsRef<str>>(items: &[T]) -> String {
+    match items.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.as_ref().to_string(),
+        Some((last, rest)) => {
+            let rest: Vec<&str> = rest.iter().map(AsRef::as_ref).collect();
+            format!("{} and {}", rest.join(", "), last.as_ref())
+        }
+    }
+}
+
 /// `250`, `1`, `0.4`: a rate per second, whole above 10.
 pub fn rate(per_sec: f64) -> String {
     if per_sec >= 10.0 || per_sec.fract() == 0.0 {
@@ -108,6 +120,9 @@ mod tests {
     #[test]
     fn helpers_format_as_a_person_writes() {
         assert_eq!(link_list(&[3]), "link 3");
+        assert_eq!(and_list::<&str>(&[]), "");
+        assert_eq!(and_list(&["GPU 2"]), "GPU 2");
+        assert_eq!(and_list(&["2", "4", "7"]), "2, 4 and 7");
         assert_eq!(link_list(&[5, 0, 1, 2, 7, 8, 2]), "links 0-2, 5, 7, 8");
         assert_eq!(
             ranges(&[u32::MAX - 1, u32::MAX]),

@@ -6,6 +6,7 @@
 //! user namespace; without it ACS is unknown, never "off". ACS is read with a few 4-byte reads
 //! down the capability list, not the whole 4 KiB (each read is a config cycle on the device).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -18,36 +19,60 @@ pub mod parse;
 #[derive(Debug, Clone)]
 pub struct SysPci {
     root: PathBuf,
+    /// Each GPU's functions up to its root port, and which are bridges, by NVML's bus id: the
+    /// topology stays while the GPU does, its counters and registers are read each time.
+    paths: HashMap<String, Vec<(String, bool)>>,
 }
 
 impl SysPci {
     pub fn new(sys_root: &Path) -> SysPci {
         SysPci {
             root: sys_root.to_path_buf(),
+            paths: HashMap::new(),
         }
     }
 
     /// The path of the GPU NVML calls `nvml_bus_id`: the GPU first, then each bridge above
     /// it; empty where sysfs does not list it.
-    pub fn path_of(&self, nvml_bus_id: &str) -> Vec<PcieHop> {
+    pub fn path_of(&mut self, nvml_bus_id: &str) -> Vec<PcieHop> {
         let Some(bdf) = parse::sysfs_bdf(nvml_bus_id) else {
             return Vec::new();
         };
         let devices = self.root.join("bus/pci/devices");
-        let Ok(resolved) = std::fs::canonicalize(devices.join(&bdf)) else {
+        // A GPU gone from the bus (removed, reset, re-enumerated) is resolved anew.
+        if !devices.join(&bdf).exists() {
+            self.paths.remove(nvml_bus_id);
             return Vec::new();
+        }
+        let hops = match self.paths.get(nvml_bus_id) {
+            Some(hops) => hops,
+            None => {
+                let Ok(resolved) = std::fs::canonicalize(devices.join(&bdf)) else {
+                    return Vec::new();
+                };
+                let hops = parse::path_up(&resolved.to_string_lossy())
+                    .into_iter()
+                    .map(|bdf| {
+                        let class = std::fs::read_to_string(devices.join(&bdf).join("class"));
+                        let bridge = class.is_ok_and(|c| parse::is_bridge_class(&c));
+                        (bdf, bridge)
+                    })
+                    .collect();
+                self.paths.entry(nvml_bus_id.to_string()).or_insert(hops)
+            }
         };
-        parse::path_up(&resolved.to_string_lossy())
-            .into_iter()
-            .map(|bdf| {
-                let dir = devices.join(&bdf);
-                let bridge = std::fs::read_to_string(dir.join("class"))
-                    .is_ok_and(|c| parse::is_bridge_class(&c));
+        hops.iter()
+            .map(|(bdf, bridge)| {
+                let dir = devices.join(bdf);
                 PcieHop {
                     aer: aer(&dir),
-                    acs: if bridge { acs(&dir) } else { AcsState::Unknown },
-                    bdf,
-                    bridge,
+                    acs: if *bridge {
+                        acs(&dir)
+                    } else {
+                        AcsState::Unknown
+                    },
+                    bdf: bdf.clone(),
+                    bridge: *bridge,
                 }
             })
             .collect()
@@ -109,7 +134,8 @@ mod tests {
         );
         tree.aer("0000:19:08.0", 12, 0, 0);
         tree.aer("0000:1d:00.0", 1, 2, 0);
-        let path = SysPci::new(tree.root()).path_of("00000000:1D:00.0");
+        let mut sys = SysPci::new(tree.root());
+        let path = sys.path_of("00000000:1D:00.0");
         let got: Vec<(&str, bool, AcsState)> = path
             .iter()
             .map(|h| (h.bdf.as_str(), h.bridge, h.acs))
@@ -133,9 +159,14 @@ mod tests {
         );
         assert_eq!(path[0].aer.map(|a| a.nonfatal), Some(2));
         assert_eq!(path[2].aer, None, "no AER files");
+        // Read again through the path kept: the counters are read anew.
+        tree.aer("0000:19:08.0", 13, 0, 0);
+        let again = sys.path_of("00000000:1D:00.0");
+        assert_eq!(again.len(), 4);
+        assert_eq!(again[1].aer.map(|a| a.correctable), Some(13));
         // Config space cut at 256 bytes, as without CAP_SYS_ADMIN: unknown.
         tree.truncate_config("0000:19:08.0", 256);
-        let path = SysPci::new(tree.root()).path_of("00000000:1D:00.0");
+        let path = sys.path_of("00000000:1D:00.0");
         assert_eq!(path[1].acs, AcsState::Unknown);
         // A GPU sysfs does not list: no path.
         assert!(SysPci::new(tree.root())

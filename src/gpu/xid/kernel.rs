@@ -4,6 +4,8 @@
 //! counts once, and one that only the kernel saw (NVML's event thread not running, or behind)
 //! still counts. A GPU that "has fallen off the bus" is XID 79's condition: the driver prints
 //! that line beside its `Xid ... 79` line, so the two within [`SAME_EVENT`] are one XID 79.
+//! A GPU the kernel log says fell off the bus is counted once NVML, where it is loaded, finds it
+//! lost too: NVML answers for the device itself, the log only for whoever wrote the line.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -120,6 +122,8 @@ pub struct KernelXids {
     /// Per PCI device (domain, bus, device: the two lines spell it differently): when an XID
     /// 79 was last counted, and whether from the "fallen off" line (true) or the Xid line.
     last_79: BTreeMap<(u32, u8, u8), (Instant, bool)>,
+    /// XID 79s on NVML's GPUs waiting for a scan begun after them to say the GPU is lost.
+    unconfirmed: Vec<(u32, Instant)>,
 }
 
 impl KernelXids {
@@ -159,6 +163,15 @@ impl KernelXids {
                 continue;
             };
             match gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, &pci)) {
+                Some(gpu) if xid == FELL_OFF_BUS && !gpu.lost => {
+                    tracing::info!(
+                        gpu = gpu.index,
+                        "the kernel log says GPU {} ({pci}) fell off the bus (XID 79); counted \
+                         once NVML finds it lost",
+                        gpu.index
+                    );
+                    self.unconfirmed.push((gpu.index, now));
+                }
                 Some(gpu) => {
                     tracing::warn!(
                         gpu = gpu.index,
@@ -174,6 +187,38 @@ impl KernelXids {
                 ),
             }
         }
+    }
+
+    /// A scan that began at `scanned` read `gpus` from NVML: each XID 79 told before it is
+    /// counted if NVML finds that GPU lost (or lists it no more), and dropped if NVML still
+    /// reaches it. Without NVML (`nvml_up` false) nothing is decided.
+    pub fn confirm(
+        &mut self,
+        gpus: &[GpuReading],
+        nvml_up: bool,
+        scanned: Instant,
+        counts: &XidCounts,
+    ) {
+        if !nvml_up {
+            return;
+        }
+        self.unconfirmed.retain(|&(index, at)| {
+            if at >= scanned {
+                return true; // NVML was read before the record: the next scan decides
+            }
+            match gpus.iter().find(|g| g.index == index) {
+                Some(g) if !g.lost => tracing::warn!(
+                    gpu = index,
+                    "the kernel log said GPU {index} fell off the bus, but NVML still reaches \
+                     it: XID 79 not counted (a line written to look like the driver's?)"
+                ),
+                _ => {
+                    tracing::warn!(gpu = index, "the kernel log reports XID 79 on GPU {index}");
+                    counts.record_kernel(index, FELL_OFF_BUS);
+                }
+            }
+            false
+        });
     }
 }
 
@@ -284,6 +329,43 @@ mod tests {
 
     fn off(pci: &str) -> KernelGpu {
         KernelGpu::FellOffBus { pci: pci.into() }
+    }
+
+    #[test]
+    fn a_gpu_fallen_off_the_bus_counts_once_nvml_finds_it_lost_and_never_while_nvml_reaches_it() {
+        let mut board: Vec<GpuReading> = (0..2).map(crate::fixtures::gpu_reading).collect();
+        board[0].pci_bus_id = "00000000:18:00.0".into();
+        board[1].pci_bus_id = "00000000:3B:00.0".into();
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(60);
+        k.count(vec![off("0000:18:00.0")], &board, &counts, t0);
+        k.count(vec![xid("0000:3b:00", FELL_OFF_BUS)], &board, &counts, t0);
+        assert!(counts.snapshot().is_empty(), "not before NVML says");
+        // A scan that read NVML before the records decides nothing.
+        k.confirm(&board, true, t0 - Duration::from_secs(1), &counts);
+        assert!(counts.snapshot().is_empty());
+        // Without NVML nothing is decided either.
+        k.confirm(&board, false, later, &counts);
+        assert!(counts.snapshot().is_empty());
+        // NVML finds GPU 1 lost and still reaches GPU 0: only GPU 1's counts.
+        board[1].lost = true;
+        k.confirm(&board, true, later, &counts);
+        assert_eq!(
+            counts.snapshot().into_iter().collect::<Vec<_>>(),
+            [((1, FELL_OFF_BUS), 1)]
+        );
+        k.confirm(&board, true, later, &counts);
+        assert_eq!(counts.snapshot().len(), 1, "each decided once");
+        // A GPU NVML already knows lost counts at once.
+        k.count(
+            vec![xid("0000:3b:00", FELL_OFF_BUS)],
+            &board,
+            &counts,
+            later,
+        );
+        assert_eq!(counts.snapshot()[&(1, FELL_OFF_BUS)], 2);
     }
 
     #[test]

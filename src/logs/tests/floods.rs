@@ -9,16 +9,21 @@ fn filler() -> String {
     cri(&[&"f".repeat(1000)])
 }
 
-#[test]
-fn flooding_containers_share_each_polls_bytes_and_each_is_read_in_every_poll() {
-    let node = Node::new();
-    let logs: Vec<PathBuf> = (0..40)
+/// `n` containers' live logs (`c0`, `c1`, ...), empty, followed by serve's tailer from now.
+fn followed_containers(node: &Node, n: usize) -> (Vec<PathBuf>, LogTailer) {
+    let logs: Vec<PathBuf> = (0..n)
         .map(|i| node.container(&format!("c{i}")).join("0.log"))
         .collect();
     for log in &logs {
         append(log, "");
     }
-    let mut tailer = from_end(&node);
+    (logs, from_end(node))
+}
+
+#[test]
+fn flooding_containers_share_each_polls_bytes_and_each_is_read_in_every_poll() {
+    let node = Node::new();
+    let (logs, mut tailer) = followed_containers(&node, 40);
     // 40 containers write 1 MiB each, their failure last: 40 MiB, more than two polls read.
     let flood = filler().repeat(1 << 10);
     for log in &logs {
@@ -44,13 +49,7 @@ fn flooding_containers_share_each_polls_bytes_and_each_is_read_in_every_poll() {
 #[test]
 fn a_poll_hands_on_at_most_its_kept_lines_and_counts_the_rest_dropped() {
     let node = Node::new();
-    let logs: Vec<PathBuf> = (0..10)
-        .map(|i| node.container(&format!("c{i}")).join("0.log"))
-        .collect();
-    for log in &logs {
-        append(log, "");
-    }
-    let mut tailer = from_end(&node);
+    let (logs, mut tailer) = followed_containers(&node, 10);
     for log in &logs {
         append(log, cri(&[SHM]).repeat(1000));
     }
