@@ -171,3 +171,80 @@ fn a_pid_and_a_library_in_a_name_or_written_to_kmsg_from_user_space_blame_nobody
         assert!(blamed.is_empty(), "{source}: {blamed:#?}");
     }
 }
+
+/// Gives the next process started the PID `pid`: the kernel hands out the one after
+/// `ns_last_pid` (root). Tries a few times, as another process may take it first.
+fn spawn_with_pid(pid: u32, mut command: impl FnMut() -> Command) -> Option<std::process::Child> {
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+        let mut child = command().spawn().unwrap();
+        if child.id() == pid {
+            return Some(child);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    None
+}
+
+#[test]
+fn a_crash_is_never_pinned_on_a_later_process_that_got_its_pid() {
+    if !common::kmsg_readable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A process named `victim` crashing in a file named libnccl.so.2 (its own binary).
+    let Some(bin) = crasher(dir.path(), "libnccl.so.2", "victim") else {
+        return;
+    };
+    let mut crashed = Command::new(&bin).spawn().unwrap();
+    let pid = crashed.id();
+    assert!(!crashed.wait().unwrap().success());
+    let line = format!("victim[{pid}]: segfault at 0");
+    assert!(
+        common::wait_until(Duration::from_secs(5), || {
+            let out = Command::new("dmesg").output().unwrap();
+            String::from_utf8_lossy(&out.stdout).contains(&line)
+        }),
+        "the kernel did not log {line}"
+    );
+    // Past the second of slack between the kernel's clock and the process's start.
+    std::thread::sleep(Duration::from_millis(1500));
+    // A later process with the same PID and name, in a container of its own: its own mount
+    // namespace and a kubelet-style memory cgroup.
+    let later = dir.path().join("victim");
+    std::fs::copy("/bin/sleep", &later).unwrap();
+    let Some(mut reused) = spawn_with_pid(pid, || {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--"]).arg(&later).arg("60");
+        c
+    }) else {
+        eprintln!("SKIPPED: PID {pid} could not be had again (the machine is busy)");
+        return;
+    };
+    let id = common::random_container_id();
+    let cgroup = std::path::PathBuf::from(format!(
+        "/sys/fs/cgroup/memory/kubepods/burstable/pod{}/{id}",
+        common::random_pod_uid()
+    ));
+    std::fs::create_dir_all(&cgroup).unwrap();
+    std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
+    assert!(common::wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "victim")
+    }));
+    let told: Vec<Value> = kernel_failures("/dev/kmsg")
+        .into_iter()
+        .filter(|f| f["pid"] == pid)
+        .collect();
+    let _ = reused.kill();
+    let _ = reused.wait();
+    let _ = std::fs::remove_dir(&cgroup);
+    let _ = std::fs::remove_dir(cgroup.parent().unwrap());
+    assert_eq!(told.len(), 1, "the crash is told: {told:#?}");
+    assert_eq!(
+        told[0]["container_id"],
+        Value::Null,
+        "pinned on the later process's container: {:#}",
+        told[0]
+    );
+}

@@ -30,19 +30,32 @@ pub fn who_is_pid(proc_root: &Path, pid: i32, host_mnt: Option<NsId>) -> Who {
     who_of_cgroup_file(&text)
 }
 
-/// Whether host process `pid` can be the one a kernel record at `at` names as `comm`: it
-/// started before the record (a second of slack between the two clocks) and bears that name.
+/// What host process `pid` is now to a kernel record at `at` that names it as `comm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PidNow {
+    /// Started before the record (a second of slack between the two clocks), with that name.
+    Same,
+    /// No such process now.
+    Gone,
+    /// Another process has the PID: started after the record, or named otherwise. Nothing
+    /// read through the PID (its cgroup, a scan's reading of it) is the crasher's.
+    Taken,
+}
+
 /// `check --since` reads records from long ago, and the kernel reuses PIDs: a process started
 /// after the record is another one, never blamed for it.
-pub fn is_same_process(proc_root: &Path, pid: i32, comm: &str, at: SystemTime) -> bool {
+pub fn pid_now(proc_root: &Path, pid: i32, comm: &str, at: SystemTime) -> PidNow {
     let Some(start) = crate::procfs::stat::started(proc_root, pid) else {
-        return false;
+        return PidNow::Gone;
     };
     if start > at + Duration::from_secs(1) {
-        return false;
+        return PidNow::Taken;
     }
-    std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
-        .is_ok_and(|name| name.trim_end_matches('\n') == comm)
+    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm")) {
+        Ok(name) if name.trim_end_matches('\n') == comm => PidNow::Same,
+        Ok(_) => PidNow::Taken,
+        Err(_) => PidNow::Gone,
+    }
 }
 
 /// Pure: the container a `/proc/PID/cgroup` text places its process in.
@@ -78,14 +91,15 @@ mod tests {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
         let comm = comm.trim_end();
         let now = SystemTime::now();
-        assert!(is_same_process(proc, pid, comm, now));
-        assert!(!is_same_process(proc, pid, "python3-other", now));
+        assert_eq!(pid_now(proc, pid, comm, now), PidNow::Same);
+        assert_eq!(pid_now(proc, pid, "python3-other", now), PidNow::Taken);
         let long_ago = now - Duration::from_secs(30 * 24 * 3600);
-        assert!(
-            !is_same_process(proc, pid, comm, long_ago),
+        assert_eq!(
+            pid_now(proc, pid, comm, long_ago),
+            PidNow::Taken,
             "the PID was reused"
         );
-        assert!(!is_same_process(proc, i32::MAX, comm, now), "gone");
+        assert_eq!(pid_now(proc, i32::MAX, comm, now), PidNow::Gone);
     }
 
     #[test]

@@ -291,10 +291,11 @@ impl Identity {
 }
 
 /// A crashed process that was gone before `/proc/PID/cgroup` could be read: the container the
-/// last scan measured through that very PID (a container's main process), if any.
+/// last scan measured through that very PID (a container's main process), if any. Not when a
+/// later process has the PID: the scan may have measured that one.
 fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     match (&d.who, d.pid, snapshot) {
-        (Who::Process, Some(pid), Some(s)) => {
+        (Who::Process, Some(pid), Some(s)) if !d.pid_taken => {
             if let Some(r) = s.shm.iter().find(|r| r.pid == pid) {
                 return Who::Container {
                     pod_uid: r.pod_uid.clone(),
@@ -321,7 +322,8 @@ fn gpus_used(d: &Detected, id: &Identity, known: Known<'_>) -> (Vec<u32>, Option
         return (Vec::new(), None);
     };
     let users = &s.gpu_users;
-    if let Some(pid) = d.pid.and_then(|p| u32::try_from(p).ok()) {
+    let pid = d.pid.filter(|_| !d.pid_taken);
+    if let Some(pid) = pid.and_then(|p| u32::try_from(p).ok()) {
         let gpus = users.gpus_of_pid(pid);
         if !gpus.is_empty() {
             return (gpus, Some(GpusFrom::Process));
@@ -854,6 +856,14 @@ mod tests {
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["gpus_from"], "process");
         assert!(json["gpu_pairs"][0]["since"].as_str().is_some());
+
+        // Read long after, with PID 4242 now a later process's: neither NVML's lists of the
+        // PID nor a reading through it place the crash.
+        let mut taken = d.clone();
+        taken.pid_taken = true;
+        let f = correlate(&taken, known).expect("told");
+        assert_eq!(f.container_id, None, "{}", f.message);
+        assert!(f.gpus.is_empty());
 
         // Another process of the same container, never listed: its container's GPUs.
         d.pid = Some(5151);

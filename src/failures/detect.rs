@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use super::attribute::{is_same_process, who_is_cgroup, who_is_pid};
+use super::attribute::{pid_now, who_is_cgroup, who_is_pid, PidNow};
 use super::context::{self, Window};
 use super::crash::{gpu_lib_crash, Crash};
 use super::oom::{OomKill, OomReports};
@@ -146,10 +146,10 @@ impl Recogniser {
             return Some(d);
         }
         let Crash { comm, pid, library } = gpu_lib_crash(record)?;
-        let who = if is_same_process(&self.proc_root, pid, &comm, at) {
-            who_is_pid(&self.proc_root, pid, self.host_mnt)
-        } else {
-            Who::Process
+        let now = pid_now(&self.proc_root, pid, &comm, at);
+        let who = match now {
+            PidNow::Same => who_is_pid(&self.proc_root, pid, self.host_mnt),
+            PidNow::Gone | PidNow::Taken => Who::Process,
         };
         let mut d = Detected::new(
             who,
@@ -159,6 +159,7 @@ impl Recogniser {
             &record.message,
         );
         d.pid = Some(pid);
+        d.pid_taken = now == PidNow::Taken;
         d.comm = Some(comm);
         d.library = Some(library);
         Some(d)

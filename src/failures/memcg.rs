@@ -136,6 +136,7 @@ fn told(
         worker_pids: Vec::new(),
         signature: None,
         judged: false,
+        pid_taken: false,
     }
 }
 

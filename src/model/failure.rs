@@ -82,6 +82,9 @@ pub struct Detected {
     /// A line that names a fault but not its cause (a shell's `Bus error (core dumped)`):
     /// told only when the container's /dev/shm was full then (`failures::correlate`).
     pub judged: bool,
+    /// The PID belongs to a later process now (a kernel record read long after): nothing read
+    /// through it, a scan's reading or NVML's lists, is the crasher's.
+    pub pid_taken: bool,
 }
 
 /// `text` with its control characters written `\x1b` (ESC, CR, C1 controls, ...): a line a
@@ -127,6 +130,7 @@ impl Detected {
             worker_pids: Vec::new(),
             signature: None,
             judged: false,
+            pid_taken: false,
         }
     }
 }
