@@ -606,10 +606,11 @@ fn an_api_server_down_during_a_transition_gets_the_latest_state_when_back() {
     assert!(agent.terminate().success());
 }
 
-/// The XIDs the kernel log tells count with NVML's, once: XID 79 in the kernel log (its `Xid`
-/// line and its "fallen off the bus" line) sets GpuFault before NVML says anything; NVML's own
-/// event for it later does not make it two. An XID only the kernel saw counts too. The kernel
-/// records come from a test file in /dev/kmsg's format, not from user-space writes to /dev/kmsg.
+/// The XIDs the kernel log tells count with NVML's, once. XID 79 in the kernel log (its `Xid`
+/// line and its "fallen off the bus" line) counts once NVML finds the GPU lost, never while
+/// NVML still reaches it; NVML's own event for it later does not make it two. An XID only the
+/// kernel saw counts too. The kernel records come from a test file in /dev/kmsg's format, not
+/// from user-space writes to /dev/kmsg.
 #[test]
 fn kernel_log_xids_are_one_count_with_nvmls() {
     use std::io::Write;
@@ -654,13 +655,34 @@ fn kernel_log_xids_are_one_count_with_nvmls() {
             &[("gpu", gpu), ("xid", xid)],
         )
     };
+    // NVML still reaches GPU 2: the XID 13 counts, the XID 79 does not.
     let mut body = String::new();
     assert!(
         common::wait_until(Duration::from_secs(20), || {
             body = agent.metrics();
-            xids(&body, "2", "79") == Some(1.0) && xids(&body, "3", "13") == Some(1.0)
+            xids(&body, "3", "13") == Some(1.0)
+                && agent.log_text().contains("but NVML still reaches it")
         }),
-        "the kernel's XIDs were not counted; the agent's log:\n{}",
+        "the kernel's XIDs were not judged; the agent's log:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(xids(&body, "2", "79"), None, "{body}");
+
+    // GPU 2 falls off the bus for real: NVML finds it lost, and the kernel's XID 79 counts.
+    nvml["gpus"][2]["lost"] = json!(true);
+    fake.write(&nvml);
+    write!(
+        f,
+        "4,104,6000000000,-;NVRM: Xid (PCI:{pci2}): 79, pid=4242, name=python3, GPU has fallen off the bus.\n\
+         3,105,6000000100,-;NVRM: GPU {pci2}.0: GPU has fallen off the bus.\n"
+    )
+    .unwrap();
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            body = agent.metrics();
+            xids(&body, "2", "79") == Some(1.0)
+        }),
+        "the kernel's XID 79 was not counted; the agent's log:\n{}",
         agent.log_text()
     );
     assert!(
@@ -669,19 +691,16 @@ fn kernel_log_xids_are_one_count_with_nvmls() {
             .contains("the kernel log reports XID 79 on GPU 2"),
         "{body}"
     );
-    let fault = wait_condition(
-        &api,
-        &agent,
-        "GpuFault",
-        "XID 79 from the kernel log",
-        is("True", "Xid79"),
-    );
+    let fault = wait_condition(&api, &agent, "GpuFault", "True for GPU 2", |c| {
+        c["status"] == "True"
+    });
     assert!(
         fault["message"].as_str().unwrap().contains("GPU 2"),
         "{fault}"
     );
 
-    // NVML now delivers the same XID 79: still one.
+    // Reset, NVML reaches it again and delivers the same XID 79: still one.
+    nvml["gpus"][2]["lost"] = json!(false);
     nvml["gpus"][2]["xids"] = json!([79]);
     fake.write(&nvml);
     std::thread::sleep(Duration::from_secs(2)); // several scans and event waits
@@ -690,10 +709,10 @@ fn kernel_log_xids_are_one_count_with_nvmls() {
         Some(1.0),
         "one XID, two sources"
     );
-    // A second one, told by both, is two.
+    // A second one, told by both, is two (NVML's count; the kernel's waits for NVML's word).
     writeln!(
         f,
-        "4,104,9000000000,-;NVRM: Xid (PCI:{pci2}): 79, pid=4242, name=python3, GPU has fallen off the bus."
+        "4,106,9000000000,-;NVRM: Xid (PCI:{pci2}): 79, pid=4242, name=python3, GPU has fallen off the bus."
     )
     .unwrap();
     nvml["gpus"][2]["xids"] = json!([79, 79]);
