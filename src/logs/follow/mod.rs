@@ -41,7 +41,9 @@ pub(super) const POLL_TOTAL: u64 = 16 << 20;
 /// A directory's share never falls below this, however many are to be read.
 const MIN_SHARE: u64 = 256 << 10;
 /// Kept lines handed on per poll across every container (serve), past the per-container rate
-/// limit: what one poll makes of its lines stays bounded however many containers flood.
+/// limit: what one poll makes of its lines stays bounded however many containers flood. Those
+/// past it in the directory being read are dropped and counted; the directories after it wait
+/// for the next poll.
 pub(super) const KEPT_PER_POLL: u32 = 4096;
 /// The first poll of `since` reads what is on disk in one go (kubelet keeps 5 × 10 MiB a
 /// container by default); this only bounds a runaway.
@@ -204,7 +206,7 @@ pub(super) struct Follower {
     docker: Option<PathBuf>,
     /// Per container directory, by (root: 0 pods / 1 docker, path under the root).
     dirs: BTreeMap<DirKey, ContainerDir>,
-    /// The directory the last poll read first: the next starts after it.
+    /// The directory the last poll read last: the next begins after it.
     cursor: Option<DirKey>,
     start: Start,
     gate: Gate,
@@ -302,8 +304,8 @@ impl Follower {
     /// (or left with bytes unread) are read, and discovery runs when a listed directory changed.
     ///
     /// serve's polls share [`POLL_TOTAL`] bytes and [`KEPT_PER_POLL`] lines between the
-    /// directories to be read, starting one further along each poll, so that what is left for
-    /// the next poll is not always the same directories'. check's first poll reads everything.
+    /// directories to be read: once either is spent the rest wait, and the next poll begins
+    /// after the last directory this one read. check's first poll reads everything.
     pub fn poll(&mut self, keep: &dyn Fn(&[u8]) -> bool, emit: &mut dyn FnMut(&LogOrigin, Entry)) {
         let catching_up = matches!(self.start, Start::Since(_));
         let everything = self.prepare();
@@ -329,13 +331,13 @@ impl Follower {
             Some(k) => dirs.range_mut((Excluded(k.clone()), Unbounded)),
             None => dirs.range_mut(..),
         };
-        let mut first = None;
+        let mut last = None;
         let mut read = |key: &DirKey, dir: &mut ContainerDir| {
-            if bytes_left == 0 {
-                dir.pending = true; // the next poll goes on from here
+            if bytes_left == 0 || kept_left == 0 {
+                dir.pending = true; // the next poll begins with it
                 return;
             }
-            first.get_or_insert_with(|| key.clone());
+            last = Some(key.clone());
             *visits += 1;
             let before = tally.bytes;
             let budget = share.min(bytes_left);
@@ -358,7 +360,7 @@ impl Follower {
                 read(key, dir);
             }
         }
-        *cursor = first;
+        *cursor = last;
         dirs.retain(|_, d| d.seen || d.busy());
     }
 
