@@ -41,8 +41,13 @@ fn crasher(dir: &Path, name: &str, comm: &str) -> Option<PathBuf> {
     Some(bin)
 }
 
+/// One crash at a time across this file's tests: two CPUs printing crash lines at once make the
+/// kernel log their ` in <file>` pieces apart, which the agent joins only when unambiguous.
+static CRASHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs it; true once the kernel logged its segfault (the ring read with dmesg).
 fn crash(bin: &Path, marker: &str) -> bool {
+    let _one = CRASHING.lock().unwrap_or_else(|e| e.into_inner());
     let status = Command::new(bin).status().unwrap();
     assert!(!status.success(), "it was to crash");
     common::wait_until(Duration::from_secs(5), || {
@@ -197,6 +202,7 @@ fn a_crash_is_never_pinned_on_a_later_process_that_got_its_pid() {
     let Some(bin) = crasher(dir.path(), "libnccl.so.2", "victim") else {
         return;
     };
+    let one = CRASHING.lock().unwrap_or_else(|e| e.into_inner());
     let mut crashed = Command::new(&bin).spawn().unwrap();
     let pid = crashed.id();
     assert!(!crashed.wait().unwrap().success());
@@ -208,6 +214,7 @@ fn a_crash_is_never_pinned_on_a_later_process_that_got_its_pid() {
         }),
         "the kernel did not log {line}"
     );
+    drop(one);
     // Past the second of slack between the kernel's clock and the process's start.
     std::thread::sleep(Duration::from_millis(1500));
     // A later process with the same PID and name, in a container of its own: its own mount

@@ -32,6 +32,72 @@ pub fn gpu_lib_crash(record: &KmsgRecord) -> Option<Crash> {
 const LEVEL_EMERG: u8 = 0;
 const LEVEL_INFO: u8 = 6;
 
+/// How long a crash line's head waits for its ` in <file>` piece.
+const PIECE_WITHIN_USEC: u64 = 100_000;
+/// Heads waiting at most (a burst of crashes whose pieces all came apart).
+const HEADS_MAX: usize = 16;
+
+/// Crash lines whose ` in <file>` piece the kernel logged apart: when two CPUs print at once it
+/// cannot append the piece (KERN_CONT) to its line, and it becomes a record of its own. A head
+/// (`comm[pid]: segfault at ... error N`, nothing after) waits for its piece; a piece joins it
+/// only when no other head waits with it, since a piece names no PID. Anything ambiguous is
+/// dropped: a crash missed, never one placed on the wrong process.
+#[derive(Debug, Clone, Default)]
+pub struct Pieces {
+    /// (comm, pid, the record's time in µs since boot)
+    heads: Vec<(String, i32, u64)>,
+}
+
+impl Pieces {
+    /// The crash `record` tells: a whole line, or a piece joined to the one head waiting.
+    pub fn crash(&mut self, record: &KmsgRecord) -> Option<Crash> {
+        if !record.is_kernel() {
+            return None;
+        }
+        let usec = record.usec;
+        self.heads
+            .retain(|h| usec.saturating_sub(h.2) <= PIECE_WITHIN_USEC);
+        if matches!(record.level, LEVEL_INFO | LEVEL_EMERG) {
+            if let Some(crash) = gpu_lib_crash(record) {
+                return Some(crash);
+            }
+            if let Some((comm, pid)) = head(record.message.trim_start()) {
+                if self.heads.len() >= HEADS_MAX {
+                    self.heads.remove(0);
+                }
+                self.heads.push((comm.to_owned(), pid, usec));
+            }
+            return None;
+        }
+        let piece = record.message.trim_start().strip_prefix("in ")?;
+        let library = mapped_file(piece)?;
+        let (comm, pid, _) = match self.heads.len() {
+            1 => self.heads.remove(0),
+            0 => return None,
+            _ => {
+                self.heads.clear(); // which head it belongs to is not said
+                return None;
+            }
+        };
+        is_gpu_library(library).then(|| Crash {
+            comm,
+            pid,
+            library: library.to_owned(),
+        })
+    }
+}
+
+/// A crash line without its ` in <file>` piece (the kernel's registers, then nothing of it).
+fn head(message: &str) -> Option<(&str, i32)> {
+    let (comm, pid, tail) = after_pid(message, "]: segfault at ").or_else(|| trap(message))?;
+    (!tail.contains(" in ")).then_some((comm, pid))
+}
+
+fn is_gpu_library(library: &str) -> bool {
+    const GPU_LIBRARIES: [&str; 4] = ["libnccl.so", "libcuda.so", "libcudart.so", "libnvidia-"];
+    GPU_LIBRARIES.iter().any(|p| library.starts_with(p))
+}
+
 /// The kernel's lines for a user process killed by a fault, as (comm, pid, what follows):
 /// - x86 `comm[pid]: segfault at ADDR ip IP sp SP error N in lib[...] likely on CPU ...`
 ///   (`arch/x86/mm/fault.c`, `show_signal_msg`);
@@ -49,15 +115,11 @@ fn crash_line(message: &str) -> Option<Crash> {
     // What precedes ` in ` is the kernel's (addresses, the fault's name); the file name follows.
     let (_, mapped) = tail.split_once(" in ")?;
     let library = mapped_file(mapped)?;
-    const GPU_LIBRARIES: [&str; 4] = ["libnccl.so", "libcuda.so", "libcudart.so", "libnvidia-"];
-    GPU_LIBRARIES
-        .iter()
-        .any(|p| library.starts_with(p))
-        .then(|| Crash {
-            comm: comm.to_owned(),
-            pid,
-            library: library.to_owned(),
-        })
+    is_gpu_library(library).then(|| Crash {
+        comm: comm.to_owned(),
+        pid,
+        library: library.to_owned(),
+    })
 }
 
 /// `<comm>[<pid>` + `anchor` + tail, at the first anchor preceded by `[digits`.
@@ -163,6 +225,66 @@ mod tests {
     }
     use crate::fixtures::kmsg::{self, records};
     use crate::kernel_log::parse_record;
+
+    fn kernel(level: u8, usec: u64, message: &str) -> KmsgRecord {
+        KmsgRecord {
+            facility: 0,
+            level,
+            seq: usec,
+            usec,
+            message: message.into(),
+        }
+    }
+
+    /// As this machine's kernel logged two test crashers on two CPUs: both heads, then both
+    /// pieces, each a record of its own.
+    #[test]
+    fn a_piece_logged_apart_joins_its_head_only_when_no_other_head_waits() {
+        let head = |pid: i32, usec| {
+            kernel(
+                6,
+                usec,
+                &format!(
+                    "victim[{pid}]: segfault at 0 ip 000055a2d5e5115b sp 00007ffd444d54b0 error 4"
+                ),
+            )
+        };
+        let piece =
+            |usec, file: &str| kernel(4, usec, &format!(" in {file}[115b,55a2d5e51000+1000]"));
+        // One crash, its piece apart: joined.
+        let mut p = Pieces::default();
+        assert_eq!(p.crash(&head(4242, 1_000)), None);
+        assert_eq!(
+            p.crash(&piece(1_010, "libnccl.so.2")),
+            Some(Crash {
+                comm: "victim".into(),
+                pid: 4242,
+                library: "libnccl.so.2".into()
+            })
+        );
+        // The CPU's own piece after it, and a piece with nothing waiting: nothing.
+        assert_eq!(
+            p.crash(&kernel(4, 1_020, " likely on CPU 1 (core 1, socket 0)")),
+            None
+        );
+        assert_eq!(p.crash(&piece(1_030, "libnccl.so.2")), None);
+        // Two heads waiting: which one a piece is is not said; neither is told.
+        assert_eq!(p.crash(&head(1, 2_000)), None);
+        assert_eq!(p.crash(&head(4343, 2_001)), None);
+        assert_eq!(p.crash(&piece(2_005, "libnccl.so.2")), None);
+        assert_eq!(p.crash(&piece(2_006, "libcuda.so.1")), None);
+        // A file name that spells a crash line, in its piece: the file is what it is.
+        assert_eq!(p.crash(&head(4444, 3_000)), None);
+        let forged = " in x\\x0atrainer[1]: segfault at 0 ip 0000000000401000 sp \
+                      00007ffc2b6c1f40 error 4 in libnccl.so.2[115b,55a2d5e51000+1000]";
+        assert_eq!(p.crash(&kernel(4, 3_010, forged)), None);
+        // A head too old for the piece.
+        assert_eq!(p.crash(&head(4545, 4_000)), None);
+        assert_eq!(
+            p.crash(&piece(4_000 + PIECE_WITHIN_USEC + 1, "libnccl.so.2")),
+            None
+        );
+    }
 
     fn crashes(content: &str) -> Vec<Option<Crash>> {
         records(content)

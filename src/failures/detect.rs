@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use super::attribute::{pid_now, who_is_cgroup, who_is_pid, PidNow};
 use super::context::{self, Window};
-use super::crash::{gpu_lib_crash, Crash};
+use super::crash::{Crash, Pieces};
 use super::oom::{OomKill, OomReports};
 use super::signatures::Signatures;
 use super::worker;
@@ -52,6 +52,8 @@ pub struct Recogniser {
     oom_shm_share: f64,
     /// Each container's last lines, for texts generic alone (`context.rs`).
     window: Window,
+    /// Crash lines whose ` in <file>` piece came apart, waiting for it.
+    pieces: Pieces,
 }
 
 impl Recogniser {
@@ -68,6 +70,7 @@ impl Recogniser {
             oom: OomReports::default(),
             oom_shm_share,
             window: Window::default(),
+            pieces: Pieces::default(),
         }
     }
 
@@ -145,7 +148,7 @@ impl Recogniser {
                 .and_then(|pid| worker::pid_in_namespace(&self.proc_root, pid));
             return Some(d);
         }
-        let Crash { comm, pid, library } = gpu_lib_crash(record)?;
+        let Crash { comm, pid, library } = self.pieces.crash(record)?;
         let now = pid_now(&self.proc_root, pid, &comm, at);
         let who = match now {
             PidNow::Same => who_is_pid(&self.proc_root, pid, self.host_mnt),

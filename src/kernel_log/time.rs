@@ -20,33 +20,12 @@ pub(super) fn wall_time(boot: SystemTime, usec: u64) -> SystemTime {
 /// The kernel's clocks are the same in every mount namespace, so the agent's own /proc serves
 /// (a time namespace would offset it; /dev/kmsg is not offset, and pods do not use one).
 pub(super) fn boot_time_now() -> SystemTime {
-    let since_boot = std::fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|s| parse_uptime(&s))
-        .unwrap_or_else(|| {
-            Duration::from_secs(u64::try_from(rustix::system::sysinfo().uptime).unwrap_or(0))
-        });
+    let since_boot = crate::procfs::uptime::since_boot(std::path::Path::new("/proc"));
     boot_time(SystemTime::now(), since_boot)
 }
 
 fn boot_time(now: SystemTime, since_boot: Duration) -> SystemTime {
     now.checked_sub(since_boot).unwrap_or(UNIX_EPOCH)
-}
-
-/// The first field of /proc/uptime: seconds since boot, `4312.84`.
-fn parse_uptime(content: &str) -> Option<Duration> {
-    let field = content.split_ascii_whitespace().next()?;
-    let (secs, frac) = field.split_once('.').unwrap_or((field, ""));
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if secs.is_empty() || !digits(secs) || !digits(frac) || frac.len() > 9 {
-        return None;
-    }
-    let nanos = if frac.is_empty() {
-        0
-    } else {
-        frac.parse::<u32>().ok()? * 10u32.pow(9 - frac.len() as u32)
-    };
-    Some(Duration::new(secs.parse().ok()?, nanos))
 }
 
 #[cfg(test)]
@@ -66,26 +45,5 @@ mod tests {
         // Absurd clocks do not panic.
         assert_eq!(boot_time(UNIX_EPOCH, Duration::MAX), UNIX_EPOCH);
         let _ = wall_time(boot, u64::MAX);
-    }
-
-    #[test]
-    fn uptime_parses_to_the_hundredth() {
-        assert_eq!(
-            parse_uptime("4312.84 5164.96\n"),
-            Some(Duration::from_millis(4_312_840))
-        );
-        assert_eq!(parse_uptime("7 1\n"), Some(Duration::from_secs(7)));
-        for bad in [
-            "",
-            "\n",
-            "-1.0 2",
-            "1.2.3 4",
-            "x",
-            "1.1234567890 2",
-            "+4.0 1",
-        ] {
-            assert_eq!(parse_uptime(bad), None, "{bad:?}");
-        }
-        assert!(parse_uptime(&std::fs::read_to_string("/proc/uptime").unwrap()).is_some());
     }
 }

@@ -4,3 +4,4 @@
 pub mod kfile;
 pub mod mountinfo;
 pub mod stat;
+pub mod uptime;

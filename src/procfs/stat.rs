@@ -19,8 +19,7 @@ pub fn started(proc_root: &Path, pid: i32) -> Option<SystemTime> {
     if hz == 0 {
         return None;
     }
-    let uptime = u64::try_from(rustix::system::sysinfo().uptime).ok()?;
-    let boot = SystemTime::now().checked_sub(Duration::from_secs(uptime))?;
+    let boot = SystemTime::now().checked_sub(super::uptime::since_boot(proc_root))?;
     boot.checked_add(Duration::from_millis(ticks.saturating_mul(1000) / hz))
 }
 
@@ -41,5 +40,24 @@ mod tests {
             age < Duration::from_secs(3600),
             "this test started {age:?} ago"
         );
+    }
+
+    /// To the clock's tick, not to sysinfo(2)'s whole second: a PID reused a second after a
+    /// kernel record must not look started before it.
+    #[test]
+    fn a_process_just_started_is_placed_within_ticks_of_now() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let spawned = SystemTime::now();
+        let start = started(Path::new("/proc"), child.id() as i32).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let off = match spawned.duration_since(start) {
+            Ok(d) => d,
+            Err(e) => e.duration(),
+        };
+        assert!(off < Duration::from_millis(200), "{off:?} off");
     }
 }
