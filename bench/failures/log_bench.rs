@@ -15,9 +15,9 @@
 //! limit (`MAX_LINES_PER_SEC`, applied here too) drops none.
 //!
 //! Then, R times, interleaved, each on this thread:
-//! - *full*: `LogTailer::since(..)`, one `poll_matching` keeping the lines the recogniser's
+//! - *full*: `LogTailer::since(..)`, one `poll_each` handing on the lines the recogniser's
 //!   filter wants (a needle, PyTorch's worker line, a context hint), `Signatures::match_line` on
-//!   those (what `check` does, and `serve` per poll);
+//!   each as it is read (what `check` does, and `serve` per poll);
 //! - *tailer*: the same, keeping no line (`poll_matching(|_| false)`): reading, splitting and
 //!   parsing alone;
 //! - *signatures*: `match_line` over an in-memory `Vec<String>` of the same lines' texts.
@@ -458,12 +458,13 @@ fn run(args: &Args) -> Result<Value, Error> {
     for _ in 0..args.reps {
         let ((n, found), wall, cpu) = timed(|| {
             // As serve and check read: only lines holding a needle become LogLines.
+            // Each line matched as it is read, as they do: none is kept.
             let mut tailer = LogTailer::since(settings.clone(), since);
-            let got = tailer.poll_matching(|t| recogniser.is_candidate(t));
-            let found = got
-                .iter()
-                .filter(|l| sigs.match_line(&l.text).is_some())
-                .count();
+            let mut found = 0;
+            tailer.poll_each(
+                |t| recogniser.is_candidate(t),
+                |l| found += usize::from(sigs.match_line(&l.text).is_some()),
+            );
             (tailer.stats().lines as usize, found)
         });
         check_lines("full", n as u64, lines)?;
