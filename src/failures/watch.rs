@@ -203,6 +203,8 @@ where
                 sources.rules.oom_shm_share,
             );
             let mut logs = LogTailer::from_end(sources.log_settings());
+            // The recogniser's question, asked of its own copy while each line goes to it.
+            let candidates = recogniser.candidates();
             let mut kmsg = sources.kmsg.as_ref().and_then(|path| {
                 KernelLog::open(path, KmsgStart::End)
                     .map_err(|e| {
@@ -228,7 +230,6 @@ where
                     failures: std::mem::take(&mut kills),
                     gpus: Vec::new(),
                 };
-                let candidates = recogniser.candidates();
                 logs.poll_each(
                     |text| candidates.is_candidate(text),
                     |line| told.failures.extend(recogniser.log_line(&line)),
