@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::findings::{SHM_CRITICAL_RATIO, SHM_WARN_RATIO};
+use crate::model::{BUS_ERROR_SHM_RATIO, SHM_OOM_SHARE};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "shmlink",
@@ -220,11 +223,11 @@ pub struct FailureSourceArgs {
     pub kmsg: PathBuf,
     /// The share of a memory cgroup's usage /dev/shm's pages must reach for its OOM kill to be
     /// `shm_oom_killed` (else `workload_oom_killed`).
-    #[arg(long, env = "SHMLINK_OOM_SHM_SHARE", default_value_t = 0.5, value_parser = parse_ratio)]
+    #[arg(long, env = "SHMLINK_OOM_SHM_SHARE", default_value_t = SHM_OOM_SHARE, value_parser = parse_ratio)]
     pub oom_shm_share: f64,
     /// How full /dev/shm must have been at its last reading or peak (of its effective limit)
     /// for a SIGBUS death to be `shm_bus_error` (else `workload_bus_error`).
-    #[arg(long, env = "SHMLINK_BUS_ERROR_SHM_RATIO", default_value_t = 0.9, value_parser = parse_ratio)]
+    #[arg(long, env = "SHMLINK_BUS_ERROR_SHM_RATIO", default_value_t = BUS_ERROR_SHM_RATIO, value_parser = parse_ratio)]
     pub bus_error_shm_ratio: f64,
 }
 
@@ -265,10 +268,10 @@ pub struct GpuArgs {
 #[derive(Debug, Args)]
 pub struct ThresholdArgs {
     /// used / effective limit at or above which a /dev/shm is `warning`.
-    #[arg(long, env = "SHMLINK_SHM_WARN_RATIO", default_value_t = 0.80, value_parser = parse_ratio)]
+    #[arg(long, env = "SHMLINK_SHM_WARN_RATIO", default_value_t = SHM_WARN_RATIO, value_parser = parse_ratio)]
     pub shm_warn_ratio: f64,
     /// used / effective limit at or above which a /dev/shm is `critical`.
-    #[arg(long, env = "SHMLINK_SHM_CRITICAL_RATIO", default_value_t = 0.95, value_parser = parse_ratio)]
+    #[arg(long, env = "SHMLINK_SHM_CRITICAL_RATIO", default_value_t = SHM_CRITICAL_RATIO, value_parser = parse_ratio)]
     pub shm_critical_ratio: f64,
 }
 

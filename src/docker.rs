@@ -281,13 +281,24 @@ pub fn parse_exit(config: &str, host_config: Option<&str>) -> Option<DockerExit>
 /// the first ones in directory order (Docker keeps stopped containers until removed).
 const MAX_RECORDS: usize = 10_000;
 
+/// The records already read, by their modification time: `serve` looks at Docker's records
+/// every second and reads again only those that changed.
+#[derive(Debug, Default)]
+pub struct RecordsSeen(HashMap<String, SystemTime>);
+
 /// The containers under `<docker-root>/containers` that stopped at or after `since`, each read
-/// confined beneath that directory; unreadable or foreign entries are skipped.
-pub fn exited_since(docker_root: &Path, since: SystemTime) -> Vec<DockerExit> {
+/// confined beneath that directory; unreadable or foreign entries are skipped. With `seen`, a
+/// record unchanged since it was last read here is not read again.
+pub fn exited_since(
+    docker_root: &Path,
+    since: SystemTime,
+    mut seen: Option<&mut RecordsSeen>,
+) -> Vec<DockerExit> {
     let containers = docker_root.join("containers");
     let Ok(entries) = std::fs::read_dir(&containers) else {
         return Vec::new();
     };
+    let mut listed = HashSet::new();
     let mut out = Vec::new();
     for entry in entries.flatten().take(MAX_RECORDS) {
         let Some(id) = entry.file_name().to_str().map(str::to_string) else {
@@ -296,21 +307,37 @@ pub fn exited_since(docker_root: &Path, since: SystemTime) -> Vec<DockerExit> {
         if !is_docker_id(&id) {
             continue;
         }
-        let read = |file: &str| {
-            let f = open_record(&containers, &id, file).ok()?;
-            let size = f.metadata().ok().filter(|m| m.is_file())?.len();
-            read_bounded(f, size).ok().flatten()
-        };
-        let Some(config) = read("config.v2.json") else {
+        let Ok(config) = open_record(&containers, &id, "config.v2.json") else {
             continue;
         };
-        let host = read("hostconfig.json");
+        let Some(meta) = config.metadata().ok().filter(|m| m.is_file()) else {
+            continue;
+        };
+        if let Some(seen) = seen.as_deref_mut() {
+            listed.insert(id.clone());
+            let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            if seen.0.insert(id.clone(), modified) == Some(modified) {
+                continue;
+            }
+        }
+        let Some(config) = read_bounded(config, meta.len()).ok().flatten() else {
+            continue;
+        };
+        let host = open_record(&containers, &id, "hostconfig.json")
+            .ok()
+            .and_then(|f| {
+                let size = f.metadata().ok().filter(|m| m.is_file())?.len();
+                read_bounded(f, size).ok().flatten()
+            });
         if let Some(exit) = parse_exit(&config, host.as_deref()) {
             // The record's ID must be its directory's: a copied file speaks for no one else.
             if exit.id == id && exit.finished_at >= since {
                 out.push(exit);
             }
         }
+    }
+    if let Some(seen) = seen {
+        seen.0.retain(|id, _| listed.contains(id));
     }
     out.sort_by_key(|e| e.finished_at);
     out
@@ -438,12 +465,40 @@ mod tests {
             dir.path().join("containers").join("c".repeat(64)),
         )
         .unwrap();
-        let found = exited_since(dir.path(), SystemTime::UNIX_EPOCH);
+        let found = exited_since(dir.path(), SystemTime::UNIX_EPOCH, None);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].id, id);
         let later = found[0].finished_at + Duration::from_secs(1);
-        assert!(exited_since(dir.path(), later).is_empty());
-        assert!(exited_since(&dir.path().join("absent"), SystemTime::UNIX_EPOCH).is_empty());
+        assert!(exited_since(dir.path(), later, None).is_empty());
+        let absent = dir.path().join("absent");
+        assert!(exited_since(&absent, SystemTime::UNIX_EPOCH, None).is_empty());
+    }
+
+    #[test]
+    fn serve_reads_a_record_again_only_once_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let oom = fixture("oomk.config.v2.json");
+        let id = parse_exit(&oom, None).unwrap().id;
+        write_config(dir.path(), &id, &oom);
+        let mut seen = RecordsSeen::default();
+        let read =
+            |seen: &mut RecordsSeen| exited_since(dir.path(), SystemTime::UNIX_EPOCH, Some(seen));
+        assert_eq!(read(&mut seen).len(), 1, "first look: read");
+        assert!(read(&mut seen).is_empty(), "unchanged: not read again");
+        // Docker rewrites the record (a restart that stopped again): read again.
+        let config = dir
+            .path()
+            .join("containers")
+            .join(&id)
+            .join("config.v2.json");
+        let f = std::fs::File::options().write(true).open(&config).unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(read(&mut seen).len(), 1, "changed: read");
+        // A container removed is forgotten.
+        std::fs::remove_dir_all(dir.path().join("containers").join(&id)).unwrap();
+        assert!(read(&mut seen).is_empty());
+        assert!(seen.0.is_empty());
     }
 
     #[test]

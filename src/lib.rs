@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod beneath;
 pub mod cgroup;
+pub mod check;
 pub mod cli;
 pub mod docker;
 pub mod failures;

@@ -8,11 +8,39 @@ use std::time::{Duration, Instant};
 use crate::docker::DockerNames;
 use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
+use crate::gpu::pairs::PairRules;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
 use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
 use crate::shm::ShmScanner;
+
+/// What a scan looks at and how it judges, whichever command runs it.
+#[derive(Debug, Clone)]
+pub struct ScanSettings {
+    pub host: HostPaths,
+    /// Where sysfs is (the PCIe path under each GPU).
+    pub sys_root: PathBuf,
+    pub node: String,
+    pub thresholds: Thresholds,
+    /// `--no-gpu`: NVML is never loaded.
+    pub no_gpu: bool,
+    /// NVML's library, if not the driver's usual one.
+    pub nvml_lib: Option<PathBuf>,
+    pub pair_rules: PairRules,
+    /// Docker's root, for the names and images of plain Docker containers.
+    pub docker_root: Option<PathBuf>,
+}
+
+/// How `serve` scans, beyond what `check` does.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeScan {
+    /// How often a container's /dev/shm is sampled between scans while it is half full or
+    /// growing.
+    pub peak_period: Duration,
+    /// Read each container's OOM kill counter (serve without the kernel log).
+    pub oom_kills: bool,
+}
 
 pub struct ScanOutput {
     pub snapshot: Snapshot,
@@ -49,7 +77,41 @@ impl Scanner {
         })
     }
 
-    /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
+    /// `check`'s scanner: everything measured once, NVML's XID events not waited for.
+    pub fn for_check(settings: &ScanSettings) -> Result<Self, HostError> {
+        Ok(Self::with_gpu(settings, false)?.with_docker_root(settings.docker_root.clone()))
+    }
+
+    /// `serve`'s scanner: NVML's XID events on a thread of their own, the peak sampled between
+    /// scans, and only what its outlets use.
+    pub fn for_serve(settings: &ScanSettings, serve: ServeScan) -> Result<Self, HostError> {
+        let mut scanner = Self::with_gpu(settings, true)?
+            .without_shmem_stat()
+            .with_docker_root(settings.docker_root.clone())
+            .with_peak_sampling(settings.host.proc_root.clone(), serve.peak_period);
+        if serve.oom_kills {
+            scanner = scanner.with_oom_kills();
+        }
+        Ok(scanner)
+    }
+
+    fn with_gpu(settings: &ScanSettings, with_xid_thread: bool) -> Result<Self, HostError> {
+        let gpu = GpuCollector::new(
+            settings.no_gpu,
+            settings.nvml_lib.as_deref(),
+            &settings.host.proc_root,
+            with_xid_thread,
+            settings.pair_rules,
+        )
+        .with_sys_root(&settings.sys_root);
+        Scanner::new(
+            &settings.host,
+            settings.node.clone(),
+            settings.thresholds,
+            gpu,
+        )
+    }
+
     /// Where the pair probe leaves its results for the scans to judge.
     pub fn probe_results(&self) -> crate::gpu::collector::ProbeResults {
         self.gpu.probe_results()

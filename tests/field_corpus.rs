@@ -2,7 +2,7 @@
 //! each labelled with the failure it is (or `none`: a trap that must stay quiet, or `context`:
 //! not decidable from the line alone). Every line goes through the path `check --since` takes,
 //! twice: as a CRI log line under a kubelet-style pod log tree and as a Docker json-file entry,
-//! read back by the tailer and recognised (`failures::watch::collect`). Measured as a
+//! read back by the tailer and recognised (`failures::sources::recognised_since`). Measured as a
 //! classifier: recall per kind and false positives; run with --nocapture for the table.
 
 use std::collections::BTreeMap;
@@ -11,8 +11,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use shmlink::failures::correlate::rfc3339;
-use shmlink::failures::detect::DeathRules;
-use shmlink::failures::watch::{collect, Sources};
+use shmlink::failures::sources::recognised_since;
+use shmlink::failures::Sources;
+use shmlink::model::DeathRules;
 use shmlink::model::Who;
 
 struct Excerpt {
@@ -84,7 +85,7 @@ fn told(excerpts: &[Excerpt], docker: bool) -> Vec<Vec<(String, bool)>> {
         rules: DeathRules::default(),
     };
     let mut out = vec![Vec::new(); excerpts.len()];
-    for d in collect(&sources, SystemTime::now() - Duration::from_secs(3600)) {
+    for d in recognised_since(&sources, SystemTime::now() - Duration::from_secs(3600)) {
         if !d.worker_pids.is_empty() {
             continue;
         }
@@ -260,7 +261,7 @@ fn lines_that_decide_each_other_are_told_once_with_the_deciding_line() {
         rules: DeathRules::default(),
     };
     let mut told: Vec<Vec<(String, String)>> = vec![Vec::new(); blocks.len()];
-    for d in collect(&sources, SystemTime::now() - Duration::from_secs(3600)) {
+    for d in recognised_since(&sources, SystemTime::now() - Duration::from_secs(3600)) {
         let Who::Pod { pod, .. } = &d.who else {
             panic!("{d:?}")
         };

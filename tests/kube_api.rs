@@ -531,14 +531,14 @@ async fn a_flooding_pod_does_not_crowd_out_1000_other_pods_first_events() {
     // still waits.
     let started = Instant::now();
     let mut sent = 1;
-    queue.send(planner.plan_failures(std::slice::from_ref(&noisy), None, Instant::now()));
+    queue.send(planner.plan_failures(std::slice::from_ref(&noisy), Instant::now()));
     let mut ids = Vec::new();
     for i in 0..PODS {
         let mut batch = vec![noisy.clone(); REPEATS_PER_POD / 2];
         batch.push(failure(i));
         batch.extend(vec![noisy.clone(); REPEATS_PER_POD / 2]);
         sent += REPEATS_PER_POD;
-        let mut msgs = planner.plan_failures(&batch, None, Instant::now());
+        let mut msgs = planner.plan_failures(&batch, Instant::now());
         let id = publishes(&msgs)[REPEATS_PER_POD / 2].id;
         ids.push(id);
         if i % 10 == 0 {

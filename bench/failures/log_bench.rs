@@ -38,10 +38,11 @@ use timing::timed;
 #[path = "../common/timing.rs"]
 mod timing;
 
-use shmlink::failures::detect::{Recogniser, SHM_OOM_SHARE};
-use shmlink::failures::watch::MAX_LINES_PER_SEC;
+use shmlink::failures::detect::Recogniser;
+use shmlink::failures::sources::MAX_LINES_PER_SEC;
 use shmlink::failures::{Signatures, SIGNATURES};
 use shmlink::logs::{LogSettings, LogTailer};
+use shmlink::model::SHM_OOM_SHARE;
 
 type Error = Box<dyn std::error::Error>;
 

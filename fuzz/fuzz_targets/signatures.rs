@@ -3,7 +3,8 @@
 //! container in a row (its window of recent lines, PyTorch's worker lines).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shmlink::failures::detect::{Recogniser, SHM_OOM_SHARE};
+use shmlink::failures::detect::Recogniser;
+use shmlink::model::SHM_OOM_SHARE;
 use shmlink::failures::Signatures;
 use shmlink::logs::{LogLine, LogOrigin};
 use std::sync::OnceLock;

@@ -3,13 +3,13 @@
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
-use super::detect::{shm_share_at_least, DeathRules};
+use super::detect::shm_share_at_least;
 use crate::findings::{on_runtime_default, text};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
-    Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen,
-    ShmThen, Who,
+    DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit, PairStatus,
+    PairThen, ShmThen, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};

@@ -8,38 +8,13 @@ use std::time::SystemTime;
 use super::attribute::{pid_now, who_is_cgroup, who_is_pid, PidNow};
 use super::context::{self, Window};
 use super::crash::{Crash, Pieces};
+use super::dataloader;
 use super::oom::{OomKill, OomReports};
 use super::signatures::Signatures;
-use super::worker;
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::logs::{LogLine, LogOrigin};
 use crate::model::{Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who};
-
-/// The share of a memory cgroup's usage that /dev/shm pages must reach for its OOM kill to be
-/// a /dev/shm failure (`shm_oom_killed`): most of it.
-pub const SHM_OOM_SHARE: f64 = 0.5;
-/// How full /dev/shm must have been (its peak over its effective limit) for a SIGBUS death to
-/// be a /dev/shm failure (`shm_bus_error`): full or nearly.
-pub const BUS_ERROR_SHM_RATIO: f64 = 0.9;
-
-/// How deaths of memory are judged: `--oom-shm-share` and `--bus-error-shm-ratio`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DeathRules {
-    /// [`SHM_OOM_SHARE`] unless set.
-    pub oom_shm_share: f64,
-    /// [`BUS_ERROR_SHM_RATIO`] unless set.
-    pub bus_error_shm_ratio: f64,
-}
-
-impl Default for DeathRules {
-    fn default() -> Self {
-        DeathRules {
-            oom_shm_share: SHM_OOM_SHARE,
-            bus_error_shm_ratio: BUS_ERROR_SHM_RATIO,
-        }
-    }
-}
 
 /// Lines and kernel records in, failures out. A clone starts with the same state (a fresh one
 /// made once is the cheap way to many: its automata are shared).
@@ -58,12 +33,12 @@ pub struct Recogniser {
 
 impl Recogniser {
     /// `proc_root` and `host_mnt` place a host PID (`attribute.rs`); `oom_shm_share` is the
-    /// share of the usage /dev/shm must reach for an OOM kill to be its ([`SHM_OOM_SHARE`]).
+    /// share of the usage /dev/shm must reach for an OOM kill to be its ([`crate::model::SHM_OOM_SHARE`]).
     pub fn new(proc_root: PathBuf, host_mnt: Option<NsId>, oom_shm_share: f64) -> Recogniser {
         Recogniser {
             // One pass over each line: the rows' needles and the texts decided here.
             signatures: Signatures::with_candidates(
-                &[&[worker::NEEDLE][..], context::NEEDLES].concat(),
+                &[&[dataloader::NEEDLE][..], context::NEEDLES].concat(),
             ),
             proc_root,
             host_mnt,
@@ -109,7 +84,7 @@ impl Recogniser {
         };
         let Some(m) = m else {
             // PyTorch's word of a worker's SIGKILL: told only with the OOM kill it names.
-            if let Some(word) = worker::parse(&line.text) {
+            if let Some(word) = dataloader::parse(&line.text) {
                 let kind = FindingKind::WorkloadOomKilled;
                 let mut d = Detected::new(who, kind, line.at, FailureSource::Log, &line.text);
                 d.worker_pids = word.pids;
@@ -145,7 +120,7 @@ impl Recogniser {
             // Read at once: the killed process's zombie lasts only until it is reaped.
             d.pid_in_container = d
                 .pid
-                .and_then(|pid| worker::pid_in_namespace(&self.proc_root, pid));
+                .and_then(|pid| dataloader::pid_in_namespace(&self.proc_root, pid));
             return Some(d);
         }
         let Crash { comm, pid, library } = self.pieces.crash(record)?;
@@ -211,6 +186,7 @@ mod tests {
     use super::*;
     use crate::fixtures::kmsg::{self, records};
     use crate::kernel_log::parse_record;
+    use crate::model::SHM_OOM_SHARE;
 
     fn told(content: &str) -> Vec<Detected> {
         let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None, SHM_OOM_SHARE);

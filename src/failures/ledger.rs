@@ -1,12 +1,13 @@
-//! What `serve` remembers of failures: the recent ones (for the snapshot) and a count per
-//! container and kind (`shmlink_workload_failures_total`). Bounded: a node that sees thousands
-//! of dying containers keeps the newest.
+//! What `serve` remembers and says of the failures the pipeline told: the recent ones (for the
+//! snapshot), a count per container and kind (`shmlink_workload_failures_total`), and a line in
+//! the agent's log (a container's repeats of a kind once a minute). Bounded: a node that sees
+//! thousands of dying containers keeps the newest.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::model::Failure;
-use crate::model::{ContainerRef, FindingKind};
+use crate::model::{ContainerRef, Failure, FindingKind, Snapshot};
 
 /// Failures kept for the snapshot.
 const RECENT_MAX: usize = 256;
@@ -15,15 +16,27 @@ const COUNTS_MAX: usize = 4096;
 /// A counter not increased for this long is dropped with its series (the container is gone).
 const COUNT_LASTS: Duration = Duration::from_secs(24 * 3600);
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Ledger {
     recent: VecDeque<Failure>,
     counts: HashMap<(ContainerRef, FindingKind), (u64, Instant)>,
+    said: Said,
 }
 
 impl Ledger {
+    /// Logs, counts and keeps the failures just told.
     pub fn record(&mut self, failures: &[Failure], now: Instant) {
         for f in failures {
+            match self.said.say(f.container_ref(), f.kind, now) {
+                Some(0) => tracing::warn!(kind = f.kind.as_str(), "{}", f.message),
+                Some(more) => tracing::warn!(
+                    kind = f.kind.as_str(),
+                    repeats = more,
+                    "{} (and {more} more times since it was last logged)",
+                    f.message
+                ),
+                None => {}
+            }
             let entry = self
                 .counts
                 .entry((f.container_ref(), f.kind))
@@ -45,6 +58,12 @@ impl Ledger {
         }
     }
 
+    /// The snapshot carries the failures told so far and the counts.
+    pub fn fill(&self, snapshot: &mut Snapshot) {
+        snapshot.failures = self.recent();
+        snapshot.failure_counts = self.counts();
+    }
+
     pub fn recent(&self) -> Vec<Failure> {
         self.recent.iter().cloned().collect()
     }
@@ -57,6 +76,43 @@ impl Ledger {
             .collect();
         out.sort_by_key(|a| (a.0.to_string(), a.1));
         out
+    }
+}
+
+/// A container's repeats of one kind of failure are logged at most this often, counted in
+/// between: a pod printing its failure in a loop must not flood the agent's own log.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+/// Containers and kinds remembered for that; past this the quiet ones are forgotten.
+const SAID_MAX: usize = 4096;
+
+/// When each container's failure of each kind was last logged, and its repeats since.
+#[derive(Default)]
+struct Said(HashMap<(ContainerRef, FindingKind), (Instant, u64)>);
+
+impl Said {
+    /// Whether to log a failure of `kind` of `container` now: `Some(n)` with the `n` repeats
+    /// not logged since the last time.
+    fn say(&mut self, container: ContainerRef, kind: FindingKind, now: Instant) -> Option<u64> {
+        if self.0.len() >= SAID_MAX {
+            self.0
+                .retain(|_, (at, _)| now.duration_since(*at) < LOG_EVERY);
+        }
+        match self.0.entry((container, kind)) {
+            Entry::Vacant(e) => {
+                e.insert((now, 0));
+                Some(0)
+            }
+            Entry::Occupied(mut e) => {
+                let (at, repeats) = e.get_mut();
+                if now.duration_since(*at) < LOG_EVERY {
+                    *repeats += 1;
+                    return None;
+                }
+                let more = std::mem::take(repeats);
+                *at = now;
+                Some(more)
+            }
+        }
     }
 }
 
@@ -95,5 +151,34 @@ mod tests {
         // A day without a repeat: the counter goes with its container.
         l.record(&[], t0 + COUNT_LASTS);
         assert!(l.counts().is_empty());
+    }
+
+    #[test]
+    fn a_failure_repeated_in_a_loop_is_logged_once_a_minute_with_its_count() {
+        let say = |said: &mut Said, pod: &str, at: Instant| {
+            let container = ContainerRef {
+                namespace: Some("ml".into()),
+                pod: Some(pod.into()),
+                pod_uid: None,
+                container: Some("trainer".into()),
+                container_id: String::new(),
+            };
+            said.say(container, FindingKind::ShmAllocationFailed, at)
+        };
+        let t0 = Instant::now();
+        let mut said = Said::default();
+        assert_eq!(say(&mut said, "flood", t0), Some(0));
+        // 50 s of repeats: none logged; another Pod's first is.
+        for i in 1..=500 {
+            let at = t0 + Duration::from_millis(i * 100);
+            assert_eq!(say(&mut said, "flood", at), None);
+        }
+        assert_eq!(say(&mut said, "other", t0), Some(0));
+        assert_eq!(
+            say(&mut said, "flood", t0 + LOG_EVERY),
+            Some(500),
+            "the next one says how many were not logged"
+        );
+        assert_eq!(say(&mut said, "flood", t0 + LOG_EVERY), None);
     }
 }

@@ -1,21 +1,23 @@
-//! Why a workload died, one way down: a source (`logs`, `kernel_log`) gives a line; here it
-//! becomes a failure and is told with what was known then.
+//! Why a workload died, one way down for `check` and `serve` alike: every source's account goes
+//! into one [`Pipeline`] (`pipeline.rs`), which alone recognises, places, merges one death's
+//! accounts and judges them.
 //!
-//! - `signatures/` (pure): what a container's log line means (`table.rs`: the texts of PyTorch,
-//!   NCCL, CPython, vLLM, Ray, Triton, PostgreSQL, Chromium, libc; `mod.rs`: the matcher);
-//! - `crash.rs` (pure): what a kernel record means (a process crashed in a GPU library);
-//! - `context.rs` (pure): a window of each container's last lines, for texts generic alone;
-//! - `detect.rs`: a line or record -> [`Detected`](crate::model::Detected): kind, evidence and
-//!   whose it is as far as the source says (`attribute.rs`: a host PID through its cgroup);
-//! - `correlate.rs` (pure): + the container's /dev/shm then, its Pod, its GPUs and their pairs
-//!   -> [`Failure`](crate::model::Failure), with the message (`findings::text`);
-//! - `docker_deaths.rs` (pure): Docker's record of a stopped container -> a death (`check`);
-//! - `recent.rs`: the containers seen in the last minute (the dying one is often gone);
-//! - `worker.rs` (pure): PyTorch's word that a DataLoader worker was killed, tied to the kill;
-//! - `same.rs`: one death told by two sources (the kernel and kubelet) is told once;
-//! - `ledger.rs`: `serve`'s recent failures and counts per container and kind;
-//! - `tell.rs`: `serve`'s scan thread tells them (correlates, logs, counts);
-//! - `watch.rs`: `serve`'s thread that follows the sources, and `check`'s read-back.
+//! - `pipeline.rs`: the [`Pipeline`] and the [`Sources`] it is fed from;
+//! - `sources.rs`: the feeding: `serve`'s follower thread, `check`'s read-back;
+//! - recognising (pure): `signatures/` (a container's log line: `table.rs` the texts of PyTorch,
+//!   NCCL, CPython, vLLM, Ray, Triton, PostgreSQL, Chromium, libc; `mod.rs` the matcher),
+//!   `crash.rs` (a kernel record of a crash in a GPU library), `oom.rs` (the kernel's OOM
+//!   report), `context.rs` (a window of each container's last lines, for texts generic alone),
+//!   `dataloader.rs` (PyTorch's word that a DataLoader worker was killed), `docker_exits.rs`
+//!   (Docker's record of a stopped container), `oom_counters.rs` (the memory cgroups' OOM kill
+//!   counters); `detect.rs` turns a line or record into a
+//!   [`Detected`](crate::model::Detected), placed as far as the source says (`attribute.rs`: a
+//!   host PID through its cgroup);
+//! - merging: `same.rs` (one death told by two sources is told once), `recent.rs` (the
+//!   containers seen in the last minute: the dying one is often gone);
+//! - judging and wording (pure): `correlate.rs`: + the container's /dev/shm then, its Pod, its
+//!   GPUs and their pairs -> [`Failure`](crate::model::Failure), with the message;
+//! - `ledger.rs`: what `serve` keeps and says of the failures told (recent, counts, its log).
 //!
 //! XIDs in the kernel log are the GPUs' concern: `gpu::xid::kernel`.
 
@@ -23,16 +25,17 @@ pub mod attribute;
 pub mod context;
 pub mod correlate;
 pub mod crash;
+pub mod dataloader;
 pub mod detect;
-pub mod docker_deaths;
+pub mod docker_exits;
 pub mod ledger;
-pub mod memcg;
 pub mod oom;
+pub mod oom_counters;
+pub mod pipeline;
 pub mod recent;
 pub mod same;
 pub mod signatures;
-pub mod tell;
-pub mod watch;
-pub mod worker;
+pub mod sources;
 
+pub use pipeline::{Mode, Pipeline, Sources};
 pub use signatures::{LogMatch, Signature, Signatures, SIGNATURES};

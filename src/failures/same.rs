@@ -4,7 +4,7 @@
 //! the split); a later one of the same kind of death, from another source, about the same
 //! container, within [`WINDOW`], is the same death and is dropped.
 //!
-//! PyTorch's word that a DataLoader worker was killed (`worker.rs`) is no failure alone: it is
+//! PyTorch's word that a DataLoader worker was killed (`dataloader.rs`) is no failure alone: it is
 //! tied to the OOM kill of the same container within the window (and of that worker, where the
 //! killed process's PID in the container is known), and told with it. A word that comes after
 //! the kill was told in another batch (`serve`'s Event is out) is dropped; one that comes

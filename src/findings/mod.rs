@@ -7,4 +7,7 @@ pub mod changes;
 pub mod shm;
 pub mod text;
 
-pub use shm::{evaluate_shm, on_runtime_default, shm_findings, BadThresholds, Thresholds};
+pub use shm::{
+    evaluate_shm, on_runtime_default, shm_findings, BadThresholds, Thresholds, SHM_CRITICAL_RATIO,
+    SHM_WARN_RATIO,
+};

@@ -5,6 +5,11 @@ use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, ShmStatus};
 
 /// `--shm-warn-ratio` / `--shm-critical-ratio`, validated so that 0 < warn <= critical <= 1.
+/// How full a /dev/shm is (of what it can take) for a warning, unless `--shm-warn-ratio` says.
+pub const SHM_WARN_RATIO: f64 = 0.80;
+/// ... and for a critical finding, unless `--shm-critical-ratio` says.
+pub const SHM_CRITICAL_RATIO: f64 = 0.95;
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thresholds {
     warn: f64,
@@ -39,8 +44,8 @@ impl Thresholds {
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
-            warn: 0.80,
-            critical: 0.95,
+            warn: SHM_WARN_RATIO,
+            critical: SHM_CRITICAL_RATIO,
         }
     }
 }

@@ -17,15 +17,28 @@ pub(super) fn wall_time(boot: SystemTime, usec: u64) -> SystemTime {
         .unwrap_or(boot)
 }
 
-/// The kernel's clocks are the same in every mount namespace, so the agent's own /proc serves
-/// (a time namespace would offset it; /dev/kmsg is not offset, and pods do not use one).
+/// The wall-clock instant of boot: the real-time clock less the boot-time clock, read back to
+/// back to the nanosecond, then rounded to the millisecond. So every reader of one boot (`serve`
+/// following, `check` reading back) puts a record at the same time, and tells the same failure
+/// in the same words; /proc/uptime's hundredths left up to 10 ms between two readers. The
+/// kernel's clocks are the same in every mount namespace (a time namespace would offset the
+/// boot-time clock; /dev/kmsg is not offset, and pods do not use one).
 pub(super) fn boot_time_now() -> SystemTime {
-    let since_boot = crate::procfs::uptime::since_boot(std::path::Path::new("/proc"));
-    boot_time(SystemTime::now(), since_boot)
+    use rustix::time::{clock_gettime, ClockId};
+    let nanos =
+        |t: rustix::time::Timespec| i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec);
+    let real = nanos(clock_gettime(ClockId::Realtime));
+    let since_boot = nanos(clock_gettime(ClockId::Boottime));
+    boot_from_nanos(real - since_boot)
 }
 
-fn boot_time(now: SystemTime, since_boot: Duration) -> SystemTime {
-    now.checked_sub(since_boot).unwrap_or(UNIX_EPOCH)
+/// Pure: nanoseconds since the epoch at boot, to the nearest millisecond.
+fn boot_from_nanos(boot: i128) -> SystemTime {
+    let millis = (boot + 500_000).div_euclid(1_000_000);
+    u64::try_from(millis)
+        .ok()
+        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)))
+        .unwrap_or(UNIX_EPOCH)
 }
 
 #[cfg(test)]
@@ -34,16 +47,33 @@ mod tests {
 
     #[test]
     fn wall_time_is_boot_plus_the_record_time() {
-        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let boot = boot_time(now, Duration::from_millis(4_312_840));
-        assert_eq!(boot, UNIX_EPOCH + Duration::from_millis(1_699_995_687_160));
+        let boot = UNIX_EPOCH + Duration::from_millis(1_699_995_687_160);
         assert_eq!(
             wall_time(boot, 5_503_016_123),
             UNIX_EPOCH + Duration::from_micros(1_699_995_687_160_000 + 5_503_016_123)
         );
         assert_eq!(wall_time(boot, 0), boot);
         // Absurd clocks do not panic.
-        assert_eq!(boot_time(UNIX_EPOCH, Duration::MAX), UNIX_EPOCH);
         let _ = wall_time(boot, u64::MAX);
+    }
+
+    #[test]
+    fn two_readers_of_one_boot_put_it_at_the_same_millisecond() {
+        let boot = 1_699_995_687_160_i128 * 1_000_000;
+        // The two clocks read a few hundred nanoseconds apart, by two processes.
+        for jitter in [-400, -1, 0, 1, 400] {
+            assert_eq!(
+                boot_from_nanos(boot + 123_456 + jitter),
+                UNIX_EPOCH + Duration::from_millis(1_699_995_687_160)
+            );
+        }
+        assert_eq!(boot_from_nanos(-5), UNIX_EPOCH);
+        let now = boot_time_now();
+        let since = SystemTime::now().duration_since(now).unwrap();
+        let uptime = crate::procfs::uptime::since_boot(std::path::Path::new("/proc"));
+        assert!(
+            since.abs_diff(uptime) < Duration::from_millis(50),
+            "{since:?} {uptime:?}"
+        );
     }
 }

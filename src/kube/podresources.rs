@@ -171,6 +171,7 @@ pub async fn list(
 /// waiting. No socket means no attribution (a node without the kubelet's API, or a run outside
 /// Kubernetes), not an error; other failures are logged when they start and counted as
 /// `shmlink_scan_errors_total{collector="pod_resources"}`, and the last good answer is kept.
+#[derive(Clone)]
 pub struct PodResourcesWatcher {
     holders: Arc<ArcSwap<GpuHolders>>,
 }

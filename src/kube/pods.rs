@@ -156,9 +156,28 @@ pub type OnDeaths = Box<dyn Fn(Vec<Detected>) + Send + Sync>;
 
 /// A reflector over this node's Pods, driven by a task on the runtime.
 pub struct PodWatcher {
+    cache: PodCache,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The reflector's store, read from any thread without waiting.
+#[derive(Clone)]
+pub struct PodCache {
     store: Store<Pod>,
     synced: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodCache {
+    /// Whether the first list is in.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// The index of this node's Pods, once the cache has synced.
+    pub fn index(&self) -> Option<PodIndex> {
+        self.is_synced()
+            .then(|| PodIndex::new(self.store.state().iter().map(|p| p.as_ref())))
+    }
 }
 
 impl PodWatcher {
@@ -218,22 +237,24 @@ impl PodWatcher {
             }
         });
         PodWatcher {
-            store,
-            synced,
+            cache: PodCache { store, synced },
             task,
         }
     }
 
+    /// A handle on the cache, for another thread.
+    pub fn cache(&self) -> PodCache {
+        self.cache.clone()
+    }
+
     /// Whether the first list is in.
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+        self.cache.is_synced()
     }
 
     /// The index of this node's Pods, once the cache has synced.
     pub fn index(&self) -> Option<PodIndex> {
-        self.synced
-            .load(Ordering::Acquire)
-            .then(|| PodIndex::new(self.store.state().iter().map(|p| p.as_ref())))
+        self.cache.index()
     }
 }
 

@@ -311,6 +311,31 @@ impl Failure {
     }
 }
 
+/// The share of a memory cgroup's usage that /dev/shm pages must reach for its OOM kill to be
+/// a /dev/shm failure (`shm_oom_killed`): most of it.
+pub const SHM_OOM_SHARE: f64 = 0.5;
+/// How full /dev/shm must have been (its peak over its effective limit) for a SIGBUS death to
+/// be a /dev/shm failure (`shm_bus_error`): full or nearly.
+pub const BUS_ERROR_SHM_RATIO: f64 = 0.9;
+
+/// How deaths of memory are judged: `--oom-shm-share` and `--bus-error-shm-ratio`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeathRules {
+    /// [`SHM_OOM_SHARE`] unless set.
+    pub oom_shm_share: f64,
+    /// [`BUS_ERROR_SHM_RATIO`] unless set.
+    pub bus_error_shm_ratio: f64,
+}
+
+impl Default for DeathRules {
+    fn default() -> Self {
+        DeathRules {
+            oom_shm_share: SHM_OOM_SHARE,
+            bus_error_shm_ratio: BUS_ERROR_SHM_RATIO,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

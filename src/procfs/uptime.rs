@@ -1,6 +1,6 @@
 //! How long the machine has been up, as /proc/uptime says it: to the hundredth of a second.
-//! sysinfo(2) rounds it up to the next whole second, which would put a process's start or a
-//! kernel record up to a second early.
+//! sysinfo(2) rounds it up to the next whole second, which would put a process's start up to a
+//! second early. (A kernel record's time comes from the clocks themselves: `kernel_log::time`.)
 
 use std::path::Path;
 use std::time::Duration;

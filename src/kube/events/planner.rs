@@ -174,27 +174,18 @@ impl EventPlanner {
 
     /// The Events for workload failures as they are told (between scans): each on its Pod, a
     /// repeat on the same Pod with the same reason updates that Event's series.
-    pub fn plan_failures(
-        &mut self,
-        failures: &[Failure],
-        pods: Option<&PodIndex>,
-        now: Instant,
-    ) -> Vec<EventMsg> {
+    pub fn plan_failures(&mut self, failures: &[Failure], now: Instant) -> Vec<EventMsg> {
         let mut out = Vec::new();
         self.expire_failures(now, &mut out);
         for f in failures {
             let Some(reason) = f.kind.event_reason() else {
                 continue;
             };
-            let meta = pods
-                .zip(f.pod_uid.as_deref())
-                .and_then(|(p, uid)| p.by_uid(uid));
+            // The Pod was resolved where the failure was made (`failures::correlate`).
             let (Some(namespace), Some(name), Some(uid)) = (
-                f.namespace
-                    .as_deref()
-                    .or(meta.map(|m| m.namespace.as_str())),
-                f.pod.as_deref().or(meta.map(|m| m.name.as_str())),
-                f.pod_uid.as_deref().or(meta.map(|m| m.uid.as_str())),
+                f.namespace.as_deref(),
+                f.pod.as_deref(),
+                f.pod_uid.as_deref(),
             ) else {
                 // No Pod to regard: a plain Docker container, or a process not placed.
                 continue;

@@ -346,7 +346,7 @@ fn a_pod_failing_the_same_way_on_every_restart_keeps_one_series() {
     let mut p = EventPlanner::new("node-a", HEARTBEAT);
     let t0 = Instant::now();
     let shm = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", UID);
-    let first = p.plan_failures(std::slice::from_ref(&shm), None, t0);
+    let first = p.plan_failures(std::slice::from_ref(&shm), t0);
     let events = published(&first);
     assert_eq!(
         events
@@ -361,15 +361,12 @@ fn a_pod_failing_the_same_way_on_every_restart_keeps_one_series() {
     assert_eq!(spec.regarding.uid.as_deref(), Some(UID));
     assert_eq!(spec.note, shm.message);
     // The restart fails the same way: the same Event's series, at once.
-    let again = published(&p.plan_failures(
-        std::slice::from_ref(&shm),
-        None,
-        t0 + Duration::from_secs(40),
-    ));
+    let again =
+        published(&p.plan_failures(std::slice::from_ref(&shm), t0 + Duration::from_secs(40)));
     assert_eq!(again[0].2, events[0].2);
     // Another reason on the same Pod is its own Event.
     let crash = fixtures::failure(FindingKind::GpuJobCrashed, "ml", "trainer-0", UID);
-    let other = published(&p.plan_failures(&[crash], None, t0 + Duration::from_secs(41)));
+    let other = published(&p.plan_failures(&[crash], t0 + Duration::from_secs(41)));
     assert_eq!(other[0].0, EventReason::GpuJobCrashed);
     assert_ne!(other[0].2, events[0].2);
     // Scans in between do not end them; quiet for FAILURE_LASTS does.
@@ -387,7 +384,7 @@ fn a_pod_failing_the_same_way_on_every_restart_keeps_one_series() {
         t0 + Duration::from_secs(41) + FAILURE_LASTS,
     );
     assert_eq!(ended(&later).len(), 2);
-    let anew = published(&p.plan_failures(&[shm], None, t0 + FAILURE_LASTS * 2));
+    let anew = published(&p.plan_failures(&[shm], t0 + FAILURE_LASTS * 2));
     assert_ne!(anew[0].2, events[0].2, "a new Event after the quiet hour");
 }
 
@@ -398,5 +395,5 @@ fn a_failure_without_a_pod_is_no_event() {
     f.namespace = None;
     f.pod = None;
     f.pod_uid = None;
-    assert_eq!(p.plan_failures(&[f], None, Instant::now()), vec![]);
+    assert_eq!(p.plan_failures(&[f], Instant::now()), vec![]);
 }

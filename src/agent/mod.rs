@@ -1,0 +1,295 @@
+//! `shmlink serve`: a scan thread that stores snapshots, a follower thread that tells failures
+//! through the one pipeline, the HTTP server that reads the snapshots, and the cluster's tasks.
+//!
+//! - `cluster.rs`: the Kubernetes side (Pods, GPU holders, Events, Node conditions);
+//! - `scan_loop.rs`: the scan thread, the only writer of the shared snapshot.
+
+mod cluster;
+mod scan_loop;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+
+pub use cluster::KubeSettings;
+use cluster::KubeView;
+use scan_loop::{scan_loop, Between, Wake};
+
+use crate::failures::ledger::Ledger;
+use crate::failures::oom_counters::OomCounters;
+use crate::failures::sources::{self, Follow};
+use crate::failures::{Mode, Pipeline, Sources};
+use crate::findings::changes::FindingChanges;
+use crate::gpu::xid::kernel::KernelXids;
+use crate::host::HostError;
+use crate::kube::{self as k8s, KubeError};
+use crate::metrics::{Metrics, SharedSnapshot};
+use crate::model::{GpuSample, PairSample, ProbeStatus};
+use crate::probe::ProbeOptions;
+use crate::scan::{ScanSettings, Scanner, ServeScan};
+use crate::server::{self, AppState, Health};
+
+/// How often a container's /dev/shm is sampled between scans while it is half full or growing.
+pub const PEAK_PERIOD: Duration = Duration::from_millis(200);
+
+/// Everything `serve` is asked.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub scan: ScanSettings,
+    pub listen: SocketAddr,
+    pub interval: Duration,
+    pub kube: KubeSettings,
+    pub sources: Sources,
+    /// The GPU pair probe and how often it runs, if asked for.
+    pub probe: Option<(ProbeOptions, Duration)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP server: {0}")]
+    Http(#[source] std::io::Error),
+    #[error("starting the {0} thread: {1}")]
+    Thread(&'static str, #[source] std::io::Error),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
+    let ServeSettings {
+        scan,
+        listen,
+        interval,
+        kube,
+        sources,
+        probe,
+    } = settings;
+    // Without the kernel log, OOM kills are told from the memory cgroups' counters.
+    let oom_counters = match (&sources.kmsg, scan.host.memory_hierarchy()) {
+        (None, Ok((hierarchy, version))) => Some(OomCounters::new(
+            hierarchy,
+            version,
+            sources.rules.oom_shm_share,
+        )),
+        _ => None,
+    };
+    let serve_scan = ServeScan {
+        peak_period: PEAK_PERIOD,
+        oom_kills: oom_counters.is_some(),
+    };
+    let scanner = Scanner::for_serve(&scan, serve_scan)?;
+    let mut pipeline = Pipeline::new(&sources, Mode::Follow);
+    if let Some(counters) = oom_counters {
+        pipeline = pipeline.with_oom_counters(counters);
+    }
+
+    let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
+    let metrics = Arc::new(Metrics::new(snapshot.clone()));
+    let health = Arc::new(Health::new(interval));
+    let runtime = tokio::runtime::Handle::current();
+    let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
+    let (deaths_tx, deaths_rx) = mpsc::channel();
+    let kube = k8s::connect(kube.mode)
+        .await?
+        .map(|client| KubeView::spawn(client, &kube, interval, &metrics, &runtime, deaths_tx));
+
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(listen);
+    tracing::info!(addr = %local, interval = ?interval, "serving /metrics, /healthz, /readyz");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = spawn_follower(
+        Follow {
+            sources,
+            pipeline,
+            snapshot: snapshot.clone(),
+            cluster: kube.as_ref().map(KubeView::caches),
+            exits: deaths_rx,
+            stop: stop.clone(),
+        },
+        wake_tx.clone(),
+        metrics.clone(),
+    )?;
+    let prober = match probe {
+        Some((mut opts, every)) => {
+            opts.stop = Some(stop.clone());
+            let (snapshot, results, stop) =
+                (snapshot.clone(), scanner.probe_results(), stop.clone());
+            tracing::info!(every = ?every, "the GPU pair probe runs on GPUs without processes");
+            Some(
+                thread::Builder::new()
+                    .name("probe".into())
+                    .spawn(move || probe_loop(&opts, every, &snapshot, &results, &stop))
+                    .map_err(|e| AgentError::Thread("probe", e))?,
+            )
+        }
+        None => None,
+    };
+    let between = Between {
+        scanner,
+        findings_told: kube.is_none().then(FindingChanges::default),
+        kube,
+        ledger: Ledger::default(),
+        kernel_xids: KernelXids::default(),
+    };
+    let scan_thread = thread::Builder::new()
+        .name("scan".into())
+        .spawn({
+            let (snapshot, metrics, health) = (snapshot.clone(), metrics.clone(), health.clone());
+            move || scan_loop(between, interval, &snapshot, &metrics, &health, &wake_rx)
+        })
+        .map_err(|e| AgentError::Thread("scan", e))?;
+
+    let state = Arc::new(AppState {
+        metrics,
+        snapshot,
+        health,
+    });
+    let served = server::run(listener, state, shutdown_signal()).await;
+
+    let _ = wake_tx.send(Wake::Stop);
+    stop.store(true, Ordering::Relaxed);
+    // The scan thread finishes its current scan (if any) and exits; the follower its poll.
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = scan_thread.join();
+        if let Some(p) = prober {
+            let _ = p.join();
+        }
+        let _ = follower.join();
+    })
+    .await;
+    tracing::info!("stopped");
+    served.map_err(AgentError::Http)
+}
+
+/// The failure follower, handing what it tells to the scan thread and its sources' counts to
+/// the metrics.
+fn spawn_follower(
+    follow: Follow,
+    wake: mpsc::Sender<Wake>,
+    metrics: Arc<Metrics>,
+) -> Result<thread::JoinHandle<()>, AgentError> {
+    let mut last = None;
+    let report = move |now: &crate::model::SourceStats| {
+        metrics.record_sources(now, last.as_ref());
+        last = Some(*now);
+    };
+    let deliver = move |followed| wake.send(Wake::Followed(followed)).is_ok();
+    sources::follow(follow, deliver, report).map_err(|e| AgentError::Thread("failures", e))
+}
+
+/// The pair probe every `every`, on the GPUs the last scan saw no process on; its results go
+/// where the next scans judge them. Its copies run in a worker process with a deadline, so a
+/// hung or crashing driver path costs this thread a pair, never the agent.
+fn probe_loop(
+    opts: &ProbeOptions,
+    every: Duration,
+    snapshot: &SharedSnapshot,
+    results: &crate::gpu::collector::ProbeResults,
+    stop: &AtomicBool,
+) {
+    let mut next = Instant::now() + every;
+    let mut last_error = None;
+    loop {
+        while Instant::now() < next {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100).min(next - Instant::now()));
+        }
+        next = Instant::now() + every;
+        let Some(s) = snapshot.load_full() else {
+            continue;
+        };
+        let idle: Vec<u32> = s
+            .gpus
+            .iter()
+            .filter(|g| !g.lost && g.processes.is_empty())
+            .map(|g| g.index)
+            .collect();
+        if idle.len() < 2 {
+            tracing::debug!(idle = idle.len(), "pair probe skipped: GPUs in use");
+            continue;
+        }
+        let sample = GpuSample {
+            gpus: s.gpus.clone(),
+            pairs: s
+                .gpu_pairs
+                .iter()
+                .map(|p| PairSample {
+                    gpu: p.gpu,
+                    peer_gpu: p.peer_gpu,
+                    p2p: p.p2p,
+                    topology: p.topology,
+                })
+                .collect(),
+            hypervisor: None,
+            probes: Vec::new(),
+        };
+        match crate::probe::run(opts, |devices| {
+            crate::probe::pairs_among(devices, &sample.gpus, Some(&idle))
+        }) {
+            Ok(probed) => {
+                let report = crate::probe::judge::judge(&probed, &sample);
+                let bad = report
+                    .pairs
+                    .iter()
+                    .filter(|p| p.status != ProbeStatus::Ok)
+                    .count();
+                tracing::info!(
+                    pairs = report.pairs.len(),
+                    not_ok = bad,
+                    took = ?probed.took,
+                    "GPU pair probe done"
+                );
+                last_error = None;
+                match results.lock() {
+                    Ok(mut r) => *r = report.pairs,
+                    Err(e) => *e.into_inner() = report.pairs,
+                }
+            }
+            Err(e) => {
+                if last_error.as_ref() != Some(&e) {
+                    tracing::warn!("the GPU pair probe could not run: {e}");
+                }
+                last_error = Some(e);
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}

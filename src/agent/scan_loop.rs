@@ -1,0 +1,196 @@
+//! `serve`'s scan thread: a scan every `--interval`, and between scans what the failure
+//! follower hands over (failures told, the kernel's word on GPUs). It is the only writer of the
+//! shared snapshot.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cluster::KubeView;
+use crate::failures::ledger::Ledger;
+use crate::failures::sources::Followed;
+use crate::findings::changes::{Changed, FindingChanges};
+use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
+use crate::metrics::{Metrics, SharedSnapshot};
+use crate::model::Failure;
+use crate::scan::Scanner;
+use crate::server::Health;
+
+/// What wakes the scan thread between scans.
+pub(super) enum Wake {
+    Stop,
+    Followed(Followed),
+}
+
+/// What the scan thread keeps between scans besides the snapshot.
+pub(super) struct Between {
+    pub(super) scanner: Scanner,
+    pub(super) kube: Option<KubeView>,
+    pub(super) ledger: Ledger,
+    pub(super) kernel_xids: KernelXids,
+    /// Without Kubernetes, the findings said in the log as they begin and end.
+    pub(super) findings_told: Option<FindingChanges>,
+}
+
+impl Between {
+    fn on_followed(&mut self, followed: Followed, snapshot: &SharedSnapshot) {
+        match followed {
+            Followed::Failures(failures) => self.on_failures(&failures, snapshot),
+            Followed::KernelGpus(gpus) => self.on_kernel_gpus(gpus, snapshot),
+        }
+    }
+
+    /// The kernel's XIDs, counted with NVML's (seen at the next scan).
+    fn on_kernel_gpus(&mut self, gpus: Vec<KernelGpu>, snapshot: &SharedSnapshot) {
+        let last = snapshot.load_full();
+        let readings = last.as_deref().map_or(&[][..], |s| s.gpus.as_slice());
+        let counts = self.scanner.xid_counts();
+        self.kernel_xids
+            .count(gpus, readings, &counts, Instant::now());
+    }
+
+    /// Failures the pipeline told: logged, counted, published, and in the snapshot at once (so
+    /// /metrics counts them before the next scan).
+    fn on_failures(&mut self, failures: &[Failure], snapshot: &SharedSnapshot) {
+        self.ledger.record(failures, Instant::now());
+        if let Some(k) = self.kube.as_mut() {
+            k.after_failures(failures);
+        }
+        if let Some(last) = snapshot.load_full() {
+            let mut next = (*last).clone();
+            self.ledger.fill(&mut next);
+            snapshot.store(Some(Arc::new(next)));
+        }
+    }
+
+    /// Waits until `deadline`, handling what the follower hands over meanwhile; false: stop.
+    fn wait(
+        &mut self,
+        deadline: Instant,
+        wake: &mpsc::Receiver<Wake>,
+        snapshot: &SharedSnapshot,
+    ) -> bool {
+        loop {
+            let now = Instant::now();
+            if deadline <= now {
+                return true;
+            }
+            match wake.recv_timeout(deadline - now) {
+                Err(RecvTimeoutError::Timeout) => return true,
+                Ok(Wake::Followed(f)) => self.on_followed(f, snapshot),
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Series born before the Pod cache syncs carry empty names and are renamed moments later,
+    /// which resets every alert's `for:`: the first scan (and so /readyz) waits, boundedly.
+    /// False: stop.
+    fn wait_for_pod_cache(
+        &mut self,
+        wake: &mpsc::Receiver<Wake>,
+        snapshot: &SharedSnapshot,
+    ) -> bool {
+        let Some(wait) = self.kube.as_ref().map(|k| k.pod_cache_wait) else {
+            return true;
+        };
+        let started = Instant::now();
+        while !self.kube.as_ref().is_some_and(|k| k.pods.is_synced()) {
+            let left = wait.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                tracing::warn!(
+                    waited = ?wait,
+                    "the pod cache has not synced; scanning without pod names until it does \
+                     (shmlink_kube_pod_cache_synced 0)"
+                );
+                break;
+            }
+            let until = Instant::now() + left.min(Duration::from_millis(20));
+            if !self.wait(until, wake, snapshot) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// One scan, its outlets fed and the snapshot stored.
+    fn scan_once(&mut self, snapshot: &SharedSnapshot, metrics: &Metrics, first: bool) {
+        let pods = self.kube.as_ref().and_then(|k| k.pods.index());
+        if self.kube.is_some() {
+            metrics.set_pod_cache_synced(pods.is_some());
+        }
+        let began = Instant::now();
+        let mut out = self.scanner.scan_with(pods.as_ref());
+        metrics.record_scan(&out.runs);
+        // The kernel log's GPUs fallen off the bus, against what NVML just said of them.
+        let counts = self.scanner.xid_counts();
+        self.kernel_xids
+            .confirm(&out.snapshot.gpus, out.snapshot.nvml_up, began, &counts);
+        if let Some(k) = self.kube.as_mut() {
+            k.after_scan(&out.snapshot, pods.as_ref());
+        }
+        if let Some(told) = self.findings_told.as_mut() {
+            log_changes(told.update(&out.snapshot.findings));
+        }
+        if first {
+            tracing::info!(
+                containers = out.snapshot.shm.len(),
+                findings = out.snapshot.findings.len(),
+                "first scan done"
+            );
+        }
+        self.ledger.fill(&mut out.snapshot);
+        snapshot.store(Some(Arc::new(out.snapshot)));
+    }
+}
+
+/// Scans every `interval` until told to stop. A slow scan delays the next one rather than
+/// piling up; missed periods are skipped, not caught up. What the follower hands over between
+/// scans is handled at once.
+pub(super) fn scan_loop(
+    mut b: Between,
+    interval: Duration,
+    snapshot: &SharedSnapshot,
+    metrics: &Metrics,
+    health: &Health,
+    wake: &mpsc::Receiver<Wake>,
+) {
+    if !b.wait_for_pod_cache(wake, snapshot) {
+        return;
+    }
+    let mut next = Instant::now();
+    let mut first = true;
+    loop {
+        b.scan_once(snapshot, metrics, first);
+        health.mark_scanned();
+        first = false;
+        next += interval;
+        let now = Instant::now();
+        if next <= now {
+            next = now + interval;
+        } else if !b.wait(next, wake, snapshot) {
+            return;
+        }
+    }
+}
+
+/// A finding's beginning and end in the log, with the words its Event would carry.
+fn log_changes(changed: Changed) {
+    for f in changed.began {
+        tracing::warn!(
+            kind = f.kind.as_str(),
+            subject = %f.subject,
+            severity = ?f.severity,
+            "finding began: {}",
+            f.message
+        );
+    }
+    for f in changed.ended {
+        tracing::warn!(
+            kind = f.kind.as_str(),
+            subject = %f.subject,
+            "finding ended: {}",
+            f.message
+        );
+    }
+}

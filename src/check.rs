@@ -1,0 +1,91 @@
+//! `shmlink check`: one scan of this machine, and the failures told since `--since` through the
+//! same pipeline `serve` feeds as things happen (`failures::Pipeline`).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cli::KubeMode;
+use crate::failures::correlate::finding;
+use crate::failures::sources::read_back;
+use crate::failures::{Mode, Pipeline, Sources};
+use crate::host::HostError;
+use crate::kube::events::GpuHolders;
+use crate::kube::exits::deaths;
+use crate::kube::pods::{list_once, PodIndex};
+use crate::kube::KubeError;
+use crate::model::Snapshot;
+use crate::scan::{ScanSettings, Scanner};
+
+/// Everything `check` is asked.
+#[derive(Debug, Clone)]
+pub struct CheckSettings {
+    pub scan: ScanSettings,
+    pub sources: Sources,
+    /// How far back failures are told.
+    pub since: Duration,
+    /// Whether this node's Pods are listed (names, deaths their statuses record).
+    pub kube: KubeMode,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error("starting the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("listing this node's pods: {0}")]
+    Kube(#[from] KubeError),
+    #[error("listing this node's pods: {0}")]
+    ListPods(#[source] kube::Error),
+}
+
+/// One scan, with the failures told since `since` as findings too (worst first).
+pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
+    let listed = pods_once(settings.kube, &settings.scan.node)?;
+    let pods = listed.as_deref().map(|p| PodIndex::new(p.iter()));
+    let mut snapshot = Scanner::for_check(&settings.scan)?
+        .scan_with(pods.as_ref())
+        .snapshot;
+    let since = SystemTime::now() - settings.since;
+    let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
+    read_back(&mut pipeline, &settings.sources, since);
+    // The deaths the Pods' statuses record, as serve tells them from the watch.
+    pipeline.exits(listed.iter().flatten().flat_map(deaths).map(|(_, d)| d));
+    pipeline.after_scan(&snapshot, Instant::now());
+    let failures = pipeline.tell(Some(&snapshot), pods.as_ref(), &GpuHolders::new());
+    snapshot.findings.extend(failures.iter().map(finding));
+    snapshot
+        .findings
+        .sort_by_key(|f| std::cmp::Reverse(f.severity));
+    snapshot.failures = failures;
+    Ok(snapshot)
+}
+
+/// This node's Pods for a one-shot `check`: `auto` goes on without them when the API server
+/// cannot be had, `on` fails.
+fn pods_once(mode: KubeMode, node: &str) -> Result<Option<Vec<Pod>>, CheckError> {
+    if mode == KubeMode::Off {
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CheckError::Runtime)?;
+    let listed = runtime.block_on(async {
+        let Some(client) = crate::kube::connect(mode).await? else {
+            return Ok(None);
+        };
+        list_once(client, node)
+            .await
+            .map(Some)
+            .map_err(CheckError::ListPods)
+    });
+    match listed {
+        Err(e) if mode == KubeMode::Auto => {
+            tracing::warn!("listing this node's pods: {e}; going on without pod names");
+            Ok(None)
+        }
+        other => other,
+    }
+}

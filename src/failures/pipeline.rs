@@ -1,0 +1,432 @@
+//! The one way down of a failure, for `check` and `serve` alike (ARCHITECTURE.md draws it).
+//!
+//! Every source's account goes in as it is read: a container's log line, a kernel record, an
+//! exit status (kubelet's Pod status, Docker's record), the memory cgroups' OOM counters. The
+//! [`Pipeline`] alone recognises them (`detect.rs`), names a gone Docker container, merges one
+//! death's accounts (`same.rs`), and judges and words each with what the agent knew
+//! (`correlate.rs`); out come [`Failure`]s. `serve` feeds it as things happen
+//! (`sources::follow`), `check` what it reads back (`sources::read_back`): the same steps in the
+//! same order, so the two commands tell one death the same way.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime};
+
+use super::correlate::{correlate, Known};
+use super::detect::Recogniser;
+use super::docker_exits;
+use super::oom_counters::OomCounters;
+use super::recent::RecentReadings;
+use super::same::SameDeath;
+use super::signatures::Signatures;
+use crate::docker::{DockerExit, DockerNames};
+use crate::host::NsId;
+use crate::kernel_log::KmsgRecord;
+use crate::kube::podresources::GpuHolders;
+use crate::kube::pods::PodIndex;
+use crate::logs::LogLine;
+use crate::model::{DeathRules, Detected, Failure, FailureSource, FindingKind, Snapshot, Who};
+
+/// Where the failures are told, and how to place a host PID: the same for `check` and `serve`.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub pod_log_root: Option<PathBuf>,
+    pub docker_root: Option<PathBuf>,
+    pub kmsg: Option<PathBuf>,
+    /// Where a host PID is placed (`/proc/PID/cgroup`) and a killed process's namespaced PID read.
+    pub proc_root: PathBuf,
+    /// The host's mount namespace: a process in it is not a container's.
+    pub host_mnt: Option<NsId>,
+    /// How deaths of memory are judged.
+    pub rules: DeathRules,
+}
+
+/// How the accounts arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `serve`: as things happen. The kernel's OOM kill waits one round, so that PyTorch's word
+    /// of the kill (written a moment after it) is told with it.
+    Follow,
+    /// `check`: read back at once over a window from `since`; accounts before it are read (an
+    /// OOM report spans many records) but not told, and a container's failures of one kind are
+    /// kept as the first and newest [`KEPT_PER_KIND`] / 2.
+    ReadBack { since: SystemTime },
+}
+
+/// A container's failures of one kind that `check` lists at most: the first and the newest (a
+/// container printing the same failure for an hour would otherwise hold millions).
+pub const KEPT_PER_KIND: usize = 64;
+
+pub struct Pipeline {
+    mode: Mode,
+    recogniser: Recogniser,
+    accounts: Accounts,
+    /// The kernel's OOM kills of the last round, told with this round's accounts (Follow).
+    held_kills: Vec<Detected>,
+    docker: Option<DockerNames>,
+    same: SameDeath,
+    recent: RecentReadings,
+    oom_counters: Option<OomCounters>,
+    rules: DeathRules,
+}
+
+impl Pipeline {
+    pub fn new(settings: &Sources, mode: Mode) -> Pipeline {
+        Pipeline {
+            mode,
+            recogniser: Recogniser::new(
+                settings.proc_root.clone(),
+                settings.host_mnt,
+                settings.rules.oom_shm_share,
+            ),
+            accounts: Accounts::new(match mode {
+                Mode::Follow => None,
+                Mode::ReadBack { .. } => Some(KEPT_PER_KIND),
+            }),
+            held_kills: Vec::new(),
+            docker: settings
+                .docker_root
+                .clone()
+                .map(|root| DockerNames::new(Some(root))),
+            same: SameDeath::default(),
+            recent: RecentReadings::default(),
+            oom_counters: None,
+            rules: settings.rules,
+        }
+    }
+
+    /// OOM kills told from the memory cgroups' counters, read by each scan (`serve` without
+    /// the kernel log).
+    pub fn with_oom_counters(mut self, counters: OomCounters) -> Pipeline {
+        self.oom_counters = Some(counters);
+        self
+    }
+
+    /// The question a source asks of a raw line before it decodes it (one automaton pass), of
+    /// a copy, so that it can ask while each kept line is handed to [`Pipeline::log_line`].
+    pub fn candidates(&self) -> Signatures {
+        self.recogniser.candidates()
+    }
+
+    /// A container's log line: only ever about that container.
+    pub fn log_line(&mut self, line: &LogLine) {
+        if let Some(d) = self.recogniser.log_line(line) {
+            self.account(d);
+        }
+    }
+
+    /// A kernel record, every one in order (an OOM report spans many).
+    pub fn kernel_record(&mut self, record: &KmsgRecord, at: SystemTime) {
+        if let Some(d) = self.recogniser.kernel(record, at) {
+            self.account(d);
+        }
+    }
+
+    /// Docker's record of a stopped container: an OOM kill or a SIGBUS is a death.
+    pub fn docker_exit(&mut self, exit: &DockerExit) {
+        if let Some(d) = docker_exits::detected(exit) {
+            self.account(d);
+        }
+    }
+
+    /// Deaths a source recognised on its own side: kubelet's Pod statuses (`kube::exits`).
+    pub fn exits(&mut self, deaths: impl IntoIterator<Item = Detected>) {
+        for d in deaths {
+            self.account(d);
+        }
+    }
+
+    /// A scan: its containers are remembered for the failures told after they are gone, and
+    /// the OOM kills its counters grew by are accounts.
+    pub fn after_scan(&mut self, snapshot: &Snapshot, now: Instant) {
+        self.recent.remember(&snapshot.shm, now);
+        if let Some(counters) = self.oom_counters.as_mut() {
+            let at = snapshot.taken_at.unwrap_or_else(SystemTime::now);
+            for d in counters.after_scan(&snapshot.shm, at) {
+                self.account(d);
+            }
+        }
+    }
+
+    /// Whether anything waits to be told.
+    pub fn has_pending(&self) -> bool {
+        !self.accounts.is_empty() || !self.held_kills.is_empty()
+    }
+
+    /// Tells what came in since the last call: each account placed and judged with what was
+    /// known (`snapshot`: the last scan, to which the containers gone in the last minute are
+    /// added here; this node's Pods; who holds which GPU), one death's accounts told once.
+    pub fn tell(
+        &mut self,
+        snapshot: Option<&Snapshot>,
+        pods: Option<&PodIndex>,
+        holders: &GpuHolders,
+    ) -> Vec<Failure> {
+        let mut accounts = self.accounts.take();
+        if self.mode == Mode::Follow {
+            let (kills, rest): (Vec<Detected>, Vec<Detected>) =
+                accounts.into_iter().partition(is_kernel_oom_kill);
+            accounts = std::mem::replace(&mut self.held_kills, kills);
+            accounts.extend(rest);
+        }
+        // A runtime's record after the accounts with numbers: of two that tell one death (the
+        // kernel's kill, kubelet's OOMKilled stamped in whole seconds), the first stays.
+        accounts.sort_by_key(|d| (is_runtime_record(d), d.at));
+        if let Some(names) = self.docker.as_mut() {
+            for d in &mut accounts {
+                name_gone_docker_container(d, names);
+            }
+        }
+        let with_recent = snapshot.map(|s| self.recent.added_to(s));
+        let known = Known {
+            snapshot: with_recent.as_ref(),
+            pods,
+            holders,
+            rules: self.rules,
+        };
+        let failures = accounts
+            .iter()
+            .filter_map(|d| correlate(d, known))
+            .collect();
+        self.same.keep_new(failures)
+    }
+
+    /// What was recognised and not yet told (the field corpus measures recognition alone).
+    pub fn take_accounts(&mut self) -> Vec<Detected> {
+        let mut out = std::mem::take(&mut self.held_kills);
+        out.extend(self.accounts.take());
+        out.sort_by_key(|d| d.at);
+        out
+    }
+
+    fn account(&mut self, d: Detected) {
+        if let Mode::ReadBack { since } = self.mode {
+            if d.at < since {
+                return;
+            }
+        }
+        self.accounts.push(d);
+    }
+}
+
+/// The kernel's OOM kill, which PyTorch's word of it follows.
+fn is_kernel_oom_kill(d: &Detected) -> bool {
+    d.source == FailureSource::Kernel && d.kind.is_oom_kill()
+}
+
+/// kubelet's and Docker's records: no numbers, stamped after the fact.
+fn is_runtime_record(d: &Detected) -> bool {
+    matches!(d.source, FailureSource::PodStatus | FailureSource::Docker)
+}
+
+/// A container gone since has no reading to name it: Docker's record still does.
+fn name_gone_docker_container(d: &mut Detected, names: &mut DockerNames) {
+    if let Who::Container {
+        pod_uid: None,
+        container_id,
+    } = &d.who
+    {
+        if let Some(c) = names.lookup(container_id) {
+            d.who = Who::Docker {
+                container_id: container_id.clone(),
+                name: c.name,
+            };
+        }
+    }
+}
+
+/// The accounts not yet told; with a bound, at most that many per container and kind: the first
+/// half and the newest half, the rest counted and said once.
+struct Accounts {
+    bound: Option<usize>,
+    order: Vec<Detected>,
+    by_key: HashMap<(Who, FindingKind), Kept>,
+}
+
+/// One container's accounts of one kind: the first, the newest, and how many were left out.
+type Kept = (Vec<Detected>, VecDeque<Detected>, u64);
+
+impl Accounts {
+    fn new(bound: Option<usize>) -> Accounts {
+        Accounts {
+            bound,
+            order: Vec::new(),
+            by_key: HashMap::new(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.order.is_empty() && self.by_key.is_empty()
+    }
+
+    fn push(&mut self, d: Detected) {
+        let Some(bound) = self.bound else {
+            self.order.push(d);
+            return;
+        };
+        let (first, newest, left_out) = self.by_key.entry((d.who.clone(), d.kind)).or_default();
+        if first.len() < bound / 2 {
+            first.push(d);
+            return;
+        }
+        newest.push_back(d);
+        if newest.len() > bound / 2 {
+            newest.pop_front();
+            *left_out += 1;
+        }
+    }
+
+    fn take(&mut self) -> Vec<Detected> {
+        let mut out = std::mem::take(&mut self.order);
+        let half = self.bound.unwrap_or(0) / 2;
+        for ((who, kind), (first, newest, left_out)) in std::mem::take(&mut self.by_key) {
+            if left_out > 0 {
+                tracing::warn!(
+                    "container {}: {left_out} more {} failures in its log are not listed (the \
+                     first {half} and the newest {half} are)",
+                    whose(&who),
+                    kind.as_str(),
+                );
+            }
+            out.extend(first);
+            out.extend(newest);
+        }
+        out.sort_by_key(|d| d.at);
+        out
+    }
+}
+
+fn whose(who: &Who) -> String {
+    match who {
+        Who::Pod {
+            namespace,
+            pod,
+            container,
+            ..
+        } => format!("{namespace}/{pod}/{container}"),
+        Who::Container { container_id, .. } | Who::Docker { container_id, .. } => {
+            crate::model::short_id(container_id).to_string()
+        }
+        Who::Process => "a process".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(i: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(i)
+    }
+
+    fn who(c: &str) -> Who {
+        Who::Container {
+            pod_uid: None,
+            container_id: c.into(),
+        }
+    }
+
+    #[test]
+    fn check_keeps_the_first_and_the_newest_failures_of_a_flooding_container() {
+        let mut kept = Accounts::new(Some(KEPT_PER_KIND));
+        for i in 0..10_000 {
+            let kind = FindingKind::ShmAllocationFailed;
+            kept.push(Detected::new(
+                who("flood"),
+                kind,
+                at(i),
+                FailureSource::Log,
+                "x",
+            ));
+        }
+        kept.push(Detected::new(
+            who("quiet"),
+            FindingKind::ShmAllocationFailed,
+            at(5),
+            FailureSource::Log,
+            "y",
+        ));
+        let out = kept.take();
+        let flood: Vec<u64> = out
+            .iter()
+            .filter(|d| d.who == who("flood"))
+            .map(|d| {
+                d.at.duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs()
+            })
+            .collect();
+        let want: Vec<u64> = (0..32).chain(10_000 - 32..10_000).collect();
+        assert_eq!(flood, want);
+        assert_eq!(out.iter().filter(|d| d.who == who("quiet")).count(), 1);
+        assert!(kept.is_empty(), "told once");
+    }
+
+    fn settings() -> Sources {
+        Sources {
+            pod_log_root: None,
+            kmsg: None,
+            proc_root: PathBuf::from("/nonexistent"),
+            host_mnt: None,
+            docker_root: None,
+            rules: DeathRules::default(),
+        }
+    }
+
+    fn told(p: &mut Pipeline) -> Vec<(FindingKind, FailureSource)> {
+        let holders = GpuHolders::new();
+        p.tell(None, None, &holders)
+            .iter()
+            .map(|f| (f.kind, f.source))
+            .collect()
+    }
+
+    fn oom_kill(source: FailureSource, secs: u64) -> Detected {
+        let mut d = Detected::new(
+            who("c1"),
+            FindingKind::WorkloadOomKilled,
+            at(secs),
+            source,
+            "killed",
+        );
+        d.memory = Some(crate::model::MemorySplit {
+            limit_bytes: Some(100),
+            usage_bytes: Some(100),
+            shm_bytes: Some(1),
+            anon_bytes: Some(99),
+            source: crate::model::MemorySource::KernelLog,
+        });
+        d
+    }
+
+    #[test]
+    fn one_death_told_by_the_kernel_and_a_runtime_record_is_the_kernels_in_both_modes() {
+        // check reads both at once: the record is sorted after the account with numbers.
+        let mut p = Pipeline::new(&settings(), Mode::ReadBack { since: at(0) });
+        p.exits([oom_kill(FailureSource::PodStatus, 101)]);
+        p.exits([oom_kill(FailureSource::Kernel, 100)]);
+        let want = vec![(FindingKind::WorkloadOomKilled, FailureSource::Kernel)];
+        assert_eq!(told(&mut p), want);
+        assert!(!p.has_pending());
+        // serve: the kernel's kill waits one round (for PyTorch's word), kubelet's record comes
+        // a second later; one failure, the kernel's.
+        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        p.exits([oom_kill(FailureSource::Kernel, 100)]);
+        assert!(told(&mut p).is_empty(), "held one round");
+        assert!(p.has_pending());
+        assert_eq!(told(&mut p), want);
+        p.exits([oom_kill(FailureSource::PodStatus, 101)]);
+        assert!(told(&mut p).is_empty(), "the same death, told once");
+        assert!(!p.has_pending());
+    }
+
+    #[test]
+    fn read_back_tells_nothing_from_before_since() {
+        let mut p = Pipeline::new(&settings(), Mode::ReadBack { since: at(50) });
+        p.exits([oom_kill(FailureSource::PodStatus, 49)]);
+        assert!(!p.has_pending());
+        p.exits([oom_kill(FailureSource::PodStatus, 50)]);
+        assert_eq!(told(&mut p).len(), 1);
+    }
+}

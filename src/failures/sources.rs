@@ -1,0 +1,290 @@
+//! The sources a [`Pipeline`] is fed from: the container logs, Docker's records of stopped
+//! containers and the kernel log, followed on a thread of its own in `serve` ([`follow`], every
+//! [`POLL`]) or read back over `--since` in `check` ([`read_back`]). Reading is all that happens
+//! here; what a line means, whose it is and how it is told is the pipeline's.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::pipeline::{Mode, Pipeline, Sources};
+use crate::docker::{exited_since, DockerExit, RecordsSeen};
+use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
+use crate::kernel_log::{KernelLog, KmsgStart};
+use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};
+use crate::kube::pods::PodCache;
+use crate::logs::{LogSettings, LogTailer};
+use crate::metrics::SharedSnapshot;
+use crate::model::{Detected, Failure, SourceStats};
+
+/// How often `serve` reads the sources: a failure reaches its Event well within 2 s (an OOM
+/// kill one poll later, with what the logs said of it meanwhile).
+pub const POLL: Duration = Duration::from_millis(200);
+/// How often `serve` looks at Docker's records for containers that stopped.
+const DOCKER_EVERY: Duration = Duration::from_secs(1);
+/// Lines per second one container may log before the rest is dropped (and counted): a flood
+/// costs its own lines, not the node's CPU.
+pub const MAX_LINES_PER_SEC: u32 = 2000;
+/// Kernel records read per poll at most.
+const KMSG_BATCH: usize = 4096;
+/// Docker deaths remembered as told (a record rewritten later is not a second death).
+const DOCKER_TOLD_MAX: usize = 4096;
+
+fn log_settings(sources: &Sources) -> LogSettings {
+    LogSettings {
+        pod_log_root: sources.pod_log_root.clone(),
+        docker_root: sources.docker_root.clone(),
+        max_lines_per_sec: MAX_LINES_PER_SEC,
+    }
+}
+
+/// `check`: everything the sources said since `since`, into `pipeline` (made with
+/// [`Mode::ReadBack`]).
+pub fn read_back(pipeline: &mut Pipeline, sources: &Sources, since: SystemTime) {
+    let candidates = pipeline.candidates();
+    LogTailer::since(log_settings(sources), since).poll_each(
+        |text| candidates.is_candidate(text),
+        |line| pipeline.log_line(&line),
+    );
+    // Docker's records of the containers that stopped since: the deaths that print nothing.
+    if let Some(root) = &sources.docker_root {
+        for exit in exited_since(root, since, None) {
+            pipeline.docker_exit(&exit);
+        }
+    }
+    if let Some(path) = &sources.kmsg {
+        match KernelLog::open(path, KmsgStart::Since(since)) {
+            Ok(mut reader) => loop {
+                let batch = reader.read_available(KMSG_BATCH);
+                if batch.is_empty() {
+                    break;
+                }
+                for r in &batch {
+                    pipeline.kernel_record(r, reader.wall_time(r.usec));
+                }
+            },
+            Err(e) => tracing::warn!("not reading the kernel log {}: {e}", path.display()),
+        }
+    }
+}
+
+/// What the sources said since `since`, recognised but not yet placed or told: the field
+/// corpus measures recognition alone with it.
+pub fn recognised_since(sources: &Sources, since: SystemTime) -> Vec<Detected> {
+    let mut pipeline = Pipeline::new(sources, Mode::ReadBack { since });
+    read_back(&mut pipeline, sources, since);
+    pipeline.take_accounts()
+}
+
+/// What `serve`'s follower hands the scan thread.
+#[derive(Debug)]
+pub enum Followed {
+    /// Failures told (placed, merged, judged): for the ledger, the log and Events.
+    Failures(Vec<Failure>),
+    /// What the kernel said about GPUs (XIDs, a GPU fallen off the bus).
+    KernelGpus(Vec<KernelGpu>),
+}
+
+/// The cluster's caches the follower reads without waiting, to name a failure's Pod and GPUs.
+#[derive(Clone)]
+pub struct ClusterCaches {
+    pub pods: PodCache,
+    pub gpu_holders: PodResourcesWatcher,
+}
+
+/// What `serve`'s follower reads and where it reads what was known.
+pub struct Follow {
+    pub sources: Sources,
+    /// Made with [`Mode::Follow`] (and the OOM counters when the kernel log is off).
+    pub pipeline: Pipeline,
+    /// The last scan, as the scan thread stores it.
+    pub snapshot: SharedSnapshot,
+    pub cluster: Option<ClusterCaches>,
+    /// The deaths the Pods' statuses record, as the watch delivers them: told at once.
+    pub exits: mpsc::Receiver<Vec<Detected>>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// `serve`: follows the sources from now on, tells what they say through the pipeline and hands
+/// it to `deliver` (the scan thread's queue), and the sources' counts to `report`. Stops when
+/// `stop` is set or `deliver` says the other side is gone.
+pub fn follow<F, R>(f: Follow, deliver: F, report: R) -> std::io::Result<JoinHandle<()>>
+where
+    F: Fn(Followed) -> bool + Send + 'static,
+    R: FnMut(&SourceStats) + Send + 'static,
+{
+    std::thread::Builder::new()
+        .name("failures".into())
+        .spawn(move || Follower::new(f).run(deliver, report))
+}
+
+struct Follower {
+    f: Follow,
+    logs: Option<LogTailer>,
+    kmsg: Option<KernelLog>,
+    docker: Option<DockerFollower>,
+    stats: SourceStats,
+    /// The snapshot the pipeline last saw (its scan time).
+    seen_scan: Option<SystemTime>,
+    /// Whether any source is read (else there are no source counts to report).
+    any_source: bool,
+}
+
+impl Follower {
+    fn new(f: Follow) -> Follower {
+        let s = &f.sources;
+        let logs_on = s.pod_log_root.is_some() || s.docker_root.is_some();
+        let kmsg = s.kmsg.as_ref().and_then(|path| {
+            KernelLog::open(path, KmsgStart::End)
+                .map_err(|e| {
+                    tracing::warn!(
+                        "not reading the kernel log {}: {e} (/dev/kmsg and syslog(2) need \
+                         CAP_SYSLOG where kernel.dmesg_restrict=1, and a pod's device cgroup \
+                         refuses /dev/kmsg unless privileged: grant CAP_SYSLOG)",
+                        path.display()
+                    )
+                })
+                .ok()
+        });
+        Follower {
+            logs: logs_on.then(|| LogTailer::from_end(log_settings(s))),
+            stats: SourceStats {
+                kmsg_open: s.kmsg.as_ref().map(|_| kmsg.is_some()),
+                ..SourceStats::default()
+            },
+            kmsg,
+            docker: s.docker_root.clone().map(DockerFollower::new),
+            seen_scan: None,
+            any_source: logs_on || s.kmsg.is_some(),
+            f,
+        }
+    }
+
+    fn run(mut self, deliver: impl Fn(Followed) -> bool, mut report: impl FnMut(&SourceStats)) {
+        // The recogniser's question, asked of its own copy while each line goes to it.
+        let candidates = self.f.pipeline.candidates();
+        while !self.f.stop.load(Ordering::Relaxed) {
+            if let Some(logs) = self.logs.as_mut() {
+                let pipeline = &mut self.f.pipeline;
+                logs.poll_each(
+                    |text| candidates.is_candidate(text),
+                    |line| pipeline.log_line(&line),
+                );
+                self.stats.logs = logs.stats();
+            }
+            let gpus = self.read_kernel_log();
+            if let Some(docker) = self.docker.as_mut() {
+                docker.poll(&mut self.f.pipeline);
+            }
+            self.after_scan();
+            while let Ok(deaths) = self.f.exits.try_recv() {
+                self.f.pipeline.exits(deaths);
+            }
+            if self.any_source {
+                report(&self.stats);
+            }
+            if !gpus.is_empty() && !deliver(Followed::KernelGpus(gpus)) {
+                return;
+            }
+            if !self.tell(&deliver) {
+                return;
+            }
+            self.wait();
+        }
+    }
+
+    fn read_kernel_log(&mut self) -> Vec<KernelGpu> {
+        let mut gpus = Vec::new();
+        if let Some(reader) = self.kmsg.as_mut() {
+            let records = reader.read_available(KMSG_BATCH);
+            self.stats.kmsg_records += records.len() as u64;
+            for r in records {
+                self.f.pipeline.kernel_record(&r, reader.wall_time(r.usec));
+                gpus.extend(kernel_gpu(&r));
+            }
+            self.stats.kmsg_lost = reader.lost();
+        }
+        gpus
+    }
+
+    /// A new scan: the pipeline remembers its containers and reads its OOM counters.
+    fn after_scan(&mut self) {
+        let Some(last) = self.f.snapshot.load_full() else {
+            return;
+        };
+        if last.taken_at.is_some() && last.taken_at == self.seen_scan {
+            return;
+        }
+        self.seen_scan = last.taken_at;
+        self.f.pipeline.after_scan(&last, Instant::now());
+    }
+
+    /// False: the scan thread is gone.
+    fn tell(&mut self, deliver: &impl Fn(Followed) -> bool) -> bool {
+        if !self.f.pipeline.has_pending() {
+            return true;
+        }
+        let last = self.f.snapshot.load_full();
+        let cluster = self.f.cluster.as_ref();
+        let pods = cluster.and_then(|c| c.pods.index());
+        let holders =
+            cluster.map_or_else(|| Arc::new(GpuHolders::new()), |c| c.gpu_holders.holders());
+        let failures = self
+            .f
+            .pipeline
+            .tell(last.as_deref(), pods.as_ref(), &holders);
+        failures.is_empty() || deliver(Followed::Failures(failures))
+    }
+
+    /// One poll's wait; a Pod's death wakes it at once.
+    fn wait(&mut self) {
+        match self.f.exits.recv_timeout(POLL) {
+            Ok(deaths) => self.f.pipeline.exits(deaths),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(POLL),
+        }
+    }
+}
+
+/// Docker's records, looked at every [`DOCKER_EVERY`]: each container that stopped since the
+/// agent started, told once.
+struct DockerFollower {
+    root: std::path::PathBuf,
+    since: SystemTime,
+    seen: RecordsSeen,
+    told: HashSet<(String, SystemTime)>,
+    next: Instant,
+}
+
+impl DockerFollower {
+    fn new(root: std::path::PathBuf) -> DockerFollower {
+        DockerFollower {
+            root,
+            since: SystemTime::now(),
+            seen: RecordsSeen::default(),
+            told: HashSet::new(),
+            next: Instant::now(),
+        }
+    }
+
+    fn poll(&mut self, pipeline: &mut Pipeline) {
+        if Instant::now() < self.next {
+            return;
+        }
+        self.next = Instant::now() + DOCKER_EVERY;
+        for exit in exited_since(&self.root, self.since, Some(&mut self.seen)) {
+            if self.first_time(&exit) {
+                pipeline.docker_exit(&exit);
+            }
+        }
+    }
+
+    fn first_time(&mut self, exit: &DockerExit) -> bool {
+        if self.told.len() >= DOCKER_TOLD_MAX {
+            self.told.clear();
+        }
+        self.told.insert((exit.id.clone(), exit.finished_at))
+    }
+}
