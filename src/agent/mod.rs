@@ -15,6 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use tokio::net::TcpListener;
 
 pub use cluster::KubeSettings;
 use cluster::KubeView;
@@ -77,25 +78,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         sources,
         probe,
     } = settings;
-    // Without the kernel log, OOM kills are told from the memory cgroups' counters.
-    let oom_counters = match (&sources.kmsg, scan.host.memory_hierarchy()) {
-        (None, Ok((hierarchy, version))) => Some(OomCounters::new(
-            hierarchy,
-            version,
-            sources.rules.oom_shm_share,
-        )),
-        _ => None,
-    };
-    let serve_scan = ServeScan {
-        peak_period: PEAK_PERIOD,
-        oom_kills: oom_counters.is_some(),
-    };
-    let scanner = Scanner::for_serve(&scan, serve_scan)?;
-    let mut pipeline = Pipeline::new(&sources, Mode::Follow);
-    if let Some(counters) = oom_counters {
-        pipeline = pipeline.with_oom_counters(counters);
-    }
-
+    let (scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let metrics = Arc::new(Metrics::new(snapshot.clone()));
     let health = Arc::new(Health::new(interval));
@@ -106,14 +89,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         .await?
         .map(|client| KubeView::spawn(client, &kube, interval, &metrics, &runtime, deaths_tx));
 
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| AgentError::Listen {
-            addr: listen,
-            source,
-        })?;
-    let local = listener.local_addr().unwrap_or(listen);
-    tracing::info!(addr = %local, interval = ?interval, "serving /metrics, /healthz, /readyz");
+    let listener = bind(listen, interval).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let follower = spawn_follower(
@@ -157,6 +133,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             move || scan_loop(between, interval, &snapshot, &metrics, &health, &wake_rx)
         })
         .map_err(|e| AgentError::Thread("scan", e))?;
+    let threads = [Some(scan_thread), prober, Some(follower)];
 
     let state = Arc::new(AppState {
         metrics,
@@ -169,15 +146,51 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     stop.store(true, Ordering::Relaxed);
     // The scan thread finishes its current scan (if any) and exits; the follower its poll.
     let _ = tokio::task::spawn_blocking(move || {
-        let _ = scan_thread.join();
-        if let Some(p) = prober {
-            let _ = p.join();
+        for t in threads.into_iter().flatten() {
+            let _ = t.join();
         }
-        let _ = follower.join();
     })
     .await;
     tracing::info!("stopped");
     served.map_err(AgentError::Http)
+}
+
+async fn bind(listen: SocketAddr, interval: Duration) -> Result<TcpListener, AgentError> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(listen);
+    tracing::info!(addr = %local, interval = ?interval, "serving /metrics, /healthz, /readyz");
+    Ok(listener)
+}
+
+/// `serve`'s scanner and failure pipeline; without the kernel log, OOM kills are told from the
+/// memory cgroups' counters, which each scan then reads.
+fn scanner_and_pipeline(
+    scan: &ScanSettings,
+    sources: &Sources,
+) -> Result<(Scanner, Pipeline), AgentError> {
+    let oom_counters = match (&sources.kmsg, scan.host.memory_hierarchy()) {
+        (None, Ok((hierarchy, version))) => Some(OomCounters::new(
+            hierarchy,
+            version,
+            sources.rules.oom_shm_share,
+        )),
+        _ => None,
+    };
+    let serve_scan = ServeScan {
+        peak_period: PEAK_PERIOD,
+        oom_kills: oom_counters.is_some(),
+    };
+    let scanner = Scanner::for_serve(scan, serve_scan)?;
+    let mut pipeline = Pipeline::new(sources, Mode::Follow);
+    if let Some(counters) = oom_counters {
+        pipeline = pipeline.with_oom_counters(counters);
+    }
+    Ok((scanner, pipeline))
 }
 
 /// The failure follower, handing what it tells to the scan thread and its sources' counts to

@@ -31,12 +31,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let mut id = identity(&placed(d, known.snapshot), known.pods);
     let reading = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
     if let Some(r) = reading {
-        // The scan's reading names what the source did not (the Pod cache, Docker's record).
-        id.namespace = id.namespace.or_else(|| r.namespace.clone());
-        id.pod = id.pod.or_else(|| r.pod.clone());
-        id.pod_uid = id.pod_uid.or_else(|| r.pod_uid.clone());
-        id.container = id.container.or_else(|| r.container.clone());
-        id.container_id = id.container_id.or_else(|| Some(r.container_id.clone()));
+        id.fill_from(r);
     }
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
@@ -50,22 +45,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         host_ipc: r.host_ipc,
     });
     let (gpus, gpus_from) = gpus_used(d, &id, known);
-    let gpu_pairs: Vec<PairThen> = known
-        .snapshot
-        .map(|s| {
-            s.gpu_pairs
-                .iter()
-                .filter(|p| gpus.contains(&p.gpu) && gpus.contains(&p.peer_gpu))
-                .map(|p| PairThen {
-                    gpu: p.gpu,
-                    peer_gpu: p.peer_gpu,
-                    status: p.status,
-                    reasons: p.reasons.clone(),
-                    since: p.since.map(rfc3339),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
     let job = text::JobGpus {
         gpus: &gpus,
@@ -79,66 +59,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         }
         _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
     };
-    let at = rfc3339(d.at);
-    let who = id.name();
-    let kubernetes = id.pod.is_some();
-    let message = match kind {
-        FindingKind::GpuJobCrashed => text::gpu_job_crashed(
-            &who,
-            &at,
-            d.comm.as_deref().unwrap_or("?"),
-            d.pid,
-            d.library.as_deref().unwrap_or("a GPU library"),
-            &job,
-        ),
-        FindingKind::NcclP2pDisabled => text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, &job),
-        FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => {
-            // A runtime's record names no process: the one it runs, whose end ended it.
-            let comm = d.comm.as_deref().unwrap_or(match d.source {
-                FailureSource::PodStatus | FailureSource::Docker => "its main process",
-                _ => "a process",
-            });
-            match (&memory, kind) {
-                (Some(m), FindingKind::ShmOomKilled) => {
-                    text::shm_oom_killed(&who, &at, comm, d.pid, m, id.pod.is_some())
-                }
-                (Some(m), _) => text::workload_oom_killed(&who, &at, comm, d.pid, m),
-                (None, _) => d.evidence.clone(),
-            }
-        }
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            let exit = match (&d.exit, d.source) {
-                (Some(e), _) => e.describe(),
-                (None, FailureSource::Log) => format!("its log said \"{}\"", d.evidence),
-                (None, _) => "SIGBUS".into(),
-            };
-            match (kind, &shm) {
-                (FindingKind::ShmBusError, Some(s)) => {
-                    text::shm_bus_error(&who, &at, &exit, s, id.pod.is_some())
-                }
-                _ => text::workload_bus_error(&who, &at, &exit, shm.as_ref()),
-            }
-        }
-        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, &d.evidence, kubernetes),
-        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, &d.evidence, kubernetes),
-        FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, &d.evidence),
-        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, &d.evidence, kubernetes),
-        FindingKind::ImexChannelMissing => {
-            text::imex_channel_missing(&who, &at, &d.evidence, kubernetes)
-        }
-        FindingKind::GpuPeerAccessRefused => {
-            text::gpu_peer_access_refused(&who, &at, &d.evidence, &job)
-        }
-        FindingKind::ShmFallback => text::shm_fallback(&who, &at, &d.evidence, kubernetes),
-        _ => text::shm_allocation_failed(
-            &who,
-            &at,
-            &d.evidence,
-            shm.as_ref(),
-            kubernetes,
-            d.signature.is_some_and(is_browser),
-        ),
-    };
+    let message = message(d, kind, &id, shm.as_ref(), memory.as_ref(), &job);
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
@@ -147,7 +68,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         container_id: id.container_id,
         image: reading.and_then(|r| r.image.clone()),
         kind,
-        at,
+        at: rfc3339(d.at),
         source: d.source,
         evidence: d.evidence.clone(),
         pid: d.pid,
@@ -161,6 +82,95 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         worker_pids: d.worker_pids.clone(),
         message,
     })
+}
+
+/// The pairs among the job's GPUs, as the last scan judged them.
+fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
+    let Some(s) = snapshot else {
+        return Vec::new();
+    };
+    s.gpu_pairs
+        .iter()
+        .filter(|p| gpus.contains(&p.gpu) && gpus.contains(&p.peer_gpu))
+        .map(|p| PairThen {
+            gpu: p.gpu,
+            peer_gpu: p.peer_gpu,
+            status: p.status,
+            reasons: p.reasons.clone(),
+            since: p.since.map(rfc3339),
+        })
+        .collect()
+}
+
+/// What a person is told of the failure, judged `kind`: the words are `findings::text`'s.
+fn message(
+    d: &Detected,
+    kind: FindingKind,
+    id: &Identity,
+    shm: Option<&ShmThen>,
+    memory: Option<&MemorySplit>,
+    job: &text::JobGpus<'_>,
+) -> String {
+    let at = rfc3339(d.at);
+    let who = id.name();
+    let kubernetes = id.pod.is_some();
+    match kind {
+        FindingKind::GpuJobCrashed => text::gpu_job_crashed(
+            &who,
+            &at,
+            d.comm.as_deref().unwrap_or("?"),
+            d.pid,
+            d.library.as_deref().unwrap_or("a GPU library"),
+            job,
+        ),
+        FindingKind::NcclP2pDisabled => text::nccl_p2p_disabled(&who, &at, d.nccl_gpus, job),
+        FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => {
+            // A runtime's record names no process: the one it runs, whose end ended it.
+            let comm = d.comm.as_deref().unwrap_or(match d.source {
+                FailureSource::PodStatus | FailureSource::Docker => "its main process",
+                _ => "a process",
+            });
+            match (memory, kind) {
+                (Some(m), FindingKind::ShmOomKilled) => {
+                    text::shm_oom_killed(&who, &at, comm, d.pid, m, kubernetes)
+                }
+                (Some(m), _) => text::workload_oom_killed(&who, &at, comm, d.pid, m),
+                (None, _) => d.evidence.clone(),
+            }
+        }
+        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
+            let exit = match (&d.exit, d.source) {
+                (Some(e), _) => e.describe(),
+                (None, FailureSource::Log) => format!("its log said \"{}\"", d.evidence),
+                (None, _) => "SIGBUS".into(),
+            };
+            match (kind, shm) {
+                (FindingKind::ShmBusError, Some(s)) => {
+                    text::shm_bus_error(&who, &at, &exit, s, kubernetes)
+                }
+                _ => text::workload_bus_error(&who, &at, &exit, shm),
+            }
+        }
+        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, &d.evidence, kubernetes),
+        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, &d.evidence, kubernetes),
+        FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, &d.evidence),
+        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, &d.evidence, kubernetes),
+        FindingKind::ImexChannelMissing => {
+            text::imex_channel_missing(&who, &at, &d.evidence, kubernetes)
+        }
+        FindingKind::GpuPeerAccessRefused => {
+            text::gpu_peer_access_refused(&who, &at, &d.evidence, job)
+        }
+        FindingKind::ShmFallback => text::shm_fallback(&who, &at, &d.evidence, kubernetes),
+        _ => text::shm_allocation_failed(
+            &who,
+            &at,
+            &d.evidence,
+            shm,
+            kubernetes,
+            d.signature.is_some_and(is_browser),
+        ),
+    }
 }
 
 /// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
@@ -273,6 +283,18 @@ struct Identity {
 }
 
 impl Identity {
+    /// The scan's reading names what the source did not (the Pod cache, Docker's record).
+    fn fill_from(&mut self, r: &ShmReading) {
+        self.namespace = self.namespace.take().or_else(|| r.namespace.clone());
+        self.pod = self.pod.take().or_else(|| r.pod.clone());
+        self.pod_uid = self.pod_uid.take().or_else(|| r.pod_uid.clone());
+        self.container = self.container.take().or_else(|| r.container.clone());
+        self.container_id = self
+            .container_id
+            .take()
+            .or_else(|| Some(r.container_id.clone()));
+    }
+
     /// How the message names the container.
     fn name(&self) -> String {
         match (

@@ -109,35 +109,23 @@ fn told(
         anon_bytes: stat.anon,
         source: MemorySource::MemoryCgroup,
     };
-    Detected {
-        who: Who::Container {
-            pod_uid: r.pod_uid.clone(),
-            container_id: r.container_id.clone(),
-        },
-        kind: if shm_share_at_least(&memory, share) {
-            FindingKind::ShmOomKilled
-        } else {
-            FindingKind::WorkloadOomKilled
-        },
-        at,
-        source: FailureSource::MemoryCgroup,
-        evidence: format!(
-            "oom_kill +{kills} in the memory cgroup {} ({})",
-            r.cgroup,
-            r.memory_oom_kills.unwrap_or(kills)
-        ),
-        pid: None,
-        comm: None,
-        library: None,
-        nccl_gpus: None,
-        memory: Some(memory),
-        exit: None,
-        pid_in_container: None,
-        worker_pids: Vec::new(),
-        signature: None,
-        judged: false,
-        pid_taken: false,
-    }
+    let kind = if shm_share_at_least(&memory, share) {
+        FindingKind::ShmOomKilled
+    } else {
+        FindingKind::WorkloadOomKilled
+    };
+    let who = Who::Container {
+        pod_uid: r.pod_uid.clone(),
+        container_id: r.container_id.clone(),
+    };
+    let evidence = format!(
+        "oom_kill +{kills} in the memory cgroup {} ({})",
+        r.cgroup,
+        r.memory_oom_kills.unwrap_or(kills)
+    );
+    let mut d = Detected::new(who, kind, at, FailureSource::MemoryCgroup, &evidence);
+    d.memory = Some(memory);
+    d
 }
 
 #[cfg(test)]
