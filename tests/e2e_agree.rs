@@ -5,6 +5,8 @@
 //! kubelet's status records a SIGBUS death, a plain Docker container's json-file log says the
 //! same shm failure and Docker's record of another says it died of SIGBUS. Then `check --since`
 //! reads the same sources back. Both must tell the same failures: kind, container, message.
+//! What each knows is the same: a container's line is written once a scan has measured it
+//! (what a death moments after the start leaves unmeasured is issue 35's tracepoints).
 
 mod common;
 
@@ -12,7 +14,7 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::agent::Agent;
+use common::agent::{sample, Agent};
 use common::kube_api::{finished_now, pod, restarted, FakeApi};
 use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::{json, Value};
@@ -188,6 +190,15 @@ fn check_and_serve_tell_the_same_failures_of_the_same_containers_logs_and_kernel
     let _asr = Container::start(ContainerSpec {
         id: Some(asr.clone()),
         ..ContainerSpec::default()
+    });
+    // Both commands tell it with its /dev/shm as a scan measured it: serve's scans first see it.
+    agent.wait_for_metrics("the Docker container scanned", |b| {
+        sample(
+            b,
+            "shmlink_shm_used_bytes",
+            &[("container_id", asr.as_str())],
+        )
+        .is_some()
     });
     let time = k8s_openapi::jiff::Timestamp::now().to_string();
     std::fs::write(
