@@ -24,31 +24,31 @@
 // The end-to-end harness of tests/ (real containers, the fake API server, serve's scraper).
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "../common/env.rs"]
+mod env;
 mod serve;
+#[path = "../common/stats.rs"]
+mod stats;
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::agent::get;
 use common::kube_api::{pod, FakeApi};
 use common::{Container, ContainerSpec, HostTmpfs, Shm};
+use env::env_or;
+use serde_json::{json, Value};
 use serve::{Serve, NODE};
+use stats::percentile;
 
 const MIB: u64 = 1 << 20;
 const GIVE_UP: Duration = Duration::from_secs(20);
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
 
 fn monotonic_usec() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -130,49 +130,8 @@ fn deaths_cost_and_delay() {
         .unwrap();
     eprintln!("== starting {containers} containers");
     let started = Instant::now();
-    let mut running = Vec::new();
-    let mut log_files = Vec::new();
-    for i in 0..containers {
-        let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-        let name = format!("worker-{i}");
-        api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
-        let dir = logs.path().join(format!("ml_{name}_{uid}")).join("trainer");
-        std::fs::create_dir_all(&dir).unwrap();
-        log_files.push(dir.join("0.log"));
-        // Quiet containers (a training process does not fork every second); their log lines
-        // come from one writer thread below, as containerd's shims would append them.
-        running.push(Container::start(ContainerSpec {
-            pod_uid: Some(uid),
-            id: Some(id),
-            memory_limit: Some((256 * MIB) as i64),
-            ..ContainerSpec::default()
-        }));
-    }
-    // A line a second in each container's CRI log: the logs are followed, not idle.
-    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let writer = std::thread::spawn({
-        let writing = writing.clone();
-        move || {
-            use std::io::Write;
-            let mut files: Vec<std::fs::File> = log_files
-                .iter()
-                .map(|p| {
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(p)
-                        .unwrap()
-                })
-                .collect();
-            while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%fZ");
-                for f in &mut files {
-                    let _ = writeln!(f, "{now} stdout F [rank0] epoch=3 step=1200 loss=1.7342");
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-    });
+    let (running, log_files) = start_containers(&api, logs.path(), containers);
+    let writer = LogWriter::start(log_files);
     eprintln!("   started in {:.0?}", started.elapsed());
     let kubeconfig = api.kubeconfig_path();
     let both = Serve::start(logs.path(), &kubeconfig, "/dev/kmsg");
@@ -181,30 +140,144 @@ fn deaths_cost_and_delay() {
     counters.wait_ready();
 
     eprintln!("== serve's CPU over {cpu_secs} s");
-    // /proc/PID/stat counts in USER_HZ, 100 on every Linux ABI this runs on.
-    let ticks_per_sec = 100.0;
-    let (b0, c0, t0) = (both.cpu_ticks(), counters.cpu_ticks(), Instant::now());
-    let (bt0, ct0) = (both.thread_ticks(), counters.thread_ticks());
-    std::thread::sleep(Duration::from_secs(cpu_secs));
-    let secs = t0.elapsed().as_secs_f64();
-    let by_thread = |now: std::collections::BTreeMap<String, u64>,
-                     before: &std::collections::BTreeMap<String, u64>| {
-        now.into_iter()
-            .map(|(name, n)| {
-                let pct =
-                    (n - before.get(&name).copied().unwrap_or(0)) as f64 / 100.0 / secs * 100.0;
-                (name, (pct * 1000.0).round() / 1000.0)
-            })
-            .filter(|(_, pct)| *pct > 0.0)
-            .collect::<std::collections::BTreeMap<_, _>>()
-    };
-    let threads_both = by_thread(both.thread_ticks(), &bt0);
-    let threads_counters = by_thread(counters.thread_ticks(), &ct0);
-    let cpu_both = (both.cpu_ticks() - b0) as f64 / ticks_per_sec / secs * 100.0;
-    let cpu_counters = (counters.cpu_ticks() - c0) as f64 / ticks_per_sec / secs * 100.0;
-    eprintln!("   both sources: {cpu_both:.2}% of a core; --kmsg off: {cpu_counters:.2}%");
+    let cpu = Cpu::measure(&both, &counters, Duration::from_secs(cpu_secs));
+    eprintln!(
+        "   both sources: {:.2}% of a core; --kmsg off: {:.2}%",
+        cpu.both, cpu.counters
+    );
 
     eprintln!("== {kills} OOM kills, one after another");
+    let (mut delays_ms, mut counter_delays_ms) = oom_kill_delays(&api, &counters, kills);
+    delays_ms.sort_by(f64::total_cmp);
+    counter_delays_ms.sort_by(f64::total_cmp);
+    let result = json!({
+        "mode": "deaths", "containers": containers, "cpu_window_s": cpu.secs,
+        "cpu_pct_both_sources": cpu.both, "cpu_pct_kmsg_off": cpu.counters,
+        "cpu_pct_by_thread_both_sources": cpu.threads_both,
+        "cpu_pct_by_thread_kmsg_off": cpu.threads_counters,
+        "kernel_report_to_event": delay_stats(&delays_ms),
+        "kernel_report_to_counted_kmsg_off": delay_stats(&counter_delays_ms),
+    });
+    eprintln!("{result:#}");
+    println!("BENCH_JSON {result}");
+    writer.stop();
+    drop(running);
+}
+
+/// `containers` quiet real containers (a training process does not fork every second), one
+/// Pod each at the API server, and the paths of their CRI logs under `root` (not yet written:
+/// their lines come from one `LogWriter`, as containerd's shims would append them).
+fn start_containers(
+    api: &FakeApi,
+    root: &Path,
+    containers: usize,
+) -> (Vec<Container>, Vec<PathBuf>) {
+    let mut running = Vec::new();
+    let mut log_files = Vec::new();
+    for i in 0..containers {
+        let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+        let name = format!("worker-{i}");
+        api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
+        let dir = root.join(format!("ml_{name}_{uid}")).join("trainer");
+        std::fs::create_dir_all(&dir).unwrap();
+        log_files.push(dir.join("0.log"));
+        running.push(Container::start(ContainerSpec {
+            pod_uid: Some(uid),
+            id: Some(id),
+            memory_limit: Some((256 * MIB) as i64),
+            ..ContainerSpec::default()
+        }));
+    }
+    (running, log_files)
+}
+
+/// A line a second in each container's CRI log, on a thread of its own: the logs are followed,
+/// not idle.
+struct LogWriter {
+    writing: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl LogWriter {
+    fn start(log_files: Vec<PathBuf>) -> LogWriter {
+        let writing = Arc::new(AtomicBool::new(true));
+        let thread = std::thread::spawn({
+            let writing = writing.clone();
+            move || {
+                use std::io::Write;
+                let mut files: Vec<std::fs::File> = log_files
+                    .iter()
+                    .map(|p| {
+                        std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(p)
+                            .unwrap()
+                    })
+                    .collect();
+                while writing.load(Ordering::Relaxed) {
+                    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%fZ");
+                    for f in &mut files {
+                        let _ = writeln!(f, "{now} stdout F [rank0] epoch=3 step=1200 loss=1.7342");
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        });
+        LogWriter { writing, thread }
+    }
+
+    fn stop(self) {
+        self.writing.store(false, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// Each serve's CPU over a window, as % of one core, in all and by thread.
+struct Cpu {
+    /// The window's length.
+    secs: f64,
+    both: f64,
+    counters: f64,
+    threads_both: BTreeMap<String, f64>,
+    threads_counters: BTreeMap<String, f64>,
+}
+
+impl Cpu {
+    fn measure(both: &Serve, counters: &Serve, window: Duration) -> Cpu {
+        // /proc/PID/stat counts in USER_HZ, 100 on every Linux ABI this runs on.
+        let ticks_per_sec = 100.0;
+        let (b0, c0, t0) = (both.cpu_ticks(), counters.cpu_ticks(), Instant::now());
+        let (bt0, ct0) = (both.thread_ticks(), counters.thread_ticks());
+        std::thread::sleep(window);
+        let secs = t0.elapsed().as_secs_f64();
+        let by_thread = |now: BTreeMap<String, u64>, before: &BTreeMap<String, u64>| {
+            now.into_iter()
+                .map(|(name, n)| {
+                    let pct =
+                        (n - before.get(&name).copied().unwrap_or(0)) as f64 / 100.0 / secs * 100.0;
+                    (name, (pct * 1000.0).round() / 1000.0)
+                })
+                .filter(|(_, pct)| *pct > 0.0)
+                .collect::<BTreeMap<_, _>>()
+        };
+        let threads_both = by_thread(both.thread_ticks(), &bt0);
+        let threads_counters = by_thread(counters.thread_ticks(), &ct0);
+        Cpu {
+            secs,
+            both: (both.cpu_ticks() - b0) as f64 / ticks_per_sec / secs * 100.0,
+            counters: (counters.cpu_ticks() - c0) as f64 / ticks_per_sec / secs * 100.0,
+            threads_both,
+            threads_counters,
+        }
+    }
+}
+
+/// The measured loop: `kills` containers of Pods the server knows, one after another, each
+/// OOM-killed filling its /dev/shm. The delays (ms) from each kill's kernel report to the
+/// kernel-log serve's Event, and to the kill counted by the counter serve (`counters`) when
+/// it was within `GIVE_UP`.
+fn oom_kill_delays(api: &FakeApi, counters: &Serve, kills: usize) -> (Vec<f64>, Vec<f64>) {
     let mut kmsg = Kmsg::open();
     let volume = HostTmpfs::new(1024 * MIB);
     let mut delays_ms = Vec::new();
@@ -229,57 +302,55 @@ fn deaths_cost_and_delay() {
         let reported = kmsg
             .oom_kill_of(&id, GIVE_UP)
             .unwrap_or_else(|| panic!("no OOM report for {id}"));
-        let reasons = ["ShmOomKilled", "WorkloadOomKilled"];
-        let mut seen = None;
-        let deadline = Instant::now() + GIVE_UP;
-        while Instant::now() < deadline {
-            if events_with(&api, &name, &reasons) > 0 {
-                seen = Some(monotonic_usec());
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let seen = seen.unwrap_or_else(|| panic!("no Event for {name}: {:#?}", api.events()));
+        let seen = event_seen(api, &name)
+            .unwrap_or_else(|| panic!("no Event for {name}: {:#?}", api.events()));
         delays_ms.push(seen.saturating_sub(reported) as f64 / 1000.0);
         // The counter path: the same kill, told at a scan (every 5 s).
-        let deadline = Instant::now() + GIVE_UP;
-        let mut count_seen = None;
-        while Instant::now() < deadline {
-            let told = get(counters.addr, "/metrics").is_some_and(|(_, body)| {
-                common::promtext::samples(&body).any(|s| {
-                    s.name == "shmlink_workload_failures_total" && s.has_labels(&[("pod", &name)])
-                })
-            });
-            if told {
-                count_seen = Some(monotonic_usec());
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if let Some(t) = count_seen {
+        if let Some(t) = counted(counters, &name) {
             counter_delays_ms.push(t.saturating_sub(reported) as f64 / 1000.0);
         }
         drop(c);
     }
-    delays_ms.sort_by(f64::total_cmp);
-    counter_delays_ms.sort_by(f64::total_cmp);
-    let stats = |v: &[f64]| {
-        if v.is_empty() {
-            return serde_json::json!(null);
+    (delays_ms, counter_delays_ms)
+}
+
+/// When (CLOCK_MONOTONIC, µs) a 10 ms poll first saw the kernel-log serve's OOM Event about
+/// `pod`, within `GIVE_UP`.
+fn event_seen(api: &FakeApi, pod: &str) -> Option<u64> {
+    let reasons = ["ShmOomKilled", "WorkloadOomKilled"];
+    let deadline = Instant::now() + GIVE_UP;
+    while Instant::now() < deadline {
+        if events_with(api, pod, &reasons) > 0 {
+            return Some(monotonic_usec());
         }
-        serde_json::json!({"n": v.len(), "p50_ms": percentile(v, 0.5), "p95_ms": percentile(v, 0.95),
-                           "p99_ms": percentile(v, 0.99), "max_ms": v[v.len() - 1]})
-    };
-    let result = serde_json::json!({
-        "mode": "deaths", "containers": containers, "cpu_window_s": secs,
-        "cpu_pct_both_sources": cpu_both, "cpu_pct_kmsg_off": cpu_counters,
-        "cpu_pct_by_thread_both_sources": threads_both, "cpu_pct_by_thread_kmsg_off": threads_counters,
-        "kernel_report_to_event": stats(&delays_ms),
-        "kernel_report_to_counted_kmsg_off": stats(&counter_delays_ms),
-    });
-    eprintln!("{result:#}");
-    println!("BENCH_JSON {result}");
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    let _ = writer.join();
-    drop(running);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// When (CLOCK_MONOTONIC, µs) a 20 ms poll first saw `pod` in `serve`'s
+/// `shmlink_workload_failures_total`, within `GIVE_UP`.
+fn counted(serve: &Serve, pod: &str) -> Option<u64> {
+    let deadline = Instant::now() + GIVE_UP;
+    while Instant::now() < deadline {
+        let told = get(serve.addr, "/metrics").is_some_and(|(_, body)| {
+            common::promtext::samples(&body).any(|s| {
+                s.name == "shmlink_workload_failures_total" && s.has_labels(&[("pod", pod)])
+            })
+        });
+        if told {
+            return Some(monotonic_usec());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// The count, p50, p95, p99 and max of sorted delays; null when there is none.
+fn delay_stats(v: &[f64]) -> Value {
+    if v.is_empty() {
+        return json!(null);
+    }
+    json!({"n": v.len(), "p50_ms": percentile(v, 0.5), "p95_ms": percentile(v, 0.95),
+           "p99_ms": percentile(v, 0.99), "max_ms": v[v.len() - 1]})
 }

@@ -18,17 +18,26 @@
 // The end-to-end harness of tests/ (the fake API server, serve's scraper).
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "../common/env.rs"]
+mod env;
+#[path = "../common/rng.rs"]
+mod rng;
 mod serve;
+#[path = "../common/stats.rs"]
+mod stats;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::kube_api::{pod, FakeApi};
+use env::env_or;
+use rng::Rng;
 use serde_json::json;
 use serve::{Serve, NODE};
+use stats::percentile;
 
 const REASON: &str = "ShmAllocationFailed";
 /// What PyTorch 2.15 printed when its DataLoader outgrew a 64 MiB /dev/shm.
@@ -38,13 +47,6 @@ const TORCH_LINE: &str = "RuntimeError: unable to allocate shared memory(shm) fo
 const GIVE_UP: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(10);
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// One CRI record as containerd writes it.
 fn cri_line(text: &str) -> String {
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -52,24 +54,6 @@ fn cri_line(text: &str) -> String {
         "{} stderr F {text}\n",
         now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     )
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Nearest rank: the smallest sample with at least `p` of them at or below it.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 struct Target {
@@ -93,14 +77,48 @@ fn failure_line_to_event_delay() {
 
     let api = FakeApi::start();
     let logs = tempfile::tempdir().unwrap();
+    let targets = pods_with_logs(&api, logs.path(), pods);
+    let serve = Serve::start(logs.path(), &api.kubeconfig_path(), "off");
+    serve.wait_ready();
+    // The Pod watch's first list, and the watcher's first look at the logs.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        api.events().iter().all(|e| e["reason"] != REASON),
+        "a failure Event before any failure: {:#?}",
+        api.events()
+    );
+
+    let (written, arrived) = measure(&api, &targets, spread, seed);
+    let delays = Delays::of(&targets, &written, &arrived);
+    let events = api
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == REASON)
+        .count();
+    report(pods, spread, seed, events, &delays);
+    let Delays { missing, early, .. } = delays;
+    assert!(
+        early.is_empty(),
+        "Events before their line was written: {early:?}"
+    );
+    assert!(
+        missing.is_empty(),
+        "no Event within {GIVE_UP:?} for {} Pods: {missing:?}; serve's log:\n{}",
+        missing.len(),
+        std::fs::read_to_string(&serve.log).unwrap_or_default()
+    );
+}
+
+/// `pods` Pods at the API server, each with a CRI log of 20 lines under `root`: the container
+/// has been running, so its log exists (and is followed from its end).
+fn pods_with_logs(api: &FakeApi, root: &Path, pods: usize) -> Vec<Target> {
     let mut targets = Vec::new();
     for i in 0..pods {
         let (uid, id) = (common::random_pod_uid(), common::random_container_id());
         let name = format!("trainer-{i}");
         api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
-        let dir = logs.path().join(format!("ml_{name}_{uid}/trainer"));
+        let dir = root.join(format!("ml_{name}_{uid}/trainer"));
         std::fs::create_dir_all(&dir).unwrap();
-        // The container has been running: its log exists (and is followed from its end).
         let log = dir.join("0.log");
         let history: String = (0..20)
             .map(|s| {
@@ -112,22 +130,24 @@ fn failure_line_to_event_delay() {
         std::fs::write(&log, history).unwrap();
         targets.push(Target { name, uid, log });
     }
+    targets
+}
+
+/// The measured loop: one failure line per target at a random moment over `spread`, written
+/// on a thread of its own, while the API server is polled every `POLL` for their Events. When
+/// each line was written and when its Pod's Event was first seen, by target.
+fn measure(
+    api: &FakeApi,
+    targets: &[Target],
+    spread: Duration,
+    seed: u64,
+) -> (Vec<Option<Instant>>, Vec<Option<Instant>>) {
+    let pods = targets.len();
     let by_uid: HashMap<String, usize> = targets
         .iter()
         .enumerate()
         .map(|(i, t)| (t.uid.clone(), i))
         .collect();
-
-    let serve = Serve::start(logs.path(), &api.kubeconfig_path(), "off");
-    serve.wait_ready();
-    // The Pod watch's first list, and the watcher's first look at the logs.
-    std::thread::sleep(Duration::from_secs(1));
-    assert!(
-        api.events().iter().all(|e| e["reason"] != REASON),
-        "a failure Event before any failure: {:#?}",
-        api.events()
-    );
-
     let mut rng = Rng(seed | 1);
     let mut schedule: Vec<(Duration, usize)> = (0..pods)
         .map(|i| (spread.mul_f64(rng.next_f64()), i))
@@ -136,21 +156,7 @@ fn failure_line_to_event_delay() {
     let (tx, rx) = mpsc::channel::<(usize, Instant)>();
     let paths: Vec<PathBuf> = targets.iter().map(|t| t.log.clone()).collect();
     let t0 = Instant::now();
-    let writer = std::thread::spawn(move || {
-        for (at, i) in schedule {
-            if let Some(wait) = (t0 + at).checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            let record = cri_line(TORCH_LINE);
-            let mut file = std::fs::OpenOptions::new()
-                .append(true)
-                .open(&paths[i])
-                .unwrap();
-            // One write, as containerd appends a record.
-            file.write_all(record.as_bytes()).unwrap();
-            let _ = tx.send((i, Instant::now()));
-        }
-    });
+    let writer = std::thread::spawn(move || write_lines(schedule, &paths, t0, tx));
 
     let mut written: Vec<Option<Instant>> = vec![None; pods];
     let mut arrived: Vec<Option<Instant>> = vec![None; pods];
@@ -187,40 +193,83 @@ fn failure_line_to_event_delay() {
         std::thread::sleep(POLL);
     }
     writer.join().unwrap();
+    (written, arrived)
+}
 
-    let mut delays_ms = Vec::new();
-    let mut missing = Vec::new();
-    // Seen before its line was written (beyond the writer's own lag between its write and its
-    // clock reading): a bug, not a delay.
-    let mut early = Vec::new();
-    for (i, t) in targets.iter().enumerate() {
-        match (written[i], arrived[i]) {
-            (Some(w), Some(a)) if a + Duration::from_millis(50) < w => early.push(t.name.clone()),
-            (Some(w), Some(a)) if a.saturating_duration_since(w) <= GIVE_UP => {
-                delays_ms.push(a.saturating_duration_since(w).as_secs_f64() * 1e3)
-            }
-            _ => missing.push(t.name.clone()),
+/// The failure line appended to `paths[i]` at `t0 + at`, for each of `schedule`; each write's
+/// target and time sent on `tx`.
+fn write_lines(
+    schedule: Vec<(Duration, usize)>,
+    paths: &[PathBuf],
+    t0: Instant,
+    tx: mpsc::Sender<(usize, Instant)>,
+) {
+    for (at, i) in schedule {
+        if let Some(wait) = (t0 + at).checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
         }
+        let record = cri_line(TORCH_LINE);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&paths[i])
+            .unwrap();
+        // One write, as containerd appends a record.
+        file.write_all(record.as_bytes()).unwrap();
+        let _ = tx.send((i, Instant::now()));
     }
-    delays_ms.sort_by(f64::total_cmp);
-    let events = api
-        .events()
-        .into_iter()
-        .filter(|e| e["reason"] == REASON)
-        .count();
-    let n = delays_ms.len();
-    let (p50, p90, p99, max, min, mean) = if n > 0 {
-        (
-            percentile(&delays_ms, 0.50),
-            percentile(&delays_ms, 0.90),
-            percentile(&delays_ms, 0.99),
-            delays_ms[n - 1],
-            delays_ms[0],
-            delays_ms.iter().sum::<f64>() / n as f64,
-        )
-    } else {
-        (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN)
-    };
+}
+
+/// The delays from line to Event, sorted, and the Pods whose Event never came or came early.
+struct Delays {
+    ms: Vec<f64>,
+    missing: Vec<String>,
+    /// Seen before its line was written (beyond the writer's own lag between its write and its
+    /// clock reading): a bug, not a delay.
+    early: Vec<String>,
+}
+
+impl Delays {
+    fn of(targets: &[Target], written: &[Option<Instant>], arrived: &[Option<Instant>]) -> Delays {
+        let mut ms = Vec::new();
+        let mut missing = Vec::new();
+        let mut early = Vec::new();
+        for (i, t) in targets.iter().enumerate() {
+            match (written[i], arrived[i]) {
+                (Some(w), Some(a)) if a + Duration::from_millis(50) < w => {
+                    early.push(t.name.clone())
+                }
+                (Some(w), Some(a)) if a.saturating_duration_since(w) <= GIVE_UP => {
+                    ms.push(a.saturating_duration_since(w).as_secs_f64() * 1e3)
+                }
+                _ => missing.push(t.name.clone()),
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        Delays { ms, missing, early }
+    }
+
+    /// p50, p90, p99, max, min and mean; NaN when there is none.
+    fn summary(&self) -> [f64; 6] {
+        let ms = &self.ms;
+        let n = ms.len();
+        if n == 0 {
+            return [f64::NAN; 6];
+        }
+        [
+            percentile(ms, 0.50),
+            percentile(ms, 0.90),
+            percentile(ms, 0.99),
+            ms[n - 1],
+            ms[0],
+            ms.iter().sum::<f64>() / n as f64,
+        ]
+    }
+}
+
+/// The two lines for people and the `BENCH_JSON` line for bench/run.sh.
+fn report(pods: usize, spread: Duration, seed: u64, events: usize, delays: &Delays) {
+    let n = delays.ms.len();
+    let [p50, p90, p99, max, min, mean] = delays.summary();
     println!(
         "failure line -> {REASON} Event at the API server, {pods} Pods, lines over {:.0} s \
          (seed {seed}), polled every {} ms:",
@@ -236,19 +285,9 @@ fn failure_line_to_event_delay() {
         json!({
             "mode": "event_delay", "pods": pods, "spread_s": spread.as_secs_f64(), "seed": seed,
             "poll_ms": POLL.as_millis() as u64, "count": n, "events": events,
-            "missing": missing, "early": early,
+            "missing": delays.missing, "early": delays.early,
             "ms": {"p50": p50, "p90": p90, "p99": p99, "max": max, "min": min, "mean": mean},
-            "samples_ms": delays_ms.iter().map(|d| (d * 10.0).round() / 10.0).collect::<Vec<_>>(),
+            "samples_ms": delays.ms.iter().map(|d| (d * 10.0).round() / 10.0).collect::<Vec<_>>(),
         })
-    );
-    assert!(
-        early.is_empty(),
-        "Events before their line was written: {early:?}"
-    );
-    assert!(
-        missing.is_empty(),
-        "no Event within {GIVE_UP:?} for {} Pods: {missing:?}; serve's log:\n{}",
-        missing.len(),
-        std::fs::read_to_string(&serve.log).unwrap_or_default()
     );
 }

@@ -17,6 +17,7 @@ use crate::model::{
 };
 use crate::model::{CollectorName, CollectorRun};
 use crate::model::{ContainerRef, FindingKind};
+use crate::model::{GpuReading, PairVerdict, ShmReading};
 use crate::model::{Snapshot, XidCount};
 
 use super::Metrics;
@@ -25,6 +26,33 @@ use super::Metrics;
 /// placed and not, three GPUs (DL counters, NVLink5 counters with and without BERs, lost,
 /// recovery actions), pairs ok / degraded / down with and without P2P, XIDs.
 fn rich_snapshot() -> Snapshot {
+    let mut s = gpu_board(3);
+    s.shm = shm_readings();
+    set_pcie(&mut s.gpus[1]);
+    s.gpu_probes = pair_probes();
+    set_gpu_users(&mut s);
+    s.failure_counts = failure_counts(&s.shm[0]);
+    set_links(&mut s.gpus);
+    set_pairs(&mut s.gpu_pairs);
+    s.xids = vec![
+        XidCount {
+            gpu: 1,
+            xid: 79,
+            count: 1,
+        },
+        XidCount {
+            gpu: 0,
+            xid: 48,
+            count: 3,
+        },
+    ];
+    s.taken_at = Some(UNIX_EPOCH + Duration::from_millis(1_795_000_000_250));
+    s
+}
+
+/// Named (the trainer's, in a Pod, with a memory limit and a peak), unlimited (host IPC),
+/// unmounted, unmeasured (an error).
+fn shm_readings() -> Vec<ShmReading> {
     let mut named = in_pod(
         shm_reading("c0ffee01", 64 * MIB, 60 * MIB),
         "ml",
@@ -47,18 +75,19 @@ fn rich_snapshot() -> Snapshot {
     unmeasured.container_id = "c0ffee04".into();
     unmeasured.mounted = None;
     unmeasured.error = Some("permission denied".into());
+    vec![named, unlimited, unmounted, unmeasured]
+}
 
-    let mut s = gpu_board(3);
-    s.shm = vec![named.clone(), unlimited, unmounted, unmeasured];
-    // GPU 1 busy on a link trained down, behind a switch port that counts AER errors and
-    // redirects P2P.
-    s.gpus[1].pcie_link = Some(crate::model::PcieLink {
+/// A GPU busy on a link trained down, behind a switch port that counts AER errors and
+/// redirects P2P.
+fn set_pcie(gpu: &mut GpuReading) {
+    gpu.pcie_link = Some(crate::model::PcieLink {
         gen: 3,
         max_gen: 5,
         width: 8,
         max_width: 16,
     });
-    s.gpus[1].pcie_path = vec![
+    gpu.pcie_path = vec![
         crate::model::PcieHop {
             bdf: "0000:19:00.0".into(),
             bridge: false,
@@ -76,7 +105,10 @@ fn rich_snapshot() -> Snapshot {
             acs: crate::model::AcsState::Control(0x001d),
         },
     ];
-    // The pair probe: 0 -> 1 fine, 1 -> 0 corrupted.
+}
+
+/// The pair probe: 0 -> 1 fine, 1 -> 0 corrupted.
+fn pair_probes() -> Vec<crate::model::PairProbe> {
     let probe = |from, to, ok: bool| crate::model::PairProbe {
         from_gpu: from,
         to_gpu: to,
@@ -91,8 +123,11 @@ fn rich_snapshot() -> Snapshot {
         expected_gbps: Some(450.0),
         reason: None,
     };
-    s.gpu_probes = vec![probe(0, 1, true), probe(1, 0, false)];
-    // The trainer's processes on GPUs 0 and 2; a container the scan did not measure on GPU 1.
+    vec![probe(0, 1, true), probe(1, 0, false)]
+}
+
+/// The trainer's processes on GPUs 0 and 2; a container the scan did not measure on GPU 1.
+fn set_gpu_users(s: &mut Snapshot) {
     let at = std::time::SystemTime::UNIX_EPOCH;
     for (pid, gpus, container_id) in [(10, [0, 2], "c0ffee01"), (11, [1, 1], "c0ffee99")] {
         s.gpu_users.seen(pid, None, gpus.into(), at, || {
@@ -102,13 +137,13 @@ fn rich_snapshot() -> Snapshot {
             })
         });
     }
-    s.failure_counts = vec![
-        (
-            ContainerRef::of(&named),
-            FindingKind::ShmAllocationFailed,
-            2,
-        ),
-        (ContainerRef::of(&named), FindingKind::NcclP2pDisabled, 1),
+}
+
+/// Two kinds of failure of the `named` container, and one placed nowhere.
+fn failure_counts(named: &ShmReading) -> Vec<(ContainerRef, FindingKind, u64)> {
+    vec![
+        (ContainerRef::of(named), FindingKind::ShmAllocationFailed, 2),
+        (ContainerRef::of(named), FindingKind::NcclP2pDisabled, 1),
         (
             ContainerRef {
                 namespace: None,
@@ -120,7 +155,12 @@ fn rich_snapshot() -> Snapshot {
             FindingKind::GpuJobCrashed,
             1,
         ),
-    ];
+    ]
+}
+
+/// GPU 0: DL counters, NVLink5 counters with BERs, an inactive link; GPU 1: NVLink5 counters
+/// with and without a BER, PCIe replays; GPU 2 lost. Their recovery actions.
+fn set_links(gpus: &mut [GpuReading]) {
     let dl = LinkErrors {
         replay: 1,
         recovery: 2,
@@ -150,7 +190,7 @@ fn rich_snapshot() -> Snapshot {
         errors,
         nvlink5,
     };
-    s.gpus[0].links = vec![
+    gpus[0].links = vec![
         link(0, true, Peer::Gpu(1), Some(dl), None),
         link(1, false, Peer::Switch, None, None),
         link(
@@ -161,48 +201,38 @@ fn rich_snapshot() -> Snapshot {
             Some(n5),
         ),
     ];
-    s.gpus[0].recovery_action = Some(RecoveryAction::None);
+    gpus[0].recovery_action = Some(RecoveryAction::None);
     let no_ber = Nvlink5Errors {
         effective_ber: None,
         ..n5
     };
-    s.gpus[1].links = vec![
+    gpus[1].links = vec![
         link(0, true, Peer::Gpu(0), None, Some(n5)),
         link(1, true, Peer::Unknown, None, Some(no_ber)),
     ];
-    s.gpus[1].recovery_action = Some(RecoveryAction::DrainP2p);
-    s.gpus[1].pcie_replays = Some(17);
-    s.gpus[2].lost = true;
-    s.gpus[2].pcie_replays = None;
+    gpus[1].recovery_action = Some(RecoveryAction::DrainP2p);
+    gpus[1].pcie_replays = Some(17);
+    gpus[2].lost = true;
+    gpus[2].pcie_replays = None;
+}
+
+/// Pair 0 ok with P2P, pair 1 degraded with partial P2P, pair 2 down.
+fn set_pairs(pairs: &mut [PairVerdict]) {
     let ok = P2pStatus::Ok;
-    s.gpu_pairs[0].p2p = Some(P2pCaps {
+    pairs[0].p2p = Some(P2pCaps {
         read: ok,
         write: ok,
         nvlink: ok,
         atomics: P2pStatus::NotSupported,
     });
-    s.gpu_pairs[1].status = PairStatus::Degraded;
-    s.gpu_pairs[1].p2p = Some(P2pCaps {
+    pairs[1].status = PairStatus::Degraded;
+    pairs[1].p2p = Some(P2pCaps {
         read: P2pStatus::ChipsetNotSupported,
         write: ok,
         nvlink: P2pStatus::Unknown,
         atomics: ok,
     });
-    s.gpu_pairs[2].status = PairStatus::Down;
-    s.xids = vec![
-        XidCount {
-            gpu: 1,
-            xid: 79,
-            count: 1,
-        },
-        XidCount {
-            gpu: 0,
-            xid: 48,
-            count: 3,
-        },
-    ];
-    s.taken_at = Some(UNIX_EPOCH + Duration::from_millis(1_795_000_000_250));
-    s
+    pairs[2].status = PairStatus::Down;
 }
 
 /// Self metrics with one value each, as a running agent would have them.

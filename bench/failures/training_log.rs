@@ -1,0 +1,272 @@
+//! The training jobs' logs the log benchmark reads: a kubelet-layout CRI log of about a given
+//! size per container, of a training job's output with failure lines planted at random.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use shmlink::failures::{Signatures, SIGNATURES};
+
+use crate::rng::Rng;
+use crate::Error;
+
+/// Lines that look like failures and are not, verbatim from the signature tests' fixture.
+const LOOKALIKES: &str = include_str!("../../tests/fixtures/logs/lookalikes.log");
+/// What PyTorch 2.15 printed when its DataLoader outgrew /dev/shm: its traceback lines are the
+/// filler's tracebacks (the failure line itself is taken out and planted separately).
+const TORCH_TRACE: &str =
+    include_str!("../../tests/fixtures/logs/torch-2.15.0-dataloader-64mib-shm.txt");
+
+const LINE_STEP: Duration = Duration::from_millis(10);
+
+/// The filler's line sources, none of which matches a signature (checked).
+pub struct Filler {
+    lookalikes: Vec<&'static str>,
+    trace: Vec<&'static str>,
+}
+
+impl Filler {
+    pub fn new(sigs: &Signatures) -> Result<Filler, Error> {
+        let lookalikes: Vec<&str> = LOOKALIKES
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .collect();
+        let trace: Vec<&str> = TORCH_TRACE
+            .lines()
+            .filter(|l| sigs.match_line(l).is_none())
+            .collect();
+        if let Some(l) = lookalikes.iter().find(|l| sigs.match_line(l).is_some()) {
+            return Err(format!("a lookalike matches a signature: {l}").into());
+        }
+        Ok(Filler { lookalikes, trace })
+    }
+
+    /// One logical line (or a block of them: a traceback) of a training job's output: 40% logger
+    /// lines, 20% progress bars, 15% NCCL INFO, 12% JSON metrics, 7% a warning, 3.5% lookalikes,
+    /// 2% tracebacks, 0.5% config dumps.
+    fn block(&self, rng: &mut Rng, step: u64, out: &mut Vec<String>) {
+        let r = rng.below(1000);
+        match r {
+            0..=399 => out.push(logger_line(rng, step)),
+            400..=599 => out.push(progress_bar(rng, step)),
+            600..=749 => out.push(nccl_info(rng)),
+            750..=869 => out.push(json_metrics(rng, step)),
+            870..=939 => out.push(DATALOADER_WARNING.to_string()),
+            940..=974 => out.push(rng.pick(&self.lookalikes).to_string()),
+            975..=994 => self.traceback(rng, out),
+            _ => out.push(config_dump(rng)),
+        }
+    }
+
+    /// A traceback: a contiguous run of the real one.
+    fn traceback(&self, rng: &mut Rng, out: &mut Vec<String>) {
+        let len = 8 + rng.below(16) as usize;
+        let start = rng.below((self.trace.len() - len.min(self.trace.len())) as u64);
+        let start = start as usize;
+        out.extend(
+            self.trace[start..(start + len).min(self.trace.len())]
+                .iter()
+                .map(|l| l.to_string()),
+        );
+    }
+}
+
+const DATALOADER_WARNING: &str =
+    "/opt/conda/lib/python3.11/site-packages/torch/utils/data/dataloader.py:617: \
+     UserWarning: This DataLoader will create 16 worker processes in total. Our \
+     suggested max number of worker in current system is 8, which is smaller than \
+     what this DataLoader is going to create.";
+
+/// A trainer's logger line: rank, time, epoch, step, loss and the rest.
+fn logger_line(rng: &mut Rng, step: u64) -> String {
+    format!(
+        "[rank{}]:[2026-11-23 10:{:02}:{:02},{:03}] INFO trainer.py:412 epoch={} \
+         step={}/50000 loss={:.4} grad_norm={:.3} lr={:.2e} tokens/s={} mem={:.1}GiB",
+        rng.below(8),
+        rng.below(60),
+        rng.below(60),
+        rng.below(1000),
+        step / 5000,
+        step,
+        1.5 + rng.below(20000) as f64 / 10000.0,
+        0.2 + rng.below(2000) as f64 / 1000.0,
+        3e-4 * (1.0 - step as f64 / 60000.0),
+        40_000 + rng.below(20_000),
+        20.0 + rng.below(150) as f64 / 10.0,
+    )
+}
+
+/// A tqdm progress bar.
+fn progress_bar(rng: &mut Rng, step: u64) -> String {
+    let pct = rng.below(101);
+    let filled = (pct / 10) as usize;
+    format!(
+        "Epoch {}: {:3}%|{}{}| {}/5000 [{:02}:{:02}<{:02}:{:02}, {}.{:02}it/s, \
+         loss={:.3}, v_num=7]",
+        step / 5000,
+        pct,
+        "█".repeat(filled),
+        " ".repeat(10 - filled),
+        pct * 50,
+        rng.below(60),
+        rng.below(60),
+        rng.below(60),
+        rng.below(60),
+        1 + rng.below(4),
+        rng.below(100),
+        1.5 + rng.below(2000) as f64 / 1000.0,
+    )
+}
+
+/// NCCL's INFO line about a channel.
+fn nccl_info(rng: &mut Rng) -> String {
+    format!(
+        "gpu-node-7:{}:{} [{}] NCCL INFO Channel {:02}/24 : {}[{}] -> {}[{}] via \
+         P2P/CUMEM/read",
+        1000 + rng.below(9000),
+        1000 + rng.below(9000),
+        rng.below(8),
+        rng.below(24),
+        rng.below(8),
+        rng.below(8),
+        rng.below(8),
+        rng.below(8),
+    )
+}
+
+/// A step's metrics as one JSON object.
+fn json_metrics(rng: &mut Rng, step: u64) -> String {
+    format!(
+        // On one line, so that each line's braces balance.
+        "{{\"step\": {step}, \"loss\": {:.4}, \"lr\": {:.6}, \"throughput\": {:.1}, \"time\": 1763892902.{:03}}}",
+        1.5 + rng.below(20000) as f64 / 10000.0,
+        3e-4,
+        400.0 + rng.below(2000) as f64 / 10.0,
+        rng.below(1000),
+    )
+}
+
+/// A config dump of a few KiB on one line.
+fn config_dump(rng: &mut Rng) -> String {
+    let n = 40 + rng.below(80);
+    let mut s = String::from("config: {");
+    for i in 0..n {
+        s.push_str(&format!(
+            "\"model.layers.{i}.attention.dropout\": {:.3}, ",
+            rng.below(1000) as f64 / 1000.0
+        ));
+    }
+    s.push('}');
+    s
+}
+
+/// `2026-11-23T10:15:02.123456789Z`, the prefix cached per second.
+struct Clock {
+    second: u64,
+    prefix: String,
+}
+
+impl Clock {
+    fn format(&mut self, at: SystemTime) -> String {
+        let d = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        if d.as_secs() != self.second || self.prefix.is_empty() {
+            self.second = d.as_secs();
+            let ts = k8s_openapi::jiff::Timestamp::from_second(d.as_secs() as i64)
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+            self.prefix = ts.strftime("%Y-%m-%dT%H:%M:%S").to_string();
+        }
+        format!("{}.{:09}Z", self.prefix, d.subsec_nanos())
+    }
+}
+
+/// What was written.
+pub struct Written {
+    pub bytes: u64,
+    /// Logical lines (a line split into `P` records counts once).
+    pub lines: u64,
+    pub planted: u64,
+}
+
+/// One container's `0.log` of about `target` bytes.
+pub fn write_container(
+    path: &Path,
+    target: u64,
+    failures: usize,
+    filler: &Filler,
+    rng: &mut Rng,
+    start: SystemTime,
+) -> Result<Written, Error> {
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
+    let mut clock = Clock {
+        second: 0,
+        prefix: String::new(),
+    };
+    let mut w = Written {
+        bytes: 0,
+        lines: 0,
+        planted: 0,
+    };
+    // The failures go at random byte offsets of the file, in order.
+    let mut plant_at: Vec<u64> = (0..failures).map(|_| rng.below(target)).collect();
+    plant_at.sort_unstable();
+    let mut plant_at = plant_at.into_iter().peekable();
+    let mut at = start;
+    let mut step = 0;
+    let mut block = Vec::new();
+    while w.bytes < target {
+        block.clear();
+        if plant_at.next_if(|&b| b <= w.bytes).is_some() {
+            let sig = &SIGNATURES[(rng.below(SIGNATURES.len() as u64)) as usize];
+            block.push(sig.fixture.to_string());
+            w.planted += 1;
+        } else if rng.below(20_000) == 0 {
+            // A 40 KiB line: containerd writes it as 16 KiB `P` records and an `F`.
+            let long: String = "0123456789abcdef".repeat(40 * 64);
+            let time = clock.format(at);
+            let chunks: Vec<&str> = long
+                .as_bytes()
+                .chunks(16 * 1024)
+                .map(|c| std::str::from_utf8(c).unwrap_or(""))
+                .collect();
+            for (i, chunk) in chunks.iter().enumerate() {
+                let tag = if i + 1 == chunks.len() { 'F' } else { 'P' };
+                let rec = format!("{time} stdout {tag} {chunk}\n");
+                out.write_all(rec.as_bytes())?;
+                w.bytes += rec.len() as u64;
+            }
+            w.lines += 1;
+            at += LINE_STEP;
+            continue;
+        } else {
+            step += 1;
+            filler.block(rng, step, &mut block);
+        }
+        for text in &block {
+            let stream = if text.starts_with('[') || text.starts_with('{') {
+                "stdout"
+            } else {
+                "stderr"
+            };
+            let rec = format!("{} {stream} F {text}\n", clock.format(at));
+            out.write_all(rec.as_bytes())?;
+            w.bytes += rec.len() as u64;
+            w.lines += 1;
+            at += LINE_STEP;
+        }
+    }
+    // Planted lines whose offset fell past the end go last.
+    for _ in plant_at {
+        let sig = &SIGNATURES[(rng.below(SIGNATURES.len() as u64)) as usize];
+        let rec = format!("{} stderr F {}\n", clock.format(at), sig.fixture);
+        out.write_all(rec.as_bytes())?;
+        w.bytes += rec.len() as u64;
+        w.lines += 1;
+        w.planted += 1;
+        at += LINE_STEP;
+    }
+    out.flush()?;
+    Ok(w)
+}
