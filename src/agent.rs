@@ -437,7 +437,7 @@ fn probe_loop(
             crate::probe::pairs_among(devices, &sample.gpus, Some(&idle))
         }) {
             Ok(probed) => {
-                let report = crate::probe::judge::judge(&probed, &sample);
+                let report = crate::probe::assess::assess(&probed, &sample);
                 let bad = report
                     .pairs
                     .iter()

@@ -162,7 +162,7 @@ fn probe_options(cuda: &shmlink::cli::CudaArgs) -> anyhow::Result<shmlink::probe
 
 /// `shmlink probe`: every ordered pair, judged with NVML's view of the board.
 fn probe(args: shmlink::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
-    use shmlink::probe::{self, judge};
+    use shmlink::probe::{self, assess};
     let opts = probe_options(&args.cuda)?;
     let nvml = shmlink::gpu::nvml::NvmlGpus::open(args.common.gpu.nvml_lib.as_deref())
         .map_err(|e| anyhow::anyhow!("NVML did not load ({e}): the probe judges pairs by it"))?;
@@ -172,7 +172,7 @@ fn probe(args: shmlink::cli::ProbeArgs) -> anyhow::Result<ExitCode> {
         probe::pairs_among(devices, &sample.gpus, only)
     })
     .map_err(|e| anyhow::anyhow!("the probe could not run: {e}"))?;
-    let report = judge::judge(&probed, &sample);
+    let report = assess::assess(&probed, &sample);
     let mut stdout = std::io::stdout().lock();
     if args.json {
         let json = serde_json::json!({

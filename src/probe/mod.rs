@@ -1,7 +1,7 @@
 //! The pair probe: for every ordered pair of GPUs, through the CUDA driver API, whether peer
 //! access can be enabled, an 8-byte copy, then a sized copy of a known pattern, read back and
 //! compared, and its bandwidth; judged against what NVML says the pair's path carries
-//! (`judge.rs`, pure).
+//! (`assess.rs`, pure).
 //!
 //! The copies run in a worker process (`worker.rs`, the binary run as `probe-worker`): a hung
 //! peer copy cannot be cancelled and a broken driver path can crash the process. The parent
@@ -10,8 +10,8 @@
 //! with the pairs left. CUDA numbers devices its own way: the worker reports each device's PCI
 //! bus id and the parent maps them to NVML's indices.
 
+pub mod assess;
 pub mod cuda;
-pub mod judge;
 pub mod worker;
 
 use std::io::{BufRead, BufReader};

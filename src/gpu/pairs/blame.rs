@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::verdict::Judged;
+use super::reasons::Judged;
 use crate::model::{Blame, Suspect, SuspectBy};
 
 /// `failing`: the pairs that fail among GPUs still there; `culprits`: the GPUs all of whose

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::blame::blame;
 use super::board::Board;
-use super::counters::Notice;
-use super::verdict::Judged;
+use super::reasons::Judged;
+use super::rules::counters::Notice;
 use super::PairRules;
 use crate::findings::text;
 use crate::model::{Blame, Weight};

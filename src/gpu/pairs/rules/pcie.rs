@@ -17,9 +17,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::board::Board;
-use super::verdict::PairState;
 use crate::findings::text;
+use crate::gpu::pairs::board::Board;
+use crate::gpu::pairs::reasons::PairState;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
 use crate::model::{GpuReading, Weight};
 
@@ -32,15 +32,15 @@ const AER_KEPT: usize = 1024;
 
 /// Growth of one device's three totals, by when it was seen.
 #[derive(Debug, Default)]
-pub(super) struct AerTrack {
+pub(crate) struct AerTrack {
     last: AerTotals,
     grew: VecDeque<(Instant, AerTotals)>,
 }
 
 /// By the device's sysfs name.
-pub(super) type AerHistory = HashMap<String, AerTrack>;
+pub(crate) type AerHistory = HashMap<String, AerTrack>;
 
-pub(super) fn pcie_rule(
+pub(crate) fn pcie_rule(
     history: &mut AerHistory,
     board: &Board<'_>,
     hypervisor: Option<&str>,

@@ -109,7 +109,7 @@ fn nvml_p2p(sample: &GpuSample, from: u32, to: u32) -> (bool, bool) {
     (nvlink || rw, nvlink)
 }
 
-pub fn judge(probed: &Probed, sample: &GpuSample) -> ProbeReport {
+pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
     let index_of = |cuda: i32| -> Option<u32> {
         let bus = probed.devices.get(usize::try_from(cuda).ok()?)?;
         sample
@@ -329,12 +329,12 @@ mod tests {
     #[test]
     fn pairs_are_named_by_nvml_index_and_judged_against_their_nvlinks() {
         let s = nvswitch(4);
-        let r = judge(&probed(&s, |_, _| Outcome::Ran(ran(300.0))), &s);
+        let r = assess(&probed(&s, |_, _| Outcome::Ran(ran(300.0))), &s);
         assert!(r.all_ok(), "{:?}", r.pairs);
         assert_eq!(r.pairs.len(), 12);
         assert_eq!(r.pairs[0].expected_gbps, Some(450.0));
         assert!((r.pairs[0].gbps.unwrap() - 300.0).abs() < 1e-6);
-        let slow = judge(
+        let slow = assess(
             &probed(&s, |a, b| {
                 Outcome::Ran(ran(if (a, b) == (1, 3) { 100.0 } else { 300.0 }))
             }),
@@ -357,7 +357,7 @@ mod tests {
             }
             Outcome::Ran(l)
         };
-        let r = judge(&probed(&s, refused), &s);
+        let r = assess(&probed(&s, refused), &s);
         assert_eq!(
             r.pairs
                 .iter()
@@ -384,7 +384,7 @@ mod tests {
                 topology: None,
             })
             .collect();
-        let r = judge(&probed(&s, refused), &s);
+        let r = assess(&probed(&s, refused), &s);
         assert!(r.all_ok(), "{:?}", r.pairs);
         assert!(r.culprits.is_empty());
     }
@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn hangs_crashes_errors_and_corruption_fail_naming_the_direction() {
         let s = nvswitch(3);
-        let r = judge(
+        let r = assess(
             &probed(&s, |a, b| {
                 match (a, b) {
                 (0, 1) => Outcome::Hung(Duration::from_secs(10)),
@@ -435,7 +435,7 @@ mod tests {
             });
         }
         assert!((expected_gbps(&s, 0, 1).unwrap() - 31.504).abs() < 1e-9);
-        let r = judge(
+        let r = assess(
             &probed(&s, |a, b| {
                 Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
             }),
@@ -450,7 +450,7 @@ mod tests {
         for g in &mut s.gpus {
             g.pcie_link = None;
         }
-        let r = judge(
+        let r = assess(
             &probed(&s, |a, b| {
                 Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
             }),
@@ -476,7 +476,7 @@ mod tests {
         let mut p = probed(&s, |_, _| Outcome::Ran(ran(300.0)));
         p.devices.push("0000:AA:00.0".into());
         p.outcomes.push(((2, 0), Outcome::Ran(ran(300.0))));
-        let r = judge(&p, &s);
+        let r = assess(&p, &s);
         assert_eq!(r.pairs.len(), 2);
         assert_eq!(r.unmatched, vec!["0000:AA:00.0".to_string()]);
     }

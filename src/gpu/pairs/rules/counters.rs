@@ -3,19 +3,19 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use super::board::{ordered, Board};
-use super::verdict::PairState;
-use super::PairRules;
 use crate::findings::text;
+use crate::gpu::pairs::board::{ordered, Board};
+use crate::gpu::pairs::reasons::PairState;
+use crate::gpu::pairs::PairRules;
 use crate::model::Weight;
 use crate::model::{LinkErrors, Peer};
 
 /// Per (GPU key, link): the samples that cover the window, oldest first, plus the newest one
 /// just outside it (the baseline growth is measured from).
-pub(super) type CounterHistory = HashMap<(String, u32), VecDeque<(Instant, LinkErrors)>>;
+pub(crate) type CounterHistory = HashMap<(String, u32), VecDeque<(Instant, LinkErrors)>>;
 
 /// Rule 3: error counters. Returns the growth that did not degrade anything (for warnings).
-pub(super) fn counter_rule(
+pub(crate) fn counter_rule(
     counters: &mut CounterHistory,
     rules: &PairRules,
     board: &Board<'_>,
@@ -130,7 +130,7 @@ pub(super) fn counter_rule(
 }
 
 /// Counter growth on one link that degraded nothing, for a `gpu_link_errors` warning.
-pub(super) struct Notice {
+pub(crate) struct Notice {
     pub gpu: u32,
     pub link: u32,
     pub parts: Vec<String>,
@@ -221,7 +221,7 @@ fn push_sample(history: &mut VecDeque<(Instant, LinkErrors)>, now: Instant, erro
 }
 
 /// [`push_sample`] for any counters, with what "went down" means for them.
-pub(super) fn push_with<T: Copy>(
+pub(crate) fn push_with<T: Copy>(
     history: &mut VecDeque<(Instant, T)>,
     now: Instant,
     errors: T,
@@ -238,7 +238,7 @@ pub(super) fn push_with<T: Copy>(
 }
 
 /// Keeps the samples newer than `cutoff` and the newest one at or before it (the baseline).
-pub(super) fn prune<T>(history: &mut VecDeque<(Instant, T)>, cutoff: Option<Instant>) {
+pub(crate) fn prune<T>(history: &mut VecDeque<(Instant, T)>, cutoff: Option<Instant>) {
     let Some(cutoff) = cutoff else {
         return;
     };
@@ -248,7 +248,7 @@ pub(super) fn prune<T>(history: &mut VecDeque<(Instant, T)>, cutoff: Option<Inst
 }
 
 /// The pairs whose traffic crosses a link of GPU `a`.
-pub(super) fn affected_pairs(
+pub(crate) fn affected_pairs(
     a: u32,
     peer: &Peer,
     pairs: &BTreeMap<(u32, u32), PairState>,

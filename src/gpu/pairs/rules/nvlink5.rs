@@ -14,18 +14,18 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use super::board::Board;
 use super::counters::{affected_pairs, prune, push_with, Notice};
-use super::verdict::PairState;
-use super::PairRules;
 use crate::findings::text;
+use crate::gpu::pairs::board::Board;
+use crate::gpu::pairs::reasons::PairState;
+use crate::gpu::pairs::PairRules;
 use crate::model::Nvlink5Errors;
 use crate::model::Weight;
 
-pub(super) type Nvlink5History = HashMap<(String, u32), VecDeque<(Instant, Nvlink5Errors)>>;
+pub(crate) type Nvlink5History = HashMap<(String, u32), VecDeque<(Instant, Nvlink5Errors)>>;
 
 /// Rule 3b. Returns the growth that degraded nothing, for warnings.
-pub(super) fn nvlink5_rule(
+pub(crate) fn nvlink5_rule(
     history: &mut Nvlink5History,
     rules: &PairRules,
     board: &Board<'_>,

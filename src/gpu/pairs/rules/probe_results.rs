@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use super::board::{ordered, Board};
-use super::verdict::PairState;
 use crate::findings::text;
+use crate::gpu::pairs::board::{ordered, Board};
+use crate::gpu::pairs::reasons::PairState;
 use crate::model::{GpuSample, ProbeStatus, Weight};
 
-pub(super) fn probe_rule(
+pub(crate) fn probe_rule(
     sample: &GpuSample,
     board: &Board<'_>,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
