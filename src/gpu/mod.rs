@@ -3,6 +3,7 @@
 //! only file that touches NVML; `pairs/` is pure; `xid/` is everything about XIDs; `pci.rs`
 //! spells PCI addresses one way.
 
+pub mod blame;
 pub mod collector;
 pub mod nvml;
 pub mod pairs;

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Outcome, Probed};
 use crate::findings::text;
+use crate::gpu::blame::{self, PairOutcome};
 use crate::gpu::pci::same_pci_device;
 use crate::model::{GpuSample, P2pStatus, PairProbe, Peer, ProbeStatus};
 
@@ -222,30 +223,18 @@ fn slow_among_like(pairs: &mut [PairProbe]) {
 }
 
 /// GPUs every probed pair of which (either direction) is not ok, with three GPUs or more, and
-/// not every GPU so (that is the node).
+/// not every GPU so (that is the node): the pair judge's rule, each direction a pair.
 fn culprits(pairs: &[PairProbe]) -> Vec<u32> {
-    let mut all: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
-    for p in pairs {
-        for g in [p.from_gpu, p.to_gpu] {
-            let e = all.entry(g).or_default();
-            e.0 += 1;
-            if p.status != ProbeStatus::Ok {
-                e.1 += 1;
-            }
-        }
-    }
-    if all.len() < 3 {
-        return Vec::new();
-    }
-    let bad: BTreeSet<u32> = all
+    let outcomes: Vec<PairOutcome<'_>> = pairs
         .iter()
-        .filter(|(_, (n, bad))| *n > 0 && n == bad)
-        .map(|(g, _)| *g)
+        .map(|p| PairOutcome {
+            gpu: p.from_gpu,
+            peer_gpu: p.to_gpu,
+            failing: p.status != ProbeStatus::Ok,
+            reasons: p.reason.as_slice(),
+        })
         .collect();
-    if bad.len() == all.len() {
-        return Vec::new();
-    }
-    bad.into_iter().collect()
+    blame::failing_with_all(&blame::blame(&outcomes, &BTreeSet::new()))
 }
 
 #[cfg(test)]

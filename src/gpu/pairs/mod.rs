@@ -47,7 +47,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-mod blame;
 mod board;
 mod findings;
 mod reasons;
