@@ -11,6 +11,7 @@ use crate::gpu::collector::GpuCollector;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
 use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
+use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
 use crate::shm::ShmScanner;
 
@@ -24,6 +25,8 @@ pub struct Scanner {
     thresholds: Thresholds,
     shm: ShmScanner,
     gpu: GpuCollector,
+    /// The pair probe's last verdicts (`serve --p2p-probe-interval`), handed to each GPU scan.
+    probes: ProbeResults,
     docker: DockerNames,
     /// `serve`: samples /dev/shm between scans where it matters, for the peak.
     peaks: Option<PeakSampler>,
@@ -43,18 +46,19 @@ impl Scanner {
             thresholds,
             shm: ShmScanner::new(host)?,
             gpu,
+            probes: ProbeResults::default(),
             docker: DockerNames::new(None),
             peaks: None,
             previous_used: HashMap::new(),
         })
     }
 
-    /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
-    /// Where the pair probe leaves its results for the scans to judge.
-    pub fn probe_results(&self) -> crate::gpu::collector::ProbeResults {
-        self.gpu.probe_results()
+    /// Where the pair probe leaves its verdicts for the scans to judge.
+    pub fn probe_results(&self) -> ProbeResults {
+        self.probes.clone()
     }
 
+    /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
     pub fn xid_counts(&self) -> std::sync::Arc<crate::gpu::xid::XidCounts> {
         self.gpu.xid_counts()
     }
@@ -154,7 +158,7 @@ impl Scanner {
         );
 
         let started = Instant::now();
-        let gpu = self.gpu.scan();
+        let gpu = self.gpu.scan(self.probes.latest());
         let gpu_run = CollectorRun {
             collector: CollectorName::Gpu,
             duration: started.elapsed(),

@@ -9,7 +9,10 @@
 //!   speed, or the PCIe generation and width both ends allow), or under half of the median of
 //!   like pairs on the board (the same expected figure, three pairs or more): `degraded`.
 //! - A GPU all of whose probed pairs fail or are degraded, with three GPUs or more and not all
-//!   of them so, is named as the culprit, as the pair judge names one.
+//!   of them so, is named as the culprit, by the pair judge's rule (`gpu::blame`).
+//!
+//! This is the one judgement of a probe's result: `serve`'s pair judge takes these verdicts as
+//! they are (rule 8), weighed by `ProbeStatus::weight`.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -9,9 +9,13 @@
 //! pair's answer ("did not finish within 10 s", "crashed the probe"), and a new worker goes on
 //! with the pairs left. CUDA numbers devices its own way: the worker reports each device's PCI
 //! bus id and the parent maps them to NVML's indices.
+//!
+//! `shmlink probe` and `preflight` run it once; `serve` on a schedule (`schedule.rs`: the
+//! thread, and the store its verdicts wait in for the scans).
 
 pub mod assess;
 pub mod cuda;
+pub mod schedule;
 pub mod worker;
 
 use std::io::{BufRead, BufReader};

@@ -1,14 +1,15 @@
-//! Rule 8: the pair probe's last results (`serve --p2p-probe-interval`). A direction whose
-//! copies failed (an error, corrupted bytes, a hang, a crash, peer access refused where NVML
-//! says P2P works) makes the pair `degraded` as `Broken`: transfers fail. One that ran at under
-//! half of what it should makes it `degraded` as `Errors`: jobs slow down.
+//! Rule 8: the pair probe's last verdicts (`serve --p2p-probe-interval`), judged once by
+//! `probe::assess` and weighed by [`ProbeStatus::weight`], placed on their unordered pairs
+//! (a lost GPU's pairs are down already).
+//!
+//! [`ProbeStatus::weight`]: crate::model::ProbeStatus::weight
 
 use std::collections::BTreeMap;
 
 use crate::findings::text;
 use crate::gpu::pairs::board::{ordered, Board};
 use crate::gpu::pairs::reasons::PairState;
-use crate::model::{GpuSample, ProbeStatus, Weight};
+use crate::model::GpuSample;
 
 pub(crate) fn probe_rule(
     sample: &GpuSample,
@@ -16,10 +17,8 @@ pub(crate) fn probe_rule(
     pairs: &mut BTreeMap<(u32, u32), PairState>,
 ) {
     for p in &sample.probes {
-        let weight = match p.status {
-            ProbeStatus::Ok => continue,
-            ProbeStatus::Degraded => Weight::Errors,
-            ProbeStatus::Failed => Weight::Broken,
+        let Some(weight) = p.status.weight() else {
+            continue;
         };
         let key = ordered(p.from_gpu, p.to_gpu);
         if board.is_lost(key) {
