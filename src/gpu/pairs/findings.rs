@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::board::Board;
 use super::reasons::Judged;
-use super::rules::counters::Notice;
+use super::rules::window::Notice;
 use super::PairRules;
 use crate::findings::text;
 use crate::gpu::blame::{blame, PairOutcome};

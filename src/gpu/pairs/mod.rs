@@ -124,8 +124,8 @@ impl PairJudge {
     pub fn new(rules: PairRules) -> Self {
         PairJudge {
             rules,
-            counters: HashMap::new(),
-            nvlink5: HashMap::new(),
+            counters: CounterHistory::default(),
+            nvlink5: Nvlink5History::default(),
             p2p_ever_ok: HashMap::new(),
             aer: HashMap::new(),
             failing_since: HashMap::new(),

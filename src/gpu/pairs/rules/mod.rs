@@ -18,3 +18,4 @@ pub(crate) mod nvlink5;
 pub(crate) mod p2p;
 pub(crate) mod pcie;
 pub(crate) mod probe_results;
+pub(crate) mod window;

@@ -11,18 +11,28 @@
 //!   two samples, or a reported BER at or above `ber_degraded`: likewise a degrading reason.
 //!   Growth below the rates is a warning finding of its own, as for CRC errors.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::counters::{affected_pairs, prune, push_with, Notice};
+use super::window::Window;
+use super::window::{affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading};
 use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
-use crate::model::Nvlink5Errors;
-use crate::model::Weight;
+use crate::model::{Nvlink5Errors, Weight};
 
-pub(crate) type Nvlink5History = HashMap<(String, u32), VecDeque<(Instant, Nvlink5Errors)>>;
+pub(crate) type Nvlink5History = LinkWindows<Nvlink5Errors>;
+
+impl Counters for Nvlink5Errors {
+    fn went_down(&self, new: &Self) -> bool {
+        new.recovery_successful < self.recovery_successful
+            || new.recovery_failed < self.recovery_failed
+            || new.recovery_events < self.recovery_events
+            || new.symbol < self.symbol
+            || new.effective < self.effective
+    }
+}
 
 /// Rule 3b. Returns the growth that degraded nothing, for warnings.
 pub(crate) fn nvlink5_rule(
@@ -32,141 +42,108 @@ pub(crate) fn nvlink5_rule(
     now: Instant,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
 ) -> Vec<Notice> {
-    let cutoff = now.checked_sub(rules.window);
-    let threshold = rules.replay_recovery_degraded.max(1);
-    let mut seen = HashSet::new();
     let mut notices = Vec::new();
-
-    for (&a, gpu) in &board.gpus {
-        if gpu.lost {
-            continue;
+    let mut degrading: Vec<((u32, u32), String)> = Vec::new();
+    // A lost GPU's NVLink5 windows are dropped: its pairs are down already.
+    let read = |gpu: &crate::model::GpuReading, link: &crate::model::LinkReading| {
+        link.nvlink5.filter(|_| !gpu.lost).map(Reading::Counts)
+    };
+    history.advance(board, now, rules.window, read, |a, link, window| {
+        let (mut reasons, mut below) = weigh(window, rules, a, link.link);
+        let affected = affected_pairs(a, &link.peer, pairs);
+        if affected.is_empty() {
+            below.append(&mut reasons);
         }
-        for link in &gpu.links {
-            let Some(now_counts) = link.nvlink5 else {
-                continue;
-            };
-            let key = (board.key(a), link.link);
-            seen.insert(key.clone());
-            let h = history.entry(key).or_default();
-            push_with(h, now, now_counts, went_down);
-            prune(h, cutoff);
-            let g = Growth::of(h);
-            let l = link.link;
-
-            let mut reasons = Vec::new();
-            let mut below = Vec::new();
-            let mut count = |amount: u64, what: &str, reasons: &mut Vec<String>| {
-                if amount >= threshold {
-                    reasons.push(text::reason_nvlink5_count(what, a, l, amount, rules.window));
-                } else if amount > 0 {
-                    below.push(text::growth(what, amount));
-                }
-            };
-            count(g.failed, "failed link recoveries", &mut reasons);
-            count(
-                g.successful,
-                "successful link recoveries (degrading: each one stalls traffic)",
-                &mut reasons,
-            );
-            for (what, amount, per_sec) in [
-                ("symbol errors", g.symbol, g.symbol_rate),
-                ("effective errors", g.effective, g.effective_rate),
-            ] {
-                if amount == 0 {
-                    continue;
-                }
-                if per_sec >= rules.nvlink5_errors_degraded_per_sec {
-                    reasons.push(text::reason_nvlink5_rate(
-                        what,
-                        a,
-                        l,
-                        amount,
-                        rules.window,
-                        per_sec,
-                        rules.nvlink5_errors_degraded_per_sec,
-                    ));
-                } else {
-                    below.push(text::growth_at_rate(what, amount, per_sec));
-                }
-            }
-            for (what, ber) in [
-                ("effective BER", now_counts.effective_ber),
-                ("symbol BER", now_counts.symbol_ber),
-            ] {
-                let Some(ber) = ber.map(|b| b.value()) else {
-                    continue;
-                };
-                if ber >= rules.ber_degraded {
-                    reasons.push(text::reason_ber(what, ber, a, l, rules.ber_degraded));
-                }
-            }
-
-            let affected = affected_pairs(a, &link.peer, pairs);
-            if affected.is_empty() {
-                below.append(&mut reasons);
-            }
-            for pair in &affected {
-                if let Some(st) = pairs.get_mut(pair) {
-                    for r in &reasons {
-                        st.push(Weight::Errors, r.clone());
-                    }
-                }
-            }
-            if !below.is_empty() {
-                notices.push(Notice {
-                    gpu: a,
-                    link: l,
-                    parts: below,
-                    affected,
-                });
-            }
+        for &pair in &affected {
+            degrading.extend(reasons.iter().map(|r| (pair, r.clone())));
+        }
+        if !below.is_empty() {
+            notices.push(Notice {
+                gpu: a,
+                link: link.link,
+                parts: below,
+                affected,
+            });
+        }
+    });
+    for (pair, reason) in degrading {
+        if let Some(st) = pairs.get_mut(&pair) {
+            st.push(Weight::Errors, reason);
         }
     }
-    history.retain(|key, _| seen.contains(key));
     notices
 }
 
-fn went_down(old: &Nvlink5Errors, new: &Nvlink5Errors) -> bool {
-    new.recovery_successful < old.recovery_successful
-        || new.recovery_failed < old.recovery_failed
-        || new.recovery_events < old.recovery_events
-        || new.symbol < old.symbol
-        || new.effective < old.effective
-}
-
-#[derive(Debug, Default)]
-struct Growth {
-    successful: u64,
-    failed: u64,
-    symbol: u64,
-    effective: u64,
-    /// The highest rates (per second) between two consecutive samples.
-    symbol_rate: f64,
-    effective_rate: f64,
-}
-
-impl Growth {
-    fn of(history: &VecDeque<(Instant, Nvlink5Errors)>) -> Growth {
-        let (Some((_, first)), Some((_, last))) = (history.front(), history.back()) else {
-            return Growth::default();
-        };
-        let mut g = Growth {
-            successful: last
-                .recovery_successful
-                .saturating_sub(first.recovery_successful),
-            failed: last.recovery_failed.saturating_sub(first.recovery_failed),
-            symbol: last.symbol.saturating_sub(first.symbol),
-            effective: last.effective.saturating_sub(first.effective),
-            ..Growth::default()
-        };
-        for ((t0, e0), (t1, e1)) in history.iter().zip(history.iter().skip(1)) {
-            let dt = t1.saturating_duration_since(*t0).as_secs_f64();
-            if dt > 0.0 {
-                let per_sec = |x: u64, y: u64| y.saturating_sub(x) as f64 / dt;
-                g.symbol_rate = g.symbol_rate.max(per_sec(e0.symbol, e1.symbol));
-                g.effective_rate = g.effective_rate.max(per_sec(e0.effective, e1.effective));
-            }
+/// Link `l` of GPU `a`: the reasons that degrade the pairs it serves, and the growth below
+/// the thresholds (a warning).
+fn weigh(
+    window: &Window<Nvlink5Errors>,
+    rules: &PairRules,
+    a: u32,
+    l: u32,
+) -> (Vec<String>, Vec<String>) {
+    let threshold = rules.replay_recovery_degraded.max(1);
+    let mut reasons = Vec::new();
+    let mut below = Vec::new();
+    for (what, amount) in [
+        (
+            "failed link recoveries",
+            grown(window, |e| e.recovery_failed),
+        ),
+        (
+            "successful link recoveries (degrading: each one stalls traffic)",
+            grown(window, |e| e.recovery_successful),
+        ),
+    ] {
+        if amount >= threshold {
+            reasons.push(text::reason_nvlink5_count(what, a, l, amount, rules.window));
+        } else if amount > 0 {
+            below.push(text::growth(what, amount));
         }
-        g
     }
+    let symbol = |e: &Nvlink5Errors| e.symbol;
+    let effective = |e: &Nvlink5Errors| e.effective;
+    for (what, amount, per_sec) in [
+        (
+            "symbol errors",
+            grown(window, symbol),
+            peak_rate(window, symbol),
+        ),
+        (
+            "effective errors",
+            grown(window, effective),
+            peak_rate(window, effective),
+        ),
+    ] {
+        if amount == 0 {
+            continue;
+        }
+        if per_sec >= rules.nvlink5_errors_degraded_per_sec {
+            reasons.push(text::reason_nvlink5_rate(
+                what,
+                a,
+                l,
+                amount,
+                rules.window,
+                per_sec,
+                rules.nvlink5_errors_degraded_per_sec,
+            ));
+        } else {
+            below.push(text::growth_at_rate(what, amount, per_sec));
+        }
+    }
+    // The BERs the link reports now, not growth.
+    let now = window.back().map(|(_, counts)| *counts);
+    for (what, ber) in [
+        ("effective BER", now.and_then(|c| c.effective_ber)),
+        ("symbol BER", now.and_then(|c| c.symbol_ber)),
+    ] {
+        let Some(ber) = ber.map(|b| b.value()) else {
+            continue;
+        };
+        if ber >= rules.ber_degraded {
+            reasons.push(text::reason_ber(what, ber, a, l, rules.ber_degraded));
+        }
+    }
+    (reasons, below)
 }

@@ -38,7 +38,7 @@ fn replay_growth_degrades_then_leaves_the_window() {
     assert!(all_ok(&j), "{:#?}", j.pairs);
     assert!(j.findings.is_empty());
     // the history covers the window and one baseline, no more: samples 5..=65
-    assert_eq!(judge.counters[&(uuid(0), 0)].len(), 13);
+    assert_eq!(judge.counters.by_link[&(uuid(0), 0)].len(), 13);
 }
 
 #[test]
