@@ -208,7 +208,7 @@ pub struct FabricInfo {
     pub route_unhealthy: Option<bool>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GpuReading {
     pub index: u32,
     pub uuid: String,
