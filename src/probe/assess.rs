@@ -427,12 +427,16 @@ mod tests {
             });
         }
         assert!((expected_gbps(&s, 0, 1).unwrap() - 31.504).abs() < 1e-9);
-        let r = assess(
-            &probed(&s, |a, b| {
-                Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
-            }),
-            &s,
-        );
+        // GPU 2 -> GPU 0 at a tenth of the others.
+        let slow_2_0 = |s: &GpuSample| {
+            assess(
+                &probed(s, |a, b| {
+                    Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
+                }),
+                s,
+            )
+        };
+        let r = slow_2_0(&s);
         let (st, why) = status(&r, 2, 0);
         assert_eq!(st, ProbeStatus::Degraded);
         assert!(why
@@ -442,12 +446,7 @@ mod tests {
         for g in &mut s.gpus {
             g.pcie_link = None;
         }
-        let r = assess(
-            &probed(&s, |a, b| {
-                Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
-            }),
-            &s,
-        );
+        let r = slow_2_0(&s);
         let (st, why) = status(&r, 2, 0);
         assert_eq!(st, ProbeStatus::Degraded);
         assert!(why

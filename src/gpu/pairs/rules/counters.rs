@@ -13,12 +13,14 @@ use crate::model::{LinkErrors, Weight};
 pub(crate) type CounterHistory = LinkWindows<LinkErrors>;
 
 impl Counters for LinkErrors {
-    fn went_down(&self, new: &Self) -> bool {
-        new.replay < self.replay
-            || new.recovery < self.recovery
-            || new.crc_flit < self.crc_flit
-            || new.crc_data < self.crc_data
-            || new.ecc_data < self.ecc_data
+    fn each(&self) -> impl IntoIterator<Item = u64> {
+        [
+            self.replay,
+            self.recovery,
+            self.crc_flit,
+            self.crc_data,
+            self.ecc_data,
+        ]
     }
 }
 

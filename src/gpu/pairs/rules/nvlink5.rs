@@ -25,12 +25,14 @@ use crate::model::{Nvlink5Errors, Weight};
 pub(crate) type Nvlink5History = LinkWindows<Nvlink5Errors>;
 
 impl Counters for Nvlink5Errors {
-    fn went_down(&self, new: &Self) -> bool {
-        new.recovery_successful < self.recovery_successful
-            || new.recovery_failed < self.recovery_failed
-            || new.recovery_events < self.recovery_events
-            || new.symbol < self.symbol
-            || new.effective < self.effective
+    fn each(&self) -> impl IntoIterator<Item = u64> {
+        [
+            self.recovery_successful,
+            self.recovery_failed,
+            self.recovery_events,
+            self.symbol,
+            self.effective,
+        ]
     }
 }
 

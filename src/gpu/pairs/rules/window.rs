@@ -11,8 +11,17 @@ use crate::model::{GpuReading, LinkReading, Peer};
 
 /// A set of counters that only grow until the driver starts them over.
 pub(crate) trait Counters: Copy {
+    /// Every counter, in one order.
+    fn each(&self) -> impl IntoIterator<Item = u64>;
+
     /// Whether some counter of `newer` is below this one's (a driver reload, a GPU reset).
-    fn went_down(&self, newer: &Self) -> bool;
+    fn went_down(&self, newer: &Self) -> bool {
+        newer
+            .each()
+            .into_iter()
+            .zip(self.each())
+            .any(|(new, old)| new < old)
+    }
 }
 
 /// One link's samples that cover the window, oldest first, plus the newest one just outside it
