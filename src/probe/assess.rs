@@ -133,60 +133,14 @@ pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
         })
         .cloned()
         .collect();
-    let mut pairs = Vec::new();
-    for ((a, b), outcome) in &probed.outcomes {
-        let (Some(from), Some(to)) = (index_of(*a), index_of(*b)) else {
-            continue;
-        };
-        let expected = expected_gbps(sample, from, to);
-        let (p2p, nvlink) = nvml_p2p(sample, from, to);
-        let mut p = PairProbe {
-            from_gpu: from,
-            to_gpu: to,
-            status: ProbeStatus::Failed,
-            peer_access: false,
-            verified: false,
-            gbps: None,
-            expected_gbps: expected,
-            reason: None,
-        };
-        match outcome {
-            Outcome::Hung(d) => p.reason = Some(text::probe_hung(from, to, *d)),
-            Outcome::Crashed(how) => p.reason = Some(text::probe_crashed(from, to, how)),
-            Outcome::Ran(l) => {
-                p.peer_access = l.peer_access;
-                p.verified = l.copy_error.is_none() && l.bad_offset.is_none();
-                p.gbps = l
-                    .seconds
-                    .filter(|s| *s > 0.0)
-                    .map(|s| l.bytes as f64 / s / 1e9);
-                p.reason = if let Some(e) = &l.copy_error {
-                    Some(text::probe_copy_error(from, to, e))
-                } else if let Some(at) = l.bad_offset {
-                    Some(text::probe_corrupted(from, to, at, l.bytes))
-                } else if !l.peer_access && p2p {
-                    Some(text::probe_peer_refused(
-                        from,
-                        to,
-                        nvlink,
-                        l.peer_error.as_deref(),
-                    ))
-                } else {
-                    None
-                };
-                if p.reason.is_none() {
-                    p.status = ProbeStatus::Ok;
-                    if let (Some(g), Some(e)) = (p.gbps, expected) {
-                        if g < 0.5 * e {
-                            p.status = ProbeStatus::Degraded;
-                            p.reason = Some(text::probe_slow(from, to, g, e));
-                        }
-                    }
-                }
-            }
-        }
-        pairs.push(p);
-    }
+    let mut pairs: Vec<PairProbe> = probed
+        .outcomes
+        .iter()
+        .filter_map(|((a, b), outcome)| {
+            let (from, to) = (index_of(*a)?, index_of(*b)?);
+            Some(pair_verdict(sample, from, to, outcome))
+        })
+        .collect();
     slow_among_like(&mut pairs);
     pairs.sort_by_key(|p| (p.from_gpu, p.to_gpu));
     let culprits = culprits(&pairs);
@@ -195,6 +149,63 @@ pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
         culprits,
         unmatched,
     }
+}
+
+/// One ordered pair's outcome against what its own path carries and what NVML says of P2P.
+fn pair_verdict(sample: &GpuSample, from: u32, to: u32, outcome: &Outcome) -> PairProbe {
+    let expected = expected_gbps(sample, from, to);
+    let mut p = PairProbe {
+        from_gpu: from,
+        to_gpu: to,
+        status: ProbeStatus::Failed,
+        peer_access: false,
+        verified: false,
+        gbps: None,
+        expected_gbps: expected,
+        reason: None,
+    };
+    let l = match outcome {
+        Outcome::Hung(d) => {
+            p.reason = Some(text::probe_hung(from, to, *d));
+            return p;
+        }
+        Outcome::Crashed(how) => {
+            p.reason = Some(text::probe_crashed(from, to, how));
+            return p;
+        }
+        Outcome::Ran(l) => l,
+    };
+    let (p2p, nvlink) = nvml_p2p(sample, from, to);
+    p.peer_access = l.peer_access;
+    p.verified = l.copy_error.is_none() && l.bad_offset.is_none();
+    p.gbps = l
+        .seconds
+        .filter(|s| *s > 0.0)
+        .map(|s| l.bytes as f64 / s / 1e9);
+    p.reason = if let Some(e) = &l.copy_error {
+        Some(text::probe_copy_error(from, to, e))
+    } else if let Some(at) = l.bad_offset {
+        Some(text::probe_corrupted(from, to, at, l.bytes))
+    } else if !l.peer_access && p2p {
+        Some(text::probe_peer_refused(
+            from,
+            to,
+            nvlink,
+            l.peer_error.as_deref(),
+        ))
+    } else {
+        None
+    };
+    if p.reason.is_none() {
+        p.status = ProbeStatus::Ok;
+        if let (Some(g), Some(e)) = (p.gbps, expected) {
+            if g < 0.5 * e {
+                p.status = ProbeStatus::Degraded;
+                p.reason = Some(text::probe_slow(from, to, g, e));
+            }
+        }
+    }
+    p
 }
 
 /// Pairs far below their like pairs (the same expected figure, or none known) on the board.
