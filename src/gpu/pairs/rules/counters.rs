@@ -3,12 +3,14 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::window::{affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading};
+use super::window::{
+    affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading, Window,
+};
 use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
-use crate::model::{LinkErrors, Weight};
+use crate::model::{GpuReading, LinkErrors, LinkReading, Weight};
 
 pub(crate) type CounterHistory = LinkWindows<LinkErrors>;
 
@@ -37,7 +39,7 @@ pub(crate) fn counter_rule(
 ) -> Vec<Notice> {
     let mut degrading = Degrading::new();
     let mut notices = Vec::new();
-    let read = |gpu: &crate::model::GpuReading, link: &crate::model::LinkReading| {
+    let read = |gpu: &GpuReading, link: &LinkReading| {
         Some(match link.errors {
             // A lost GPU's pairs are down already; its counters (if any) wait for its return.
             _ if gpu.lost => Reading::Wait,
@@ -61,14 +63,7 @@ pub(crate) fn counter_rule(
                 agg.rate = agg.rate.max(rate);
             }
         }
-        if !below.is_empty() {
-            notices.push(Notice {
-                gpu: a,
-                link: link.link,
-                parts: below,
-                affected,
-            });
-        }
+        notices.extend(Notice::of(a, link.link, below, affected));
     });
     degrade(pairs, degrading, rules);
     notices
@@ -141,7 +136,7 @@ struct Growth {
 }
 
 impl Growth {
-    fn of(window: &super::window::Window<LinkErrors>) -> Growth {
+    fn of(window: &Window<LinkErrors>) -> Growth {
         Growth {
             replay: grown(window, |e| e.replay),
             recovery: grown(window, |e| e.recovery),

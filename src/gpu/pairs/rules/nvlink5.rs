@@ -14,13 +14,14 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::window::Window;
-use super::window::{affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading};
+use super::window::{
+    affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading, Window,
+};
 use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
-use crate::model::{Nvlink5Errors, Weight};
+use crate::model::{GpuReading, LinkReading, Nvlink5Errors, Weight};
 
 pub(crate) type Nvlink5History = LinkWindows<Nvlink5Errors>;
 
@@ -47,7 +48,7 @@ pub(crate) fn nvlink5_rule(
     let mut notices = Vec::new();
     let mut degrading: Vec<((u32, u32), String)> = Vec::new();
     // A lost GPU's NVLink5 windows are dropped: its pairs are down already.
-    let read = |gpu: &crate::model::GpuReading, link: &crate::model::LinkReading| {
+    let read = |gpu: &GpuReading, link: &LinkReading| {
         link.nvlink5.filter(|_| !gpu.lost).map(Reading::Counts)
     };
     history.advance(board, now, rules.window, read, |a, link, window| {
@@ -59,14 +60,7 @@ pub(crate) fn nvlink5_rule(
         for &pair in &affected {
             degrading.extend(reasons.iter().map(|r| (pair, r.clone())));
         }
-        if !below.is_empty() {
-            notices.push(Notice {
-                gpu: a,
-                link: link.link,
-                parts: below,
-                affected,
-            });
-        }
+        notices.extend(Notice::of(a, link.link, below, affected));
     });
     for (pair, reason) in degrading {
         if let Some(st) = pairs.get_mut(&pair) {

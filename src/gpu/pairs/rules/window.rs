@@ -150,6 +150,18 @@ pub(crate) struct Notice {
     pub affected: Vec<(u32, u32)>,
 }
 
+impl Notice {
+    /// Growth that degraded nothing on link `link` of GPU `gpu`, if there was any.
+    pub fn of(gpu: u32, link: u32, parts: Vec<String>, affected: Vec<(u32, u32)>) -> Option<Self> {
+        (!parts.is_empty()).then_some(Notice {
+            gpu,
+            link,
+            parts,
+            affected,
+        })
+    }
+}
+
 /// The pairs whose traffic crosses a link of GPU `a`.
 pub(crate) fn affected_pairs(
     a: u32,
