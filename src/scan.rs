@@ -12,6 +12,7 @@ use crate::gpu::pairs::PairRules;
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
 use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
+use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
 use crate::shm::ShmScanner;
 
@@ -52,6 +53,8 @@ pub struct Scanner {
     thresholds: Thresholds,
     shm: ShmScanner,
     gpu: GpuCollector,
+    /// The pair probe's last verdicts (`serve --p2p-probe-interval`), handed to each GPU scan.
+    probes: ProbeResults,
     docker: DockerNames,
     /// `serve`: samples /dev/shm between scans where it matters, for the peak.
     peaks: Option<PeakSampler>,
@@ -71,6 +74,7 @@ impl Scanner {
             thresholds,
             shm: ShmScanner::new(host)?,
             gpu,
+            probes: ProbeResults::default(),
             docker: DockerNames::new(None),
             peaks: None,
             previous_used: HashMap::new(),
@@ -112,11 +116,12 @@ impl Scanner {
         )
     }
 
-    /// Where the pair probe leaves its results for the scans to judge.
-    pub fn probe_results(&self) -> crate::gpu::collector::ProbeResults {
-        self.gpu.probe_results()
+    /// Where the pair probe leaves its verdicts for the scans to judge.
+    pub fn probe_results(&self) -> ProbeResults {
+        self.probes.clone()
     }
 
+    /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
     pub fn xid_counts(&self) -> std::sync::Arc<crate::gpu::xid::XidCounts> {
         self.gpu.xid_counts()
     }
@@ -216,7 +221,7 @@ impl Scanner {
         );
 
         let started = Instant::now();
-        let gpu = self.gpu.scan();
+        let gpu = self.gpu.scan(self.probes.latest());
         let gpu_run = CollectorRun {
             collector: CollectorName::Gpu,
             duration: started.elapsed(),

@@ -341,7 +341,7 @@ fn bench_gpu(args: &Args) -> Result<Value, Error> {
     for _ in 0..args.reps {
         // SAFETY: as above.
         let before = unsafe { count() };
-        let (scan, w, c) = timed(|| collector.scan());
+        let (scan, w, c) = timed(|| collector.scan(Vec::new()));
         // SAFETY: as above.
         calls = unsafe { count() } - before;
         counted = scan.calls;

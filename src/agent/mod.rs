@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use tokio::net::TcpListener;
@@ -30,7 +30,6 @@ use crate::gpu::xid::kernel::KernelXids;
 use crate::host::HostError;
 use crate::kube::{self as k8s, KubeError};
 use crate::metrics::{Metrics, SharedSnapshot};
-use crate::model::{GpuSample, PairSample, ProbeStatus};
 use crate::probe::ProbeOptions;
 use crate::scan::{ScanSettings, Scanner, ServeScan};
 use crate::server::{self, AppState, Health};
@@ -105,18 +104,16 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         metrics.clone(),
     )?;
     let prober = match probe {
-        Some((mut opts, every)) => {
-            opts.stop = Some(stop.clone());
-            let (snapshot, results, stop) =
-                (snapshot.clone(), scanner.probe_results(), stop.clone());
-            tracing::info!(every = ?every, "the GPU pair probe runs on GPUs without processes");
-            Some(
-                thread::Builder::new()
-                    .name("probe".into())
-                    .spawn(move || probe_loop(&opts, every, &snapshot, &results, &stop))
-                    .map_err(|e| AgentError::Thread("probe", e))?,
+        Some((opts, every)) => Some(
+            crate::probe::schedule::spawn(
+                opts,
+                every,
+                snapshot.clone(),
+                scanner.probe_results(),
+                stop.clone(),
             )
-        }
+            .map_err(|e| AgentError::Thread("probe", e))?,
+        ),
         None => None,
     };
     let between = Between {
@@ -207,86 +204,6 @@ fn spawn_follower(
     };
     let deliver = move |followed| wake.send(Wake::Followed(followed)).is_ok();
     sources::follow(follow, deliver, report).map_err(|e| AgentError::Thread("failures", e))
-}
-
-/// The pair probe every `every`, on the GPUs the last scan saw no process on; its results go
-/// where the next scans judge them. Its copies run in a worker process with a deadline, so a
-/// hung or crashing driver path costs this thread a pair, never the agent.
-fn probe_loop(
-    opts: &ProbeOptions,
-    every: Duration,
-    snapshot: &SharedSnapshot,
-    results: &crate::gpu::collector::ProbeResults,
-    stop: &AtomicBool,
-) {
-    let mut next = Instant::now() + every;
-    let mut last_error = None;
-    loop {
-        while Instant::now() < next {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100).min(next - Instant::now()));
-        }
-        next = Instant::now() + every;
-        let Some(s) = snapshot.load_full() else {
-            continue;
-        };
-        let idle: Vec<u32> = s
-            .gpus
-            .iter()
-            .filter(|g| !g.lost && g.processes.is_empty())
-            .map(|g| g.index)
-            .collect();
-        if idle.len() < 2 {
-            tracing::debug!(idle = idle.len(), "pair probe skipped: GPUs in use");
-            continue;
-        }
-        let sample = GpuSample {
-            gpus: s.gpus.clone(),
-            pairs: s
-                .gpu_pairs
-                .iter()
-                .map(|p| PairSample {
-                    gpu: p.gpu,
-                    peer_gpu: p.peer_gpu,
-                    p2p: p.p2p,
-                    topology: p.topology,
-                })
-                .collect(),
-            hypervisor: None,
-            probes: Vec::new(),
-        };
-        match crate::probe::run(opts, |devices| {
-            crate::probe::pairs_among(devices, &sample.gpus, Some(&idle))
-        }) {
-            Ok(probed) => {
-                let report = crate::probe::judge::judge(&probed, &sample);
-                let bad = report
-                    .pairs
-                    .iter()
-                    .filter(|p| p.status != ProbeStatus::Ok)
-                    .count();
-                tracing::info!(
-                    pairs = report.pairs.len(),
-                    not_ok = bad,
-                    took = ?probed.took,
-                    "GPU pair probe done"
-                );
-                last_error = None;
-                match results.lock() {
-                    Ok(mut r) => *r = report.pairs,
-                    Err(e) => *e.into_inner() = report.pairs,
-                }
-            }
-            Err(e) => {
-                if last_error.as_ref() != Some(&e) {
-                    tracing::warn!("the GPU pair probe could not run: {e}");
-                }
-                last_error = Some(e);
-            }
-        }
-    }
 }
 
 async fn shutdown_signal() {

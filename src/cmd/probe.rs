@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use shmlink::cli::{LogFormat, ProbeArgs, ProbeWorkerArgs};
-use shmlink::probe::{self, judge};
+use shmlink::probe::{self, assess};
 
 /// `shmlink probe`: every ordered pair, judged with NVML's view of the board.
 pub fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
@@ -21,7 +21,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         probe::pairs_among(devices, &sample.gpus, only)
     })
     .map_err(|e| anyhow::anyhow!("the probe could not run: {e}"))?;
-    let report = judge::judge(&probed, &sample);
+    let report = assess::assess(&probed, &sample);
     let mut stdout = std::io::stdout().lock();
     if args.json {
         let json = serde_json::json!({

@@ -368,25 +368,11 @@ fn gpus_used(d: &Detected, id: &Identity, known: Known<'_>) -> (Vec<u32>, Option
 
 /// Of the job's GPUs, those the pair judge blames; else the ends of its failing pairs.
 fn culprits_among(gpus: &[u32], pairs: &[PairThen], snapshot: Option<&Snapshot>) -> Vec<u32> {
-    let blamed: Vec<u32> = snapshot
-        .map(|s| {
-            s.gpu_blame
-                .suspects
-                .iter()
-                .map(|x| x.gpu)
-                .filter(|g| gpus.contains(g))
-                .collect()
-        })
-        .unwrap_or_default();
-    if !blamed.is_empty() {
-        return blamed;
-    }
-    let ends: BTreeSet<u32> = pairs
+    let failing = pairs
         .iter()
         .filter(|p| p.status != PairStatus::Ok)
-        .flat_map(|p| [p.gpu, p.peer_gpu])
-        .collect();
-    ends.into_iter().collect()
+        .map(|p| (p.gpu, p.peer_gpu));
+    crate::gpu::blame::among(snapshot.map(|s| &s.gpu_blame), gpus, failing)
 }
 
 fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {

@@ -13,9 +13,6 @@ use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
 use crate::findings::text;
 use crate::model::{Blame, GpuReading, GpuUsers, PairProbe, PairVerdict};
-
-/// The pair probe's last results, shared by the probe's thread and the collector.
-pub type ProbeResults = Arc<std::sync::Mutex<Vec<PairProbe>>>;
 use crate::model::{Finding, FindingKind, Subject};
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
 /// after the agent.
@@ -65,8 +62,6 @@ pub struct GpuCollector {
     sys: SysPci,
     /// The hypervisor the machine runs under, read once.
     hypervisor: Option<String>,
-    /// The pair probe's last results, written by the probe's thread (`serve`).
-    probes: ProbeResults,
     with_xid_thread: bool,
     rules: PairRules,
     stop: Arc<AtomicBool>,
@@ -89,7 +84,6 @@ impl GpuCollector {
             proc_root: proc_root.to_path_buf(),
             sys: SysPci::new(Path::new("/sys")),
             hypervisor: None,
-            probes: ProbeResults::default(),
             with_xid_thread,
             rules,
             stop: Arc::new(AtomicBool::new(false)),
@@ -149,17 +143,13 @@ impl GpuCollector {
         self
     }
 
-    /// Where the pair probe leaves its results for the next scans to judge.
-    pub fn probe_results(&self) -> ProbeResults {
-        self.probes.clone()
-    }
-
     /// Where XIDs are counted: the kernel log's are added here by the scan thread.
     pub fn xid_counts(&self) -> Arc<XidCounts> {
         self.xids.clone()
     }
 
-    pub fn scan(&mut self) -> GpuScan {
+    /// One scan; `probes`: the pair probe's last verdicts, judged with the sample (rule 8).
+    pub fn scan(&mut self, probes: Vec<PairProbe>) -> GpuScan {
         if let State::Unavailable { last_try, .. } = &self.state {
             if last_try.elapsed() >= RETRY_LOAD_EVERY {
                 self.state = self.load();
@@ -180,11 +170,6 @@ impl GpuCollector {
                 scan
             }
             State::Loaded(loaded) => {
-                let probes = self
-                    .probes
-                    .lock()
-                    .map(|p| p.clone())
-                    .unwrap_or_else(|e| e.into_inner().clone());
                 let mut scan = loaded.scan(
                     &self.proc_root,
                     &mut self.sys,

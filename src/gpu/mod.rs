@@ -1,8 +1,10 @@
 //! GPU link health from NVML: per-GPU link state and error counters, per-pair P2P status, and
-//! a verdict per GPU pair (the readings and verdicts themselves are `model`'s). `nvml.rs` is the
-//! only file that touches NVML; `pairs/` is pure; `xid/` is everything about XIDs; `pci.rs`
-//! spells PCI addresses one way.
+//! a verdict per GPU pair (the readings and verdicts themselves are `model`'s). `nvml/` is the
+//! only module that touches NVML; `pairs/` is pure; `blame.rs` is the one rule for which GPUs
+//! failing pairs point at; `xid/` is everything about XIDs; `pci.rs` spells PCI addresses one
+//! way.
 
+pub mod blame;
 pub mod collector;
 pub mod nvml;
 pub mod pairs;

@@ -208,7 +208,7 @@ pub struct FabricInfo {
     pub route_unhealthy: Option<bool>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GpuReading {
     pub index: u32,
     pub uuid: String,
@@ -414,6 +414,19 @@ pub enum ProbeStatus {
     Ok,
     Degraded,
     Failed,
+}
+
+impl ProbeStatus {
+    /// What the verdict weighs on its pair: copies that failed (an error, corrupted bytes, a
+    /// hang, a crash, peer access refused where NVML says P2P works) break transfers; copies
+    /// under half of what they should carry slow jobs down.
+    pub fn weight(self) -> Option<Weight> {
+        match self {
+            ProbeStatus::Ok => None,
+            ProbeStatus::Degraded => Some(Weight::Errors),
+            ProbeStatus::Failed => Some(Weight::Broken),
+        }
+    }
 }
 
 /// What copies from one GPU to another did (`shmlink probe --json`'s `pairs[]`).

@@ -276,7 +276,7 @@ impl Probe {
                 crate::probe::pairs_among(devices, &sample.gpus, Some(&only))
             }) {
                 Ok(probed) => {
-                    sample.probes = crate::probe::judge::judge(&probed, &sample).pairs;
+                    sample.probes = crate::probe::assess::assess(&probed, &sample).pairs;
                 }
                 Err(e) => obs.probe_error = Some(e),
             }

@@ -201,31 +201,7 @@ impl Cuda {
         let f = &self.fns;
         let ctx_from = held.retain(from)?;
         let ctx_to = held.retain(to)?;
-        let mut can: c_int = 0;
-        // SAFETY: out-parameter; both devices exist.
-        self.check("cuDeviceCanAccessPeer", unsafe {
-            (f.cuDeviceCanAccessPeer)(&mut can, from, to)
-        })?;
-        self.set(ctx_from)?;
-        if can == 1 {
-            // SAFETY: current context is `from`'s; flags must be 0.
-            let code = unsafe { (f.cuCtxEnablePeerAccess)(ctx_to, 0) };
-            match code {
-                0 => {
-                    run.peer_access = true;
-                    held.peer = Some((ctx_from, ctx_to));
-                }
-                ALREADY_ENABLED => run.peer_access = true,
-                code => {
-                    run.peer_error = self
-                        .check("cuCtxEnablePeerAccess", code)
-                        .err()
-                        .map(|e| e.to_string())
-                }
-            }
-        } else {
-            run.peer_error = Some("cuDeviceCanAccessPeer says no".into());
-        }
+        self.enable_peer(from, to, (ctx_from, ctx_to), run, held)?;
         let mut buffers = self.buffers.borrow_mut();
         let (pattern, back) = &mut *buffers;
         if pattern.len() != bytes {
@@ -243,12 +219,71 @@ impl Cuda {
         self.check("cuMemcpyPeer (8 bytes)", unsafe {
             (f.cuMemcpyPeer)(dst, ctx_to, src, ctx_from, bytes.min(8))
         })?;
+        run.seconds = Some(self.timed_copy((src, ctx_from), (dst, ctx_to), bytes, held)?);
+        back.fill(0);
+        self.set(ctx_to)?;
+        // SAFETY: `back` holds `bytes` bytes.
+        self.check("cuMemcpyDtoH_v2", unsafe {
+            (f.cuMemcpyDtoH_v2)(back.as_mut_ptr().cast(), dst, bytes)
+        })?;
+        run.bad_offset = first_difference(back, pattern);
+        Ok(())
+    }
+
+    /// Peer access from `from` to `to`, where CUDA says it can be had; what it answered goes
+    /// into `run`. Leaves `from`'s context current.
+    fn enable_peer(
+        &self,
+        from: i32,
+        to: i32,
+        (ctx_from, ctx_to): (CuContext, CuContext),
+        run: &mut PairRun,
+        held: &mut Held<'_>,
+    ) -> Result<(), CudaError> {
+        let f = &self.fns;
+        let mut can: c_int = 0;
+        // SAFETY: out-parameter; both devices exist.
+        self.check("cuDeviceCanAccessPeer", unsafe {
+            (f.cuDeviceCanAccessPeer)(&mut can, from, to)
+        })?;
+        self.set(ctx_from)?;
+        if can != 1 {
+            run.peer_error = Some("cuDeviceCanAccessPeer says no".into());
+            return Ok(());
+        }
+        // SAFETY: current context is `from`'s; flags must be 0.
+        let code = unsafe { (f.cuCtxEnablePeerAccess)(ctx_to, 0) };
+        match code {
+            0 => {
+                run.peer_access = true;
+                held.peer = Some((ctx_from, ctx_to));
+            }
+            ALREADY_ENABLED => run.peer_access = true,
+            code => {
+                run.peer_error = self
+                    .check("cuCtxEnablePeerAccess", code)
+                    .err()
+                    .map(|e| e.to_string())
+            }
+        }
+        Ok(())
+    }
+
+    /// The sized copy between two events of the current context: how long it took, seconds.
+    fn timed_copy(
+        &self,
+        (src, ctx_from): (CuDevicePtr, CuContext),
+        (dst, ctx_to): (CuDevicePtr, CuContext),
+        bytes: usize,
+        held: &mut Held<'_>,
+    ) -> Result<f64, CudaError> {
+        let f = &self.fns;
         let (start, end) = (held.event()?, held.event()?);
         // SAFETY: events created in this context; the legacy default stream.
         self.check("cuEventRecord", unsafe {
             (f.cuEventRecord)(start, std::ptr::null_mut())
         })?;
-        // SAFETY: as above, `bytes` bytes on each side.
+        // SAFETY: live allocations of `bytes` bytes on each side.
         self.check("cuMemcpyPeer", unsafe {
             (f.cuMemcpyPeer)(dst, ctx_to, src, ctx_from, bytes)
         })?;
@@ -264,15 +299,7 @@ impl Cuda {
         self.check("cuEventElapsedTime", unsafe {
             (f.cuEventElapsedTime)(&mut ms, start, end)
         })?;
-        run.seconds = Some(f64::from(ms) / 1000.0);
-        back.fill(0);
-        self.set(ctx_to)?;
-        // SAFETY: `back` holds `bytes` bytes.
-        self.check("cuMemcpyDtoH_v2", unsafe {
-            (f.cuMemcpyDtoH_v2)(back.as_mut_ptr().cast(), dst, bytes)
-        })?;
-        run.bad_offset = first_difference(back, pattern);
-        Ok(())
+        Ok(f64::from(ms) / 1000.0)
     }
 
     fn set(&self, ctx: CuContext) -> Result<(), CudaError> {

@@ -1,7 +1,7 @@
 //! The pair probe: for every ordered pair of GPUs, through the CUDA driver API, whether peer
 //! access can be enabled, an 8-byte copy, then a sized copy of a known pattern, read back and
 //! compared, and its bandwidth; judged against what NVML says the pair's path carries
-//! (`judge.rs`, pure).
+//! (`assess.rs`, pure).
 //!
 //! The copies run in a worker process (`worker.rs`, the binary run as `probe-worker`): a hung
 //! peer copy cannot be cancelled and a broken driver path can crash the process. The parent
@@ -9,9 +9,13 @@
 //! pair's answer ("did not finish within 10 s", "crashed the probe"), and a new worker goes on
 //! with the pairs left. CUDA numbers devices its own way: the worker reports each device's PCI
 //! bus id and the parent maps them to NVML's indices.
+//!
+//! `shmlink probe` and `preflight` run it once; `serve` on a schedule (`schedule.rs`: the
+//! thread, and the store its verdicts wait in for the scans).
 
+pub mod assess;
 pub mod cuda;
-pub mod judge;
+pub mod schedule;
 pub mod worker;
 
 use std::io::{BufRead, BufReader};
@@ -119,67 +123,74 @@ pub fn run(
                 w
             }
         };
-        let deadline_for = cuda::copy_deadline(opts.bytes, opts.timeout);
-        let mut current: Option<(i32, i32)> = None;
-        let mut deadline = Instant::now() + deadline_for;
-        loop {
-            if opts.stopped() {
-                w.kill();
-                return Err("stopped".into());
-            }
-            // Short waits, so that a stop is seen; the deadline is the pair's.
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let wait = remaining.min(Duration::from_millis(100));
-            match w.lines.recv_timeout(wait) {
-                Err(mpsc::RecvTimeoutError::Timeout) if !remaining.is_zero() => continue,
-                Ok(Line::Start { from, to }) => {
-                    current = Some((from, to));
-                    deadline = Instant::now() + deadline_for;
-                }
-                Ok(Line::Pair(line)) => {
-                    let key = (line.from, line.to);
-                    left.retain(|p| *p != key);
-                    outcomes.push((key, Outcome::Ran(line)));
-                    current = None;
-                    deadline = Instant::now() + deadline_for;
-                }
-                Ok(Line::Devices(_)) => {}
-                Ok(Line::Error(e)) => return Err(e),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    w.kill();
-                    match current {
-                        Some(key) => {
-                            left.retain(|p| *p != key);
-                            outcomes.push((key, Outcome::Hung(deadline_for)));
-                        }
-                        None => {
-                            return Err(format!(
-                                "the probe's worker went quiet between pairs for {deadline_for:?}"
-                            ))
-                        }
-                    }
-                    break;
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let how = w.exit();
-                    match current {
-                        Some(key) => {
-                            left.retain(|p| *p != key);
-                            outcomes.push((key, Outcome::Crashed(how)));
-                        }
-                        None if left.is_empty() => {}
-                        None => return Err(format!("the probe's worker ended early ({how})")),
-                    }
-                    break;
-                }
-            }
-        }
+        follow(&mut w, opts, &mut left, &mut outcomes)?;
     }
     Ok(Probed {
         devices,
         outcomes,
         took: started.elapsed(),
     })
+}
+
+/// Follows one worker until it ends, hangs or crashes: each pair it finished, hung on or
+/// crashed in goes from `left` to `outcomes`.
+fn follow(
+    w: &mut Worker,
+    opts: &ProbeOptions,
+    left: &mut Vec<(i32, i32)>,
+    outcomes: &mut Vec<((i32, i32), Outcome)>,
+) -> Result<(), String> {
+    let deadline_for = cuda::copy_deadline(opts.bytes, opts.timeout);
+    let mut current: Option<(i32, i32)> = None;
+    let mut deadline = Instant::now() + deadline_for;
+    loop {
+        if opts.stopped() {
+            w.kill();
+            return Err("stopped".into());
+        }
+        // Short waits, so that a stop is seen; the deadline is the pair's.
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let wait = remaining.min(Duration::from_millis(100));
+        match w.lines.recv_timeout(wait) {
+            Err(mpsc::RecvTimeoutError::Timeout) if !remaining.is_zero() => continue,
+            Ok(Line::Start { from, to }) => {
+                current = Some((from, to));
+                deadline = Instant::now() + deadline_for;
+            }
+            Ok(Line::Pair(line)) => {
+                let key = (line.from, line.to);
+                left.retain(|p| *p != key);
+                outcomes.push((key, Outcome::Ran(line)));
+                current = None;
+                deadline = Instant::now() + deadline_for;
+            }
+            Ok(Line::Devices(_)) => {}
+            Ok(Line::Error(e)) => return Err(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                w.kill();
+                let Some(key) = current else {
+                    return Err(format!(
+                        "the probe's worker went quiet between pairs for {deadline_for:?}"
+                    ));
+                };
+                left.retain(|p| *p != key);
+                outcomes.push((key, Outcome::Hung(deadline_for)));
+                return Ok(());
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let how = w.exit();
+                match current {
+                    Some(key) => {
+                        left.retain(|p| *p != key);
+                        outcomes.push((key, Outcome::Crashed(how)));
+                    }
+                    None if left.is_empty() => {}
+                    None => return Err(format!("the probe's worker ended early ({how})")),
+                }
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// A running worker and the lines it has said.

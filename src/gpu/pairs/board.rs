@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::verdict::PairState;
+use super::reasons::PairState;
 use crate::model::{GpuReading, GpuSample, Peer};
 
 pub(super) fn ordered(a: u32, b: u32) -> (u32, u32) {

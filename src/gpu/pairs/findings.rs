@@ -4,13 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use super::blame::blame;
 use super::board::Board;
-use super::counters::Notice;
-use super::verdict::Judged;
+use super::reasons::Judged;
+use super::rules::window::Notice;
 use super::PairRules;
 use crate::findings::text;
-use crate::model::{Blame, Weight};
+use crate::gpu::blame::{blame, PairOutcome};
+use crate::model::{Blame, SuspectBy, Weight};
 use crate::model::{Finding, FindingKind, Severity, Subject};
 
 /// The findings, and which GPUs they blame.
@@ -20,70 +20,103 @@ pub(super) fn findings(
     notices: Vec<Notice>,
     rules: &PairRules,
 ) -> (Vec<Finding>, Blame) {
+    let outcomes: Vec<PairOutcome<'_>> = judged
+        .iter()
+        .map(|j| PairOutcome {
+            gpu: j.verdict.gpu,
+            peer_gpu: j.verdict.peer_gpu,
+            failing: j.weight.is_some(),
+            reasons: &j.verdict.reasons,
+        })
+        .collect();
+    let blame = blame(&outcomes, &board.lost);
+    // GPUs all of whose pairs fail (the broken-GPU case): one finding each, not one per pair.
+    let culprits: BTreeSet<u32> = blame
+        .suspects
+        .iter()
+        .filter(|s| s.by == SuspectBy::FailsWithAll && !board.lost.contains(&s.gpu))
+        .map(|s| s.gpu)
+        .collect();
+    let mut out = lost_findings(board, judged);
+    out.extend(failing_findings(board, judged, &culprits, blame.node_wide));
+    out.extend(link_error_findings(
+        board,
+        judged,
+        notices,
+        &culprits,
+        blame.node_wide,
+        rules,
+    ));
+    (out, blame)
+}
+
+/// A lost GPU is one problem, whatever else is wrong.
+fn lost_findings(board: &Board<'_>, judged: &[Judged]) -> Vec<Finding> {
+    board
+        .lost
+        .iter()
+        .map(|&g| {
+            let down: Vec<u32> = judged
+                .iter()
+                .filter(|j| j.has(g))
+                .map(|j| j.other(g))
+                .collect();
+            Finding::new(
+                FindingKind::GpuLost,
+                Subject::Gpu(g),
+                text::gpu_lost(g, &board.describe(g), &down),
+            )
+        })
+        .collect()
+}
+
+/// Among GPUs still there: every pair failing (the node), else each GPU failing with all its
+/// peers, and each failing pair of the others.
+fn failing_findings(
+    board: &Board<'_>,
+    judged: &[Judged],
+    culprits: &BTreeSet<u32>,
+    node_wide: bool,
+) -> Vec<Finding> {
+    let failing: Vec<&Judged> = judged
+        .iter()
+        .filter(|j| j.weight.is_some() && !board.is_lost(j.key()))
+        .collect();
+    if node_wide {
+        let live = board.indices.difference(&board.lost).count();
+        return vec![node_finding(&failing, live)];
+    }
     let mut out = Vec::new();
+    for &g in culprits {
+        let own: Vec<&Judged> = judged
+            .iter()
+            .filter(|j| j.has(g) && !board.lost.contains(&j.other(g)))
+            .collect();
+        out.push(gpu_finding(board, g, &own));
+    }
+    for j in failing
+        .iter()
+        .filter(|j| !culprits.contains(&j.verdict.gpu) && !culprits.contains(&j.verdict.peer_gpu))
+    {
+        out.push(pair_finding(j));
+    }
+    out
+}
+
+/// Counter growth that made no pair fail: one warning per GPU.
+fn link_error_findings(
+    board: &Board<'_>,
+    judged: &[Judged],
+    notices: Vec<Notice>,
+    culprits: &BTreeSet<u32>,
+    node_wide: bool,
+    rules: &PairRules,
+) -> Vec<Finding> {
     let not_ok: HashSet<(u32, u32)> = judged
         .iter()
         .filter(|j| j.weight.is_some())
         .map(Judged::key)
         .collect();
-
-    // A lost GPU is one problem, whatever else is wrong.
-    for &g in &board.lost {
-        let down: Vec<u32> = judged
-            .iter()
-            .filter(|j| j.has(g))
-            .map(|j| j.other(g))
-            .collect();
-        out.push(Finding::new(
-            FindingKind::GpuLost,
-            Subject::Gpu(g),
-            text::gpu_lost(g, &board.describe(g), &down),
-        ));
-    }
-
-    // The rest, among GPUs that are still there.
-    let live: Vec<u32> = board
-        .indices
-        .iter()
-        .copied()
-        .filter(|i| !board.lost.contains(i))
-        .collect();
-    let failing: Vec<&Judged> = judged
-        .iter()
-        .filter(|j| j.weight.is_some() && !board.is_lost(j.key()))
-        .collect();
-    let mine = |g: u32| -> Vec<&Judged> {
-        judged
-            .iter()
-            .filter(|j| j.has(g) && !board.lost.contains(&j.other(g)))
-            .collect()
-    };
-    // GPUs all of whose pairs fail: with three or more GPUs that is the GPU's fault (the
-    // broken-GPU case), unless every GPU is in that state, which points at the node.
-    let mut culprits = BTreeSet::new();
-    if live.len() >= 3 && !failing.is_empty() {
-        for &g in &live {
-            let own = mine(g);
-            if !own.is_empty() && own.iter().all(|j| j.weight.is_some()) {
-                culprits.insert(g);
-            }
-        }
-    }
-    let node_wide = !culprits.is_empty() && culprits.len() == live.len();
-    if node_wide {
-        out.push(node_finding(&failing, live.len()));
-    } else {
-        for &g in &culprits {
-            out.push(gpu_finding(board, g, &mine(g)));
-        }
-        for j in failing.iter().filter(|j| {
-            !culprits.contains(&j.verdict.gpu) && !culprits.contains(&j.verdict.peer_gpu)
-        }) {
-            out.push(pair_finding(j));
-        }
-    }
-
-    // Counter growth that made no pair fail: one warning per GPU.
     let mut per_gpu: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for n in notices {
         let covered = node_wide
@@ -97,22 +130,16 @@ pub(super) fn findings(
                 .push(text::link_growth(n.link, &n.parts));
         }
     }
-    for (g, parts) in per_gpu {
-        out.push(Finding::new(
-            FindingKind::GpuLinkErrors,
-            Subject::Gpu(g),
-            text::link_errors(g, &board.describe(g), rules.window, &parts),
-        ));
-    }
-    // A lost GPU fails with all its peers: first to blame.
-    culprits.extend(board.lost.iter().copied());
-    let all_failing: Vec<&Judged> = judged.iter().filter(|j| j.weight.is_some()).collect();
-    let failing_for_blame = if board.lost.is_empty() {
-        failing
-    } else {
-        all_failing
-    };
-    (out, blame(&failing_for_blame, &culprits, node_wide))
+    per_gpu
+        .into_iter()
+        .map(|(g, parts)| {
+            Finding::new(
+                FindingKind::GpuLinkErrors,
+                Subject::Gpu(g),
+                text::link_errors(g, &board.describe(g), rules.window, &parts),
+            )
+        })
+        .collect()
 }
 
 fn worst(pairs: &[&Judged]) -> Option<Weight> {

@@ -21,8 +21,8 @@
 //!    3b. The NVLink5 counters of Blackwell GPUs (`nvlink5.rs`): failed link recoveries as
 //!    replay errors; successful recoveries, symbol and effective error rates and BERs over
 //!    their thresholds as degrading reasons (warnings), never down.
-//!    3c. NVML's word on a whole GPU (`gpu_state.rs`): a recovery action that drains P2P, or an
-//!    unhealthy fabric registration on an NVSwitch board, degrades all of the GPU's pairs.
+//!    3c. NVML's word on a whole GPU (`gpu_state.rs`): a recovery action that drains P2P, or
+//!    an unhealthy fabric registration on an NVSwitch board, degrades all of the GPU's pairs.
 //! 4. A P2P capability (read, write, nvlink, atomics) that was ever ok for a pair and now is not
 //!    makes the pair `degraded`.
 //! 5. The outlier test, which needs no history: among pairs at the same PCIe topology level, if
@@ -37,35 +37,29 @@
 //!    it or a bridge above it, ACS redirecting P2P on a bridge between two GPUs; the pairs whose
 //!    P2P crosses PCIe get a reason for each.
 //!
-//! 8. The pair probe's results, where `serve` runs it (`probe.rs`): a direction that failed
-//!    makes the pair `degraded` (`Broken`), one that ran slow `degraded` (`Errors`).
+//! 8. The pair probe's verdicts, where `serve` runs it (`probe_results.rs`): a direction that
+//!    failed makes the pair `degraded` (`Broken`), one that ran slow `degraded` (`Errors`).
 //!
-//! Files: `board.rs` indexes the sample, `verdict.rs` weighs reasons into a status,
-//! `links.rs` (rules 1-2), `counters.rs` (3), `p2p.rs` (4-5), `findings.rs` and `blame.rs` (6),
-//! `pcie.rs` (7), `probe.rs` (8).
+//! Files: `board.rs` indexes the sample, `reasons.rs` weighs reasons into a status, `rules/`
+//! holds rules 1-5, 7 and 8 (one file per family, named above), `findings.rs` and `blame.rs`
+//! rule 6.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-mod blame;
 mod board;
-mod counters;
 mod findings;
-mod gpu_state;
-mod links;
-mod nvlink5;
-mod p2p;
-mod pcie;
-mod probe;
-mod verdict;
+mod reasons;
+mod rules;
 
 pub use crate::model::Weight;
 
 use board::Board;
-use counters::CounterHistory;
-use nvlink5::Nvlink5History;
-use p2p::P2pMemory;
-use verdict::Judged;
+use reasons::Judged;
+use rules::counters::CounterHistory;
+use rules::nvlink5::Nvlink5History;
+use rules::p2p::P2pMemory;
+use rules::{counters, gpu_state, links, nvlink5, p2p, pcie, probe_results};
 
 use crate::model::{Blame, Finding};
 use crate::model::{GpuSample, PairStatus, PairVerdict};
@@ -130,8 +124,8 @@ impl PairJudge {
     pub fn new(rules: PairRules) -> Self {
         PairJudge {
             rules,
-            counters: HashMap::new(),
-            nvlink5: HashMap::new(),
+            counters: CounterHistory::default(),
+            nvlink5: Nvlink5History::default(),
             p2p_ever_ok: HashMap::new(),
             aer: HashMap::new(),
             failing_since: HashMap::new(),
@@ -161,7 +155,7 @@ impl PairJudge {
         let gpu_findings = gpu_state::gpu_state_rule(&board, &mut pairs);
         p2p::p2p_regression_rule(&mut self.p2p_ever_ok, &board, &mut pairs);
         p2p::outlier_rule(&board, &mut pairs);
-        probe::probe_rule(sample, &board, &mut pairs);
+        probe_results::probe_rule(sample, &board, &mut pairs);
         let pcie_findings = pcie::pcie_rule(
             &mut self.aer,
             &board,

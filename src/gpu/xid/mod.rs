@@ -1,18 +1,19 @@
 //! Everything about XIDs, whoever tells them:
 //!
-//! - `catalogue.rs` (pure): what NVIDIA's XID catalogue says each calls for;
-//! - `events.rs`: NVML's XID events, on a thread of their own (`serve` only);
+//! - `catalogue.rs` (pure): what NVIDIA's XID catalogue says each calls for; whether that is
+//!   fatal is [`crate::model::XidAction::is_fatal`];
+//! - `nvml_events.rs`: NVML's XID events, on a thread of their own (`serve` only);
 //! - `kernel.rs`: the driver's `NVRM: Xid` and "fallen off the bus" lines in the kernel log,
 //!   made one event each and routed to the GPU at their PCI address;
 //! - `counts.rs`: the tallies of both, one count (the larger);
-//! - `judge.rs` (pure): which are findings now, and which fatal ones hold `GpuFault`.
+//! - `recent.rs` (pure): which are findings now, and how long fatal ones hold `GpuFault`.
 
 pub mod catalogue;
 pub mod counts;
-pub mod events;
-pub mod judge;
 pub mod kernel;
+pub mod nvml_events;
+pub mod recent;
 
 pub use counts::XidCounts;
-pub use events::spawn;
-pub use judge::{FatalXids, RecentXids, XID_LASTS};
+pub use nvml_events::spawn;
+pub use recent::{FatalXids, RecentXids, XID_LASTS};

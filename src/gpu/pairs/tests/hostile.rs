@@ -72,6 +72,6 @@ fn odd_input_does_not_panic() {
     assert_eq!(verdict(&j, 0, 1).status, PairStatus::Ok);
     let j = judge.judge(&GpuSample::default(), t0);
     assert_eq!(j, Judgement::default());
-    assert!(judge.counters.is_empty());
+    assert!(judge.counters.by_link.is_empty());
     assert!(judge.p2p_ever_ok.is_empty());
 }

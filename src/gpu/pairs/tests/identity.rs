@@ -35,7 +35,7 @@ fn baselines_of_vanished_gpus_are_dropped() {
     let mut judge = PairJudge::default();
     let full = mesh(3);
     judge.judge(&full, t0);
-    assert!(judge.counters.keys().any(|(u, _)| *u == uuid(2)));
+    assert!(judge.counters.by_link.keys().any(|(u, _)| *u == uuid(2)));
     assert!(judge.p2p_ever_ok.keys().any(|(_, b)| *b == uuid(2)));
 
     let mut without = full.clone();
@@ -47,7 +47,7 @@ fn baselines_of_vanished_gpus_are_dropped() {
     let j = judge.judge(&without, secs_after(t0, 5));
     assert_eq!(j.pairs.len(), 1);
     assert!(all_ok(&j));
-    assert!(!judge.counters.keys().any(|(u, _)| *u == uuid(2)));
+    assert!(!judge.counters.by_link.keys().any(|(u, _)| *u == uuid(2)));
     assert!(!judge
         .p2p_ever_ok
         .keys()

@@ -223,6 +223,19 @@ fn assert_only_pairs_of(j: &Judgement, g: u32, status: PairStatus) {
     }
 }
 
+/// Pair `a`-`b` alone is not ok, for `reasons`, and it is the one finding.
+fn assert_only_pair_fails(j: &Judgement, a: u32, b: u32, reasons: &[&str]) {
+    assert_eq!(verdict(j, a, b).reasons, reasons);
+    assert_eq!(
+        j.pairs
+            .iter()
+            .filter(|p| p.status != PairStatus::Ok)
+            .count(),
+        1
+    );
+    assert_eq!(j.findings.len(), 1);
+}
+
 /// The findings as (kind, subject, severity).
 fn kinds(j: &Judgement) -> Vec<(&'static str, String, Severity)> {
     j.findings

@@ -6,14 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use super::board::Board;
-use super::verdict::PairState;
 use crate::findings::text;
+use crate::gpu::pairs::board::Board;
+use crate::gpu::pairs::reasons::PairState;
 use crate::model::RecoveryAction;
 use crate::model::Weight;
 use crate::model::{Finding, FindingKind, Subject};
 
-pub(super) fn gpu_state_rule(
+pub(crate) fn gpu_state_rule(
     board: &Board<'_>,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
 ) -> Vec<Finding> {

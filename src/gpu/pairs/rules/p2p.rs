@@ -2,18 +2,18 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::board::Board;
-use super::verdict::PairState;
 use crate::findings::text;
+use crate::gpu::pairs::board::Board;
+use crate::gpu::pairs::reasons::PairState;
 use crate::model::Weight;
 use crate::model::{P2pStatus, TopologyLevel};
 
 /// Per (GPU key of `gpu`, GPU key of `peer_gpu`): whether read, write, nvlink, atomics were
 /// ever ok. Directional, so a reorder that flips a pair forgets rather than misjudges.
-pub(super) type P2pMemory = HashMap<(String, String), [bool; 4]>;
+pub(crate) type P2pMemory = HashMap<(String, String), [bool; 4]>;
 
 /// Rule 4: a P2P capability that was ever ok for the pair and now is not.
-pub(super) fn p2p_regression_rule(
+pub(crate) fn p2p_regression_rule(
     p2p_ever_ok: &mut P2pMemory,
     board: &Board<'_>,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
@@ -38,7 +38,7 @@ pub(super) fn p2p_regression_rule(
 /// Rule 5: P2P failing where pairs like it work. Pairs are alike when they sit at the same
 /// topology level and join the same two GPU models: on a node that mixes models, P2P between
 /// two different models is legitimately `gpu_not_supported` and says nothing about either GPU.
-pub(super) fn outlier_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
+pub(crate) fn outlier_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
     let models = |(a, b): (u32, u32)| {
         let name = |i: u32| board.gpus.get(&i).map_or("", |g| g.name.as_str());
         let (x, y) = (name(a), name(b));

@@ -1,6 +1,9 @@
 //! Pure: which XIDs matter now. Any XID is a finding (and one Event series) while its count
-//! grew within [`XID_LASTS`]; one whose catalogue action is fatal keeps `GpuFault` True for
-//! the hold time ([`FatalXids`]).
+//! grew within [`XID_LASTS`]; one whose catalogue action is fatal (`catalogue.rs` gives the
+//! action, [`XidAction::is_fatal`] says which are) keeps `GpuFault` True for the hold time
+//! ([`FatalXids`]).
+//!
+//! [`XidAction::is_fatal`]: crate::model::XidAction::is_fatal
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -9,12 +9,16 @@
 //!   speed, or the PCIe generation and width both ends allow), or under half of the median of
 //!   like pairs on the board (the same expected figure, three pairs or more): `degraded`.
 //! - A GPU all of whose probed pairs fail or are degraded, with three GPUs or more and not all
-//!   of them so, is named as the culprit, as the pair judge names one.
+//!   of them so, is named as the culprit, by the pair judge's rule (`gpu::blame`).
+//!
+//! This is the one judgement of a probe's result: `serve`'s pair judge takes these verdicts as
+//! they are (rule 8), weighed by `ProbeStatus::weight`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Outcome, Probed};
 use crate::findings::text;
+use crate::gpu::blame::{self, PairOutcome};
 use crate::gpu::pci::same_pci_device;
 use crate::model::{GpuSample, P2pStatus, PairProbe, Peer, ProbeStatus};
 
@@ -109,7 +113,7 @@ fn nvml_p2p(sample: &GpuSample, from: u32, to: u32) -> (bool, bool) {
     (nvlink || rw, nvlink)
 }
 
-pub fn judge(probed: &Probed, sample: &GpuSample) -> ProbeReport {
+pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
     let index_of = |cuda: i32| -> Option<u32> {
         let bus = probed.devices.get(usize::try_from(cuda).ok()?)?;
         sample
@@ -129,60 +133,14 @@ pub fn judge(probed: &Probed, sample: &GpuSample) -> ProbeReport {
         })
         .cloned()
         .collect();
-    let mut pairs = Vec::new();
-    for ((a, b), outcome) in &probed.outcomes {
-        let (Some(from), Some(to)) = (index_of(*a), index_of(*b)) else {
-            continue;
-        };
-        let expected = expected_gbps(sample, from, to);
-        let (p2p, nvlink) = nvml_p2p(sample, from, to);
-        let mut p = PairProbe {
-            from_gpu: from,
-            to_gpu: to,
-            status: ProbeStatus::Failed,
-            peer_access: false,
-            verified: false,
-            gbps: None,
-            expected_gbps: expected,
-            reason: None,
-        };
-        match outcome {
-            Outcome::Hung(d) => p.reason = Some(text::probe_hung(from, to, *d)),
-            Outcome::Crashed(how) => p.reason = Some(text::probe_crashed(from, to, how)),
-            Outcome::Ran(l) => {
-                p.peer_access = l.peer_access;
-                p.verified = l.copy_error.is_none() && l.bad_offset.is_none();
-                p.gbps = l
-                    .seconds
-                    .filter(|s| *s > 0.0)
-                    .map(|s| l.bytes as f64 / s / 1e9);
-                p.reason = if let Some(e) = &l.copy_error {
-                    Some(text::probe_copy_error(from, to, e))
-                } else if let Some(at) = l.bad_offset {
-                    Some(text::probe_corrupted(from, to, at, l.bytes))
-                } else if !l.peer_access && p2p {
-                    Some(text::probe_peer_refused(
-                        from,
-                        to,
-                        nvlink,
-                        l.peer_error.as_deref(),
-                    ))
-                } else {
-                    None
-                };
-                if p.reason.is_none() {
-                    p.status = ProbeStatus::Ok;
-                    if let (Some(g), Some(e)) = (p.gbps, expected) {
-                        if g < 0.5 * e {
-                            p.status = ProbeStatus::Degraded;
-                            p.reason = Some(text::probe_slow(from, to, g, e));
-                        }
-                    }
-                }
-            }
-        }
-        pairs.push(p);
-    }
+    let mut pairs: Vec<PairProbe> = probed
+        .outcomes
+        .iter()
+        .filter_map(|((a, b), outcome)| {
+            let (from, to) = (index_of(*a)?, index_of(*b)?);
+            Some(pair_verdict(sample, from, to, outcome))
+        })
+        .collect();
     slow_among_like(&mut pairs);
     pairs.sort_by_key(|p| (p.from_gpu, p.to_gpu));
     let culprits = culprits(&pairs);
@@ -191,6 +149,63 @@ pub fn judge(probed: &Probed, sample: &GpuSample) -> ProbeReport {
         culprits,
         unmatched,
     }
+}
+
+/// One ordered pair's outcome against what its own path carries and what NVML says of P2P.
+fn pair_verdict(sample: &GpuSample, from: u32, to: u32, outcome: &Outcome) -> PairProbe {
+    let expected = expected_gbps(sample, from, to);
+    let mut p = PairProbe {
+        from_gpu: from,
+        to_gpu: to,
+        status: ProbeStatus::Failed,
+        peer_access: false,
+        verified: false,
+        gbps: None,
+        expected_gbps: expected,
+        reason: None,
+    };
+    let l = match outcome {
+        Outcome::Hung(d) => {
+            p.reason = Some(text::probe_hung(from, to, *d));
+            return p;
+        }
+        Outcome::Crashed(how) => {
+            p.reason = Some(text::probe_crashed(from, to, how));
+            return p;
+        }
+        Outcome::Ran(l) => l,
+    };
+    let (p2p, nvlink) = nvml_p2p(sample, from, to);
+    p.peer_access = l.peer_access;
+    p.verified = l.copy_error.is_none() && l.bad_offset.is_none();
+    p.gbps = l
+        .seconds
+        .filter(|s| *s > 0.0)
+        .map(|s| l.bytes as f64 / s / 1e9);
+    p.reason = if let Some(e) = &l.copy_error {
+        Some(text::probe_copy_error(from, to, e))
+    } else if let Some(at) = l.bad_offset {
+        Some(text::probe_corrupted(from, to, at, l.bytes))
+    } else if !l.peer_access && p2p {
+        Some(text::probe_peer_refused(
+            from,
+            to,
+            nvlink,
+            l.peer_error.as_deref(),
+        ))
+    } else {
+        None
+    };
+    if p.reason.is_none() {
+        p.status = ProbeStatus::Ok;
+        if let (Some(g), Some(e)) = (p.gbps, expected) {
+            if g < 0.5 * e {
+                p.status = ProbeStatus::Degraded;
+                p.reason = Some(text::probe_slow(from, to, g, e));
+            }
+        }
+    }
+    p
 }
 
 /// Pairs far below their like pairs (the same expected figure, or none known) on the board.
@@ -222,30 +237,18 @@ fn slow_among_like(pairs: &mut [PairProbe]) {
 }
 
 /// GPUs every probed pair of which (either direction) is not ok, with three GPUs or more, and
-/// not every GPU so (that is the node).
+/// not every GPU so (that is the node): the pair judge's rule, each direction a pair.
 fn culprits(pairs: &[PairProbe]) -> Vec<u32> {
-    let mut all: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
-    for p in pairs {
-        for g in [p.from_gpu, p.to_gpu] {
-            let e = all.entry(g).or_default();
-            e.0 += 1;
-            if p.status != ProbeStatus::Ok {
-                e.1 += 1;
-            }
-        }
-    }
-    if all.len() < 3 {
-        return Vec::new();
-    }
-    let bad: BTreeSet<u32> = all
+    let outcomes: Vec<PairOutcome<'_>> = pairs
         .iter()
-        .filter(|(_, (n, bad))| *n > 0 && n == bad)
-        .map(|(g, _)| *g)
+        .map(|p| PairOutcome {
+            gpu: p.from_gpu,
+            peer_gpu: p.to_gpu,
+            failing: p.status != ProbeStatus::Ok,
+            reasons: p.reason.as_slice(),
+        })
         .collect();
-    if bad.len() == all.len() {
-        return Vec::new();
-    }
-    bad.into_iter().collect()
+    blame::failing_with_all(&blame::blame(&outcomes, &BTreeSet::new()))
 }
 
 #[cfg(test)]
@@ -329,12 +332,12 @@ mod tests {
     #[test]
     fn pairs_are_named_by_nvml_index_and_judged_against_their_nvlinks() {
         let s = nvswitch(4);
-        let r = judge(&probed(&s, |_, _| Outcome::Ran(ran(300.0))), &s);
+        let r = assess(&probed(&s, |_, _| Outcome::Ran(ran(300.0))), &s);
         assert!(r.all_ok(), "{:?}", r.pairs);
         assert_eq!(r.pairs.len(), 12);
         assert_eq!(r.pairs[0].expected_gbps, Some(450.0));
         assert!((r.pairs[0].gbps.unwrap() - 300.0).abs() < 1e-6);
-        let slow = judge(
+        let slow = assess(
             &probed(&s, |a, b| {
                 Outcome::Ran(ran(if (a, b) == (1, 3) { 100.0 } else { 300.0 }))
             }),
@@ -357,7 +360,7 @@ mod tests {
             }
             Outcome::Ran(l)
         };
-        let r = judge(&probed(&s, refused), &s);
+        let r = assess(&probed(&s, refused), &s);
         assert_eq!(
             r.pairs
                 .iter()
@@ -384,7 +387,7 @@ mod tests {
                 topology: None,
             })
             .collect();
-        let r = judge(&probed(&s, refused), &s);
+        let r = assess(&probed(&s, refused), &s);
         assert!(r.all_ok(), "{:?}", r.pairs);
         assert!(r.culprits.is_empty());
     }
@@ -392,7 +395,7 @@ mod tests {
     #[test]
     fn hangs_crashes_errors_and_corruption_fail_naming_the_direction() {
         let s = nvswitch(3);
-        let r = judge(
+        let r = assess(
             &probed(&s, |a, b| {
                 match (a, b) {
                 (0, 1) => Outcome::Hung(Duration::from_secs(10)),
@@ -435,12 +438,16 @@ mod tests {
             });
         }
         assert!((expected_gbps(&s, 0, 1).unwrap() - 31.504).abs() < 1e-9);
-        let r = judge(
-            &probed(&s, |a, b| {
-                Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
-            }),
-            &s,
-        );
+        // GPU 2 -> GPU 0 at a tenth of the others.
+        let slow_2_0 = |s: &GpuSample| {
+            assess(
+                &probed(s, |a, b| {
+                    Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
+                }),
+                s,
+            )
+        };
+        let r = slow_2_0(&s);
         let (st, why) = status(&r, 2, 0);
         assert_eq!(st, ProbeStatus::Degraded);
         assert!(why
@@ -450,12 +457,7 @@ mod tests {
         for g in &mut s.gpus {
             g.pcie_link = None;
         }
-        let r = judge(
-            &probed(&s, |a, b| {
-                Outcome::Ran(ran(if (a, b) == (2, 0) { 2.0 } else { 20.0 }))
-            }),
-            &s,
-        );
+        let r = slow_2_0(&s);
         let (st, why) = status(&r, 2, 0);
         assert_eq!(st, ProbeStatus::Degraded);
         assert!(why
@@ -476,7 +478,7 @@ mod tests {
         let mut p = probed(&s, |_, _| Outcome::Ran(ran(300.0)));
         p.devices.push("0000:AA:00.0".into());
         p.outcomes.push(((2, 0), Outcome::Ran(ran(300.0))));
-        let r = judge(&p, &s);
+        let r = assess(&p, &s);
         assert_eq!(r.pairs.len(), 2);
         assert_eq!(r.unmatched, vec!["0000:AA:00.0".to_string()]);
     }

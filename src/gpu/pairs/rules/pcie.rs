@@ -17,9 +17,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::board::Board;
-use super::verdict::PairState;
 use crate::findings::text;
+use crate::gpu::pairs::board::Board;
+use crate::gpu::pairs::reasons::PairState;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
 use crate::model::{GpuReading, Weight};
 
@@ -32,25 +32,39 @@ const AER_KEPT: usize = 1024;
 
 /// Growth of one device's three totals, by when it was seen.
 #[derive(Debug, Default)]
-pub(super) struct AerTrack {
+pub(crate) struct AerTrack {
     last: AerTotals,
     grew: VecDeque<(Instant, AerTotals)>,
 }
 
 /// By the device's sysfs name.
-pub(super) type AerHistory = HashMap<String, AerTrack>;
+pub(crate) type AerHistory = HashMap<String, AerTrack>;
 
-pub(super) fn pcie_rule(
+pub(crate) fn pcie_rule(
     history: &mut AerHistory,
     board: &Board<'_>,
     hypervisor: Option<&str>,
     now: Instant,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
 ) -> Vec<Finding> {
-    let mut findings = Vec::new();
-    let live = || board.gpus.values().copied().filter(|g| !g.lost);
+    let mut findings = trained_down(board);
+    findings.extend(aer_findings(history, board, now));
+    // A VM's bridges are emulated: their ACS says nothing of the host's.
+    if hypervisor.is_none() {
+        findings.extend(acs_rule(board, pairs));
+    }
+    findings
+}
 
-    for g in live() {
+/// The GPUs still there.
+fn live<'a>(board: &'a Board<'_>) -> impl Iterator<Item = &'a GpuReading> {
+    board.gpus.values().copied().filter(|g| !g.lost)
+}
+
+/// A busy GPU whose link runs below what it and its slot allow: the GPU's finding alone.
+fn trained_down(board: &Board<'_>) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for g in live(board) {
         let (Some(link), Some(busy)) = (g.pcie_link, g.utilization_percent) else {
             continue;
         };
@@ -64,9 +78,15 @@ pub(super) fn pcie_rule(
             text::gpu_pcie_degraded(g.index, &board.describe(g.index), link, busy, bdf),
         ));
     }
+    findings
+}
 
-    let grown = aer_growth(history, live(), now);
-    for g in live() {
+/// AER growth on a GPU's path within [`AER_WINDOW`]: one finding per GPU, critical when some
+/// error was fatal or non-fatal.
+fn aer_findings(history: &mut AerHistory, board: &Board<'_>, now: Instant) -> Vec<Finding> {
+    let grown = aer_growth(history, live(board), now);
+    let mut findings = Vec::new();
+    for g in live(board) {
         let parts: Vec<(&PcieHop, AerTotals)> = g
             .pcie_path
             .iter()
@@ -86,44 +106,35 @@ pub(super) fn pcie_rule(
         }
         findings.push(f);
     }
+    findings
+}
 
+/// Bridges whose ACS redirects P2P between two GPUs: one finding for the node, and a reason
+/// on each such pair whose P2P crosses PCIe.
+fn acs_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) -> Option<Finding> {
     let mut redirecting: BTreeMap<&str, (u16, BTreeSet<u32>)> = BTreeMap::new();
     let mut acs_between: BTreeMap<(u32, u32), Vec<String>> = BTreeMap::new();
-    if hypervisor.is_none() {
-        let gpus: Vec<&GpuReading> = live().collect();
-        for (i, a) in gpus.iter().enumerate() {
-            for b in &gpus[i + 1..] {
-                for hop in between(&a.pcie_path, &b.pcie_path) {
-                    let crate::model::AcsState::Control(ctrl) = hop.acs else {
-                        continue;
-                    };
-                    if !hop.acs.redirects() {
-                        continue;
-                    }
-                    let e = redirecting
-                        .entry(hop.bdf.as_str())
-                        .or_insert((ctrl, BTreeSet::new()));
-                    e.1.extend([a.index, b.index]);
-                    acs_between
-                        .entry((a.index.min(b.index), a.index.max(b.index)))
-                        .or_default()
-                        .push(text::reason_acs(&hop.bdf, ctrl));
+    let gpus: Vec<&GpuReading> = live(board).collect();
+    for (i, a) in gpus.iter().enumerate() {
+        for b in &gpus[i + 1..] {
+            for hop in between(&a.pcie_path, &b.pcie_path) {
+                let crate::model::AcsState::Control(ctrl) = hop.acs else {
+                    continue;
+                };
+                if !hop.acs.redirects() {
+                    continue;
                 }
+                let e = redirecting
+                    .entry(hop.bdf.as_str())
+                    .or_insert((ctrl, BTreeSet::new()));
+                e.1.extend([a.index, b.index]);
+                acs_between
+                    .entry((a.index.min(b.index), a.index.max(b.index)))
+                    .or_default()
+                    .push(text::reason_acs(&hop.bdf, ctrl));
             }
         }
     }
-    if !redirecting.is_empty() {
-        let bridges: Vec<(&str, u16, Vec<u32>)> = redirecting
-            .iter()
-            .map(|(bdf, (ctrl, gpus))| (*bdf, *ctrl, gpus.iter().copied().collect()))
-            .collect();
-        findings.push(Finding::new(
-            FindingKind::PcieAcsEnabled,
-            Subject::Node,
-            text::pcie_acs_enabled(&bridges),
-        ));
-    }
-
     // Reasons on the pairs whose P2P crosses PCIe.
     for (&(a, b), st) in pairs.iter_mut() {
         if board.nvswitch || !st.links.is_empty() || board.is_lost((a, b)) {
@@ -136,7 +147,18 @@ pub(super) fn pcie_rule(
             st.push(Weight::Errors, r.clone());
         }
     }
-    findings
+    if redirecting.is_empty() {
+        return None;
+    }
+    let bridges: Vec<(&str, u16, Vec<u32>)> = redirecting
+        .iter()
+        .map(|(bdf, (ctrl, gpus))| (*bdf, *ctrl, gpus.iter().copied().collect()))
+        .collect();
+    Some(Finding::new(
+        FindingKind::PcieAcsEnabled,
+        Subject::Node,
+        text::pcie_acs_enabled(&bridges),
+    ))
 }
 
 /// The ports where traffic between two GPUs below a common bridge (a switch) turns around:

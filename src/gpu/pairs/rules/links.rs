@@ -2,14 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use super::board::{ordered, Board};
-use super::verdict::PairState;
 use crate::findings::text;
+use crate::gpu::pairs::board::{ordered, Board};
+use crate::gpu::pairs::reasons::PairState;
 use crate::model::Peer;
 use crate::model::Weight;
 
 /// Rule 1: a lost GPU's pairs are down.
-pub(super) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
+pub(crate) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
     for (&(a, b), st) in pairs.iter_mut() {
         for g in [a, b] {
             if board.lost.contains(&g) {
@@ -20,7 +20,7 @@ pub(super) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), Pair
 }
 
 /// Rule 2: inactive links to GPUs and to NVSwitches; `links` of each pair.
-pub(super) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
+pub(crate) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {
     for (&a, gpu) in &board.gpus {
         if gpu.lost {
             continue;
