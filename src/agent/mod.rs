@@ -103,19 +103,13 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         wake_tx.clone(),
         metrics.clone(),
     )?;
-    let prober = match probe {
-        Some((opts, every)) => Some(
-            crate::probe::schedule::spawn(
-                opts,
-                every,
-                snapshot.clone(),
-                scanner.probe_results(),
-                stop.clone(),
-            )
-            .map_err(|e| AgentError::Thread("probe", e))?,
-        ),
-        None => None,
-    };
+    let prober = probe
+        .map(|(opts, every)| {
+            let results = scanner.probe_results();
+            crate::probe::schedule::spawn(opts, every, snapshot.clone(), results, stop.clone())
+                .map_err(|e| AgentError::Thread("probe", e))
+        })
+        .transpose()?;
     let between = Between {
         scanner,
         findings_told: kube.is_none().then(FindingChanges::default),
