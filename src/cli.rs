@@ -383,6 +383,27 @@ mod tests {
     }
 
     #[test]
+    fn defaults_written_as_text_are_the_librarys_own() {
+        let cli = Cli::try_parse_from(["shmlink", "serve"]).unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        let rules = crate::gpu::pairs::PairRules::default();
+        assert_eq!(s.common.gpu.nvlink_error_window, rules.window);
+        assert_eq!(
+            s.sources.bus_error_shm_ratio,
+            crate::model::DeathRules::default().bus_error_shm_ratio
+        );
+        assert_eq!(
+            crate::findings::Thresholds::new(
+                s.common.thresholds.shm_warn_ratio,
+                s.common.thresholds.shm_critical_ratio
+            ),
+            Ok(crate::findings::Thresholds::default())
+        );
+    }
+
+    #[test]
     fn log_levels_are_the_five_of_the_contract() {
         for (arg, level) in [
             ("error", LogLevel::Error),
