@@ -10,6 +10,7 @@ pub mod cli;
 pub mod docker;
 pub mod failures;
 pub mod findings;
+#[cfg(any(test, feature = "fixtures"))]
 #[doc(hidden)]
 pub mod fixtures;
 pub mod gpu;
