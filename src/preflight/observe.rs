@@ -1,4 +1,4 @@
-//! What the probe saw, as plain data: the container's /dev/shm, its memory cgroup, its IPC
+//! What preflight saw, as plain data: the container's /dev/shm, its memory cgroup, its IPC
 //! namespace, its GPUs, and where it runs; and what follows from them alone (the bytes
 //! available, whether the IPC namespace is the host's).
 
@@ -134,6 +134,24 @@ pub struct GpuObs {
     pub probe_error: Option<String>,
 }
 
+impl GpuObs {
+    /// GPUs not (yet) looked at: NVML not loaded, nothing visible, no pairs.
+    pub fn unchecked(selected_by: SelectorSource, explicit_lib: bool) -> GpuObs {
+        GpuObs {
+            nvml: NvmlState::Disabled,
+            explicit_lib,
+            evidence: None,
+            selected_by,
+            visible: Vec::new(),
+            unmatched: Vec::new(),
+            pairs: Vec::new(),
+            avoid: Vec::new(),
+            healthy: Vec::new(),
+            probe_error: None,
+        }
+    }
+}
+
 /// Where the container runs, for the fix (CONTRACT.md: Kubernetes when
 /// `KUBERNETES_SERVICE_HOST` is set, else Docker/other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -168,8 +186,8 @@ pub fn effective_available(shm: &ShmObs, mem: &MemObs) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::fixtures::preflight::{memory, mounted, no_gpus};
+    use crate::preflight::assess::judge;
     use crate::preflight::need::NeedSpec;
-    use crate::preflight::verdict::judge;
     use crate::units::{GIB, MIB};
 
     #[test]

@@ -1,6 +1,8 @@
 use super::*;
 use crate::fixtures::pair;
-use crate::fixtures::preflight::{gpu7_broken, gpus, memory, mounted, no_gpus, private_ipc};
+use crate::fixtures::preflight::{
+    gpu7_broken, gpus, memory, mounted, no_gpus, private_ipc, unmeasured,
+};
 use crate::units::{GIB, MIB};
 
 #[test]
@@ -114,12 +116,8 @@ fn a_broken_pair_among_the_visible_gpus_fails_naming_it_and_others_pass() {
 #[test]
 fn what_cannot_be_measured_exits_2_unless_something_already_fails() {
     let unreadable = ShmObs {
-        state: ShmState::Unreadable,
         error: Some("Permission denied".into()),
-        size_bytes: None,
-        used_bytes: None,
-        free_bytes: None,
-        ..mounted(0, 0)
+        ..unmeasured(ShmState::Unreadable)
     };
     let r = judge(
         RunsIn::Docker,
@@ -158,12 +156,8 @@ fn what_cannot_be_measured_exits_2_unless_something_already_fails() {
 #[test]
 fn no_dev_shm_at_all_fails() {
     let absent = ShmObs {
-        state: ShmState::Absent,
         fs_type: None,
-        size_bytes: None,
-        used_bytes: None,
-        free_bytes: None,
-        ..mounted(0, 0)
+        ..unmeasured(ShmState::Absent)
     };
     let r = judge(
         RunsIn::Kubernetes,
