@@ -7,7 +7,7 @@ pub mod agent;
 pub mod beneath;
 pub mod cgroup;
 pub mod cli;
-pub mod docker;
+pub mod docker_records;
 pub mod failures;
 pub mod findings;
 #[cfg(any(test, feature = "fixtures"))]

@@ -66,7 +66,7 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
     // Docker's records of the containers that stopped since: the deaths that print nothing.
     if let Some(root) = &sources.docker_root {
         out.extend(
-            crate::docker::exited_since(root, since)
+            crate::docker_records::exited_since(root, since)
                 .iter()
                 .filter_map(docker_deaths::detected),
         );
@@ -92,7 +92,7 @@ pub fn collect(sources: &Sources, since: SystemTime) -> Vec<Detected> {
     }
     // A container gone since has no reading to name it: Docker's record still does.
     if let Some(root) = &sources.docker_root {
-        let mut names = crate::docker::DockerNames::new(Some(root.clone()));
+        let mut names = crate::docker_records::DockerNames::new(Some(root.clone()));
         for d in &mut out {
             if let Who::Container {
                 pod_uid: None,
