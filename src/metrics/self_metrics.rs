@@ -105,7 +105,8 @@ impl Metrics {
 
     /// One Event published.
     pub fn count_kube_event(&self, reason: &str) {
-        self.own.kube_events
+        self.own
+            .kube_events
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
             })
@@ -121,7 +122,8 @@ impl Metrics {
     pub fn record_scan(&self, runs: &[CollectorRun]) {
         for run in runs {
             let collector = run.collector.as_str();
-            self.own.scan_duration
+            self.own
+                .scan_duration
                 .get_or_create(&CollectorLabels { collector })
                 .observe(run.duration.as_secs_f64());
             self.add_errors(collector, run.errors);
@@ -130,7 +132,8 @@ impl Metrics {
 
     /// `n` more errors of `collector` (its series made, even for 0).
     pub(super) fn add_errors(&self, collector: &'static str, n: u64) {
-        self.own.scan_errors
+        self.own
+            .scan_errors
             .get_or_create(&CollectorLabels { collector })
             .inc_by(n);
     }
