@@ -153,61 +153,10 @@ impl Filler {
     fn block(&self, rng: &mut Rng, step: u64, out: &mut Vec<String>) {
         let r = rng.below(1000);
         match r {
-            0..=399 => out.push(format!(
-                "[rank{}]:[2026-11-23 10:{:02}:{:02},{:03}] INFO trainer.py:412 epoch={} \
-                 step={}/50000 loss={:.4} grad_norm={:.3} lr={:.2e} tokens/s={} mem={:.1}GiB",
-                rng.below(8),
-                rng.below(60),
-                rng.below(60),
-                rng.below(1000),
-                step / 5000,
-                step,
-                1.5 + rng.below(20000) as f64 / 10000.0,
-                0.2 + rng.below(2000) as f64 / 1000.0,
-                3e-4 * (1.0 - step as f64 / 60000.0),
-                40_000 + rng.below(20_000),
-                20.0 + rng.below(150) as f64 / 10.0,
-            )),
-            400..=599 => {
-                let pct = rng.below(101);
-                let filled = (pct / 10) as usize;
-                out.push(format!(
-                    "Epoch {}: {:3}%|{}{}| {}/5000 [{:02}:{:02}<{:02}:{:02}, {}.{:02}it/s, \
-                     loss={:.3}, v_num=7]",
-                    step / 5000,
-                    pct,
-                    "█".repeat(filled),
-                    " ".repeat(10 - filled),
-                    pct * 50,
-                    rng.below(60),
-                    rng.below(60),
-                    rng.below(60),
-                    rng.below(60),
-                    1 + rng.below(4),
-                    rng.below(100),
-                    1.5 + rng.below(2000) as f64 / 1000.0,
-                ));
-            }
-            600..=749 => out.push(format!(
-                "gpu-node-7:{}:{} [{}] NCCL INFO Channel {:02}/24 : {}[{}] -> {}[{}] via \
-                 P2P/CUMEM/read",
-                1000 + rng.below(9000),
-                1000 + rng.below(9000),
-                rng.below(8),
-                rng.below(24),
-                rng.below(8),
-                rng.below(8),
-                rng.below(8),
-                rng.below(8),
-            )),
-            750..=869 => out.push(format!(
-                "{{\"step\": {step}, \"loss\": {:.4}, \"lr\": {:.6}, \"throughput\": {:.1}, \
-                 \"time\": 1763892902.{:03}}}",
-                1.5 + rng.below(20000) as f64 / 10000.0,
-                3e-4,
-                400.0 + rng.below(2000) as f64 / 10.0,
-                rng.below(1000),
-            )),
+            0..=399 => out.push(training_step(rng, step)),
+            400..=599 => out.push(progress_bar(rng, step)),
+            600..=749 => out.push(nccl_channel(rng)),
+            750..=869 => out.push(metrics_json(rng, step)),
             870..=939 => out.push(
                 "/opt/conda/lib/python3.11/site-packages/torch/utils/data/dataloader.py:617: \
                  UserWarning: This DataLoader will create 16 worker processes in total. Our \
@@ -227,21 +176,92 @@ impl Filler {
                         .map(|l| l.to_string()),
                 );
             }
-            _ => {
-                // A config dump of a few KiB on one line.
-                let n = 40 + rng.below(80);
-                let mut s = String::from("config: {");
-                for i in 0..n {
-                    s.push_str(&format!(
-                        "\"model.layers.{i}.attention.dropout\": {:.3}, ",
-                        rng.below(1000) as f64 / 1000.0
-                    ));
-                }
-                s.push('}');
-                out.push(s);
-            }
+            _ => out.push(config_dump(rng)),
         }
     }
+}
+
+/// A training step's log line, as a rank prints it.
+fn training_step(rng: &mut Rng, step: u64) -> String {
+    format!(
+        "[rank{}]:[2026-11-23 10:{:02}:{:02},{:03}] INFO trainer.py:412 epoch={} \
+         step={}/50000 loss={:.4} grad_norm={:.3} lr={:.2e} tokens/s={} mem={:.1}GiB",
+        rng.below(8),
+        rng.below(60),
+        rng.below(60),
+        rng.below(1000),
+        step / 5000,
+        step,
+        1.5 + rng.below(20000) as f64 / 10000.0,
+        0.2 + rng.below(2000) as f64 / 1000.0,
+        3e-4 * (1.0 - step as f64 / 60000.0),
+        40_000 + rng.below(20_000),
+        20.0 + rng.below(150) as f64 / 10.0,
+    )
+}
+
+/// A progress bar's line (PyTorch Lightning's).
+fn progress_bar(rng: &mut Rng, step: u64) -> String {
+    let pct = rng.below(101);
+    let filled = (pct / 10) as usize;
+    format!(
+        "Epoch {}: {:3}%|{}{}| {}/5000 [{:02}:{:02}<{:02}:{:02}, {}.{:02}it/s, \
+         loss={:.3}, v_num=7]",
+        step / 5000,
+        pct,
+        "█".repeat(filled),
+        " ".repeat(10 - filled),
+        pct * 50,
+        rng.below(60),
+        rng.below(60),
+        rng.below(60),
+        rng.below(60),
+        1 + rng.below(4),
+        rng.below(100),
+        1.5 + rng.below(2000) as f64 / 1000.0,
+    )
+}
+
+/// NCCL's channel setup line.
+fn nccl_channel(rng: &mut Rng) -> String {
+    format!(
+        "gpu-node-7:{}:{} [{}] NCCL INFO Channel {:02}/24 : {}[{}] -> {}[{}] via \
+         P2P/CUMEM/read",
+        1000 + rng.below(9000),
+        1000 + rng.below(9000),
+        rng.below(8),
+        rng.below(24),
+        rng.below(8),
+        rng.below(8),
+        rng.below(8),
+        rng.below(8),
+    )
+}
+
+/// A metrics line in JSON.
+fn metrics_json(rng: &mut Rng, step: u64) -> String {
+    format!(
+        "{{\"step\": {step}, \"loss\": {:.4}, \"lr\": {:.6}, \"throughput\": {:.1}, \"time\": \
+         1763892902.{:03}}}",
+        1.5 + rng.below(20000) as f64 / 10000.0,
+        3e-4,
+        400.0 + rng.below(2000) as f64 / 10.0,
+        rng.below(1000),
+    )
+}
+
+/// A config dump of a few KiB on one line.
+fn config_dump(rng: &mut Rng) -> String {
+    let n = 40 + rng.below(80);
+    let mut s = String::from("config: {");
+    for i in 0..n {
+        s.push_str(&format!(
+            "\"model.layers.{i}.attention.dropout\": {:.3}, ",
+            rng.below(1000) as f64 / 1000.0
+        ));
+    }
+    s.push('}');
+    s
 }
 
 /// `2026-11-23T10:15:02.123456789Z`, the prefix cached per second.
