@@ -27,9 +27,7 @@
 //! recent logs are. Throughput is log bytes (the files' bytes, CRI prefixes included) per
 //! CPU-second; for *signatures* also the text bytes it actually looked at.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
@@ -38,21 +36,15 @@ use timing::timed;
 #[path = "../common/timing.rs"]
 mod timing;
 
+mod log_gen;
+use log_gen::{write_pods, Filler, Written};
+
 use shmlink::failures::detect::{Recogniser, SHM_OOM_SHARE};
 use shmlink::failures::watch::MAX_LINES_PER_SEC;
-use shmlink::failures::{Signatures, SIGNATURES};
+use shmlink::failures::Signatures;
 use shmlink::logs::{LogSettings, LogTailer};
 
 type Error = Box<dyn std::error::Error>;
-
-/// Lines that look like failures and are not, verbatim from the signature tests' fixture.
-const LOOKALIKES: &str = include_str!("../../tests/fixtures/logs/lookalikes.log");
-/// What PyTorch 2.15 printed when its DataLoader outgrew /dev/shm: its traceback lines are the
-/// filler's tracebacks (the failure line itself is taken out and planted separately).
-const TORCH_TRACE: &str =
-    include_str!("../../tests/fixtures/logs/torch-2.15.0-dataloader-64mib-shm.txt");
-
-const LINE_STEP: Duration = Duration::from_millis(10);
 
 struct Args {
     mib: u64,
@@ -107,273 +99,6 @@ fn main() {
     }
 }
 
-/// xorshift64*: reproducible filler, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
-
-/// The filler's line sources, none of which matches a signature (checked).
-struct Filler {
-    lookalikes: Vec<&'static str>,
-    trace: Vec<&'static str>,
-}
-
-impl Filler {
-    fn new(sigs: &Signatures) -> Result<Filler, Error> {
-        let lookalikes: Vec<&str> = LOOKALIKES
-            .lines()
-            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-            .collect();
-        let trace: Vec<&str> = TORCH_TRACE
-            .lines()
-            .filter(|l| sigs.match_line(l).is_none())
-            .collect();
-        if let Some(l) = lookalikes.iter().find(|l| sigs.match_line(l).is_some()) {
-            return Err(format!("a lookalike matches a signature: {l}").into());
-        }
-        Ok(Filler { lookalikes, trace })
-    }
-
-    /// One logical line (or a block of them: a traceback) of a training job's output.
-    fn block(&self, rng: &mut Rng, step: u64, out: &mut Vec<String>) {
-        let r = rng.below(1000);
-        match r {
-            0..=399 => out.push(training_step(rng, step)),
-            400..=599 => out.push(progress_bar(rng, step)),
-            600..=749 => out.push(nccl_channel(rng)),
-            750..=869 => out.push(metrics_json(rng, step)),
-            870..=939 => out.push(
-                "/opt/conda/lib/python3.11/site-packages/torch/utils/data/dataloader.py:617: \
-                 UserWarning: This DataLoader will create 16 worker processes in total. Our \
-                 suggested max number of worker in current system is 8, which is smaller than \
-                 what this DataLoader is going to create."
-                    .to_string(),
-            ),
-            940..=974 => out.push(rng.pick(&self.lookalikes).to_string()),
-            975..=994 => {
-                // A traceback: a contiguous run of the real one.
-                let len = 8 + rng.below(16) as usize;
-                let start = rng.below((self.trace.len() - len.min(self.trace.len())) as u64);
-                let start = start as usize;
-                out.extend(
-                    self.trace[start..(start + len).min(self.trace.len())]
-                        .iter()
-                        .map(|l| l.to_string()),
-                );
-            }
-            _ => out.push(config_dump(rng)),
-        }
-    }
-}
-
-/// A training step's log line, as a rank prints it.
-fn training_step(rng: &mut Rng, step: u64) -> String {
-    format!(
-        "[rank{}]:[2026-11-23 10:{:02}:{:02},{:03}] INFO trainer.py:412 epoch={} \
-         step={}/50000 loss={:.4} grad_norm={:.3} lr={:.2e} tokens/s={} mem={:.1}GiB",
-        rng.below(8),
-        rng.below(60),
-        rng.below(60),
-        rng.below(1000),
-        step / 5000,
-        step,
-        1.5 + rng.below(20000) as f64 / 10000.0,
-        0.2 + rng.below(2000) as f64 / 1000.0,
-        3e-4 * (1.0 - step as f64 / 60000.0),
-        40_000 + rng.below(20_000),
-        20.0 + rng.below(150) as f64 / 10.0,
-    )
-}
-
-/// A progress bar's line (PyTorch Lightning's).
-fn progress_bar(rng: &mut Rng, step: u64) -> String {
-    let pct = rng.below(101);
-    let filled = (pct / 10) as usize;
-    format!(
-        "Epoch {}: {:3}%|{}{}| {}/5000 [{:02}:{:02}<{:02}:{:02}, {}.{:02}it/s, \
-         loss={:.3}, v_num=7]",
-        step / 5000,
-        pct,
-        "█".repeat(filled),
-        " ".repeat(10 - filled),
-        pct * 50,
-        rng.below(60),
-        rng.below(60),
-        rng.below(60),
-        rng.below(60),
-        1 + rng.below(4),
-        rng.below(100),
-        1.5 + rng.below(2000) as f64 / 1000.0,
-    )
-}
-
-/// NCCL's channel setup line.
-fn nccl_channel(rng: &mut Rng) -> String {
-    format!(
-        "gpu-node-7:{}:{} [{}] NCCL INFO Channel {:02}/24 : {}[{}] -> {}[{}] via \
-         P2P/CUMEM/read",
-        1000 + rng.below(9000),
-        1000 + rng.below(9000),
-        rng.below(8),
-        rng.below(24),
-        rng.below(8),
-        rng.below(8),
-        rng.below(8),
-        rng.below(8),
-    )
-}
-
-/// A metrics line in JSON.
-fn metrics_json(rng: &mut Rng, step: u64) -> String {
-    format!(
-        "{{\"step\": {step}, \"loss\": {:.4}, \"lr\": {:.6}, \"throughput\": {:.1}, \"time\": \
-         1763892902.{:03}}}",
-        1.5 + rng.below(20000) as f64 / 10000.0,
-        3e-4,
-        400.0 + rng.below(2000) as f64 / 10.0,
-        rng.below(1000),
-    )
-}
-
-/// A config dump of a few KiB on one line.
-fn config_dump(rng: &mut Rng) -> String {
-    let n = 40 + rng.below(80);
-    let mut s = String::from("config: {");
-    for i in 0..n {
-        s.push_str(&format!(
-            "\"model.layers.{i}.attention.dropout\": {:.3}, ",
-            rng.below(1000) as f64 / 1000.0
-        ));
-    }
-    s.push('}');
-    s
-}
-
-/// `2026-11-23T10:15:02.123456789Z`, the prefix cached per second.
-struct Clock {
-    second: u64,
-    prefix: String,
-}
-
-impl Clock {
-    fn format(&mut self, at: SystemTime) -> String {
-        let d = at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        if d.as_secs() != self.second || self.prefix.is_empty() {
-            self.second = d.as_secs();
-            let ts = k8s_openapi::jiff::Timestamp::from_second(d.as_secs() as i64)
-                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-            self.prefix = ts.strftime("%Y-%m-%dT%H:%M:%S").to_string();
-        }
-        format!("{}.{:09}Z", self.prefix, d.subsec_nanos())
-    }
-}
-
-/// What was written.
-struct Written {
-    bytes: u64,
-    /// Logical lines (a line split into `P` records counts once).
-    lines: u64,
-    planted: u64,
-}
-
-/// One container's `0.log` of about `target` bytes.
-fn write_container(
-    path: &Path,
-    target: u64,
-    failures: usize,
-    filler: &Filler,
-    rng: &mut Rng,
-    start: SystemTime,
-) -> Result<Written, Error> {
-    let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
-    let mut clock = Clock {
-        second: 0,
-        prefix: String::new(),
-    };
-    let mut w = Written {
-        bytes: 0,
-        lines: 0,
-        planted: 0,
-    };
-    // The failures go at random byte offsets of the file, in order.
-    let mut plant_at: Vec<u64> = (0..failures).map(|_| rng.below(target)).collect();
-    plant_at.sort_unstable();
-    let mut plant_at = plant_at.into_iter().peekable();
-    let mut at = start;
-    let mut step = 0;
-    let mut block = Vec::new();
-    while w.bytes < target {
-        block.clear();
-        if plant_at.next_if(|&b| b <= w.bytes).is_some() {
-            let sig = &SIGNATURES[(rng.below(SIGNATURES.len() as u64)) as usize];
-            block.push(sig.fixture.to_string());
-            w.planted += 1;
-        } else if rng.below(20_000) == 0 {
-            // A 40 KiB line: containerd writes it as 16 KiB `P` records and an `F`.
-            let long: String = "0123456789abcdef".repeat(40 * 64);
-            let time = clock.format(at);
-            let chunks: Vec<&str> = long
-                .as_bytes()
-                .chunks(16 * 1024)
-                .map(|c| std::str::from_utf8(c).unwrap_or(""))
-                .collect();
-            for (i, chunk) in chunks.iter().enumerate() {
-                let tag = if i + 1 == chunks.len() { 'F' } else { 'P' };
-                let rec = format!("{time} stdout {tag} {chunk}\n");
-                out.write_all(rec.as_bytes())?;
-                w.bytes += rec.len() as u64;
-            }
-            w.lines += 1;
-            at += LINE_STEP;
-            continue;
-        } else {
-            step += 1;
-            filler.block(rng, step, &mut block);
-        }
-        for text in &block {
-            let stream = if text.starts_with('[') || text.starts_with('{') {
-                "stdout"
-            } else {
-                "stderr"
-            };
-            let rec = format!("{} {stream} F {text}\n", clock.format(at));
-            out.write_all(rec.as_bytes())?;
-            w.bytes += rec.len() as u64;
-            w.lines += 1;
-            at += LINE_STEP;
-        }
-    }
-    // Planted lines whose offset fell past the end go last.
-    for _ in plant_at {
-        let sig = &SIGNATURES[(rng.below(SIGNATURES.len() as u64)) as usize];
-        let rec = format!("{} stderr F {}\n", clock.format(at), sig.fixture);
-        out.write_all(rec.as_bytes())?;
-        w.bytes += rec.len() as u64;
-        w.lines += 1;
-        w.planted += 1;
-        at += LINE_STEP;
-    }
-    out.flush()?;
-    Ok(w)
-}
-
 fn median(samples: &[f64]) -> f64 {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
@@ -412,34 +137,13 @@ fn run(args: &Args) -> Result<Value, Error> {
     // A day back: the lines of a container at 100 lines/s fit before now, whatever MiB.
     let start = now - Duration::from_secs(24 * 3600);
     let since = start - Duration::from_secs(1);
-    let per_container = args.mib * (1 << 20) / args.containers as u64;
-    let mut rng = Rng(0x5eed_1095_2026_0001);
 
     let gen0 = Instant::now();
-    let (mut bytes, mut lines, mut planted) = (0, 0, 0);
-    for i in 0..args.containers {
-        let uid = format!(
-            "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
-            rng.next() as u32,
-            rng.next() as u16,
-            rng.below(0x1000),
-            rng.below(0x1000),
-            rng.next() & 0xffff_ffff_ffff
-        );
-        let dir = root.join(format!("ml_llama-ft-worker-{i}_{uid}/trainer"));
-        std::fs::create_dir_all(&dir)?;
-        let w = write_container(
-            &dir.join("0.log"),
-            per_container,
-            args.failures_per_container,
-            &filler,
-            &mut rng,
-            start,
-        )?;
-        bytes += w.bytes;
-        lines += w.lines;
-        planted += w.planted;
-    }
+    let Written {
+        bytes,
+        lines,
+        planted,
+    } = write_pods(root, args, &filler, start)?;
     let gen_s = gen0.elapsed().as_secs_f64();
 
     let settings = LogSettings {
@@ -447,74 +151,10 @@ fn run(args: &Args) -> Result<Value, Error> {
         docker_root: None,
         max_lines_per_sec: MAX_LINES_PER_SEC,
     };
-    // Untimed: the texts for the signatures-only pass, and the checks.
-    let (texts, stats) = {
-        let mut tailer = LogTailer::since(settings.clone(), since);
-        let got = tailer.poll();
-        let texts: Vec<String> = got.into_iter().map(|l| l.text).collect();
-        (texts, tailer.stats())
-    };
-    if stats.bytes != bytes {
-        return Err(format!("the tailer read {} of {bytes} bytes", stats.bytes).into());
-    }
-    if texts.len() as u64 != lines || stats.dropped_lines != 0 {
-        return Err(format!(
-            "the tailer returned {} lines ({} dropped), {lines} were written",
-            texts.len(),
-            stats.dropped_lines
-        )
-        .into());
-    }
+    let texts = read_back(&settings, since, bytes, lines)?;
     let text_bytes: u64 = texts.iter().map(|t| t.len() as u64).sum();
-
-    let (mut full_wall, mut full_cpu) = (Vec::new(), Vec::new());
-    let (mut tail_wall, mut tail_cpu) = (Vec::new(), Vec::new());
-    let (mut sig_wall, mut sig_cpu) = (Vec::new(), Vec::new());
-    let mut found_full = 0;
-    let mut found_sigs = 0;
-    // The filter serve and check put before the tailer's lines: the signatures' automaton and
-    // the looks for PyTorch's worker lines and the context hints.
-    let recogniser = Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE);
-    for _ in 0..args.reps {
-        let ((n, found), wall, cpu) = timed(|| {
-            // As serve and check read: only lines holding a needle become LogLines.
-            // Each line matched as it is read, as they do: none is kept.
-            let mut tailer = LogTailer::since(settings.clone(), since);
-            let mut found = 0;
-            tailer.poll_each(
-                |t| recogniser.is_candidate(t),
-                |l| found += usize::from(sigs.match_line(&l.text).is_some()),
-            );
-            (tailer.stats().lines as usize, found)
-        });
-        check_lines("full", n as u64, lines)?;
-        found_full = found;
-        full_wall.push(wall);
-        full_cpu.push(cpu);
-
-        let (n, wall, cpu) = timed(|| {
-            let mut tailer = LogTailer::since(settings.clone(), since);
-            let got = tailer.poll_matching(|t| {
-                std::hint::black_box(t);
-                false
-            });
-            assert!(got.is_empty());
-            tailer.stats().lines as usize
-        });
-        check_lines("tailer", n as u64, lines)?;
-        tail_wall.push(wall);
-        tail_cpu.push(cpu);
-
-        let (found, wall, cpu) = timed(|| {
-            texts
-                .iter()
-                .filter(|t| sigs.match_line(std::hint::black_box(t)).is_some())
-                .count()
-        });
-        found_sigs = found;
-        sig_wall.push(wall);
-        sig_cpu.push(cpu);
-    }
+    let t = time_passes(args.reps, &settings, since, &sigs, &texts, lines)?;
+    let (found_full, found_sigs) = (t.found_full, t.found_sigs);
     let found_ok = found_full as u64 == planted && found_sigs as u64 == planted;
     let out = json!({
         "mode": "logs",
@@ -527,10 +167,10 @@ fn run(args: &Args) -> Result<Value, Error> {
         "found": found_full,
         "found_signatures_only": found_sigs,
         "generate_s": gen_s,
-        "full": summary(&full_wall, &full_cpu, bytes),
-        "tailer": summary(&tail_wall, &tail_cpu, bytes),
-        "signatures": summary(&sig_wall, &sig_cpu, bytes),
-        "signatures_text_gb_per_cpu_s": text_bytes as f64 / median(&sig_cpu) / 1e9,
+        "full": summary(&t.full_wall, &t.full_cpu, bytes),
+        "tailer": summary(&t.tail_wall, &t.tail_cpu, bytes),
+        "signatures": summary(&t.sig_wall, &t.sig_cpu, bytes),
+        "signatures_text_gb_per_cpu_s": text_bytes as f64 / median(&t.sig_cpu) / 1e9,
     });
     if !found_ok {
         print_text(&out);
@@ -540,6 +180,109 @@ fn run(args: &Args) -> Result<Value, Error> {
         .into());
     }
     Ok(out)
+}
+
+/// Untimed: every line's text (for the signatures-only pass), checked to be all that was
+/// written.
+fn read_back(
+    settings: &LogSettings,
+    since: SystemTime,
+    bytes: u64,
+    lines: u64,
+) -> Result<Vec<String>, Error> {
+    let mut tailer = LogTailer::since(settings.clone(), since);
+    let texts: Vec<String> = tailer.poll().into_iter().map(|l| l.text).collect();
+    let stats = tailer.stats();
+    if stats.bytes != bytes {
+        return Err(format!("the tailer read {} of {bytes} bytes", stats.bytes).into());
+    }
+    if texts.len() as u64 != lines || stats.dropped_lines != 0 {
+        return Err(format!(
+            "the tailer returned {} lines ({} dropped), {lines} were written",
+            texts.len(),
+            stats.dropped_lines
+        )
+        .into());
+    }
+    Ok(texts)
+}
+
+/// The wall and CPU seconds of each rep of each pass, and what the last rep found.
+struct Passes {
+    full_wall: Vec<f64>,
+    full_cpu: Vec<f64>,
+    tail_wall: Vec<f64>,
+    tail_cpu: Vec<f64>,
+    sig_wall: Vec<f64>,
+    sig_cpu: Vec<f64>,
+    found_full: usize,
+    found_sigs: usize,
+}
+
+/// The timed passes, `reps` times each: the full pass as serve and check read, the tailer
+/// alone, the signatures alone over the texts.
+fn time_passes(
+    reps: usize,
+    settings: &LogSettings,
+    since: SystemTime,
+    sigs: &Signatures,
+    texts: &[String],
+    lines: u64,
+) -> Result<Passes, Error> {
+    let mut t = Passes {
+        full_wall: Vec::new(),
+        full_cpu: Vec::new(),
+        tail_wall: Vec::new(),
+        tail_cpu: Vec::new(),
+        sig_wall: Vec::new(),
+        sig_cpu: Vec::new(),
+        found_full: 0,
+        found_sigs: 0,
+    };
+    // The filter serve and check put before the tailer's lines: the signatures' automaton and
+    // the looks for PyTorch's worker lines and the context hints.
+    let recogniser = Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE);
+    for _ in 0..reps {
+        let ((n, found), wall, cpu) = timed(|| {
+            // As serve and check read: only lines holding a needle become LogLines.
+            // Each line matched as it is read, as they do: none is kept.
+            let mut tailer = LogTailer::since(settings.clone(), since);
+            let mut found = 0;
+            tailer.poll_each(
+                |t| recogniser.is_candidate(t),
+                |l| found += usize::from(sigs.match_line(&l.text).is_some()),
+            );
+            (tailer.stats().lines as usize, found)
+        });
+        check_lines("full", n as u64, lines)?;
+        t.found_full = found;
+        t.full_wall.push(wall);
+        t.full_cpu.push(cpu);
+
+        let (n, wall, cpu) = timed(|| {
+            let mut tailer = LogTailer::since(settings.clone(), since);
+            let got = tailer.poll_matching(|t| {
+                std::hint::black_box(t);
+                false
+            });
+            assert!(got.is_empty());
+            tailer.stats().lines as usize
+        });
+        check_lines("tailer", n as u64, lines)?;
+        t.tail_wall.push(wall);
+        t.tail_cpu.push(cpu);
+
+        let (found, wall, cpu) = timed(|| {
+            texts
+                .iter()
+                .filter(|t| sigs.match_line(std::hint::black_box(t)).is_some())
+                .count()
+        });
+        t.found_sigs = found;
+        t.sig_wall.push(wall);
+        t.sig_cpu.push(cpu);
+    }
+    Ok(t)
 }
 
 fn check_lines(what: &str, n: u64, lines: u64) -> Result<(), Error> {
