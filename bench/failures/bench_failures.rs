@@ -22,8 +22,9 @@ mod serve;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::kube_api::{pod, FakeApi};
@@ -93,30 +94,7 @@ fn failure_line_to_event_delay() {
 
     let api = FakeApi::start();
     let logs = tempfile::tempdir().unwrap();
-    let mut targets = Vec::new();
-    for i in 0..pods {
-        let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-        let name = format!("trainer-{i}");
-        api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
-        let dir = logs.path().join(format!("ml_{name}_{uid}/trainer"));
-        std::fs::create_dir_all(&dir).unwrap();
-        // The container has been running: its log exists (and is followed from its end).
-        let log = dir.join("0.log");
-        let history: String = (0..20)
-            .map(|s| {
-                cri_line(&format!(
-                    "step {s}: loss 2.{s:02} 48 MiB of /dev/shm in use"
-                ))
-            })
-            .collect();
-        std::fs::write(&log, history).unwrap();
-        targets.push(Target { name, uid, log });
-    }
-    let by_uid: HashMap<String, usize> = targets
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.uid.clone(), i))
-        .collect();
+    let targets = running_pods(&api, logs.path(), pods);
 
     let serve = Serve::start(logs.path(), &api.kubeconfig_path(), "off");
     serve.wait_ready();
@@ -128,14 +106,70 @@ fn failure_line_to_event_delay() {
         api.events()
     );
 
+    let t0 = Instant::now();
+    let (writer, rx) = write_failures(&targets, spread, seed, t0);
+    let (written, arrived) = watch_events(&api, &targets, &rx, t0);
+    writer.join().unwrap();
+
+    let d = delays(&targets, &written, &arrived);
+    let events = api
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == REASON)
+        .count();
+    print_report(pods, spread, seed, events, &d);
+    let Delays { missing, early, .. } = d;
+    assert!(
+        early.is_empty(),
+        "Events before their line was written: {early:?}"
+    );
+    assert!(
+        missing.is_empty(),
+        "no Event within {GIVE_UP:?} for {} Pods: {missing:?}; serve's log:\n{}",
+        missing.len(),
+        std::fs::read_to_string(&serve.log).unwrap_or_default()
+    );
+}
+
+/// `pods` Pods at the API server, each with a container whose log under `root` has been
+/// written to for a while (and is followed from its end).
+fn running_pods(api: &FakeApi, root: &Path, pods: usize) -> Vec<Target> {
+    let mut targets = Vec::new();
+    for i in 0..pods {
+        let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+        let name = format!("trainer-{i}");
+        api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
+        let dir = root.join(format!("ml_{name}_{uid}/trainer"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("0.log");
+        let history: String = (0..20)
+            .map(|s| {
+                cri_line(&format!(
+                    "step {s}: loss 2.{s:02} 48 MiB of /dev/shm in use"
+                ))
+            })
+            .collect();
+        std::fs::write(&log, history).unwrap();
+        targets.push(Target { name, uid, log });
+    }
+    targets
+}
+
+/// A thread that appends one failure line to each Pod's log at a random moment over `spread`
+/// from `t0`, and tells which and when.
+fn write_failures(
+    targets: &[Target],
+    spread: Duration,
+    seed: u64,
+    t0: Instant,
+) -> (JoinHandle<()>, mpsc::Receiver<(usize, Instant)>) {
     let mut rng = Rng(seed | 1);
-    let mut schedule: Vec<(Duration, usize)> = (0..pods)
+    let mut schedule: Vec<(Duration, usize)> = (0..targets.len())
         .map(|i| (spread.mul_f64(rng.next_f64()), i))
         .collect();
     schedule.sort();
     let (tx, rx) = mpsc::channel::<(usize, Instant)>();
     let paths: Vec<PathBuf> = targets.iter().map(|t| t.log.clone()).collect();
-    let t0 = Instant::now();
     let writer = std::thread::spawn(move || {
         for (at, i) in schedule {
             if let Some(wait) = (t0 + at).checked_duration_since(Instant::now()) {
@@ -151,9 +185,25 @@ fn failure_line_to_event_delay() {
             let _ = tx.send((i, Instant::now()));
         }
     });
+    (writer, rx)
+}
 
-    let mut written: Vec<Option<Instant>> = vec![None; pods];
-    let mut arrived: Vec<Option<Instant>> = vec![None; pods];
+/// When each Pod's line was written and when its Event was first seen at the API server,
+/// polled until every Event arrived or the last line is [`GIVE_UP`] old.
+#[allow(clippy::type_complexity)]
+fn watch_events(
+    api: &FakeApi,
+    targets: &[Target],
+    rx: &mpsc::Receiver<(usize, Instant)>,
+    t0: Instant,
+) -> (Vec<Option<Instant>>, Vec<Option<Instant>>) {
+    let by_uid: HashMap<&str, usize> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.uid.as_str(), i))
+        .collect();
+    let mut written: Vec<Option<Instant>> = vec![None; targets.len()];
+    let mut arrived: Vec<Option<Instant>> = vec![None; targets.len()];
     let mut writer_done = false;
     let mut last_write = t0;
     loop {
@@ -182,38 +232,50 @@ fn failure_line_to_event_delay() {
         }
         let all = arrived.iter().all(Option::is_some);
         if all || (writer_done && now.duration_since(last_write) > GIVE_UP) {
-            break;
+            return (written, arrived);
         }
         std::thread::sleep(POLL);
     }
-    writer.join().unwrap();
+}
 
-    let mut delays_ms = Vec::new();
-    let mut missing = Vec::new();
-    // Seen before its line was written (beyond the writer's own lag between its write and its
-    // clock reading): a bug, not a delay.
-    let mut early = Vec::new();
+/// Each Pod's delay from line to Event, sorted; the Pods without one in time, and those whose
+/// Event came before their line.
+struct Delays {
+    ms: Vec<f64>,
+    missing: Vec<String>,
+    early: Vec<String>,
+}
+
+fn delays(targets: &[Target], written: &[Option<Instant>], arrived: &[Option<Instant>]) -> Delays {
+    let mut d = Delays {
+        ms: Vec::new(),
+        missing: Vec::new(),
+        early: Vec::new(),
+    };
     for (i, t) in targets.iter().enumerate() {
         match (written[i], arrived[i]) {
-            (Some(w), Some(a)) if a + Duration::from_millis(50) < w => early.push(t.name.clone()),
+            // Seen before its line was written (beyond the writer's own lag between its write
+            // and its clock reading): a bug, not a delay.
+            (Some(w), Some(a)) if a + Duration::from_millis(50) < w => d.early.push(t.name.clone()),
             (Some(w), Some(a)) if a.saturating_duration_since(w) <= GIVE_UP => {
-                delays_ms.push(a.saturating_duration_since(w).as_secs_f64() * 1e3)
+                d.ms.push(a.saturating_duration_since(w).as_secs_f64() * 1e3)
             }
-            _ => missing.push(t.name.clone()),
+            _ => d.missing.push(t.name.clone()),
         }
     }
-    delays_ms.sort_by(f64::total_cmp);
-    let events = api
-        .events()
-        .into_iter()
-        .filter(|e| e["reason"] == REASON)
-        .count();
+    d.ms.sort_by(f64::total_cmp);
+    d
+}
+
+/// The delays as a person reads them, and as `bench/run.sh` reads them (`BENCH_JSON`).
+fn print_report(pods: usize, spread: Duration, seed: u64, events: usize, d: &Delays) {
+    let (delays_ms, missing, early) = (&d.ms, &d.missing, &d.early);
     let n = delays_ms.len();
     let (p50, p90, p99, max, min, mean) = if n > 0 {
         (
-            percentile(&delays_ms, 0.50),
-            percentile(&delays_ms, 0.90),
-            percentile(&delays_ms, 0.99),
+            percentile(delays_ms, 0.50),
+            percentile(delays_ms, 0.90),
+            percentile(delays_ms, 0.99),
             delays_ms[n - 1],
             delays_ms[0],
             delays_ms.iter().sum::<f64>() / n as f64,
@@ -240,15 +302,5 @@ fn failure_line_to_event_delay() {
             "ms": {"p50": p50, "p90": p90, "p99": p99, "max": max, "min": min, "mean": mean},
             "samples_ms": delays_ms.iter().map(|d| (d * 10.0).round() / 10.0).collect::<Vec<_>>(),
         })
-    );
-    assert!(
-        early.is_empty(),
-        "Events before their line was written: {early:?}"
-    );
-    assert!(
-        missing.is_empty(),
-        "no Event within {GIVE_UP:?} for {} Pods: {missing:?}; serve's log:\n{}",
-        missing.len(),
-        std::fs::read_to_string(&serve.log).unwrap_or_default()
     );
 }
