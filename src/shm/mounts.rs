@@ -10,6 +10,7 @@ use crate::procfs::mountinfo::{self, MountEntry};
 /// PATH_MAX each, and their options, fit.
 const MOUNTINFO_MAX: usize = 4 << 20;
 const MOUNTINFO_LINE_MAX: usize = 16 << 10;
+
 /// The /dev/shm mount last seen in a mount namespace, so mountinfo is re-read only when the
 /// mount at /dev/shm changes (its statx mount ID differs), not on every scan.
 #[derive(Debug, Clone)]
