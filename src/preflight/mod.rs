@@ -1,9 +1,9 @@
 //! `shmlink preflight`: run inside a workload container, it measures the container's own
 //! /dev/shm, memory cgroup, IPC namespace and GPUs, and says whether the workload fits.
 //!
-//! This file does the I/O, every path under [`Roots`] so tests can point it at
-//! fixtures. The rest decides without touching the machine: the need (`need`), the GPUs the
-//! workload sees (`gpus`), the observations (`observe`), the problems, verdict and report (`assess`), the fix
+//! This file does the I/O, every path under [`Roots`] so tests can point it at fixtures. The
+//! rest decides without touching the machine: the need (`need`), the GPUs the workload sees
+//! (`gpus`), the observations (`observe`), the problems, verdict and report (`assess`), the fix
 //! (`fix`) and the text (`render`).
 
 pub mod assess;
