@@ -26,8 +26,13 @@
 mod common;
 mod serve;
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::agent::get;
@@ -130,17 +135,57 @@ fn deaths_cost_and_delay() {
         .unwrap();
     eprintln!("== starting {containers} containers");
     let started = Instant::now();
+    let (running, log_files) = quiet_pods(&api, logs.path(), containers);
+    let (writing, writer) = write_log_lines(log_files);
+    eprintln!("   started in {:.0?}", started.elapsed());
+    let kubeconfig = api.kubeconfig_path();
+    let both = Serve::start(logs.path(), &kubeconfig, "/dev/kmsg");
+    let counters = Serve::start(logs.path(), &kubeconfig, "off");
+    both.wait_ready();
+    counters.wait_ready();
+
+    eprintln!("== serve's CPU over {cpu_secs} s");
+    let cpu = cpu_window(&both, &counters, cpu_secs);
+    eprintln!(
+        "   both sources: {:.2}% of a core; --kmsg off: {:.2}%",
+        cpu.both, cpu.counters
+    );
+
+    eprintln!("== {kills} OOM kills, one after another");
+    let (delays_ms, counter_delays_ms) = oom_kill_delays(&api, &counters, kills);
+    let stats = |v: &[f64]| {
+        if v.is_empty() {
+            return serde_json::json!(null);
+        }
+        serde_json::json!({"n": v.len(), "p50_ms": percentile(v, 0.5), "p95_ms": percentile(v, 0.95),
+                           "p99_ms": percentile(v, 0.99), "max_ms": v[v.len() - 1]})
+    };
+    let result = serde_json::json!({
+        "mode": "deaths", "containers": containers, "cpu_window_s": cpu.secs,
+        "cpu_pct_both_sources": cpu.both, "cpu_pct_kmsg_off": cpu.counters,
+        "cpu_pct_by_thread_both_sources": cpu.threads_both, "cpu_pct_by_thread_kmsg_off": cpu.threads_counters,
+        "kernel_report_to_event": stats(&delays_ms),
+        "kernel_report_to_counted_kmsg_off": stats(&counter_delays_ms),
+    });
+    eprintln!("{result:#}");
+    println!("BENCH_JSON {result}");
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.join();
+    drop(running);
+}
+
+/// `n` quiet containers (a training process does not fork every second), one Pod each at the
+/// API server, and the paths of their CRI logs under `root`.
+fn quiet_pods(api: &FakeApi, root: &Path, n: usize) -> (Vec<Container>, Vec<PathBuf>) {
     let mut running = Vec::new();
     let mut log_files = Vec::new();
-    for i in 0..containers {
+    for i in 0..n {
         let (uid, id) = (common::random_pod_uid(), common::random_container_id());
         let name = format!("worker-{i}");
         api.apply_pod(pod(NODE, "ml", &name, &uid, &[("trainer", &id)]));
-        let dir = logs.path().join(format!("ml_{name}_{uid}")).join("trainer");
+        let dir = root.join(format!("ml_{name}_{uid}")).join("trainer");
         std::fs::create_dir_all(&dir).unwrap();
         log_files.push(dir.join("0.log"));
-        // Quiet containers (a training process does not fork every second); their log lines
-        // come from one writer thread below, as containerd's shims would append them.
         running.push(Container::start(ContainerSpec {
             pod_uid: Some(uid),
             id: Some(id),
@@ -148,8 +193,13 @@ fn deaths_cost_and_delay() {
             ..ContainerSpec::default()
         }));
     }
-    // A line a second in each container's CRI log: the logs are followed, not idle.
-    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    (running, log_files)
+}
+
+/// A line a second in each container's CRI log, from one thread, as containerd's shims would
+/// append them: the logs are followed, not idle. It stops when the flag is cleared.
+fn write_log_lines(log_files: Vec<PathBuf>) -> (Arc<AtomicBool>, JoinHandle<()>) {
+    let writing = Arc::new(AtomicBool::new(true));
     let writer = std::thread::spawn({
         let writing = writing.clone();
         move || {
@@ -173,22 +223,26 @@ fn deaths_cost_and_delay() {
             }
         }
     });
-    eprintln!("   started in {:.0?}", started.elapsed());
-    let kubeconfig = api.kubeconfig_path();
-    let both = Serve::start(logs.path(), &kubeconfig, "/dev/kmsg");
-    let counters = Serve::start(logs.path(), &kubeconfig, "off");
-    both.wait_ready();
-    counters.wait_ready();
+    (writing, writer)
+}
 
-    eprintln!("== serve's CPU over {cpu_secs} s");
+/// Each serve's CPU over a window, as % of one core, whole and by thread.
+struct CpuShare {
+    secs: f64,
+    both: f64,
+    counters: f64,
+    threads_both: BTreeMap<String, f64>,
+    threads_counters: BTreeMap<String, f64>,
+}
+
+fn cpu_window(both: &Serve, counters: &Serve, cpu_secs: u64) -> CpuShare {
     // /proc/PID/stat counts in USER_HZ, 100 on every Linux ABI this runs on.
     let ticks_per_sec = 100.0;
     let (b0, c0, t0) = (both.cpu_ticks(), counters.cpu_ticks(), Instant::now());
     let (bt0, ct0) = (both.thread_ticks(), counters.thread_ticks());
     std::thread::sleep(Duration::from_secs(cpu_secs));
     let secs = t0.elapsed().as_secs_f64();
-    let by_thread = |now: std::collections::BTreeMap<String, u64>,
-                     before: &std::collections::BTreeMap<String, u64>| {
+    let by_thread = |now: BTreeMap<String, u64>, before: &BTreeMap<String, u64>| {
         now.into_iter()
             .map(|(name, n)| {
                 let pct =
@@ -196,15 +250,21 @@ fn deaths_cost_and_delay() {
                 (name, (pct * 1000.0).round() / 1000.0)
             })
             .filter(|(_, pct)| *pct > 0.0)
-            .collect::<std::collections::BTreeMap<_, _>>()
+            .collect::<BTreeMap<_, _>>()
     };
-    let threads_both = by_thread(both.thread_ticks(), &bt0);
-    let threads_counters = by_thread(counters.thread_ticks(), &ct0);
-    let cpu_both = (both.cpu_ticks() - b0) as f64 / ticks_per_sec / secs * 100.0;
-    let cpu_counters = (counters.cpu_ticks() - c0) as f64 / ticks_per_sec / secs * 100.0;
-    eprintln!("   both sources: {cpu_both:.2}% of a core; --kmsg off: {cpu_counters:.2}%");
+    CpuShare {
+        secs,
+        threads_both: by_thread(both.thread_ticks(), &bt0),
+        threads_counters: by_thread(counters.thread_ticks(), &ct0),
+        both: (both.cpu_ticks() - b0) as f64 / ticks_per_sec / secs * 100.0,
+        counters: (counters.cpu_ticks() - c0) as f64 / ticks_per_sec / secs * 100.0,
+    }
+}
 
-    eprintln!("== {kills} OOM kills, one after another");
+/// `kills` containers OOM-killed one after another, each filling a 1 GiB tmpfs /dev/shm past
+/// its 32 MiB memory limit: the delays (ms, sorted) from the kernel's report to the kernel-log
+/// serve's Event, and to the counter serve's count.
+fn oom_kill_delays(api: &FakeApi, counters: &Serve, kills: usize) -> (Vec<f64>, Vec<f64>) {
     let mut kmsg = Kmsg::open();
     let volume = HostTmpfs::new(1024 * MIB);
     let mut delays_ms = Vec::new();
@@ -229,57 +289,48 @@ fn deaths_cost_and_delay() {
         let reported = kmsg
             .oom_kill_of(&id, GIVE_UP)
             .unwrap_or_else(|| panic!("no OOM report for {id}"));
-        let reasons = ["ShmOomKilled", "WorkloadOomKilled"];
-        let mut seen = None;
-        let deadline = Instant::now() + GIVE_UP;
-        while Instant::now() < deadline {
-            if events_with(&api, &name, &reasons) > 0 {
-                seen = Some(monotonic_usec());
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let seen = seen.unwrap_or_else(|| panic!("no Event for {name}: {:#?}", api.events()));
+        let seen = event_seen(api, &name)
+            .unwrap_or_else(|| panic!("no Event for {name}: {:#?}", api.events()));
         delays_ms.push(seen.saturating_sub(reported) as f64 / 1000.0);
         // The counter path: the same kill, told at a scan (every 5 s).
-        let deadline = Instant::now() + GIVE_UP;
-        let mut count_seen = None;
-        while Instant::now() < deadline {
-            let told = get(counters.addr, "/metrics").is_some_and(|(_, body)| {
-                common::promtext::samples(&body).any(|s| {
-                    s.name == "shmlink_workload_failures_total" && s.has_labels(&[("pod", &name)])
-                })
-            });
-            if told {
-                count_seen = Some(monotonic_usec());
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if let Some(t) = count_seen {
+        if let Some(t) = counted(counters, &name) {
             counter_delays_ms.push(t.saturating_sub(reported) as f64 / 1000.0);
         }
         drop(c);
     }
     delays_ms.sort_by(f64::total_cmp);
     counter_delays_ms.sort_by(f64::total_cmp);
-    let stats = |v: &[f64]| {
-        if v.is_empty() {
-            return serde_json::json!(null);
+    (delays_ms, counter_delays_ms)
+}
+
+/// When (CLOCK_MONOTONIC, µs) a 10 ms poll first saw the kernel-log serve's OOM Event about
+/// `pod` at the API server; None within [`GIVE_UP`].
+fn event_seen(api: &FakeApi, pod: &str) -> Option<u64> {
+    let reasons = ["ShmOomKilled", "WorkloadOomKilled"];
+    let deadline = Instant::now() + GIVE_UP;
+    while Instant::now() < deadline {
+        if events_with(api, pod, &reasons) > 0 {
+            return Some(monotonic_usec());
         }
-        serde_json::json!({"n": v.len(), "p50_ms": percentile(v, 0.5), "p95_ms": percentile(v, 0.95),
-                           "p99_ms": percentile(v, 0.99), "max_ms": v[v.len() - 1]})
-    };
-    let result = serde_json::json!({
-        "mode": "deaths", "containers": containers, "cpu_window_s": secs,
-        "cpu_pct_both_sources": cpu_both, "cpu_pct_kmsg_off": cpu_counters,
-        "cpu_pct_by_thread_both_sources": threads_both, "cpu_pct_by_thread_kmsg_off": threads_counters,
-        "kernel_report_to_event": stats(&delays_ms),
-        "kernel_report_to_counted_kmsg_off": stats(&counter_delays_ms),
-    });
-    eprintln!("{result:#}");
-    println!("BENCH_JSON {result}");
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    let _ = writer.join();
-    drop(running);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// When (CLOCK_MONOTONIC, µs) a 20 ms poll first saw the counter serve count a failure of
+/// `pod`; None within [`GIVE_UP`].
+fn counted(counters: &Serve, pod: &str) -> Option<u64> {
+    let deadline = Instant::now() + GIVE_UP;
+    while Instant::now() < deadline {
+        let told = get(counters.addr, "/metrics").is_some_and(|(_, body)| {
+            common::promtext::samples(&body).any(|s| {
+                s.name == "shmlink_workload_failures_total" && s.has_labels(&[("pod", pod)])
+            })
+        });
+        if told {
+            return Some(monotonic_usec());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
