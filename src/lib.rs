@@ -8,9 +8,10 @@ pub mod beneath;
 pub mod cgroup;
 pub mod check;
 pub mod cli;
-pub mod docker;
+pub mod docker_records;
 pub mod failures;
 pub mod findings;
+#[cfg(any(test, feature = "fixtures"))]
 #[doc(hidden)]
 pub mod fixtures;
 pub mod gpu;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::docker::DockerNames;
+use crate::docker_records::DockerNames;
 use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::gpu::pairs::PairRules;

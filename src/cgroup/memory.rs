@@ -188,12 +188,7 @@ impl MemcgReader {
             return Err(MemcgError::Gone(rel_path.to_string()));
         }
         let leaf = self.root.join(rel);
-        // `/a/b/c`: the memo's key of the leaf; its ancestors' keys are its prefixes.
-        let mut leaf_key = String::with_capacity(rel_path.len() + 1);
-        for c in rel.components() {
-            leaf_key.push('/');
-            leaf_key.push_str(&c.as_os_str().to_string_lossy());
-        }
+        let leaf_key = memo_key(rel);
         let files = self.version.memory_files();
         // The leaf must exist: a missing leaf means the container is gone. An unreadable one
         // still has ancestors whose limits bound it.
@@ -208,9 +203,30 @@ impl MemcgReader {
                 self.memo.insert(leaf_key.clone(), Level::default())
             }
         };
-        // The leaf and its ancestors but the hierarchy root, which has no limit.
+        let mut reading = tightest(self.levels_up(&leaf_key, parent_dir));
+        if self.read_shmem {
+            reading.shmem_bytes =
+                self.leaf_value(&leaf, leaf_dir, files.stat, |s| parse_memory_stat(s).shmem);
+        }
+        if self.read_oom_kills {
+            reading.oom_kills = self.leaf_value(&leaf, leaf_dir, files.oom_events, parse_oom_kills);
+        }
+        match leaf_error {
+            None => Ok(reading),
+            Some(source) => Err(MemcgError::Io {
+                path: leaf.join(files.limit).display().to_string(),
+                source,
+                partial: reading,
+            }),
+        }
+    }
+
+    /// The levels of the leaf (memoised already) and of its ancestors but the hierarchy root,
+    /// which has no limit; each ancestor read once per scan. `parent_dir`: the leaf's parent,
+    /// open.
+    fn levels_up(&mut self, leaf_key: &str, parent_dir: Option<BorrowedFd<'_>>) -> Vec<Level> {
         let mut levels = Vec::with_capacity(8);
-        let mut key = leaf_key.as_str();
+        let mut key = leaf_key;
         let mut depth = 0;
         while !key.is_empty() {
             let level = match self.memo.get(key) {
@@ -227,35 +243,25 @@ impl MemcgReader {
             key = &key[..key.rfind('/').unwrap_or(0)];
             depth += 1;
         }
-        let mut reading = tightest(levels);
-        if self.read_shmem {
-            let stat = match leaf_dir {
-                Some(dir) => self.files.read(dir, files.stat),
-                None => self.files.read(CWD, leaf.join(files.stat)),
-            };
-            reading.shmem_bytes = stat
-                .ok()
-                .and_then(|bytes| std::str::from_utf8(bytes).ok())
-                .and_then(|s| parse_memory_stat(s).shmem);
-        }
-        if self.read_oom_kills {
-            let events = match leaf_dir {
-                Some(dir) => self.files.read(dir, files.oom_events),
-                None => self.files.read(CWD, leaf.join(files.oom_events)),
-            };
-            reading.oom_kills = events
-                .ok()
-                .and_then(|bytes| std::str::from_utf8(bytes).ok())
-                .and_then(parse_oom_kills);
-        }
-        match leaf_error {
-            None => Ok(reading),
-            Some(source) => Err(MemcgError::Io {
-                path: leaf.join(files.limit).display().to_string(),
-                source,
-                partial: reading,
-            }),
-        }
+        levels
+    }
+
+    /// One of the leaf's own files, parsed; None when it cannot be read or parsed.
+    fn leaf_value<T>(
+        &mut self,
+        leaf: &Path,
+        leaf_dir: Option<BorrowedFd<'_>>,
+        file: &str,
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> Option<T> {
+        let bytes = match leaf_dir {
+            Some(dir) => self.files.read(dir, file),
+            None => self.files.read(CWD, leaf.join(file)),
+        };
+        bytes
+            .ok()
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .and_then(parse)
     }
 
     /// Limit and usage of one cgroup (`dir_fd`, when given, is `dir` opened). NotFound only when
@@ -293,6 +299,16 @@ impl MemcgReader {
             Err(e) => Err(e),
         }
     }
+}
+
+/// `/a/b/c`: the memo's key of the cgroup at `a/b/c`; its ancestors' keys are its prefixes.
+fn memo_key(rel: &Path) -> String {
+    let mut key = String::with_capacity(rel.as_os_str().len() + 1);
+    for c in rel.components() {
+        key.push('/');
+        key.push_str(&c.as_os_str().to_string_lossy());
+    }
+    key
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub fn run(args: PreflightArgs) -> anyhow::Result<ExitCode> {
         },
         _ => NeedSpec::Unspecified,
     };
-    let probe = preflight::Probe {
+    let roots = preflight::Roots {
         proc_root: args.common.host.proc_root.clone(),
         cgroup_root: args.common.host.cgroup_root.clone(),
         shm_dir: args.shm_dir.clone(),
@@ -38,7 +38,7 @@ pub fn run(args: PreflightArgs) -> anyhow::Result<ExitCode> {
             None
         },
     };
-    let report = preflight::run(&probe, &preflight::Env::from_process(), &options);
+    let report = preflight::run(&roots, &preflight::Env::from_process(), &options);
     let mut stdout = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut stdout, &report)?;

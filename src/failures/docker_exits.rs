@@ -2,7 +2,7 @@
 //! `OOMKilled` is an OOM kill, exit status 135 a SIGBUS. Exit 137 alone is a SIGKILL from
 //! anyone (`docker kill`, `docker stop` after its timeout) and is not told.
 
-use crate::docker::DockerExit;
+use crate::docker_records::DockerExit;
 use crate::model::{Detected, Exit, FailureSource, FindingKind, MemorySource, MemorySplit, Who};
 
 /// The death Docker's record tells, if it is one of memory.

@@ -19,7 +19,7 @@ use super::oom_counters::OomCounters;
 use super::recent::RecentReadings;
 use super::same::SameDeath;
 use super::signatures::Signatures;
-use crate::docker::{DockerExit, DockerNames};
+use crate::docker_records::{DockerExit, DockerNames};
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::kube::podresources::GpuHolders;

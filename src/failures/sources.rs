@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::pipeline::{Mode, Pipeline, Sources};
-use crate::docker::{exited_since, DockerExit, RecordsSeen};
+use crate::docker_records::{exited_since, DockerExit, RecordsSeen};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
 use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};

@@ -1,13 +1,13 @@
 //! The workloads' own logs, read on the node, so that a finding can say why a workload died in
 //! its own words: kubelet's pod log files (CRI format) and Docker's json-file logs.
 //!
-//! Parsing is pure (`cri`, `docker`, `path`); `follow` does the I/O (discovery under the roots
+//! Parsing is pure (`cri`, `json_file`, `path`); `follow` does the I/O (discovery under the roots
 //! without symlinks, one fd per file, appends, truncation, rotation, the catch-up of `since`).
 //! This file holds the types, the joined-line bound both formats share, and the rate limit.
 
 mod cri;
-mod docker;
 mod follow;
+mod json_file;
 mod path;
 #[cfg(test)]
 mod tests;

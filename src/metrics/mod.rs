@@ -23,13 +23,12 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::model::Snapshot;
 
 use failures::SourceMetrics;
-use self_metrics::{CollectorLabels, SelfMetrics};
+use self_metrics::SelfMetrics;
 
 pub use self_metrics::ReasonLabels;
 
@@ -41,16 +40,14 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 pub struct Metrics {
     registry: Registry,
-    scan_duration: Family<CollectorLabels, Histogram>,
-    scan_errors: Family<CollectorLabels, Counter>,
-    pub kube_events: Family<ReasonLabels, Counter>,
+    /// The agent's own families (scan durations and errors, Events, the Pod cache, ...).
+    own: SelfMetrics,
     /// Events dropped: the queue to the API server was full, or the API server rejected them.
+    /// This and the two below are handles on `own`'s counters, for the Kubernetes tasks.
     pub kube_events_dropped: Counter,
     /// Node condition (and taint) writes the API server accepted, and those that failed.
     pub node_condition_writes: Counter,
     pub node_condition_write_errors: Counter,
-    /// 1 once this node's Pod cache has synced, 0 before; absent without Kubernetes.
-    kube_pod_cache_synced: FlagGauge,
     sources: SourceMetrics,
 }
 
@@ -58,26 +55,15 @@ impl Metrics {
     pub fn new(snapshot: SharedSnapshot) -> Self {
         let mut registry = Registry::default();
         // The registry writes its own families in the order registered, then the collector's.
-        let SelfMetrics {
-            scan_duration,
-            scan_errors,
-            kube_events,
-            kube_events_dropped,
-            node_condition_writes,
-            node_condition_write_errors,
-            kube_pod_cache_synced,
-        } = SelfMetrics::register(&mut registry);
+        let own = SelfMetrics::register(&mut registry);
         registry.register_collector(Box::new(SnapshotCollector { snapshot }));
         let sources = SourceMetrics::register(&mut registry);
         Metrics {
             registry,
-            scan_duration,
-            scan_errors,
-            kube_events,
-            kube_events_dropped,
-            node_condition_writes,
-            node_condition_write_errors,
-            kube_pod_cache_synced,
+            kube_events_dropped: own.kube_events_dropped.clone(),
+            node_condition_writes: own.node_condition_writes.clone(),
+            node_condition_write_errors: own.node_condition_write_errors.clone(),
+            own,
             sources,
         }
     }

@@ -100,12 +100,13 @@ impl SelfMetrics {
 impl Metrics {
     /// Whether the scan that is about to be exported had this node's Pods.
     pub fn set_pod_cache_synced(&self, synced: bool) {
-        set_flag(&self.kube_pod_cache_synced, synced);
+        set_flag(&self.own.kube_pod_cache_synced, synced);
     }
 
     /// One Event published.
     pub fn count_kube_event(&self, reason: &str) {
-        self.kube_events
+        self.own
+            .kube_events
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
             })
@@ -121,7 +122,8 @@ impl Metrics {
     pub fn record_scan(&self, runs: &[CollectorRun]) {
         for run in runs {
             let collector = run.collector.as_str();
-            self.scan_duration
+            self.own
+                .scan_duration
                 .get_or_create(&CollectorLabels { collector })
                 .observe(run.duration.as_secs_f64());
             self.add_errors(collector, run.errors);
@@ -130,7 +132,8 @@ impl Metrics {
 
     /// `n` more errors of `collector` (its series made, even for 0).
     pub(super) fn add_errors(&self, collector: &'static str, n: u64) {
-        self.scan_errors
+        self.own
+            .scan_errors
             .get_or_create(&CollectorLabels { collector })
             .inc_by(n);
     }

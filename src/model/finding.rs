@@ -14,80 +14,167 @@ pub enum Severity {
     Critical,
 }
 
-/// The kinds of finding. The JSON name, the Kubernetes Event reason and the usual severity of
-/// each live here and nowhere else (CONTRACT.md lists them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FindingKind {
-    /// /dev/shm at or above the warning ratio.
-    ShmNearlyFull,
-    /// /dev/shm at or above the critical ratio.
-    ShmExhausted,
-    /// A GPU workload on the runtime's default 64 MiB /dev/shm.
-    ShmRuntimeDefault,
-    /// A container's /dev/shm could not be measured (permission, I/O, a missing system call):
-    /// unknown, which must not pass for healthy.
-    ShmUnmeasured,
-    /// NVML reports the GPU lost (fell off the bus).
-    GpuLost,
-    /// An inactive link to another GPU, or all of a GPU's NVSwitch links inactive.
-    GpuLinkDown,
-    /// NVLink error counters growing where no pair was made to fail by them.
-    GpuLinkErrors,
-    /// A pair (or a GPU's every pair) degraded: P2P lost or failing where its neighbours work,
-    /// error counters over threshold, some NVSwitch links inactive.
-    GpuPairDegraded,
-    /// An XID error reported by NVML within the last `gpu::xid::XID_LASTS`.
-    GpuXid,
-    /// The driver lists NVIDIA GPUs but NVML does not load.
-    NvmlUnavailable,
-    /// A workload said it could not allocate shared memory (its own log).
-    ShmAllocationFailed,
-    /// The kernel says a process of the workload crashed in a GPU communication library.
-    GpuJobCrashed,
-    /// NCCL said P2P is disabled between NVLink-connected GPUs.
-    NcclP2pDisabled,
-    /// The driver lists more NVIDIA GPUs than NVML sees.
-    GpuNotInNvml,
-    /// NVML's recovery action for a GPU asks for a P2P drain, a GPU reset or a node reboot.
-    GpuRecoveryAction,
-    /// The GPU's NVSwitch fabric registration is not complete or failed, or the fabric reports
-    /// degraded bandwidth or an unhealthy route.
-    GpuFabricUnhealthy,
-    /// A busy GPU's PCIe link runs below the generation or width it and its slot allow.
-    GpuPcieDegraded,
-    /// AER errors counted on a GPU or a PCIe bridge above it lately.
-    GpuPcieErrors,
-    /// ACS redirects peer-to-peer traffic on a PCIe bridge between two GPUs.
-    PcieAcsEnabled,
-    /// The kernel OOM-killed a process of the container, and /dev/shm pages were most of the
-    /// memory cgroup's usage.
-    ShmOomKilled,
-    /// The kernel OOM-killed a process of the container for its own memory.
-    WorkloadOomKilled,
-    /// A container died of SIGBUS (exit 135 / signal 7) with /dev/shm full or nearly full.
-    ShmBusError,
-    /// A container died of SIGBUS without /dev/shm being full.
-    WorkloadBusError,
-    /// A process could not open a shared-memory segment another made: they do not share a
-    /// /dev/shm (or IPC namespace), or it was removed under them.
-    ShmNotShared,
-    /// No usable /dev/shm: missing, read-only, or POSIX shared memory not implemented there.
-    ShmUnavailable,
-    /// PyTorch's file-descriptor sharing ran out of file descriptors.
-    FdLimitReached,
-    /// CUDA IPC between processes refused: pidfd_getfd without ptrace permission.
-    CudaIpcDenied,
-    /// Multi-node NVLink without an IMEX channel in the container.
-    ImexChannelMissing,
-    /// CUDA refused peer access between two GPUs.
-    GpuPeerAccessRefused,
-    /// The workload goes on with less shared memory than it wanted (Ray's object store in
-    /// /tmp): slower, not dead.
-    ShmFallback,
-    /// A young container's /dev/shm held files written before it started (a crashed run's
-    /// segments in a Pod's memory emptyDir).
-    ShmLeftoverSegments,
+/// Defines [`FindingKind`] and [`EventReason`] from one table, so a kind's names are written
+/// once. Each row: the kind, its JSON name, its Event reason (`own`: the reason of the kind's
+/// own name; another name: that reason; `none`: not an Event) and its usual severity. The
+/// reasons no kind owns follow the kinds.
+macro_rules! finding_kinds {
+    (
+        kinds {
+            $(
+                $(#[doc = $doc:literal])*
+                $kind:ident = $json:literal, reason: $reason:ident, $severity:ident;
+            )*
+        }
+        other_reasons { $($(#[doc = $other_doc:literal])* $other:ident,)* }
+    ) => {
+        /// The kinds of finding. The JSON name, the Kubernetes Event reason and the usual
+        /// severity of each live in the one table below and nowhere else (CONTRACT.md lists
+        /// them).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum FindingKind {
+            $($(#[doc = $doc])* $kind,)*
+        }
+
+        impl FindingKind {
+            /// The name in `check --json` (`findings[].kind`).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(FindingKind::$kind => $json,)*
+                }
+            }
+
+            /// The Kubernetes Event reason it is published under; None: not an Event.
+            pub const fn event_reason(self) -> Option<EventReason> {
+                match self {
+                    $(FindingKind::$kind => finding_kinds!(@reason $kind $reason),)*
+                }
+            }
+
+            /// How bad it usually is. GPU pair findings take the worst reason of their pairs
+            /// instead (counter growth alone is a warning: the link still carries traffic).
+            pub const fn default_severity(self) -> Severity {
+                match self {
+                    $(FindingKind::$kind => Severity::$severity,)*
+                }
+            }
+        }
+
+        finding_kinds!(@reasons [] [$($(#[doc = $other_doc])* $other)*] $($kind $reason)*);
+    };
+
+    (@reason $kind:ident own) => { Some(EventReason::$kind) };
+    (@reason $kind:ident none) => { None };
+    (@reason $kind:ident $reason:ident) => { Some(EventReason::$reason) };
+
+    // EventReason: the kinds that own their reason, in table order, then the other reasons.
+    (@reasons [$($own:ident)*] [$($(#[doc = $other_doc:literal])* $other:ident)*]) => {
+        /// Kubernetes Event reasons (CONTRACT.md): each the name of the kind that owns it, or
+        /// one of the reasons no kind owns. Every finding's reason comes from its kind.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum EventReason {
+            $($own,)*
+            $($(#[doc = $other_doc])* $other,)*
+        }
+
+        impl EventReason {
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(EventReason::$own => stringify!($own),)*
+                    $(EventReason::$other => stringify!($other),)*
+                }
+            }
+        }
+    };
+    (@reasons [$($own:ident)*] $others:tt $kind:ident own $($rest:tt)*) => {
+        finding_kinds!(@reasons [$($own)* $kind] $others $($rest)*);
+    };
+    (@reasons [$($own:ident)*] $others:tt $kind:ident $reason:ident $($rest:tt)*) => {
+        finding_kinds!(@reasons [$($own)*] $others $($rest)*);
+    };
+}
+
+finding_kinds! {
+    kinds {
+        /// /dev/shm at or above the warning ratio.
+        ShmNearlyFull = "shm_nearly_full", reason: own, Warning;
+        /// /dev/shm at or above the critical ratio.
+        ShmExhausted = "shm_exhausted", reason: own, Critical;
+        /// A GPU workload on the runtime's default 64 MiB /dev/shm.
+        ShmRuntimeDefault = "shm_runtime_default", reason: own, Warning;
+        /// A container's /dev/shm could not be measured (permission, I/O, a missing system call):
+        /// unknown, which must not pass for healthy.
+        // The agent's own trouble, counted in shmlink_scan_errors_total: not the Pod's.
+        ShmUnmeasured = "shm_unmeasured", reason: none, Warning;
+        /// NVML reports the GPU lost (fell off the bus).
+        // A lost GPU takes its pairs' links down with it, so it is told as `GpuLinkDown`.
+        GpuLost = "gpu_lost", reason: GpuLinkDown, Critical;
+        /// An inactive link to another GPU, or all of a GPU's NVSwitch links inactive.
+        GpuLinkDown = "gpu_link_down", reason: own, Critical;
+        /// NVLink error counters growing where no pair was made to fail by them.
+        GpuLinkErrors = "gpu_link_errors", reason: own, Warning;
+        /// A pair (or a GPU's every pair) degraded: P2P lost or failing where its neighbours work,
+        /// error counters over threshold, some NVSwitch links inactive.
+        GpuPairDegraded = "gpu_pair_degraded", reason: GpuLinkDegraded, Critical;
+        /// An XID error reported by NVML within the last `gpu::xid::XID_LASTS`.
+        GpuXid = "gpu_xid", reason: own, Critical;
+        /// The driver lists NVIDIA GPUs but NVML does not load.
+        NvmlUnavailable = "nvml_unavailable", reason: own, Critical;
+        /// A workload said it could not allocate shared memory (its own log).
+        ShmAllocationFailed = "shm_allocation_failed", reason: own, Critical;
+        /// The kernel says a process of the workload crashed in a GPU communication library.
+        GpuJobCrashed = "gpu_job_crashed", reason: own, Critical;
+        /// NCCL said P2P is disabled between NVLink-connected GPUs.
+        NcclP2pDisabled = "nccl_p2p_disabled", reason: own, Warning;
+        /// The driver lists more NVIDIA GPUs than NVML sees.
+        GpuNotInNvml = "gpu_not_in_nvml", reason: own, Critical;
+        /// NVML's recovery action for a GPU asks for a P2P drain, a GPU reset or a node reboot.
+        GpuRecoveryAction = "gpu_recovery_action", reason: own, Critical;
+        /// The GPU's NVSwitch fabric registration is not complete or failed, or the fabric reports
+        /// degraded bandwidth or an unhealthy route.
+        GpuFabricUnhealthy = "gpu_fabric_unhealthy", reason: own, Critical;
+        /// A busy GPU's PCIe link runs below the generation or width it and its slot allow.
+        GpuPcieDegraded = "gpu_pcie_degraded", reason: own, Warning;
+        /// AER errors counted on a GPU or a PCIe bridge above it lately.
+        GpuPcieErrors = "gpu_pcie_errors", reason: own, Warning;
+        /// ACS redirects peer-to-peer traffic on a PCIe bridge between two GPUs.
+        PcieAcsEnabled = "pcie_acs_enabled", reason: own, Warning;
+        /// The kernel OOM-killed a process of the container, and /dev/shm pages were most of the
+        /// memory cgroup's usage.
+        ShmOomKilled = "shm_oom_killed", reason: own, Critical;
+        /// The kernel OOM-killed a process of the container for its own memory.
+        WorkloadOomKilled = "workload_oom_killed", reason: own, Critical;
+        /// A container died of SIGBUS (exit 135 / signal 7) with /dev/shm full or nearly full.
+        ShmBusError = "shm_bus_error", reason: own, Critical;
+        /// A container died of SIGBUS without /dev/shm being full.
+        WorkloadBusError = "workload_bus_error", reason: own, Critical;
+        /// A process could not open a shared-memory segment another made: they do not share a
+        /// /dev/shm (or IPC namespace), or it was removed under them.
+        ShmNotShared = "shm_not_shared", reason: own, Critical;
+        /// No usable /dev/shm: missing, read-only, or POSIX shared memory not implemented there.
+        ShmUnavailable = "shm_unavailable", reason: own, Critical;
+        /// PyTorch's file-descriptor sharing ran out of file descriptors.
+        FdLimitReached = "fd_limit_reached", reason: own, Critical;
+        /// CUDA IPC between processes refused: pidfd_getfd without ptrace permission.
+        CudaIpcDenied = "cuda_ipc_denied", reason: own, Critical;
+        /// Multi-node NVLink without an IMEX channel in the container.
+        ImexChannelMissing = "imex_channel_missing", reason: own, Critical;
+        /// CUDA refused peer access between two GPUs.
+        GpuPeerAccessRefused = "gpu_peer_access_refused", reason: own, Critical;
+        /// The workload goes on with less shared memory than it wanted (Ray's object store in
+        /// /tmp): slower, not dead.
+        ShmFallback = "shm_fallback", reason: own, Warning;
+        /// A young container's /dev/shm held files written before it started (a crashed run's
+        /// segments in a Pod's memory emptyDir).
+        ShmLeftoverSegments = "shm_leftover_segments", reason: own, Warning;
+    }
+    other_reasons {
+        /// A degraded pair (`gpu_pair_degraded`).
+        GpuLinkDegraded,
+        /// A GPU link condition ended with no other left on its subject.
+        GpuLinkRecovered,
+    }
 }
 
 impl FindingKind {
@@ -98,119 +185,6 @@ impl FindingKind {
             FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled
         )
     }
-
-    /// The name in `check --json` (`findings[].kind`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            FindingKind::ShmNearlyFull => "shm_nearly_full",
-            FindingKind::ShmExhausted => "shm_exhausted",
-            FindingKind::ShmRuntimeDefault => "shm_runtime_default",
-            FindingKind::ShmUnmeasured => "shm_unmeasured",
-            FindingKind::GpuLost => "gpu_lost",
-            FindingKind::GpuLinkDown => "gpu_link_down",
-            FindingKind::GpuLinkErrors => "gpu_link_errors",
-            FindingKind::GpuPairDegraded => "gpu_pair_degraded",
-            FindingKind::GpuXid => "gpu_xid",
-            FindingKind::NvmlUnavailable => "nvml_unavailable",
-            FindingKind::ShmAllocationFailed => "shm_allocation_failed",
-            FindingKind::GpuJobCrashed => "gpu_job_crashed",
-            FindingKind::NcclP2pDisabled => "nccl_p2p_disabled",
-            FindingKind::GpuNotInNvml => "gpu_not_in_nvml",
-            FindingKind::GpuRecoveryAction => "gpu_recovery_action",
-            FindingKind::GpuFabricUnhealthy => "gpu_fabric_unhealthy",
-            FindingKind::GpuPcieDegraded => "gpu_pcie_degraded",
-            FindingKind::GpuPcieErrors => "gpu_pcie_errors",
-            FindingKind::PcieAcsEnabled => "pcie_acs_enabled",
-            FindingKind::ShmOomKilled => "shm_oom_killed",
-            FindingKind::WorkloadOomKilled => "workload_oom_killed",
-            FindingKind::ShmBusError => "shm_bus_error",
-            FindingKind::WorkloadBusError => "workload_bus_error",
-            FindingKind::ShmNotShared => "shm_not_shared",
-            FindingKind::ShmUnavailable => "shm_unavailable",
-            FindingKind::FdLimitReached => "fd_limit_reached",
-            FindingKind::CudaIpcDenied => "cuda_ipc_denied",
-            FindingKind::ImexChannelMissing => "imex_channel_missing",
-            FindingKind::GpuPeerAccessRefused => "gpu_peer_access_refused",
-            FindingKind::ShmFallback => "shm_fallback",
-            FindingKind::ShmLeftoverSegments => "shm_leftover_segments",
-        }
-    }
-
-    /// The Kubernetes Event reason it is published under; None: not an Event. A lost GPU takes
-    /// its pairs' links down with it, so it is told as `GpuLinkDown`.
-    pub const fn event_reason(self) -> Option<EventReason> {
-        match self {
-            FindingKind::ShmNearlyFull => Some(EventReason::ShmNearlyFull),
-            FindingKind::ShmExhausted => Some(EventReason::ShmExhausted),
-            FindingKind::ShmRuntimeDefault => Some(EventReason::ShmRuntimeDefault),
-            // The agent's own trouble, counted in shmlink_scan_errors_total: not the Pod's.
-            FindingKind::ShmUnmeasured => None,
-            FindingKind::GpuLost | FindingKind::GpuLinkDown => Some(EventReason::GpuLinkDown),
-            FindingKind::GpuLinkErrors => Some(EventReason::GpuLinkErrors),
-            FindingKind::GpuPairDegraded => Some(EventReason::GpuLinkDegraded),
-            FindingKind::GpuXid => Some(EventReason::GpuXid),
-            FindingKind::NvmlUnavailable => Some(EventReason::NvmlUnavailable),
-            FindingKind::ShmAllocationFailed => Some(EventReason::ShmAllocationFailed),
-            FindingKind::GpuJobCrashed => Some(EventReason::GpuJobCrashed),
-            FindingKind::NcclP2pDisabled => Some(EventReason::NcclP2pDisabled),
-            FindingKind::GpuNotInNvml => Some(EventReason::GpuNotInNvml),
-            FindingKind::GpuRecoveryAction => Some(EventReason::GpuRecoveryAction),
-            FindingKind::GpuFabricUnhealthy => Some(EventReason::GpuFabricUnhealthy),
-            FindingKind::GpuPcieDegraded => Some(EventReason::GpuPcieDegraded),
-            FindingKind::GpuPcieErrors => Some(EventReason::GpuPcieErrors),
-            FindingKind::PcieAcsEnabled => Some(EventReason::PcieAcsEnabled),
-            FindingKind::ShmOomKilled => Some(EventReason::ShmOomKilled),
-            FindingKind::WorkloadOomKilled => Some(EventReason::WorkloadOomKilled),
-            FindingKind::ShmBusError => Some(EventReason::ShmBusError),
-            FindingKind::WorkloadBusError => Some(EventReason::WorkloadBusError),
-            FindingKind::ShmNotShared => Some(EventReason::ShmNotShared),
-            FindingKind::ShmUnavailable => Some(EventReason::ShmUnavailable),
-            FindingKind::FdLimitReached => Some(EventReason::FdLimitReached),
-            FindingKind::CudaIpcDenied => Some(EventReason::CudaIpcDenied),
-            FindingKind::ImexChannelMissing => Some(EventReason::ImexChannelMissing),
-            FindingKind::GpuPeerAccessRefused => Some(EventReason::GpuPeerAccessRefused),
-            FindingKind::ShmFallback => Some(EventReason::ShmFallback),
-            FindingKind::ShmLeftoverSegments => Some(EventReason::ShmLeftoverSegments),
-        }
-    }
-
-    /// How bad it usually is. GPU pair findings take the worst reason of their pairs instead
-    /// (counter growth alone is a warning: the link still carries traffic).
-    pub const fn default_severity(self) -> Severity {
-        match self {
-            FindingKind::ShmNearlyFull
-            | FindingKind::ShmRuntimeDefault
-            | FindingKind::ShmUnmeasured
-            | FindingKind::GpuLinkErrors
-            | FindingKind::NcclP2pDisabled
-            | FindingKind::ShmFallback
-            | FindingKind::ShmLeftoverSegments
-            | FindingKind::GpuPcieDegraded
-            | FindingKind::GpuPcieErrors
-            | FindingKind::PcieAcsEnabled => Severity::Warning,
-            FindingKind::ShmExhausted
-            | FindingKind::GpuLost
-            | FindingKind::GpuLinkDown
-            | FindingKind::GpuPairDegraded
-            | FindingKind::GpuXid
-            | FindingKind::NvmlUnavailable
-            | FindingKind::ShmAllocationFailed
-            | FindingKind::GpuJobCrashed
-            | FindingKind::GpuNotInNvml
-            | FindingKind::GpuRecoveryAction
-            | FindingKind::GpuFabricUnhealthy
-            | FindingKind::ShmOomKilled
-            | FindingKind::WorkloadOomKilled
-            | FindingKind::ShmBusError
-            | FindingKind::WorkloadBusError
-            | FindingKind::ShmNotShared
-            | FindingKind::ShmUnavailable
-            | FindingKind::FdLimitReached
-            | FindingKind::CudaIpcDenied
-            | FindingKind::ImexChannelMissing
-            | FindingKind::GpuPeerAccessRefused => Severity::Critical,
-        }
-    }
 }
 
 impl fmt::Display for FindingKind {
@@ -219,78 +193,7 @@ impl fmt::Display for FindingKind {
     }
 }
 
-/// Kubernetes Event reasons (CONTRACT.md). Every finding's reason comes from its kind; the one
-/// reason no finding has is the recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum EventReason {
-    ShmNearlyFull,
-    ShmExhausted,
-    ShmRuntimeDefault,
-    GpuLinkDegraded,
-    GpuLinkDown,
-    GpuLinkErrors,
-    GpuLinkRecovered,
-    GpuXid,
-    ShmAllocationFailed,
-    GpuJobCrashed,
-    NcclP2pDisabled,
-    NvmlUnavailable,
-    GpuNotInNvml,
-    GpuRecoveryAction,
-    GpuFabricUnhealthy,
-    GpuPcieDegraded,
-    GpuPcieErrors,
-    PcieAcsEnabled,
-    ShmOomKilled,
-    WorkloadOomKilled,
-    ShmBusError,
-    WorkloadBusError,
-    ShmNotShared,
-    ShmUnavailable,
-    FdLimitReached,
-    CudaIpcDenied,
-    ImexChannelMissing,
-    GpuPeerAccessRefused,
-    ShmFallback,
-    ShmLeftoverSegments,
-}
-
 impl EventReason {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            EventReason::ShmNearlyFull => "ShmNearlyFull",
-            EventReason::ShmExhausted => "ShmExhausted",
-            EventReason::ShmRuntimeDefault => "ShmRuntimeDefault",
-            EventReason::GpuLinkDegraded => "GpuLinkDegraded",
-            EventReason::GpuLinkDown => "GpuLinkDown",
-            EventReason::GpuLinkErrors => "GpuLinkErrors",
-            EventReason::GpuLinkRecovered => "GpuLinkRecovered",
-            EventReason::GpuXid => "GpuXid",
-            EventReason::ShmAllocationFailed => "ShmAllocationFailed",
-            EventReason::GpuJobCrashed => "GpuJobCrashed",
-            EventReason::NcclP2pDisabled => "NcclP2pDisabled",
-            EventReason::NvmlUnavailable => "NvmlUnavailable",
-            EventReason::GpuNotInNvml => "GpuNotInNvml",
-            EventReason::GpuRecoveryAction => "GpuRecoveryAction",
-            EventReason::GpuFabricUnhealthy => "GpuFabricUnhealthy",
-            EventReason::GpuPcieDegraded => "GpuPcieDegraded",
-            EventReason::GpuPcieErrors => "GpuPcieErrors",
-            EventReason::PcieAcsEnabled => "PcieAcsEnabled",
-            EventReason::ShmOomKilled => "ShmOomKilled",
-            EventReason::WorkloadOomKilled => "WorkloadOomKilled",
-            EventReason::ShmBusError => "ShmBusError",
-            EventReason::WorkloadBusError => "WorkloadBusError",
-            EventReason::ShmNotShared => "ShmNotShared",
-            EventReason::ShmUnavailable => "ShmUnavailable",
-            EventReason::FdLimitReached => "FdLimitReached",
-            EventReason::CudaIpcDenied => "CudaIpcDenied",
-            EventReason::ImexChannelMissing => "ImexChannelMissing",
-            EventReason::GpuPeerAccessRefused => "GpuPeerAccessRefused",
-            EventReason::ShmFallback => "ShmFallback",
-            EventReason::ShmLeftoverSegments => "ShmLeftoverSegments",
-        }
-    }
-
     /// A GPU link condition whose end, with no other link condition left on its subject, is a
     /// recovery.
     pub const fn is_link_failure(self) -> bool {

@@ -11,14 +11,22 @@ mod snapshot;
 mod stats;
 mod xid;
 
-pub use failure::*;
-pub use finding::*;
-pub use gpu::*;
-pub use gpu_users::*;
-pub use shm::*;
-pub use snapshot::*;
-pub use stats::*;
-pub use xid::*;
+pub use failure::{
+    printable, DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
+    MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, SHM_OOM_SHARE, SIGBUS,
+};
+pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
+pub use gpu::{
+    AcsState, AerTotals, Ber, Blame, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample,
+    LinkErrors, LinkReading, Nvlink5Errors, P2pCaps, P2pStatus, PairProbe, PairSample, PairStatus,
+    PairVerdict, PcieHop, PcieLink, Peer, ProbeStatus, RecoveryAction, Suspect, SuspectBy,
+    TopologyLevel, Weight,
+};
+pub use gpu_users::{GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
+pub use shm::{Leftovers, ShmReading, ShmStatus};
+pub use snapshot::{Snapshot, XidCount};
+pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
+pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.
 pub fn short_id(id: &str) -> &str {

@@ -1,9 +1,9 @@
 //! `shmlink preflight`: run inside a workload container, it measures the container's own
 //! /dev/shm, memory cgroup, IPC namespace and GPUs, and says whether the workload fits.
 //!
-//! This file does the I/O, every path under [`Probe`]'s roots so tests can point it at
-//! fixtures. The rest decides without touching the machine: the need (`need`), the GPUs the
-//! workload sees (`gpus`), the observations (`observe`), the verdict (`verdict`), the fix
+//! This file does the I/O, every path under [`Roots`] so tests can point it at fixtures. The
+//! rest decides without touching the machine: the need (`need`), the GPUs the workload sees
+//! (`gpus`), the observations (`observe`), the problems, verdict and report (`verdict`), the fix
 //! (`fix`) and the text (`render`).
 
 pub mod fix;
@@ -34,18 +34,18 @@ use need::NeedSpec;
 use observe::{ipc_verdict, GpuObs, IpcObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState};
 use verdict::Report;
 
-/// Where the probe reads: `<proc_root>/self/...`, the cgroup file system (mount points under
+/// Where preflight reads: `<proc_root>/self/...`, the cgroup file system (mount points under
 /// /sys/fs/cgroup are re-rooted at `cgroup_root`), and the /dev/shm directory.
 #[derive(Debug, Clone)]
-pub struct Probe {
+pub struct Roots {
     pub proc_root: PathBuf,
     pub cgroup_root: PathBuf,
     pub shm_dir: PathBuf,
 }
 
-impl Default for Probe {
+impl Default for Roots {
     fn default() -> Self {
-        Probe {
+        Roots {
             proc_root: "/proc".into(),
             cgroup_root: "/sys/fs/cgroup".into(),
             shm_dir: "/dev/shm".into(),
@@ -85,14 +85,14 @@ pub struct Options {
 }
 
 /// Measures and judges: one call, one [`Report`].
-pub fn run(probe: &Probe, env: &Env, options: &Options) -> Report {
-    let mountinfo = std::fs::read(probe.proc_root.join("self/mountinfo"))
+pub fn run(roots: &Roots, env: &Env, options: &Options) -> Report {
+    let mountinfo = std::fs::read(roots.proc_root.join("self/mountinfo"))
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    let shm = probe.shm(&mountinfo);
-    let memory = probe.memory(&mountinfo);
-    let ipc = probe.ipc(options.host_ipc_ns);
-    let gpus = probe.gpus(env, options);
+    let shm = roots.shm(&mountinfo);
+    let memory = roots.memory(&mountinfo);
+    let ipc = roots.ipc(options.host_ipc_ns);
+    let gpus = roots.gpus(env, options);
     verdict::judge(
         RunsIn::detect(env.kubernetes_service_host.as_deref()),
         shm,
@@ -103,7 +103,7 @@ pub fn run(probe: &Probe, env: &Env, options: &Options) -> Report {
     )
 }
 
-impl Probe {
+impl Roots {
     /// statfs and statx of the /dev/shm directory; mountinfo for the file system's type.
     pub fn shm(&self, mountinfo: &str) -> ShmObs {
         let path = self.shm_dir.display().to_string();
@@ -233,18 +233,7 @@ impl Probe {
             env.cuda_visible_devices.as_deref(),
             env.nvidia_visible_devices.as_deref(),
         );
-        let mut obs = GpuObs {
-            nvml: NvmlState::Disabled,
-            explicit_lib: options.nvml_lib.is_some(),
-            evidence: None,
-            selected_by,
-            visible: Vec::new(),
-            unmatched: Vec::new(),
-            pairs: Vec::new(),
-            avoid: Vec::new(),
-            healthy: Vec::new(),
-            probe_error: None,
-        };
+        let mut obs = GpuObs::unchecked(selected_by, options.nvml_lib.is_some());
         if options.no_gpu {
             return obs;
         }
@@ -311,7 +300,7 @@ impl Probe {
         crate::gpu::collector::driver_gpu_evidence(&self.proc_root)
     }
 
-    /// A mount point as this probe sees it: /sys/fs/cgroup/... moves under `cgroup_root`.
+    /// A mount point as this container sees it: /sys/fs/cgroup/... moves under `cgroup_root`.
     fn reroot(&self, mount_point: &str) -> PathBuf {
         match Path::new(mount_point).strip_prefix("/sys/fs/cgroup") {
             Ok(rest) => self.cgroup_root.join(rest),
@@ -346,17 +335,17 @@ mod tests {
     }
 
     /// A container's view under a TempDir: /proc/self/{cgroup,mountinfo}, a cgroup tree.
-    fn fixture(cgroup: &str, mountinfo: &str) -> (tempfile::TempDir, Probe) {
+    fn fixture(cgroup: &str, mountinfo: &str) -> (tempfile::TempDir, Roots) {
         let dir = tempfile::tempdir().unwrap();
         write(&dir.path().join("proc/self/cgroup"), cgroup);
         write(&dir.path().join("proc/self/mountinfo"), mountinfo);
         std::fs::create_dir_all(dir.path().join("shm")).unwrap();
-        let probe = Probe {
+        let roots = Roots {
             proc_root: dir.path().join("proc"),
             cgroup_root: dir.path().join("cgroup"),
             shm_dir: dir.path().join("shm"),
         };
-        (dir, probe)
+        (dir, roots)
     }
 
     const V1_MOUNTINFO: &str = "\
@@ -369,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_v1_container_sees_its_own_cgroup_at_the_mount_root_and_the_hierarchical_limit() {
-        let (dir, probe) = fixture(
+        let (dir, roots) = fixture(
             "12:memory:/kubepods/burstable/podX/abc\n3:cpu,cpuacct:/kubepods/burstable/podX/abc\n",
             V1_MOUNTINFO,
         );
@@ -380,7 +369,7 @@ mod tests {
             &mem.join("memory.stat"),
             "cache 0\nrss 104857600\nhierarchical_memory_limit 536870912\n",
         );
-        let m = probe.memory(V1_MOUNTINFO);
+        let m = roots.memory(V1_MOUNTINFO);
         assert!(m.visible, "{m:?}");
         assert_eq!(m.version, Some(CgroupVersion::V1));
         assert_eq!(m.cgroup.as_deref(), Some("/kubepods/burstable/podX/abc"));
@@ -397,13 +386,13 @@ mod tests {
         let mountinfo = "\
 700 600 0:80 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate
 ";
-        let (dir, probe) = fixture("0::/pod/ctr\n", mountinfo);
+        let (dir, roots) = fixture("0::/pod/ctr\n", mountinfo);
         let root = dir.path().join("cgroup");
         write(&root.join("pod/memory.max"), "1073741824\n");
         write(&root.join("pod/memory.current"), "943718400\n");
         write(&root.join("pod/ctr/memory.max"), "max\n");
         write(&root.join("pod/ctr/memory.current"), "52428800\n");
-        let m = probe.memory(mountinfo);
+        let m = roots.memory(mountinfo);
         assert!(m.visible);
         assert_eq!(m.version, Some(CgroupVersion::V2));
         assert_eq!(m.limit_bytes, Some(GIB));
@@ -414,8 +403,8 @@ mod tests {
     #[test]
     fn no_cgroup_file_system_in_the_container_is_not_visible_with_a_note() {
         let mountinfo = "600 500 0:50 / / rw - overlay overlay rw\n";
-        let (_dir, probe) = fixture("4:memory:/shmlink-e2e/abc\n", mountinfo);
-        let m = probe.memory(mountinfo);
+        let (_dir, roots) = fixture("4:memory:/shmlink-e2e/abc\n", mountinfo);
+        let m = roots.memory(mountinfo);
         assert!(!m.visible);
         assert!(m
             .note
@@ -425,25 +414,25 @@ mod tests {
 
     #[test]
     fn the_real_dev_shm_measures_and_a_plain_directory_is_not_a_mount() {
-        let probe = Probe::default();
+        let roots = Roots::default();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let shm = probe.shm(&mountinfo);
+        let shm = roots.shm(&mountinfo);
         assert_eq!(shm.state, ShmState::Mounted, "{shm:?}");
         assert_eq!(shm.fs_type.as_deref(), Some("tmpfs"));
         assert!(shm.size_bytes.is_some());
-        let (_dir, probe) = fixture("", "");
-        let shm = probe.shm("");
+        let (_dir, roots) = fixture("", "");
+        let shm = roots.shm("");
         assert_eq!(shm.state, ShmState::NotMounted, "{shm:?}");
-        let gone = Probe {
+        let gone = Roots {
             shm_dir: "/nonexistent/shm".into(),
-            ..Probe::default()
+            ..Roots::default()
         };
         assert_eq!(gone.shm("").state, ShmState::Absent);
     }
 
     #[test]
     fn a_whole_run_on_fixtures_without_gpus_judges_the_need() {
-        let (dir, probe) = fixture("12:memory:/kubepods/burstable/podX/abc\n", V1_MOUNTINFO);
+        let (dir, roots) = fixture("12:memory:/kubepods/burstable/podX/abc\n", V1_MOUNTINFO);
         let mem = dir.path().join("cgroup/memory");
         write(&mem.join("memory.limit_in_bytes"), "268435456\n");
         write(&mem.join("memory.usage_in_bytes"), "0\n");
@@ -459,7 +448,7 @@ mod tests {
             kubernetes_service_host: Some("10.0.0.1".into()),
             ..Env::default()
         };
-        let r = run(&probe, &env, &options);
+        let r = run(&roots, &env, &options);
         assert_eq!(r.verdict, Verdict::NotFit);
         assert_eq!(r.need.as_ref().unwrap().source, NeedSource::MinShm);
         assert!(r

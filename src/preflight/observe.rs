@@ -1,4 +1,4 @@
-//! What the probe saw, as plain data: the container's /dev/shm, its memory cgroup, its IPC
+//! What preflight saw, as plain data: the container's /dev/shm, its memory cgroup, its IPC
 //! namespace, its GPUs, and where it runs; and what follows from them alone (the bytes
 //! available, whether the IPC namespace is the host's).
 
@@ -132,6 +132,24 @@ pub struct GpuObs {
     /// `--p2p`: why the pair probe could not run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe_error: Option<String>,
+}
+
+impl GpuObs {
+    /// GPUs not (yet) looked at: NVML not loaded, nothing visible, no pairs.
+    pub fn unchecked(selected_by: SelectorSource, explicit_lib: bool) -> GpuObs {
+        GpuObs {
+            nvml: NvmlState::Disabled,
+            explicit_lib,
+            evidence: None,
+            selected_by,
+            visible: Vec::new(),
+            unmatched: Vec::new(),
+            pairs: Vec::new(),
+            avoid: Vec::new(),
+            healthy: Vec::new(),
+            probe_error: None,
+        }
+    }
 }
 
 /// Where the container runs, for the fix (CONTRACT.md: Kubernetes when

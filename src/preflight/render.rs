@@ -7,10 +7,8 @@ use super::verdict::{Grade, Report, Verdict};
 use crate::model::PairStatus;
 use crate::units::human_bytes;
 
-/// The report for a person.
+/// The report for a person: the verdict, one row per thing measured, the problems, the fix.
 pub fn render_text(r: &Report) -> String {
-    let b = human_bytes;
-    let mut out = String::new();
     let verdict = match r.verdict {
         Verdict::Fit => "FIT",
         Verdict::NotFit => "NOT FIT",
@@ -20,10 +18,43 @@ pub fn render_text(r: &Report) -> String {
         RunsIn::Kubernetes => "Kubernetes",
         RunsIn::Docker => "Docker/other",
     };
-    out.push_str(&format!(
-        "shmlink preflight: {verdict} (runs in {runs_in})\n"
-    ));
-    let shm = match r.shm.state {
+    let mut out = format!("shmlink preflight: {verdict} (runs in {runs_in})\n");
+    for (name, row) in [
+        (r.shm.path.as_str(), shm_row(r)),
+        ("memory", memory_row(r)),
+        ("ipc", ipc_row(r)),
+        ("gpus", gpus_row(r)),
+        ("need", need_row(r)),
+    ] {
+        out.push_str(&format!("  {name:<8} {row}\n"));
+    }
+    if !r.problems.is_empty() {
+        out.push('\n');
+        for p in &r.problems {
+            let tag = match p.severity {
+                Grade::Fail => "FAIL",
+                Grade::Unknown => "UNKNOWN",
+                Grade::Warn => "WARN",
+            };
+            out.push_str(&format!("{tag} {}: {}\n", p.kind.as_str(), p.message));
+        }
+    }
+    if let Some(fix) = &r.fix {
+        out.push_str(&format!("\nFix ({runs_in}):\n"));
+        for line in fix.lines() {
+            if line.is_empty() {
+                out.push('\n');
+            } else {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+    }
+    out
+}
+
+fn shm_row(r: &Report) -> String {
+    let b = human_bytes;
+    match r.shm.state {
         ShmState::Absent => "absent".to_string(),
         ShmState::Unreadable => "unreadable".to_string(),
         state => format!(
@@ -40,9 +71,12 @@ pub fn render_text(r: &Report) -> String {
             r.available_bytes
                 .map_or(String::new(), |a| format!("; {} available", b(a))),
         ),
-    };
-    out.push_str(&format!("  {:<8} {shm}\n", r.shm.path));
-    let mem = if r.memory.visible {
+    }
+}
+
+fn memory_row(r: &Report) -> String {
+    let b = human_bytes;
+    if r.memory.visible {
         format!(
             "limit {}, {} in use, headroom {}{}",
             r.memory.limit_bytes.map_or("none".into(), b),
@@ -60,15 +94,19 @@ pub fn render_text(r: &Report) -> String {
                 .as_deref()
                 .map_or(String::new(), |n| format!(" ({n})"))
         )
-    };
-    out.push_str(&format!("  {:<8} {mem}\n", "memory"));
-    let ipc = match (r.ipc.host, r.ipc.namespace) {
+    }
+}
+
+fn ipc_row(r: &Report) -> String {
+    match (r.ipc.host, r.ipc.namespace) {
         (Some(true), _) => "the host's IPC namespace (and /dev/shm)".to_string(),
         (Some(false), Some(ns)) => format!("private (ipc:[{ns}])"),
         _ => "unknown".to_string(),
-    };
-    out.push_str(&format!("  {:<8} {ipc}\n", "ipc"));
-    let gpus = match &r.gpus.nvml {
+    }
+}
+
+fn gpus_row(r: &Report) -> String {
+    match &r.gpus.nvml {
         NvmlState::Disabled => "not checked (--no-gpu)".to_string(),
         NvmlState::Unavailable(_) if r.gpus.visible.is_empty() => "none (NVML not loaded)".into(),
         _ if r.gpus.visible.is_empty() => "none visible".to_string(),
@@ -92,33 +130,12 @@ pub fn render_text(r: &Report) -> String {
                 r.gpus.pairs.len()
             )
         }
-    };
-    out.push_str(&format!("  {:<8} {gpus}\n", "gpus"));
-    let need = match &r.need {
+    }
+}
+
+fn need_row(r: &Report) -> String {
+    match &r.need {
         None => "none given".to_string(),
-        Some(n) => format!("{} ({})", b(n.bytes), need_words(n)),
-    };
-    out.push_str(&format!("  {:<8} {need}\n", "need"));
-    if !r.problems.is_empty() {
-        out.push('\n');
-        for p in &r.problems {
-            let tag = match p.severity {
-                Grade::Fail => "FAIL",
-                Grade::Unknown => "UNKNOWN",
-                Grade::Warn => "WARN",
-            };
-            out.push_str(&format!("{tag} {}: {}\n", p.kind.as_str(), p.message));
-        }
+        Some(n) => format!("{} ({})", human_bytes(n.bytes), need_words(n)),
     }
-    if let Some(fix) = &r.fix {
-        out.push_str(&format!("\nFix ({runs_in}):\n"));
-        for line in fix.lines() {
-            if line.is_empty() {
-                out.push('\n');
-            } else {
-                out.push_str(&format!("  {line}\n"));
-            }
-        }
-    }
-    out
 }

@@ -61,186 +61,19 @@ pub fn judge(
 ) -> Report {
     let need = need(spec, gpus.visible.len());
     let available = effective_available(&shm, &memory);
-    let mut problems = Vec::new();
-    let mut p = |severity, kind, message: String| {
-        problems.push(Problem {
-            severity,
-            kind,
-            message,
-        })
-    };
-
-    // /dev/shm itself.
-    let mut shm_short = false; // the tmpfs is too small for the need
-    let mut mem_short = false; // the memory limit leaves too little room for the need
-    match shm.state {
-        ShmState::Absent => {
-            shm_short = true;
-            p(
-                Grade::Fail,
-                ProblemKind::ShmAbsent,
-                text::preflight_shm_absent(&shm.path),
-            )
-        }
-        ShmState::Unreadable => p(
-            Grade::Unknown,
-            ProblemKind::ShmUnreadable,
-            text::preflight_shm_unreadable(&shm.path, shm.error.as_deref()),
-        ),
-        ShmState::NotMounted => p(
-            Grade::Warn,
-            ProblemKind::ShmNotMounted,
-            text::preflight_shm_not_mounted(&shm.path, shm.fs_type.as_deref()),
-        ),
-        ShmState::Mounted => {
-            if shm.fs_type.as_deref().is_some_and(|t| t != "tmpfs") {
-                p(
-                    Grade::Warn,
-                    ProblemKind::ShmNotTmpfs,
-                    text::preflight_shm_not_tmpfs(&shm.path, shm.fs_type.as_deref()),
-                );
-            }
-        }
-    }
-
+    let mut found = Found::default();
+    shm_problems(&mut found, &shm);
     if let Some(need) = &need {
-        let usable = matches!(shm.state, ShmState::Mounted | ShmState::NotMounted);
-        if usable {
-            let free_short = shm.free_bytes.is_some_and(|f| f < need.bytes);
-            let headroom_short = memory.headroom_bytes.is_some_and(|h| h < need.bytes);
-            let severity = if need.enforced {
-                Grade::Fail
-            } else {
-                Grade::Warn
-            };
-            let why = need_words(need);
-            if free_short {
-                shm_short = true;
-                p(
-                    severity,
-                    if need.enforced {
-                        ProblemKind::ShmTooSmall
-                    } else {
-                        ProblemKind::ShmSmallForGpus
-                    },
-                    text::preflight_shm_too_small(
-                        &shm.path,
-                        shm.free_bytes,
-                        shm.size_bytes,
-                        shm.used_bytes,
-                        &why,
-                        need.bytes,
-                    ),
-                );
-            }
-            if headroom_short {
-                mem_short = true;
-                p(
-                    severity,
-                    ProblemKind::MemoryTooSmall,
-                    text::preflight_memory_too_small(
-                        memory.headroom_bytes,
-                        memory.limit_bytes,
-                        memory.usage_bytes,
-                        &why,
-                        need.bytes,
-                        &shm.path,
-                    ),
-                );
-            }
-            if available.is_none() && need.enforced {
-                p(
-                    Grade::Unknown,
-                    ProblemKind::ShmUnboundedUnknown,
-                    text::preflight_unbounded_unknown(&shm.path, need.bytes),
-                );
-            }
-            if need.enforced && !memory.visible {
-                p(
-                    Grade::Warn,
-                    ProblemKind::MemoryUnknown,
-                    text::preflight_memory_unknown(memory.note.as_deref()),
-                );
-            }
-        }
+        need_problems(&mut found, need, &shm, &memory, available);
     }
+    memory_below_shm_size(&mut found, &shm, &memory);
+    gpu_problems(&mut found, &gpus);
 
-    // A tmpfs larger than the memory limit: its size is an illusion.
-    if let (Some(size), Some(limit)) = (shm.size_bytes, memory.limit_bytes) {
-        if shm.state == ShmState::Mounted && limit < size && !mem_short {
-            p(
-                Grade::Warn,
-                ProblemKind::MemoryBelowShmSize,
-                text::preflight_memory_below_shm_size(
-                    &shm.path,
-                    size,
-                    limit,
-                    memory.headroom_bytes.unwrap_or(limit),
-                ),
-            );
-        }
-    }
-
-    // GPUs.
-    match &gpus.nvml {
-        NvmlState::Unavailable(reason) if gpus.explicit_lib => p(
-            Grade::Unknown,
-            ProblemKind::NvmlUnavailable,
-            text::preflight_nvml_unavailable(reason),
-        ),
-        NvmlState::Unavailable(reason) => {
-            if let Some(evidence) = &gpus.evidence {
-                p(
-                    Grade::Warn,
-                    ProblemKind::GpuHealthUnknown,
-                    text::preflight_gpu_health_unknown(evidence, reason),
-                );
-            }
-        }
-        _ => {}
-    }
-    if !gpus.unmatched.is_empty() {
-        let var = match gpus.selected_by {
-            SelectorSource::CudaVisibleDevices => "CUDA_VISIBLE_DEVICES",
-            _ => "NVIDIA_VISIBLE_DEVICES",
-        };
-        p(
-            Grade::Warn,
-            ProblemKind::GpuNotFound,
-            text::preflight_gpu_not_found(
-                var,
-                &gpus.unmatched,
-                gpus.selected_by == SelectorSource::CudaVisibleDevices,
-            ),
-        );
-    }
-    if let Some(e) = &gpus.probe_error {
-        p(
-            Grade::Unknown,
-            ProblemKind::P2pProbeUnavailable,
-            text::preflight_probe_unavailable(e),
-        );
-    }
-    let ordinal = |i: u32| {
-        gpus.visible
-            .iter()
-            .find(|g| g.index == i)
-            .map_or(0, |g| g.cuda_ordinal)
-    };
-    for pair in gpus.pairs.iter().filter(|p| p.status != PairStatus::Ok) {
-        p(
-            Grade::Fail,
-            ProblemKind::GpuPair,
-            text::preflight_gpu_pair(
-                pair.gpu,
-                pair.peer_gpu,
-                (ordinal(pair.gpu), ordinal(pair.peer_gpu)),
-                text::pair_status(pair.status),
-                &pair.reasons,
-            ),
-        );
-    }
-
+    let Found {
+        problems,
+        shm_short,
+        mem_short,
+    } = found;
     let verdict = match problems.iter().map(|p| p.severity).max() {
         Some(Grade::Fail) => Verdict::NotFit,
         Some(Grade::Unknown) => Verdict::Unknown,
@@ -269,6 +102,209 @@ pub fn judge(
         need,
         problems,
         fix,
+    }
+}
+
+/// The problems found so far, and what the fix must grow.
+#[derive(Default)]
+struct Found {
+    problems: Vec<Problem>,
+    /// The tmpfs is too small for the need (or absent).
+    shm_short: bool,
+    /// The memory limit leaves too little room for the need.
+    mem_short: bool,
+}
+
+impl Found {
+    fn add(&mut self, severity: Grade, kind: ProblemKind, message: String) {
+        self.problems.push(Problem {
+            severity,
+            kind,
+            message,
+        });
+    }
+}
+
+/// /dev/shm itself: there, measurable, a mount, a tmpfs.
+fn shm_problems(found: &mut Found, shm: &ShmObs) {
+    match shm.state {
+        ShmState::Absent => {
+            found.shm_short = true;
+            found.add(
+                Grade::Fail,
+                ProblemKind::ShmAbsent,
+                text::preflight_shm_absent(&shm.path),
+            )
+        }
+        ShmState::Unreadable => found.add(
+            Grade::Unknown,
+            ProblemKind::ShmUnreadable,
+            text::preflight_shm_unreadable(&shm.path, shm.error.as_deref()),
+        ),
+        ShmState::NotMounted => found.add(
+            Grade::Warn,
+            ProblemKind::ShmNotMounted,
+            text::preflight_shm_not_mounted(&shm.path, shm.fs_type.as_deref()),
+        ),
+        ShmState::Mounted => {
+            if shm.fs_type.as_deref().is_some_and(|t| t != "tmpfs") {
+                found.add(
+                    Grade::Warn,
+                    ProblemKind::ShmNotTmpfs,
+                    text::preflight_shm_not_tmpfs(&shm.path, shm.fs_type.as_deref()),
+                );
+            }
+        }
+    }
+}
+
+/// The need against the tmpfs's free space and the memory cgroup's headroom.
+fn need_problems(
+    found: &mut Found,
+    need: &Need,
+    shm: &ShmObs,
+    memory: &MemObs,
+    available: Option<u64>,
+) {
+    if !matches!(shm.state, ShmState::Mounted | ShmState::NotMounted) {
+        return;
+    }
+    let free_short = shm.free_bytes.is_some_and(|f| f < need.bytes);
+    let headroom_short = memory.headroom_bytes.is_some_and(|h| h < need.bytes);
+    let severity = if need.enforced {
+        Grade::Fail
+    } else {
+        Grade::Warn
+    };
+    let why = need_words(need);
+    if free_short {
+        found.shm_short = true;
+        found.add(
+            severity,
+            if need.enforced {
+                ProblemKind::ShmTooSmall
+            } else {
+                ProblemKind::ShmSmallForGpus
+            },
+            text::preflight_shm_too_small(
+                &shm.path,
+                shm.free_bytes,
+                shm.size_bytes,
+                shm.used_bytes,
+                &why,
+                need.bytes,
+            ),
+        );
+    }
+    if headroom_short {
+        found.mem_short = true;
+        found.add(
+            severity,
+            ProblemKind::MemoryTooSmall,
+            text::preflight_memory_too_small(
+                memory.headroom_bytes,
+                memory.limit_bytes,
+                memory.usage_bytes,
+                &why,
+                need.bytes,
+                &shm.path,
+            ),
+        );
+    }
+    if available.is_none() && need.enforced {
+        found.add(
+            Grade::Unknown,
+            ProblemKind::ShmUnboundedUnknown,
+            text::preflight_unbounded_unknown(&shm.path, need.bytes),
+        );
+    }
+    if need.enforced && !memory.visible {
+        found.add(
+            Grade::Warn,
+            ProblemKind::MemoryUnknown,
+            text::preflight_memory_unknown(memory.note.as_deref()),
+        );
+    }
+}
+
+/// A tmpfs larger than the memory limit: its size is an illusion (told once: not when the
+/// need already found the headroom short).
+fn memory_below_shm_size(found: &mut Found, shm: &ShmObs, memory: &MemObs) {
+    if let (Some(size), Some(limit)) = (shm.size_bytes, memory.limit_bytes) {
+        if shm.state == ShmState::Mounted && limit < size && !found.mem_short {
+            found.add(
+                Grade::Warn,
+                ProblemKind::MemoryBelowShmSize,
+                text::preflight_memory_below_shm_size(
+                    &shm.path,
+                    size,
+                    limit,
+                    memory.headroom_bytes.unwrap_or(limit),
+                ),
+            );
+        }
+    }
+}
+
+/// GPUs: NVML, the selecting variable, the pair probe, and the pairs among the visible ones.
+fn gpu_problems(found: &mut Found, gpus: &GpuObs) {
+    match &gpus.nvml {
+        NvmlState::Unavailable(reason) if gpus.explicit_lib => found.add(
+            Grade::Unknown,
+            ProblemKind::NvmlUnavailable,
+            text::preflight_nvml_unavailable(reason),
+        ),
+        NvmlState::Unavailable(reason) => {
+            if let Some(evidence) = &gpus.evidence {
+                found.add(
+                    Grade::Warn,
+                    ProblemKind::GpuHealthUnknown,
+                    text::preflight_gpu_health_unknown(evidence, reason),
+                );
+            }
+        }
+        _ => {}
+    }
+    if !gpus.unmatched.is_empty() {
+        let var = match gpus.selected_by {
+            SelectorSource::CudaVisibleDevices => "CUDA_VISIBLE_DEVICES",
+            _ => "NVIDIA_VISIBLE_DEVICES",
+        };
+        found.add(
+            Grade::Warn,
+            ProblemKind::GpuNotFound,
+            text::preflight_gpu_not_found(
+                var,
+                &gpus.unmatched,
+                gpus.selected_by == SelectorSource::CudaVisibleDevices,
+            ),
+        );
+    }
+    if let Some(e) = &gpus.probe_error {
+        found.add(
+            Grade::Unknown,
+            ProblemKind::P2pProbeUnavailable,
+            text::preflight_probe_unavailable(e),
+        );
+    }
+    let ordinal = |i: u32| {
+        gpus.visible
+            .iter()
+            .find(|g| g.index == i)
+            .map_or(0, |g| g.cuda_ordinal)
+    };
+    for pair in gpus.pairs.iter().filter(|p| p.status != PairStatus::Ok) {
+        found.add(
+            Grade::Fail,
+            ProblemKind::GpuPair,
+            text::preflight_gpu_pair(
+                pair.gpu,
+                pair.peer_gpu,
+                (ordinal(pair.gpu), ordinal(pair.peer_gpu)),
+                text::pair_status(pair.status),
+                &pair.reasons,
+            ),
+        );
     }
 }
 

@@ -186,8 +186,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("dev")).unwrap();
         std::os::unix::fs::symlink("/", dir.path().join("dev/shm")).unwrap();
-        let root =
-            rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let root = tmp_root(&dir);
         assert!(matches!(
             open_beneath(&root, "dev/shm"),
             Err(OpenShmError::Symlink)
@@ -198,8 +197,7 @@ mod tests {
     fn a_symlinked_parent_directory_is_refused_too() {
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/", dir.path().join("dev")).unwrap();
-        let root =
-            rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let root = tmp_root(&dir);
         assert!(matches!(
             open_beneath(&root, "dev/shm"),
             Err(OpenShmError::Symlink)
@@ -210,8 +208,7 @@ mod tests {
     fn dot_dot_cannot_climb_out_of_the_root() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("dev/shm")).unwrap();
-        let root =
-            rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let root = tmp_root(&dir);
         // RESOLVE_IN_ROOT clamps ".." at the root, so this is the root's own dev/shm.
         let fd = open_beneath(&root, "../../../../dev/shm").unwrap();
         let inner = rustix::fs::fstat(&fd).unwrap();
@@ -225,8 +222,7 @@ mod tests {
     #[test]
     fn a_missing_dev_shm_is_absent_not_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let root =
-            rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let root = tmp_root(&dir);
         assert!(matches!(
             open_beneath(&root, "dev/shm"),
             Err(OpenShmError::Absent(_))

@@ -20,14 +20,44 @@ mod preflight;
 mod probe;
 mod shm;
 
-pub use conditions::*;
-pub use failures::*;
-pub use gpu::*;
-pub use ipc::*;
-pub use pairs::*;
-pub use preflight::*;
-pub use probe::*;
-pub use shm::*;
+pub use conditions::{
+    fault_gpu_lost, gpu_fault, gpu_health_unknown, no_gpu_fault, no_gpus, pairs_failing,
+    pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
+};
+pub use failures::{
+    gpu_job_crashed, nccl_p2p_disabled, shm_allocation_failed, shm_bus_error, shm_oom_killed,
+    told_by_workload, workload_bus_error, workload_oom_killed, JobGpus,
+};
+pub use gpu::{
+    all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,
+    gpu_fails_with_all, gpu_links_recovered, gpu_lost, gpu_not_in_nvml, gpu_pcie_degraded,
+    gpu_pcie_errors, gpu_recovery_action, link_errors, nvml_load_failed, nvml_not_loading,
+    nvml_unavailable, pair_fails, pcie_acs_enabled, reason_acs, xid, xid_advice,
+    DEV_NVIDIA0_EXISTS,
+};
+pub use ipc::{
+    cuda_ipc_denied, fd_limit_reached, gpu_peer_access_refused, imex_channel_missing, shm_fallback,
+    shm_not_shared, shm_unavailable,
+};
+pub use pairs::{
+    fabric_problem, growth, growth_at_rate, link_growth, p2p_failing, reason_ber,
+    reason_counter_growth, reason_crc_rate, reason_fabric, reason_gpu_lost, reason_link_inactive,
+    reason_nvlink5_count, reason_nvlink5_rate, reason_p2p_lost, reason_p2p_nvlink_unlike_peers,
+    reason_p2p_unlike_peers, reason_recovery_drains_p2p, reason_switch_links_down,
+    reason_switch_links_some_down, some_reasons,
+};
+pub use preflight::{
+    preflight_gpu_health_unknown, preflight_gpu_not_found, preflight_gpu_pair,
+    preflight_memory_below_shm_size, preflight_memory_too_small, preflight_memory_unknown,
+    preflight_nvml_unavailable, preflight_probe_unavailable, preflight_shm_absent,
+    preflight_shm_not_mounted, preflight_shm_not_tmpfs, preflight_shm_too_small,
+    preflight_shm_unreadable, preflight_unbounded_unknown,
+};
+pub use probe::{
+    probe_copy_error, probe_corrupted, probe_crashed, probe_hung, probe_peer_refused, probe_slow,
+    probe_slow_among_like, probe_table, reason_probe,
+};
+pub use shm::{shm_full, shm_leftovers, shm_runtime_default, shm_unmeasured, SHM_FIX_KUBERNETES};
 
 use std::time::Duration;
 

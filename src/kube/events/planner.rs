@@ -97,8 +97,21 @@ impl EventPlanner {
         now: Instant,
     ) -> Vec<EventMsg> {
         let conditions = self.conditions(snapshot, pods, holders);
-
         let mut out = Vec::new();
+        let seen = self.publish_conditions(conditions, now, &mut out);
+        self.end_conditions(&seen, pods, &mut out);
+        self.expire_failures(now, &mut out);
+        out
+    }
+
+    /// An Event for each condition not yet published, or published more than a heartbeat ago
+    /// (or wanting to be told again); the conditions seen, each once.
+    fn publish_conditions(
+        &mut self,
+        conditions: Vec<Condition>,
+        now: Instant,
+        out: &mut Vec<EventMsg>,
+    ) -> HashSet<ConditionKey> {
         let mut seen = HashSet::new();
         for c in conditions {
             if !seen.insert(c.key.clone()) {
@@ -131,9 +144,17 @@ impl EventPlanner {
                 note: truncate(c.note),
             })));
         }
+        seen
+    }
 
-        // Conditions that ended: forget them; a GPU link one that left no other behind on its
-        // subject is a recovery.
+    /// Conditions that ended: forget them; a GPU link one that left no other behind on its
+    /// subject is a recovery.
+    fn end_conditions(
+        &mut self,
+        seen: &HashSet<ConditionKey>,
+        pods: Option<&PodIndex>,
+        out: &mut Vec<EventMsg>,
+    ) {
         let ended: Vec<ConditionKey> = self
             .active
             .keys()
@@ -168,8 +189,6 @@ impl EventPlanner {
                 out.push(EventMsg::Ended(id));
             }
         }
-        self.expire_failures(now, &mut out);
-        out
     }
 
     /// The Events for workload failures as they are told (between scans): each on its Pod, a

@@ -146,80 +146,120 @@ async fn publish_loop(
     settings: PublishSettings,
     shared: Arc<Shared>,
 ) {
-    let mut node_uid: Option<String> = None;
-    let mut failing = false;
-    loop {
-        let (next, closed) = {
-            let mut pending = shared.pending();
-            (pending.take(), pending.is_closed())
-        };
-        let mut call = match next {
-            Some(call) => call,
-            None if closed => return,
-            // A send between the lock and here leaves a permit: no wake-up is lost.
-            None => {
-                shared.wake.notified().await;
-                continue;
-            }
-        };
-        let mut backoff = settings.backoff_start;
+    let mut publisher = Publisher {
+        client,
+        node,
+        metrics,
+        settings,
+        shared,
+        node_uid: None,
+        failing: false,
+    };
+    while let Some(call) = publisher.next_call().await {
+        publisher.publish(call).await;
+        tokio::time::sleep(publisher.settings.min_gap).await;
+    }
+}
+
+/// The task's state between calls.
+struct Publisher {
+    client: Client,
+    node: String,
+    metrics: Arc<Metrics>,
+    settings: PublishSettings,
+    shared: Arc<Shared>,
+    /// The Node's UID, for the Events that regard it (asked for once it is needed).
+    node_uid: Option<String>,
+    /// Whether the last call failed and was retried: the failure and the recovery are logged
+    /// once each.
+    failing: bool,
+}
+
+impl Publisher {
+    /// The next call, waiting for one; `None` once every queue is dropped and nothing is left.
+    async fn next_call(&self) -> Option<Call> {
         loop {
-            if node_uid.is_none() && call.spec.regarding.kind.as_deref() == Some("Node") {
-                let nodes = Api::<Node>::all(client.clone());
-                let get = nodes.get_opt(&node);
-                node_uid = tokio::time::timeout(settings.request_timeout, get)
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .flatten()
-                    .and_then(|n| n.metadata.uid);
+            let (next, closed) = {
+                let mut pending = self.shared.pending();
+                (pending.take(), pending.is_closed())
+            };
+            match next {
+                Some(call) => return Some(call),
+                None if closed => return None,
+                // A send between the lock and here leaves a permit: no wake-up is lost.
+                None => self.shared.wake.notified().await,
             }
-            let publish = publish_one(&client, &node, node_uid.as_deref(), &call);
-            let outcome = tokio::time::timeout(settings.request_timeout, publish)
+        }
+    }
+
+    /// One call until it is done or rejected, retried with backoff while the API server fails.
+    async fn publish(&mut self, mut call: Call) {
+        let mut backoff = self.settings.backoff_start;
+        loop {
+            self.learn_node_uid(&call).await;
+            let publish = publish_one(&self.client, &self.node, self.node_uid.as_deref(), &call);
+            let outcome = tokio::time::timeout(self.settings.request_timeout, publish)
                 .await
                 .unwrap_or_else(|_| {
                     Outcome::Retry(format!(
                         "no answer from the API server within {:?}",
-                        settings.request_timeout
+                        self.settings.request_timeout
                     ))
                 });
             match outcome {
-                Outcome::Done(finished) => {
-                    if failing {
-                        tracing::info!("publishing Events again");
-                        failing = false;
-                    }
-                    if finished != Finished::Gone {
-                        metrics.count_kube_event(call.spec.reason.as_str());
-                    }
-                    shared.pending().finish(finished);
-                    break;
-                }
-                Outcome::Rejected(e) => {
-                    tracing::warn!(
-                        reason = call.spec.reason.as_str(),
-                        "Event rejected, dropped: {e}"
-                    );
-                    metrics.kube_events_dropped.inc();
-                    shared.pending().finish(Finished::Rejected);
-                    break;
-                }
+                Outcome::Done(finished) => return self.done(&call, finished),
+                Outcome::Rejected(e) => return self.rejected(&call, e),
                 Outcome::Retry(e) => {
-                    if !failing {
+                    if !self.failing {
                         tracing::warn!("publishing Events failed, retrying with backoff: {e}");
-                        failing = true;
+                        self.failing = true;
                     }
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(settings.backoff_max);
+                    backoff = (backoff * 2).min(self.settings.backoff_max);
                     // The same Event again, with its repeats sent meanwhile.
-                    match shared.pending().retry() {
+                    match self.shared.pending().retry() {
                         Some(again) => call = again,
-                        None => break,
+                        None => return,
                     }
                 }
             }
         }
-        tokio::time::sleep(settings.min_gap).await;
+    }
+
+    /// The Node's UID, asked for before the first Event that regards the Node (a failure leaves
+    /// it unknown, asked again next time).
+    async fn learn_node_uid(&mut self, call: &Call) {
+        if self.node_uid.is_some() || call.spec.regarding.kind.as_deref() != Some("Node") {
+            return;
+        }
+        let nodes = Api::<Node>::all(self.client.clone());
+        let get = nodes.get_opt(&self.node);
+        self.node_uid = tokio::time::timeout(self.settings.request_timeout, get)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+            .and_then(|n| n.metadata.uid);
+    }
+
+    fn done(&mut self, call: &Call, finished: Finished) {
+        if self.failing {
+            tracing::info!("publishing Events again");
+            self.failing = false;
+        }
+        if finished != Finished::Gone {
+            self.metrics.count_kube_event(call.spec.reason.as_str());
+        }
+        self.shared.pending().finish(finished);
+    }
+
+    fn rejected(&self, call: &Call, e: kube::Error) {
+        tracing::warn!(
+            reason = call.spec.reason.as_str(),
+            "Event rejected, dropped: {e}"
+        );
+        self.metrics.kube_events_dropped.inc();
+        self.shared.pending().finish(Finished::Rejected);
     }
 }
 

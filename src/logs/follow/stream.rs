@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::logs::cri::CriJoiner;
-use crate::logs::docker::DockerJoiner;
+use crate::logs::json_file::DockerJoiner;
 use crate::logs::{Bucket, Entry, Gate, LogOrigin, Pushed};
 
 use super::handle::{Handle, Pass};

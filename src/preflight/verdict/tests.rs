@@ -1,18 +1,53 @@
 use super::*;
 use crate::fixtures::pair;
-use crate::fixtures::preflight::{gpu7_broken, gpus, memory, mounted, no_gpus, private_ipc};
+use crate::fixtures::preflight::{
+    gpu7_broken, gpus, memory, mounted, no_gpus, private_ipc, unmeasured,
+};
 use crate::units::{GIB, MIB};
+
+/// One test's observations, judged with [`judge`].
+struct Case {
+    runs_in: RunsIn,
+    shm: ShmObs,
+    memory: MemObs,
+    ipc: IpcObs,
+    gpus: GpuObs,
+    need: NeedSpec,
+}
+
+/// A Docker container with a 2 GiB tmpfs, no memory limit, its own IPC namespace, no GPUs and
+/// no need given.
+fn case() -> Case {
+    Case {
+        runs_in: RunsIn::Docker,
+        shm: mounted(2 * GIB, 0),
+        memory: memory(None, 0),
+        ipc: private_ipc(),
+        gpus: no_gpus(),
+        need: NeedSpec::Unspecified,
+    }
+}
+
+impl Case {
+    fn judge(self) -> Report {
+        judge(
+            self.runs_in,
+            self.shm,
+            self.memory,
+            self.ipc,
+            self.gpus,
+            self.need,
+        )
+    }
+}
 
 #[test]
 fn a_big_tmpfs_passes_and_prints_no_fix() {
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        no_gpus(),
-        NeedSpec::MinShm(GIB),
-    );
+    let r = Case {
+        need: NeedSpec::MinShm(GIB),
+        ..case()
+    }
+    .judge();
     assert_eq!((r.verdict, r.exit_code), (Verdict::Fit, 0));
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     assert_eq!(r.fix, None);
@@ -20,14 +55,12 @@ fn a_big_tmpfs_passes_and_prints_no_fix() {
 
 #[test]
 fn a_memory_limit_below_the_tmpfs_is_what_fails_and_what_the_fix_raises() {
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(Some(256 * MIB), 16 * MIB),
-        private_ipc(),
-        no_gpus(),
-        NeedSpec::MinShm(GIB),
-    );
+    let r = Case {
+        memory: memory(Some(256 * MIB), 16 * MIB),
+        need: NeedSpec::MinShm(GIB),
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::NotFit);
     assert_eq!(r.available_bytes, Some(240 * MIB));
     let kinds: Vec<_> = r.problems.iter().map(|p| p.kind).collect();
@@ -35,14 +68,11 @@ fn a_memory_limit_below_the_tmpfs_is_what_fails_and_what_the_fix_raises() {
     let fix = r.fix.as_deref().unwrap();
     assert!(fix.contains("--memory=1280m"), "{fix}");
     // Without a need it is a warning: the tmpfs size is an illusion, but nothing asked for it.
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(Some(256 * MIB), 16 * MIB),
-        private_ipc(),
-        no_gpus(),
-        NeedSpec::Unspecified,
-    );
+    let r = Case {
+        memory: memory(Some(256 * MIB), 16 * MIB),
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::Fit);
     assert_eq!(r.problems[0].kind, ProblemKind::MemoryBelowShmSize);
 }
@@ -50,14 +80,13 @@ fn a_memory_limit_below_the_tmpfs_is_what_fails_and_what_the_fix_raises() {
 #[test]
 fn gpus_without_a_need_warn_below_1gi_but_pass() {
     let pairs = vec![pair(0, 1, PairStatus::Ok)];
-    let r = judge(
-        RunsIn::Kubernetes,
-        mounted(64 * MIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        gpus(&[0, 1], &pairs, 2),
-        NeedSpec::Unspecified,
-    );
+    let r = Case {
+        runs_in: RunsIn::Kubernetes,
+        shm: mounted(64 * MIB, 0),
+        gpus: gpus(&[0, 1], &pairs, 2),
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::Fit);
     assert_eq!(r.problems.len(), 1);
     assert_eq!(r.problems[0].severity, Grade::Warn);
@@ -68,14 +97,12 @@ fn gpus_without_a_need_warn_below_1gi_but_pass() {
 #[test]
 fn a_broken_pair_among_the_visible_gpus_fails_naming_it_and_others_pass() {
     let all = gpu7_broken();
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        gpus(&[6, 7], &all, 8),
-        NeedSpec::MinShm(GIB),
-    );
+    let r = Case {
+        gpus: gpus(&[6, 7], &all, 8),
+        need: NeedSpec::MinShm(GIB),
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::NotFit);
     let p = r
         .problems
@@ -91,102 +118,74 @@ fn a_broken_pair_among_the_visible_gpus_fails_naming_it_and_others_pass() {
     let fix = r.fix.unwrap();
     assert!(fix.contains("Avoid GPU 7"), "{fix}");
     assert!(fix.contains("--gpus '\"device=0,1\"'"), "{fix}");
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        gpus(&[0, 1], &all, 8),
-        NeedSpec::MinShm(GIB),
-    );
+    let r = Case {
+        gpus: gpus(&[0, 1], &all, 8),
+        need: NeedSpec::MinShm(GIB),
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::Fit, "{:?}", r.problems);
-    let r = judge(
-        RunsIn::Kubernetes,
-        mounted(2 * GIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        gpus(&[6, 7], &all, 8),
-        NeedSpec::Unspecified,
-    );
+    let r = Case {
+        runs_in: RunsIn::Kubernetes,
+        gpus: gpus(&[6, 7], &all, 8),
+        ..case()
+    }
+    .judge();
     assert!(r.fix.unwrap().contains("kubectl cordon"));
 }
 
 #[test]
 fn what_cannot_be_measured_exits_2_unless_something_already_fails() {
     let unreadable = ShmObs {
-        state: ShmState::Unreadable,
         error: Some("Permission denied".into()),
-        size_bytes: None,
-        used_bytes: None,
-        free_bytes: None,
-        ..mounted(0, 0)
+        ..unmeasured(ShmState::Unreadable)
     };
-    let r = judge(
-        RunsIn::Docker,
-        unreadable,
-        memory(None, 0),
-        private_ipc(),
-        no_gpus(),
-        NeedSpec::MinShm(GIB),
-    );
+    let r = Case {
+        shm: unreadable,
+        need: NeedSpec::MinShm(GIB),
+        ..case()
+    }
+    .judge();
     assert_eq!((r.verdict, r.exit_code), (Verdict::Unknown, 2));
     let mut g = no_gpus();
     g.nvml = NvmlState::Unavailable("loading NVML from /x.so: not found".into());
     g.explicit_lib = true;
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        g.clone(),
-        NeedSpec::Unspecified,
-    );
+    let r = Case {
+        gpus: g.clone(),
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::Unknown);
     // Not asked for by name and no sign of a GPU: a machine without GPUs, fine.
     g.explicit_lib = false;
-    let r = judge(
-        RunsIn::Docker,
-        mounted(2 * GIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        g,
-        NeedSpec::Unspecified,
-    );
+    let r = Case { gpus: g, ..case() }.judge();
     assert_eq!(r.verdict, Verdict::Fit);
 }
 
 #[test]
 fn no_dev_shm_at_all_fails() {
     let absent = ShmObs {
-        state: ShmState::Absent,
         fs_type: None,
-        size_bytes: None,
-        used_bytes: None,
-        free_bytes: None,
-        ..mounted(0, 0)
+        ..unmeasured(ShmState::Absent)
     };
-    let r = judge(
-        RunsIn::Kubernetes,
-        absent,
-        memory(None, 0),
-        private_ipc(),
-        no_gpus(),
-        NeedSpec::Unspecified,
-    );
+    let r = Case {
+        runs_in: RunsIn::Kubernetes,
+        shm: absent,
+        ..case()
+    }
+    .judge();
     assert_eq!(r.verdict, Verdict::NotFit);
     assert!(r.fix.unwrap().contains("sizeLimit: 1Gi"));
 }
 
 #[test]
 fn the_json_report_has_the_documented_top_level_fields() {
-    let r = judge(
-        RunsIn::Docker,
-        mounted(64 * MIB, 0),
-        memory(None, 0),
-        private_ipc(),
-        no_gpus(),
-        NeedSpec::MinShm(GIB),
-    );
+    let r = Case {
+        shm: mounted(64 * MIB, 0),
+        need: NeedSpec::MinShm(GIB),
+        ..case()
+    }
+    .judge();
     let v = serde_json::to_value(&r).unwrap();
     for key in [
         "verdict",

@@ -1,0 +1,178 @@
+//! The walk of the memory cgroup hierarchy: each cgroup directory opened relative to its
+//! parent, its subdirectories queued, its first live process and that process's namespaces.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+
+use rustix::fs::{Mode, OFlags, RawDir};
+
+use super::{is_vanished, ShmScan, ShmScanner};
+use crate::host::{parse_ns_link, NsId};
+
+/// How many of a cgroup's processes to try before giving up on it (they may all be exiting).
+const PIDS_TO_TRY: usize = 8;
+/// How much of cgroup.procs is read: one read, enough for [`PIDS_TO_TRY`] PIDs many times over.
+const PROCS_HEAD: usize = 1024;
+
+/// A cgroup still to visit: its parent's open directory, its path relative to the hierarchy
+/// (`/kubepods/burstable/pod<uid>/<id>`), the mount namespace of the nearest container above.
+pub(super) struct Pending {
+    pub(super) parent: Rc<OwnedFd>,
+    pub(super) rel: String,
+    pub(super) outer: Option<NsId>,
+}
+
+impl ShmScanner {
+    /// Opens a cgroup's directory, relative to its parent's when given (a one-name lookup);
+    /// `None` when it is gone (or unreadable: counted).
+    pub(super) fn open_cgroup(
+        &mut self,
+        parent: Option<&OwnedFd>,
+        rel: &str,
+        out: &mut ShmScan,
+    ) -> Option<OwnedFd> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let opened = match parent {
+            Some(parent) => {
+                let name = rel.rsplit('/').next().unwrap_or_default();
+                rustix::fs::openat(parent, name, flags, Mode::empty())
+            }
+            None => rustix::fs::open(&self.hierarchy, flags, Mode::empty()),
+        };
+        match opened {
+            Ok(dir) => Some(dir),
+            Err(e) => {
+                let e = io::Error::from(e);
+                if !is_vanished(&e) {
+                    let path = self.hierarchy.join(rel.trim_start_matches('/'));
+                    self.error(out, "readdir", &path.display().to_string(), &e);
+                }
+                None
+            }
+        }
+    }
+
+    /// Queues the subdirectories of `dir`. They share one handle on `dir` (closed when the
+    /// last of them is opened): the handles open at once are bounded by the tree's depth.
+    pub(super) fn push_children(
+        &mut self,
+        dir: &Rc<OwnedFd>,
+        rel: &str,
+        outer: Option<NsId>,
+        stack: &mut Vec<Pending>,
+        out: &mut ShmScan,
+    ) {
+        let mut entries = RawDir::new(dir.as_fd(), &mut self.dirents);
+        let mut failed = None;
+        while let Some(entry) = entries.next() {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    failed = Some(io::Error::from(e));
+                    break;
+                }
+            };
+            let is_dir = match entry.file_type() {
+                rustix::fs::FileType::Directory => true,
+                // A file system that does not fill in d_type: ask, as std's read_dir would.
+                rustix::fs::FileType::Unknown => rustix::fs::statat(
+                    dir,
+                    entry.file_name(),
+                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_ok_and(|st| {
+                    rustix::fs::FileType::from_raw_mode(st.st_mode)
+                        == rustix::fs::FileType::Directory
+                }),
+                _ => false,
+            };
+            let name = entry.file_name().to_bytes();
+            if !is_dir || name == b"." || name == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                continue;
+            };
+            stack.push(Pending {
+                parent: dir.clone(),
+                rel: format!("{rel}/{name}"),
+                outer,
+            });
+        }
+        if let Some(e) = failed.filter(|e| !is_vanished(e)) {
+            let path = self.hierarchy.join(rel.trim_start_matches('/'));
+            self.error(out, "readdir", &path.display().to_string(), &e);
+        }
+    }
+
+    /// The first live process of a cgroup and its mount namespace.
+    pub(super) fn first_process(
+        &mut self,
+        dir: &OwnedFd,
+        rel: &str,
+        out: &mut ShmScan,
+    ) -> Option<(i32, NsId)> {
+        let mut pids = [0i32; PIDS_TO_TRY];
+        let mut n = 0;
+        match self.files.read_head(dir, "cgroup.procs", PROCS_HEAD) {
+            Ok(procs) => {
+                // A read that filled the buffer may end in a cut-off PID: whole lines only.
+                let whole = if procs.len() < PROCS_HEAD {
+                    procs
+                } else {
+                    procs
+                        .iter()
+                        .rposition(|&b| b == b'\n')
+                        .map_or(&[][..], |end| &procs[..end])
+                };
+                for line in whole.split(|&b| b == b'\n') {
+                    let pid = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|l| l.trim().parse::<i32>().ok());
+                    if let Some(pid) = pid {
+                        pids[n] = pid;
+                        n += 1;
+                        if n == PIDS_TO_TRY {
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) if is_vanished(&e) => return None,
+            Err(e) => {
+                self.error(out, "cgroup.procs", rel, &e);
+                return None;
+            }
+        }
+        for &pid in &pids[..n] {
+            match self.ns_of(pid, "mnt") {
+                Ok(ns) => return Some((pid, ns)),
+                Err(e) if is_vanished(&e) => continue,
+                Err(e) => {
+                    self.error(out, "ns/mnt", rel, &e);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// /proc/PID/ns/<kind>, as [`crate::host::read_ns`] reads it but without allocating: the
+    /// path is written into a reused buffer, the link read into one on the stack.
+    pub(super) fn ns_of(&mut self, pid: i32, kind: &str) -> io::Result<NsId> {
+        use std::io::Write as _;
+        use std::os::unix::ffi::OsStrExt as _;
+        self.path.clear();
+        self.path
+            .extend_from_slice(self.proc_root.as_os_str().as_bytes());
+        write!(self.path, "/{pid}/ns/{kind}")?;
+        let mut buf = [MaybeUninit::<u8>::uninit(); 64];
+        let (link, _) = rustix::fs::readlinkat_raw(rustix::fs::CWD, &self.path[..], &mut buf)?;
+        std::str::from_utf8(link)
+            .ok()
+            .and_then(parse_ns_link)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "odd namespace link"))
+    }
+}
