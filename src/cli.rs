@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::findings::{SHM_CRITICAL_RATIO, SHM_WARN_RATIO};
 use crate::model::{BUS_ERROR_SHM_RATIO, SHM_OOM_SHARE};
+use crate::shm::status::{SHM_CRITICAL_RATIO, SHM_WARN_RATIO};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -395,11 +395,11 @@ mod tests {
             crate::model::DeathRules::default().bus_error_shm_ratio
         );
         assert_eq!(
-            crate::findings::Thresholds::new(
+            crate::shm::status::Thresholds::new(
                 s.common.thresholds.shm_warn_ratio,
                 s.common.thresholds.shm_critical_ratio
             ),
-            Ok(crate::findings::Thresholds::default())
+            Ok(crate::shm::status::Thresholds::default())
         );
     }
 

@@ -10,7 +10,6 @@ pub mod check;
 pub mod cli;
 pub mod docker_records;
 pub mod failures;
-pub mod findings;
 #[cfg(any(test, feature = "fixtures"))]
 #[doc(hidden)]
 pub mod fixtures;
@@ -28,4 +27,5 @@ pub mod report;
 pub mod scan;
 pub mod server;
 pub mod shm;
+pub mod text;
 pub mod units;

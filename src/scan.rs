@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::docker_records::DockerNames;
-use crate::findings::{shm_findings, Thresholds};
 use crate::gpu::collector::GpuCollector;
 use crate::gpu::pairs::PairRules;
 use crate::host::{HostError, HostPaths};
@@ -14,6 +13,7 @@ use crate::kube::pods::PodIndex;
 use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
 use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
+use crate::shm::status::{shm_findings, Thresholds};
 use crate::shm::ShmScanner;
 
 /// What a scan looks at and how it judges, whichever command runs it.

@@ -42,13 +42,13 @@ use arc_swap::ArcSwapOption;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use serde_json::{json, Value};
 
-use shmlink::findings::Thresholds;
 use shmlink::gpu::collector::GpuCollector;
 use shmlink::gpu::nvml::NvmlGpus;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::metrics::Metrics;
 use shmlink::scan::Scanner;
+use shmlink::shm::status::Thresholds;
 
 type Error = Box<dyn std::error::Error>;
 

@@ -4,6 +4,7 @@
 //! - `cluster.rs`: the Kubernetes side (Pods, GPU holders, Events, Node conditions);
 //! - `scan_loop.rs`: the scan thread, the only writer of the shared snapshot.
 
+mod changes;
 mod cluster;
 mod scan_loop;
 
@@ -25,7 +26,6 @@ use crate::failures::ledger::Ledger;
 use crate::failures::oom_counters::OomCounters;
 use crate::failures::sources::{self, Follow};
 use crate::failures::{Mode, Pipeline, Sources};
-use crate::findings::changes::FindingChanges;
 use crate::gpu::xid::kernel::KernelXids;
 use crate::host::HostError;
 use crate::kube::{self as k8s, KubeError};
@@ -33,6 +33,7 @@ use crate::metrics::{Metrics, SharedSnapshot};
 use crate::probe::ProbeOptions;
 use crate::scan::{ScanSettings, Scanner, ServeScan};
 use crate::server::{self, AppState, Health};
+use changes::FindingChanges;
 
 /// How often a container's /dev/shm is sampled between scans while it is half full or growing.
 pub const PEAK_PERIOD: Duration = Duration::from_millis(200);

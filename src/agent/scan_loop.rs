@@ -6,10 +6,10 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::changes::{Changed, FindingChanges};
 use super::cluster::KubeView;
 use crate::failures::ledger::Ledger;
 use crate::failures::sources::Followed;
-use crate::findings::changes::{Changed, FindingChanges};
 use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
 use crate::metrics::{Metrics, SharedSnapshot};
 use crate::model::Failure;

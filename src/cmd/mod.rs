@@ -14,12 +14,12 @@ use tracing_subscriber::EnvFilter;
 
 use shmlink::cli::{CommonArgs, CudaArgs, FailureSourceArgs, LogFormat, LogLevel};
 use shmlink::failures::Sources;
-use shmlink::findings::Thresholds;
 use shmlink::gpu::pairs::PairRules;
 use shmlink::host::HostPaths;
 use shmlink::model::DeathRules;
 use shmlink::probe::ProbeOptions;
 use shmlink::scan::ScanSettings;
+use shmlink::shm::status::Thresholds;
 
 fn host_paths(common: &CommonArgs) -> HostPaths {
     HostPaths {

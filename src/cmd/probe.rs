@@ -36,7 +36,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         write!(
             stdout,
             "{}",
-            shmlink::findings::text::probe_table(&report.pairs, &report.culprits, probed.took)
+            shmlink::text::probe_table(&report.pairs, &report.culprits, probed.took)
         )?;
     }
     stdout.flush()?;

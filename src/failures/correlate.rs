@@ -4,7 +4,6 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use super::detect::shm_share_at_least;
-use crate::findings::{on_runtime_default, text};
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
@@ -13,6 +12,8 @@ use crate::model::{
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
+use crate::shm::status::on_runtime_default;
+use crate::text;
 
 /// What the agent knew when the failure was told.
 #[derive(Clone, Copy)]
@@ -102,7 +103,7 @@ fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
         .collect()
 }
 
-/// What a person is told of the failure, judged `kind`: the words are `findings::text`'s.
+/// What a person is told of the failure, judged `kind`: the words are `text`'s.
 fn message(
     d: &Detected,
     kind: FindingKind,

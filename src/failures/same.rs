@@ -13,8 +13,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use crate::findings::text;
 use crate::model::{Failure, FailureSource, FindingKind};
+use crate::text;
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
 /// kill, kubelet's `finishedAt` when the runtime saw the exit, a log line when it was written.

@@ -11,9 +11,9 @@ use super::nvml::NvmlGpus;
 use super::pairs::{PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
-use crate::findings::text;
 use crate::model::{Blame, GpuReading, GpuUsers, PairProbe, PairVerdict};
 use crate::model::{Finding, FindingKind, Subject};
+use crate::text;
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
 /// after the agent.
 const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);

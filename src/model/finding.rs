@@ -1,5 +1,5 @@
 //! What a person should act on: a typed [`Finding`] (what kind, about what, how bad). The
-//! words for it are `findings::text`'s.
+//! words for it are `text`'s.
 
 use std::fmt;
 

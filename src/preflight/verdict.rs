@@ -9,8 +9,8 @@ use super::observe::{
     effective_available, GpuObs, IpcObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState,
 };
 pub use super::problem::{Grade, Problem, ProblemKind};
-use crate::findings::text;
 use crate::model::PairStatus;
+use crate::text;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

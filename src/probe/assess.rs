@@ -17,10 +17,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Outcome, Probed};
-use crate::findings::text;
 use crate::gpu::blame::{self, PairOutcome};
 use crate::gpu::pci::same_pci_device;
 use crate::model::{GpuSample, P2pStatus, PairProbe, Peer, ProbeStatus};
+use crate::text;
 
 /// What the probe found, by NVML index.
 #[derive(Debug, Clone, PartialEq)]

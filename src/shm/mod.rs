@@ -11,6 +11,7 @@ mod look;
 mod mounts;
 pub mod peak;
 pub mod statfs;
+pub mod status;
 mod walk;
 
 use std::collections::{HashMap, HashSet};

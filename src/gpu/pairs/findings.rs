@@ -8,10 +8,10 @@ use super::board::Board;
 use super::reasons::Judged;
 use super::rules::window::Notice;
 use super::PairRules;
-use crate::findings::text;
 use crate::gpu::blame::{blame, PairOutcome};
 use crate::model::{Blame, SuspectBy, Weight};
 use crate::model::{Finding, FindingKind, Severity, Subject};
+use crate::text;
 
 /// The findings, and which GPUs they blame.
 pub(super) fn findings(

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::catalogue;
-use crate::findings::text;
 use crate::model::{Finding, FindingKind, Subject, XidCount};
+use crate::text;
 
 /// How long after its last increase an XID stays a finding (and one Event series).
 pub const XID_LASTS: Duration = Duration::from_secs(600);

@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
-use crate::findings::text::{self, ConditionReason};
 use crate::gpu::pci::not_in_nvml;
 use crate::gpu::xid::{catalogue, FatalXids};
 use crate::model::Snapshot;
 use crate::model::{Blame, PairStatus, PairVerdict, RecoveryAction};
+use crate::text::{self, ConditionReason};
 
 /// Decides the conditions; remembers fatal XIDs for `hold`.
 #[derive(Debug)]

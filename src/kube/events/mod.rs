@@ -6,7 +6,7 @@
 //! is forgotten, so a recurrence is a new Event. Levels are separate reasons (ShmNearlyFull,
 //! ShmExhausted; GpuLinkDegraded, GpuLinkDown), so a change of severity is a new Event too. The
 //! reason comes from the finding's kind, the Pods and GPUs from its typed subject, the note is
-//! its message (`findings::text`).
+//! its message (`text`).
 //!
 //! [`EventQueue`] (`publisher.rs`) carries them to a task that publishes them, one call at a
 //! time, rate-limited, retried with backoff while the API server is away. What waits is kept in

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{pod_ref, EventMsg, EventSpec, EventType, GpuHolders};
-use crate::findings::text;
 use crate::kube::pods::PodIndex;
 use crate::model::Snapshot;
 use crate::model::{cut, Failure};
 use crate::model::{EventReason, Finding, Subject};
+use crate::text;
 
 /// The Events API's limit on a note.
 pub(super) const NOTE_MAX: usize = 1024;

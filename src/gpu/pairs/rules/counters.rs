@@ -6,11 +6,11 @@ use std::time::Instant;
 use super::window::{
     affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading, Window,
 };
-use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
 use crate::model::{GpuReading, LinkErrors, LinkReading, Weight};
+use crate::text;
 
 pub(crate) type CounterHistory = LinkWindows<LinkErrors>;
 

@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::RecoveryAction;
 use crate::model::Weight;
 use crate::model::{Finding, FindingKind, Subject};
+use crate::text;
 
 pub(crate) fn gpu_state_rule(
     board: &Board<'_>,

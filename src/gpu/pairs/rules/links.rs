@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::findings::text;
 use crate::gpu::pairs::board::{ordered, Board};
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::Peer;
 use crate::model::Weight;
+use crate::text;
 
 /// Rule 1: a lost GPU's pairs are down.
 pub(crate) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) {

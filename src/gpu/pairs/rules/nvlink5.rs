@@ -17,11 +17,11 @@ use std::time::Instant;
 use super::window::{
     affected_pairs, grown, peak_rate, Counters, LinkWindows, Notice, Reading, Window,
 };
-use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
 use crate::model::{GpuReading, LinkReading, Nvlink5Errors, Weight};
+use crate::text;
 
 pub(crate) type Nvlink5History = LinkWindows<Nvlink5Errors>;
 

@@ -2,11 +2,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::Weight;
 use crate::model::{P2pStatus, TopologyLevel};
+use crate::text;
 
 /// Per (GPU key of `gpu`, GPU key of `peer_gpu`): whether read, write, nvlink, atomics were
 /// ever ok. Directional, so a reorder that flips a pair forgets rather than misjudges.

@@ -17,11 +17,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::findings::text;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
 use crate::model::{GpuReading, Weight};
+use crate::text;
 
 /// NVML utilization at or above which a GPU is busy enough for its link to be at full speed.
 pub const BUSY_PERCENT: u32 = 50;

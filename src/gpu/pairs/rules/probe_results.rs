@@ -6,10 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::findings::text;
 use crate::gpu::pairs::board::{ordered, Board};
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::GpuSample;
+use crate::text;
 
 pub(crate) fn probe_rule(
     sample: &GpuSample,

@@ -300,7 +300,7 @@ fn messages_are_bounded_and_pairs_beyond_a_dozen_are_counted() {
         p.links = (0..18).collect();
     }
     let d = judge().decide(&s, Instant::now());
-    assert!(d.link.message.len() <= crate::findings::text::CONDITION_MESSAGE_MAX);
+    assert!(d.link.message.len() <= crate::text::CONDITION_MESSAGE_MAX);
     let mut s = gpu_board(8);
     for p in &mut s.gpu_pairs {
         p.status = PairStatus::Degraded;

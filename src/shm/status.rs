@@ -1,15 +1,15 @@
 //! Pure: how full is full for one container's /dev/shm, and which shm findings a scan makes.
 
-use super::text;
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, ShmStatus};
+use crate::text;
 
-/// `--shm-warn-ratio` / `--shm-critical-ratio`, validated so that 0 < warn <= critical <= 1.
 /// How full a /dev/shm is (of what it can take) for a warning, unless `--shm-warn-ratio` says.
 pub const SHM_WARN_RATIO: f64 = 0.80;
 /// ... and for a critical finding, unless `--shm-critical-ratio` says.
 pub const SHM_CRITICAL_RATIO: f64 = 0.95;
 
+/// `--shm-warn-ratio` / `--shm-critical-ratio`, validated so that 0 < warn <= critical <= 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thresholds {
     warn: f64,

@@ -170,7 +170,7 @@ mod tests {
     /// The alert that pages for a full /dev/shm gives the fix in the same words as `check`.
     #[test]
     fn the_alert_rules_give_the_same_shm_fix() {
-        let rules = include_str!("../../../deploy/prometheus/shmlink.rules.yml");
+        let rules = include_str!("../../deploy/prometheus/shmlink.rules.yml");
         assert!(
             rules.contains(SHM_FIX_KUBERNETES),
             "deploy/prometheus/shmlink.rules.yml no longer says {SHM_FIX_KUBERNETES:?}"
