@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::agent::{sample, Agent};
 use common::kube_api::events::with_reason;
 use common::kube_api::{pod, FakeApi};
-use common::{Container, ContainerSpec, HostTmpfs, Shm};
+use common::{Container, ContainerSpec, HostTmpfs};
 use serde_json::Value;
 
 const NODE: &str = "gpu-node-7";
@@ -76,34 +76,10 @@ fn scenario(told: Told) {
     );
     agent.wait_ready();
 
-    // The emptyDir fix gone wrong: /dev/shm 1 GiB, the memory limit 64 MiB; tmpfs pages are
-    // charged to the writer's memory cgroup, so the kernel kills when they reach the limit.
     let volume = HostTmpfs::new(1024 * MIB);
     let started = Instant::now();
-    let _loader = Container::start(ContainerSpec {
-        pod_uid: Some(shm_uid.clone()),
-        id: Some(shm_id.clone()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "dd if=/dev/zero of=/dev/shm/batch bs=1M count=200; sleep 3600".into(),
-        ],
-        shm: Shm::Bind(volume.path.clone()),
-        memory_limit: Some((64 * MIB) as i64),
-        ..ContainerSpec::default()
-    });
-    // The workload's own memory: dd's 200 MiB buffer in a 64 MiB cgroup.
-    let _trainer = Container::start(ContainerSpec {
-        pod_uid: Some(own_uid.clone()),
-        id: Some(own_id.clone()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 3600".into(),
-        ],
-        memory_limit: Some((64 * MIB) as i64),
-        ..ContainerSpec::default()
-    });
+    let _loader = common::oom::shm_past_the_limit(&shm_uid, &shm_id, &volume);
+    let _trainer = common::oom::own_memory_past_the_limit(&own_uid, &own_id);
     let _idle = Container::start(ContainerSpec {
         pod_uid: Some(idle_uid.clone()),
         id: Some(idle_id.clone()),

@@ -1,0 +1,39 @@
+//! Containers the real kernel OOM-kills in a 64 MiB memory cgroup: once for /dev/shm pages (a
+//! 1 GiB tmpfs emptyDir filled past the limit), once for the workload's own memory. The killed
+//! process is `dd`; the container's shell goes on.
+
+use super::{Container, ContainerSpec, HostTmpfs, Shm};
+
+pub const LIMIT: u64 = 64 << 20;
+
+/// The emptyDir fix gone wrong: /dev/shm is `volume` (1 GiB), the memory limit 64 MiB; tmpfs
+/// pages are charged to the writer's memory cgroup, so the kernel kills when they reach it.
+pub fn shm_past_the_limit(pod_uid: &str, id: &str, volume: &HostTmpfs) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(pod_uid.to_string()),
+        id: Some(id.to_string()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/batch bs=1M count=200; sleep 3600".into(),
+        ],
+        shm: Shm::Bind(volume.path.clone()),
+        memory_limit: Some(LIMIT as i64),
+        ..ContainerSpec::default()
+    })
+}
+
+/// The workload's own memory: dd's 200 MiB buffer in a 64 MiB cgroup.
+pub fn own_memory_past_the_limit(pod_uid: &str, id: &str) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(pod_uid.to_string()),
+        id: Some(id.to_string()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 3600".into(),
+        ],
+        memory_limit: Some(LIMIT as i64),
+        ..ContainerSpec::default()
+    })
+}
