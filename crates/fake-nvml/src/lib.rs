@@ -10,5 +10,4 @@ mod ffi;
 mod state;
 
 pub use config::Config;
-pub use ffi::*;
 pub use state::CONFIG_ENV;

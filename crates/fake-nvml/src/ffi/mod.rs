@@ -4,7 +4,8 @@
 //! return codes, `call`, the state with the config applied (`live`), handles and out-parameters.
 //!
 //! Built with `cfg(fake_nvml_legacy)`, `fields` and `fabric` are left out whole and the other
-//! areas leave out their newer symbols one by one (README.md, "Exported symbols").
+//! areas leave out their newer symbols one by one (README.md, "Exported symbols"). The symbols
+//! are exported by `#[no_mangle]`, wherever their module stands: nothing here re-exports them.
 
 // Each function's safety contract is NVML's own for the symbol of the same name.
 #![allow(clippy::missing_safety_doc)]
@@ -20,18 +21,6 @@ mod nvlink;
 mod pairs;
 mod pcie;
 mod processes;
-
-pub use device::*;
-pub use events::*;
-#[cfg(not(fake_nvml_legacy))]
-pub use fabric::*;
-#[cfg(not(fake_nvml_legacy))]
-pub use fields::*;
-pub use init::*;
-pub use nvlink::*;
-pub use pairs::*;
-pub use pcie::*;
-pub use processes::*;
 
 use std::ffi::{c_char, c_uint};
 use std::panic::{catch_unwind, AssertUnwindSafe};
