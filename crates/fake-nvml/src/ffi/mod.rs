@@ -168,6 +168,7 @@ mod tests {
 
     use super::events::XID_EVENT;
     use super::*;
+    use super::{device::*, events::*, init::*, nvlink::*, pcie::*, processes::*};
     use crate::state::CONFIG_ENV;
     use sys::nvmlEventSet_t;
 
