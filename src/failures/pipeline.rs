@@ -44,8 +44,8 @@ pub struct Sources {
 /// How the accounts arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// `serve`: as things happen. The kernel's OOM kill waits one round, so that PyTorch's word
-    /// of the kill (written a moment after it) is told with it.
+    /// `serve`: as things happen. Where container logs are read, the kernel's OOM kill waits
+    /// one round, so that PyTorch's word of the kill (written a moment after it) is told with it.
     Follow,
     /// `check`: read back at once over a window from `since`; accounts before it are read (an
     /// OOM report spans many records) but not told, and a container's failures of one kind are
@@ -63,6 +63,8 @@ pub struct Pipeline {
     accounts: Accounts,
     /// The kernel's OOM kills of the last round, told with this round's accounts (Follow).
     held_kills: Vec<Detected>,
+    /// Whether a kill waits a round: following, with container logs to read.
+    hold_kills: bool,
     docker: Option<DockerNames>,
     same: SameDeath,
     recent: RecentReadings,
@@ -84,6 +86,8 @@ impl Pipeline {
                 Mode::ReadBack { .. } => Some(KEPT_PER_KIND),
             }),
             held_kills: Vec::new(),
+            hold_kills: mode == Mode::Follow
+                && (settings.pod_log_root.is_some() || settings.docker_root.is_some()),
             docker: settings
                 .docker_root
                 .clone()
@@ -163,7 +167,7 @@ impl Pipeline {
         holders: &GpuHolders,
     ) -> Vec<Failure> {
         let mut accounts = self.accounts.take();
-        if self.mode == Mode::Follow {
+        if self.hold_kills {
             let (kills, rest): (Vec<Detected>, Vec<Detected>) =
                 accounts.into_iter().partition(is_kernel_oom_kill);
             accounts = std::mem::replace(&mut self.held_kills, kills);
@@ -411,7 +415,11 @@ mod tests {
         assert!(!p.has_pending());
         // serve: the kernel's kill waits one round (for PyTorch's word), kubelet's record comes
         // a second later; one failure, the kernel's.
-        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        let with_logs = Sources {
+            pod_log_root: Some(PathBuf::from("/nonexistent")),
+            ..settings()
+        };
+        let mut p = Pipeline::new(&with_logs, Mode::Follow);
         p.exits([oom_kill(FailureSource::Kernel, 100)]);
         assert!(told(&mut p).is_empty(), "held one round");
         assert!(p.has_pending());
@@ -419,6 +427,10 @@ mod tests {
         p.exits([oom_kill(FailureSource::PodStatus, 101)]);
         assert!(told(&mut p).is_empty(), "the same death, told once");
         assert!(!p.has_pending());
+        // Without logs to read there is no word to wait for: told at once.
+        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        p.exits([oom_kill(FailureSource::Kernel, 100)]);
+        assert_eq!(told(&mut p), want);
     }
 
     #[test]
