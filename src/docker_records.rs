@@ -12,7 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fd::AsFd;
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use serde::Deserialize;
 
 /// The largest config.v2.json read: real ones are a few KiB, huge with many mounts or labels.
@@ -281,10 +282,25 @@ pub fn parse_exit(config: &str, host_config: Option<&str>) -> Option<DockerExit>
 /// the first ones in directory order (Docker keeps stopped containers until removed).
 const MAX_RECORDS: usize = 10_000;
 
-/// The records already read, by their modification time: `serve` looks at Docker's records
-/// every second and reads again only those that changed.
+/// The records already read, by their modification time and size: `serve` looks at Docker's
+/// records every second and reads again only those that changed.
 #[derive(Debug, Default)]
-pub struct RecordsSeen(HashMap<String, SystemTime>);
+pub struct RecordsSeen(HashMap<String, (i64, i64, i64)>);
+
+impl RecordsSeen {
+    /// Whether `<id>/config.v2.json` changed since it was last looked at: one stat, no open.
+    /// Only a gate: a changed record is still read beneath the root, refusing symlinks.
+    fn changed(&mut self, containers: &impl AsFd, id: &str) -> bool {
+        let path = format!("{id}/config.v2.json");
+        let Ok(st) = rustix::fs::statat(containers, path.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            self.0.remove(id);
+            return false;
+        };
+        let stamp = (st.st_mtime, st.st_mtime_nsec as i64, st.st_size);
+        self.0.insert(id.to_string(), stamp) != Some(stamp)
+    }
+}
 
 /// The containers under `<docker-root>/containers` that stopped at or after `since`, each read
 /// confined beneath that directory; unreadable or foreign entries are skipped. With `seen`, a
@@ -298,6 +314,11 @@ pub fn exited_since(
     let Ok(entries) = std::fs::read_dir(&containers) else {
         return Vec::new();
     };
+    let dir = rustix::fs::open(
+        &containers,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    );
     let mut listed = HashSet::new();
     let mut out = Vec::new();
     for entry in entries.flatten().take(MAX_RECORDS) {
@@ -307,19 +328,18 @@ pub fn exited_since(
         if !is_docker_id(&id) {
             continue;
         }
+        if let (Some(seen), Ok(dir)) = (seen.as_deref_mut(), &dir) {
+            listed.insert(id.clone());
+            if !seen.changed(dir, &id) {
+                continue;
+            }
+        }
         let Ok(config) = open_record(&containers, &id, "config.v2.json") else {
             continue;
         };
         let Some(meta) = config.metadata().ok().filter(|m| m.is_file()) else {
             continue;
         };
-        if let Some(seen) = seen.as_deref_mut() {
-            listed.insert(id.clone());
-            let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            if seen.0.insert(id.clone(), modified) == Some(modified) {
-                continue;
-            }
-        }
         let Some(config) = read_bounded(config, meta.len()).ok().flatten() else {
             continue;
         };
