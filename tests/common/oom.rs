@@ -9,30 +9,23 @@ pub const LIMIT: u64 = 64 << 20;
 /// The emptyDir fix gone wrong: /dev/shm is `volume` (1 GiB), the memory limit 64 MiB; tmpfs
 /// pages are charged to the writer's memory cgroup, so the kernel kills when they reach it.
 pub fn shm_past_the_limit(pod_uid: &str, id: &str, volume: &HostTmpfs) -> Container {
-    Container::start(ContainerSpec {
-        pod_uid: Some(pod_uid.to_string()),
-        id: Some(id.to_string()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "dd if=/dev/zero of=/dev/shm/batch bs=1M count=200; sleep 3600".into(),
-        ],
-        shm: Shm::Bind(volume.path.clone()),
-        memory_limit: Some(LIMIT as i64),
-        ..ContainerSpec::default()
-    })
+    let dd = "dd if=/dev/zero of=/dev/shm/batch bs=1M count=200";
+    in_the_limit(pod_uid, id, dd, Shm::Bind(volume.path.clone()))
 }
 
 /// The workload's own memory: dd's 200 MiB buffer in a 64 MiB cgroup.
 pub fn own_memory_past_the_limit(pod_uid: &str, id: &str) -> Container {
+    let dd = "dd if=/dev/zero of=/dev/null bs=200M count=1";
+    in_the_limit(pod_uid, id, dd, Shm::default())
+}
+
+/// `dd`, then a long sleep, in a Pod's container under the 64 MiB limit.
+fn in_the_limit(pod_uid: &str, id: &str, dd: &str, shm: Shm) -> Container {
     Container::start(ContainerSpec {
         pod_uid: Some(pod_uid.to_string()),
         id: Some(id.to_string()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 3600".into(),
-        ],
+        args: vec!["sh".into(), "-c".into(), format!("{dd}; sleep 3600")],
+        shm,
         memory_limit: Some(LIMIT as i64),
         ..ContainerSpec::default()
     })
