@@ -283,9 +283,17 @@ pub fn parse_exit(config: &str, host_config: Option<&str>) -> Option<DockerExit>
 const MAX_RECORDS: usize = 10_000;
 
 /// The records already read, by their modification time and size: `serve` looks at Docker's
-/// records every second and reads again only those that changed.
+/// records every second and reads again only those that changed. An unchanged record costs one
+/// stat and no allocation.
 #[derive(Debug, Default)]
-pub struct RecordsSeen(HashMap<String, (i64, i64, i64)>);
+pub struct RecordsSeen {
+    by_id: HashMap<String, (Stamp, u64)>,
+    /// Which look this is: a record not seen in the last one is forgotten.
+    look: u64,
+}
+
+/// A record's modification time (seconds, nanoseconds) and size.
+type Stamp = (i64, i64, i64);
 
 impl RecordsSeen {
     /// Whether `<id>/config.v2.json` changed since it was last looked at: one stat, no open.
@@ -294,11 +302,27 @@ impl RecordsSeen {
         let path = format!("{id}/config.v2.json");
         let Ok(st) = rustix::fs::statat(containers, path.as_str(), AtFlags::SYMLINK_NOFOLLOW)
         else {
-            self.0.remove(id);
             return false;
         };
         let stamp = (st.st_mtime, st.st_mtime_nsec as i64, st.st_size);
-        self.0.insert(id.to_string(), stamp) != Some(stamp)
+        let look = self.look;
+        match self.by_id.get_mut(id) {
+            Some((old, seen)) => {
+                *seen = look;
+                std::mem::replace(old, stamp) != stamp
+            }
+            None => {
+                self.by_id.insert(id.to_string(), (stamp, look));
+                true
+            }
+        }
+    }
+
+    /// Ends a look: the records not seen in it are forgotten.
+    fn end_look(&mut self) {
+        let look = self.look;
+        self.by_id.retain(|_, (_, seen)| *seen == look);
+        self.look += 1;
     }
 }
 
@@ -319,7 +343,6 @@ pub fn exited_since(
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     );
-    let mut listed = HashSet::new();
     let mut out = Vec::new();
     for entry in entries.flatten().take(MAX_RECORDS) {
         let Some(id) = entry.file_name().to_str().map(str::to_string) else {
@@ -329,7 +352,6 @@ pub fn exited_since(
             continue;
         }
         if let (Some(seen), Ok(dir)) = (seen.as_deref_mut(), &dir) {
-            listed.insert(id.clone());
             if !seen.changed(dir, &id) {
                 continue;
             }
@@ -357,7 +379,7 @@ pub fn exited_since(
         }
     }
     if let Some(seen) = seen {
-        seen.0.retain(|id, _| listed.contains(id));
+        seen.end_look();
     }
     out.sort_by_key(|e| e.finished_at);
     out
@@ -518,7 +540,7 @@ mod tests {
         // A container removed is forgotten.
         std::fs::remove_dir_all(dir.path().join("containers").join(&id)).unwrap();
         assert!(read(&mut seen).is_empty());
-        assert!(seen.0.is_empty());
+        assert!(seen.by_id.is_empty());
     }
 
     #[test]
