@@ -356,21 +356,15 @@ pub fn exited_since(
                 continue;
             }
         }
-        let Ok(config) = open_record(&containers, &id, "config.v2.json") else {
+        let read = |file: &str| {
+            let f = open_record(&containers, &id, file).ok()?;
+            let size = f.metadata().ok().filter(|m| m.is_file())?.len();
+            read_bounded(f, size).ok().flatten()
+        };
+        let Some(config) = read("config.v2.json") else {
             continue;
         };
-        let Some(meta) = config.metadata().ok().filter(|m| m.is_file()) else {
-            continue;
-        };
-        let Some(config) = read_bounded(config, meta.len()).ok().flatten() else {
-            continue;
-        };
-        let host = open_record(&containers, &id, "hostconfig.json")
-            .ok()
-            .and_then(|f| {
-                let size = f.metadata().ok().filter(|m| m.is_file())?.len();
-                read_bounded(f, size).ok().flatten()
-            });
+        let host = read("hostconfig.json");
         if let Some(exit) = parse_exit(&config, host.as_deref()) {
             // The record's ID must be its directory's: a copied file speaks for no one else.
             if exit.id == id && exit.finished_at >= since {

@@ -5,18 +5,16 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use shmlink::check::{self, CheckSettings};
-use shmlink::cli::{CheckArgs, FailureSourceArgs, LogFormat};
+use shmlink::cli::{CheckArgs, LogFormat};
 use shmlink::model::Severity;
 use shmlink::report;
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     super::init_logging(LogFormat::Text, args.common.log_level, "warn")?;
+    let sources = super::sources(&args.common, &args.sources);
     let settings = CheckSettings {
-        scan: super::scan_settings(
-            &args.common,
-            FailureSourceArgs::on(&args.sources.docker_root),
-        )?,
-        sources: super::sources(&args.common, &args.sources),
+        scan: super::scan_settings(&args.common, sources.docker_root.clone())?,
+        sources,
         since: args.since,
         kube: args.kube,
     };

@@ -35,7 +35,7 @@ fn pair_rules(common: &CommonArgs) -> PairRules {
     }
 }
 
-/// What a scan looks at; `docker_root` names plain Docker containers.
+/// What a scan looks at; `docker_root` (the failure sources' own) names plain Docker containers.
 fn scan_settings(
     common: &CommonArgs,
     docker_root: Option<std::path::PathBuf>,

@@ -5,15 +5,13 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use shmlink::agent::{self, KubeSettings, ServeSettings};
-use shmlink::cli::{FailureSourceArgs, ServeArgs};
+use shmlink::cli::ServeArgs;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     super::init_logging(args.log_format, args.common.log_level, "info")?;
+    let sources = super::sources(&args.common, &args.sources);
     let settings = ServeSettings {
-        scan: super::scan_settings(
-            &args.common,
-            FailureSourceArgs::on(&args.sources.docker_root),
-        )?,
+        scan: super::scan_settings(&args.common, sources.docker_root.clone())?,
         listen: args.listen,
         interval: args.interval,
         kube: KubeSettings {
@@ -26,7 +24,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             taint_on_gpu_fault: args.taint_on_gpu_fault,
             pod_cache_wait: args.pod_cache_wait,
         },
-        sources: super::sources(&args.common, &args.sources),
+        sources,
         probe: match args.p2p_probe_interval {
             Some(every) => Some((super::probe_options(&args.cuda)?, every)),
             None => None,
