@@ -115,6 +115,8 @@ fn message(
     let at = rfc3339(d.at);
     let who = id.name();
     let kubernetes = id.pod.is_some();
+    // The line is quoted into a sentence that ends with its own full stop.
+    let said = text::said(&d.evidence);
     match kind {
         FindingKind::GpuJobCrashed => text::gpu_job_crashed(
             &who,
@@ -152,21 +154,17 @@ fn message(
                 _ => text::workload_bus_error(&who, &at, &exit, shm),
             }
         }
-        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, &d.evidence, kubernetes),
-        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, &d.evidence, kubernetes),
-        FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, &d.evidence),
-        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, &d.evidence, kubernetes),
-        FindingKind::ImexChannelMissing => {
-            text::imex_channel_missing(&who, &at, &d.evidence, kubernetes)
-        }
-        FindingKind::GpuPeerAccessRefused => {
-            text::gpu_peer_access_refused(&who, &at, &d.evidence, job)
-        }
-        FindingKind::ShmFallback => text::shm_fallback(&who, &at, &d.evidence, kubernetes),
+        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, said, kubernetes),
+        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, said, kubernetes),
+        FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, said),
+        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, said, kubernetes),
+        FindingKind::ImexChannelMissing => text::imex_channel_missing(&who, &at, said, kubernetes),
+        FindingKind::GpuPeerAccessRefused => text::gpu_peer_access_refused(&who, &at, said, job),
+        FindingKind::ShmFallback => text::shm_fallback(&who, &at, said, kubernetes),
         _ => text::shm_allocation_failed(
             &who,
             &at,
-            &d.evidence,
+            said,
             shm,
             kubernetes,
             d.signature.is_some_and(is_browser),

@@ -19,9 +19,9 @@ use crate::text;
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
 /// kill, kubelet's `finishedAt` when the runtime saw the exit, a log line when it was written.
 pub const WINDOW: Duration = Duration::from_secs(60);
-/// How far apart one fault's own lines are (a handler's line, then the shell's `Bus error (core
-/// dumped)`): a line that names a fault but not its cause ([`FindingKind::ShmBusError`] from a
-/// log) within this of another bus-error line of its container is the same death.
+/// How far apart one fault's own lines are (a DataLoader worker's line and the main process's,
+/// a handler's line and then the shell's `Bus error (core dumped)`): a bus-error line within
+/// this of another of its container's is the same death.
 const FAULT_LINES: Duration = Duration::from_secs(5);
 /// Deaths remembered at most (the oldest go first).
 const KEPT: usize = 1024;
@@ -118,13 +118,11 @@ impl SameDeath {
     pub fn is_new(&mut self, f: &Failure) -> bool {
         let Some(death) = death(f) else { return true };
         let told = Told::of(f, death);
-        // Only log rows that are judged carry this kind (`failures::signatures`).
-        let fault_line = f.source == FailureSource::Log && f.kind == FindingKind::ShmBusError;
         let repeat = self.told.iter().any(|t| {
             t.death == death
                 && t.same_container(f)
                 && near(t.at, told.at)
-                && (t.source != f.source || fault_line && within(t.at, told.at, FAULT_LINES))
+                && (t.source != f.source || one_faults_lines(t, &told))
         });
         if repeat {
             return false;
@@ -172,6 +170,15 @@ impl SameDeath {
 /// Whether PyTorch's `word` tells the OOM kill `kill` (see [`Told::is_told_by`]).
 fn tells(word: &Failure, kill: &Failure) -> bool {
     death(kill) == Some(Death::Oom) && Told::of(kill, Death::Oom).is_told_by(word)
+}
+
+/// Two lines of one container's log about one fault, moments apart: a DataLoader worker's
+/// line and the main process's that it was killed, a handler's and a shell's. Other sources
+/// count each kill (two OOM kills the kernel reports are two deaths).
+fn one_faults_lines(earlier: &Told, line: &Told) -> bool {
+    earlier.source == FailureSource::Log
+        && line.source == FailureSource::Log
+        && within(earlier.at, line.at, FAULT_LINES)
 }
 
 fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {
@@ -240,7 +247,8 @@ mod tests {
         assert!(!same.is_new(&line("2026-11-24T10:00:01.000Z", "Bus error (core dumped)")));
         // Half a minute on, the job's next attempt died too: another death.
         assert!(same.is_new(&line("2026-11-24T10:00:30.000Z", "Bus error (core dumped)")));
-        // Another DataLoader worker's own line is still its own (it says the cause).
+        // The worker's line of that second fault, and the main process's that the worker was
+        // killed: one death with the shell's line.
         let second = death_of(
             FindingKind::ShmAllocationFailed,
             FailureSource::Log,
@@ -248,7 +256,15 @@ mod tests {
             "2026-11-24T10:00:30.100Z",
             "ERROR: Unexpected bus error encountered in worker.",
         );
-        assert!(same.is_new(&second));
+        assert!(!same.is_new(&second));
+        let main = death_of(
+            FindingKind::ShmAllocationFailed,
+            FailureSource::Log,
+            None,
+            "2026-11-24T10:00:30.100016Z",
+            "RuntimeError: DataLoader worker (pid 3527) is killed by signal: Bus error.",
+        );
+        assert!(!same.is_new(&main));
         // The exit status 135 of the container that printed them: the same death.
         let exit = death_of(
             FindingKind::ShmBusError,
@@ -258,6 +274,36 @@ mod tests {
             "exit 135",
         );
         assert!(!same.is_new(&exit));
+    }
+
+    #[test]
+    fn a_dataloader_workers_line_and_the_main_processs_are_one_death() {
+        let mut same = SameDeath::default();
+        let line = |at: &str, evidence: &str| {
+            death_of(
+                FindingKind::ShmAllocationFailed,
+                FailureSource::Log,
+                None,
+                at,
+                evidence,
+            )
+        };
+        assert!(same.is_new(&line(
+            "2026-11-24T10:00:00.000000Z",
+            "ERROR: Unexpected bus error encountered in worker. This might be caused by \
+             insufficient shared memory (shm)."
+        )));
+        assert!(!same.is_new(&line(
+            "2026-11-24T10:00:00.000016Z",
+            "RuntimeError: DataLoader worker (pid 3527) is killed by signal: Bus error."
+        )));
+        // Another container's worker dying at that moment is its own death.
+        let mut other = line(
+            "2026-11-24T10:00:00.000020Z",
+            "ERROR: Unexpected bus error encountered in worker.",
+        );
+        other.container = Some("evaluator".into());
+        assert!(same.is_new(&other));
     }
 
     #[test]

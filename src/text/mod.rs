@@ -64,6 +64,12 @@ use std::time::Duration;
 use crate::model::PairStatus;
 
 /// `down` / `degraded`: a failing pair's state as a person says it.
+/// A line a workload printed, without the full stop it may end with: it is quoted into a
+/// sentence that ends with its own.
+pub fn said(line: &str) -> &str {
+    line.trim_end().trim_end_matches('.').trim_end()
+}
+
 pub fn pair_status(status: PairStatus) -> &'static str {
     match status {
         PairStatus::Down => "down",
