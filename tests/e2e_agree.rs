@@ -24,6 +24,12 @@ const NODE: &str = "gpu-node-7";
 const MIB: u64 = 1 << 20;
 const TORCH_LINE: &str = "RuntimeError: unable to allocate shared memory(shm) for file \
                           </torch_31552_3195629858_0>: No space left on device (28)";
+/// One DataLoader death in PyTorch's two lines, 16 microseconds apart in one container's log:
+/// the worker's, then the main process's.
+const WORKER_LINE: &str = "ERROR: Unexpected bus error encountered in worker. This might be \
+                           caused by insufficient shared memory (shm).";
+const MAIN_LINE: &str =
+    "RuntimeError: DataLoader worker (pid 3527) is killed by signal: Bus error.";
 
 /// A failure as a person reads it: its kind and its message (which names its container).
 type Told = (String, String);
@@ -64,6 +70,14 @@ fn ours(told: &BTreeSet<Told>, names: &[&str]) -> BTreeSet<Told> {
         .collect()
 }
 
+/// Now and 16 microseconds later, as RFC 3339 with nanoseconds.
+fn two_moments() -> (String, String) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let later = now + k8s_openapi::jiff::SignedDuration::from_micros(16);
+    let f = |t: k8s_openapi::jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%S.%fZ").to_string();
+    (f(now), f(later))
+}
+
 /// Docker's record of a container that stopped just now with `exit_code`.
 fn docker_record(root: &std::path::Path, id: &str, name: &str, exit_code: i32) {
     let dir = root.join("containers").join(id);
@@ -89,12 +103,13 @@ fn check_and_serve_tell_the_same_failures_of_the_same_containers_logs_and_kernel
             .map(|_| (common::random_pod_uid(), common::random_container_id()))
             .collect()
     };
-    let pods = ids(4);
+    let pods = ids(5);
     let names = [
         "agree-shm-0",
         "agree-loader-0",
         "agree-trainer-0",
         "agree-bus-0",
+        "agree-dataloader-0",
     ];
     for ((uid, id), name) in pods.iter().zip(names) {
         api.apply_pod(pod(NODE, "ml", name, uid, &[("main", id)]));
@@ -195,7 +210,32 @@ fn check_and_serve_tell_the_same_failures_of_the_same_containers_logs_and_kernel
         135,
     );
 
+    // One DataLoader death in two lines: in a Pod's CRI log and in a Docker container's log.
+    let (uid, _) = &pods[4];
+    let dir = logs.path().join(format!("ml_{}_{uid}/main", names[4]));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (first, second) = two_moments();
+    std::fs::write(
+        dir.join("0.log"),
+        format!("{first} stderr F {WORKER_LINE}\n{second} stderr F {MAIN_LINE}\n"),
+    )
+    .unwrap();
+    let loader = common::random_container_id();
+    docker_record(docker.path(), &loader, "agree-docker-loader", 1);
+    let line = |at: &str, text: &str| {
+        json!({"log": format!("{text}\n"), "stream": "stderr", "time": at}).to_string() + "\n"
+    };
+    std::fs::write(
+        docker
+            .path()
+            .join(format!("containers/{loader}/{loader}-json.log")),
+        line(&first, WORKER_LINE) + &line(&second, MAIN_LINE),
+    )
+    .unwrap();
+
     let mine = [
+        "ml/agree-dataloader-0/main",
+        "agree-docker-loader",
         "ml/agree-shm-0/main",
         "ml/agree-loader-0/main",
         "ml/agree-trainer-0/main",
@@ -204,6 +244,8 @@ fn check_and_serve_tell_the_same_failures_of_the_same_containers_logs_and_kernel
         "agree-sigbus",
     ];
     let kinds = [
+        "shm_allocation_failed",
+        "shm_allocation_failed",
         "shm_allocation_failed",
         "shm_oom_killed",
         "workload_oom_killed",
@@ -223,6 +265,21 @@ fn check_and_serve_tell_the_same_failures_of_the_same_containers_logs_and_kernel
         "serve told only {by_serve:#?}\n{}",
         agent.log_text()
     );
+    // Counted once each, the Docker container by its name.
+    let body = agent.metrics();
+    for labels in [
+        [
+            ("pod", "agree-dataloader-0"),
+            ("kind", "shm_allocation_failed"),
+        ],
+        [
+            ("container", "agree-docker-loader"),
+            ("kind", "shm_allocation_failed"),
+        ],
+    ] {
+        let n = sample(&body, "shmlink_workload_failures_total", &labels);
+        assert_eq!(n, Some(1.0), "{labels:?}: {body}");
+    }
 
     let out = Command::new(common::shmlink_bin())
         .args(["check", "--json", "--since", "5m"])
