@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::docker_records::DockerNames;
 use crate::gpu::collector::GpuCollector;
@@ -12,7 +12,7 @@ use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
 use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
 use crate::probe::schedule::ProbeResults;
-use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget};
+use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget, MAX_YOUNG, YOUNG};
 use crate::shm::status::{shm_findings, Thresholds};
 use crate::shm::ShmScanner;
 
@@ -60,6 +60,9 @@ pub struct Scanner {
     peaks: Option<PeakSampler>,
     /// Each container's used bytes at the previous scan (what "growing" is measured from).
     previous_used: HashMap<String, u64>,
+    /// When each container's process started, as its first scan read it (young ones are
+    /// watched whatever they use).
+    started: HashMap<String, SystemTime>,
 }
 
 impl Scanner {
@@ -78,6 +81,7 @@ impl Scanner {
             docker: DockerNames::new(None),
             peaks: None,
             previous_used: HashMap::new(),
+            started: HashMap::new(),
         })
     }
 
@@ -171,7 +175,11 @@ impl Scanner {
             return;
         };
         let peaks = sampler.take_peaks();
+        let now = SystemTime::now();
+        self.started
+            .retain(|id, _| readings.iter().any(|r| &r.container_id == id));
         let mut targets = Vec::new();
+        let mut young_watched = 0;
         for r in readings.iter_mut() {
             let Some(used) = r.used_bytes else {
                 continue;
@@ -179,7 +187,16 @@ impl Scanner {
             let peak = peaks.get(&r.container_id).copied().unwrap_or(0);
             r.used_peak_bytes = Some(used.max(peak));
             let previous = self.previous_used.get(&r.container_id).copied();
-            if worth_watching(previous, used, r.available_bytes.unwrap_or(0)) {
+            let started = *self
+                .started
+                .entry(r.container_id.clone())
+                .or_insert_with(|| {
+                    crate::procfs::stat::started(sampler.proc_root(), r.pid).unwrap_or(now)
+                });
+            let young = now.duration_since(started).unwrap_or_default() < YOUNG
+                && young_watched < MAX_YOUNG;
+            young_watched += usize::from(young);
+            if worth_watching(previous, used, r.available_bytes.unwrap_or(0), young) {
                 targets.push(PeakTarget {
                     container_id: r.container_id.clone(),
                     pid: r.pid,

@@ -103,3 +103,39 @@ fn bad_options_are_one_line_errors_with_exit_2() {
         assert!(!String::from_utf8_lossy(&out.stderr).trim().is_empty());
     }
 }
+
+#[test]
+fn a_young_container_that_fills_its_dev_shm_between_scans_shows_the_peak() {
+    if !common::e2e_available() {
+        return;
+    }
+    let agent = Agent::start(&["--no-gpu", "--kmsg", "off", "--interval", "4s"], &[]);
+    agent.wait_ready();
+    // A job that uses nothing while scans look, then fills /dev/shm for a moment. (Were no
+    // young container sampled, this passes only when a scan lands in that moment, ~1 in 10.)
+    let c = Container::start(ContainerSpec {
+        pod_uid: Some(common::random_pod_uid()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "sleep 5; dd if=/dev/zero of=/dev/shm/x bs=1M count=48 2>/dev/null; sleep 0.3; \
+             rm /dev/shm/x; exec sleep 3600"
+                .into(),
+        ],
+        ..ContainerSpec::default()
+    });
+    let id = [("container_id", c.id.as_str())];
+    let mut seen = Vec::new();
+    let sampled = common::wait_until(Duration::from_secs(15), || {
+        let body = agent.metrics();
+        let peak = common::promtext::value(&body, "shmlink_shm_used_peak_bytes", &id);
+        let used = common::promtext::value(&body, "shmlink_shm_used_bytes", &id);
+        if let (Some(peak), Some(used)) = (peak, used) {
+            seen.push((used, peak));
+            // The scan read next to nothing; the peak between scans was the job's fill.
+            return peak >= 48.0 * 1048576.0 && used < 1048576.0;
+        }
+        false
+    });
+    assert!(sampled, "no sampled peak; (used, peak) seen: {seen:?}");
+}

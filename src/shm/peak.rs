@@ -27,17 +27,25 @@ pub struct PeakTarget {
     pub pid: i32,
 }
 
-/// Pure: whether a container is worth sampling between scans: at or above half of its effective
-/// limit (used + available), or grown since the previous scan.
+/// How long after a container's process started it is watched whatever it uses: a job that just
+/// started is when a DataLoader or `multiprocessing.shared_memory` fills /dev/shm from nothing
+/// and dies within a second.
+pub const YOUNG: Duration = Duration::from_secs(60);
+/// Young containers watched at most at once (a node starting hundreds of Pods); the rest are
+/// watched when they use something.
+pub const MAX_YOUNG: usize = 64;
+
+/// Pure: whether a container is worth sampling between scans: `young` (see [`YOUNG`]), at or
+/// above half of its effective limit (used + available), or grown since the previous scan.
 ///
 /// A container the previous scan did not see (`None`) counts as grown from nothing when it
-/// uses anything: a job that just started is when a DataLoader fills /dev/shm. Nothing used
-/// is never worth watching, even with nothing available.
-pub fn worth_watching(previous_used: Option<u64>, used: u64, available: u64) -> bool {
+/// uses anything. An old container with nothing used is never worth watching, even with
+/// nothing available.
+pub fn worth_watching(previous_used: Option<u64>, used: u64, available: u64, young: bool) -> bool {
     // used >= (used + available) / 2, without the overflowing sum.
     let half_full = used >= available;
     let grown = used > previous_used.unwrap_or(0);
-    used > 0 && (half_full || grown)
+    young || used > 0 && (half_full || grown)
 }
 
 /// What the caller and the thread share.
@@ -66,6 +74,7 @@ impl Shared {
 
 /// Samples the watched containers' /dev/shm on a thread of its own ("shm-peak").
 pub struct PeakSampler {
+    proc_root: PathBuf,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -81,6 +90,7 @@ impl PeakSampler {
         });
         let thread = std::thread::Builder::new().name("shm-peak".into()).spawn({
             let shared = shared.clone();
+            let proc_root = proc_root.clone();
             move || Worker::new(proc_root, shared).run(period.max(MIN_PERIOD))
         });
         let thread = match thread {
@@ -91,7 +101,16 @@ impl PeakSampler {
                 None
             }
         };
-        PeakSampler { shared, thread }
+        PeakSampler {
+            proc_root,
+            shared,
+            thread,
+        }
+    }
+
+    /// The proc root it samples through.
+    pub fn proc_root(&self) -> &Path {
+        &self.proc_root
     }
 
     /// Replaces the watched set (an empty set idles the thread).
@@ -303,7 +322,15 @@ mod tests {
             (Some(1), 1, u64::MAX, false, "tiny under a huge limit"),
         ];
         for &(previous, used, available, want, why) in cases {
-            assert_eq!(worth_watching(previous, used, available), want, "{why}");
+            assert_eq!(
+                worth_watching(previous, used, available, false),
+                want,
+                "{why}"
+            );
+            assert!(
+                worth_watching(previous, used, available, true),
+                "{why}, young"
+            );
         }
     }
 

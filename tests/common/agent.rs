@@ -80,13 +80,13 @@ impl Agent {
             None => Command::new(super::shmlink_bin()),
         };
         let child = command
-            .args([
-                "serve",
-                "--listen",
-                &addr.to_string(),
-                "--interval",
-                "200ms",
-            ])
+            .args(["serve", "--listen", &addr.to_string()])
+            // Fast scans, unless the test sets its own.
+            .args(if extra.contains(&"--interval") {
+                &[][..]
+            } else {
+                &["--interval", "200ms"][..]
+            })
             // A developer's kubeconfig must not make `--kube auto` reach a real cluster.
             .args(if extra.contains(&"--kube") {
                 &[][..]
