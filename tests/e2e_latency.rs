@@ -58,6 +58,9 @@ fn pods_that_die_at_their_start_get_their_events_and_the_delays_are_printed() {
             lib.to_str().unwrap(),
             "--pod-log-root",
             root,
+            // The default scan period: a failure must not wait for a scan.
+            "--interval",
+            "5s",
         ],
         &env,
     );
