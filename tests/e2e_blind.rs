@@ -306,6 +306,16 @@ fn readyz(agent: &Agent) -> (u16, String) {
     get(agent.addr, "/readyz").expect("/readyz answers")
 }
 
+/// Waits until the agent answers HTTP at all (ready or not).
+fn wait_listening(agent: &Agent) {
+    assert!(
+        common::wait_until(Duration::from_secs(20), || get(agent.addr, "/readyz")
+            .is_some()),
+        "serve never listened; its log:\n{}",
+        agent.log_text()
+    );
+}
+
 #[test]
 fn serve_is_not_ready_while_blind_and_ready_once_it_can_see() {
     let dir = tempfile::tempdir().unwrap();
@@ -315,6 +325,7 @@ fn serve_is_not_ready_while_blind_and_ready_once_it_can_see() {
         &["--no-gpu", "--proc-root", proc_root.to_str().unwrap()],
         &[],
     );
+    wait_listening(&agent);
     let body = agent.wait_for_metrics("the blind gauge", |b| {
         sample(b, "shmlink_blind", &[("reason", "no_processes")]) == Some(1.0)
     });
@@ -340,6 +351,7 @@ fn serve_without_a_cgroup_hierarchy_is_not_ready_until_one_appears() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
     let agent = Agent::start(&["--no-gpu", "--cgroup-root", root], &[]);
+    wait_listening(&agent);
     agent.wait_for_metrics("the blind gauge", |b| {
         sample(b, "shmlink_blind", &[("reason", "no_cgroups")]) == Some(1.0)
     });
