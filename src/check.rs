@@ -14,7 +14,7 @@ use crate::kube::events::GpuHolders;
 use crate::kube::exits::deaths;
 use crate::kube::pods::{list_once, PodIndex};
 use crate::kube::KubeError;
-use crate::model::Snapshot;
+use crate::model::{Severity, Snapshot};
 use crate::scan::{ScanSettings, Scanner};
 
 /// Everything `check` is asked.
@@ -62,6 +62,20 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     Ok(snapshot)
 }
 
+/// `check`'s exit status: 2 when the scan was blind to everything (it could not run, in
+/// effect: nothing it says is known), 1 for any warning or critical finding or a partly blind
+/// scan (some containers went unread: not a clean bill), else 0.
+pub fn exit_status(snapshot: &Snapshot) -> u8 {
+    if snapshot.blind_totally().next().is_some() {
+        return 2;
+    }
+    match snapshot.worst_severity() {
+        Some(Severity::Warning | Severity::Critical) => 1,
+        None if !snapshot.blind.is_empty() => 1,
+        None => 0,
+    }
+}
+
 /// This node's Pods for a one-shot `check`: `auto` goes on without them when the API server
 /// cannot be had, `on` fails.
 fn pods_once(mode: KubeMode, node: &str) -> Result<Option<Vec<Pod>>, CheckError> {
@@ -87,5 +101,53 @@ fn pods_once(mode: KubeMode, node: &str) -> Result<Option<Vec<Pod>>, CheckError>
             Ok(None)
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Blind, Finding, FindingKind, Subject};
+
+    fn with(blind: Vec<Blind>, finding: bool) -> Snapshot {
+        Snapshot {
+            blind,
+            findings: if finding {
+                vec![Finding::new(
+                    FindingKind::ShmNearlyFull,
+                    Subject::Node,
+                    "x".into(),
+                )]
+            } else {
+                Vec::new()
+            },
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn blind_exits_2_partly_blind_1() {
+        assert_eq!(exit_status(&with(vec![], false)), 0);
+        assert_eq!(exit_status(&with(vec![], true)), 1);
+        assert_eq!(
+            exit_status(&with(vec![Blind::SomeContainersUnreadable], false)),
+            1
+        );
+        assert_eq!(
+            exit_status(&with(vec![Blind::SomeContainersUnreadable], true)),
+            1
+        );
+        for total in [
+            Blind::NoProcesses,
+            Blind::NoCgroups,
+            Blind::ContainersUnreadable,
+        ] {
+            assert_eq!(exit_status(&with(vec![total], false)), 2);
+            assert_eq!(
+                exit_status(&with(vec![total], true)),
+                2,
+                "blind beats findings"
+            );
+        }
     }
 }

@@ -106,6 +106,21 @@ fn copy_err(e: &io::Error) -> io::Error {
     io::Error::new(e.kind(), e.to_string())
 }
 
+/// Whether `proc_root` lists any process (a directory named by a PID): false for a path that
+/// is not a proc file system (a typo, nothing mounted), where every scan would find nothing.
+pub fn has_processes(proc_root: &Path) -> bool {
+    let Ok(dir) = std::fs::read_dir(proc_root) else {
+        return false;
+    };
+    dir.filter_map(Result::ok)
+        .any(|e| is_pid(&e.file_name()) && e.file_type().is_ok_and(|t| t.is_dir()))
+}
+
+fn is_pid(name: &std::ffi::OsStr) -> bool {
+    let b = name.as_encoded_bytes();
+    !b.is_empty() && b.iter().all(u8::is_ascii_digit)
+}
+
 /// The machine's host name (the default node name outside Kubernetes).
 pub fn hostname() -> String {
     rustix::system::uname()
@@ -125,6 +140,23 @@ mod tests {
         assert_eq!(parse_ns_link("mnt:[x]"), None);
         assert_eq!(parse_ns_link("mnt:4026531840"), None);
         assert_eq!(parse_ns_link(""), None);
+    }
+
+    #[test]
+    fn a_proc_root_without_pids_has_no_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!has_processes(dir.path()));
+        assert!(!has_processes(&dir.path().join("absent")));
+        std::fs::create_dir(dir.path().join("self")).unwrap();
+        std::fs::write(dir.path().join("12"), "").unwrap();
+        assert!(
+            !has_processes(dir.path()),
+            "a file named by a number is no process"
+        );
+        std::fs::create_dir(dir.path().join("4242")).unwrap();
+        assert!(has_processes(dir.path()));
+        assert!(has_processes(Path::new("/proc")));
+        assert!(!is_pid("12a".as_ref()) && !is_pid("".as_ref()));
     }
 
     #[test]

@@ -17,19 +17,40 @@ pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> 
     let paint = Paint { on: colour };
     writeln!(out, "node {}", snapshot.node)?;
     writeln!(out)?;
+    // What the scan could not see comes first: a person must read it before any table.
+    for &reason in &snapshot.blind {
+        let line = crate::text::blind(reason, &snapshot.sight);
+        let line = if reason.is_total() {
+            paint.red(&line)
+        } else {
+            paint.yellow(&line)
+        };
+        writeln!(out, "{line}")?;
+    }
+    if !snapshot.blind.is_empty() {
+        writeln!(out)?;
+    }
     if snapshot.shm.is_empty() {
-        writeln!(out, "No containers found.")?;
+        let none = if snapshot.blind_totally().next().is_some() {
+            "No containers measured."
+        } else {
+            "No containers found."
+        };
+        writeln!(out, "{none}")?;
     } else {
         write_shm_table(out, &snapshot.shm, paint)?;
     }
     writeln!(out)?;
     if snapshot.gpus.is_empty() {
-        writeln!(out, "GPUs: none (no NVML loaded)")?;
+        writeln!(out, "{}", crate::text::no_gpus_because(&snapshot.nvml))?;
     } else {
         write_gpus(out, snapshot, paint)?;
     }
     writeln!(out)?;
-    if snapshot.findings.is_empty() {
+    if snapshot.findings.is_empty() && !snapshot.blind.is_empty() {
+        let total = snapshot.blind_totally().next().is_some();
+        writeln!(out, "{}", crate::text::no_findings_but_blind(total))?;
+    } else if snapshot.findings.is_empty() {
         writeln!(out, "{}", paint.green("No findings: all healthy."))?;
     } else {
         writeln!(out, "Findings:")?;
@@ -301,5 +322,74 @@ mod tests {
         }
         assert_eq!(s["status"], "critical");
         assert_eq!(s["size_bytes"], 64 * MIB);
+    }
+
+    fn blind_snapshot(blind: Vec<crate::model::Blind>) -> Snapshot {
+        Snapshot {
+            node: "n1".into(),
+            blind,
+            sight: crate::model::Sight {
+                proc_root: "/host/prc".into(),
+                unreadable: 10,
+                ..Default::default()
+            },
+            nvml: crate::model::NvmlState {
+                loaded: false,
+                library: Some("/nonexistent/x.so".into()),
+                error: Some("cannot open".into()),
+                disabled: false,
+            },
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn a_blind_scan_says_why_and_never_all_healthy() {
+        use crate::model::Blind;
+        let snap = blind_snapshot(vec![Blind::ContainersUnreadable]);
+        let mut out = Vec::new();
+        write_tables(&mut out, &snap, false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("all healthy"), "{text}");
+        assert!(text.contains("blind (containers_unreadable): the processes of 10 cgroups"));
+        assert!(text.contains("No containers measured."), "{text}");
+        assert!(
+            text.contains("nothing here is known to be healthy"),
+            "{text}"
+        );
+        assert!(text.contains("GPUs: none (NVML did not load from /nonexistent/x.so: cannot open)"));
+
+        let snap = blind_snapshot(vec![Blind::SomeContainersUnreadable]);
+        let mut out = Vec::new();
+        write_tables(&mut out, &snap, false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("all healthy"), "{text}");
+        assert!(text.contains("partly blind"), "{text}");
+
+        let mut out = Vec::new();
+        write_tables(&mut out, &Snapshot::default(), false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("No containers found.") && text.contains("all healthy"));
+    }
+
+    #[test]
+    fn json_carries_nvml_and_blind() {
+        let snap = blind_snapshot(vec![crate::model::Blind::NoProcesses]);
+        let mut out = Vec::new();
+        write_json(&mut out, &snap).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["blind"], serde_json::json!(["no_processes"]));
+        assert_eq!(v["nvml"]["loaded"], false);
+        assert_eq!(v["nvml"]["library"], "/nonexistent/x.so");
+        assert_eq!(v["nvml"]["error"], "cannot open");
+        assert_eq!(v["sight"]["unreadable"], 10);
+        let mut out = Vec::new();
+        write_json(&mut out, &Snapshot::default()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v["blind"],
+            serde_json::json!([]),
+            "empty when it saw everything"
+        );
     }
 }

@@ -225,7 +225,7 @@ impl Scanner {
             duration: started.elapsed(),
             errors: shm.errors,
         };
-        let mut readings = shm.readings;
+        let (mut readings, sight) = (shm.readings, shm.sight);
         if let Some(pods) = pods {
             pods.annotate(&mut readings);
         }
@@ -265,6 +265,9 @@ impl Scanner {
                 failures: Vec::new(),
                 failure_counts: Vec::new(),
                 nvml_up: gpu.nvml_up,
+                nvml: gpu.nvml,
+                blind: sight.blind(),
+                sight,
                 driver_gpus: gpu.driver_gpus,
                 taken_at: Some(std::time::SystemTime::now()),
             },

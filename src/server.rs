@@ -1,5 +1,5 @@
 //! HTTP: `/metrics` from the last snapshot, `/healthz` (the scan loop is alive), `/readyz`
-//! (a first scan has completed). GET (and HEAD) only; everything else is 404 or 405.
+//! (a first scan has completed, and the last could see: not blind). GET (and HEAD) only; everything else is 404 or 405.
 //!
 //! The accept loop is our own rather than `axum::serve`, which has no knobs for what a node
 //! agent exposed on every node needs: a bounded number of connections (the rest wait in the
@@ -21,6 +21,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::task::JoinSet;
 
 use crate::metrics::{Metrics, SharedSnapshot, CONTENT_TYPE};
+use crate::model::Snapshot;
 
 /// Liveness of the scan loop, shared between the scan thread and the HTTP handlers.
 pub struct Health {
@@ -183,17 +184,52 @@ async fn healthz(State(state): State<Arc<AppState>>) -> (StatusCode, &'static st
     }
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, &'static str) {
-    if state.snapshot.load().is_some() {
-        (StatusCode::OK, "ready\n")
+async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, String) {
+    match readiness(state.snapshot.load().as_deref()) {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+/// Ready once a scan finished that could see: an agent blind to every container (wrong
+/// --proc-root, no cgroups, no permission) is not ready, with the reasons as the body.
+fn readiness(snapshot: Option<&Snapshot>) -> Result<(), String> {
+    let Some(snapshot) = snapshot else {
+        return Err("first scan not finished\n".into());
+    };
+    let mut why = String::new();
+    for reason in snapshot.blind_totally() {
+        why.push_str(&crate::text::blind(reason, &snapshot.sight));
+        why.push('\n');
+    }
+    if why.is_empty() {
+        Ok(())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "first scan not finished\n")
+        Err(why)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn not_ready_before_a_scan_nor_while_blind() {
+        use crate::model::Blind;
+        assert_eq!(
+            readiness(None),
+            Err("first scan not finished\n".to_string())
+        );
+        let mut s = Snapshot::default();
+        assert_eq!(readiness(Some(&s)), Ok(()));
+        s.blind = vec![Blind::SomeContainersUnreadable];
+        assert_eq!(readiness(Some(&s)), Ok(()), "partly blind is still ready");
+        s.blind = vec![Blind::NoProcesses, Blind::NoCgroups];
+        let why = readiness(Some(&s)).unwrap_err();
+        assert!(why.contains("blind (no_processes)"), "{why}");
+        assert!(why.contains("blind (no_cgroups)"), "{why}");
+        assert_eq!(why.lines().count(), 2);
+    }
 
     #[test]
     fn health_goes_stale_without_scans() {

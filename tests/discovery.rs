@@ -6,6 +6,7 @@ use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
 use shmlink::host::HostPaths;
+use shmlink::model::Blind;
 use shmlink::shm::ShmScanner;
 
 const HOST_MNT: u64 = 4026531840;
@@ -555,4 +556,54 @@ fn unreadable_or_garbled_memory_cgroup_files_cost_that_figure_only() {
     assert_eq!(reading(SIDECAR_ID).memory_limit_bytes, Some(2048 * MIB));
     assert_eq!(reading(SIDECAR_ID).memory_shmem_bytes, None);
     assert!(scan.errors >= 1, "the unreadable file is counted");
+}
+
+#[test]
+fn sight_counts_what_was_measured_and_what_could_not_be_looked_into() {
+    let host = FakeHost::v2();
+    host.process(500, HOST_MNT + 50, HOST_MNT + 51);
+    host.cgroup_dir(
+        "/kubepods/pod55555555-6666-7777-8888-999999999999/c1",
+        &[500],
+        None,
+        0,
+    );
+    let dir = host.proc().join("600");
+    fs::create_dir_all(dir.join("ns")).unwrap();
+    symlink("garbage", dir.join("ns/mnt")).unwrap();
+    host.cgroup_dir("/odd/c", &[600], None, 0);
+    let scan = host.scan();
+    assert_eq!(scan.readings.len(), 1);
+    assert_eq!((scan.sight.measured, scan.sight.unreadable), (1, 1));
+    assert_eq!(scan.sight.blind(), vec![Blind::SomeContainersUnreadable]);
+
+    // The readable one gone: nothing measured, so blind to all.
+    fs::remove_dir_all(host.proc().join("500")).unwrap();
+    let scan = host.scan();
+    assert_eq!((scan.sight.measured, scan.sight.unreadable), (0, 1));
+    assert_eq!(scan.sight.blind(), vec![Blind::ContainersUnreadable]);
+}
+
+#[test]
+fn no_hierarchy_is_blind_until_one_appears() {
+    let host = FakeHost::v2();
+    fs::remove_file(host.cgroup().join("cgroup.controllers")).unwrap();
+    let mut scanner = ShmScanner::new(&host.paths()).expect("no hierarchy is no error");
+    let scan = scanner.scan();
+    assert!(!scan.sight.cgroup_hierarchy);
+    assert_eq!(scan.sight.blind(), vec![Blind::NoCgroups]);
+    fs::write(host.cgroup().join("cgroup.controllers"), "memory\n").unwrap();
+    let scan = scanner.scan();
+    assert!(scan.sight.cgroup_hierarchy);
+    assert_eq!(scan.sight.blind(), vec![]);
+}
+
+#[test]
+fn a_proc_root_without_processes_is_blind() {
+    let host = FakeHost::v2();
+    assert_eq!(host.scan().sight.blind(), vec![]);
+    fs::remove_dir_all(host.proc().join("1")).unwrap();
+    let scan = host.scan();
+    assert!(!scan.sight.processes);
+    assert_eq!(scan.sight.blind(), vec![Blind::NoProcesses]);
 }

@@ -126,7 +126,8 @@ fn host_fixture(dir: &Path, bus_ids: &[&str]) -> (PathBuf, PathBuf) {
     for id in bus_ids {
         std::fs::create_dir_all(proc_root.join("driver/nvidia/gpus").join(id)).unwrap();
     }
-    std::fs::create_dir_all(&proc_root).unwrap();
+    // A process, or the agent is blind (no_processes) and never ready.
+    std::fs::create_dir_all(proc_root.join("1")).unwrap();
     let cgroup_root = dir.join("cgroup");
     std::fs::create_dir_all(&cgroup_root).unwrap();
     std::fs::write(

@@ -367,6 +367,8 @@ fn no_library_on_a_machine_with_an_nvidia_gpu_is_a_finding() {
     let dir = tempfile::tempdir().unwrap();
     let proc_root = dir.path().join("proc");
     std::fs::create_dir_all(proc_root.join("driver/nvidia/gpus/0000:18:00.0")).unwrap();
+    // A process, or the scan is blind (no_processes) and exits 2.
+    std::fs::create_dir_all(proc_root.join("1")).unwrap();
     let cgroup_root = dir.path().join("cgroup");
     std::fs::create_dir_all(&cgroup_root).unwrap();
     std::fs::write(

@@ -114,6 +114,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let between = Between {
         scanner,
         findings_told: kube.is_none().then(FindingChanges::default),
+        blind_told: Vec::new(),
         kube,
         ledger: Ledger::default(),
         kernel_xids: KernelXids::default(),

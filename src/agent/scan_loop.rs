@@ -12,7 +12,7 @@ use crate::failures::ledger::Ledger;
 use crate::failures::sources::Followed;
 use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
 use crate::metrics::{Metrics, SharedSnapshot};
-use crate::model::Failure;
+use crate::model::{Blind, Failure, Snapshot};
 use crate::scan::Scanner;
 use crate::server::Health;
 
@@ -30,6 +30,8 @@ pub(super) struct Between {
     pub(super) kernel_xids: KernelXids,
     /// Without Kubernetes, the findings said in the log as they begin and end.
     pub(super) findings_told: Option<FindingChanges>,
+    /// The blind reasons last logged: said when they begin and end, not every scan.
+    pub(super) blind_told: Vec<Blind>,
 }
 
 impl Between {
@@ -132,6 +134,7 @@ impl Between {
         if let Some(told) = self.findings_told.as_mut() {
             log_changes(told.update(&out.snapshot.findings));
         }
+        self.tell_blind(&out.snapshot);
         if first {
             tracing::info!(
                 containers = out.snapshot.shm.len(),
@@ -141,6 +144,39 @@ impl Between {
         }
         self.ledger.fill(&mut out.snapshot);
         snapshot.store(Some(Arc::new(out.snapshot)));
+    }
+}
+
+impl Between {
+    /// Logs the scan's blind reasons when they change: each once as it begins, and the end.
+    fn tell_blind(&mut self, snapshot: &Snapshot) {
+        if snapshot.blind == self.blind_told {
+            return;
+        }
+        for &reason in snapshot
+            .blind
+            .iter()
+            .filter(|b| !self.blind_told.contains(b))
+        {
+            tracing::warn!(
+                reason = reason.as_str(),
+                "{} (shmlink_blind{{reason=\"{reason}\"}} 1{})",
+                crate::text::blind(reason, &snapshot.sight),
+                if reason.is_total() {
+                    "; /readyz 503"
+                } else {
+                    ""
+                }
+            );
+        }
+        for reason in self
+            .blind_told
+            .iter()
+            .filter(|b| !snapshot.blind.contains(b))
+        {
+            tracing::info!(reason = reason.as_str(), "no longer blind: {reason} ended");
+        }
+        self.blind_told = snapshot.blind.clone();
     }
 }
 

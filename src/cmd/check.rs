@@ -1,12 +1,11 @@
 //! `shmlink check`: one scan and the failures since `--since`, as tables or JSON; exit 1 on any
-//! warning or critical finding.
+//! warning or critical finding or a partly blind scan, 2 on a blind one.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use shmlink::check::{self, CheckSettings};
 use shmlink::cli::{CheckArgs, LogFormat};
-use shmlink::model::Severity;
 use shmlink::report;
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
@@ -22,12 +21,13 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let mut stdout = std::io::stdout().lock();
     if args.json {
         report::write_json(&mut stdout, &snapshot)?;
+        // The JSON says `blind`; a person running it should not have to look.
+        for &reason in &snapshot.blind {
+            eprintln!("shmlink: {}", shmlink::text::blind(reason, &snapshot.sight));
+        }
     } else {
         let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         report::write_tables(&mut stdout, &snapshot, colour)?;
     }
-    Ok(match snapshot.worst_severity() {
-        Some(Severity::Warning | Severity::Critical) => ExitCode::from(1),
-        _ => ExitCode::SUCCESS,
-    })
+    Ok(ExitCode::from(check::exit_status(&snapshot)))
 }

@@ -11,7 +11,7 @@ use super::nvml::NvmlGpus;
 use super::pairs::{PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
-use crate::model::{Blame, GpuReading, GpuUsers, PairProbe, PairVerdict};
+use crate::model::{Blame, GpuReading, GpuUsers, NvmlState, PairProbe, PairVerdict};
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
@@ -33,6 +33,8 @@ pub struct GpuScan {
     /// The pair probe's last results.
     pub probes: Vec<PairProbe>,
     pub nvml_up: bool,
+    /// Whether NVML loaded, from where, and why not.
+    pub nvml: NvmlState,
     /// PCI bus ids of the GPUs the driver lists, NVML or not.
     pub driver_gpus: Vec<String>,
     pub errors: u64,
@@ -50,7 +52,12 @@ struct Loaded {
 
 enum State {
     Disabled,
-    Unavailable { reason: String, last_try: Instant },
+    Unavailable {
+        reason: String,
+        /// NVML's own word on why it did not load.
+        error: String,
+        last_try: Instant,
+    },
     Loaded(Box<Loaded>),
 }
 
@@ -68,6 +75,8 @@ pub struct GpuCollector {
     /// NVML's XID events and the kernel log's XIDs (written by the scan thread) meet here.
     xids: Arc<XidCounts>,
     state: State,
+    /// What the last load attempt found, for the snapshot.
+    nvml: NvmlState,
 }
 
 impl GpuCollector {
@@ -89,11 +98,13 @@ impl GpuCollector {
             stop: Arc::new(AtomicBool::new(false)),
             xids: Arc::default(),
             state: State::Disabled,
+            nvml: NvmlState::disabled(),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
         } else {
             collector.state = collector.load();
+            collector.nvml = nvml_state(collector.lib.as_deref(), &collector.state);
         }
         collector
     }
@@ -124,6 +135,7 @@ impl GpuCollector {
                 tracing::info!("{reason}; running shm-only");
                 State::Unavailable {
                     reason,
+                    error: e.to_string(),
                     last_try: Instant::now(),
                 }
             }
@@ -153,6 +165,7 @@ impl GpuCollector {
         if let State::Unavailable { last_try, .. } = &self.state {
             if last_try.elapsed() >= RETRY_LOAD_EVERY {
                 self.state = self.load();
+                self.nvml = nvml_state(self.lib.as_deref(), &self.state);
             }
         }
         let driver_gpus = driver_gpus(&self.proc_root);
@@ -188,9 +201,34 @@ impl GpuCollector {
             }
         };
         scan.driver_gpus = driver_gpus;
+        scan.nvml = self.nvml.clone();
         scan
     }
 }
+
+/// NVML's state for the snapshot, from the collector's.
+fn nvml_state(lib: Option<&Path>, state: &State) -> NvmlState {
+    let library =
+        Some(lib.map_or_else(|| DEFAULT_NVML_LIB.to_string(), |l| l.display().to_string()));
+    match state {
+        State::Disabled => NvmlState::disabled(),
+        State::Unavailable { error, .. } => NvmlState {
+            loaded: false,
+            library,
+            error: Some(error.clone()),
+            disabled: false,
+        },
+        State::Loaded(_) => NvmlState {
+            loaded: true,
+            library,
+            error: None,
+            disabled: false,
+        },
+    }
+}
+
+/// The library NVML is loaded from without `--nvml-lib` (nvml-wrapper's default).
+const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 
 impl Drop for GpuCollector {
     fn drop(&mut self) {
@@ -232,6 +270,7 @@ impl Loaded {
             xids,
             findings,
             nvml_up: true,
+            nvml: NvmlState::default(),
             driver_gpus: Vec::new(),
             errors: stats.errors,
             calls: stats.calls,

@@ -3,8 +3,9 @@
 //!
 //! Nothing here scans: a scrape only reads the snapshot the scan thread last stored. This file
 //! holds the registry, [`Metrics`] and the snapshot collector; each family is defined in the one
-//! file of its concern: `shm`, `failures`, `gpu`, `self_metrics`.
+//! file of its concern: `shm`, `blind`, `failures`, `gpu`, `self_metrics`.
 
+mod blind;
 mod failures;
 mod gpu;
 mod self_metrics;
@@ -90,6 +91,7 @@ impl Collector for SnapshotCollector {
             return Ok(());
         };
         shm::encode(&mut encoder, &snapshot.shm)?;
+        blind::encode(&mut encoder, &snapshot.blind)?;
         failures::encode(&mut encoder, &snapshot.failure_counts)?;
         gpu::encode(&mut encoder, snapshot)?;
         self_metrics::encode_last_scan(&mut encoder, snapshot.taken_at)

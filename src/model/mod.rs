@@ -7,6 +7,7 @@ mod finding;
 mod gpu;
 mod gpu_users;
 mod shm;
+mod sight;
 mod snapshot;
 mod stats;
 mod xid;
@@ -24,6 +25,7 @@ pub use gpu::{
 };
 pub use gpu_users::{GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
+pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
 pub use xid::{XidAction, XidEntry};

@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::{
-    Blame, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, PairProbe,
-    PairVerdict, Severity, ShmReading,
+    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, NvmlState,
+    PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
 /// XID errors of one kind on one GPU.
@@ -40,6 +40,12 @@ pub struct Snapshot {
     pub findings: Vec<Finding>,
     /// What the workloads' logs and the kernel said recently.
     pub failures: Vec<Failure>,
+    /// NVML's state: loaded, the library tried, why it did not load.
+    pub nvml: NvmlState,
+    /// Why the scan could not see everything (empty when it did): never "all healthy" then.
+    pub blind: Vec<Blind>,
+    /// What the shm scan could look into, counted (how many it could not read).
+    pub sight: Sight,
     /// Failures counted since the agent started, per container and kind
     /// (`shmlink_workload_failures_total`).
     #[serde(skip)]
@@ -59,5 +65,10 @@ pub struct Snapshot {
 impl Snapshot {
     pub fn worst_severity(&self) -> Option<Severity> {
         self.findings.iter().map(|f| f.severity).max()
+    }
+
+    /// The reasons this scan measured nothing (check exits 2, serve is not ready).
+    pub fn blind_totally(&self) -> impl Iterator<Item = Blind> + '_ {
+        self.blind.iter().copied().filter(|b| b.is_total())
     }
 }

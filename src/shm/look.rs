@@ -49,7 +49,8 @@ impl ShmScanner {
             Ok(root) => root,
             Err(OpenShmError::Absent(_)) => return None,
             Err(e) => {
-                self.error(out, "container root", rel, &e);
+                let denied = matches!(&e, OpenShmError::Io(io) if super::is_denied(io));
+                self.unreadable(out, "container root", rel, &e, denied);
                 return Some(Look::Unmeasured(format!(
                     "opening the container's root: {e}"
                 )));

@@ -24,8 +24,9 @@ use std::time::SystemTime;
 
 use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
 use crate::cgroup::path::parse_cgroup_path;
+use crate::cgroup::CgroupVersion;
 use crate::host::{HostError, HostNamespaces, HostPaths, NsId, NsSource};
-use crate::model::{Leftovers, ShmReading};
+use crate::model::{Leftovers, ShmReading, Sight};
 use crate::procfs::kfile::FileReader;
 use deadline::Measurer;
 use look::build_reading;
@@ -38,13 +39,21 @@ pub struct ShmScan {
     pub readings: Vec<ShmReading>,
     /// Real errors (permission, I/O); vanished processes and cgroups are not errors.
     pub errors: u64,
+    /// What the scan could look into: the ground for calling it blind.
+    pub sight: Sight,
 }
 
 /// Keeps what outlives one scan: the host's namespaces, the mountinfo cache, and which
 /// problems were already logged.
 pub struct ShmScanner {
     proc_root: PathBuf,
+    /// The cgroup root, looked at again each scan while it holds no memory hierarchy.
+    cgroup_root: PathBuf,
+    /// The memory hierarchy; the cgroup root itself, unused, while `found` is false.
     hierarchy: PathBuf,
+    found: bool,
+    read_shmem: bool,
+    read_oom_kills: bool,
     host_ns: HostNamespaces,
     memcg: MemcgReader,
     mounts: HashMap<NsId, CachedMount>,
@@ -83,12 +92,24 @@ impl ShmScanner {
                 "PID 1's namespaces are unreadable; taking the agent's own as the host's"
             );
         }
-        let (hierarchy, version) = host.memory_hierarchy()?;
+        // No hierarchy is no reason to stop: each scan says it is blind, and looks again.
+        let found = host.memory_hierarchy();
+        if let Err(e) = &found {
+            tracing::info!("{e}: no container can be measured until one appears");
+        }
+        let (hierarchy, version) = found
+            .as_ref()
+            .cloned()
+            .unwrap_or_else(|_| (host.cgroup_root.clone(), CgroupVersion::V2));
         tracing::debug!(hierarchy = %hierarchy.display(), ?version, "memory cgroup hierarchy");
         Ok(ShmScanner {
             proc_root: host.proc_root.clone(),
+            cgroup_root: host.cgroup_root.clone(),
             memcg: MemcgReader::new(hierarchy.clone(), version),
             hierarchy,
+            found: found.is_ok(),
+            read_shmem: true,
+            read_oom_kills: false,
             host_ns,
             mounts: HashMap::new(),
             logged: HashSet::new(),
@@ -103,12 +124,31 @@ impl ShmScanner {
 
     /// Whether readings carry `memory_shmem_bytes` (memory.stat): on unless turned off.
     pub fn set_read_shmem(&mut self, on: bool) {
+        self.read_shmem = on;
         self.memcg.set_read_shmem(on);
     }
 
     /// Whether readings carry `memory_oom_kills`: off unless turned on.
     pub fn set_read_oom_kills(&mut self, on: bool) {
+        self.read_oom_kills = on;
         self.memcg.set_read_oom_kills(on);
+    }
+
+    /// Whether a memory hierarchy is there to walk; one that appeared since is taken up.
+    fn hierarchy_found(&mut self) -> bool {
+        if self.found {
+            return true;
+        }
+        let Some((hierarchy, version)) = crate::cgroup::memory_hierarchy(&self.cgroup_root) else {
+            return false;
+        };
+        tracing::info!(hierarchy = %hierarchy.display(), "a memory cgroup hierarchy appeared");
+        self.memcg = MemcgReader::new(hierarchy.clone(), version);
+        self.memcg.set_read_shmem(self.read_shmem);
+        self.memcg.set_read_oom_kills(self.read_oom_kills);
+        self.hierarchy = hierarchy;
+        self.found = true;
+        true
     }
 
     pub fn host_namespaces(&self) -> HostNamespaces {
@@ -121,8 +161,15 @@ impl ShmScanner {
     /// opened relative to it, and listed through the same handle: no path walk from the root
     /// per file, and the least system calls per cgroup (see BENCHMARKS.md).
     pub fn scan(&mut self) -> ShmScan {
-        self.memcg.start_scan();
         let mut out = ShmScan::default();
+        out.sight.proc_root = self.proc_root.display().to_string();
+        out.sight.cgroup_root = self.cgroup_root.display().to_string();
+        out.sight.processes = crate::host::has_processes(&self.proc_root);
+        out.sight.cgroup_hierarchy = self.hierarchy_found();
+        if !out.sight.cgroup_hierarchy {
+            return out;
+        }
+        self.memcg.start_scan();
         let mut live_ns = HashSet::new();
         let Some(root) = self.open_cgroup(None, "", &mut out) else {
             return out;
@@ -150,6 +197,7 @@ impl ShmScanner {
         }
         self.mounts.retain(|ns, _| live_ns.contains(ns));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+        out.sight.measured = out.readings.iter().filter(|r| r.mounted.is_some()).count() as u64;
         out
     }
 
@@ -253,6 +301,31 @@ impl ShmScanner {
     }
 
     /// Logs a problem once per key at warn, then at debug: a broken entry must not spam logs.
+    /// A process that could not be looked into (its namespaces or root denied): counted as
+    /// unreadable, and, when denied, logged once for all (each scan would deny alike; the
+    /// scan's blind reasons say how many).
+    fn unreadable(
+        &mut self,
+        out: &mut ShmScan,
+        what: &str,
+        rel: &str,
+        e: &dyn std::fmt::Display,
+        denied: bool,
+    ) {
+        out.sight.unreadable += 1;
+        if !denied {
+            return self.error(out, what, rel, e);
+        }
+        out.errors += 1;
+        self.warn_once(
+            "denied".to_string(),
+            format_args!(
+                "reading {what} of {rel}: {e} (other containers denied alike are counted, not \
+                 logged: run as root, or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH)"
+            ),
+        );
+    }
+
     fn warn_once(&mut self, key: String, message: std::fmt::Arguments<'_>) {
         if self.logged.len() < 10_000 && self.logged.insert(key) {
             tracing::warn!("{message}");
@@ -260,6 +333,12 @@ impl ShmScanner {
             tracing::debug!("{message}");
         }
     }
+}
+
+/// EACCES / EPERM: the agent lacks the permission (or capability) to look.
+fn is_denied(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied
+        || e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error())
 }
 
 /// ENOENT / ESRCH: a process or cgroup that ended while we looked. Not an error.

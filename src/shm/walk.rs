@@ -151,7 +151,7 @@ impl ShmScanner {
                 Ok(ns) => return Some((pid, ns)),
                 Err(e) if is_vanished(&e) => continue,
                 Err(e) => {
-                    self.error(out, "ns/mnt", rel, &e);
+                    self.unreadable(out, "ns/mnt", rel, &e, super::is_denied(&e));
                     return None;
                 }
             }

@@ -8,9 +8,11 @@
 //! - `failures.rs`: why a workload died; `ipc.rs`: what else failed its IPC (a /dev/shm not
 //!   shared or missing, descriptors, CUDA IPC, IMEX, peer access, fallbacks);
 //! - `conditions.rs`: the Node's conditions, reasons too;
-//! - `preflight.rs`: preflight's problems;
+//! - `preflight.rs`: preflight's problems; `blind.rs`: what a scan could not see, and NVML's
+//!   state when it lists no GPU;
 //! - here: the small pieces they share (lists of GPUs and links, rates, durations).
 
+mod blind;
 mod conditions;
 mod failures;
 mod gpu;
@@ -20,6 +22,7 @@ mod preflight;
 mod probe;
 mod shm;
 
+pub use blind::{blind, no_findings_but_blind, no_gpus_because};
 pub use conditions::{
     fault_gpu_lost, gpu_fault, gpu_health_unknown, no_gpu_fault, no_gpus, pairs_failing,
     pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
