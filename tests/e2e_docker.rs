@@ -343,7 +343,7 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
         assert_eq!(container, name, "named by --name: {series:?}");
         assert!(kinds.contains(&kind.as_str()), "{name}: {kind}");
         assert_eq!(*value, 1.0);
-        eprintln!("{name}: told by serve {told_after:?} after docker wait returned");
+        eprintln!("{name}: {kind} told by serve {told_after:?} after docker wait returned");
         assert!(
             told_after < Duration::from_secs(4),
             "{name}: {told_after:?}"
@@ -382,6 +382,12 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
         assert!(common::shm_entry(&report, id).is_some(), "{id}: {report:#}");
     }
     let metrics = agent.metrics();
+    // The live containers' shm series carry their Docker names too.
+    for (id, name) in [(&on_default, "gpudefault"), (&plain, "nogpu")] {
+        let labels = [("container", name), ("container_id", id.as_str())];
+        let size = common::agent::sample(&metrics, "shmlink_shm_size_bytes", &labels);
+        assert_eq!(size, Some((64 * MIB) as f64), "{name}: {metrics}");
+    }
     for (id, name) in [(&bus, "shortbus"), (&oom, "shortoom")] {
         let told = failures_of(&report, name);
         assert_eq!(told.len(), 1, "{report:#}");
