@@ -258,8 +258,18 @@ fn failure_series(metrics: &str, id: &str) -> Vec<(String, String, f64)> {
 fn serve_and_check_name_docker_containers_and_their_gpus() {
     let Some(d) = Dockerd::start() else { return };
     let root = d.data_root().to_string_lossy().to_string();
-    let agent = Agent::start(&["--no-gpu", "--docker-root", &root, "--kmsg", "off"], &[]);
+    // With the kernel log where it can be read: the OOM kill is then the kernel's report of a
+    // cgroup, which must carry the Docker name all the same.
+    let kernel = if common::kmsg_readable() {
+        "/dev/kmsg"
+    } else {
+        "off"
+    };
+    let agent = Agent::start(&["--no-gpu", "--docker-root", &root, "--kmsg", kernel], &[]);
+    // And from Docker's records alone (with the memory cgroups' OOM counters).
+    let records_only = Agent::start(&["--no-gpu", "--docker-root", &root, "--kmsg", "off"], &[]);
     agent.wait_ready();
+    records_only.wait_ready();
 
     // Given GPUs (no GPU needed: only the record says so) on the default, on 1 GiB, and none.
     let gpu_env = ["-e", "NVIDIA_VISIBLE_DEVICES=all"];
@@ -333,21 +343,23 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
             &["workload_oom_killed", "shm_oom_killed"][..],
         ),
     ] {
-        let metrics = agent.wait_for_metrics_within(name, Duration::from_secs(10), |m| {
-            !failure_series(m, id).is_empty()
-        });
-        let told_after = ended.elapsed();
-        let series = failure_series(&metrics, id);
-        assert_eq!(series.len(), 1, "one failure of {name}: {series:?}");
-        let (container, kind, value) = &series[0];
-        assert_eq!(container, name, "named by --name: {series:?}");
-        assert!(kinds.contains(&kind.as_str()), "{name}: {kind}");
-        assert_eq!(*value, 1.0);
-        eprintln!("{name}: {kind} told by serve {told_after:?} after docker wait returned");
-        assert!(
-            told_after < Duration::from_secs(4),
-            "{name}: {told_after:?}"
-        );
+        for agent in [&agent, &records_only] {
+            let metrics = agent.wait_for_metrics_within(name, Duration::from_secs(10), |m| {
+                !failure_series(m, id).is_empty()
+            });
+            let told_after = ended.elapsed();
+            let series = failure_series(&metrics, id);
+            assert_eq!(series.len(), 1, "one failure of {name}: {series:?}");
+            let (container, kind, value) = &series[0];
+            assert_eq!(container, name, "named by --name: {series:?}");
+            assert!(kinds.contains(&kind.as_str()), "{name}: {kind}");
+            assert_eq!(*value, 1.0);
+            eprintln!("{name}: {kind} told by serve {told_after:?} after docker wait returned");
+            assert!(
+                told_after < Duration::from_secs(4),
+                "{name}: {told_after:?}"
+            );
+        }
     }
 
     // serve's log: the GPU container on the default, and none of the others.
@@ -368,8 +380,9 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
     );
 
     // check says the same: the finding for the one container, and the deaths by name with the
-    // kinds serve counted.
-    let report = check(&d, "off");
+    // kinds serve counted, from the same sources.
+    let report = check(&d, kernel);
+    let without_kernel = check(&d, "off");
     let found = runtime_default_subjects(&report);
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(found[0].contains("gpudefault"), "{}", found[0]);
@@ -388,14 +401,14 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
         let size = common::agent::sample(&metrics, "shmlink_shm_size_bytes", &labels);
         assert_eq!(size, Some((64 * MIB) as f64), "{name}: {metrics}");
     }
-    for (id, name) in [(&bus, "shortbus"), (&oom, "shortoom")] {
-        let told = failures_of(&report, name);
-        assert_eq!(told.len(), 1, "{report:#}");
-        assert_eq!(told[0]["container_id"], id.as_str());
-        assert_eq!(
-            told[0]["kind"],
-            failure_series(&metrics, id)[0].1.as_str(),
-            "{name}"
-        );
+    let records_metrics = records_only.metrics();
+    for (report, metrics) in [(&report, &metrics), (&without_kernel, &records_metrics)] {
+        for (id, name) in [(&bus, "shortbus"), (&oom, "shortoom")] {
+            let told = failures_of(report, name);
+            assert_eq!(told.len(), 1, "{report:#}");
+            assert_eq!(told[0]["container_id"], id.as_str());
+            let counted = failure_series(metrics, id);
+            assert_eq!(told[0]["kind"], counted[0].1.as_str(), "{name}");
+        }
     }
 }
