@@ -61,7 +61,8 @@ enum Source {
         offset: u64,
     },
     Gz {
-        reader: MultiGzDecoder<File>,
+        /// Boxed: the decoder's state is large, and most files are plain.
+        reader: Box<MultiGzDecoder<File>>,
         read: u64,
         /// Decompressed bytes read at most (a gzip bomb ends here).
         limit: u64,
@@ -142,7 +143,7 @@ impl Handle {
             }
             Position::LineAt(_) => Source::Plain { file, offset: 0 },
             Position::Gz(limit) => Source::Gz {
-                reader: MultiGzDecoder::new(file),
+                reader: Box::new(MultiGzDecoder::new(file)),
                 read: 0,
                 limit: limit.min(GZ_MAX),
             },
