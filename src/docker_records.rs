@@ -4,6 +4,8 @@
 //! each container's configuration in `<root>/containers/<id>/config.v2.json`; reading it needs
 //! no socket (which would grant control of Docker) and works while the daemon is down. The
 //! files are read-only here and opened beneath `<root>/containers` without following symlinks.
+//! Whether a container uses GPUs is read there too (no Pod says it): `NVIDIA_VISIBLE_DEVICES` in
+//! its environment, or a GPU in `hostconfig.json`'s `DeviceRequests` (`--gpus`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -26,9 +28,12 @@ pub struct DockerContainer {
     pub name: String,
     /// The image as it was asked for (`pytorch/pytorch:2.5.1-...`), not its digest.
     pub image: String,
+    /// It was given GPUs: `NVIDIA_VISIBLE_DEVICES` set to other than `void`/`none`/empty (what
+    /// NVIDIA's runtime hook reads), or a GPU device request (`docker run --gpus`).
+    pub uses_gpu: bool,
 }
 
-/// The two fields of config.v2.json this needs; the others are ignored.
+/// The fields of config.v2.json this needs; the others are ignored.
 #[derive(Deserialize)]
 struct ConfigV2 {
     #[serde(rename = "Name")]
@@ -41,18 +46,65 @@ struct ConfigV2 {
 struct ContainerConfig {
     #[serde(rename = "Image")]
     image: String,
+    #[serde(rename = "Env", default)]
+    env: Option<Vec<String>>,
 }
 
-/// Pure: the name and image out of config.v2.json's text; None when it is not that shape.
-pub fn parse_config(json: &str) -> Option<DockerContainer> {
+/// Pure: the name, image and GPU use out of config.v2.json's text and, where it could be read,
+/// hostconfig.json's; None when config.v2.json is not that shape.
+pub fn parse_config(json: &str, host_config: Option<&str>) -> Option<DockerContainer> {
     let config: ConfigV2 = serde_json::from_str(json).ok()?;
     let name = config.name.strip_prefix('/').unwrap_or(&config.name);
     if name.is_empty() {
         return None;
     }
+    let env = config.config.env.as_deref().unwrap_or_default();
     Some(DockerContainer {
         name: name.to_string(),
         image: config.config.image,
+        uses_gpu: env_gives_gpus(env) || host_config.is_some_and(requests_gpus),
+    })
+}
+
+/// Whether the environment names GPUs for NVIDIA's hook: `NVIDIA_VISIBLE_DEVICES` set (the last
+/// one wins, as in a process's environment) to other than `void`, `none` or nothing.
+fn env_gives_gpus(env: &[String]) -> bool {
+    let value = env
+        .iter()
+        .rev()
+        .find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="));
+    value.is_some_and(|v| !matches!(v.trim(), "" | "void" | "none"))
+}
+
+/// hostconfig.json's device requests (`docker run --gpus` writes `Capabilities: [["gpu"]]`).
+#[derive(Deserialize, Default)]
+struct DeviceRequests {
+    #[serde(rename = "DeviceRequests", default)]
+    requests: Option<Vec<DeviceRequest>>,
+}
+
+#[derive(Deserialize)]
+struct DeviceRequest {
+    #[serde(rename = "Driver", default)]
+    driver: Option<String>,
+    /// An OR list of AND lists.
+    #[serde(rename = "Capabilities", default)]
+    capabilities: Option<Vec<Option<Vec<String>>>>,
+}
+
+/// Pure: whether hostconfig.json's text asks for a GPU: a device request for the `nvidia`
+/// driver or with the `gpu` capability. Not that shape: no.
+pub fn requests_gpus(host_config: &str) -> bool {
+    let Ok(host) = serde_json::from_str::<DeviceRequests>(host_config) else {
+        return false;
+    };
+    host.requests.unwrap_or_default().iter().any(|r| {
+        r.driver.as_deref() == Some("nvidia")
+            || r.capabilities
+                .iter()
+                .flatten()
+                .flatten()
+                .any(|all| all.iter().any(|c| c == "gpu"))
     })
 }
 
@@ -66,7 +118,8 @@ struct FileVersion {
 }
 
 struct Cached {
-    version: FileVersion,
+    /// config.v2.json's, and hostconfig.json's where there is one.
+    version: (FileVersion, Option<FileVersion>),
     /// `None` for a file that did not parse: not re-read until it changes.
     container: Option<DockerContainer>,
 }
@@ -107,26 +160,27 @@ impl DockerNames {
                 return None;
             }
         };
-        let meta = match file.metadata() {
-            Ok(meta) if meta.is_file() => meta,
-            Ok(_) => return None,
+        let config_version = match version_of(&file) {
+            Ok(Some(version)) => version,
+            Ok(None) => return None,
             Err(e) => {
                 self.log(container_id, &e);
                 return None;
             }
         };
-        let version = FileVersion {
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-        };
+        // hostconfig.json is optional (the GPU request only): missing or odd, it says nothing.
+        let host = open_record(containers, container_id, "hostconfig.json")
+            .ok()
+            .and_then(|f| Some((version_of(&f).ok().flatten()?, f)));
+        let version = (config_version, host.as_ref().map(|h| h.0));
         if let Some(cached) = self.cache.get(container_id) {
             if cached.version == version {
                 return cached.container.clone();
             }
         }
-        let container = match read_bounded(file, version.size) {
-            Ok(Some(text)) => parse_config(&text),
+        let host_text = host.and_then(|(v, f)| read_bounded(f, v.size).ok().flatten());
+        let container = match read_bounded(file, config_version.size) {
+            Ok(Some(text)) => parse_config(&text, host_text.as_deref()),
             Ok(None) => None,
             Err(e) => {
                 self.log(container_id, &e);
@@ -162,6 +216,16 @@ impl DockerNames {
             tracing::warn!(container_id, "reading Docker's config.v2.json: {e}");
         }
     }
+}
+
+/// A regular file's version; None for anything else.
+fn version_of(file: &File) -> io::Result<Option<FileVersion>> {
+    let meta = file.metadata()?;
+    Ok(meta.is_file().then(|| FileVersion {
+        ino: meta.ino(),
+        size: meta.size(),
+        mtime: (meta.mtime(), meta.mtime_nsec()),
+    }))
 }
 
 /// Docker's IDs as it spells its directories: 64 lowercase hex digits. Nothing else can name a
@@ -426,6 +490,7 @@ mod tests {
         DockerContainer {
             name: "asr".into(),
             image: "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime".into(),
+            uses_gpu: true, // NVIDIA_VISIBLE_DEVICES=all
         }
     }
 
@@ -538,8 +603,96 @@ mod tests {
     }
 
     #[test]
+    fn real_records_say_which_containers_were_given_gpus() {
+        let gpu = |n: &str| {
+            let c = fixture(&format!("{n}.config.v2.json"));
+            let h = fixture(&format!("{n}.hostconfig.json"));
+            parse_config(&c, Some(&h)).unwrap().uses_gpu
+        };
+        // `--gpus all` (DeviceRequests, no NVIDIA_VISIBLE_DEVICES); `-e ...=all`; `-e ...=void`.
+        assert!(gpu("gpus"));
+        assert!(gpu("envgpu"));
+        assert!(!gpu("envvoid"));
+        // Without hostconfig.json, `--gpus` is not known; the environment still is.
+        assert!(
+            !parse_config(&fixture("gpus.config.v2.json"), None)
+                .unwrap()
+                .uses_gpu
+        );
+        for n in ["oomk", "bus2"] {
+            assert!(!gpu(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn the_gpu_words_of_the_environment_and_the_device_requests() {
+        let env =
+            |vars: &[&str]| env_gives_gpus(&vars.iter().map(|v| v.to_string()).collect::<Vec<_>>());
+        assert!(env(&["NVIDIA_VISIBLE_DEVICES=0,1"]));
+        assert!(env(&["NVIDIA_VISIBLE_DEVICES=GPU-5f3c"]));
+        for none in ["", "void", "none", " none "] {
+            assert!(
+                !env(&[&format!("NVIDIA_VISIBLE_DEVICES={none}")]),
+                "{none:?}"
+            );
+        }
+        assert!(!env(&[
+            "NVIDIA_DRIVER_CAPABILITIES=all",
+            "XNVIDIA_VISIBLE_DEVICES=all"
+        ]));
+        // The last one wins, as in the process's environment.
+        assert!(!env(&[
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_VISIBLE_DEVICES=void"
+        ]));
+        assert!(requests_gpus(
+            r#"{"DeviceRequests":[{"Driver":"nvidia","Count":1}]}"#
+        ));
+        assert!(requests_gpus(
+            r#"{"DeviceRequests":[{"Capabilities":[["compute"],["gpu","utility"]]}]}"#
+        ));
+        for no in [
+            r#"{"DeviceRequests":null}"#,
+            r#"{"DeviceRequests":[{"Driver":"","Capabilities":[null,["tpu"]]}]}"#,
+            r#"{"DeviceRequests":[{"Driver":"cdi","DeviceIDs":["vendor.com/x=1"]}]}"#,
+            r#"{"DeviceRequests":"gpu"}"#,
+            "{}",
+            "",
+            "not json",
+        ] {
+            assert!(!requests_gpus(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn a_hostconfig_written_later_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            format!(r#"{{"ID":"{ID}","Name":"/trainer","Config":{{"Image":"x","Env":null}}}}"#);
+        write_config(dir.path(), ID, &config);
+        let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
+        assert!(
+            !names.lookup(ID).unwrap().uses_gpu,
+            "no hostconfig.json yet"
+        );
+        let host = dir
+            .path()
+            .join("containers")
+            .join(ID)
+            .join("hostconfig.json");
+        std::fs::write(&host, fixture("gpus.hostconfig.json")).unwrap();
+        assert!(names.lookup(ID).unwrap().uses_gpu);
+        // A symlinked hostconfig.json is not followed.
+        let elsewhere = dir.path().join("elsewhere.json");
+        std::fs::write(&elsewhere, fixture("gpus.hostconfig.json")).unwrap();
+        std::fs::remove_file(&host).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &host).unwrap();
+        assert!(!names.lookup(ID).unwrap().uses_gpu);
+    }
+
+    #[test]
     fn parses_a_real_config() {
-        assert_eq!(parse_config(&real_config(ID, "/asr")), Some(asr()));
+        assert_eq!(parse_config(&real_config(ID, "/asr"), None), Some(asr()));
     }
 
     #[test]
@@ -556,7 +709,7 @@ mod tests {
             r#"{"Name":"/asr","Config":{"Image":null}}"#,
             r#"{"Name":"/asr","Config":{"Image":"x"}"#,
         ] {
-            assert_eq!(parse_config(text), None, "{text}");
+            assert_eq!(parse_config(text, None), None, "{text}");
         }
     }
 
@@ -685,7 +838,10 @@ mod tests {
             ",\"Padding\":\"{}\"}}",
             "x".repeat(MAX_CONFIG_BYTES as usize)
         ));
-        assert!(parse_config(&text).is_some(), "well-formed, only too big");
+        assert!(
+            parse_config(&text, None).is_some(),
+            "well-formed, only too big"
+        );
         write_config(dir.path(), ID, &text);
         let mut names = DockerNames::new(Some(dir.path().to_path_buf()));
         assert_eq!(names.lookup(ID), None);

@@ -13,7 +13,7 @@ use crate::kube::pods::PodIndex;
 use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
 use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget, MAX_YOUNG, YOUNG};
-use crate::shm::status::{shm_findings, Thresholds};
+use crate::shm::status::{shm_findings_by, Thresholds};
 use crate::shm::ShmScanner;
 
 /// What a scan looks at and how it judges, whichever command runs it.
@@ -36,8 +36,8 @@ pub struct ScanSettings {
 /// How `serve` scans, beyond what `check` does.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeScan {
-    /// How often a container's /dev/shm is sampled between scans while it is half full or
-    /// growing.
+    /// How often a container's /dev/shm is sampled between scans while it is young, half full
+    /// or growing.
     pub peak_period: Duration,
     /// Read each container's OOM kill counter (serve without the kernel log).
     pub oom_kills: bool,
@@ -157,16 +157,22 @@ impl Scanner {
         self
     }
 
-    /// Containers outside Kubernetes get the name and image Docker knows them by.
-    fn name_docker_containers(&mut self, readings: &mut [ShmReading]) {
+    /// Containers outside Kubernetes get the name and image Docker knows them by; the IDs of
+    /// those Docker says were given GPUs.
+    fn name_docker_containers(&mut self, readings: &mut [ShmReading]) -> HashSet<String> {
+        let mut gpu = HashSet::new();
         for r in readings.iter_mut().filter(|r| r.pod_uid.is_none()) {
             if let Some(c) = self.docker.lookup(&r.container_id) {
                 r.container = Some(c.name);
                 r.image = Some(c.image);
+                if c.uses_gpu {
+                    gpu.insert(r.container_id.clone());
+                }
             }
         }
         let live: HashSet<String> = readings.iter().map(|r| r.container_id.clone()).collect();
         self.docker.retain(&live);
+        gpu
     }
 
     /// The peak since the previous scan, and which containers to sample until the next.
@@ -229,13 +235,14 @@ impl Scanner {
         if let Some(pods) = pods {
             pods.annotate(&mut readings);
         }
-        self.name_docker_containers(&mut readings);
+        let docker_gpu = self.name_docker_containers(&mut readings);
         self.track_peaks(&mut readings);
-        let mut findings = shm_findings(
-            &mut readings,
-            &self.thresholds,
-            pods.map(|p| |uid: &str| p.requests_gpu(uid)),
-        );
+        let mut findings = shm_findings_by(&mut readings, &self.thresholds, |r| {
+            match (pods, r.pod_uid.as_deref()) {
+                (Some(pods), Some(uid)) => pods.requests_gpu(uid),
+                _ => docker_gpu.contains(&r.container_id),
+            }
+        });
 
         let started = Instant::now();
         let gpu = self.gpu.scan(self.probes.latest());

@@ -1,13 +1,17 @@
-//! `shmlink check` on a plain Docker host, against a real engine (tests/common/docker.rs):
-//! what `docker run`'s /dev/shm options give a container, a failure line in a real json-file
-//! log, and the deaths that print nothing, told from Docker's own record (`OOMKilled`, exit
-//! 135) and, for the OOM kill, from the kernel's report: one failure each.
+//! `shmlink check` and `serve` on a plain Docker host, against a real engine
+//! (tests/common/docker.rs): what `docker run`'s /dev/shm options give a container, a failure
+//! line in a real json-file log, the deaths that print nothing, told from Docker's own record
+//! (`OOMKilled`, exit 135) and, for the OOM kill, from the kernel's report: one failure each,
+//! named as Docker names it; and a container given GPUs on Docker's 64 MiB default.
 
 mod common;
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
+use common::agent::Agent;
 use common::docker::{Dockerd, IMAGE};
+use common::promtext::samples;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -225,4 +229,186 @@ fn check_on_a_real_docker_engine() {
         message.contains("what filled the memory is not known"),
         "{message}"
     );
+}
+
+/// The `shm_runtime_default` findings of a `check --json` report, by their subject.
+fn runtime_default_subjects(report: &Value) -> Vec<String> {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "shm_runtime_default")
+        .map(|f| format!("{} {}", f["subject"], f["message"]))
+        .collect()
+}
+
+/// `shmlink_workload_failures_total` series naming `id`, as (container label, kind, value).
+fn failure_series(metrics: &str, id: &str) -> Vec<(String, String, f64)> {
+    samples(metrics)
+        .filter(|s| s.name == "shmlink_workload_failures_total")
+        .filter(|s| s.label("container_id") == Some(id))
+        .map(|s| {
+            let label = |k| s.label(k).unwrap_or_default().to_string();
+            (label("container"), label("kind"), s.value)
+        })
+        .collect()
+}
+
+#[test]
+fn serve_and_check_name_docker_containers_and_their_gpus() {
+    let Some(d) = Dockerd::start() else { return };
+    let root = d.data_root().to_string_lossy().to_string();
+    // With the kernel log where it can be read: the OOM kill is then the kernel's report of a
+    // cgroup, which must carry the Docker name all the same.
+    let kernel = if common::kmsg_readable() {
+        "/dev/kmsg"
+    } else {
+        "off"
+    };
+    let agent = Agent::start(&["--no-gpu", "--docker-root", &root, "--kmsg", kernel], &[]);
+    // And from Docker's records alone (with the memory cgroups' OOM counters).
+    let records_only = Agent::start(&["--no-gpu", "--docker-root", &root, "--kmsg", "off"], &[]);
+    agent.wait_ready();
+    records_only.wait_ready();
+
+    // Given GPUs (no GPU needed: only the record says so) on the default, on 1 GiB, and none.
+    let gpu_env = ["-e", "NVIDIA_VISIBLE_DEVICES=all"];
+    let on_default = d.run(
+        &[
+            &["--name", "gpudefault"][..],
+            &gpu_env,
+            &[IMAGE, "sleep", "300"],
+        ]
+        .concat(),
+    );
+    let sized = d.run(
+        &[
+            &["--name", "gpubig", "--shm-size=1g"][..],
+            &gpu_env,
+            &[IMAGE, "sleep", "300"],
+        ]
+        .concat(),
+    );
+    let plain = d.run(&["--name", "nogpu", IMAGE, "sleep", "300"]);
+    let voided = d.run(&[
+        "--name",
+        "gpuvoid",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=void",
+        IMAGE,
+        "sleep",
+        "300",
+    ]);
+
+    // Deaths that print nothing, of containers that live about 1.5 s: a SIGBUS (a child shell
+    // killed by it; the shell exits with its status) and an OOM kill (/dev/shm filled past
+    // --memory).
+    let bus = d.run(&[
+        "--name",
+        "shortbus",
+        IMAGE,
+        "sh",
+        "-c",
+        "sleep 1; sh -c 'kill -BUS $$'; exit $?",
+    ]);
+    let oom = d.run(&[
+        "--name",
+        "shortoom",
+        "--memory=32m",
+        "--memory-swap=32m",
+        "--shm-size=256m",
+        IMAGE,
+        "sh",
+        "-c",
+        "sleep 1; dd if=/dev/zero of=/dev/shm/fill bs=1M count=200",
+    ]);
+    assert_eq!(d.wait(&bus), 135, "{}", d.log());
+    let bus_ended = Instant::now();
+    assert_eq!(d.wait(&oom), 137);
+    let oom_ended = Instant::now();
+    assert_eq!(d.inspect(&oom, "{{.State.OOMKilled}}"), "true");
+
+    // serve tells each from Docker's record within a couple of seconds, by its Docker name.
+    for (id, name, ended, kinds) in [
+        (
+            &bus,
+            "shortbus",
+            bus_ended,
+            &["workload_bus_error", "shm_bus_error"][..],
+        ),
+        (
+            &oom,
+            "shortoom",
+            oom_ended,
+            &["workload_oom_killed", "shm_oom_killed"][..],
+        ),
+    ] {
+        for agent in [&agent, &records_only] {
+            let metrics = agent.wait_for_metrics_within(name, Duration::from_secs(10), |m| {
+                !failure_series(m, id).is_empty()
+            });
+            let told_after = ended.elapsed();
+            let series = failure_series(&metrics, id);
+            assert_eq!(series.len(), 1, "one failure of {name}: {series:?}");
+            let (container, kind, value) = &series[0];
+            assert_eq!(container, name, "named by --name: {series:?}");
+            assert!(kinds.contains(&kind.as_str()), "{name}: {kind}");
+            assert_eq!(*value, 1.0);
+            eprintln!("{name}: {kind} told by serve {told_after:?} after docker wait returned");
+            assert!(
+                told_after < Duration::from_secs(4),
+                "{name}: {told_after:?}"
+            );
+        }
+    }
+
+    // serve's log: the GPU container on the default, and none of the others.
+    let said_at_all = common::wait_until(Duration::from_secs(5), || {
+        agent.log_text().contains("shm_runtime_default")
+    });
+    assert!(said_at_all, "{}", agent.log_text());
+    let log = agent.log_text();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("shm_runtime_default") && l.contains("began"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(
+        said[0].contains("gpudefault") && said[0].contains("--shm-size"),
+        "{}",
+        said[0]
+    );
+
+    // check says the same: the finding for the one container, and the deaths by name with the
+    // kinds serve counted, from the same sources.
+    let report = check(&d, kernel);
+    let without_kernel = check(&d, "off");
+    let found = runtime_default_subjects(&report);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].contains("gpudefault"), "{}", found[0]);
+    assert!(
+        found[0].contains("--ipc=host") && !found[0].contains("emptyDir"),
+        "{}",
+        found[0]
+    );
+    for id in [&on_default, &sized, &plain, &voided] {
+        assert!(common::shm_entry(&report, id).is_some(), "{id}: {report:#}");
+    }
+    let metrics = agent.metrics();
+    // The live containers' shm series carry their Docker names too.
+    for (id, name) in [(&on_default, "gpudefault"), (&plain, "nogpu")] {
+        let labels = [("container", name), ("container_id", id.as_str())];
+        let size = common::agent::sample(&metrics, "shmlink_shm_size_bytes", &labels);
+        assert_eq!(size, Some((64 * MIB) as f64), "{name}: {metrics}");
+    }
+    let records_metrics = records_only.metrics();
+    for (report, metrics) in [(&report, &metrics), (&without_kernel, &records_metrics)] {
+        for (id, name) in [(&bus, "shortbus"), (&oom, "shortoom")] {
+            let told = failures_of(report, name);
+            assert_eq!(told.len(), 1, "{report:#}");
+            assert_eq!(told[0]["container_id"], id.as_str());
+            let counted = failure_series(metrics, id);
+            assert_eq!(told[0]["kind"], counted[0].1.as_str(), "{name}");
+        }
+    }
 }

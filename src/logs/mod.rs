@@ -108,8 +108,8 @@ impl LogTailer {
 
     /// New complete lines since the last poll, oldest first per file. Blocking file I/O only,
     /// bounded work per call: at most 4 MiB read per file, except on the first poll of `since`,
-    /// which reads what is on disk (up to 256 MiB per file and its rotations); the rest is read
-    /// by the next polls.
+    /// which reads what is on disk: of a file and its rotations, their newest 256 MiB at most
+    /// (the older bytes are not read: [`LogTailer::unread_bytes`]).
     pub fn poll(&mut self) -> Vec<LogLine> {
         self.poll_matching(|_| true)
     }
@@ -135,6 +135,12 @@ impl LogTailer {
                 text: entry.text,
             })
         });
+    }
+
+    /// Bytes the catch-up of `since` did not read: older than the newest 256 MiB of a log and
+    /// its rotations (each such log said once at `warn`).
+    pub fn unread_bytes(&self) -> u64 {
+        self.follower.tally().unread
     }
 
     /// Cumulative counts.

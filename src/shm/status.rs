@@ -77,17 +77,28 @@ pub fn shm_findings(
     thresholds: &Thresholds,
     requests_gpu: Option<impl Fn(&str) -> bool>,
 ) -> Vec<Finding> {
+    let uses_gpu = |r: &ShmReading| match (&requests_gpu, r.pod_uid.as_deref()) {
+        (Some(requests_gpu), Some(uid)) => requests_gpu(uid),
+        _ => false,
+    };
+    shm_findings_by(readings, thresholds, uses_gpu)
+}
+
+/// As [`shm_findings`], with the GPU question asked of each reading: a Pod's container by its
+/// Pod, a plain Docker container by Docker's record of it (by container ID).
+pub fn shm_findings_by(
+    readings: &mut [ShmReading],
+    thresholds: &Thresholds,
+    uses_gpu: impl Fn(&ShmReading) -> bool,
+) -> Vec<Finding> {
     let mut findings = evaluate_shm(readings, thresholds);
     findings.extend(readings.iter().filter_map(leftovers_finding));
-    if let Some(requests_gpu) = requests_gpu {
-        let gpu_workload = |r: &&ShmReading| r.pod_uid.as_deref().is_some_and(&requests_gpu);
-        findings.extend(
-            readings
-                .iter()
-                .filter(gpu_workload)
-                .filter_map(runtime_default_finding),
-        );
-    }
+    findings.extend(
+        readings
+            .iter()
+            .filter(|r| uses_gpu(r))
+            .filter_map(runtime_default_finding),
+    );
     findings
 }
 
@@ -162,6 +173,36 @@ mod tests {
             available_bytes: available,
             ..fixtures::shm_reading("0123456789abcdef0123", 0, 0)
         }
+    }
+
+    #[test]
+    fn a_docker_container_given_gpus_on_the_default_gets_docker_words() {
+        let mut default = reading(Some(64 * MIB), Some(0), Some(64 * MIB));
+        (default.mounted, default.fs_type) = (Some(true), Some("tmpfs".into()));
+        default.pod_uid = None;
+        default.container = Some("trainer".into());
+        let mut sized = default.clone();
+        (sized.container_id, sized.size_bytes) = ("f".repeat(64), Some(1024 * MIB));
+        let mut no_gpu = default.clone();
+        no_gpu.container_id = "e".repeat(64);
+        let gpu_ids = [default.container_id.clone(), sized.container_id.clone()];
+        let mut rs = vec![default, sized, no_gpu];
+        let findings = shm_findings_by(&mut rs, &Thresholds::default(), |r| {
+            gpu_ids.contains(&r.container_id)
+        });
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert_eq!(findings[0].kind, FindingKind::ShmRuntimeDefault);
+        let message = &findings[0].message;
+        assert!(message.contains("trainer"), "{message}");
+        assert!(message.contains("--shm-size"), "{message}");
+        assert!(message.contains("--ipc=host"), "{message}");
+        assert!(
+            !message.contains("emptyDir"),
+            "not Kubernetes YAML: {message}"
+        );
+        // The Pods not known, a Pod's container is not asked about by shm_findings.
+        let findings = shm_findings(&mut rs, &Thresholds::default(), None::<fn(&str) -> bool>);
+        assert!(findings.is_empty(), "{findings:?}");
     }
 
     #[test]

@@ -49,18 +49,32 @@ pub fn shm_full(r: &ShmReading) -> String {
     message
 }
 
-/// `shm_runtime_default`: a GPU workload on the runtime's 64 MiB, and the YAML that fixes it.
 /// `shm_unmeasured`: the agent could not look, which is not the same as nothing being there.
 pub fn shm_unmeasured(r: &ShmReading, error: &str) -> String {
     let container = ContainerRef::of(r);
     format!(
-        "The /dev/shm of container {} could not be measured ({error}); its size and use are          unknown, not absent. Check the agent's privileges (SYS_PTRACE, DAC_READ_SEARCH) and          its log.",
+        "The /dev/shm of container {} could not be measured ({error}); its size and use are \
+         unknown, not absent. Check the agent's privileges (SYS_PTRACE, DAC_READ_SEARCH) and \
+         its log.",
         container.short_name()
     )
 }
 
+/// `shm_runtime_default`: a GPU workload on the runtime's 64 MiB, and what fixes it: the Pod's
+/// YAML, or docker run's options for a plain Docker container.
 pub fn shm_runtime_default(r: &ShmReading) -> String {
     let container = ContainerRef::of(r);
+    // No Pod: a plain Docker container, whose record said it was given GPUs.
+    if r.pod_uid.is_none() {
+        return format!(
+            "Container {} was given GPUs but runs on Docker's default 64 MiB /dev/shm: PyTorch \
+             DataLoader workers and NCCL fail with bus errors once it fills. Run it with a larger \
+             one: docker run --shm-size=8g ... (with docker compose: shm_size), or --ipc=host to \
+             use the host's /dev/shm (tmpfs pages count against --memory: leave room for them \
+             there).",
+            container.short_name()
+        );
+    }
     format!(
         "Container {} requests GPUs but runs on the container runtime's default 64 MiB \
          /dev/shm: PyTorch DataLoader workers and NCCL fail with bus errors once it fills. Add to \

@@ -13,10 +13,10 @@ use std::time::SystemTime;
 use crate::logs::path::Rotation;
 use crate::logs::{Bucket, Entry, Gate, LogOrigin};
 
-use super::handle::Listed;
-use super::handle::{Handle, Position};
+use super::handle::{gz_size, Handle, Listed, Position};
+use super::newest::keep_newest;
 use super::stream::{Format, Out, Stream};
-use super::{FileId, Start, Tally};
+use super::{FileId, Start, Tally, CATCH_UP_BUDGET};
 
 /// One container's log directory (kubelet's `<pod>/<container>`, Docker's `containers/<id>`).
 pub(super) struct ContainerDir {
@@ -108,6 +108,11 @@ impl ContainerDir {
             Rotation::Rotated { order, .. } => (0, order),
             Rotation::Live => (1, 0),
         });
+        if matches!(start, Start::Since(_)) {
+            self.catch_up(&files, fd, start, tally);
+            self.remember(&files, start);
+            return;
+        }
         let to_read = self.rotated_to_read(&files, start);
         // Live files: a rotation first retires the old fd (drained before anything newer).
         for f in files.iter().filter(|f| f.rotation == Rotation::Live) {
@@ -142,6 +147,40 @@ impl ContainerDir {
         self.remember(&files, start);
     }
 
+    /// check's first listing (no file followed yet): each live name's files written since
+    /// `since`, oldest first, of which the newest [`CATCH_UP_BUDGET`] bytes are read.
+    fn catch_up(&mut self, files: &[Listed], fd: BorrowedFd<'_>, start: Start, tally: &mut Tally) {
+        let mut by_live: BTreeMap<&str, Vec<(&Listed, Position)>> = BTreeMap::new();
+        let live = files.iter().filter(|f| f.rotation == Rotation::Live);
+        let planned = self
+            .rotated_to_read(files, start)
+            .into_iter()
+            .chain(live.map(|f| (f, live_from(start, f.mtime, None))));
+        for (f, at) in planned {
+            by_live.entry(f.live.as_str()).or_default().push((f, at));
+        }
+        for (live, group) in by_live {
+            let sized: Vec<(Position, u64)> = group
+                .iter()
+                .map(|&(f, at)| (at, bytes_from(fd, f, at)))
+                .collect();
+            let fitted = keep_newest(&sized, CATCH_UP_BUDGET);
+            let unread: u64 = fitted.iter().map(|f| f.1).sum();
+            if let (true, Some((newest, _))) = (unread > 0, group.last()) {
+                tally.not_read(&newest.path, unread);
+            }
+            for (&(f, _), (at, _)) in group.iter().zip(fitted) {
+                let Some(handle) = at.and_then(|at| Handle::open(fd, f, at, tally)) else {
+                    continue;
+                };
+                match f.rotation {
+                    Rotation::Live => self.stream(live).follow(handle),
+                    Rotation::Rotated { .. } => self.stream(live).queue(handle),
+                }
+            }
+        }
+    }
+
     /// The rotated files of a listing (oldest first) to read, and from where.
     fn rotated_to_read<'f>(
         &self,
@@ -162,7 +201,8 @@ impl ContainerDir {
                     // one is complete, the .gz perhaps not yet.
                     let twin = gz && plain_names.contains(f.path.with_extension("").as_path());
                     if f.mtime >= since && !twin {
-                        to_read.push((f, if gz { Position::Gz } else { Position::At(0) }));
+                        let at = if gz { Position::Gz(0) } else { Position::At(0) };
+                        to_read.push((f, at));
                     }
                 }
                 (Rotation::Rotated { gz, .. }, Start::New) => {
@@ -227,6 +267,16 @@ fn keep_newest_live(files: &mut Vec<Listed>, max: usize) {
     live.sort_unstable_by(|a, b| b.cmp(a));
     let kept: HashSet<String> = live[..max].iter().map(|l| l.1.to_string()).collect();
     files.retain(|f| kept.contains(&f.live));
+}
+
+/// The bytes a file holds from `at` to its end (a gzipped one's decompressed size, as its
+/// trailer says; its compressed size when that cannot be read).
+fn bytes_from(fd: BorrowedFd<'_>, f: &Listed, at: Position) -> u64 {
+    match at {
+        Position::At(offset) | Position::LineAt(offset) => f.size.saturating_sub(offset),
+        Position::End => 0,
+        Position::Gz(_) => gz_size(fd, f).unwrap_or(f.size),
+    }
 }
 
 /// Where a live file that no fd follows yet is read from; `known`, whether it is known here

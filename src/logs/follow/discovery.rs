@@ -18,7 +18,7 @@ use super::dirs::ContainerDir;
 use super::handle::Listed;
 use super::notify::Watched;
 use super::stream::Format;
-use super::{file_id, mtime, Follower};
+use super::{file_id, mtime, size, Follower};
 
 /// A root, opened where the admin says, symlink or not.
 pub(super) fn root_dir(root: &Path) -> rustix::io::Result<Dir> {
@@ -212,6 +212,7 @@ impl Follower {
                 path,
                 id: file_id(&st),
                 mtime: mtime(&st),
+                size: size(&st),
             });
         }
         let Ok(fd) = fd.fd() else {

@@ -25,6 +25,8 @@ pub(super) struct Listed {
     pub(super) rotation: Rotation,
     pub(super) id: FileId,
     pub(super) mtime: SystemTime,
+    /// Its size when listed (a gzipped file's compressed size).
+    pub(super) size: u64,
 }
 
 /// Decompressed bytes read of one gzipped file at most: a gzip bomb ends here.
@@ -42,12 +44,15 @@ pub(super) struct Handle {
 }
 
 /// Where reading a newly opened file starts.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Position {
     At(u64),
     End,
-    /// A gzipped rotated file, decompressed from its start.
-    Gz,
+    /// From the first line that begins at or after the offset: the newest part of a file too
+    /// large to read whole (check's catch-up).
+    LineAt(u64),
+    /// A gzipped rotated file, decompressed from its start, at most this many bytes of it.
+    Gz(u64),
 }
 
 enum Source {
@@ -56,8 +61,11 @@ enum Source {
         offset: u64,
     },
     Gz {
-        reader: MultiGzDecoder<File>,
+        /// Boxed: the decoder's state is large, and most files are plain.
+        reader: Box<MultiGzDecoder<File>>,
         read: u64,
+        /// Decompressed bytes read at most (a gzip bomb ends here).
+        limit: u64,
     },
 }
 
@@ -118,22 +126,33 @@ impl Handle {
             }
         };
         tally.files += 1;
+        let mut lines = Splitter::default();
         let source = match at {
             Position::At(offset) => Source::Plain { file, offset },
             Position::End => Source::Plain {
                 offset: size(&st),
                 file,
             },
-            Position::Gz => Source::Gz {
-                reader: MultiGzDecoder::new(file),
+            // The byte before the offset is read too: a `\n` there means a line starts at it.
+            Position::LineAt(offset) if offset > 0 => {
+                lines.skip_to_next_line();
+                Source::Plain {
+                    offset: offset - 1,
+                    file,
+                }
+            }
+            Position::LineAt(_) => Source::Plain { file, offset: 0 },
+            Position::Gz(limit) => Source::Gz {
+                reader: Box::new(MultiGzDecoder::new(file)),
                 read: 0,
+                limit: limit.min(GZ_MAX),
             },
         };
         Some(Handle {
             id: file_id(&st),
             path: f.path.clone(),
             source,
-            lines: Splitter::default(),
+            lines,
             _open: slot,
         })
     }
@@ -198,11 +217,19 @@ impl Handle {
                     *offset += n as u64;
                     n
                 }
-                Source::Gz { reader, read } => {
-                    if *read >= GZ_MAX {
-                        tracing::debug!("{}: stopped at {GZ_MAX} bytes", self.path.display());
+                Source::Gz {
+                    reader,
+                    read,
+                    limit,
+                } => {
+                    if *read >= *limit {
+                        tracing::debug!("{}: stopped at {limit} bytes", self.path.display());
                         return Ok(true);
                     }
+                    let want = buf
+                        .len()
+                        .min(usize::try_from(*limit - *read).unwrap_or(usize::MAX));
+                    let buf = &mut buf[..want];
                     let n = uninterrupted(|| reader.read(buf))?;
                     *read += n as u64;
                     n
@@ -215,6 +242,18 @@ impl Handle {
         }
         Ok(false)
     }
+}
+
+/// A gzipped file's decompressed size as its trailer says (ISIZE: the last member's, modulo
+/// 4 GiB; kubelet and Docker write one member); None when it cannot be read.
+pub(super) fn gz_size(dir: BorrowedFd<'_>, f: &Listed) -> Option<u64> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = File::from(rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty()).ok()?);
+    let len = file.metadata().ok().filter(|m| m.is_file())?.len();
+    let mut isize = [0u8; 4];
+    file.read_exact_at(&mut isize, len.checked_sub(4)?).ok()?;
+    Some(u64::from(u32::from_le_bytes(isize)))
 }
 
 fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {

@@ -9,6 +9,7 @@
 mod dirs;
 mod discovery;
 mod handle;
+mod newest;
 pub(super) mod notify;
 mod split;
 mod still;
@@ -46,8 +47,9 @@ const MIN_SHARE: u64 = 256 << 10;
 /// for the next poll.
 pub(super) const KEPT_PER_POLL: u32 = 4096;
 /// The first poll of `since` reads what is on disk in one go (kubelet keeps 5 × 10 MiB a
-/// container by default); this only bounds a runaway.
-const CATCH_UP_BUDGET: u64 = 256 << 20;
+/// container by default); this only bounds a runaway: of a live name's files larger than this,
+/// the newest this many bytes are read (`newest`), the older skipped and said.
+pub(super) const CATCH_UP_BUDGET: u64 = 256 << 20;
 const CHUNK: usize = 64 * 1024;
 /// Distinct failing paths remembered (each logged and counted once).
 const MAX_FAILED: usize = 4096;
@@ -142,6 +144,8 @@ pub(super) struct Tally {
     pub dropped: u64,
     /// Bytes of deleted files let go unread ([`stream::MAX_UNREAD_DELETED`]).
     pub skipped: u64,
+    /// Bytes check's catch-up did not read: older than a log's newest [`CATCH_UP_BUDGET`].
+    pub unread: u64,
     /// Whether a file was let go before (said once at `warn`, later at `debug`).
     let_go_before: bool,
     failed: HashSet<PathBuf>,
@@ -177,6 +181,19 @@ impl Tally {
                 path.display()
             );
         }
+    }
+
+    /// check's catch-up read only the newest [`CATCH_UP_BUDGET`] bytes of a log and its
+    /// rotations: said once per log, since it may hide a death older than those bytes.
+    fn not_read(&mut self, path: &Path, bytes: u64) {
+        self.unread += bytes;
+        tracing::warn!(
+            "container log {}: {:.1} MiB of it and its rotations not read, older than the \
+             newest {} MiB read back (the most read of one log)",
+            path.display(),
+            bytes as f64 / f64::from(1 << 20),
+            CATCH_UP_BUDGET >> 20,
+        );
     }
 
     /// An unreadable path: counted and logged once. A path that vanished is not an error.
@@ -320,7 +337,9 @@ impl Follower {
         } = self;
         let due = |d: &ContainerDir| everything || d.pending;
         let (share, mut bytes_left, mut kept_left) = if catching_up {
-            (CATCH_UP_BUDGET, u64::MAX, u32::MAX)
+            // Each file's start was planned within the bound; the rest is room for what is
+            // appended while they are read.
+            (CATCH_UP_BUDGET + POLL_BUDGET, u64::MAX, u32::MAX)
         } else {
             let n = dirs.values().filter(|d| due(d)).count() as u64;
             let share = (POLL_TOTAL / n.max(1)).clamp(MIN_SHARE, POLL_BUDGET);

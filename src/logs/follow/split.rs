@@ -13,10 +13,25 @@ const PHYS_MAX: usize = 4 * MAX_LINE;
 pub(super) struct Splitter {
     head: Vec<u8>,
     cut: bool,
+    /// Dropping bytes up to and including the next `\n`: reading began inside a line.
+    skipping: bool,
 }
 
 impl Splitter {
+    /// The bytes fed until the next `\n` (and it) are the end of a line begun before them:
+    /// dropped, not taken for a line.
+    pub(super) fn skip_to_next_line(&mut self) {
+        self.skipping = true;
+    }
+
     pub(super) fn feed(&mut self, mut chunk: &[u8], sink: &mut dyn FnMut(&[u8], bool)) {
+        if self.skipping {
+            let Some(i) = memchr::memchr(b'\n', chunk) else {
+                return;
+            };
+            self.skipping = false;
+            chunk = &chunk[i + 1..];
+        }
         while let Some(i) = memchr::memchr(b'\n', chunk) {
             if self.head.is_empty() && !self.cut {
                 sink(&chunk[..i], false); // the usual case: no copy
@@ -37,6 +52,7 @@ impl Splitter {
 
     /// Hands over the unfinished line, if any.
     pub(super) fn finish(&mut self, sink: &mut dyn FnMut(&[u8], bool)) {
+        self.skipping = false;
         if !self.head.is_empty() || self.cut {
             sink(&self.head, self.cut);
         }
@@ -79,6 +95,23 @@ mod tests {
         assert_eq!(got[0].0.len(), PHYS_MAX);
         assert!(got[0].1);
         assert_eq!(got[1], (b"next".to_vec(), false));
+    }
+
+    #[test]
+    fn reading_begun_inside_a_line_drops_it_up_to_its_newline() {
+        let mut s = Splitter::default();
+        s.skip_to_next_line();
+        let mut out = Vec::new();
+        for chunk in [&b"tail of a"[..], b" line\nwhole\n"] {
+            s.feed(chunk, &mut |l, _| out.push(l.to_vec()));
+        }
+        assert_eq!(out, [b"whole".to_vec()]);
+        // Begun just after a newline: the first byte fed is that newline, nothing is lost.
+        let mut s = Splitter::default();
+        s.skip_to_next_line();
+        let mut out = Vec::new();
+        s.feed(b"\nfirst\n", &mut |l, _| out.push(l.to_vec()));
+        assert_eq!(out, [b"first".to_vec()]);
     }
 
     #[test]
