@@ -257,12 +257,21 @@ pub fn workload_oom_killed(
             limit_words(m),
         ),
         MemorySource::PodStatus | MemorySource::Docker => match m.shm_bytes {
-            Some(shm) => format!(
-                "and /dev/shm was not what filled the memory: at its last reading before the kill \
-                 it held {} of the {}",
-                human_bytes(shm),
-                limit_words(m),
-            ),
+            // A reading before the kill: a /dev/shm filled after it would not show.
+            Some(shm) => {
+                return format!(
+                    "container {who}: the kernel OOM-killed {} at {at}, at its {}; /dev/shm was \
+                     not what filled the memory as far as was measured: at its last reading \
+                     before the kill it held {}, and one filled after that reading would not \
+                     show. Lower what the workload holds (DataLoader workers, prefetch, batch \
+                     size) or raise the memory limit; if it writes to /dev/shm, leave the limit \
+                     room for /dev/shm's size.{}",
+                    comm_and_pid(comm, pid),
+                    limit_words(m),
+                    human_bytes(shm),
+                    counted_by(m),
+                );
+            }
             None => {
                 // Nothing says what filled it: say so rather than blame the workload.
                 return format!(
