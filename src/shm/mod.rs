@@ -10,6 +10,7 @@ pub mod leftovers;
 mod look;
 mod mounts;
 pub mod peak;
+pub mod sandbox;
 pub mod statfs;
 pub mod status;
 mod walk;
@@ -38,6 +39,8 @@ pub struct ShmScan {
     pub readings: Vec<ShmReading>,
     /// Real errors (permission, I/O); vanished processes and cgroups are not errors.
     pub errors: u64,
+    /// The Pods' sandbox /dev/shm on the host (`sandbox`), tied to their Pods.
+    pub sandboxes: Vec<ShmReading>,
 }
 
 /// Keeps what outlives one scan: the host's namespaces, the mountinfo cache, and which
@@ -62,6 +65,7 @@ pub struct ShmScanner {
     measurer: Measurer,
     /// Containers whose /dev/shm did not answer in time: not asked again.
     hung: HashSet<String>,
+    sandboxes: sandbox::SandboxShm,
 }
 
 /// Processes remembered at most (then forgotten all at once and read again).
@@ -98,6 +102,10 @@ impl ShmScanner {
             starts: HashMap::new(),
             measurer: Measurer::default(),
             hung: HashSet::new(),
+            sandboxes: sandbox::SandboxShm::new(host.proc_root.join(match host_ns.source {
+                NsSource::Agent => "self",
+                _ => "1",
+            })),
         })
     }
 
@@ -150,6 +158,7 @@ impl ShmScanner {
         }
         self.mounts.retain(|ns, _| live_ns.contains(ns));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+        out.sandboxes = self.sandboxes.scan(&out.readings, &mut out.errors);
         out
     }
 
