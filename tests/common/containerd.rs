@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// The sandbox ("pause") image the config names: the busybox image, whose command sleeps.
@@ -83,6 +83,11 @@ impl Pod {
     pub fn log_dir(&self) -> PathBuf {
         PathBuf::from(&self.config.log_directory)
     }
+
+    /// What containerd wrote of container `name`'s output so far (CRI lines).
+    pub fn log_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.log_dir().join(name).join("0.log")).unwrap_or_default()
+    }
 }
 
 impl Containerd {
@@ -93,7 +98,10 @@ impl Containerd {
         }
         let containerd = super::tool("containerd", "containerd (comes with docker.io)")?;
         super::tool("ctr", "containerd (comes with docker.io)")?;
-        super::tool("containerd-shim-runc-v2", "containerd (comes with docker.io)")?;
+        super::tool(
+            "containerd-shim-runc-v2",
+            "containerd (comes with docker.io)",
+        )?;
         let dir = tempfile::Builder::new()
             .prefix("shmlink-containerd-")
             .tempdir()
@@ -169,10 +177,9 @@ impl Containerd {
 
     /// RunPodSandbox: host network, the Pod's cgroup under `/kubepods/burstable`.
     pub fn run_pod(&self, spec: &PodSpec) -> Pod {
-        let log_dir = self.pod_log_root().join(format!(
-            "{}_{}_{}",
-            spec.namespace, spec.name, spec.uid
-        ));
+        let log_dir = self
+            .pod_log_root()
+            .join(format!("{}_{}_{}", spec.namespace, spec.name, spec.uid));
         std::fs::create_dir_all(&log_dir).unwrap();
         self.uids.lock().unwrap().push(spec.uid.clone());
         let config = cri::PodSandboxConfig {
@@ -289,6 +296,13 @@ impl Containerd {
         code
     }
 
+    /// Whether the container is running, waiting at most `timeout`.
+    pub fn wait_running(&self, id: &str, timeout: Duration) -> bool {
+        super::wait_until(timeout, || {
+            self.status(id).state == cri::ContainerState::ContainerRunning as i32
+        })
+    }
+
     /// StopContainer + RemoveContainer.
     pub fn remove_container(&self, id: &str) {
         let req = cri::StopContainerRequest {
@@ -358,7 +372,7 @@ impl Containerd {
         let config = serde_json::json!({
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Cmd": ["/bin/sleep", "2147483647"]},
+            "config": {"Cmd": ["/bin/sleep", "2147483647"], "Env": ["PATH=/bin:/usr/bin"]},
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{digest}")]},
         });
         std::fs::write(archive.join("config.json"), config.to_string()).unwrap();
