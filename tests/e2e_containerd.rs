@@ -227,15 +227,19 @@ fn leftovers(c: &Containerd) -> Made {
     }
 }
 
-fn check(c: &Containerd, api: &FakeApi) -> Value {
-    let out = std::process::Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--no-gpu", "--kube", "on"])
-        .args(["--node-name", NODE, "--since", "10m", "--kmsg", "/dev/kmsg"])
-        .arg("--pod-log-root")
-        .arg(c.pod_log_root())
-        .env("KUBECONFIG", api.kubeconfig_path())
-        .output()
-        .unwrap();
+/// `check --json` over the Pods; `api`: with the API server's Pods, else Kubernetes off.
+fn check(c: &Containerd, api: Option<&FakeApi>) -> Value {
+    let mut cmd = std::process::Command::new(common::shmlink_bin());
+    cmd.args(["check", "--json", "--no-gpu", "--node-name", NODE])
+        .args(["--since", "10m", "--kmsg", "/dev/kmsg", "--pod-log-root"])
+        .arg(c.pod_log_root());
+    match api {
+        Some(api) => cmd
+            .args(["--kube", "on"])
+            .env("KUBECONFIG", api.kubeconfig_path()),
+        None => cmd.args(["--kube", "off"]),
+    };
+    let out = cmd.output().unwrap();
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "check --json ({}): {e}: {}",
@@ -335,8 +339,10 @@ fn pods_made_by_containerd_are_measured_and_their_deaths_told() {
         }
     }
     let made_in = started.elapsed();
-    let report = check(&c, &api);
+    let report = check(&c, Some(&api));
     let mut p = Problems::default();
+    let kube_off = check(&c, None);
+    assert_named_by_log_path(&kube_off, &made["dataloader"], &made["oom"], &mut p);
     assert_shared(&report, &made["shared"], &mut p);
     assert_shm_cases(&report, &made["emptydir"], &made["hostipc"], &mut p);
     assert_sigbus(&report, &made["sigbus"], &mut p);
@@ -475,5 +481,33 @@ fn assert_leftovers(report: &Value, made: &Made, p: &mut Problems) {
                 .unwrap_or("")
                 .contains("nccl-Xy12Ab"),
         || format!("left-0/second finds the first's segment: {found:#?}"),
+    );
+}
+
+/// Kubernetes off: a log line's failure is named by the CRI log's path
+/// (`<namespace>_<pod>_<uid>/<container>/0.log`, as containerd wrote it); the kernel's OOM
+/// report is placed in its Pod by the cgroup's Pod UID (no names: nothing maps a container ID
+/// to a log directory without the API server).
+fn assert_named_by_log_path(report: &Value, loader: &Made, oom: &Made, p: &mut Problems) {
+    let failures = failures_of(report, loader);
+    p.expect(
+        !failures.is_empty()
+            && failures.iter().all(|f| {
+                f["namespace"] == NS
+                    && f["container"] == "loader"
+                    && f["pod_uid"] == loader.pod.spec.uid.as_str()
+            }),
+        || format!("loader-0 without Kubernetes, named by its log's path: {failures:#?}"),
+    );
+    let uid = oom.pod.spec.uid.as_str();
+    let placed: Vec<_> = report["failures"]
+        .as_array()
+        .map(|f| f.iter().filter(|f| f["pod_uid"] == uid).collect())
+        .unwrap_or_default();
+    p.expect(
+        placed.len() == 1
+            && placed[0]["kind"] == "workload_oom_killed"
+            && placed[0]["container_id"] == oom.id_of("eater"),
+        || format!("oom-0 without Kubernetes, placed by its cgroup: {placed:#?}"),
     );
 }
