@@ -258,6 +258,14 @@ impl Scanner {
             snapshot: Snapshot {
                 node: self.node.clone(),
                 shm: readings,
+                sandbox_shm: shm
+                    .sandboxes
+                    .into_iter()
+                    .map(|mut r| {
+                        r.status = self.thresholds.status(&r);
+                        r
+                    })
+                    .collect(),
                 gpus: gpu.gpus,
                 gpu_pairs: gpu.pairs,
                 gpu_blame: gpu.blame,

@@ -30,10 +30,11 @@ pub struct Known<'a> {
 /// `None` for a line told only with a full /dev/shm ([`Detected::judged`]) when it was not.
 pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let mut id = identity(&placed(d, known.snapshot), known.pods);
-    let reading = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
-    if let Some(r) = reading {
+    let own = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
+    if let Some(r) = own {
         id.fill_from(r);
     }
+    let reading = own.or_else(|| known.snapshot.and_then(|s| pod_shm_of(&id, s)));
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
     }
@@ -439,6 +440,15 @@ fn reading_of<'a>(id: &Identity, shm: &'a [ShmReading]) -> Option<&'a ShmReading
             .unwrap_or(0.0)
             .total_cmp(&b.fullness().unwrap_or(0.0))
     })
+}
+
+/// The Pod's sandbox /dev/shm (on the host, shared by its containers, outliving them): what a
+/// death is judged with when no container of the Pod was measured, e.g. the dead one alone.
+fn pod_shm_of<'a>(id: &Identity, s: &'a Snapshot) -> Option<&'a ShmReading> {
+    let uid = id.pod_uid.as_deref()?;
+    s.sandbox_shm
+        .iter()
+        .find(|r| r.pod_uid.as_deref() == Some(uid))
 }
 
 /// NVML indices of the GPUs the kubelet says the Pod holds (device plugins name them by UUID
@@ -977,5 +987,54 @@ mod tests {
         .expect("told");
         assert_eq!(finding(&f).subject, Subject::Node);
         assert!(f.message.contains("an unknown process"), "{}", f.message);
+    }
+
+    #[test]
+    fn a_death_whose_container_is_gone_is_judged_with_its_pods_sandbox_dev_shm() {
+        use crate::model::Exit;
+        let mut d = detected(
+            FindingKind::WorkloadBusError,
+            Who::Pod {
+                namespace: "ml".into(),
+                pod: "trainer-0".into(),
+                uid: UID.into(),
+                container: "trainer".into(),
+                container_id: Some("dead".into()),
+            },
+        );
+        d.source = FailureSource::PodStatus;
+        d.exit = Some(Exit {
+            code: Some(135),
+            signal: None,
+            reason: Some("Error".into()),
+        });
+        // No container of the Pod measured; its sandbox's /dev/shm full of what the dead wrote.
+        let sandbox = fixtures::shm_reading("sandbox", 64 * MIB, 64 * MIB);
+        let mut sandbox = fixtures::in_pod(sandbox, "ml", "trainer-0", UID, "x");
+        sandbox.container = None;
+        let mut s = fixtures::scanned("node", Vec::new(), None);
+        s.sandbox_shm = vec![sandbox];
+        let no_pods = GpuHolders::new();
+        let known = |s: &Snapshot| {
+            let k = Known {
+                snapshot: Some(s),
+                pods: None,
+                holders: &no_pods,
+                rules: DeathRules::default(),
+            };
+            correlate(&d, k).expect("told")
+        };
+        let told = known(&s);
+        assert_eq!(told.kind, FindingKind::ShmBusError, "{}", told.message);
+        assert_eq!(told.shm.as_ref().and_then(|s| s.used_bytes), Some(64 * MIB));
+        assert_eq!(
+            told.container_id.as_deref(),
+            Some("dead"),
+            "not the sandbox's"
+        );
+        // Another Pod's sandbox is not this one's.
+        s.sandbox_shm[0].pod_uid = Some("another".into());
+        let told = known(&s);
+        assert_eq!(told.kind, FindingKind::WorkloadBusError, "{}", told.message);
     }
 }

@@ -22,6 +22,10 @@ pub struct XidCount {
 pub struct Snapshot {
     pub node: String,
     pub shm: Vec<ShmReading>,
+    /// Each Pod sandbox's /dev/shm on the host (containerd, CRI-O), which every container of the
+    /// Pod shares and which outlives them: `pod_uid` set, `container` null, `container_id` the
+    /// sandbox's. Not containers, so not in `shm`.
+    pub sandbox_shm: Vec<ShmReading>,
     /// Filled by the GPU collector; empty when no NVML is loaded.
     pub gpus: Vec<GpuReading>,
     pub gpu_pairs: Vec<PairVerdict>,

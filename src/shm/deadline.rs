@@ -18,7 +18,7 @@ pub const DEADLINE: Duration = Duration::from_secs(2);
 pub const MAX_STUCK: usize = 16;
 
 type Answer = Result<(OwnedFd, ShmStat), OpenShmError>;
-type Job = (OwnedFd, Sender<Answer>);
+type Job = (OwnedFd, String, Sender<Answer>);
 
 /// Why there is no measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,13 +53,19 @@ impl Measurer {
 
     /// Opens `dev/shm` beneath the container's `root` and measures it, within the deadline.
     pub fn open_and_measure(&mut self, root: OwnedFd) -> Result<Answer, Unanswered> {
+        self.open_and_measure_at(root, "dev/shm")
+    }
+
+    /// Opens `rel` beneath `root` and measures it, within the deadline (a Pod sandbox's /dev/shm
+    /// is at a path of the host's).
+    pub fn open_and_measure_at(&mut self, root: OwnedFd, rel: &str) -> Result<Answer, Unanswered> {
         if self.stuck >= MAX_STUCK {
             return Err(Unanswered::TooManyStuck);
         }
         let (reply, answer) = mpsc::channel();
         let sent = match &self.worker {
-            Some(w) => w.send((root, reply)).map_err(|e| e.0),
-            None => Err((root, reply)),
+            Some(w) => w.send((root, rel.to_string(), reply)).map_err(|e| e.0),
+            None => Err((root, rel.to_string(), reply)),
         };
         if let Err(job) = sent {
             // No worker yet, or it ended: a new one.
@@ -94,8 +100,8 @@ fn spawn() -> Sender<Job> {
     let spawned = std::thread::Builder::new()
         .name("shm-statfs".into())
         .spawn(move || {
-            for (root, reply) in rx {
-                let answer = statfs::open_beneath(&root, "dev/shm").and_then(|fd| {
+            for (root, rel, reply) in rx {
+                let answer = statfs::open_beneath(&root, &rel).and_then(|fd| {
                     let stat = statfs::measure(&fd).map_err(OpenShmError::Io)?;
                     Ok((fd, stat))
                 });

@@ -10,6 +10,7 @@ pub mod leftovers;
 mod look;
 mod mounts;
 pub mod peak;
+pub mod sandbox;
 pub mod statfs;
 pub mod status;
 mod walk;
@@ -41,6 +42,8 @@ pub struct ShmScan {
     pub errors: u64,
     /// What the scan could look into: the ground for calling it blind.
     pub sight: Sight,
+    /// The Pods' sandbox /dev/shm on the host (`sandbox`), tied to their Pods.
+    pub sandboxes: Vec<ShmReading>,
 }
 
 /// Keeps what outlives one scan: the host's namespaces, the mountinfo cache, and which
@@ -71,6 +74,7 @@ pub struct ShmScanner {
     measurer: Measurer,
     /// Containers whose /dev/shm did not answer in time: not asked again.
     hung: HashSet<String>,
+    sandboxes: sandbox::SandboxShm,
 }
 
 /// Processes remembered at most (then forgotten all at once and read again).
@@ -119,6 +123,10 @@ impl ShmScanner {
             starts: HashMap::new(),
             measurer: Measurer::default(),
             hung: HashSet::new(),
+            sandboxes: sandbox::SandboxShm::new(host.proc_root.join(match host_ns.source {
+                NsSource::Agent => "self",
+                _ => "1",
+            })),
         })
     }
 
@@ -198,6 +206,7 @@ impl ShmScanner {
         self.mounts.retain(|ns, _| live_ns.contains(ns));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         out.sight.measured = out.readings.iter().filter(|r| r.mounted.is_some()).count() as u64;
+        out.sandboxes = self.sandboxes.scan(&out.readings, &mut out.errors);
         out
     }
 

@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod binary;
+pub mod containerd;
 pub mod crash;
 pub mod docker;
 pub mod fake_cuda;
