@@ -322,6 +322,18 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
         "-c",
         "sleep 1; dd if=/dev/zero of=/dev/shm/fill bs=1M count=200",
     ]);
+    // PyTorch's two lines of one DataLoader death, microseconds apart: one failure.
+    let loader = d.run(&[
+        "--name",
+        "twolines",
+        IMAGE,
+        "sh",
+        "-c",
+        "echo 'ERROR: Unexpected bus error encountered in worker. This might be caused by \
+         insufficient shared memory (shm).' >&2; echo 'RuntimeError: DataLoader worker (pid \
+         3527) is killed by signal: Bus error.' >&2; exit 1",
+    ]);
+    assert_eq!(d.wait(&loader), 1, "{}", d.log());
     assert_eq!(d.wait(&bus), 135, "{}", d.log());
     let bus_ended = Instant::now();
     assert_eq!(d.wait(&oom), 137);
@@ -403,6 +415,12 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
     }
     let records_metrics = records_only.metrics();
     for (report, metrics) in [(&report, &metrics), (&without_kernel, &records_metrics)] {
+        let told = failures_of(report, "twolines");
+        assert_eq!(told.len(), 1, "one death, one failure: {told:#?}");
+        assert_eq!(told[0]["kind"], "shm_allocation_failed");
+        let counted = failure_series(metrics, &loader);
+        assert_eq!(counted.len(), 1, "{counted:?}");
+        assert_eq!(counted[0].2, 1.0, "{counted:?}");
         for (id, name) in [(&bus, "shortbus"), (&oom, "shortoom")] {
             let told = failures_of(report, name);
             assert_eq!(told.len(), 1, "{report:#}");
