@@ -9,6 +9,7 @@ mod gpu_users;
 mod shm;
 mod snapshot;
 mod stats;
+mod traced;
 mod xid;
 
 pub use failure::{
@@ -26,6 +27,7 @@ pub use gpu_users::{GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use snapshot::{Snapshot, XidCount};
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
+pub use traced::{TracedCause, TracedDeath};
 pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.

@@ -1,0 +1,160 @@
+//! What a dying process's container holds the moment the kernel tells its death: its cgroup
+//! (whose it is), its /dev/shm and its memory cgroup, read at once, before its mounts go.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::sample::Event;
+use crate::cgroup::memory::{parse_memory_stat, parse_usage, MemcgReader};
+use crate::cgroup::proc::{identity_of_process, memory_cgroup};
+use crate::cgroup::CgroupVersion;
+use crate::model::{MemorySource, MemorySplit, TracedCause, TracedDeath};
+use crate::shm::at_death::measure_pid;
+use crate::shm::deadline::Measurer;
+
+/// Reads the moment: everything under the agent's roots.
+pub struct MomentReader {
+    proc_root: PathBuf,
+    hierarchy: Option<(PathBuf, CgroupVersion)>,
+    measurer: Measurer,
+}
+
+impl MomentReader {
+    pub fn new(proc_root: PathBuf, hierarchy: Option<(PathBuf, CgroupVersion)>) -> MomentReader {
+        MomentReader {
+            proc_root,
+            hierarchy,
+            measurer: Measurer::default(),
+        }
+    }
+
+    /// The death `event` tells, fired at `time_ns` (real-time clock), and the reading now.
+    pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
+        let start = Instant::now();
+        let (pid, comm, cause) = match event {
+            Event::Signal { code, pid, comm, .. } => (pid, comm, TracedCause::BusFault { code }),
+            Event::Victim {
+                pid,
+                comm,
+                anon_kb,
+                file_kb,
+                shmem_kb,
+            } => {
+                let b = |kb: Option<u64>| kb.map(|k| k.saturating_mul(1024));
+                let cause = TracedCause::OomVictim {
+                    anon_rss: b(anon_kb),
+                    file_rss: b(file_kb),
+                    shmem_rss: b(shmem_kb),
+                };
+                (pid, comm, cause)
+            }
+        };
+        let cgroup_file =
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok();
+        let rel = cgroup_file
+            .as_deref()
+            .and_then(memory_cgroup)
+            .map(|(path, _)| path.to_string());
+        let (limits, memory) = match (&self.hierarchy, &rel) {
+            (Some((root, version)), Some(rel)) => {
+                let limits = MemcgReader::new(root.clone(), *version)
+                    .read_at(rel, None)
+                    .unwrap_or_default();
+                let memory = memory_now(root, *version, rel, limits.limit_bytes);
+                (limits, memory)
+            }
+            _ => (Default::default(), None),
+        };
+        let identity = cgroup_file.as_deref().and_then(identity_of_process);
+        let reading = measure_pid(
+            &mut self.measurer,
+            &self.proc_root,
+            pid,
+            rel.as_deref().unwrap_or(""),
+            identity,
+            limits,
+        );
+        TracedDeath {
+            pid,
+            comm,
+            at: UNIX_EPOCH + Duration::from_nanos(time_ns),
+            cause,
+            cgroup_file,
+            reading,
+            memory,
+            read_after: read_after(time_ns, start),
+        }
+    }
+}
+
+/// How long after the tracepoint the reading was done: the real-time clock now less the
+/// event's stamp (the same clock), bounded below by nothing less than zero.
+fn read_after(time_ns: u64, _start: Instant) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    now.saturating_sub(Duration::from_nanos(time_ns))
+}
+
+/// The memory cgroup's usage and split now (`memory.current`/`usage_in_bytes`, `memory.stat`).
+fn memory_now(root: &Path, version: CgroupVersion, rel: &str, limit: Option<u64>) -> Option<MemorySplit> {
+    let dir = root.join(rel.trim_start_matches('/'));
+    if rel.split('/').any(|c| c == "..") {
+        return None;
+    }
+    let files = version.memory_files();
+    let usage = std::fs::read_to_string(dir.join(files.usage))
+        .ok()
+        .and_then(|s| parse_usage(&s));
+    let stat = std::fs::read_to_string(dir.join(files.stat))
+        .ok()
+        .map(|s| parse_memory_stat(&s));
+    if usage.is_none() && stat.is_none() {
+        return None;
+    }
+    Some(MemorySplit {
+        limit_bytes: limit,
+        usage_bytes: usage,
+        shm_bytes: stat.as_ref().and_then(|s| s.shmem),
+        anon_bytes: stat.as_ref().and_then(|s| s.anon),
+        source: MemorySource::Tracepoint,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_of_its_own_is_read_for_usage_and_split() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("kubepods/pod1/c1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.current"), "1000\n").unwrap();
+        std::fs::write(dir.join("memory.stat"), "anon 300\nfile 5\nshmem 600\n").unwrap();
+        let m = memory_now(root.path(), CgroupVersion::V2, "/kubepods/pod1/c1", Some(2000)).unwrap();
+        assert_eq!(
+            (m.usage_bytes, m.shm_bytes, m.anon_bytes, m.limit_bytes),
+            (Some(1000), Some(600), Some(300), Some(2000))
+        );
+        assert_eq!(memory_now(root.path(), CgroupVersion::V2, "/gone", None), None);
+        assert_eq!(memory_now(root.path(), CgroupVersion::V2, "/../etc", None), None);
+    }
+
+    #[test]
+    fn a_gone_process_is_told_with_no_reading() {
+        let mut r = MomentReader::new(PathBuf::from("/proc"), None);
+        let d = r.read(
+            Event::Signal {
+                sig: 7,
+                code: 2,
+                pid: i32::MAX,
+                comm: "x".into(),
+            },
+            1_700_000_000_000_000_000,
+        );
+        assert_eq!(d.cause, TracedCause::BusFault { code: 2 });
+        assert_eq!((d.reading, d.cgroup_file), (None, None));
+        assert_eq!(d.at, UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+    }
+}
