@@ -30,10 +30,12 @@ pub struct Known<'a> {
 /// `None` for a line told only with a full /dev/shm ([`Detected::judged`]) when it was not.
 pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let mut id = identity(&placed(d, known.snapshot), known.pods);
-    let reading = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
-    if let Some(r) = reading {
+    let scanned = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
+    if let Some(r) = scanned {
         id.fill_from(r);
     }
+    let at_death = at_death(d, scanned);
+    let reading = at_death.as_ref().or(scanned);
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
     }
@@ -182,6 +184,24 @@ fn is_browser(signature: &str) -> bool {
         .any(|p| signature.starts_with(p))
 }
 
+/// The reading taken the moment the kernel told the death (`failures::traced`), with the
+/// scan's names and image: the numbers judged by are the moment's, not the last scan's.
+fn at_death(d: &Detected, scanned: Option<&ShmReading>) -> Option<ShmReading> {
+    let now = d.at_death.as_deref()?;
+    let Some(scan) = scanned else {
+        return Some(now.clone());
+    };
+    Some(ShmReading {
+        size_bytes: now.size_bytes,
+        used_bytes: now.used_bytes,
+        available_bytes: now.available_bytes,
+        used_peak_bytes: now.used_bytes.max(scan.used_peak_bytes),
+        memory_limit_bytes: now.memory_limit_bytes.or(scan.memory_limit_bytes),
+        memory_shmem_bytes: now.memory_shmem_bytes,
+        ..scan.clone()
+    })
+}
+
 /// Whether the container's /dev/shm was at `ratio` of its effective limit or more at its last
 /// reading or peak.
 fn shm_was_full(reading: Option<&ShmReading>, ratio: f64) -> bool {
@@ -259,6 +279,7 @@ fn memory_source(source: FailureSource) -> MemorySource {
         FailureSource::Docker => MemorySource::Docker,
         FailureSource::MemoryCgroup => MemorySource::MemoryCgroup,
         FailureSource::Kernel => MemorySource::KernelLog,
+        FailureSource::Tracepoint => MemorySource::Tracepoint,
         FailureSource::PodStatus | FailureSource::Log => MemorySource::PodStatus,
     }
 }
