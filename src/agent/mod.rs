@@ -71,7 +71,7 @@ pub enum AgentError {
     #[error(transparent)]
     Kube(#[from] KubeError),
     #[error("--death-trace on: {0}")]
-    DeathTrace(#[source] crate::death_trace::Refused),
+    DeathTrace(crate::death_trace::Refused),
 }
 
 /// Runs until SIGTERM or SIGINT.

@@ -53,10 +53,10 @@ pub struct TraceSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
     #[error("tracefs: {0}")]
-    Tracefs(#[source] io::Error),
+    Tracefs(io::Error),
     #[error("perf_event_open: {0} (needs CAP_PERFMON or CAP_SYS_ADMIN, a kernel with \
              CONFIG_PERF_EVENTS, and no seccomp profile refusing it)")]
-    Perf(#[source] io::Error),
+    Perf(io::Error),
 }
 
 /// Counts the reader keeps.

@@ -2,7 +2,7 @@
 //! (whose it is), its /dev/shm and its memory cgroup, read at once, before its mounts go.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::sample::Event;
 use crate::cgroup::memory::{parse_memory_stat, parse_usage, MemcgReader};
@@ -28,9 +28,8 @@ impl MomentReader {
         }
     }
 
-    /// The death `event` tells, fired at `time_ns` (real-time clock), and the reading now.
+    /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
     pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
-        let start = Instant::now();
         let (pid, comm, cause) = match event {
             Event::Signal { code, pid, comm, .. } => (pid, comm, TracedCause::BusFault { code }),
             Event::Victim {
@@ -74,26 +73,35 @@ impl MomentReader {
             identity,
             limits,
         );
+        let (mono, real) = clocks_now();
         TracedDeath {
             pid,
             comm,
-            at: UNIX_EPOCH + Duration::from_nanos(time_ns),
+            at: wall_time(time_ns, mono, real),
             cause,
             cgroup_file,
             reading,
             memory,
-            read_after: read_after(time_ns, start),
+            read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
         }
     }
 }
 
-/// How long after the tracepoint the reading was done: the real-time clock now less the
-/// event's stamp (the same clock), bounded below by nothing less than zero.
-fn read_after(time_ns: u64, _start: Instant) -> Duration {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    now.saturating_sub(Duration::from_nanos(time_ns))
+/// The monotonic and real-time clocks now (ns), read back to back.
+fn clocks_now() -> (u64, u64) {
+    use rustix::time::{clock_gettime, ClockId};
+    let ns = |t: rustix::time::Timespec| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+    };
+    let mono = ns(clock_gettime(ClockId::Monotonic));
+    (mono, ns(clock_gettime(ClockId::Realtime)))
+}
+
+/// Pure: the wall-clock time of an event stamped `event_ns` on the monotonic clock, from the
+/// two clocks read now: the real time now less how long ago it was.
+fn wall_time(event_ns: u64, mono_now: u64, real_now: u64) -> SystemTime {
+    let ago = mono_now.saturating_sub(event_ns);
+    UNIX_EPOCH + Duration::from_nanos(real_now.saturating_sub(ago))
 }
 
 /// The memory cgroup's usage and split now (`memory.current`/`usage_in_bytes`, `memory.stat`).
@@ -151,10 +159,23 @@ mod tests {
                 pid: i32::MAX,
                 comm: "x".into(),
             },
-            1_700_000_000_000_000_000,
+            clocks_now().0,
         );
         assert_eq!(d.cause, TracedCause::BusFault { code: 2 });
         assert_eq!((d.reading, d.cgroup_file), (None, None));
-        assert_eq!(d.at, UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        let off = SystemTime::now().duration_since(d.at).unwrap();
+        assert!(off < Duration::from_secs(1), "{off:?}");
+        assert!(d.read_after < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_event_is_placed_on_the_wall_clock_as_long_ago_as_the_monotonic_clock_says() {
+        let real = 1_700_000_000_000_000_000;
+        assert_eq!(
+            wall_time(5_000_000_000, 5_250_000_000, real),
+            UNIX_EPOCH + Duration::from_nanos(real - 250_000_000)
+        );
+        // A stamp after now (another CPU's clock a hair ahead) is now.
+        assert_eq!(wall_time(6, 5, real), UNIX_EPOCH + Duration::from_nanos(real));
     }
 }

@@ -26,8 +26,9 @@ unsafe impl Send for Ring {}
 
 impl Ring {
     /// Opens tracepoint `id` on `cpu` for every process, samples carrying TID, time (the
-    /// real-time clock: a wall-clock time with no conversion) and the raw record; `filter`
-    /// (ftrace's syntax) is applied in the kernel.
+    /// monotonic clock: the real-time one is refused for tracepoints, EINVAL, as not safe in
+    /// NMI; `moment.rs` turns it into wall-clock time) and the raw record; `filter` (ftrace's
+    /// syntax) is applied in the kernel.
     pub fn open(id: u64, cpu: u32, filter: Option<&str>) -> io::Result<Ring> {
         let mut attr = sys::bindings::perf_event_attr {
             type_: sys::bindings::PERF_TYPE_TRACEPOINT,
@@ -38,7 +39,7 @@ impl Ring {
                     | sys::bindings::PERF_SAMPLE_TIME
                     | sys::bindings::PERF_SAMPLE_RAW,
             ),
-            clockid: libc::CLOCK_REALTIME,
+            clockid: libc::CLOCK_MONOTONIC,
             ..Default::default()
         };
         attr.__bindgen_anon_1.sample_period = 1;

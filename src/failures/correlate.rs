@@ -145,6 +145,7 @@ fn message(
             let exit = match (&d.exit, d.source) {
                 (Some(e), _) => e.describe(),
                 (None, FailureSource::Log) => format!("its log said \"{}\"", d.evidence),
+                (None, FailureSource::Tracepoint) => d.evidence.clone(),
                 (None, _) => "SIGBUS".into(),
             };
             match (kind, shm) {

@@ -25,7 +25,7 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Detected {
             FindingKind::WorkloadBusError,
             t.memory,
             format!(
-                "SIGBUS ({}) to {} (host PID {}), from the kernel's signal:signal_generate",
+                "a page fault ({}) of {} (host PID {}), told by the kernel's signal:signal_generate",
                 bus_code_name(*code),
                 t.comm,
                 t.pid
