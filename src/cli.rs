@@ -188,7 +188,8 @@ pub struct ServeArgs {
     /// How long the first scan, and so /readyz, waits for this node's Pod cache to sync (then
     /// it goes on without pod names and says so); 0s does not wait.
     #[arg(long, env = "SHMLINK_POD_CACHE_WAIT", default_value = "10s", value_parser = parse_wait)]
-    pub pod_cache_wait: Duration,    /// SIGBUS faults and OOM victims from the kernel's tracepoints, each container's /dev/shm
+    pub pod_cache_wait: Duration,
+    /// SIGBUS faults and OOM victims from the kernel's tracepoints, each container's /dev/shm
     /// read the moment its process dies (needs CAP_PERFMON or CAP_SYS_ADMIN and tracefs): on
     /// (fail at start if it cannot), off, or auto (on where the kernel and capabilities allow).
     #[arg(long, env = "SHMLINK_DEATH_TRACE", value_enum, default_value = "auto")]

@@ -20,8 +20,8 @@ use arc_swap::ArcSwapOption;
 use tokio::net::TcpListener;
 
 pub use cluster::KubeSettings;
-pub use death_trace::DeathTraceSettings;
 use cluster::KubeView;
+pub use death_trace::DeathTraceSettings;
 use scan_loop::{scan_loop, Between, Wake};
 
 use crate::failures::ledger::Ledger;

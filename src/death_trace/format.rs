@@ -145,6 +145,9 @@ mod tests {
         assert_eq!(f.int(&raw, "nonesuch"), None);
         // A short record is refused, never read past.
         assert_eq!(f.int(&raw[..30], "pid"), None);
-        assert_eq!(parse_format("garbage\nfield:int x;\toffset:zz;"), Format::default());
+        assert_eq!(
+            parse_format("garbage\nfield:int x;\toffset:zz;"),
+            Format::default()
+        );
     }
 }

@@ -54,8 +54,10 @@ pub struct TraceSettings {
 pub enum Refused {
     #[error("tracefs: {0}")]
     Tracefs(io::Error),
-    #[error("perf_event_open: {0} (needs CAP_PERFMON or CAP_SYS_ADMIN, a kernel with \
-             CONFIG_PERF_EVENTS, and no seccomp profile refusing it)")]
+    #[error(
+        "perf_event_open: {0} (needs CAP_PERFMON or CAP_SYS_ADMIN, a kernel with \
+             CONFIG_PERF_EVENTS, and no seccomp profile refusing it)"
+    )]
     Perf(io::Error),
 }
 
@@ -78,11 +80,16 @@ pub struct Tracer {
 
 /// Opens both tracepoints on every online CPU and starts the reader thread; every death goes
 /// to `deliver`, with its reading.
-pub fn start<F>(settings: &TraceSettings, deliver: F, stop: Arc<AtomicBool>) -> Result<Tracer, Refused>
+pub fn start<F>(
+    settings: &TraceSettings,
+    deliver: F,
+    stop: Arc<AtomicBool>,
+) -> Result<Tracer, Refused>
 where
     F: Fn(TracedDeath) -> bool + Send + 'static,
 {
-    let dir = tracefs::find(&settings.sys_root, settings.tracefs.as_deref()).map_err(Refused::Tracefs)?;
+    let dir =
+        tracefs::find(&settings.sys_root, settings.tracefs.as_deref()).map_err(Refused::Tracefs)?;
     let formats = tracefs::formats(&dir).map_err(Refused::Tracefs)?;
     let cpus = tracefs::online_cpus(&settings.sys_root)
         .or_else(|_| tracefs::online_cpus(std::path::Path::new("/sys")))
@@ -155,8 +162,13 @@ impl Reader {
     fn wanted(&self, event: &Event) -> bool {
         match event {
             Event::Signal { sig, code, .. } if *sig == SIGBUS && is_fault_code(*code) => true,
-            Event::Signal { .. } => {
+            Event::Signal { code, pid, .. } => {
                 self.counts.kills.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    pid,
+                    code,
+                    "SIGBUS sent by a process (kill), not a fault: not told"
+                );
                 false
             }
             Event::Victim { .. } => true,

@@ -31,7 +31,9 @@ impl MomentReader {
     /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
     pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
         let (pid, comm, cause) = match event {
-            Event::Signal { code, pid, comm, .. } => (pid, comm, TracedCause::BusFault { code }),
+            Event::Signal {
+                code, pid, comm, ..
+            } => (pid, comm, TracedCause::BusFault { code }),
             Event::Victim {
                 pid,
                 comm,
@@ -105,7 +107,12 @@ fn wall_time(event_ns: u64, mono_now: u64, real_now: u64) -> SystemTime {
 }
 
 /// The memory cgroup's usage and split now (`memory.current`/`usage_in_bytes`, `memory.stat`).
-fn memory_now(root: &Path, version: CgroupVersion, rel: &str, limit: Option<u64>) -> Option<MemorySplit> {
+fn memory_now(
+    root: &Path,
+    version: CgroupVersion,
+    rel: &str,
+    limit: Option<u64>,
+) -> Option<MemorySplit> {
     let dir = root.join(rel.trim_start_matches('/'));
     if rel.split('/').any(|c| c == "..") {
         return None;
@@ -140,13 +147,25 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("memory.current"), "1000\n").unwrap();
         std::fs::write(dir.join("memory.stat"), "anon 300\nfile 5\nshmem 600\n").unwrap();
-        let m = memory_now(root.path(), CgroupVersion::V2, "/kubepods/pod1/c1", Some(2000)).unwrap();
+        let m = memory_now(
+            root.path(),
+            CgroupVersion::V2,
+            "/kubepods/pod1/c1",
+            Some(2000),
+        )
+        .unwrap();
         assert_eq!(
             (m.usage_bytes, m.shm_bytes, m.anon_bytes, m.limit_bytes),
             (Some(1000), Some(600), Some(300), Some(2000))
         );
-        assert_eq!(memory_now(root.path(), CgroupVersion::V2, "/gone", None), None);
-        assert_eq!(memory_now(root.path(), CgroupVersion::V2, "/../etc", None), None);
+        assert_eq!(
+            memory_now(root.path(), CgroupVersion::V2, "/gone", None),
+            None
+        );
+        assert_eq!(
+            memory_now(root.path(), CgroupVersion::V2, "/../etc", None),
+            None
+        );
     }
 
     #[test]
@@ -176,6 +195,9 @@ mod tests {
             UNIX_EPOCH + Duration::from_nanos(real - 250_000_000)
         );
         // A stamp after now (another CPU's clock a hair ahead) is now.
-        assert_eq!(wall_time(6, 5, real), UNIX_EPOCH + Duration::from_nanos(real));
+        assert_eq!(
+            wall_time(6, 5, real),
+            UNIX_EPOCH + Duration::from_nanos(real)
+        );
     }
 }

@@ -123,7 +123,8 @@ impl Ring {
         };
         let size = (self.len - self.page) as u64;
         // SAFETY: data pages follow the header page within the mapping.
-        let data = unsafe { std::slice::from_raw_parts(self.base.add(self.page), self.len - self.page) };
+        let data =
+            unsafe { std::slice::from_raw_parts(self.base.add(self.page), self.len - self.page) };
         while tail + 8 <= head {
             let at = |off: u64| ((tail + off) % size) as usize;
             let byte = |off: u64| data[at(off)];

@@ -10,7 +10,10 @@ pub const RECORD_LOST: u32 = 2;
 /// One record out of the ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
-    Sample { time_ns: u64, raw: &'a [u8] },
+    Sample {
+        time_ns: u64,
+        raw: &'a [u8],
+    },
     /// The ring was full: this many events were dropped.
     Lost(u64),
     Other,

@@ -71,7 +71,10 @@ pub fn online_cpus(sys_root: &Path) -> io::Result<Vec<u32>> {
         sys_root.join("devices/system/cpu/online"),
     )?);
     if cpus.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "no online CPU listed"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no online CPU listed",
+        ));
     }
     Ok(cpus)
 }
@@ -97,8 +100,16 @@ mod tests {
         );
         let t = sys.path().join("kernel/debug/tracing");
         for (event, id, format) in [
-            ("signal/signal_generate", "261\n", include_str!("testdata/signal_generate.format")),
-            ("oom/mark_victim", "609\n", include_str!("testdata/mark_victim.format")),
+            (
+                "signal/signal_generate",
+                "261\n",
+                include_str!("testdata/signal_generate.format"),
+            ),
+            (
+                "oom/mark_victim",
+                "609\n",
+                include_str!("testdata/mark_victim.format"),
+            ),
         ] {
             let dir = t.join("events").join(event);
             std::fs::create_dir_all(&dir).unwrap();

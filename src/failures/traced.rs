@@ -19,7 +19,10 @@ const KEPT: usize = 256;
 /// The account a traced death is: a SIGBUS fault judged later by its reading (`correlate`),
 /// an OOM victim by its memory cgroup's split at the moment (else the kernel's RSS counts).
 pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Detected {
-    let who = t.cgroup_file.as_deref().map_or(Who::Process, who_of_cgroup_file);
+    let who = t
+        .cgroup_file
+        .as_deref()
+        .map_or(Who::Process, who_of_cgroup_file);
     let (kind, memory, evidence) = match &t.cause {
         TracedCause::BusFault { code } => (
             FindingKind::WorkloadBusError,
@@ -88,13 +91,20 @@ impl TracedReadings {
         let (Some(r), Some((cid, uid))) = (&d.at_death, ids(&d.who)) else {
             return;
         };
-        self.kept.push_back((cid.to_string(), uid.map(str::to_string), d.at, (**r).clone()));
+        self.kept.push_back((
+            cid.to_string(),
+            uid.map(str::to_string),
+            d.at,
+            (**r).clone(),
+        ));
         while self.kept.len() > KEPT {
             self.kept.pop_front();
         }
     }
 
-    /// Lends `d` its container's traced reading within [`WINDOW`] of it, where it has none.
+    /// Lends `d` its container's traced reading within [`WINDOW`] of it, where it has none; a
+    /// log line's Pod learns the container instance too, so that `same.rs` knows the line and
+    /// the trace for one death even when no scan ever saw the container (it lived 1.5 s).
     pub fn lend(&self, d: &mut Detected) {
         if d.at_death.is_some() {
             return;
@@ -103,8 +113,14 @@ impl TracedReadings {
             let near = at.duration_since(d.at).unwrap_or_else(|e| e.duration()) <= WINDOW;
             near && same_container(cid, uid.as_deref(), &d.who)
         });
-        if let Some((.., r)) = found {
-            d.at_death = Some(Box::new(r.clone()));
+        let Some((cid, _, _, r)) = found else { return };
+        d.at_death = Some(Box::new(r.clone()));
+        if let Who::Pod {
+            container_id: id @ None,
+            ..
+        } = &mut d.who
+        {
+            *id = Some(cid.clone());
         }
     }
 }
@@ -163,11 +179,18 @@ mod tests {
         let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5);
         assert_eq!(d.source, FailureSource::Tracepoint);
         assert!(d.evidence.contains("BUS_ADRERR"), "{}", d.evidence);
-        let Who::Container { container_id, pod_uid } = &d.who else {
+        let Who::Container {
+            container_id,
+            pod_uid,
+        } = &d.who
+        else {
             panic!("{:?}", d.who)
         };
         assert_eq!(container_id, CID);
-        assert_eq!(pod_uid.as_deref(), Some("0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80"));
+        assert_eq!(
+            pod_uid.as_deref(),
+            Some("0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80")
+        );
         assert_eq!(d.at_death.as_ref().unwrap().used_bytes, Some(64 << 20));
     }
 
@@ -185,10 +208,19 @@ mod tests {
             file_rss: Some(0),
             shmem_rss: Some(900),
         };
-        assert_eq!(detected(&traced(rss.clone(), Some(split(800))), 0.5).kind, FindingKind::ShmOomKilled);
-        assert_eq!(detected(&traced(rss.clone(), Some(split(100))), 0.5).kind, FindingKind::WorkloadOomKilled);
+        assert_eq!(
+            detected(&traced(rss.clone(), Some(split(800))), 0.5).kind,
+            FindingKind::ShmOomKilled
+        );
+        assert_eq!(
+            detected(&traced(rss.clone(), Some(split(100))), 0.5).kind,
+            FindingKind::WorkloadOomKilled
+        );
         let d = detected(&traced(rss, None), 0.5);
-        assert_eq!((d.kind, d.memory.unwrap().usage_bytes), (FindingKind::ShmOomKilled, Some(1000)));
+        assert_eq!(
+            (d.kind, d.memory.unwrap().usage_bytes),
+            (FindingKind::ShmOomKilled, Some(1000))
+        );
     }
 
     #[test]
@@ -197,7 +229,13 @@ mod tests {
         let mut kept = TracedReadings::default();
         kept.remember(&t);
         let exit = |who: Who, secs: u64| {
-            Detected::new(who, FindingKind::WorkloadBusError, t.at + Duration::from_secs(secs), FailureSource::PodStatus, "")
+            Detected::new(
+                who,
+                FindingKind::WorkloadBusError,
+                t.at + Duration::from_secs(secs),
+                FailureSource::PodStatus,
+                "",
+            )
         };
         let pod = |uid: &str, cid: Option<&str>| Who::Pod {
             namespace: "ns".into(),
@@ -213,9 +251,81 @@ mod tests {
         let mut line = exit(pod(uid, None), 1);
         kept.lend(&mut line);
         assert!(line.at_death.is_some(), "a line of that Pod");
-        for mut other in [exit(pod(uid, Some("other")), 2), exit(pod("other-uid", None), 1), exit(pod(uid, None), 120)] {
+        for mut other in [
+            exit(pod(uid, Some("other")), 2),
+            exit(pod("other-uid", None), 1),
+            exit(pod(uid, None), 120),
+        ] {
             kept.lend(&mut other);
             assert!(other.at_death.is_none(), "{:?}", other.who);
+        }
+    }
+
+    #[test]
+    fn a_traced_fault_its_exit_status_and_pytorchs_line_are_one_failure() {
+        use crate::failures::pipeline::{Mode, Pipeline, Sources};
+        use crate::kube::podresources::GpuHolders;
+        use crate::model::{DeathRules, Exit};
+        let settings = Sources {
+            pod_log_root: None,
+            docker_root: None,
+            kmsg: None,
+            proc_root: std::path::PathBuf::from("/nonexistent"),
+            host_mnt: None,
+            rules: DeathRules::default(),
+        };
+        let uid = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
+        let pod = |cid: Option<String>| Who::Pod {
+            namespace: "ml".into(),
+            pod: "fill-0".into(),
+            uid: uid.into(),
+            container: "fill".into(),
+            container_id: cid,
+        };
+        let death = traced(TracedCause::BusFault { code: 2 }, None);
+        let line = Detected::new(
+            pod(None),
+            FindingKind::ShmAllocationFailed,
+            death.at + Duration::from_millis(3),
+            FailureSource::Log,
+            "RuntimeError: DataLoader worker (pid 3527) is killed by signal: Bus error.",
+        );
+        let mut exit = Detected::new(
+            pod(Some(CID.to_string())),
+            FindingKind::WorkloadBusError,
+            death.at + Duration::from_secs(1),
+            FailureSource::PodStatus,
+            "",
+        );
+        exit.exit = Some(Exit {
+            code: Some(135),
+            signal: None,
+            reason: Some("Error".into()),
+        });
+        let holders = GpuHolders::new();
+        // In one round, and over three rounds as serve's follower gets them.
+        let mut one = Pipeline::new(&settings, Mode::Follow);
+        one.traced(&death);
+        one.exits([line.clone(), exit.clone()]);
+        let mut told = one.tell(None, None, &holders);
+        let mut three = Pipeline::new(&settings, Mode::Follow);
+        three.traced(&death);
+        let mut rounds = three.tell(None, None, &holders);
+        three.exits([line]);
+        rounds.extend(three.tell(None, None, &holders));
+        three.exits([exit]);
+        rounds.extend(three.tell(None, None, &holders));
+        for failures in [std::mem::take(&mut told), rounds] {
+            let kinds: Vec<_> = failures.iter().map(|f| (f.kind, f.source)).collect();
+            assert_eq!(
+                kinds,
+                [(FindingKind::ShmBusError, FailureSource::Tracepoint)]
+            );
+            assert!(
+                failures[0].message.contains("with /dev/shm full"),
+                "{}",
+                failures[0].message
+            );
         }
     }
 }

@@ -22,7 +22,15 @@ pub fn measure_pid(
     let root = match statfs::open_container_root(proc_root, pid) {
         Ok(root) => root,
         Err(OpenShmError::Absent(_)) => return None,
-        Err(e) => return Some(reading(identity, pid, cgroup_rel, Look::Unmeasured(e.to_string()), memory)),
+        Err(e) => {
+            return Some(reading(
+                identity,
+                pid,
+                cgroup_rel,
+                Look::Unmeasured(e.to_string()),
+                memory,
+            ))
+        }
     };
     let look = match measurer.open_and_measure(root) {
         Ok(Ok((_, stat))) if stat.is_mount_root != Some(false) => Look::Mounted(stat, None),
@@ -55,11 +63,25 @@ mod tests {
     fn a_live_process_is_measured_and_a_gone_one_is_none() {
         let mut m = Measurer::default();
         let me = std::process::id() as i32;
-        let r = measure_pid(&mut m, Path::new("/proc"), me, "/x", None, MemoryReading::default());
+        let r = measure_pid(
+            &mut m,
+            Path::new("/proc"),
+            me,
+            "/x",
+            None,
+            MemoryReading::default(),
+        );
         let r = r.expect("this process stands");
         assert_eq!(r.pid, me);
         assert!(r.mounted.is_some());
-        let gone = measure_pid(&mut m, Path::new("/proc"), i32::MAX, "/x", None, MemoryReading::default());
+        let gone = measure_pid(
+            &mut m,
+            Path::new("/proc"),
+            i32::MAX,
+            "/x",
+            None,
+            MemoryReading::default(),
+        );
         assert!(gone.is_none());
     }
 }
