@@ -16,8 +16,11 @@ if [ "$(id -u)" = 0 ]; then
   command -v strace >/dev/null || missing+=(strace)
   # tests/e2e_docker.rs: a private Docker engine (its own socket and data root), stopped after
   command -v dockerd >/dev/null || missing+=(docker.io)
-  # tests/e2e_deaths.rs, tests/e2e_docker.rs: a real SIGBUS from Debian's Python in a container
+  # tests/e2e_deaths.rs, tests/e2e_docker.rs, tests/e2e_death_trace.rs: a real SIGBUS from
+  # Debian's Python in a container
   [ -x /usr/bin/python3 ] || missing+=(python3)
+  # tests/e2e_death_trace.rs: the agent without CAP_PERFMON (setpriv)
+  command -v setpriv >/dev/null || missing+=(util-linux)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing ${missing[*]}"
     apt-get update -qq
