@@ -229,9 +229,10 @@ impl Pipeline {
     }
 }
 
-/// The kernel's OOM kill, which PyTorch's word of it follows.
+/// The kernel's OOM kill (its log's report or its tracepoint), which PyTorch's word of it
+/// follows.
 fn is_kernel_oom_kill(d: &Detected) -> bool {
-    d.source == FailureSource::Kernel && d.kind.is_oom_kill()
+    matches!(d.source, FailureSource::Kernel | FailureSource::Tracepoint) && d.kind.is_oom_kill()
 }
 
 /// kubelet's and Docker's records: no numbers, stamped after the fact.
