@@ -85,6 +85,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads(pid):
+    """CPU seconds by thread name."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def one_death(size, fill):
     shm = int(size * 0.6) // MIB
     script = f"mount -t tmpfs -o size={shm}m tmpfs /dev/shm && exec python3 {fill} {size}"
@@ -134,14 +148,19 @@ def cost(secs, rate):
                 c0 = cpu_seconds(p.pid)
                 time.sleep(secs)
                 idle = (cpu_seconds(p.pid) - c0) / secs * 100
-                c0, w0 = cpu_seconds(p.pid), time.monotonic()
+                c0, w0, t0 = cpu_seconds(p.pid), time.monotonic(), threads(p.pid)
                 subprocess.run([storm, str(rate), str(secs), storm + ".file"], check=True,
                                stdout=subprocess.DEVNULL)
                 wall = time.monotonic() - w0
                 busy = (cpu_seconds(p.pid) - c0) / wall * 100
+                t1 = threads(p.pid)
+                by = {k: (v - t0.get(k, 0)) / wall * 100 for k, v in t1.items()}
+                top = ", ".join(f"{k} {v:.1f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1])
+                                if v >= 0.1)
                 p.send_signal(signal.SIGTERM)
                 p.wait()
-            print(f"death-trace={mode} idle={idle:.3f}% storm({rate}/s, {wall:.0f} s)={busy:.2f}% of a core")
+            print(f"death-trace={mode} idle={idle:.3f}% storm({rate}/s, {wall:.0f} s)={busy:.2f}% "
+                  f"of a core ({top or 'no thread'})")
 
 
 if __name__ == "__main__":
