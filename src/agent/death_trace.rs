@@ -40,6 +40,7 @@ pub(super) fn start(
         tracefs: s.tracefs.clone(),
         proc_root: sources.proc_root.clone(),
         hierarchy: host.memory_hierarchy().ok(),
+        host_mnt: sources.host_mnt,
     };
     let (tx, rx) = mpsc::channel();
     let deliver = move |d: TracedDeath| {

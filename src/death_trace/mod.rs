@@ -47,6 +47,8 @@ pub struct TraceSettings {
     pub proc_root: PathBuf,
     /// The memory cgroup hierarchy and its version.
     pub hierarchy: Option<(PathBuf, CgroupVersion)>,
+    /// The host's mount namespace (its processes are no container's).
+    pub host_mnt: Option<crate::host::NsId>,
 }
 
 /// Why the tracepoints could not be opened: what a person does about it.
@@ -104,7 +106,11 @@ where
     let reader = Reader {
         rings,
         formats,
-        moment: MomentReader::new(settings.proc_root.clone(), settings.hierarchy.clone()),
+        moment: MomentReader::new(
+            settings.proc_root.clone(),
+            settings.hierarchy.clone(),
+            settings.host_mnt,
+        ),
         counts: counts.clone(),
         lost_told: false,
     };

@@ -8,6 +8,7 @@ use super::sample::Event;
 use crate::cgroup::memory::{parse_memory_stat, parse_usage, MemcgReader};
 use crate::cgroup::proc::{identity_of_process, memory_cgroup};
 use crate::cgroup::CgroupVersion;
+use crate::host::{read_ns, NsId};
 use crate::model::{MemorySource, MemorySplit, TracedCause, TracedDeath};
 use crate::shm::at_death::measure_pid;
 use crate::shm::deadline::Measurer;
@@ -16,16 +17,30 @@ use crate::shm::deadline::Measurer;
 pub struct MomentReader {
     proc_root: PathBuf,
     hierarchy: Option<(PathBuf, CgroupVersion)>,
+    /// The host's mount namespace: a process in it is no container's, and nothing is read.
+    host_mnt: Option<NsId>,
     measurer: Measurer,
 }
 
 impl MomentReader {
-    pub fn new(proc_root: PathBuf, hierarchy: Option<(PathBuf, CgroupVersion)>) -> MomentReader {
+    pub fn new(
+        proc_root: PathBuf,
+        hierarchy: Option<(PathBuf, CgroupVersion)>,
+        host_mnt: Option<NsId>,
+    ) -> MomentReader {
         MomentReader {
             proc_root,
             hierarchy,
+            host_mnt,
             measurer: Measurer::default(),
         }
+    }
+
+    /// Whether `pid` lives in the host's mount namespace (one readlink).
+    fn on_the_host(&self, pid: i32) -> bool {
+        self.host_mnt.is_some_and(|host| {
+            read_ns(&self.proc_root, &pid.to_string(), "mnt").is_ok_and(|own| own == host)
+        })
     }
 
     /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
@@ -50,8 +65,13 @@ impl MomentReader {
                 (pid, comm, cause)
             }
         };
-        let cgroup_file =
-            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok();
+        // A host process has no container to read: told, unplaced, for one readlink.
+        let on_host = self.on_the_host(pid);
+        let cgroup_file = if on_host {
+            None
+        } else {
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok()
+        };
         let rel = cgroup_file
             .as_deref()
             .and_then(memory_cgroup)
@@ -67,14 +87,18 @@ impl MomentReader {
             _ => (Default::default(), None),
         };
         let identity = cgroup_file.as_deref().and_then(identity_of_process);
-        let reading = measure_pid(
-            &mut self.measurer,
-            &self.proc_root,
-            pid,
-            rel.as_deref().unwrap_or(""),
-            identity,
-            limits,
-        );
+        let reading = (!on_host)
+            .then(|| {
+                measure_pid(
+                    &mut self.measurer,
+                    &self.proc_root,
+                    pid,
+                    rel.as_deref().unwrap_or(""),
+                    identity,
+                    limits,
+                )
+            })
+            .flatten();
         let (mono, real) = clocks_now();
         TracedDeath {
             pid,
@@ -170,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_gone_process_is_told_with_no_reading() {
-        let mut r = MomentReader::new(PathBuf::from("/proc"), None);
+        let mut r = MomentReader::new(PathBuf::from("/proc"), None, None);
         let d = r.read(
             Event::Signal {
                 sig: 7,
@@ -185,6 +209,25 @@ mod tests {
         let off = SystemTime::now().duration_since(d.at).unwrap();
         assert!(off < Duration::from_secs(1), "{off:?}");
         assert!(d.read_after < Duration::from_secs(1));
+    }
+
+    /// This test process, by the real /proc: in the host's mount namespace nothing is read.
+    #[test]
+    fn a_host_process_is_told_without_a_reading() {
+        let me = std::process::id() as i32;
+        let host = read_ns(std::path::Path::new("/proc"), "self", "mnt").ok();
+        let event = || Event::Signal {
+            sig: 7,
+            code: 2,
+            pid: me,
+            comm: "x".into(),
+        };
+        let mut on_host = MomentReader::new(PathBuf::from("/proc"), None, host);
+        let d = on_host.read(event(), clocks_now().0);
+        assert_eq!((d.cgroup_file, d.reading), (None, None));
+        let mut elsewhere = MomentReader::new(PathBuf::from("/proc"), None, None);
+        let d = elsewhere.read(event(), clocks_now().0);
+        assert!(d.cgroup_file.is_some() && d.reading.is_some());
     }
 
     #[test]
