@@ -3,9 +3,11 @@
 build (cargo build --release --bin shmlink):
 
     bench/death_trace/race.py race [DEATHS=60]      real SIGBUS deaths of 100 MiB-1 GiB touched
-    bench/death_trace/race.py cost [SECONDS=30] [RATE=1000]
+    bench/death_trace/race.py cost [SECONDS=30] [RATE=1000] [host|ns]
                                                     serve's CPU idle and in a SIGBUS storm,
-                                                    --death-trace on and off
+                                                    --death-trace on and off; the storm's
+                                                    processes on the host (default) or in
+                                                    their own mount and PID namespaces
 
 race: each death is a Python process alone in its own mount and PID namespaces (as a container's
 main process), on a private tmpfs at /dev/shm of 60% of what it sizes; it sizes a
@@ -136,7 +138,7 @@ def race(deaths):
           f"read_after_us p50={q(0.5)} p90={q(0.9)} p99={q(0.99)} max={afters[-1] if afters else None}")
 
 
-def cost(secs, rate):
+def cost(secs, rate, where):
     storm = os.path.join(tempfile.gettempdir(), "shmlink-storm")
     subprocess.run(["gcc", "-O2", "-o", storm, os.path.join(os.path.dirname(__file__), "storm.c")],
                    check=True)
@@ -149,8 +151,10 @@ def cost(secs, rate):
                 time.sleep(secs)
                 idle = (cpu_seconds(p.pid) - c0) / secs * 100
                 c0, w0, t0 = cpu_seconds(p.pid), time.monotonic(), threads(p.pid)
-                subprocess.run([storm, str(rate), str(secs), storm + ".file"], check=True,
-                               stdout=subprocess.DEVNULL)
+                run = [storm, str(rate), str(secs), storm + ".file"]
+                if where == "ns":
+                    run = ["unshare", "-m", "-p", "-f", "--propagation", "private"] + run
+                subprocess.run(run, check=True, stdout=subprocess.DEVNULL)
                 wall = time.monotonic() - w0
                 busy = (cpu_seconds(p.pid) - c0) / wall * 100
                 t1 = threads(p.pid)
@@ -159,7 +163,7 @@ def cost(secs, rate):
                                 if v >= 0.1)
                 p.send_signal(signal.SIGTERM)
                 p.wait()
-            print(f"death-trace={mode} idle={idle:.3f}% storm({rate}/s, {wall:.0f} s)={busy:.2f}% "
+            print(f"[{where}] death-trace={mode} idle={idle:.3f}% storm({rate}/s, {wall:.0f} s)={busy:.2f}% "
                   f"of a core ({top or 'no thread'})")
 
 
@@ -169,4 +173,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "race":
         race(int(sys.argv[2]) if len(sys.argv) > 2 else 60)
     else:
-        cost(int(sys.argv[2]) if len(sys.argv) > 2 else 30, int(sys.argv[3]) if len(sys.argv) > 3 else 1000)
+        args = sys.argv[2:] + [None] * 3
+        cost(int(args[0] or 30), int(args[1] or 1000), args[2] or "host")
