@@ -13,6 +13,9 @@
 #   bench/run.sh deaths [--containers N] [--kills K] [--cpu-seconds S]
 #       deaths that print nothing: serve's CPU with N real containers and both failure sources
 #       on (and with --kmsg off), the kernel's OOM report -> Event delay over K real kills (root)
+#   bench/run.sh death-trace race [DEATHS] | cost [SECONDS] [RATE]
+#       serve --death-trace: the reading against real SIGBUS deaths, CPU idle and in a SIGBUS
+#       storm, traced and not (root, release build)
 #   bench/run.sh parsers [criterion options]      the parser micro-benchmarks (cargo bench)
 #   bench/run.sh fleet [NODES] [CONTAINERS_PER_NODE]
 #       the dashboard's fleet queries and recording rules on a synthetic big cluster
@@ -33,6 +36,7 @@ suite=${1:-}
 case "$suite" in
   containers | failures | fleet | footprint) exec "bench/$suite/run.sh" "$@" ;;
   deaths) exec bench/failures/deaths.sh "$@" ;;
+  death-trace) exec python3 bench/death_trace/race.py "$@" ;;
   parsers) exec cargo bench --bench parsers -- "$@" ;;
   --smoke)
     [ $# -eq 0 ] || { usage >&2; exit 2; }

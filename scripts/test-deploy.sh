@@ -70,7 +70,7 @@ echo "== every alert has a severity and a runbook_url naming docs/runbooks/<aler
 python3 $checks/runbooks.py
 
 # --- kustomize builds ------------------------------------------------------------------------
-builds=(deploy/base deploy/examples/kernel-log)
+builds=(deploy/base deploy/examples/kernel-log deploy/examples/death-trace)
 for overlay in deploy/overlays/*/; do builds+=("${overlay%/}"); done
 if need kubectl; then
   # Each directory built once, into $out/<dir with / as _>.{core,crs}.yaml, which the checks read.
@@ -88,6 +88,9 @@ if need kubectl; then
 
   echo "== the kernel-log component adds CAP_SYSLOG and SHMLINK_KMSG=syslog, nothing else"
   python3 $checks/kernel_log.py "$out/deploy_base.core.yaml" "$out/deploy_examples_kernel-log.core.yaml"
+
+  echo "== the death-trace component adds CAP_PERFMON, tracefs read-only and its env, nothing else"
+  python3 $checks/death_trace.py "$out/deploy_base.core.yaml" "$out/deploy_examples_death-trace.core.yaml"
 
   echo "== the NetworkPolicy admits only the scraper's selectors, on port 9477"
   python3 $checks/network_policy.py "$out/deploy_base.core.yaml"

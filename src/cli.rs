@@ -189,6 +189,15 @@ pub struct ServeArgs {
     /// it goes on without pod names and says so); 0s does not wait.
     #[arg(long, env = "SHMLINK_POD_CACHE_WAIT", default_value = "10s", value_parser = parse_wait)]
     pub pod_cache_wait: Duration,
+    /// SIGBUS faults and OOM victims from the kernel's tracepoints, each container's /dev/shm
+    /// read the moment its process dies (needs CAP_PERFMON or CAP_SYS_ADMIN and tracefs): on
+    /// (fail at start if it cannot), off, or auto (on where the kernel and capabilities allow).
+    #[arg(long, env = "SHMLINK_DEATH_TRACE", value_enum, default_value = "auto")]
+    pub death_trace: DeathTraceMode,
+    /// Where tracefs is mounted (default: <sys-root>/kernel/tracing, else
+    /// <sys-root>/kernel/debug/tracing).
+    #[arg(long, env = "SHMLINK_TRACEFS", value_name = "DIR")]
+    pub tracefs: Option<PathBuf>,
 }
 
 /// Options every command takes.
@@ -273,6 +282,15 @@ pub struct ThresholdArgs {
     /// used / effective limit at or above which a /dev/shm is `critical`.
     #[arg(long, env = "SHMLINK_SHM_CRITICAL_RATIO", default_value_t = SHM_CRITICAL_RATIO, value_parser = parse_ratio)]
     pub shm_critical_ratio: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeathTraceMode {
+    /// On where the kernel and the capabilities allow it; else said once, and off.
+    Auto,
+    Off,
+    /// Fail at start when the tracepoints cannot be opened.
+    On,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

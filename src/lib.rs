@@ -8,6 +8,7 @@ pub mod beneath;
 pub mod cgroup;
 pub mod check;
 pub mod cli;
+pub mod death_trace;
 pub mod docker_records;
 pub mod failures;
 #[cfg(any(test, feature = "fixtures"))]

@@ -346,6 +346,9 @@ fn metrics_of_the_fixed_node_match_the_golden_file() {
             &node.arg("docker"),
             "--kmsg",
             &node.arg("kmsg"),
+            // The fixed node is files: no tracepoint of its deaths to open.
+            "--death-trace",
+            "off",
         ],
         &fake.env(),
     );

@@ -6,6 +6,7 @@
 
 mod changes;
 mod cluster;
+mod death_trace;
 mod scan_loop;
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ use tokio::net::TcpListener;
 
 pub use cluster::KubeSettings;
 use cluster::KubeView;
+pub use death_trace::DeathTraceSettings;
 use scan_loop::{scan_loop, Between, Wake};
 
 use crate::failures::ledger::Ledger;
@@ -48,6 +50,8 @@ pub struct ServeSettings {
     pub sources: Sources,
     /// The GPU pair probe and how often it runs, if asked for.
     pub probe: Option<(ProbeOptions, Duration)>,
+    /// The kernel's tracepoints of deaths (`--death-trace`).
+    pub death_trace: DeathTraceSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +70,8 @@ pub enum AgentError {
     Thread(&'static str, #[source] std::io::Error),
     #[error(transparent)]
     Kube(#[from] KubeError),
+    #[error("--death-trace on: {0}")]
+    DeathTrace(crate::death_trace::Refused),
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -77,6 +83,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         kube,
         sources,
         probe,
+        death_trace,
     } = settings;
     let (scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
@@ -92,6 +99,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let listener = bind(listen, interval).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
+    let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
     let follower = spawn_follower(
         Follow {
             sources,
@@ -99,6 +107,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             snapshot: snapshot.clone(),
             cluster: kube.as_ref().map(KubeView::caches),
             exits: deaths_rx,
+            traced,
             stop: stop.clone(),
         },
         wake_tx.clone(),
@@ -126,7 +135,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             move || scan_loop(between, interval, &snapshot, &metrics, &health, &wake_rx)
         })
         .map_err(|e| AgentError::Thread("scan", e))?;
-    let threads = [Some(scan_thread), prober, Some(follower)];
+    let threads = [Some(scan_thread), prober, Some(follower), tracer];
 
     let state = Arc::new(AppState {
         metrics,

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use shmlink::agent::{self, KubeSettings, ServeSettings};
+use shmlink::agent::{self, DeathTraceSettings, KubeSettings, ServeSettings};
 use shmlink::cli::ServeArgs;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -23,6 +23,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             condition_heartbeat: args.condition_heartbeat,
             taint_on_gpu_fault: args.taint_on_gpu_fault,
             pod_cache_wait: args.pod_cache_wait,
+        },
+        death_trace: DeathTraceSettings {
+            mode: args.death_trace,
+            sys_root: args.common.host.sys_root.clone(),
+            tracefs: args.tracefs.clone(),
         },
         sources,
         probe: match args.p2p_probe_interval {

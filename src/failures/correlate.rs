@@ -30,11 +30,16 @@ pub struct Known<'a> {
 /// `None` for a line told only with a full /dev/shm ([`Detected::judged`]) when it was not.
 pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let mut id = identity(&placed(d, known.snapshot), known.pods);
-    let own = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
-    if let Some(r) = own {
+    let scanned = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
+    if let Some(r) = scanned {
         id.fill_from(r);
     }
-    let reading = own.or_else(|| known.snapshot.and_then(|s| pod_shm_of(&id, s)));
+    // The moment's reading, else the scan's of the container, else its Pod's sandbox /dev/shm.
+    let at_death = at_death(d, scanned);
+    let reading = at_death
+        .as_ref()
+        .or(scanned)
+        .or_else(|| known.snapshot.and_then(|s| pod_shm_of(&id, s)));
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
     }
@@ -146,6 +151,7 @@ fn message(
             let exit = match (&d.exit, d.source) {
                 (Some(e), _) => e.describe(),
                 (None, FailureSource::Log) => format!("its log said \"{}\"", d.evidence),
+                (None, FailureSource::Tracepoint) => d.evidence.clone(),
                 (None, _) => "SIGBUS".into(),
             };
             match (kind, shm) {
@@ -179,6 +185,24 @@ fn is_browser(signature: &str) -> bool {
     ["chromium-", "puppeteer-", "chromedriver-"]
         .iter()
         .any(|p| signature.starts_with(p))
+}
+
+/// The reading taken the moment the kernel told the death (`failures::traced`), with the
+/// scan's names and image: the numbers judged by are the moment's, not the last scan's.
+fn at_death(d: &Detected, scanned: Option<&ShmReading>) -> Option<ShmReading> {
+    let now = d.at_death.as_deref()?;
+    let Some(scan) = scanned else {
+        return Some(now.clone());
+    };
+    Some(ShmReading {
+        size_bytes: now.size_bytes,
+        used_bytes: now.used_bytes,
+        available_bytes: now.available_bytes,
+        used_peak_bytes: now.used_bytes.max(scan.used_peak_bytes),
+        memory_limit_bytes: now.memory_limit_bytes.or(scan.memory_limit_bytes),
+        memory_shmem_bytes: now.memory_shmem_bytes,
+        ..scan.clone()
+    })
 }
 
 /// Whether the container's /dev/shm was at `ratio` of its effective limit or more at its last
@@ -258,6 +282,7 @@ fn memory_source(source: FailureSource) -> MemorySource {
         FailureSource::Docker => MemorySource::Docker,
         FailureSource::MemoryCgroup => MemorySource::MemoryCgroup,
         FailureSource::Kernel => MemorySource::KernelLog,
+        FailureSource::Tracepoint => MemorySource::Tracepoint,
         FailureSource::PodStatus | FailureSource::Log => MemorySource::PodStatus,
     }
 }

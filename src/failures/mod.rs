@@ -13,6 +13,8 @@
 //!   counters); `detect.rs` turns a line or record into a
 //!   [`Detected`](crate::model::Detected), placed as far as the source says (`attribute.rs`: a
 //!   host PID through its cgroup);
+//! - `traced.rs`: a death the kernel's tracepoints told (`death_trace`), and its reading at the
+//!   moment lent to the other accounts of that death;
 //! - merging: `same.rs` (one death told by two sources is told once), `recent.rs` (the
 //!   containers seen in the last minute: the dying one is often gone);
 //! - judging and wording (pure): `correlate.rs`: + the container's /dev/shm then, its Pod, its
@@ -36,6 +38,7 @@ pub mod recent;
 pub mod same;
 pub mod signatures;
 pub mod sources;
+pub mod traced;
 
 pub use pipeline::{Mode, Pipeline, Sources};
 pub use signatures::{LogMatch, Signature, Signatures, SIGNATURES};

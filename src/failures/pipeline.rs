@@ -19,13 +19,16 @@ use super::oom_counters::OomCounters;
 use super::recent::RecentReadings;
 use super::same::SameDeath;
 use super::signatures::Signatures;
+use super::traced::{self, TracedReadings};
 use crate::docker_records::{DockerExit, DockerNames};
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::logs::LogLine;
-use crate::model::{DeathRules, Detected, Failure, FailureSource, FindingKind, Snapshot, Who};
+use crate::model::{
+    DeathRules, Detected, Failure, FailureSource, FindingKind, Snapshot, TracedDeath, Who,
+};
 
 /// Where the failures are told, and how to place a host PID: the same for `check` and `serve`.
 #[derive(Debug, Clone)]
@@ -70,6 +73,8 @@ pub struct Pipeline {
     recent: RecentReadings,
     oom_counters: Option<OomCounters>,
     rules: DeathRules,
+    /// The readings traced deaths carried, lent to the other accounts of those deaths.
+    traced: TracedReadings,
 }
 
 impl Pipeline {
@@ -96,6 +101,7 @@ impl Pipeline {
             recent: RecentReadings::default(),
             oom_counters: None,
             rules: settings.rules,
+            traced: TracedReadings::default(),
         }
     }
 
@@ -140,6 +146,13 @@ impl Pipeline {
         }
     }
 
+    /// A death the kernel's tracepoints told, with its reading at the moment (`death_trace`).
+    pub fn traced(&mut self, death: &TracedDeath) {
+        let d = traced::detected(death, self.rules.oom_shm_share);
+        self.traced.remember(&d);
+        self.account(d);
+    }
+
     /// A scan: its containers are remembered for the failures told after they are gone, and
     /// the OOM kills its counters grew by are accounts.
     pub fn after_scan(&mut self, snapshot: &Snapshot, now: Instant) {
@@ -176,6 +189,9 @@ impl Pipeline {
         // A runtime's record after the accounts with numbers: of two that tell one death (the
         // kernel's kill, kubelet's OOMKilled stamped in whole seconds), the first stays.
         accounts.sort_by_key(|d| (is_runtime_record(d), d.at));
+        for d in &mut accounts {
+            self.traced.lend(d);
+        }
         if let Some(names) = self.docker.as_mut() {
             for d in &mut accounts {
                 name_gone_docker_container(d, names);
@@ -213,9 +229,10 @@ impl Pipeline {
     }
 }
 
-/// The kernel's OOM kill, which PyTorch's word of it follows.
+/// The kernel's OOM kill (its log's report or its tracepoint), which PyTorch's word of it
+/// follows.
 fn is_kernel_oom_kill(d: &Detected) -> bool {
-    d.source == FailureSource::Kernel && d.kind.is_oom_kill()
+    matches!(d.source, FailureSource::Kernel | FailureSource::Tracepoint) && d.kind.is_oom_kill()
 }
 
 /// kubelet's and Docker's records: no numbers, stamped after the fact.

@@ -17,7 +17,7 @@ use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};
 use crate::kube::pods::PodCache;
 use crate::logs::{LogSettings, LogTailer};
 use crate::metrics::SharedSnapshot;
-use crate::model::{Detected, Failure, SourceStats};
+use crate::model::{Detected, Failure, SourceStats, TracedDeath};
 
 /// How often `serve` reads the sources: a failure reaches its Event well within 2 s (an OOM
 /// kill one poll later, with what the logs said of it meanwhile).
@@ -104,6 +104,8 @@ pub struct Follow {
     pub cluster: Option<ClusterCaches>,
     /// The deaths the Pods' statuses record, as the watch delivers them: told at once.
     pub exits: mpsc::Receiver<Vec<Detected>>,
+    /// The deaths the kernel's tracepoints told, each with its reading at the moment.
+    pub traced: Option<mpsc::Receiver<TracedDeath>>,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -166,6 +168,8 @@ impl Follower {
         // The recogniser's question, asked of its own copy while each line goes to it.
         let candidates = self.f.pipeline.candidates();
         while !self.f.stop.load(Ordering::Relaxed) {
+            // First: a traced death is the earliest account of its death (`same.rs` keeps it).
+            self.read_traced();
             if let Some(logs) = self.logs.as_mut() {
                 let pipeline = &mut self.f.pipeline;
                 logs.poll_each(
@@ -192,6 +196,14 @@ impl Follower {
                 return;
             }
             self.wait();
+        }
+    }
+
+    fn read_traced(&mut self) {
+        if let Some(traced) = &self.f.traced {
+            while let Ok(death) = traced.try_recv() {
+                self.f.pipeline.traced(&death);
+            }
         }
     }
 

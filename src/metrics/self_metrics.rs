@@ -33,6 +33,7 @@ pub(super) struct SelfMetrics {
     pub(super) node_condition_writes: Counter,
     pub(super) node_condition_write_errors: Counter,
     pub(super) kube_pod_cache_synced: FlagGauge,
+    pub(super) death_trace_up: FlagGauge,
 }
 
 impl SelfMetrics {
@@ -48,6 +49,7 @@ impl SelfMetrics {
             node_condition_writes: Counter::default(),
             node_condition_write_errors: Counter::default(),
             kube_pod_cache_synced: FlagGauge::default(),
+            death_trace_up: FlagGauge::default(),
         };
         registry.register(
             "shmlink_scan_duration_seconds",
@@ -89,6 +91,11 @@ impl SelfMetrics {
             "1 once this node's Pod cache has synced (series carry pod names), 0 before; absent without Kubernetes",
             m.kube_pod_cache_synced.clone(),
         );
+        registry.register(
+            "shmlink_death_trace_up",
+            "1 while the kernel's tracepoints tell SIGBUS faults and OOM victims at the moment (serve --death-trace), 0 when off or refused",
+            m.death_trace_up.clone(),
+        );
         // Both collectors' series exist from the start, so rate() works from the first scrape.
         for collector in ["shm", "gpu"] {
             let _ = m.scan_errors.get_or_create(&CollectorLabels { collector });
@@ -101,6 +108,11 @@ impl Metrics {
     /// Whether the scan that is about to be exported had this node's Pods.
     pub fn set_pod_cache_synced(&self, synced: bool) {
         set_flag(&self.own.kube_pod_cache_synced, synced);
+    }
+
+    /// Whether deaths are traced at the moment (`--death-trace`).
+    pub fn set_death_trace_up(&self, up: bool) {
+        set_flag(&self.own.death_trace_up, up);
     }
 
     /// One Event published.

@@ -255,6 +255,7 @@ fn record_self_metrics(m: &Metrics) {
     m.node_condition_writes.inc_by(4);
     m.node_condition_write_errors.inc();
     m.set_pod_cache_synced(true);
+    m.set_death_trace_up(true);
     let first = SourceStats {
         logs: LogStats {
             files: 2,

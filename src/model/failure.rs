@@ -24,6 +24,8 @@ pub enum FailureSource {
     PodStatus,
     /// Docker's record of an exited container (`State` in its config.v2.json).
     Docker,
+    /// The kernel's tracepoints, at the moment of the fault or the OOM kill (`death_trace`).
+    Tracepoint,
 }
 
 /// Whose failure it is, as far as the source says.
@@ -51,7 +53,7 @@ pub enum Who {
 }
 
 /// One failure as a source told it, before correlation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Detected {
     pub who: Who,
     pub kind: FindingKind,
@@ -85,6 +87,9 @@ pub struct Detected {
     /// The PID belongs to a later process now (a kernel record read long after): nothing read
     /// through it, a scan's reading or NVML's lists, is the crasher's.
     pub pid_taken: bool,
+    /// The container's /dev/shm read the moment the kernel told its death (a tracepoint):
+    /// judged by instead of the last scan's reading.
+    pub at_death: Option<Box<super::ShmReading>>,
 }
 
 /// `text` with its control characters written `\x1b` (ESC, CR, C1 controls, ...): a line a
@@ -131,6 +136,7 @@ impl Detected {
             signature: None,
             judged: false,
             pid_taken: false,
+            at_death: None,
         }
     }
 }
@@ -204,6 +210,8 @@ pub enum MemorySource {
     PodStatus,
     /// Docker's record of the container; the memory as it was configured.
     Docker,
+    /// The memory cgroup read the moment a tracepoint told the death (`death_trace`).
+    Tracepoint,
 }
 
 /// What a memory cgroup held when it ran out (`failures[].memory`): its limit and usage, and

@@ -10,6 +10,7 @@ mod shm;
 mod sight;
 mod snapshot;
 mod stats;
+mod traced;
 mod xid;
 
 pub use failure::{
@@ -28,6 +29,7 @@ pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
+pub use traced::{TracedCause, TracedDeath};
 pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.

@@ -5,6 +5,7 @@
 //! cgroups, and reads one process per cgroup: its namespaces, its /dev/shm (statvfs of the
 //! mount, which counts unlinked-but-open files that `du` misses) and its memory cgroup.
 
+pub mod at_death;
 pub mod deadline;
 pub mod leftovers;
 mod look;

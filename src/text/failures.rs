@@ -244,7 +244,7 @@ pub fn workload_oom_killed(
     m: &MemorySplit,
 ) -> String {
     let split = match m.source {
-        MemorySource::KernelLog => format!(
+        MemorySource::KernelLog | MemorySource::Tracepoint => format!(
             "for the workload's own memory: {} of the {} was its processes' own, /dev/shm held {}",
             bytes_or_unknown(m.anon_bytes),
             limit_words(m),
@@ -300,6 +300,10 @@ pub fn workload_oom_killed(
 fn counted_by(m: &MemorySplit) -> &'static str {
     match m.source {
         MemorySource::KernelLog => "",
+        MemorySource::Tracepoint => {
+            " (Read the moment the kernel chose it, from its memory cgroup: the kernel's \
+             oom:mark_victim tracepoint.)"
+        }
         MemorySource::MemoryCgroup => {
             " (Counted by the container's memory cgroup; its memory as read just after the \
              kill, not at it.)"

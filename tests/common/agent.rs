@@ -99,6 +99,8 @@ impl Agent {
                     ("--pod-log-root", "off"),
                     ("--docker-root", "off"),
                     ("--kmsg", "off"),
+                    // The kernel's tracepoints see every process of the machine.
+                    ("--death-trace", "off"),
                 ]
                 .iter()
                 .filter(|(option, _)| !extra.contains(option))

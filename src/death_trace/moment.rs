@@ -1,0 +1,246 @@
+//! What a dying process's container holds the moment the kernel tells its death: its cgroup
+//! (whose it is), its /dev/shm and its memory cgroup, read at once, before its mounts go.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::sample::Event;
+use crate::cgroup::memory::{parse_memory_stat, parse_usage, MemcgReader};
+use crate::cgroup::proc::{identity_of_process, memory_cgroup};
+use crate::cgroup::CgroupVersion;
+use crate::host::{read_ns, NsId};
+use crate::model::{MemorySource, MemorySplit, TracedCause, TracedDeath};
+use crate::shm::at_death::measure_pid;
+use crate::shm::deadline::Measurer;
+
+/// Reads the moment: everything under the agent's roots.
+pub struct MomentReader {
+    proc_root: PathBuf,
+    hierarchy: Option<(PathBuf, CgroupVersion)>,
+    /// The host's mount namespace: a process in it is no container's, and nothing is read.
+    host_mnt: Option<NsId>,
+    measurer: Measurer,
+}
+
+impl MomentReader {
+    pub fn new(
+        proc_root: PathBuf,
+        hierarchy: Option<(PathBuf, CgroupVersion)>,
+        host_mnt: Option<NsId>,
+    ) -> MomentReader {
+        MomentReader {
+            proc_root,
+            hierarchy,
+            host_mnt,
+            measurer: Measurer::default(),
+        }
+    }
+
+    /// Whether `pid` lives in the host's mount namespace (one readlink).
+    fn on_the_host(&self, pid: i32) -> bool {
+        self.host_mnt.is_some_and(|host| {
+            read_ns(&self.proc_root, &pid.to_string(), "mnt").is_ok_and(|own| own == host)
+        })
+    }
+
+    /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
+    pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
+        let (pid, comm, cause) = match event {
+            Event::Signal {
+                code, pid, comm, ..
+            } => (pid, comm, TracedCause::BusFault { code }),
+            Event::Victim {
+                pid,
+                comm,
+                anon_kb,
+                file_kb,
+                shmem_kb,
+            } => {
+                let b = |kb: Option<u64>| kb.map(|k| k.saturating_mul(1024));
+                let cause = TracedCause::OomVictim {
+                    anon_rss: b(anon_kb),
+                    file_rss: b(file_kb),
+                    shmem_rss: b(shmem_kb),
+                };
+                (pid, comm, cause)
+            }
+        };
+        // A host process has no container to read: told, unplaced, for one readlink.
+        let on_host = self.on_the_host(pid);
+        let cgroup_file = if on_host {
+            None
+        } else {
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok()
+        };
+        let rel = cgroup_file
+            .as_deref()
+            .and_then(memory_cgroup)
+            .map(|(path, _)| path.to_string());
+        let (limits, memory) = match (&self.hierarchy, &rel) {
+            (Some((root, version)), Some(rel)) => {
+                let limits = MemcgReader::new(root.clone(), *version)
+                    .read_at(rel, None)
+                    .unwrap_or_default();
+                let memory = memory_now(root, *version, rel, limits.limit_bytes);
+                (limits, memory)
+            }
+            _ => (Default::default(), None),
+        };
+        let identity = cgroup_file.as_deref().and_then(identity_of_process);
+        let reading = (!on_host)
+            .then(|| {
+                measure_pid(
+                    &mut self.measurer,
+                    &self.proc_root,
+                    pid,
+                    rel.as_deref().unwrap_or(""),
+                    identity,
+                    limits,
+                )
+            })
+            .flatten();
+        let (mono, real) = clocks_now();
+        TracedDeath {
+            pid,
+            comm,
+            at: wall_time(time_ns, mono, real),
+            cause,
+            cgroup_file,
+            reading,
+            memory,
+            read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+        }
+    }
+}
+
+/// The monotonic and real-time clocks now (ns), read back to back.
+fn clocks_now() -> (u64, u64) {
+    use rustix::time::{clock_gettime, ClockId};
+    let ns = |t: rustix::time::Timespec| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+    };
+    let mono = ns(clock_gettime(ClockId::Monotonic));
+    (mono, ns(clock_gettime(ClockId::Realtime)))
+}
+
+/// Pure: the wall-clock time of an event stamped `event_ns` on the monotonic clock, from the
+/// two clocks read now: the real time now less how long ago it was.
+fn wall_time(event_ns: u64, mono_now: u64, real_now: u64) -> SystemTime {
+    let ago = mono_now.saturating_sub(event_ns);
+    UNIX_EPOCH + Duration::from_nanos(real_now.saturating_sub(ago))
+}
+
+/// The memory cgroup's usage and split now (`memory.current`/`usage_in_bytes`, `memory.stat`).
+fn memory_now(
+    root: &Path,
+    version: CgroupVersion,
+    rel: &str,
+    limit: Option<u64>,
+) -> Option<MemorySplit> {
+    let dir = root.join(rel.trim_start_matches('/'));
+    if rel.split('/').any(|c| c == "..") {
+        return None;
+    }
+    let files = version.memory_files();
+    let usage = std::fs::read_to_string(dir.join(files.usage))
+        .ok()
+        .and_then(|s| parse_usage(&s));
+    let stat = std::fs::read_to_string(dir.join(files.stat))
+        .ok()
+        .map(|s| parse_memory_stat(&s));
+    if usage.is_none() && stat.is_none() {
+        return None;
+    }
+    Some(MemorySplit {
+        limit_bytes: limit,
+        usage_bytes: usage,
+        shm_bytes: stat.as_ref().and_then(|s| s.shmem),
+        anon_bytes: stat.as_ref().and_then(|s| s.anon),
+        source: MemorySource::Tracepoint,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_of_its_own_is_read_for_usage_and_split() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("kubepods/pod1/c1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.current"), "1000\n").unwrap();
+        std::fs::write(dir.join("memory.stat"), "anon 300\nfile 5\nshmem 600\n").unwrap();
+        let m = memory_now(
+            root.path(),
+            CgroupVersion::V2,
+            "/kubepods/pod1/c1",
+            Some(2000),
+        )
+        .unwrap();
+        assert_eq!(
+            (m.usage_bytes, m.shm_bytes, m.anon_bytes, m.limit_bytes),
+            (Some(1000), Some(600), Some(300), Some(2000))
+        );
+        assert_eq!(
+            memory_now(root.path(), CgroupVersion::V2, "/gone", None),
+            None
+        );
+        assert_eq!(
+            memory_now(root.path(), CgroupVersion::V2, "/../etc", None),
+            None
+        );
+    }
+
+    #[test]
+    fn a_gone_process_is_told_with_no_reading() {
+        let mut r = MomentReader::new(PathBuf::from("/proc"), None, None);
+        let d = r.read(
+            Event::Signal {
+                sig: 7,
+                code: 2,
+                pid: i32::MAX,
+                comm: "x".into(),
+            },
+            clocks_now().0,
+        );
+        assert_eq!(d.cause, TracedCause::BusFault { code: 2 });
+        assert_eq!((d.reading, d.cgroup_file), (None, None));
+        let off = SystemTime::now().duration_since(d.at).unwrap();
+        assert!(off < Duration::from_secs(1), "{off:?}");
+        assert!(d.read_after < Duration::from_secs(1));
+    }
+
+    /// This test process, by the real /proc: in the host's mount namespace nothing is read.
+    #[test]
+    fn a_host_process_is_told_without_a_reading() {
+        let me = std::process::id() as i32;
+        let host = read_ns(std::path::Path::new("/proc"), "self", "mnt").ok();
+        let event = || Event::Signal {
+            sig: 7,
+            code: 2,
+            pid: me,
+            comm: "x".into(),
+        };
+        let mut on_host = MomentReader::new(PathBuf::from("/proc"), None, host);
+        let d = on_host.read(event(), clocks_now().0);
+        assert_eq!((d.cgroup_file, d.reading), (None, None));
+        let mut elsewhere = MomentReader::new(PathBuf::from("/proc"), None, None);
+        let d = elsewhere.read(event(), clocks_now().0);
+        assert!(d.cgroup_file.is_some() && d.reading.is_some());
+    }
+
+    #[test]
+    fn an_event_is_placed_on_the_wall_clock_as_long_ago_as_the_monotonic_clock_says() {
+        let real = 1_700_000_000_000_000_000;
+        assert_eq!(
+            wall_time(5_000_000_000, 5_250_000_000, real),
+            UNIX_EPOCH + Duration::from_nanos(real - 250_000_000)
+        );
+        // A stamp after now (another CPU's clock a hair ahead) is now.
+        assert_eq!(
+            wall_time(6, 5, real),
+            UNIX_EPOCH + Duration::from_nanos(real)
+        );
+    }
+}

@@ -1,0 +1,331 @@
+//! A death the kernel's tracepoints told (`death_trace`) as an account, and its reading at the
+//! moment lent to the other accounts of the same death (an exit status 135, PyTorch's line), so
+//! that each is judged by what /dev/shm held when it died, not by the last scan.
+
+use std::collections::VecDeque;
+use std::time::SystemTime;
+
+use super::attribute::who_of_cgroup_file;
+use super::detect::shm_share_at_least;
+use super::same::WINDOW;
+use crate::model::{
+    Detected, FailureSource, FindingKind, MemorySource, MemorySplit, ShmReading, TracedCause,
+    TracedDeath, Who,
+};
+
+/// Traced readings kept for the accounts that follow at most.
+const KEPT: usize = 256;
+
+/// The account a traced death is: a SIGBUS fault judged later by its reading (`correlate`),
+/// an OOM victim by its memory cgroup's split at the moment (else the kernel's RSS counts).
+pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Detected {
+    let who = t
+        .cgroup_file
+        .as_deref()
+        .map_or(Who::Process, who_of_cgroup_file);
+    let (kind, memory, evidence) = match &t.cause {
+        TracedCause::BusFault { code } => (
+            FindingKind::WorkloadBusError,
+            t.memory,
+            format!(
+                "a page fault ({}) of {} (host PID {}), told by the kernel's signal:signal_generate",
+                bus_code_name(*code),
+                t.comm,
+                t.pid
+            ),
+        ),
+        TracedCause::OomVictim {
+            anon_rss,
+            file_rss,
+            shmem_rss,
+        } => {
+            let m = t.memory.unwrap_or(MemorySplit {
+                limit_bytes: None,
+                usage_bytes: anon_rss
+                    .zip(*shmem_rss)
+                    .map(|(a, s)| a + s + file_rss.unwrap_or(0)),
+                shm_bytes: *shmem_rss,
+                anon_bytes: *anon_rss,
+                source: MemorySource::Tracepoint,
+            });
+            let kind = if shm_share_at_least(&m, oom_shm_share) {
+                FindingKind::ShmOomKilled
+            } else {
+                FindingKind::WorkloadOomKilled
+            };
+            let evidence = format!(
+                "OOM victim {} (host PID {}), from the kernel's oom:mark_victim",
+                t.comm, t.pid
+            );
+            (kind, Some(m), evidence)
+        }
+    };
+    let mut d = Detected::new(who, kind, t.at, FailureSource::Tracepoint, &evidence);
+    d.pid = Some(t.pid);
+    d.comm = Some(t.comm.clone());
+    d.memory = memory;
+    d.at_death = t.reading.clone().map(Box::new);
+    d
+}
+
+/// asm-generic/siginfo.h's names of SIGBUS's fault codes.
+fn bus_code_name(code: i32) -> String {
+    match code {
+        1 => "BUS_ADRALN".into(),
+        2 => "BUS_ADRERR".into(),
+        3 => "BUS_OBJERR".into(),
+        4 => "BUS_MCEERR_AR".into(),
+        5 => "BUS_MCEERR_AO".into(),
+        c => format!("code {c}"),
+    }
+}
+
+/// The readings traced deaths carried lately, by container.
+#[derive(Default)]
+pub struct TracedReadings {
+    kept: VecDeque<(String, Option<String>, SystemTime, ShmReading)>,
+}
+
+impl TracedReadings {
+    pub fn remember(&mut self, d: &Detected) {
+        let (Some(r), Some((cid, uid))) = (&d.at_death, ids(&d.who)) else {
+            return;
+        };
+        self.kept.push_back((
+            cid.to_string(),
+            uid.map(str::to_string),
+            d.at,
+            (**r).clone(),
+        ));
+        while self.kept.len() > KEPT {
+            self.kept.pop_front();
+        }
+    }
+
+    /// Lends `d` its container's traced reading within [`WINDOW`] of it, where it has none; a
+    /// log line's Pod learns the container instance too, so that `same.rs` knows the line and
+    /// the trace for one death even when no scan ever saw the container (it lived 1.5 s).
+    pub fn lend(&self, d: &mut Detected) {
+        if d.at_death.is_some() {
+            return;
+        }
+        let found = self.kept.iter().rev().find(|(cid, uid, at, _)| {
+            let near = at.duration_since(d.at).unwrap_or_else(|e| e.duration()) <= WINDOW;
+            near && same_container(cid, uid.as_deref(), &d.who)
+        });
+        let Some((cid, _, _, r)) = found else { return };
+        d.at_death = Some(Box::new(r.clone()));
+        if let Who::Pod {
+            container_id: id @ None,
+            ..
+        } = &mut d.who
+        {
+            *id = Some(cid.clone());
+        }
+    }
+}
+
+fn ids(who: &Who) -> Option<(&str, Option<&str>)> {
+    match who {
+        Who::Container {
+            pod_uid,
+            container_id,
+        } => Some((container_id, pod_uid.as_deref())),
+        Who::Docker { container_id, .. } => Some((container_id, None)),
+        Who::Pod {
+            uid, container_id, ..
+        } => container_id.as_deref().map(|c| (c, Some(uid.as_str()))),
+        Who::Process => None,
+    }
+}
+
+/// By container ID; a log line's Pod names no instance, so its Pod UID must do (a Pod's other
+/// containers' deaths are told by their own tracepoints, nearer in time).
+fn same_container(cid: &str, uid: Option<&str>, who: &Who) -> bool {
+    match who {
+        Who::Pod {
+            uid: pod_uid,
+            container_id: None,
+            ..
+        } => uid == Some(pod_uid.as_str()),
+        _ => ids(who).is_some_and(|(c, _)| crate::model::strip_runtime_prefix(c) == cid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const CID: &str = "3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
+
+    fn traced(cause: TracedCause, memory: Option<MemorySplit>) -> TracedDeath {
+        TracedDeath {
+            pid: 4242,
+            comm: "python3".into(),
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            cause,
+            cgroup_file: Some(format!(
+                "0::/kubepods/burstable/pod0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80/{CID}\n"
+            )),
+            reading: Some(crate::fixtures::shm_reading(CID, 64 << 20, 64 << 20)),
+            memory,
+            read_after: Duration::from_micros(80),
+        }
+    }
+
+    #[test]
+    fn a_traced_fault_is_placed_and_carries_its_reading() {
+        let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5);
+        assert_eq!(d.source, FailureSource::Tracepoint);
+        assert!(d.evidence.contains("BUS_ADRERR"), "{}", d.evidence);
+        let Who::Container {
+            container_id,
+            pod_uid,
+        } = &d.who
+        else {
+            panic!("{:?}", d.who)
+        };
+        assert_eq!(container_id, CID);
+        assert_eq!(
+            pod_uid.as_deref(),
+            Some("0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80")
+        );
+        assert_eq!(d.at_death.as_ref().unwrap().used_bytes, Some(64 << 20));
+    }
+
+    #[test]
+    fn an_oom_victim_is_judged_by_its_split_at_the_moment_or_the_kernels_rss() {
+        let split = |shm| MemorySplit {
+            limit_bytes: Some(1000),
+            usage_bytes: Some(1000),
+            shm_bytes: Some(shm),
+            anon_bytes: Some(1000 - shm),
+            source: MemorySource::Tracepoint,
+        };
+        let rss = TracedCause::OomVictim {
+            anon_rss: Some(100),
+            file_rss: Some(0),
+            shmem_rss: Some(900),
+        };
+        assert_eq!(
+            detected(&traced(rss.clone(), Some(split(800))), 0.5).kind,
+            FindingKind::ShmOomKilled
+        );
+        assert_eq!(
+            detected(&traced(rss.clone(), Some(split(100))), 0.5).kind,
+            FindingKind::WorkloadOomKilled
+        );
+        let d = detected(&traced(rss, None), 0.5);
+        assert_eq!(
+            (d.kind, d.memory.unwrap().usage_bytes),
+            (FindingKind::ShmOomKilled, Some(1000))
+        );
+    }
+
+    #[test]
+    fn the_reading_is_lent_to_the_same_containers_accounts_within_the_window() {
+        let t = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5);
+        let mut kept = TracedReadings::default();
+        kept.remember(&t);
+        let exit = |who: Who, secs: u64| {
+            Detected::new(
+                who,
+                FindingKind::WorkloadBusError,
+                t.at + Duration::from_secs(secs),
+                FailureSource::PodStatus,
+                "",
+            )
+        };
+        let pod = |uid: &str, cid: Option<&str>| Who::Pod {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            uid: uid.into(),
+            container: "c".into(),
+            container_id: cid.map(str::to_string),
+        };
+        let uid = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
+        let mut lent = exit(pod(uid, Some(&format!("containerd://{CID}"))), 2);
+        kept.lend(&mut lent);
+        assert!(lent.at_death.is_some(), "the exit status of that container");
+        let mut line = exit(pod(uid, None), 1);
+        kept.lend(&mut line);
+        assert!(line.at_death.is_some(), "a line of that Pod");
+        for mut other in [
+            exit(pod(uid, Some("other")), 2),
+            exit(pod("other-uid", None), 1),
+            exit(pod(uid, None), 120),
+        ] {
+            kept.lend(&mut other);
+            assert!(other.at_death.is_none(), "{:?}", other.who);
+        }
+    }
+
+    #[test]
+    fn a_traced_fault_its_exit_status_and_pytorchs_line_are_one_failure() {
+        use crate::failures::pipeline::{Mode, Pipeline, Sources};
+        use crate::kube::podresources::GpuHolders;
+        use crate::model::{DeathRules, Exit};
+        let settings = Sources {
+            pod_log_root: None,
+            docker_root: None,
+            kmsg: None,
+            proc_root: std::path::PathBuf::from("/nonexistent"),
+            host_mnt: None,
+            rules: DeathRules::default(),
+        };
+        let uid = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
+        let pod = |cid: Option<String>| Who::Pod {
+            namespace: "ml".into(),
+            pod: "fill-0".into(),
+            uid: uid.into(),
+            container: "fill".into(),
+            container_id: cid,
+        };
+        let death = traced(TracedCause::BusFault { code: 2 }, None);
+        let line = Detected::new(
+            pod(None),
+            FindingKind::ShmAllocationFailed,
+            death.at + Duration::from_millis(3),
+            FailureSource::Log,
+            "RuntimeError: DataLoader worker (pid 3527) is killed by signal: Bus error.",
+        );
+        let mut exit = Detected::new(
+            pod(Some(CID.to_string())),
+            FindingKind::WorkloadBusError,
+            death.at + Duration::from_secs(1),
+            FailureSource::PodStatus,
+            "",
+        );
+        exit.exit = Some(Exit {
+            code: Some(135),
+            signal: None,
+            reason: Some("Error".into()),
+        });
+        let holders = GpuHolders::new();
+        // In one round, and over three rounds as serve's follower gets them.
+        let mut one = Pipeline::new(&settings, Mode::Follow);
+        one.traced(&death);
+        one.exits([line.clone(), exit.clone()]);
+        let mut told = one.tell(None, None, &holders);
+        let mut three = Pipeline::new(&settings, Mode::Follow);
+        three.traced(&death);
+        let mut rounds = three.tell(None, None, &holders);
+        three.exits([line]);
+        rounds.extend(three.tell(None, None, &holders));
+        three.exits([exit]);
+        rounds.extend(three.tell(None, None, &holders));
+        for failures in [std::mem::take(&mut told), rounds] {
+            let kinds: Vec<_> = failures.iter().map(|f| (f.kind, f.source)).collect();
+            assert_eq!(
+                kinds,
+                [(FindingKind::ShmBusError, FailureSource::Tracepoint)]
+            );
+            assert!(
+                failures[0].message.contains("with /dev/shm full"),
+                "{}",
+                failures[0].message
+            );
+        }
+    }
+}

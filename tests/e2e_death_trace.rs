@@ -1,0 +1,291 @@
+//! The moment of death from the kernel's tracepoints, end to end as root: real runc containers
+//! die for real, `serve --death-trace on` opens `signal:signal_generate` and `oom:mark_victim`
+//! with perf_event_open on a tracefs the test mounts, and judges each death by the reading taken
+//! at that moment.
+//!
+//! - A process sizes a 100 MiB `multiprocessing.shared_memory` block on the 64 MiB /dev/shm,
+//!   idles a second, then fills it: a page-fault SIGBUS ~1.5 s after start, which no scan saw
+//!   with anything in /dev/shm. Traced: `shm_bus_error`. Untraced (off), with no Pod status and
+//!   no log to read, nothing tells it at all: the fallback is the scans' readings, which a death
+//!   between two of them misses (docs/CONTRACT.md).
+//! - `kill -BUS` of a process whose /dev/shm is full is no fault: not told.
+//! - The kernel's OOM kill of a writer of /dev/shm pages: `shm_oom_killed` from the victim
+//!   tracepoint, one failure with the memory cgroup's counter.
+//! - Without CAP_PERFMON and CAP_SYS_ADMIN: `shmlink_death_trace_up 0`, serving on; `on` fails.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::agent::{sample, Agent};
+use common::{
+    random_container_id, random_pod_uid, ro_bind, wait_until, Container, ContainerSpec, HostTmpfs,
+};
+
+const MIB: u64 = 1 << 20;
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Sizes 100 MiB on the 64 MiB /dev/shm, idles, then fills it: SIGBUS past 64 MiB.
+const FAST_DEATH: &str = r#"
+import time
+from multiprocessing import shared_memory
+block = shared_memory.SharedMemory(create=True, size=100 << 20)
+time.sleep(1)
+mib = b"\1" * (1 << 20)
+for i in range(100):
+    block.buf[i << 20:(i + 1) << 20] = mib
+"#;
+
+/// tracefs mounted for the test, unmounted after.
+struct Tracefs(tempfile::TempDir);
+
+impl Tracefs {
+    fn mount() -> Option<Tracefs> {
+        let dir = tempfile::Builder::new()
+            .prefix("shmlink-e2e-tracefs-")
+            .tempdir()
+            .ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tracefs", "nodev"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok && dir.path().join("events/signal/signal_generate/id").exists() {
+            return Some(Tracefs(dir));
+        }
+        let why = "tracefs with signal:signal_generate cannot be mounted here";
+        if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+            panic!("{why}");
+        }
+        eprintln!("SKIPPED: {why}");
+        None
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tracefs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+fn ready() -> Option<Tracefs> {
+    if !common::e2e_available() {
+        return None;
+    }
+    if !Path::new(PYTHON).exists() {
+        assert_ne!(
+            std::env::var("SHMLINK_E2E").as_deref(),
+            Ok("require"),
+            "{PYTHON} is missing"
+        );
+        eprintln!("SKIPPED: {PYTHON} is missing");
+        return None;
+    }
+    Tracefs::mount()
+}
+
+fn serve(tracefs: &Path, mode: &str) -> Agent {
+    let t = tracefs.to_str().unwrap();
+    let agent = Agent::start(
+        &[
+            "--no-gpu",
+            "--death-trace",
+            mode,
+            "--tracefs",
+            t,
+            "--log-level",
+            "debug",
+        ],
+        &[],
+    );
+    agent.wait_ready();
+    agent
+}
+
+fn python(pod_uid: &str, script: &str) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(pod_uid.to_string()),
+        id: Some(random_container_id()),
+        args: vec![PYTHON.into(), "-c".into(), script.into()],
+        memory_limit: Some((512 * MIB) as i64),
+        extra_mounts: vec![
+            ro_bind("/usr", "/usr"),
+            ro_bind("/lib", "/lib"),
+            ro_bind("/lib64", "/lib64"),
+        ],
+        ..ContainerSpec::default()
+    })
+}
+
+fn up(agent: &Agent) -> f64 {
+    sample(&agent.metrics(), "shmlink_death_trace_up", &[]).expect("shmlink_death_trace_up")
+}
+
+fn failures(body: &str, kind: &str, container_id: &str) -> f64 {
+    sample(
+        body,
+        "shmlink_workload_failures_total",
+        &[("kind", kind), ("container_id", container_id)],
+    )
+    .unwrap_or(0.0)
+}
+
+fn all_failures(body: &str, container_id: &str) -> f64 {
+    common::promtext::samples(body)
+        .filter(|s| {
+            s.name == "shmlink_workload_failures_total"
+                && s.has_labels(&[("container_id", container_id)])
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+#[test]
+fn a_fast_sigbus_death_is_told_by_its_dev_shm_at_the_moment() {
+    let Some(tracefs) = ready() else { return };
+    let agent = serve(tracefs.path(), "on");
+    assert_eq!(up(&agent), 1.0, "{}", agent.log_text());
+    // A kill -BUS first: /dev/shm full, but no fault.
+    let killed = Container::start(ContainerSpec {
+        pod_uid: Some(random_pod_uid()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/full bs=1M count=80; touch /tmp/ready; sleep 3600".into(),
+        ],
+        ..ContainerSpec::default()
+    });
+    killed.wait_ready();
+    // Its sleep, by another process: SI_USER (a container's init ignores what it has no handler
+    // for, so not PID 1).
+    killed.sh("kill -BUS $(pidof sleep)");
+    // Then the fast death.
+    let c = python(&random_pod_uid(), FAST_DEATH);
+    assert!(
+        c.wait_exited(Duration::from_secs(20)),
+        "the block was filled"
+    );
+    agent.wait_for_metrics("the traced shm_bus_error", |b| {
+        failures(b, "shm_bus_error", &c.id) >= 1.0
+    });
+    // Later accounts of the same death (none here but the trace) must not add a second.
+    std::thread::sleep(Duration::from_secs(2));
+    let body = agent.metrics();
+    assert_eq!(
+        failures(&body, "shm_bus_error", &c.id),
+        1.0,
+        "one death, one failure"
+    );
+    assert_eq!(failures(&body, "workload_bus_error", &c.id), 0.0);
+    assert_eq!(
+        all_failures(&body, &killed.id),
+        0.0,
+        "kill -BUS is no fault"
+    );
+    let log = agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("shm_bus_error") && l.contains(&c.id[..12]))
+        .unwrap_or_else(|| panic!("no shm_bus_error line: {log}"));
+    assert!(line.contains("with /dev/shm full"), "{line}");
+    assert!(log.contains("traced death"), "the moment is logged: {log}");
+    assert!(
+        log.contains("not a fault: not told"),
+        "the kill was seen, and not told: {log}"
+    );
+}
+
+#[test]
+fn untraced_the_same_death_is_not_told_as_dev_shm() {
+    let Some(tracefs) = ready() else { return };
+    let agent = serve(tracefs.path(), "off");
+    assert_eq!(up(&agent), 0.0);
+    let c = python(&random_pod_uid(), FAST_DEATH);
+    assert!(c.wait_exited(Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_secs(2));
+    let body = agent.metrics();
+    // Without the tracepoints the scans never saw /dev/shm used: it is not told as /dev/shm's.
+    assert_eq!(
+        failures(&body, "shm_bus_error", &c.id),
+        0.0,
+        "{}",
+        agent.log_text()
+    );
+}
+
+#[test]
+fn an_oom_victim_is_traced_and_told_once() {
+    let Some(tracefs) = ready() else { return };
+    let agent = serve(tracefs.path(), "on");
+    let volume = HostTmpfs::new(1 << 30);
+    let c = common::oom::shm_past_the_limit(&random_pod_uid(), &random_container_id(), &volume);
+    agent.wait_for_metrics("the traced OOM kill", |b| {
+        failures(b, "shm_oom_killed", &c.id) >= 1.0
+    });
+    // The memory cgroup's counter tells the same kill a scan later: the same death.
+    std::thread::sleep(Duration::from_secs(2));
+    let body = agent.metrics();
+    assert_eq!(
+        all_failures(&body, &c.id),
+        1.0,
+        "one death, one failure: {}",
+        agent.log_text()
+    );
+    let log = agent.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("traced death") && l.contains("oom_victim")),
+        "{log}"
+    );
+}
+
+#[test]
+fn without_the_capabilities_it_says_so_exports_0_and_serves_on() {
+    let Some(tracefs) = ready() else { return };
+    let Some(setpriv) = common::tool("setpriv", "util-linux") else {
+        return;
+    };
+    let t = tracefs.path().to_str().unwrap().to_string();
+    let wrapper = [
+        setpriv.to_str().unwrap(),
+        "--bounding-set",
+        "-perfmon,-sys_admin",
+        "--",
+    ];
+    let agent = Agent::start_under(
+        &wrapper,
+        &["--no-gpu", "--death-trace", "auto", "--tracefs", &t],
+        &[],
+    );
+    agent.wait_ready();
+    assert_eq!(up(&agent), 0.0, "{}", agent.log_text());
+    let log = agent.log_text();
+    assert_eq!(
+        log.matches("death trace off").count(),
+        1,
+        "said once: {log}"
+    );
+    assert!(log.contains("perf_event_open"), "{log}");
+    drop(agent);
+    // `on` refuses to start.
+    let mut on = Agent::start_under(
+        &wrapper,
+        &["--no-gpu", "--death-trace", "on", "--tracefs", &t],
+        &[],
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || !on.is_running()),
+        "on must fail at start"
+    );
+    assert!(
+        on.log_text().contains("--death-trace on"),
+        "{}",
+        on.log_text()
+    );
+}
