@@ -289,3 +289,84 @@ fn without_the_capabilities_it_says_so_exports_0_and_serves_on() {
         on.log_text()
     );
 }
+
+#[test]
+fn under_kubernetes_the_fast_death_is_one_shm_bus_error_event_on_its_pod() {
+    use common::kube_api::{finished_now, pod, restarted, FakeApi};
+    let Some(tracefs) = ready() else { return };
+    const NODE: &str = "gpu-node-2";
+    let api = FakeApi::start();
+    let (uid, id) = (random_pod_uid(), random_container_id());
+    let spec = pod(NODE, "ml", "fast-0", &uid, &[("main", &id)]);
+    api.apply_pod(spec.clone());
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start(
+        &[
+            "--kube",
+            "on",
+            "--node-name",
+            NODE,
+            "--no-gpu",
+            "--death-trace",
+            "on",
+            "--tracefs",
+            tracefs.path().to_str().unwrap(),
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    agent.wait_ready();
+    let c = Container::start(ContainerSpec {
+        pod_uid: Some(uid.clone()),
+        id: Some(id.clone()),
+        args: vec![PYTHON.into(), "-c".into(), FAST_DEATH.into()],
+        memory_limit: Some((512 * MIB) as i64),
+        extra_mounts: vec![
+            ro_bind("/usr", "/usr"),
+            ro_bind("/lib", "/lib"),
+            ro_bind("/lib64", "/lib64"),
+        ],
+        ..ContainerSpec::default()
+    });
+    assert!(
+        c.wait_exited(Duration::from_secs(20)),
+        "the block was filled"
+    );
+    // kubelet records the exit (135) and restarts the container.
+    let terminated = serde_json::json!({"exitCode": 135, "reason": "Error",
+        "containerID": format!("containerd://{id}"), "finishedAt": finished_now()});
+    api.apply_pod(restarted(spec, "main", terminated, &random_container_id()));
+    let events = || -> Vec<serde_json::Value> {
+        api.events()
+            .into_iter()
+            .filter(|e| e["regarding"]["uid"] == uid.as_str())
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), || events()
+            .iter()
+            .any(|e| e["reason"] == "ShmBusError")),
+        "no ShmBusError Event: {:#?}\n{}",
+        api.events(),
+        agent.log_text()
+    );
+    // The trace and kubelet's status are one death: one Event, counted once.
+    std::thread::sleep(Duration::from_secs(2));
+    // (A scan may have seen /dev/shm full for a moment too: ShmExhausted, a finding.)
+    let told: Vec<serde_json::Value> = events()
+        .into_iter()
+        .filter(|e| {
+            e["reason"]
+                .as_str()
+                .is_some_and(|r| r.ends_with("BusError"))
+        })
+        .collect();
+    let reasons: Vec<&str> = told.iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert_eq!(reasons, ["ShmBusError"], "{told:#?}");
+    assert_eq!(told[0]["series"], serde_json::Value::Null, "{told:#?}");
+    let note = told[0]["note"].as_str().unwrap();
+    println!("ShmBusError on ml/fast-0: {note}");
+    assert!(note.contains("with /dev/shm full"), "{note}");
+    let body = agent.metrics();
+    assert_eq!(failures(&body, "shm_bus_error", &id), 1.0, "{body}");
+    assert_eq!(all_failures(&body, &id), 1.0, "{body}");
+}
