@@ -113,13 +113,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         wake_tx.clone(),
         metrics.clone(),
     )?;
-    let prober = probe
-        .map(|(opts, every)| {
-            let results = scanner.probe_results();
-            crate::probe::schedule::spawn(opts, every, snapshot.clone(), results, stop.clone())
-                .map_err(|e| AgentError::Thread("probe", e))
-        })
-        .transpose()?;
+    let prober = spawn_prober(probe, &scanner, &snapshot, &stop)?;
     let between = Between {
         scanner,
         findings_told: kube.is_none().then(FindingChanges::default),
@@ -146,15 +140,35 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
 
     let _ = wake_tx.send(Wake::Stop);
     stop.store(true, Ordering::Relaxed);
-    // The scan thread finishes its current scan (if any) and exits; the follower its poll.
+    join(threads).await;
+    tracing::info!("stopped");
+    served.map_err(AgentError::Http)
+}
+
+/// The scan thread finishes its current scan (if any) and exits; the follower its poll.
+async fn join(threads: impl IntoIterator<Item = Option<thread::JoinHandle<()>>> + Send + 'static) {
     let _ = tokio::task::spawn_blocking(move || {
         for t in threads.into_iter().flatten() {
             let _ = t.join();
         }
     })
     .await;
-    tracing::info!("stopped");
-    served.map_err(AgentError::Http)
+}
+
+/// The pair probe's own thread, when `--p2p-probe-interval` asks for one.
+fn spawn_prober(
+    probe: Option<(ProbeOptions, Duration)>,
+    scanner: &Scanner,
+    snapshot: &SharedSnapshot,
+    stop: &Arc<AtomicBool>,
+) -> Result<Option<thread::JoinHandle<()>>, AgentError> {
+    probe
+        .map(|(opts, every)| {
+            let results = scanner.probe_results();
+            crate::probe::schedule::spawn(opts, every, snapshot.clone(), results, stop.clone())
+                .map_err(|e| AgentError::Thread("probe", e))
+        })
+        .transpose()
 }
 
 async fn bind(listen: SocketAddr, interval: Duration) -> Result<TcpListener, AgentError> {
