@@ -109,9 +109,13 @@ fn serve(tracefs: &Path, mode: &str) -> Agent {
 }
 
 fn python(pod_uid: &str, script: &str) -> Container {
+    python_as(pod_uid, &random_container_id(), script)
+}
+
+fn python_as(pod_uid: &str, id: &str, script: &str) -> Container {
     Container::start(ContainerSpec {
         pod_uid: Some(pod_uid.to_string()),
-        id: Some(random_container_id()),
+        id: Some(id.to_string()),
         args: vec![PYTHON.into(), "-c".into(), script.into()],
         memory_limit: Some((512 * MIB) as i64),
         extra_mounts: vec![
