@@ -11,6 +11,8 @@
 //! - `kill -BUS` of a process whose /dev/shm is full is no fault: not told.
 //! - The kernel's OOM kill of a writer of /dev/shm pages: `shm_oom_killed` from the victim
 //!   tracepoint, one failure with the memory cgroup's counter.
+//! - The fast death under Kubernetes (one ShmBusError Event with kubelet's exit 135) and on a
+//!   real Docker engine (told by its name, one failure with Docker's record).
 //! - Without CAP_PERFMON and CAP_SYS_ADMIN: `shmlink_death_trace_up 0`, serving on; `on` fails.
 
 mod common;
@@ -373,4 +375,65 @@ fn under_kubernetes_the_fast_death_is_one_shm_bus_error_event_on_its_pod() {
     let body = agent.metrics();
     assert_eq!(failures(&body, "shm_bus_error", &id), 1.0, "{body}");
     assert_eq!(all_failures(&body, &id), 1.0, "{body}");
+}
+
+#[test]
+fn on_docker_the_fast_death_is_told_by_its_name_with_dev_shm_full() {
+    use common::docker::{Dockerd, IMAGE};
+    let Some(tracefs) = ready() else { return };
+    let Some(d) = Dockerd::start() else { return };
+    let root = d.data_root();
+    let agent = Agent::start(
+        &[
+            "--no-gpu",
+            "--death-trace",
+            "on",
+            "--tracefs",
+            tracefs.path().to_str().unwrap(),
+            "--docker-root",
+            root.to_str().unwrap(),
+        ],
+        &[],
+    );
+    agent.wait_ready();
+    // `docker run` on the default 64 MiB /dev/shm, the host's Python bound in read-only.
+    let id = d.run(&[
+        "--name",
+        "fastbus",
+        "-v",
+        "/usr:/usr:ro",
+        "-v",
+        "/lib:/lib:ro",
+        "-v",
+        "/lib64:/lib64:ro",
+        IMAGE,
+        PYTHON,
+        "-c",
+        FAST_DEATH,
+    ]);
+    assert_eq!(d.wait(&id), 135, "{}", d.log());
+    agent.wait_for_metrics("the traced death, by its Docker name", |b| {
+        all_failures(b, &id) >= 1.0
+    });
+    // Docker's record of the exit (read each second) is the same death.
+    std::thread::sleep(Duration::from_secs(3));
+    let body = agent.metrics();
+    assert_eq!(failures(&body, "shm_bus_error", &id), 1.0, "{body}");
+    assert_eq!(
+        all_failures(&body, &id),
+        1.0,
+        "one death, one failure: {body}"
+    );
+    let named = sample(
+        &body,
+        "shmlink_workload_failures_total",
+        &[("container", "fastbus"), ("kind", "shm_bus_error")],
+    );
+    assert_eq!(named, Some(1.0), "{body}");
+    let log = agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("shm_bus_error") && l.contains("fastbus"))
+        .unwrap_or_else(|| panic!("no shm_bus_error line naming fastbus: {log}"));
+    println!("{line}");
 }
