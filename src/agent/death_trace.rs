@@ -79,6 +79,10 @@ fn log_moment(d: &TracedDeath) {
         read_after_us = d.read_after.as_micros() as u64,
         shm_used = d.reading.as_ref().and_then(|r| r.used_bytes),
         shm_size = d.reading.as_ref().and_then(|r| r.size_bytes),
+        cgroup = d
+            .cgroup_file
+            .as_deref()
+            .map(|c| c.lines().find(|l| l.contains("memory")).unwrap_or(c)),
         "traced death"
     );
 }
