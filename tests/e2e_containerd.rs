@@ -443,6 +443,7 @@ fn assert_sigbus(report: &Value, made: &Made, p: &mut Problems) {
         format!("bus-0: one shm_bus_error judged with the sandbox's /dev/shm: {failures:#?}")
     });
     if let Some(f) = bus.first() {
+        println!("bus-0: {}", f["message"].as_str().unwrap_or(""));
         p.expect(
             f["container"] == "filler"
                 && f["shm"]["size_bytes"] == 64 * MIB

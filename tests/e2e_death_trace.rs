@@ -3,8 +3,9 @@
 //! with perf_event_open on a tracefs the test mounts, and judges each death by the reading taken
 //! at that moment.
 //!
-//! - A process maps a 100 MiB file on the 64 MiB /dev/shm, idles a second, then fills it: a
-//!   page-fault SIGBUS ~1.5 s after start, which no scan saw with anything in /dev/shm. Traced: `shm_bus_error`. Untraced (off), with no Pod status and
+//! - A process sizes a 100 MiB `multiprocessing.shared_memory` block on the 64 MiB /dev/shm,
+//!   idles a second, then fills it: a page-fault SIGBUS ~1.5 s after start, which no scan saw
+//!   with anything in /dev/shm. Traced: `shm_bus_error`. Untraced (off), with no Pod status and
 //!   no log to read, nothing tells it at all: the fallback is the scans' readings, which a death
 //!   between two of them misses (docs/CONTRACT.md).
 //! - `kill -BUS` of a process whose /dev/shm is full is no fault: not told.
@@ -28,12 +29,21 @@ use common::{
 const MIB: u64 = 1 << 20;
 const PYTHON: &str = "/usr/bin/python3";
 
-/// A child sizes 100 MiB on the 64 MiB /dev/shm, idles, then fills it: SIGBUS past 64 MiB. The
-/// parent stands two seconds more (as a job's launcher would), so the container's /dev/shm is
-/// there whenever the reader reads: the tests check what is told, not the race with the
-/// container's end, which `bench/death_trace` measures (and a loaded machine can lose). Then it
-/// exits as a shell would after such a child: 135.
+/// Sizes 100 MiB on the 64 MiB /dev/shm, idles, then fills it: SIGBUS past 64 MiB.
 const FAST_DEATH: &str = r#"
+import time
+from multiprocessing import shared_memory
+block = shared_memory.SharedMemory(create=True, size=100 << 20)
+time.sleep(1)
+mib = b"\1" * (1 << 20)
+for i in range(100):
+    block.buf[i << 20:(i + 1) << 20] = mib
+"#;
+
+/// A DataLoader's shape: a forked worker maps 100 MiB on the 64 MiB /dev/shm and fills it; the
+/// main process outlives it. The kernel shows a dying task at the root of its cgroups moments
+/// after the signal: the worker is placed by its parent.
+const WORKER_DEATH: &str = r#"
 import mmap, os, time
 pid = os.fork()
 if pid == 0:
@@ -45,9 +55,8 @@ if pid == 0:
     for i in range(100):
         block[i << 20:(i + 1) << 20] = mib
     os._exit(0)
-_, status = os.waitpid(pid, 0)
-time.sleep(2)
-os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else 1)
+os.waitpid(pid, 0)
+time.sleep(30)
 "#;
 
 /// tracefs mounted for the test, unmounted after.
@@ -446,4 +455,19 @@ fn on_docker_the_fast_death_is_told_by_its_name_with_dev_shm_full() {
         .find(|l| l.contains("shm_bus_error") && l.contains("fastbus"))
         .unwrap_or_else(|| panic!("no shm_bus_error line naming fastbus: {log}"));
     println!("{line}");
+}
+
+#[test]
+fn a_forked_workers_fault_is_placed_in_its_container() {
+    let Some(tracefs) = ready() else { return };
+    let agent = serve(tracefs.path(), "on");
+    let c = python(&random_pod_uid(), WORKER_DEATH);
+    agent.wait_for_metrics("the worker's traced shm_bus_error, in its container", |b| {
+        failures(b, "shm_bus_error", &c.id) >= 1.0
+    });
+    let log = agent.log_text();
+    assert!(
+        !log.contains("an unknown process died"),
+        "the worker was not placed: {log}"
+    );
 }

@@ -43,6 +43,26 @@ impl MomentReader {
         })
     }
 
+    /// The dying process's cgroups. The kernel takes an exiting task out of its cgroups (v1
+    /// then shows it at the root) moments after the fatal signal, often before this reads: then
+    /// its parent's, where the parent is not the host's (a DataLoader worker's main process, a
+    /// launcher's child: the same container).
+    fn cgroup_file_of(&self, pid: i32) -> Option<String> {
+        let read = |p: &str| std::fs::read_to_string(self.proc_root.join(p).join("cgroup")).ok();
+        let own = read(&pid.to_string());
+        if own.as_deref().is_some_and(|c| !at_root(c)) {
+            return own;
+        }
+        let stat = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("stat"));
+        let Some(parent) = stat.ok().as_deref().and_then(parent_pid) else {
+            return own;
+        };
+        if parent <= 1 || self.on_the_host(parent) {
+            return own;
+        }
+        read(&parent.to_string()).filter(|c| !at_root(c)).or(own)
+    }
+
     /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
     pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
         let (pid, comm, cause) = match event {
@@ -70,7 +90,7 @@ impl MomentReader {
         let cgroup_file = if on_host {
             None
         } else {
-            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup")).ok()
+            self.cgroup_file_of(pid)
         };
         let rel = cgroup_file
             .as_deref()
@@ -111,6 +131,18 @@ impl MomentReader {
             read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
         }
     }
+}
+
+/// Pure: whether a `/proc/PID/cgroup` puts the memory cgroup at the root (or has none).
+fn at_root(cgroup_file: &str) -> bool {
+    memory_cgroup(cgroup_file).is_none_or(|(path, _)| path == "/")
+}
+
+/// Pure: the parent's PID from `/proc/PID/stat` (the field after the state, after the command's
+/// closing parenthesis, which the command itself may contain).
+fn parent_pid(stat: &str) -> Option<i32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The monotonic and real-time clocks now (ns), read back to back.
@@ -163,6 +195,19 @@ fn memory_now(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dying_task_shown_at_the_root_and_its_parent_read_from_stat() {
+        assert!(at_root("12:memory:/\n0::/\n"));
+        assert!(at_root("0::/\n"));
+        assert!(!at_root("4:memory:/kubepods/burstable/podx/abc\n"));
+        assert_eq!(
+            parent_pid("4242 (python3) R 4200 4242 4200 0 -1"),
+            Some(4200)
+        );
+        assert_eq!(parent_pid("7 (a) b) (c) S 3 7 7"), Some(3));
+        assert_eq!(parent_pid("7 (trunc"), None);
+    }
 
     #[test]
     fn a_cgroup_of_its_own_is_read_for_usage_and_split() {
