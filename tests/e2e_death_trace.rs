@@ -340,18 +340,7 @@ fn under_kubernetes_the_fast_death_is_one_shm_bus_error_event_on_its_pod() {
         &[("KUBECONFIG", kubeconfig.as_os_str())],
     );
     agent.wait_ready();
-    let c = Container::start(ContainerSpec {
-        pod_uid: Some(uid.clone()),
-        id: Some(id.clone()),
-        args: vec![PYTHON.into(), "-c".into(), FAST_DEATH.into()],
-        memory_limit: Some((512 * MIB) as i64),
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-        ],
-        ..ContainerSpec::default()
-    });
+    let c = python_as(&uid, &id, FAST_DEATH);
     assert!(
         c.wait_exited(Duration::from_secs(20)),
         "the block was filled"

@@ -10,6 +10,7 @@ use crate::cgroup::proc::{identity_of_process, memory_cgroup};
 use crate::cgroup::CgroupVersion;
 use crate::host::{read_ns, NsId};
 use crate::model::{MemorySource, MemorySplit, TracedCause, TracedDeath};
+use crate::procfs::stat::parent_pid;
 use crate::shm::at_death::measure_pid;
 use crate::shm::deadline::Measurer;
 
@@ -136,13 +137,6 @@ impl MomentReader {
 /// Pure: whether a `/proc/PID/cgroup` puts the memory cgroup at the root (or has none).
 fn at_root(cgroup_file: &str) -> bool {
     memory_cgroup(cgroup_file).is_none_or(|(path, _)| path == "/")
-}
-
-/// Pure: the parent's PID from `/proc/PID/stat` (the field after the state, after the command's
-/// closing parenthesis, which the command itself may contain).
-fn parent_pid(stat: &str) -> Option<i32> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The monotonic and real-time clocks now (ns), read back to back.

@@ -4,11 +4,21 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-/// A process's start, in clock ticks since boot (field 22, counted after the command's closing
-/// parenthesis, which the command itself may contain).
-pub fn start_ticks(stat: &str) -> Option<u64> {
+/// The `n`th field after the command (0: the state), counted after the command's closing
+/// parenthesis, which the command itself may contain.
+fn field_after_comm(stat: &str, n: usize) -> Option<&str> {
     let after = &stat[stat.rfind(')')? + 1..];
-    after.split_ascii_whitespace().nth(19)?.parse().ok()
+    after.split_ascii_whitespace().nth(n)
+}
+
+/// A process's start, in clock ticks since boot (field 22).
+pub fn start_ticks(stat: &str) -> Option<u64> {
+    field_after_comm(stat, 19)?.parse().ok()
+}
+
+/// A process's parent's PID (field 4).
+pub fn parent_pid(stat: &str) -> Option<i32> {
+    field_after_comm(stat, 1)?.parse().ok()
 }
 
 /// When the process `pid` started, by the clock: boot time plus its start ticks.
