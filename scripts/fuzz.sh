@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Fuzzes every parser with cargo fuzz (libFuzzer): `scripts/fuzz.sh [SECONDS_PER_TARGET]`
-# (default 15, what CI runs). Seeds come from fuzz/corpus/<target>/seed-* (copied from
+# Fuzzes every parser with cargo fuzz (libFuzzer): `scripts/fuzz.sh [--dev] [SECONDS_PER_TARGET]`
+# (default 15). `--dev` (what CI runs) builds without optimizations: cargo fuzz's release build
+# uses one codegen unit and took 8-13 minutes of a cold CI run, for a 15-second smoke per target
+# where executions per second matter less than finishing; a long local run leaves it out. Seeds come from fuzz/corpus/<target>/seed-* (copied from
 # tests/fixtures and the fake NVML presets); what a run learns stays in fuzz/corpus (ignored by
 # git). A crash fails the run and leaves its input in fuzz/artifacts/<target>/.
 # cargo fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP=1 lets this stable toolchain
 # accept them.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
+build=()
+if [ "${1:-}" = --dev ]; then build=(--dev); shift; fi
 secs="${1:-15}"
 if ! command -v cargo-fuzz >/dev/null; then
   if [ "$(id -u)" = 0 ] || [ -n "${CI:-}" ]; then
@@ -17,13 +21,13 @@ if ! command -v cargo-fuzz >/dev/null; then
   fi
 fi
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build
+cargo fuzz build "${build[@]}"
 targets=$(cargo fuzz list)
 printf '%-18s %12s %8s\n' target executions seconds
 for t in $targets; do
   mkdir -p "corpus/$t"
   log=$(mktemp)
-  if ! cargo fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+  if ! cargo fuzz run "${build[@]}" "$t" "corpus/$t" -- -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 >"$log" 2>&1; then
     tail -40 "$log"
     echo "FAILED: fuzz target $t (input in fuzz/artifacts/$t/)" >&2
