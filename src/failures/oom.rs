@@ -482,6 +482,28 @@ mod tests {
         assert_eq!((found[0].pid, found[0].comm.as_str()), (5947, "d\nd"));
     }
 
+    /// A system-wide OOM: no cgroup at its limit, the kernel's reason `Out of memory`; a
+    /// cpuset's name (a cgroup a container may name) spelling other cgroups is not read.
+    #[test]
+    fn a_system_wide_kill_and_a_cpuset_named_like_the_summary() {
+        let task = format!("/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/{CID}");
+        let report = format!(
+            "4,1,1,-;x invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+             6,2,2,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=a,task_memcg=\
+             {VICTIM},oom_memcg={VICTIM},mems_allowed=0,mems_allowed=0,global_oom,task_memcg=\
+             {task},task=x,pid=9,uid=0\n\
+             3,3,3,-;Out of memory: Killed process 9 (x) total-vm:8kB, anon-rss:4kB, \
+             file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:1000\n"
+        );
+        let found = kills(&report);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].memcg.as_str(), found[0].oom_memcg.as_deref()),
+            (task.as_str(), None)
+        );
+        assert_eq!((found[0].pid, found[0].anon_rss_bytes), (9, Some(4096)));
+    }
+
     #[test]
     fn garbage_never_panics() {
         let mut rng = crate::fixtures::rng::Rng::new(0x00f1);
