@@ -24,6 +24,8 @@ if [ "$(id -u)" = 0 ]; then
   # tests/e2e_deaths.rs, tests/e2e_docker.rs, tests/e2e_death_trace.rs: a real SIGBUS from
   # Debian's Python in a container
   [ -x /usr/bin/python3 ] || missing+=(python3)
+  # tests/e2e_forged.rs, tests/e2e_forged_kernel.rs: programs that really segfault, built here
+  command -v gcc >/dev/null || missing+=(gcc)
   # tests/e2e_death_trace.rs: the agent without CAP_PERFMON (setpriv)
   command -v setpriv >/dev/null || missing+=(util-linux)
   if [ ${#missing[@]} -gt 0 ]; then

@@ -187,7 +187,7 @@ mod tests {
     use super::*;
 
     /// A crash in a file whose name holds a newline and a whole crash line, as syslog(2)'s
-    /// reader joins it (the newline escaped, as /dev/kmsg escapes it): the crash is the real
+    /// reader joins it (a newline, as /dev/kmsg's reader unescapes it): the crash is the real
     /// crasher's, in a file that is no GPU library; PID 1 is never blamed.
     #[test]
     fn a_crash_line_inside_a_file_name_is_not_a_crash() {
@@ -197,7 +197,7 @@ mod tests {
             seq: 1,
             usec: 1,
             message: "crash[4242]: segfault at 0 ip 0000000000401000 sp 00007ffc2b6c1f40 error \
-                      4 in x\\x0atrainer[1]: segfault at 0 ip 00007f0000001000 sp \
+                      4 in x\ntrainer[1]: segfault at 0 ip 00007f0000001000 sp \
                       00007ffc2b6c1f40 error 4 in libnccl.so.2[7f0000000000+1000]"
                 .into(),
         };
@@ -213,7 +213,7 @@ mod tests {
             level,
             seq: 1,
             usec: 1,
-            message: " in x\\x0atrainer[1]: segfault at 0 ip 0000000000401000 sp \
+            message: " in x\ntrainer[1]: segfault at 0 ip 0000000000401000 sp \
                       00007ffc2b6c1f40 error 4 in libnccl.so.2[115b,55a2d5e51000+1000] likely \
                       on CPU 0 (core 0, socket 0)"
                 .into(),
@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(p.crash(&piece(2_006, "libcuda.so.1")), None);
         // A file name that spells a crash line, in its piece: the file is what it is.
         assert_eq!(p.crash(&head(4444, 3_000)), None);
-        let forged = " in x\\x0atrainer[1]: segfault at 0 ip 0000000000401000 sp \
+        let forged = " in x\ntrainer[1]: segfault at 0 ip 0000000000401000 sp \
                       00007ffc2b6c1f40 error 4 in libnccl.so.2[115b,55a2d5e51000+1000]";
         assert_eq!(p.crash(&kernel(4, 3_010, forged)), None);
         // A head too old for the piece.

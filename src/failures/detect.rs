@@ -14,7 +14,9 @@ use super::signatures::Signatures;
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
 use crate::logs::{LogLine, LogOrigin};
-use crate::model::{Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who};
+use crate::model::{
+    printable, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who,
+};
 
 /// Lines and kernel records in, failures out. A clone starts with the same state (a fresh one
 /// made once is the cheap way to many: its automata are shared).
@@ -138,8 +140,9 @@ impl Recogniser {
         );
         d.pid = Some(pid);
         d.pid_taken = now == PidNow::Taken;
-        d.comm = Some(comm);
-        d.library = Some(library);
+        // Untrusted (a comm, a file name): escaped once captured, as evidence is.
+        d.comm = Some(printable(&comm));
+        d.library = Some(printable(&library));
         Some(d)
     }
 }
@@ -167,7 +170,7 @@ fn oom_killed(kill: OomKill, record: &KmsgRecord, at: SystemTime, share: f64) ->
         &record.message,
     );
     d.pid = Some(kill.pid);
-    d.comm = Some(kill.comm);
+    d.comm = Some(printable(&kill.comm));
     d.memory = Some(memory);
     d
 }
@@ -255,6 +258,29 @@ mod tests {
         let anon = told(kmsg::OOM_V2_ANON);
         assert_eq!(anon[0].kind, FindingKind::WorkloadOomKilled);
         assert_eq!(anon[0].pid, Some(77));
+    }
+
+    /// A comm and a file name with ESC, BEL, CSI (C1) and a newline, as /dev/kmsg escapes
+    /// them: told, with every control character written out.
+    #[test]
+    fn a_crashs_comm_and_library_reach_no_one_raw() {
+        let record = "6,9,1000,-;a\\x1b[2J\\x07\\x0ab[4242]: segfault at 0 ip 0000000000401000 \
+                      sp 00007ffc2b6c1f40 error 4 in libnccl.so.2\\xc2\\x9b31m\\x0aOK\
+                      [7f0000000000+1000]\n";
+        let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None, SHM_OOM_SHARE);
+        let d = r
+            .kernel(
+                &parse_record(record.as_bytes()).unwrap(),
+                SystemTime::UNIX_EPOCH,
+            )
+            .expect("a crash in a GPU library");
+        assert_eq!(d.comm.as_deref(), Some("a\\x1b[2J\\x07\\x0ab"));
+        assert_eq!(d.library.as_deref(), Some("libnccl.so.2\\x9b31m\\x0aOK"));
+        assert!(!d.evidence.chars().any(char::is_control), "{}", d.evidence);
+        // An OOM victim's comm too.
+        let renamed = kmsg::OOM_V1.replace("(dd)", "(d\\x1b]0;x\\x07)");
+        let oom = told(&renamed);
+        assert_eq!(oom[0].comm.as_deref(), Some("d\\x1b]0;x\\x07"));
     }
 
     fn log(container: &str, secs: u64, text: &str) -> LogLine {

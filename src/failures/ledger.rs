@@ -50,9 +50,16 @@ impl Ledger {
         self.counts
             .retain(|_, (_, at)| now.duration_since(*at) < COUNT_LASTS);
         if self.counts.len() > COUNTS_MAX {
-            let mut by_age: Vec<_> = self.counts.iter().map(|(k, v)| (v.1, k.clone())).collect();
-            by_age.sort_by_key(|(at, _)| *at);
-            for (_, k) in by_age.into_iter().take(self.counts.len() - COUNTS_MAX) {
+            // A container no Pod or runtime record names (an ID from a kernel report, of a
+            // cgroup gone or never this node's) goes first: a flood of such IDs never pushes a
+            // known container's counter out.
+            let mut by_age: Vec<_> = self
+                .counts
+                .iter()
+                .map(|(k, v)| (is_named(&k.0), v.1, k.clone()))
+                .collect();
+            by_age.sort_by_key(|(named, at, _)| (*named, *at));
+            for (_, _, k) in by_age.into_iter().take(self.counts.len() - COUNTS_MAX) {
                 self.counts.remove(&k);
             }
         }
@@ -77,6 +84,11 @@ impl Ledger {
         out.sort_by_key(|a| (a.0.to_string(), a.1));
         out
     }
+}
+
+/// Whether a Pod (its cache or the scan) or a runtime record names the container.
+fn is_named(c: &ContainerRef) -> bool {
+    c.pod.is_some() || c.container.is_some()
 }
 
 /// A container's repeats of one kind of failure are logged at most this often, counted in
@@ -151,6 +163,31 @@ mod tests {
         // A day without a repeat: the counter goes with its container.
         l.record(&[], t0 + COUNT_LASTS);
         assert!(l.counts().is_empty());
+    }
+
+    /// OOM kills of IDs no Pod names, more than the counters kept and newer than the known
+    /// ones: the known containers' counters stay.
+    #[test]
+    fn ids_no_pod_names_never_push_a_known_counter_out() {
+        let mut l = Ledger::default();
+        let t0 = Instant::now();
+        let known: Vec<Failure> = (0..100)
+            .map(|i| fixtures::failure(FindingKind::ShmOomKilled, "ml", &format!("p{i}"), "u"))
+            .collect();
+        l.record(&known, t0);
+        let stranger = |i: usize| {
+            let mut f = fixtures::failure(FindingKind::WorkloadOomKilled, "", "", "");
+            (f.namespace, f.pod, f.pod_uid, f.container) = (None, None, None, None);
+            f.container_id = Some(format!("{i:064x}"));
+            f
+        };
+        for i in 0..COUNTS_MAX + 500 {
+            l.record(&[stranger(i)], t0 + Duration::from_millis(i as u64 + 1));
+        }
+        let counts = l.counts();
+        assert_eq!(counts.len(), COUNTS_MAX);
+        let named = counts.iter().filter(|(c, _, _)| c.pod.is_some()).count();
+        assert_eq!(named, 100);
     }
 
     #[test]

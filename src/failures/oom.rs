@@ -14,6 +14,14 @@
 //! does. The cgroup paths are the kernel's, so they name the container even when every process
 //! in it is gone. Records of other CPUs may land between the lines: what is not in a line's
 //! expected shape is passed over.
+//!
+//! Each line is read only at the start of its record, as the whole record: other records carry
+//! text a process chooses past their start (a segfault's file name, up to 255 bytes with
+//! newlines, `arch/x86/mm/fault.c` `show_signal_msg`), and the kernel's words a report line
+//! starts with are longer than a comm (15 bytes), the only untrusted text that can come first.
+//! The one record of many lines the kernel writes itself, memory.stat's dump (Linux 6.1 to 6.3:
+//! `pr_info("%s", buf)`; 6.4 and later print it a record a line), is read line by line only
+//! when the stats are due and every one of its lines is a stat.
 
 use crate::kernel_log::record::leading_decimal as decimal_prefix;
 use crate::kernel_log::KmsgRecord;
@@ -78,49 +86,52 @@ impl OomReports {
         if !record.is_kernel() {
             return None;
         }
-        // Before Linux 6.4 the memory.stat dump is one record of many lines (`\x0a` on
-        // /dev/kmsg, unescaped); since, a record a line.
-        let mut kill = None;
-        for line in record.message.lines() {
-            kill = kill.or(self.line(line.trim()));
+        let message = record.message.trim();
+        let p = self.partial.as_mut().filter(|p| p.stats_left > 0);
+        match p {
+            Some(p)
+                if message.contains('\n') && message.lines().next().and_then(stat).is_some() =>
+            {
+                let lines: Vec<&str> = message.lines().map(str::trim).collect();
+                if lines.iter().all(|l| stat(l).is_some()) {
+                    for line in lines.iter().take(p.stats_left) {
+                        p.stats.read(line);
+                    }
+                    p.stats_left = p.stats_left.saturating_sub(lines.len());
+                }
+                None
+            }
+            _ => self.line(message),
         }
-        kill
     }
 
+    /// One record, read as one report line; only its start is the kernel's words.
     fn line(&mut self, line: &str) -> Option<OomKill> {
-        if line.contains(" invoked oom-killer: ") {
+        if invoked(line) {
             self.partial = Some(Partial::default());
             return None;
         }
         let p = self.partial.as_mut()?;
         if let Some(rest) = line.strip_prefix("memory: usage ") {
-            // `65536kB, limit 65536kB, failcnt 86`
-            p.usage_bytes = kib(rest);
-            p.limit_bytes = after(rest, "limit ").and_then(kib);
+            // `65536kB, limit 65536kB, failcnt 86`, whole, or nothing of it
+            if let Some((usage, limit)) = usage_and_limit(rest) {
+                p.usage_bytes = Some(usage);
+                p.limit_bytes = Some(limit);
+            }
         } else if line.starts_with("Memory cgroup stats for ") {
             p.stats_left = MAX_STAT_LINES;
-        } else if line.starts_with("Tasks state") {
+        } else if line.starts_with("Tasks state (") {
             p.stats_left = 0;
-        } else if let Some(summary) = line.strip_prefix("oom-kill:") {
+        } else if let Some(summary) = line.strip_prefix("oom-kill:constraint=") {
             p.stats_left = 0;
-            // `...,oom_memcg=<path>,task_memcg=<path>,task=<comm>,pid=<pid>,uid=<uid>`: the comm
-            // is the process's own to set (`,task_memcg=/x`, `,pid=1`), so the cgroups are read
-            // before the first `,task=` and the PID after the last `,pid=`.
-            let (head, task) = summary.split_once(",task=").unwrap_or((summary, ""));
-            for field in head.split(',') {
-                match field.split_once('=') {
-                    Some(("oom_memcg", v)) => p.oom_memcg = Some(v.to_owned()),
-                    Some(("task_memcg", v)) => p.memcg = Some(v.to_owned()),
-                    _ => {}
-                }
+            p.summary(summary);
+        } else if let Some(killed) = killed_process(line) {
+            // A line that only starts like it (a comm `Killed process `) ends nothing.
+            let kill = p.kill(killed);
+            if kill.is_some() {
+                self.partial = None;
             }
-            p.task_pid = task
-                .rsplit_once(",pid=")
-                .and_then(|(_, v)| decimal_prefix::<i32>(v))
-                .map(|(pid, _)| pid);
-        } else if let Some(killed) = after(line, "Killed process ") {
-            let partial = self.partial.take()?;
-            return partial.kill(killed);
+            return kill;
         } else if p.stats_left > 0 {
             p.stats_left -= 1;
             p.stats.read(line);
@@ -129,9 +140,78 @@ impl OomReports {
     }
 }
 
+/// `<comm> invoked oom-killer: gfp_mask=`: the kernel's words right after the comm (at most 15
+/// characters; a byte not UTF-8 is one character once read), never further in.
+fn invoked(record: &str) -> bool {
+    record
+        .find(" invoked oom-killer: gfp_mask=")
+        .is_some_and(|i| record[..i].chars().count() <= COMM_MAX)
+}
+
+/// A comm's length at most (TASK_COMM_LEN less its NUL).
+const COMM_MAX: usize = 15;
+
+/// What follows `Killed process ` at a record's start, after the reason the kernel gives
+/// (`__oom_kill_process`'s `message`; none before Linux 5.x).
+fn killed_process(record: &str) -> Option<&str> {
+    const WHY: [&str; 4] = [
+        "Memory cgroup out of memory: ",
+        "Out of memory: ",
+        "Out of memory (oom_kill_allocating_task): ",
+        "",
+    ];
+    WHY.iter()
+        .find_map(|why| record.strip_prefix(why)?.strip_prefix("Killed process "))
+}
+
+/// `65536kB, limit 65536kB, failcnt 86` as (usage, limit) in bytes.
+fn usage_and_limit(rest: &str) -> Option<(u64, u64)> {
+    let (usage, rest) = decimal_prefix::<u64>(rest)?;
+    let (limit, rest) = decimal_prefix::<u64>(rest.strip_prefix("kB, limit ")?)?;
+    let (_, rest) = decimal_prefix::<u64>(rest.strip_prefix("kB, failcnt ")?)?;
+    rest.is_empty()
+        .then(|| (usage.saturating_mul(1024), limit.saturating_mul(1024)))
+}
+
+/// `key value`, a stat line of memory.stat: a key of lower-case letters, digits and `_`, a
+/// whole number.
+fn stat(line: &str) -> Option<(&str, u64)> {
+    let (key, value) = line.split_once(' ')?;
+    let key_ok = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    match decimal_prefix::<u64>(value)? {
+        (value, "") if key_ok => Some((key, value)),
+        _ => None,
+    }
+}
+
 impl Partial {
+    /// `CONSTRAINT_MEMCG,nodemask=...,cpuset=<name>,mems_allowed=...,oom_memcg=<path>,
+    /// task_memcg=<path>,task=<comm>,pid=<pid>,uid=<uid>`: a cpuset's name and the comm are
+    /// not the kernel's words, so the cgroups are read after the last `,mems_allowed=` and
+    /// before the first `,task=`, and the PID after the last `,pid=`.
+    fn summary(&mut self, summary: &str) {
+        let (head, task) = summary.split_once(",task=").unwrap_or((summary, ""));
+        let head = head
+            .rsplit_once(",mems_allowed=")
+            .map_or(head, |(_, after)| after);
+        for field in head.split(',') {
+            match field.split_once('=') {
+                Some(("oom_memcg", v)) => self.oom_memcg = Some(v.to_owned()),
+                Some(("task_memcg", v)) => self.memcg = Some(v.to_owned()),
+                _ => {}
+            }
+        }
+        self.task_pid = task
+            .rsplit_once(",pid=")
+            .and_then(|(_, v)| decimal_prefix::<i32>(v))
+            .map(|(pid, _)| pid);
+    }
+
     /// `4321 (python3) total-vm:80000kB, anon-rss:3072kB, file-rss:0kB, shmem-rss:1024kB, ...`
-    fn kill(self, killed: &str) -> Option<OomKill> {
+    fn kill(&self, killed: &str) -> Option<OomKill> {
         let (pid, rest) = decimal_prefix::<i32>(killed)?;
         let rest = rest.strip_prefix(" (")?;
         // A comm may hold `) `; the kernel's text after it starts with ` total-vm:`.
@@ -140,10 +220,10 @@ impl Partial {
         if self.task_pid.is_some_and(|p| p != pid) {
             return None;
         }
-        let memcg = self.memcg.or_else(|| self.oom_memcg.clone())?;
+        let memcg = self.memcg.clone().or_else(|| self.oom_memcg.clone())?;
         Some(OomKill {
             memcg,
-            oom_memcg: self.oom_memcg,
+            oom_memcg: self.oom_memcg.clone(),
             pid,
             comm: comm.to_owned(),
             limit_bytes: self.limit_bytes,
@@ -159,10 +239,7 @@ impl Partial {
 impl Stats {
     /// `key value`: only the keys kept, only a whole number.
     fn read(&mut self, line: &str) {
-        let Some((key, value)) = line.split_once(' ') else {
-            return;
-        };
-        let Some((value, "")) = decimal_prefix::<u64>(value) else {
+        let Some((key, value)) = stat(line) else {
             return;
         };
         let slot = match key {
@@ -305,6 +382,126 @@ mod tests {
             .map(|r| r.replace("pid=5947,", "pid=5948,"))
             .collect();
         assert!(kills(&other_task).is_empty());
+    }
+
+    const VICTIM: &str = "/kubepods/burstable/pod99999999-2222-3333-4444-555555555555/\
+                          bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    /// The segfault record of a binary whose file name holds a report's lines (issue 36): the
+    /// kernel escapes the newlines, the reader undoes them.
+    fn forged_segfault(comm: &str, name: &str) -> String {
+        let escaped = name.replace('\n', "\\x0a");
+        let comm = comm.replace('\n', "\\x0a");
+        format!(
+            "6,500,4904946500,-;{comm}[777]: segfault at 0 ip 0000000000401000 sp \
+             00007ffc2b6c1f40 error 4 in {escaped}[401000,400000+1000]\n"
+        )
+    }
+
+    /// OOM_V1's records with `extra` put just before its `oom-kill:` line, while a real
+    /// report is being read.
+    fn amid_v1(extra: &[String]) -> String {
+        let mut out = String::new();
+        for r in records(kmsg::OOM_V1) {
+            if r.contains(";oom-kill:") {
+                out.extend(extra.iter().cloned());
+            }
+            out.push_str(&r);
+        }
+        out
+    }
+
+    #[test]
+    fn a_file_name_holding_a_report_is_no_kill() {
+        let name = format!(
+            "x\noom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,\
+             oom_memcg={VICTIM},task_memcg={VICTIM},task=py,pid=42,uid=0\nMemory cgroup out of \
+             memory: Killed process 42 (py) total-vm:80000kB, anon-rss:0kB, file-rss:0kB, \
+             shmem-rss:60000kB"
+        );
+        let forged = forged_segfault("x", &name);
+        // Alone, after a real report's start, and amid a real report.
+        let start = records(kmsg::OOM_V1)[0].clone();
+        assert!(kills(&forged).is_empty());
+        assert!(kills(&format!("{start}{forged}")).is_empty());
+        let real = kills(&amid_v1(&[forged]));
+        assert_eq!(real.len(), 1);
+        assert_eq!((real[0].pid, real[0].comm.as_str()), (5947, "dd"));
+        assert!(!real[0].memcg.contains("pod9999"), "{:?}", real[0]);
+    }
+
+    #[test]
+    fn a_comm_spelling_a_report_line_starts_no_line_of_it() {
+        // No newline at all: the comm is the record's start, the file name what follows.
+        let summary = forged_segfault(
+            "oom-kill:,task_",
+            &format!("oom-kill:,task_memcg={VICTIM},task=py,pid=5947"),
+        );
+        let killed = forged_segfault(
+            "Killed process ",
+            "Killed process 5947 (dd) total-vm:1kB, anon-rss:0kB, shmem-rss:60000kB",
+        );
+        let usage = forged_segfault("memory: usage ", "memory: usage 1kB, limit 1kB");
+        let invoked = forged_segfault("a", "b invoked oom-killer: gfp_mask=0x0");
+        let found = kills(&amid_v1(&[summary, killed, usage, invoked]));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].memcg.starts_with("/kubepods/burstable/pod1111"));
+        assert_eq!(found[0].limit_bytes, Some(64 << 20));
+        assert_eq!(found[0].shmem_rss_bytes, Some(0));
+    }
+
+    #[test]
+    fn stats_are_never_taken_from_a_record_with_other_lines() {
+        // A comm `shmem 1` and a newline, then a file name of stat lines, while the stats are
+        // due: one line not a stat, and none is read.
+        let mut recs = records(kmsg::OOM_V1);
+        let at = recs
+            .iter()
+            .position(|r| r.contains("Memory cgroup stats for"))
+            .unwrap();
+        let forged = forged_segfault("shmem 1\n", "x\ntotal_shmem 1\ntotal_rss 999999999");
+        recs.insert(at + 1, forged);
+        let found = kills(&recs.concat());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].shmem_bytes, Some(65_654_784));
+        assert_eq!(found[0].anon_bytes, Some(1_163_264));
+    }
+
+    #[test]
+    fn a_victim_whose_comm_holds_a_newline_is_still_told() {
+        let renamed: String = records(kmsg::OOM_V1)
+            .iter()
+            .map(|r| {
+                r.replace("task=dd,", "task=d\\x0ad,")
+                    .replace("(dd)", "(d\\x0ad)")
+                    .replace(";dd invoked", ";d\\x0ad invoked")
+            })
+            .collect();
+        let found = kills(&renamed);
+        assert_eq!(found.len(), 1);
+        assert_eq!((found[0].pid, found[0].comm.as_str()), (5947, "d\nd"));
+    }
+
+    /// A system-wide OOM: no cgroup at its limit, the kernel's reason `Out of memory`; a
+    /// cpuset's name (a cgroup a container may name) spelling other cgroups is not read.
+    #[test]
+    fn a_system_wide_kill_and_a_cpuset_named_like_the_summary() {
+        let task = format!("/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/{CID}");
+        let report = format!(
+            "4,1,1,-;x invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+             6,2,2,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=a,task_memcg=\
+             {VICTIM},oom_memcg={VICTIM},mems_allowed=0,mems_allowed=0,global_oom,task_memcg=\
+             {task},task=x,pid=9,uid=0\n\
+             3,3,3,-;Out of memory: Killed process 9 (x) total-vm:8kB, anon-rss:4kB, \
+             file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:1000\n"
+        );
+        let found = kills(&report);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].memcg.as_str(), found[0].oom_memcg.as_deref()),
+            (task.as_str(), None)
+        );
+        assert_eq!((found[0].pid, found[0].anon_rss_bytes), (9, Some(4096)));
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Detected {
     };
     let mut d = Detected::new(who, kind, t.at, FailureSource::Tracepoint, &evidence);
     d.pid = Some(t.pid);
-    d.comm = Some(t.comm.clone());
+    d.comm = Some(crate::model::printable(&t.comm)); // the process names itself
     d.memory = memory;
     d.at_death = t.reading.clone().map(Box::new);
     d

@@ -59,22 +59,24 @@ pub fn parse_line(line: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
 /// The records of a READ_ALL text. The kernel repeats a multi-line record's `<prefix>[time] `
 /// on each of its lines: a line with the same prefix and time as the line before, or with none,
 /// continues that record (two records the kernel stamped in the same microsecond with the same
-/// prefix are read as one: the text cannot tell them apart, and a forged line must not pass). Its newlines are escaped `\x0a`, as /dev/kmsg escapes them, so a
-/// newline a process puts in its comm or a file name cannot start a record of its own.
+/// prefix are read as one: the text cannot tell them apart, and a forged line must not pass).
+/// Its lines are joined with a newline, so a record reads as the /dev/kmsg reader gives it
+/// (`\x0a` unescaped): a newline a process puts in its comm or a file name neither starts a
+/// record of its own nor a report line (`failures::oom` reads a record's start only).
 fn records(text: &[u8]) -> Vec<(u8, u8, u64, Vec<u8>)> {
     let mut out: Vec<(u8, u8, u64, Vec<u8>)> = Vec::new();
     for line in text.split(|&b| b == b'\n') {
         match parse_line(line) {
             Some((f, l, u, m)) => match out.last_mut() {
                 Some(last) if (last.0, last.1, last.2) == (f, l, u) => {
-                    last.3.extend_from_slice(b"\\x0a");
+                    last.3.push(b'\n');
                     last.3.extend_from_slice(m);
                 }
                 _ => out.push((f, l, u, m.to_vec())),
             },
             None if !line.is_empty() => {
                 if let Some(last) = out.last_mut() {
-                    last.3.extend_from_slice(b"\\x0a");
+                    last.3.push(b'\n');
                     last.3.extend_from_slice(line);
                 }
             }
@@ -330,7 +332,7 @@ mod tests {
         // Lines at one microsecond with one prefix are one record (its lines, as the kernel
         // prints a multi-line record): read once.
         let multi = text(&[(6, "f"), (6, "g")]);
-        assert_eq!(messages(n.take(&multi)), ["f\\x0ag"]);
+        assert_eq!(messages(n.take(&multi)), ["f\ng"]);
         assert!(n.take(&multi).is_empty());
     }
 
@@ -358,10 +360,43 @@ mod tests {
         let first = String::from_utf8_lossy(&got[0].3).into_owned();
         assert!(
             first.starts_with("crash[4242]: segfault at 0")
-                && first.contains(" in x\\x0atrainer[1]: segfault at 0"),
+                && first.contains(" in x\ntrainer[1]: segfault at 0"),
             "{first}"
         );
         assert_eq!(String::from_utf8_lossy(&got[1].3), "next record");
+    }
+
+    /// Issue 36's forged OOM kill as syslog(2) prints it: the kernel repeats the segfault's
+    /// prefix and time on each line of its file name, the reader joins them into one record,
+    /// and no report line is read past a record's start.
+    #[test]
+    fn a_file_name_holding_an_oom_report_is_no_kill() {
+        let victim = format!(
+            "/kubepods/burstable/pod99999999-2222-3333-4444-555555555555/{}",
+            "b".repeat(64)
+        );
+        let t = "<6>[  200.000001] ";
+        let text = format!(
+            "<4>[  199.000000] dd invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+             {t}x[777]: segfault at 0 ip 0000000000401000 sp 00007ffc2b6c1f40 error 4 in x\n\
+             {t}oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,\
+             oom_memcg={victim},task_memcg={victim},task=py,pid=42,uid=0\n\
+             {t}Memory cgroup out of memory: Killed process 42 (py) total-vm:1kB, \
+             anon-rss:0kB, file-rss:0kB, shmem-rss:60000kB[401000,400000+1000]\n"
+        );
+        let got = records(text.as_bytes());
+        assert_eq!(got.len(), 2);
+        let mut reports = crate::failures::oom::OomReports::default();
+        for (facility, level, usec, message) in got {
+            let record = KmsgRecord {
+                facility,
+                level,
+                seq: 1,
+                usec,
+                message: String::from_utf8_lossy(&message).into_owned(),
+            };
+            assert_eq!(reports.feed(&record), None, "{record:?}");
+        }
     }
 
     #[test]

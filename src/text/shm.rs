@@ -1,6 +1,6 @@
 //! A container's /dev/shm: how full, what runs out first, and the fix.
 
-use crate::model::{ContainerRef, Leftovers, ShmReading};
+use crate::model::{printable, ContainerRef, Leftovers, ShmReading};
 use crate::units::human_bytes;
 
 /// The Kubernetes fix for a /dev/shm too small: the alert rules' ShmNearlyFull says it too.
@@ -93,7 +93,9 @@ pub fn shm_leftovers(r: &ShmReading, l: &Leftovers) -> String {
     let named = l
         .largest
         .iter()
-        .map(|(name, bytes)| format!("{name} {}", human_bytes(*bytes)))
+        // A file name is the container's to choose: no raw escape or newline reaches a
+        // terminal or an Event note.
+        .map(|(name, bytes)| format!("{} {}", printable(name), human_bytes(*bytes)))
         .collect::<Vec<_>>()
         .join(", ");
     let more = if l.count > l.largest.len() as u64 || l.truncated {
@@ -114,4 +116,36 @@ pub fn shm_leftovers(r: &ShmReading, l: &Leftovers) -> String {
         if l.count == 1 { "" } else { "s" },
         human_bytes(l.bytes),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{in_pod, shm_reading, MIB};
+
+    /// Names a container chose for its /dev/shm files: ESC, BEL, a C1 CSI and a newline that
+    /// would put its own line under the finding's.
+    #[test]
+    fn leftover_names_carry_no_control_character() {
+        let r = in_pod(shm_reading("c", 64 * MIB, 8 * MIB), "ml", "p", "u", "main");
+        let l = Leftovers {
+            count: 3,
+            bytes: 3 * MIB,
+            largest: vec![
+                ("nccl-\u{1b}[2J\u{1b}[H".into(), MIB),
+                ("x\u{7}\u{9b}31m".into(), MIB),
+                ("y\nCRITICAL all GPUs lost".into(), MIB),
+            ],
+            truncated: false,
+        };
+        let text = shm_leftovers(&r, &l);
+        assert!(!text.chars().any(char::is_control), "{text}");
+        assert!(
+            text.contains(
+                "nccl-\\x1b[2J\\x1b[H 1.0 MiB, x\\x07\\x9b31m 1.0 MiB, \
+                           y\\x0aCRITICAL all GPUs lost"
+            ),
+            "{text}"
+        );
+    }
 }
