@@ -26,8 +26,8 @@ const IN_HEADER: usize = 40;
 pub struct Seen {
     /// FUSE_INIT was read and answered.
     pub initialized: AtomicBool,
-    /// Opcodes of the requests read after INIT (none answered).
-    pub requests: Mutex<Vec<u32>>,
+    /// Opcodes of the requests read after INIT (none answered), with the asking program.
+    pub requests: Mutex<Vec<(u32, std::path::PathBuf)>>,
     pub count: AtomicU64,
 }
 
@@ -111,9 +111,14 @@ impl HungFuse {
         hung
     }
 
-    /// Requests the server read (and left unanswered) so far.
-    pub fn requests(&self) -> Vec<u32> {
-        self.seen.requests.lock().unwrap().clone()
+    /// Opcodes of the requests `program` sent (the server left them unanswered) so far.
+    pub fn requests_from(&self, program: &std::path::Path) -> Vec<u32> {
+        let requests = self.seen.requests.lock().unwrap();
+        requests
+            .iter()
+            .filter(|(_, exe)| exe == program)
+            .map(|(op, _)| *op)
+            .collect()
     }
 }
 
@@ -136,7 +141,9 @@ impl Drop for HungFuse {
 
 /// Reads requests until told to stop: INIT answered, the rest recorded and never answered.
 fn serve(fuse: &OwnedFd, seen: &Seen, stop: &AtomicBool) {
-    let mut buf = vec![0u8; 1 << 17];
+    // As large as libfuse's (a page and FUSE_MAX_MAX_PAGES): the kernel refuses a read into
+    // less than a request can hold.
+    let mut buf = vec![0u8; (1 << 20) + 4096 * 2];
     while !stop.load(Ordering::Relaxed) {
         let mut fds = [rustix::event::PollFd::new(
             fuse,
@@ -154,7 +161,13 @@ fn serve(fuse: &OwnedFd, seen: &Seen, stop: &AtomicBool) {
         let n = match rustix::io::read(fuse, &mut buf) {
             Ok(n) => n,
             Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => continue,
-            Err(_) => return, // aborted or unmounted
+            // Not mounted yet: the device is not tied to a connection until the mount is made.
+            Err(rustix::io::Errno::PERM) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            Err(rustix::io::Errno::NODEV) => return, // aborted or unmounted
+            Err(e) => panic!("reading /dev/fuse: {e}"),
         };
         if n < IN_HEADER {
             continue;
@@ -168,7 +181,17 @@ fn serve(fuse: &OwnedFd, seen: &Seen, stop: &AtomicBool) {
             continue;
         }
         seen.count.fetch_add(1, Ordering::Relaxed);
-        seen.requests.lock().unwrap().push(opcode);
+        // The asking thread's program: on a shared machine other agents scan these
+        // containers too, and only this build's binary is under test.
+        let tid = u32::from_ne_bytes(buf[32..36].try_into().unwrap());
+        let exe = std::fs::read_link(format!("/proc/{tid}/exe")).unwrap_or_default();
+        let comm = std::fs::read_to_string(format!("/proc/{tid}/comm")).unwrap_or_default();
+        eprintln!(
+            "hung FUSE: request {opcode} from thread {tid} ({}) of {} left unanswered",
+            comm.trim(),
+            exe.display()
+        );
+        seen.requests.lock().unwrap().push((opcode, exe));
     }
 }
 
