@@ -1,4 +1,5 @@
-//! HTTP: `/metrics` from the last snapshot, `/healthz` (the scan loop is alive), `/readyz`
+//! HTTP: `/metrics` from the last snapshot, `/healthz` (the scan loop is alive: a scan finished
+//! within the grace, before the first one too, so a scan thread stuck anywhere fails it), `/readyz`
 //! (a first scan has completed, and the last could see: not blind). GET (and HEAD) only; everything else is 404 or 405.
 //!
 //! The accept loop is our own rather than `axum::serve`, which has no knobs for what a node
@@ -229,6 +230,23 @@ mod tests {
         assert!(why.contains("blind (no_processes)"), "{why}");
         assert!(why.contains("blind (no_cgroups)"), "{why}");
         assert_eq!(why.lines().count(), 2);
+    }
+
+    #[test]
+    fn a_scan_thread_stuck_before_or_after_its_first_scan_fails_health_after_the_grace() {
+        let mut h = Health::new(Duration::from_secs(5));
+        assert_eq!(h.stale_after, Duration::from_secs(60), "the grace");
+        let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(61)) else {
+            return; // a machine up for less than a minute has no past to stand in
+        };
+        // Stuck in its first scan (or the wait for the Pod cache) for over the grace.
+        h.started = long_ago;
+        assert!(!h.is_live());
+        h.mark_scanned();
+        assert!(h.is_live());
+        // Its last scan finished 61 s ago and none since: stuck in a later one.
+        h.last_scan_ms.store(1, Ordering::Relaxed);
+        assert!(!h.is_live());
     }
 
     #[test]

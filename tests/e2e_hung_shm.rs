@@ -1,145 +1,105 @@
-//! A /dev/shm that never answers, for real: a FUSE file system whose server never replies
-//! (not even to INIT) mounted at a real runc container's /dev/shm, in the container's mount
-//! namespace, as a pod allowed to mount FUSE could. statfs of it waits forever. `check` must
-//! still return, `serve` must still scan, be ready, and stop on SIGTERM; the container is told
-//! unmeasured, and its neighbour measured as ever.
+//! A /dev/shm that never answers, for real: a FUSE file system whose server answers INIT, then
+//! reads every request and never answers (`common::fuse`), mounted in real runc containers'
+//! mount namespaces, as a pod allowed to mount FUSE could. A call it read waits in the kernel
+//! past SIGKILL, so the agent must never ask it anything: `check` exits on time, `serve` scans,
+//! stays ready and is reaped within 10 s of SIGTERM, the peak sampler goes on, and the server
+//! is sent no request at all.
 
 mod common;
 
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
+use common::agent::{get, sample, Agent};
+use common::fuse::HungFuse;
 use common::{Container, ContainerSpec};
 use serde_json::Value;
 
-/// Mounts a FUSE file system nobody serves at /dev/shm in the mount namespace of `pid`, held
-/// by a `busybox sleep` that keeps /dev/fuse open; killing it aborts the connection (and every
-/// call stuck in it returns).
-fn hang_dev_shm(pid: i32) -> Holder {
-    let ns = std::ffi::CString::new(format!("/proc/{pid}/ns/mnt")).unwrap();
-    let mut cmd = Command::new("/bin/busybox");
-    cmd.args(["sleep", "3600"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    // SAFETY: only async-signal-safe libc calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Opened on the host (the container's /dev has no fuse node), kept across exec:
-            // the sleep holds the connection.
-            let fuse = libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR);
-            if fuse < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let fd = libc::open(ns.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd < 0 || libc::setns(fd, libc::CLONE_NEWNS) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let mut opts = *b"fd=000000,rootmode=40000,user_id=0,group_id=0\0";
-            let digits = format_fd(fuse);
-            opts[3..9].copy_from_slice(&digits);
-            if libc::mount(
-                c"hung".as_ptr(),
-                c"/dev/shm".as_ptr(),
-                c"fuse".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                opts.as_ptr().cast(),
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    Holder(
-        cmd.spawn()
-            .expect("mounting a FUSE file system at the container's /dev/shm"),
-    )
+fn pod_container(args: &[&str]) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(common::random_pod_uid()),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        ..ContainerSpec::default()
+    })
 }
 
-/// The FUSE connection's holder: killed on drop, whatever the test did, so every call stuck
-/// in the mount returns.
-struct Holder(Child);
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `check --json`, which must exit within `within`; its report and how long it took. A child
+/// that does not exit is left unwaited (it may be unkillable) and the test fails.
+fn check_within(within: Duration) -> (Value, Duration) {
+    let started = Instant::now();
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args(["check", "--json", "--no-gpu", "--kmsg", "off"])
+        .args(["--pod-log-root", "off", "--docker-root", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = common::wait_until(within, || child.try_wait().unwrap().is_some());
+    let took = started.elapsed();
+    assert!(exited, "check did not exit within {within:?}");
+    let out = child.wait_with_output().unwrap();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (report, took)
 }
 
-/// `fd` as six decimal digits (leading zeros), without allocating.
-fn format_fd(fd: i32) -> [u8; 6] {
-    let mut out = [b'0'; 6];
-    let mut n = fd as u32;
-    for slot in out.iter_mut().rev() {
-        *slot = b'0' + (n % 10) as u8;
-        n /= 10;
+/// SIGTERM, and the time until serve was reaped (`terminate` fails past 10 s).
+fn stop(agent: Agent) -> Duration {
+    let stopping = Instant::now();
+    assert!(agent.terminate().success());
+    stopping.elapsed()
+}
+
+/// Neither `check` nor `serve` sent the hung FUSE a request (each would have hung for good).
+fn assert_never_asked(fuses: &[HungFuse]) {
+    let ours = std::path::Path::new(env!("CARGO_BIN_EXE_shmlink"));
+    for f in fuses {
+        assert_eq!(
+            f.requests_from(ours),
+            Vec::<u32>::new(),
+            "requests of {ours:?}"
+        );
     }
-    out
 }
 
 #[test]
-fn a_dev_shm_that_never_answers_costs_a_deadline_not_the_agent() {
-    if !common::e2e_available() {
+fn seventeen_hung_fuse_dev_shm_are_never_entered_and_the_rest_is_measured() {
+    if !common::e2e_available() || !common::fuse::available() {
         return;
     }
-    if !std::path::Path::new("/dev/fuse").exists() {
-        assert_ne!(
-            std::env::var("SHMLINK_E2E").as_deref(),
-            Ok("require"),
-            "/dev/fuse is missing"
-        );
-        eprintln!("\n## SKIPPED: no /dev/fuse\n");
-        return;
-    }
-    let hung = Container::start(ContainerSpec {
-        pod_uid: Some(common::random_pod_uid()),
-        ..ContainerSpec::default()
-    });
-    let fine = Container::start(ContainerSpec {
-        pod_uid: Some(common::random_pod_uid()),
-        ..ContainerSpec::default()
-    });
-    let _holder = hang_dev_shm(hung.pid);
-    std::thread::sleep(Duration::from_millis(200));
+    // One more than the old limit of stuck workers (16), which stopped every measurement.
+    let hung: Vec<Container> = (0..17).map(|_| pod_container(&[])).collect();
+    let fine = pod_container(&[]);
+    let fuses: Vec<HungFuse> = hung
+        .iter()
+        .map(|c| HungFuse::mount(c.pid, "/dev/shm"))
+        .collect();
 
-    // check: returns, says the hung one is unmeasured and measures the other.
-    let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
-        .args([
-            "check",
-            "--json",
-            "--no-gpu",
-            "--kmsg",
-            "off",
-            "--pod-log-root",
-            "off",
-        ])
-        .args(["--docker-root", "off"])
-        .output()
-        .unwrap();
-    let took = started.elapsed();
-    println!("check returned in {took:?}");
-    assert!(took < Duration::from_secs(15), "{took:?}");
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    let entry = common::shm_entry(&report, &hung.id).expect("the hung container is listed");
-    assert!(
-        entry["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("did not answer statfs within 2 s")),
-        "{entry:#}"
-    );
+    let (report, took) = check_within(Duration::from_secs(10));
+    println!("check with 17 hung FUSE /dev/shm exited in {took:?}");
+    for c in &hung {
+        let entry = common::shm_entry(&report, &c.id).expect("the hung container is listed");
+        assert_eq!(entry["mounted"], true, "{entry:#}");
+        assert_eq!(entry["fs_type"], "fuse", "{entry:#}");
+        assert_eq!(entry["size_bytes"], Value::Null, "{entry:#}");
+        assert!(
+            entry["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("is a fuse mount, not tmpfs: not measured")),
+            "{entry:#}"
+        );
+    }
     let other = common::shm_entry(&report, &fine.id).expect("the other container");
     assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
+    assert!(report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["kind"] == "shm_unmeasured"));
 
-    // serve: ready, scanning, and it stops.
-    let agent = Agent::start(&[], &[]);
+    let agent = Agent::start(&["--interval", "1s"], &[]);
     agent.wait_ready();
-    let first = agent.wait_for_metrics("scans go on", |b| {
+    let metrics = agent.wait_for_metrics("scans go on", |b| {
         sample(
             b,
             "shmlink_scan_duration_seconds_count",
@@ -149,22 +109,84 @@ fn a_dev_shm_that_never_answers_costs_a_deadline_not_the_agent() {
     });
     assert_eq!(
         sample(
-            &first,
+            &metrics,
             "shmlink_shm_size_bytes",
             &[("container_id", fine.id.as_str())]
         ),
         Some((64u64 << 20) as f64),
-        "{first}"
+        "{metrics}"
     );
+    assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
     let log = agent.log_text();
     assert_eq!(
         log.lines()
-            .filter(|l| l.contains("shmlink::shm") && l.contains("did not answer statfs"))
+            .filter(|l| l.contains("shmlink::shm:") && l.contains(&hung[0].id[..12]))
             .count(),
         1,
-        "said once, not asked again: {log}"
+        "said once ({}): {log}",
+        &hung[0].id[..12]
     );
-    let stopping = Instant::now();
-    assert!(agent.terminate().success());
-    println!("serve stopped {:?} after SIGTERM", stopping.elapsed());
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert_never_asked(&fuses);
+}
+
+#[test]
+fn a_hung_fuse_over_a_file_in_a_young_containers_dev_shm_is_not_entered() {
+    if !common::e2e_available() || !common::fuse::available() {
+        return;
+    }
+    let young = pod_container(&[
+        "sh",
+        "-c",
+        "head -c 1048576 /dev/zero > /dev/shm/nccl-x && touch /tmp/ready && exec sleep 3600",
+    ]);
+    young.wait_ready();
+    let fuse = HungFuse::mount_over_file(young.pid, "/dev/shm/nccl-x");
+
+    let (report, took) = check_within(Duration::from_secs(10));
+    println!("check with a hung FUSE over /dev/shm/nccl-x exited in {took:?}");
+    let entry = common::shm_entry(&report, &young.id).expect("the young container");
+    assert_eq!(entry["size_bytes"], 64u64 << 20, "{entry:#}");
+    assert!(
+        entry["used_bytes"].as_u64().unwrap() >= 1 << 20,
+        "{entry:#}"
+    );
+    assert_eq!(entry["error"], Value::Null, "{entry:#}");
+
+    let agent = Agent::start(&["--interval", "1s"], &[]);
+    agent.wait_ready();
+    assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert_never_asked(&[fuse]);
+}
+
+#[test]
+fn a_watched_dev_shm_swapped_for_a_hung_fuse_does_not_stop_the_peak_sampler() {
+    if !common::e2e_available() || !common::fuse::available() {
+        return;
+    }
+    // Both young, so both are watched between scans from the start.
+    let swapped = pod_container(&[]);
+    let neighbour = pod_container(&[]);
+    let agent = Agent::start(&["--interval", "5s"], &[]);
+    agent.wait_ready();
+    // The sampler has measured both (their tmpfs known) before the swap.
+    std::thread::sleep(Duration::from_secs(1));
+    let fuse = HungFuse::mount(swapped.pid, "/dev/shm");
+    // A 48 MiB burst that lasts a second, between two scans.
+    neighbour.sh("head -c 50331648 /dev/zero > /dev/shm/burst && sleep 1 && rm /dev/shm/burst");
+    // Sampled between scans (a scan may see it too; the sampler must not be stuck either way).
+    agent.wait_for_metrics("the burst's peak", |b| {
+        sample(
+            b,
+            "shmlink_shm_used_peak_bytes",
+            &[("container_id", neighbour.id.as_str())],
+        )
+        .is_some_and(|p| p >= (48u64 << 20) as f64)
+    });
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert_never_asked(&[fuse]);
 }

@@ -145,14 +145,28 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     served.map_err(AgentError::Http)
 }
 
-/// The scan thread finishes its current scan (if any) and exits; the follower its poll.
+/// How long stopping waits for the threads: a kubelet sends SIGKILL 30 s after SIGTERM (by
+/// default), and an agent stuck Terminating blocks rollouts and drains.
+const JOIN_WAIT: Duration = Duration::from_secs(5);
+
+/// The scan thread finishes its current scan (if any) and exits; the follower its poll. A
+/// thread that has not ended within [`JOIN_WAIT`] is left (said once): returning ends the
+/// process, threads and all. The joins run on a thread of their own, not the runtime's
+/// blocking pool, which the runtime's shutdown would wait for.
 async fn join(threads: impl IntoIterator<Item = Option<thread::JoinHandle<()>>> + Send + 'static) {
-    let _ = tokio::task::spawn_blocking(move || {
+    let (done, joined) = tokio::sync::oneshot::channel::<()>();
+    let joiner = thread::Builder::new().name("join".into()).spawn(move || {
         for t in threads.into_iter().flatten() {
             let _ = t.join();
         }
-    })
-    .await;
+        let _ = done.send(());
+    });
+    if joiner.is_err() {
+        return;
+    }
+    if tokio::time::timeout(JOIN_WAIT, joined).await.is_err() {
+        tracing::warn!(waited = ?JOIN_WAIT, "a thread did not stop in time: exiting without it");
+    }
 }
 
 /// The pair probe's own thread, when `--p2p-probe-interval` asks for one.

@@ -1,14 +1,17 @@
 //! One process's /dev/shm measured the moment the kernel tells its death (`death_trace`): the
-//! same open beneath its root, deadline and reading as a scan's, for one PID.
+//! same open beneath its root, deadline, type check (only a tmpfs is asked) and reading as a
+//! scan's, for one PID.
 
 use std::path::Path;
 
 use super::deadline::Measurer;
 use super::look::{build_reading, Look};
+use super::mounts::shm_line;
 use super::statfs::{self, OpenShmError};
 use crate::cgroup::memory::MemoryReading;
 use crate::cgroup::path::CgroupIdentity;
 use crate::model::ShmReading;
+use crate::procfs::kfile::FileReader;
 
 /// The reading of `pid`'s /dev/shm now; `None` when the process (or its root) is gone.
 pub fn measure_pid(
@@ -32,11 +35,26 @@ pub fn measure_pid(
             ))
         }
     };
-    let look = match measurer.open_and_measure(root) {
-        Ok(Ok((_, stat))) if stat.is_mount_root != Some(false) => Look::Mounted(stat, None),
-        Ok(Ok(_)) | Ok(Err(OpenShmError::Absent(_))) => Look::NotMounted,
+    let look = match measurer.open_and_identify(root) {
+        Ok(Ok((_, id))) if id.is_mount_root == Some(false) => Look::NotMounted,
+        Ok(Ok((fd, id))) => {
+            let path = proc_root.join(pid.to_string()).join("mountinfo");
+            match shm_line(&mut FileReader::default(), &path, id.mount_id) {
+                Ok((Some(e), _)) if statfs::is_measured_type(&e.fs_type) => {
+                    match statfs::measure_tmpfs(&fd, id) {
+                        Ok(stat) => Look::Mounted(stat, Some(e)),
+                        Err(e) => Look::Unmeasured(e.to_string()),
+                    }
+                }
+                Ok((Some(e), _)) => Look::Foreign(e.fs_type),
+                Ok((None, _)) if id.is_mount_root.is_none() => Look::NotMounted,
+                Ok((None, _)) => Look::Unmeasured("/dev/shm's mount is not in mountinfo".into()),
+                Err(e) => Look::Unmeasured(format!("reading mountinfo: {e}")),
+            }
+        }
+        Ok(Err(OpenShmError::Absent(_))) => Look::NotMounted,
         Ok(Err(e)) => Look::Unmeasured(e.to_string()),
-        Err(why) => Look::Unmeasured(format!("/dev/shm did not answer: {why:?}")),
+        Err(why) => Look::Unmeasured(format!("/dev/shm did not open: {why:?}")),
     };
     Some(reading(identity, pid, cgroup_rel, look, memory))
 }

@@ -1,23 +1,26 @@
-//! /dev/shm opened and measured where a deadline can end it. A pod can mount a FUSE file
-//! system (or an NFS volume whose server then stops) at /dev/shm: statfs (and statx) then wait
-//! on its server forever, and a scan thread that waits with them never scans again. The calls
-//! run on a worker thread; the scan thread waits at most [`DEADLINE`] for each answer. A worker
-//! that does not answer in time is left behind, stuck in the kernel (nothing can cancel the
-//! call; it returns if the mount is ever torn down), the container is not asked again, and the
-//! next measurement gets a new worker. At most [`MAX_STUCK`] workers are ever left behind.
+//! /dev/shm opened and identified where a deadline can end the wait: the second line of
+//! defence. The first is that nothing here asks the file system at /dev/shm anything (an
+//! `O_PATH` open and a statx that does not sync, see [`statfs`]); statfs itself runs only
+//! after mountinfo says tmpfs. A pod can still make the walk to /dev/shm itself slow or hang (a
+//! FUSE at /dev, whose lookup of `shm` is a request): the calls run on a worker thread and the
+//! scan thread waits at most [`DEADLINE`] for each answer. A worker that does not answer in
+//! time is left behind, stuck in the kernel, the container is not asked again, and the next
+//! look gets a new worker. At most [`MAX_STUCK`] are left behind: a hung /dev/shm leaves none
+//! (it is never entered), so only that rarer door counts against it. Nothing waits for the
+//! workers at exit.
 
 use std::os::fd::OwnedFd;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use super::statfs::{self, OpenShmError, ShmStat};
+use super::statfs::{self, Identity, OpenShmError};
 
-/// How long one /dev/shm may take to answer: a tmpfs answers in microseconds.
+/// How long opening one /dev/shm may take: a walk through local directories takes microseconds.
 pub const DEADLINE: Duration = Duration::from_secs(2);
 /// Workers left stuck at most; past it, no more are started (every measurement is refused).
 pub const MAX_STUCK: usize = 16;
 
-type Answer = Result<(OwnedFd, ShmStat), OpenShmError>;
+type Answer = Result<(OwnedFd, Identity), OpenShmError>;
 type Job = (OwnedFd, String, Sender<Answer>);
 
 /// Why there is no measurement.
@@ -51,14 +54,14 @@ impl Measurer {
         }
     }
 
-    /// Opens `dev/shm` beneath the container's `root` and measures it, within the deadline.
-    pub fn open_and_measure(&mut self, root: OwnedFd) -> Result<Answer, Unanswered> {
-        self.open_and_measure_at(root, "dev/shm")
+    /// Opens `dev/shm` beneath the container's `root` and tells its mount, within the deadline.
+    pub fn open_and_identify(&mut self, root: OwnedFd) -> Result<Answer, Unanswered> {
+        self.open_and_identify_at(root, "dev/shm")
     }
 
-    /// Opens `rel` beneath `root` and measures it, within the deadline (a Pod sandbox's /dev/shm
-    /// is at a path of the host's).
-    pub fn open_and_measure_at(&mut self, root: OwnedFd, rel: &str) -> Result<Answer, Unanswered> {
+    /// Opens `rel` beneath `root` and tells its mount, within the deadline (a Pod sandbox's
+    /// /dev/shm is at a path of the host's).
+    pub fn open_and_identify_at(&mut self, root: OwnedFd, rel: &str) -> Result<Answer, Unanswered> {
         if self.stuck >= MAX_STUCK {
             return Err(Unanswered::TooManyStuck);
         }
@@ -98,12 +101,12 @@ fn wait(answer: &Receiver<Answer>, deadline: Duration) -> Result<Answer, Unanswe
 fn spawn() -> Sender<Job> {
     let (tx, rx) = mpsc::channel::<Job>();
     let spawned = std::thread::Builder::new()
-        .name("shm-statfs".into())
+        .name("shm-open".into())
         .spawn(move || {
             for (root, rel, reply) in rx {
                 let answer = statfs::open_beneath(&root, &rel).and_then(|fd| {
-                    let stat = statfs::measure(&fd).map_err(OpenShmError::Io)?;
-                    Ok((fd, stat))
+                    let id = statfs::identify(&fd).map_err(OpenShmError::Io)?;
+                    Ok((fd, id))
                 });
                 if reply.send(answer).is_err() {
                     return;
@@ -131,14 +134,16 @@ mod tests {
     }
 
     #[test]
-    fn a_dev_shm_is_measured_through_the_worker() {
+    fn a_dev_shm_is_identified_through_the_worker() {
         let mut m = Measurer::default();
-        let answer = m.open_and_measure(root(std::path::Path::new("/"))).unwrap();
-        let (_, stat) = answer.unwrap();
-        assert!(stat.is_tmpfs, "the host's /dev/shm");
+        let answer = m
+            .open_and_identify(root(std::path::Path::new("/")))
+            .unwrap();
+        let (_, id) = answer.unwrap();
+        assert_eq!(id.is_mount_root, Some(true), "the host's /dev/shm");
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            m.open_and_measure(root(dir.path())).unwrap(),
+            m.open_and_identify(root(dir.path())).unwrap(),
             Err(OpenShmError::Absent(_))
         ));
         assert_eq!(m.stuck(), 0);
@@ -156,14 +161,14 @@ mod tests {
                 break;
             }
             let before = m.stuck();
-            match m.open_and_measure(slash()) {
+            match m.open_and_identify(slash()) {
                 Err(e) => assert_eq!((e, m.stuck()), (Unanswered::Hung, before + 1)),
                 Ok(_) => assert_eq!(m.stuck(), before),
             }
         }
         assert_eq!(m.stuck(), MAX_STUCK);
         assert_eq!(
-            m.open_and_measure(slash()).err(),
+            m.open_and_identify(slash()).err(),
             Some(Unanswered::TooManyStuck)
         );
     }

@@ -3,16 +3,20 @@
 //! container sharing the volume. NCCL's `nccl-*` and PSM's `psm_*` segments of a crashed run
 //! stay there, count against the memory limit, and can turn one crash into a crash loop.
 //!
-//! Listed beneath the container's root through the /dev/shm handle the scan opened, never
-//! following a link, at most [`MAX_ENTRIES`] entries and [`DEADLINE`] per container; only while
-//! the container is young ([`YOUNG`]).
+//! Listed beneath the container's root through the /dev/shm handle the scan opened (only a
+//! tmpfs is listed), never following a link, at most [`MAX_ENTRIES`] entries and [`DEADLINE`]
+//! per container; only while the container is young ([`YOUNG`]). An entry something is
+//! mounted on (a FUSE over `/dev/shm/nccl-x`) is never entered: each is looked at with a
+//! statx that does not sync (answered from the inode cache even on a FUSE), and one that is a
+//! mount's root, or on another mount than the directory, is passed by. Without statx nothing
+//! is listed: the mount roots could not be told without asking them.
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Statx, StatxAttributes, StatxFlags};
 
 use crate::model::Leftovers;
 pub use crate::procfs::stat::started;
@@ -57,11 +61,46 @@ pub fn inherited(entries: &[Entry], started: SystemTime, truncated: bool) -> Opt
     })
 }
 
+/// Pure: whether an entry of the directory on mount `dir_mount` is entered: not when it is a
+/// mount's root, nor on another mount (a mount ID the kernel did not give counts as another).
+pub fn on_the_directorys_mount(dir_mount: u64, entry: &Statx) -> bool {
+    let root = entry
+        .stx_attributes_mask
+        .contains(StatxAttributes::MOUNT_ROOT)
+        && entry.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+    let has_id = StatxFlags::from_bits_retain(entry.stx_mask).contains(StatxFlags::MNT_ID);
+    !root && has_id && entry.stx_mnt_id == dir_mount
+}
+
+/// statx of `name` in `dir` (or of `dir` itself for ""), the link itself, never what it
+/// points at, from the inode cache: nothing is asked of a file system mounted there.
+fn look(dir: impl AsFd, name: &CStr) -> rustix::io::Result<Statx> {
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC;
+    let flags = if name.is_empty() {
+        flags | AtFlags::EMPTY_PATH
+    } else {
+        flags
+    };
+    rustix::fs::statx(
+        dir,
+        name,
+        flags,
+        StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
+    )
+}
+
 /// Lists the regular files of the /dev/shm behind `shm` (an `O_PATH` handle opened beneath the
-/// container's root): never through a link, at most [`MAX_ENTRIES`], within [`DEADLINE`].
-/// Whether the listing stopped early comes back with it.
+/// container's root, its mount a tmpfs): never through a link nor into a mount, at most
+/// [`MAX_ENTRIES`], within [`DEADLINE`]. Whether the listing stopped early comes back with it.
 pub fn list(shm: &OwnedFd) -> io::Result<(Vec<Entry>, bool)> {
     let started = Instant::now();
+    let here = look(shm, c"")?;
+    if !StatxFlags::from_bits_retain(here.stx_mask).contains(StatxFlags::MNT_ID) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "statx gives no mount ID (before Linux 5.8): not listed",
+        ));
+    }
     let dir = rustix::fs::openat(
         shm,
         c".",
@@ -84,29 +123,29 @@ pub fn list(shm: &OwnedFd) -> io::Result<(Vec<Entry>, bool)> {
         if !matches!(entry.file_type(), FileType::RegularFile | FileType::Unknown) {
             continue;
         }
-        // Relative to the directory, the link itself, never what it points at.
-        let Ok(st) = rustix::fs::statat(dir_fd.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) else {
+        let Ok(st) = look(dir_fd.as_fd(), name) else {
             continue; // removed meanwhile
         };
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        if !on_the_directorys_mount(here.stx_mnt_id, &st)
+            || FileType::from_raw_mode(st.stx_mode.into()) != FileType::RegularFile
+        {
             continue;
         }
         out.push(Entry {
             name: name.to_string_lossy().into_owned(),
-            bytes: u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512),
+            bytes: st.stx_blocks.saturating_mul(512),
             modified: modified(&st),
         });
     }
     Ok((out, false))
 }
 
-#[allow(clippy::unnecessary_cast)] // the field types differ between architectures
-fn modified(st: &rustix::fs::Stat) -> SystemTime {
-    match u64::try_from(st.st_mtime) {
+fn modified(st: &Statx) -> SystemTime {
+    match u64::try_from(st.stx_mtime.tv_sec) {
         Ok(secs) => {
             SystemTime::UNIX_EPOCH
                 + Duration::from_secs(secs)
-                + Duration::from_nanos(st.st_mtime_nsec as u64)
+                + Duration::from_nanos(u64::from(st.stx_mtime.tv_nsec))
         }
         Err(_) => SystemTime::UNIX_EPOCH,
     }
@@ -168,5 +207,28 @@ mod tests {
         let names: Vec<&str> = got.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["nccl-abc", "outside"], "no link, no directory");
         assert!(got[0].bytes >= 1 << 20);
+    }
+
+    #[test]
+    fn an_entry_that_is_a_mount_root_or_on_another_mount_is_not_entered() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        let fd =
+            rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let here = look(&fd, c"").unwrap();
+        let mut file = look(&fd, c"f").unwrap();
+        assert!(on_the_directorys_mount(here.stx_mnt_id, &file));
+        assert!(!on_the_directorys_mount(here.stx_mnt_id + 1, &file));
+        file.stx_attributes |= StatxAttributes::MOUNT_ROOT;
+        assert!(
+            !on_the_directorys_mount(here.stx_mnt_id, &file),
+            "a mount's root"
+        );
+        file.stx_attributes = StatxAttributes::empty();
+        file.stx_mask &= !StatxFlags::MNT_ID.bits();
+        assert!(
+            !on_the_directorys_mount(here.stx_mnt_id, &file),
+            "no mount ID"
+        );
     }
 }

@@ -2,21 +2,23 @@
 //! deadline can end it, what it held from before (a young container), and the reading built
 //! from what was found.
 
+use std::os::fd::OwnedFd;
 use std::time::SystemTime;
 
 use super::deadline::Unanswered;
-use super::statfs::{self, OpenShmError, ShmStat};
+use super::statfs::{self, Identity, OpenShmError, ShmStat};
 use super::{leftovers, ShmScan, ShmScanner};
 use crate::cgroup::memory::MemoryReading;
 use crate::cgroup::path::CgroupIdentity;
 use crate::host::NsId;
-use crate::model::{short_id, Leftovers, ShmReading, ShmStatus};
+use crate::model::{printable, short_id, Leftovers, ShmReading, ShmStatus};
 use crate::procfs::mountinfo::MountEntry;
 
-/// What a container whose /dev/shm hangs is told.
-const HUNG: &str = "/dev/shm did not answer statfs within 2 s (a FUSE or network file system \
-                    that hangs?): not measured, and not asked again";
-const TOO_MANY_STUCK: &str = "not measured: too many /dev/shm mounts of other containers hang";
+/// What a container whose /dev/shm could not even be opened in time is told.
+const HUNG: &str = "opening /dev/shm did not finish within 2 s (a FUSE or network file system \
+                    on the way that hangs?): not measured, and not asked again";
+const TOO_MANY_STUCK: &str =
+    "not measured: opening the /dev/shm of too many other containers hangs";
 /// Hung containers remembered at most.
 const HUNG_KEPT: usize = 4096;
 
@@ -26,8 +28,20 @@ pub(super) enum Look {
     Mounted(ShmStat, Option<MountEntry>),
     /// Nothing mounted there: a plain directory, nothing at all, or a symlink (not followed).
     NotMounted,
+    /// A mount of this type, not tmpfs: never asked (a FUSE or network file system may never
+    /// answer), reported unmeasured with its type.
+    Foreign(String),
     /// It could not be looked at (the error is counted): never taken for "not mounted".
     Unmeasured(String),
+}
+
+/// Pure: what a container whose /dev/shm is a `fs_type` mount is told.
+pub(super) fn foreign_text(fs_type: &str) -> String {
+    format!(
+        "/dev/shm is a {} mount, not tmpfs: not measured (only a tmpfs is asked; a FUSE or \
+         network file system may never answer)",
+        printable(fs_type)
+    )
 }
 
 impl ShmScanner {
@@ -59,33 +73,73 @@ impl ShmScanner {
         if self.hung.contains(container_id) {
             return Some(Look::Unmeasured(HUNG.into()));
         }
-        let opened = match self.measurer.open_and_measure(root) {
-            Ok(answer) => answer,
+        let (fd, id) = match self.measurer.open_and_identify(root) {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(e)) => return Some(self.not_opened(e, rel, container_id, out)),
             Err(why) => return Some(self.unanswered(container_id, why, out)),
         };
-        let stat = match opened {
-            Ok((fd, stat)) => {
-                // Only a tmpfs mounted there that holds something is worth a listing.
-                if let Some(start) = young.filter(|_| {
-                    stat.is_tmpfs
-                        && stat.is_mount_root != Some(false)
-                        && stat.used_bytes() != Some(0)
-                }) {
-                    match leftovers::list(&fd) {
-                        Ok((entries, truncated)) => {
-                            *inherited = leftovers::inherited(&entries, start, truncated);
-                        }
-                        Err(e) => self.error(out, "listing /dev/shm", rel, &e),
-                    }
-                }
-                stat
+        if id.is_mount_root == Some(false) {
+            // A plain directory on the container's root file system: nothing is mounted there.
+            return Some(Look::NotMounted);
+        }
+        let entry = match self.mount_entry(pid, mnt, id, rel, out)? {
+            Ok(Some(entry)) => entry,
+            // Without statx, mountinfo alone tells whether something is mounted at /dev/shm.
+            Ok(None) if id.is_mount_root.is_none() => return Some(Look::NotMounted),
+            Ok(None) => {
+                return Some(Look::Unmeasured(
+                    "a mount is at /dev/shm but mountinfo has no line for it".into(),
+                ))
             }
-            Err(e) => return Some(self.not_opened(e, rel, container_id, out)),
+            Err(e) => return Some(Look::Unmeasured(format!("reading mountinfo: {e}"))),
         };
-        self.mounted(pid, mnt, stat, rel, out)
+        if !statfs::is_measured_type(&entry.fs_type) {
+            self.warn_once(
+                format!("foreign {container_id}"),
+                format_args!(
+                    "container {}: {}",
+                    short_id(container_id),
+                    foreign_text(&entry.fs_type)
+                ),
+            );
+            return Some(Look::Foreign(entry.fs_type));
+        }
+        Some(self.measure_tmpfs(&fd, id, entry, rel, young, inherited, out))
     }
 
-    /// /dev/shm did not answer in time (a hung one is not asked again).
+    /// statfs of a /dev/shm mountinfo says is a tmpfs, and, while the container is young, what
+    /// it held from before.
+    #[allow(clippy::too_many_arguments)]
+    fn measure_tmpfs(
+        &mut self,
+        fd: &OwnedFd,
+        id: Identity,
+        entry: MountEntry,
+        rel: &str,
+        young: Option<SystemTime>,
+        inherited: &mut Option<Leftovers>,
+        out: &mut ShmScan,
+    ) -> Look {
+        let stat = match statfs::measure_tmpfs(fd, id) {
+            Ok(stat) => stat,
+            Err(e) => {
+                self.error(out, "statvfs /dev/shm", rel, &e);
+                return Look::Unmeasured(format!("measuring /dev/shm: {e}"));
+            }
+        };
+        // Only a /dev/shm that holds something is worth a listing.
+        if let Some(start) = young.filter(|_| stat.used_bytes() != Some(0)) {
+            match leftovers::list(fd) {
+                Ok((entries, truncated)) => {
+                    *inherited = leftovers::inherited(&entries, start, truncated);
+                }
+                Err(e) => self.error(out, "listing /dev/shm", rel, &e),
+            }
+        }
+        Look::Mounted(stat, Some(entry))
+    }
+
+    /// /dev/shm did not open in time (a hung one is not asked again).
     fn unanswered(&mut self, container_id: &str, why: Unanswered, out: &mut ShmScan) -> Look {
         if why == Unanswered::Hung && self.hung.len() < HUNG_KEPT {
             self.hung.insert(container_id.to_string());
@@ -129,38 +183,6 @@ impl ShmScanner {
             }
         }
     }
-
-    /// Whether a mount is at the measured /dev/shm, and its type: from statx and statfs when
-    /// they tell, else from mountinfo. `None` when the process is gone.
-    fn mounted(
-        &mut self,
-        pid: i32,
-        mnt: NsId,
-        stat: ShmStat,
-        rel: &str,
-        out: &mut ShmScan,
-    ) -> Option<Look> {
-        if stat.is_mount_root == Some(false) {
-            // A plain directory on the container's root file system: nothing is mounted there.
-            return Some(Look::NotMounted);
-        }
-        if stat.is_tmpfs && stat.is_mount_root == Some(true) {
-            // statx says a mount is there and statfs that it is a tmpfs: mountinfo, the most
-            // expensive file of a scan, would only repeat the type.
-            return Some(Look::Mounted(stat, None));
-        }
-        let entry = match self.mount_entry(pid, mnt, &stat, rel, out)? {
-            Ok(entry) => entry,
-            // statx said a mount is there: only its type is missing.
-            Err(_) if stat.is_mount_root == Some(true) => None,
-            Err(e) => return Some(Look::Unmeasured(format!("reading mountinfo: {e}"))),
-        };
-        match (&entry, stat.is_mount_root) {
-            // Without statx, mountinfo alone tells whether something is mounted at /dev/shm.
-            (None, None) => Some(Look::NotMounted),
-            _ => Some(Look::Mounted(stat, entry)),
-        }
-    }
 }
 
 pub(super) fn build_reading(
@@ -184,6 +206,7 @@ pub(super) fn build_reading(
             stat.size_bytes().map(|_| stat.free_bytes),
         ),
         Look::NotMounted => (Some(false), None, None, None, None),
+        Look::Foreign(fs_type) => (Some(true), Some(printable(fs_type)), None, None, None),
         Look::Unmeasured(_) => (None, None, None, None, None),
     };
     let available = if mounted == Some(true) {
@@ -216,6 +239,7 @@ pub(super) fn build_reading(
         status: ShmStatus::Ok,
         error: match shm {
             Look::Unmeasured(e) => Some(e),
+            Look::Foreign(fs_type) => Some(foreign_text(&fs_type)),
             _ => None,
         },
         leftovers: None,
@@ -253,10 +277,27 @@ mod tests {
 
         let r = reading(Look::NotMounted);
         assert_eq!((r.mounted, r.error), (Some(false), None));
-        let r = reading(Look::Mounted(stat(Some(1), None, true), None));
+        let r = reading(Look::Mounted(stat(Some(1), true), None));
         assert_eq!(r.mounted, Some(true));
         assert_eq!(r.size_bytes, Some(64 << 20));
         assert_eq!(r.used_bytes, Some(4 << 20));
         assert_eq!(r.fs_type.as_deref(), Some("tmpfs"));
+    }
+
+    #[test]
+    fn a_foreign_mount_is_mounted_with_its_type_and_unmeasured_never_healthy() {
+        let r = reading(Look::Foreign("fuse.\x1b[2Jhung".into()));
+        assert_eq!(r.mounted, Some(true));
+        assert_eq!(r.fs_type.as_deref(), Some("fuse.\\x1b[2Jhung"));
+        assert_eq!(
+            (r.size_bytes, r.used_bytes, r.available_bytes),
+            (None, None, None)
+        );
+        let error = r.error.unwrap();
+        assert!(
+            error.contains("is a fuse.\\x1b[2Jhung mount, not tmpfs: not measured"),
+            "{error}"
+        );
+        assert!(!error.contains('\x1b'));
     }
 }

@@ -1,9 +1,13 @@
 //! The mountinfo line of a container's /dev/shm, cached per mount namespace: mountinfo, the
 //! most expensive file of a scan, is read again only when the mount at /dev/shm changes.
 
-use super::statfs::ShmStat;
+use std::io;
+use std::path::Path;
+
+use super::statfs::Identity;
 use super::{is_vanished, ShmScan, ShmScanner};
 use crate::host::NsId;
+use crate::procfs::kfile::FileReader;
 use crate::procfs::mountinfo::{self, MountEntry};
 
 /// mountinfo read at most per container, and its longest line: a mount point and a root of
@@ -12,102 +16,87 @@ const MOUNTINFO_MAX: usize = 4 << 20;
 const MOUNTINFO_LINE_MAX: usize = 16 << 10;
 
 /// The /dev/shm mount last seen in a mount namespace, so mountinfo is re-read only when the
-/// mount at /dev/shm changes (its statx mount ID differs), not on every scan.
+/// mount at /dev/shm changes (its mount ID differs), not on every scan.
 #[derive(Debug, Clone)]
 pub(super) struct CachedMount {
-    key: Option<MountKey>,
+    mount_id: u64,
     entry: Option<MountEntry>,
 }
 
-/// What tells one mount at /dev/shm from another between scans.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum MountKey {
-    /// statx's mount ID.
-    Id(u64),
-    /// Without statx: the handle's device (a tmpfs instance has a device of its own).
-    Dev(u32, u32),
-}
-
-fn mount_key(stat: &ShmStat) -> Option<MountKey> {
-    stat.mount_id
-        .map(MountKey::Id)
-        .or(stat.dev.map(|(major, minor)| MountKey::Dev(major, minor)))
-}
-
-/// Whether a mountinfo line is the mount the handle is on: by statx's mount ID, else (no statx)
-/// by device for a tmpfs, whose device is its own and always the one mountinfo prints.
-fn same_mount(stat: &ShmStat, e: &MountEntry) -> bool {
-    match (stat.mount_id, stat.dev) {
-        (Some(id), _) => id == e.mount_id,
-        (None, Some(dev)) if stat.is_tmpfs => dev == (e.major, e.minor),
-        _ => true,
-    }
+/// The `/dev/shm` line of the mountinfo at `path` whose mount ID is `mount_id` (the mount the
+/// handle is on: none when /dev/shm is a plain directory of another mount), streamed a line at
+/// a time and bounded (a pod can make its mountinfo tens of MiB); with whether it was cut.
+pub(super) fn shm_line(
+    files: &mut FileReader,
+    path: &Path,
+    mount_id: u64,
+) -> io::Result<(Option<MountEntry>, bool)> {
+    let mut entry = None;
+    let cut = files.for_each_line(
+        rustix::fs::CWD,
+        path,
+        MOUNTINFO_MAX,
+        MOUNTINFO_LINE_MAX,
+        |line| {
+            // A cheap test first: the ID leads the line.
+            let id = line.split(|&b| b == b' ').next();
+            if id.and_then(|id| std::str::from_utf8(id).ok()?.parse::<u64>().ok()) != Some(mount_id)
+            {
+                return true;
+            }
+            // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide it.
+            entry = mountinfo::find_mount(&String::from_utf8_lossy(line), "/dev/shm");
+            false
+        },
+    )?;
+    let cut = cut && entry.is_none();
+    Ok((entry, cut))
 }
 
 impl ShmScanner {
-    /// The /dev/shm line of the process's mountinfo, from the cache when the mount is unchanged
-    /// (same statx mount ID; without statx, the same device). `None`: the process is gone;
-    /// `Err`: mountinfo could not be read (counted).
+    /// The /dev/shm line of the process's mountinfo for the mount the handle is on, from the
+    /// cache when the mount is unchanged (same mount ID). `None`: the process is gone; `Err`:
+    /// mountinfo could not be read (counted).
     pub(super) fn mount_entry(
         &mut self,
         pid: i32,
         mnt: NsId,
-        stat: &ShmStat,
+        id: Identity,
         rel: &str,
         out: &mut ShmScan,
     ) -> Option<Result<Option<MountEntry>, String>> {
-        let key = mount_key(stat);
         if let Some(cached) = self.mounts.get(&mnt) {
-            if key.is_some() && cached.key == key {
+            if cached.mount_id == id.mount_id {
                 return Some(Ok(cached.entry.clone()));
             }
         }
         let path = self.proc_root.join(pid.to_string()).join("mountinfo");
-        // Streamed, a line at a time, bounded: a pod can make its mountinfo tens of MiB. The
-        // topmost /dev/shm line is the last; with statx's mount ID the one measured ends it.
-        let mut entry: Option<MountEntry> = None;
-        let read = self.files.for_each_line(
-            rustix::fs::CWD,
-            &path,
-            MOUNTINFO_MAX,
-            MOUNTINFO_LINE_MAX,
-            |line| {
-                // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide it.
-                let Some(e) = mountinfo::find_mount(&String::from_utf8_lossy(line), "/dev/shm")
-                else {
-                    return true;
-                };
-                // The line must describe the mount we measured, not one stacked elsewhere.
-                if same_mount(stat, &e) {
-                    let exact = stat.mount_id.is_some();
-                    entry = Some(e);
-                    return !exact;
+        let entry = match shm_line(&mut self.files, &path, id.mount_id) {
+            Ok((entry, cut)) => {
+                if cut {
+                    self.warn_once(
+                        format!("mountinfo cut {rel}"),
+                        format_args!(
+                            "container {rel}: mountinfo is over {} MiB: read no further",
+                            MOUNTINFO_MAX >> 20
+                        ),
+                    );
+                    // Not found in what was read: unknown, not "not mounted".
+                    return Some(Err("its mount is past the part of mountinfo read".into()));
                 }
-                true
-            },
-        );
-        match read {
-            Ok(true) => self.warn_once(
-                format!("mountinfo cut {rel}"),
-                format_args!(
-                    "container {rel}: mountinfo is over {} MiB: read no further",
-                    MOUNTINFO_MAX >> 20
-                ),
-            ),
-            Ok(false) => {}
+                entry
+            }
             Err(e) if is_vanished(&e) => return None,
             Err(e) => {
                 self.error(out, "mountinfo", rel, &e);
                 return Some(Err(e.to_string()));
             }
-        }
-        self.mounts.insert(
-            mnt,
-            CachedMount {
-                key,
-                entry: entry.clone(),
-            },
-        );
+        };
+        let cached = CachedMount {
+            mount_id: id.mount_id,
+            entry: entry.clone(),
+        };
+        self.mounts.insert(mnt, cached);
         Some(Ok(entry))
     }
 }
@@ -115,44 +104,42 @@ impl ShmScanner {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::shm::statfs::ShmStat;
 
     /// A 64 MiB /dev/shm with 4 MiB used.
-    pub(in crate::shm) fn stat(
-        mount_id: Option<u64>,
-        dev: Option<(u32, u32)>,
-        is_tmpfs: bool,
-    ) -> ShmStat {
+    pub(in crate::shm) fn stat(mount_id: Option<u64>, is_tmpfs: bool) -> ShmStat {
         ShmStat {
             mount_id,
             is_mount_root: mount_id.map(|_| true),
-            dev,
+            dev: None,
             is_tmpfs,
             total_bytes: 64 << 20,
             free_bytes: 60 << 20,
         }
     }
 
-    fn entry(mount_id: u64, major: u32, minor: u32) -> MountEntry {
-        let line = format!("{mount_id} 1 {major}:{minor} / /dev/shm rw - tmpfs shm rw,size=65536k");
-        mountinfo::find_mount(&line, "/dev/shm").unwrap()
-    }
-
     #[test]
-    fn without_statx_the_mountinfo_line_is_matched_by_device() {
-        let e = entry(42, 0, 77);
-        assert!(same_mount(&stat(Some(42), None, true), &e));
-        assert!(!same_mount(&stat(Some(41), None, true), &e));
-        assert!(same_mount(&stat(None, Some((0, 77)), true), &e));
-        assert!(!same_mount(&stat(None, Some((0, 78)), true), &e));
-        // Not a tmpfs (btrfs subvolumes report other devices): the topmost mount stands.
-        assert!(same_mount(&stat(None, Some((0, 78)), false), &e));
-        assert_eq!(
-            mount_key(&stat(None, Some((0, 77)), true)),
-            Some(MountKey::Dev(0, 77))
-        );
-        assert_eq!(
-            mount_key(&stat(Some(42), None, true)),
-            Some(MountKey::Id(42))
-        );
+    fn the_line_is_the_one_of_the_handles_mount_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mountinfo");
+        std::fs::write(
+            &path,
+            "20 1 0:30 / / rw - overlay overlay rw\n\
+             31 20 0:40 / /dev rw - tmpfs tmpfs rw\n\
+             42 31 0:77 / /dev/shm rw - tmpfs shm rw,size=65536k\n\
+             43 42 0:78 / /dev/shm rw - fuse hung rw,user_id=0\n\
+             430 42 0:79 / /dev/shm/nccl-x rw - fuse hung rw\n",
+        )
+        .unwrap();
+        let mut files = FileReader::default();
+        let found = |files: &mut FileReader, id| shm_line(files, &path, id).unwrap();
+        let (fuse, cut) = found(&mut files, 43);
+        assert!(!cut);
+        assert_eq!(fuse.map(|e| e.fs_type).as_deref(), Some("fuse"));
+        assert_eq!(found(&mut files, 42).0.unwrap().fs_type, "tmpfs");
+        // /dev's own mount (a plain directory at /dev/shm), another mount point, no such ID.
+        assert_eq!(found(&mut files, 31).0, None);
+        assert_eq!(found(&mut files, 430).0, None);
+        assert_eq!(found(&mut files, 4).0, None);
     }
 }

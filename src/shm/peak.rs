@@ -3,8 +3,11 @@
 //! A DataLoader can fill /dev/shm and die within a second, between two scans. A thread samples
 //! the few containers the scan marks (half full, or growing) every `period` and keeps each one's
 //! highest usage until the next scan takes it. Each sample opens /dev/shm the scan's way (beneath
-//! the container's root, no symlinks) and closes it before sleeping: an open handle would keep
-//! the mount busy and make kubelet's unmount of a finished Pod fail.
+//! the container's root, no symlinks, under the same deadline) and closes it before sleeping: an
+//! open handle would keep the mount busy and make kubelet's unmount of a finished Pod fail. As
+//! the scan, it asks only a tmpfs: the first sample of a container looks its mount's type up in
+//! mountinfo, later ones check the mount is still that one (a container that swaps its /dev/shm
+//! for a FUSE that never answers is dropped, not waited on).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -13,7 +16,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::deadline::Measurer;
+use super::mounts::shm_line;
 use super::statfs::{self, OpenShmError};
+use crate::procfs::kfile::FileReader;
 
 /// A floor on the period: a zero period would spin a core.
 const MIN_PERIOD: Duration = Duration::from_millis(10);
@@ -143,7 +149,7 @@ impl Drop for PeakSampler {
     }
 }
 
-/// A target as the thread holds it, with the mount its first sample measured.
+/// A target as the thread holds it, with the tmpfs mount its first sample measured.
 struct Watched {
     target: PeakTarget,
     mount_id: Option<u64>,
@@ -154,6 +160,10 @@ struct Worker {
     proc_root: PathBuf,
     shared: Arc<Shared>,
     watched: Vec<Watched>,
+    /// The tmpfs mount found per PID, kept across sets, so mountinfo is read once per container.
+    known: HashMap<i32, u64>,
+    measurer: Measurer,
+    files: FileReader,
     logged: HashSet<String>,
 }
 
@@ -173,6 +183,9 @@ impl Worker {
             proc_root,
             shared,
             watched: Vec::new(),
+            known: HashMap::new(),
+            measurer: Measurer::default(),
+            files: FileReader::default(),
             logged: HashSet::new(),
         }
     }
@@ -182,27 +195,21 @@ impl Worker {
         loop {
             // Take a new set if there is one; idle while there is nothing to sample.
             {
-                let mut state = self.shared.lock();
+                let shared = self.shared.clone();
+                let mut state = shared.lock();
                 loop {
                     if state.stop {
                         return;
                     }
                     if seen != Some(state.generation) {
                         seen = Some(state.generation);
-                        self.watched = state
-                            .targets
-                            .iter()
-                            .map(|t| Watched {
-                                target: t.clone(),
-                                mount_id: None,
-                            })
-                            .collect();
+                        let targets = state.targets.clone();
+                        self.take_set(&targets);
                     }
                     if !self.watched.is_empty() {
                         break;
                     }
-                    state = self
-                        .shared
+                    state = shared
                         .wake
                         .wait(state)
                         .unwrap_or_else(PoisonError::into_inner);
@@ -225,11 +232,24 @@ impl Worker {
         }
     }
 
+    /// A new watched set, each with the tmpfs its PID was last found on.
+    fn take_set(&mut self, targets: &[PeakTarget]) {
+        self.known
+            .retain(|pid, _| targets.iter().any(|t| t.pid == *pid));
+        self.watched = targets
+            .iter()
+            .map(|t| Watched {
+                target: t.clone(),
+                mount_id: self.known.get(&t.pid).copied(),
+            })
+            .collect();
+    }
+
     /// One sample of every watched container; the ones that are gone are dropped from the set.
     fn sample_all(&mut self) -> Vec<(String, u64)> {
         let mut out = Vec::with_capacity(self.watched.len());
         let mut watched = std::mem::take(&mut self.watched);
-        watched.retain_mut(|w| match self.sample(&w.target) {
+        watched.retain_mut(|w| match self.sample(&w.target, w.mount_id) {
             // Another mount than the first sample's: the PID now belongs to another process
             // (reused), or /dev/shm was replaced. Either way it is not the container watched.
             Sample::Used { mount_id, .. }
@@ -239,6 +259,9 @@ impl Worker {
             }
             Sample::Used { bytes, mount_id } => {
                 w.mount_id = w.mount_id.or(mount_id);
+                if let Some(id) = w.mount_id {
+                    self.known.insert(w.target.pid, id);
+                }
                 out.push((w.target.container_id.clone(), bytes));
                 true
             }
@@ -250,8 +273,9 @@ impl Worker {
 
     /// Opens, measures and closes one container's /dev/shm. An error drops the target until the
     /// next `watch`, so a lasting fault counts once per scan, not once per sample.
-    fn sample(&mut self, target: &PeakTarget) -> Sample {
-        match measure(&self.proc_root, target.pid) {
+    fn sample(&mut self, target: &PeakTarget, tmpfs: Option<u64>) -> Sample {
+        let measured = self.measure(target.pid, tmpfs);
+        match measured {
             Ok(Some((bytes, mount_id))) => Sample::Used { bytes, mount_id },
             Ok(None) | Err(OpenShmError::Absent(_)) => Sample::Gone,
             Err(e) => {
@@ -272,20 +296,45 @@ impl Worker {
     }
 }
 
-/// Used bytes of the process's /dev/shm and its mount ID, as the scan computes them; `None`
-/// when nothing is mounted there or the mount has no size to count against. Both handles are
-/// closed on return.
-fn measure(proc_root: &Path, pid: i32) -> Result<Option<(u64, Option<u64>)>, OpenShmError> {
-    let root = statfs::open_container_root(proc_root, pid)?;
-    let shm = statfs::open_beneath(&root, "dev/shm")?;
-    drop(root);
-    let stat = statfs::measure(&shm).map_err(OpenShmError::Io)?;
-    drop(shm);
-    if stat.is_mount_root == Some(false) {
-        // A plain directory on the root file system: the scan reports it as not mounted.
-        return Ok(None);
+impl Worker {
+    /// Used bytes of the process's /dev/shm and its mount ID, as the scan computes them; `None`
+    /// when nothing is mounted there, it is not a tmpfs (never asked), it is another mount than
+    /// the tmpfs `tmpfs` the first sample found, or it has no size to count against. Both
+    /// handles are closed on return.
+    fn measure(
+        &mut self,
+        pid: i32,
+        tmpfs: Option<u64>,
+    ) -> Result<Option<(u64, Option<u64>)>, OpenShmError> {
+        let root = statfs::open_container_root(&self.proc_root, pid)?;
+        let (shm, id) = match self.measurer.open_and_identify(root) {
+            Ok(answer) => answer?,
+            Err(why) => {
+                let e = std::io::Error::other(format!("opening /dev/shm did not finish: {why:?}"));
+                return Err(OpenShmError::Io(e));
+            }
+        };
+        if id.is_mount_root == Some(false) {
+            // A plain directory on the root file system: the scan reports it as not mounted.
+            return Ok(None);
+        }
+        match tmpfs {
+            Some(known) if known == id.mount_id => {}
+            // Not the mount the first sample measured: the caller drops the target.
+            Some(_) => return Ok(Some((0, Some(id.mount_id)))),
+            None => {
+                let path = self.proc_root.join(pid.to_string()).join("mountinfo");
+                let (entry, _) =
+                    shm_line(&mut self.files, &path, id.mount_id).map_err(statfs::classify)?;
+                if !entry.is_some_and(|e| statfs::is_measured_type(&e.fs_type)) {
+                    return Ok(None);
+                }
+            }
+        }
+        let stat = statfs::measure_tmpfs(&shm, id).map_err(OpenShmError::Io)?;
+        drop(shm);
+        Ok(stat.used_bytes().map(|used| (used, stat.mount_id)))
     }
-    Ok(stat.used_bytes().map(|used| (used, stat.mount_id)))
 }
 
 #[cfg(test)]

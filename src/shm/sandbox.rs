@@ -24,6 +24,8 @@ pub struct SandboxMount {
     /// Where it is mounted, in the host's mount namespace.
     pub mount_point: String,
     pub fs_type: String,
+    /// Its mount ID: the handle opened at `mount_point` must be on this very mount.
+    pub mount_id: u64,
 }
 
 /// Pure: the sandboxes' /dev/shm mounts in the host's mountinfo, one per mount point (the
@@ -42,6 +44,7 @@ pub fn sandbox_mounts(mountinfo: &str) -> Vec<SandboxMount> {
             sandbox_id: sandbox_id.to_string(),
             mount_point: entry.mount_point,
             fs_type: entry.fs_type,
+            mount_id: entry.mount_id,
         };
         match out.iter_mut().find(|m| m.mount_point == mount.mount_point) {
             Some(earlier) => *earlier = mount,
@@ -157,10 +160,11 @@ impl SandboxShm {
         let mounts = sandbox_mounts(&mountinfo);
         let mut out = Vec::new();
         for (mount, sandbox) in tie(&mounts, readings) {
-            if self.hung.contains(&mount.mount_point) {
+            // Only a tmpfs is asked (see statfs::is_measured_type): a sandbox's is one.
+            if self.hung.contains(&mount.mount_point) || !statfs::is_measured_type(&mount.fs_type) {
                 continue;
             }
-            if let Some(stat) = self.measure(&mount.mount_point, errors) {
+            if let Some(stat) = self.measure(&mount.mount_point, Some(mount.mount_id), errors) {
                 out.push(reading(mount, sandbox, &stat));
             }
         }
@@ -169,7 +173,14 @@ impl SandboxShm {
         out
     }
 
-    fn measure(&mut self, mount_point: &str, errors: &mut u64) -> Option<statfs::ShmStat> {
+    /// statfs of the mount at `mount_point`, only when the handle opened there is on mount
+    /// `mount_id` (the tmpfs mountinfo listed; `None`: any, for tests).
+    fn measure(
+        &mut self,
+        mount_point: &str,
+        mount_id: Option<u64>,
+        errors: &mut u64,
+    ) -> Option<statfs::ShmStat> {
         // Following the magic link is the point: the kernel's handle on the host's root.
         let root = rustix::fs::open(
             self.host.join("root"),
@@ -185,8 +196,17 @@ impl SandboxShm {
             }
         };
         let rel = mount_point.trim_start_matches('/');
-        match self.measurer.open_and_measure_at(root, rel) {
-            Ok(Ok((_, stat))) => Some(stat),
+        match self.measurer.open_and_identify_at(root, rel) {
+            // Another mount was put there since mountinfo was read: not asked.
+            Ok(Ok((_, id))) if mount_id.is_some_and(|m| m != id.mount_id) => None,
+            Ok(Ok((fd, id))) => match statfs::measure_tmpfs(&fd, id) {
+                Ok(stat) => Some(stat),
+                Err(e) => {
+                    *errors += 1;
+                    self.warn_once(format!("measuring the Pod sandbox's {mount_point}: {e}"));
+                    None
+                }
+            },
             // Removed between the mountinfo and the look: the sandbox went.
             Ok(Err(statfs::OpenShmError::Absent(_))) => None,
             Ok(Err(e)) => {
@@ -301,9 +321,17 @@ mod tests {
         // This machine's /dev/shm stands in for a sandbox's: the same path, the same calls.
         let mut s = SandboxShm::new("/proc/self".into());
         let mut errors = 0;
-        let stat = s.measure("/dev/shm", &mut errors);
+        let stat = s.measure("/dev/shm", None, &mut errors);
         assert!(stat.is_some_and(|st| st.is_tmpfs), "{errors} errors");
-        assert_eq!(s.measure("/nonexistent/shm", &mut errors), None);
+        let id = stat.and_then(|st| st.mount_id);
+        assert!(s.measure("/dev/shm", id, &mut errors).is_some());
+        let other = id.map(|id| id + 1);
+        assert_eq!(
+            s.measure("/dev/shm", other, &mut errors),
+            None,
+            "another mount"
+        );
+        assert_eq!(s.measure("/nonexistent/shm", None, &mut errors), None);
         assert_eq!(errors, 0, "a mount gone is no error");
     }
 

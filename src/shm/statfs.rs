@@ -4,8 +4,17 @@
 //! /dev/shm inside the container would resolve against the *agent's* root, i.e. the host.
 //! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)` on the container's root directory keeps the
 //! walk inside the container and refuses every symlink; the numbers come from the open handle.
-//! Kernels without openat2 walk `dev`, then `shm`, one component at a time ([`crate::beneath`]);
-//! kernels without statx take the mount's identity from mountinfo (the scan does, by `dev`).
+//! Kernels without openat2 walk `dev`, then `shm`, one component at a time ([`crate::beneath`]).
+//!
+//! Opening /dev/shm asks nothing of the file system mounted there: the walk looks `shm` up in
+//! the directory of `dev` (the container's /dev, a tmpfs), then crosses into the mount on it,
+//! which is a move in the mount table, not a call (fs/namei.c `traverse_mounts`); the mounted
+//! root is reached that way, never looked up, so its `d_revalidate` (FUSE's `fuse_dentry_revalidate`,
+//! which would send a LOOKUP) is not called, and `complete_walk` revalidates only after a jump
+//! (a magic link or `..`), through `d_weak_revalidate`, which FUSE does not have. An `O_PATH`
+//! open then stops before the file system's `open` (fs/open.c `do_dentry_open`). So a hung
+//! FUSE at /dev/shm is safe to open; it is [`identify`]'d without a request, and asked
+//! ([`measure`]) only if mountinfo says it is a tmpfs ([`is_measured_type`]).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -27,8 +36,8 @@ pub struct ShmStat {
     pub mount_id: Option<u64>,
     /// Whether /dev/shm is the root of a mount, i.e. something is mounted there.
     pub is_mount_root: Option<bool>,
-    /// The handle's device (major, minor), read only when statx could not say the above:
-    /// mountinfo's `major:minor` then tells which mount the handle is on.
+    /// The handle's device (major, minor), read only by [`measure`] when statx could not say
+    /// the above: mountinfo's `major:minor` then tells which mount the handle is on.
     pub dev: Option<(u32, u32)>,
     pub is_tmpfs: bool,
     /// Total bytes; 0 for a tmpfs mounted without a size limit.
@@ -103,7 +112,7 @@ fn classify_open(e: rustix::io::Errno) -> OpenShmError {
     }
 }
 
-fn classify(e: io::Error) -> OpenShmError {
+pub(super) fn classify(e: io::Error) -> OpenShmError {
     match e.raw_os_error() {
         // ESRCH: the process exited; ENOENT/ENOTDIR: nothing at that path.
         Some(libc_errno::ENOENT | libc_errno::ESRCH | libc_errno::ENOTDIR) => {
@@ -120,7 +129,113 @@ mod libc_errno {
     pub const ENOTDIR: i32 = rustix::io::Errno::NOTDIR.raw_os_error();
 }
 
-/// statfs and statx of an open handle: two system calls. statfs carries everything statvfs
+/// Which mount a handle is on, learned without asking the file system anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// The mount's ID, matching the first field of mountinfo.
+    pub mount_id: u64,
+    /// Whether the handle is the root of its mount (statx's STATX_ATTR_MOUNT_ROOT); `None`
+    /// without statx (mountinfo then says whether a mount is at /dev/shm).
+    pub is_mount_root: Option<bool>,
+}
+
+/// The only file system whose statfs and directory listing are asked: tmpfs answers from
+/// memory, and it is what a /dev/shm is. Anything else may be a FUSE or network file system
+/// whose server never answers, and then the calling thread waits in the kernel for good, past
+/// SIGKILL (fs/fuse/dev.c `request_wait_answer`, once the server read the request): no
+/// deadline can end that wait, and a process with such a thread is never reaped.
+pub fn is_measured_type(fs_type: &str) -> bool {
+    fs_type == "tmpfs"
+}
+
+/// The mount a handle (an `O_PATH` handle of /dev/shm) is on, without a request to its file
+/// system: statx with `AT_STATX_DONT_SYNC` answers from the inode cache (FUSE's getattr then
+/// fills in its cached attributes and sends nothing, fs/fuse/dir.c `fuse_update_get_attr`), and
+/// only the mount ID is asked, which the VFS fills in itself (fs/stat.c `vfs_statx`). Without
+/// statx, the agent's own `fdinfo` says the mount ID (fs/proc/fd.c, no file system call).
+pub fn identify(shm: &OwnedFd) -> io::Result<Identity> {
+    let stx = if NO_STATX.load(Ordering::Relaxed) {
+        Err(rustix::io::Errno::NOSYS)
+    } else {
+        rustix::fs::statx(
+            shm,
+            "",
+            AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+            StatxFlags::MNT_ID,
+        )
+    };
+    match stx {
+        Ok(stx) if StatxFlags::from_bits_retain(stx.stx_mask).contains(StatxFlags::MNT_ID) => {
+            let root = stx
+                .stx_attributes_mask
+                .contains(StatxAttributes::MOUNT_ROOT)
+                .then(|| stx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT));
+            Ok(Identity {
+                mount_id: stx.stx_mnt_id,
+                is_mount_root: root,
+            })
+        }
+        // Kernels before 4.11 have no statx (and seccomp may refuse it): decided once. Before
+        // 5.8 statx has no mount ID: fdinfo has (since 3.15).
+        Ok(_) => fdinfo_mount_id(shm),
+        Err(e) if e == rustix::io::Errno::NOSYS => {
+            if !NO_STATX.swap(true, Ordering::Relaxed) {
+                tracing::info!("this kernel has no statx: mounts are told by fdinfo and mountinfo");
+            }
+            fdinfo_mount_id(shm)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The mount ID `/proc/thread-self/fdinfo/<fd>` gives of the agent's own descriptor.
+fn fdinfo_mount_id(fd: &OwnedFd) -> io::Result<Identity> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/thread-self/fdinfo/{}", fd.as_raw_fd());
+    let text = std::fs::read_to_string(path)?;
+    parse_fdinfo_mount_id(&text)
+        .map(|mount_id| Identity {
+            mount_id,
+            is_mount_root: None,
+        })
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "fdinfo has no mnt_id"))
+}
+
+/// Pure: the `mnt_id:` field of an fdinfo text.
+pub fn parse_fdinfo_mount_id(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// statfs of a handle whose mount is already known to be a tmpfs ([`identify`], then its type
+/// in mountinfo): the caller asks only then. statfs carries everything statvfs would (statvfs
+/// is statfs converted in user space) and the file system type besides, checked again.
+pub fn measure_tmpfs(shm: &OwnedFd, id: Identity) -> io::Result<ShmStat> {
+    let fs = rustix::fs::fstatfs(shm)?;
+    // As statvfs computes f_frsize: the fragment size, else the block size.
+    #[allow(clippy::unnecessary_cast)] // the field widths differ between targets
+    let frsize = if fs.f_frsize > 0 {
+        fs.f_frsize as u64
+    } else {
+        fs.f_bsize as u64
+    };
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, bfree) = (fs.f_blocks as u64, fs.f_bfree as u64);
+    Ok(ShmStat {
+        mount_id: Some(id.mount_id),
+        is_mount_root: id.is_mount_root,
+        dev: None,
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+        is_tmpfs: fs.f_type as i64 == TMPFS_MAGIC,
+        total_bytes: blocks.saturating_mul(frsize),
+        free_bytes: bfree.saturating_mul(frsize),
+    })
+}
+
+/// statfs and statx of an open handle, whatever its file system: for `preflight`, which a
+/// workload runs on its own /dev/shm (a mount it made itself), never for another container's
+/// (the scan asks only a tmpfs: [`identify`], then [`measure_tmpfs`]). Two system calls. statfs carries everything statvfs
 /// would (statvfs is statfs converted in user space) and the file system type besides.
 pub fn measure(shm: &OwnedFd) -> io::Result<ShmStat> {
     let fs = rustix::fs::fstatfs(shm)?;
@@ -288,8 +403,9 @@ mod tests {
     #[test]
     fn the_walk_and_openat2_measure_the_hosts_dev_shm_alike() {
         let root = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
-        let walked = measure(&walk_beneath(&root, "dev/shm").unwrap()).unwrap();
-        let opened = measure(&open_beneath(&root, "dev/shm").unwrap()).unwrap();
+        let look = |fd: OwnedFd| measure_tmpfs(&fd, identify(&fd).unwrap()).unwrap();
+        let walked = look(walk_beneath(&root, "dev/shm").unwrap());
+        let opened = look(open_beneath(&root, "dev/shm").unwrap());
         // Same mount, same numbers (a concurrent writer could move free bytes: compare size).
         assert_eq!(walked.mount_id, opened.mount_id);
         assert_eq!(walked.is_mount_root, Some(true));
@@ -302,10 +418,40 @@ mod tests {
         // /dev/shm is a tmpfs on every Linux machine this runs on (and on CI).
         let root = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
         let fd = open_beneath(&root, "dev/shm").unwrap();
-        let st = measure(&fd).unwrap();
+        let st = measure_tmpfs(&fd, identify(&fd).unwrap()).unwrap();
         assert!(st.is_tmpfs);
         assert_eq!(st.is_mount_root, Some(true));
         let vfs = rustix::fs::statvfs("/dev/shm").unwrap();
         assert_eq!(st.total_bytes, vfs.f_blocks * vfs.f_frsize);
+    }
+
+    #[test]
+    fn only_tmpfs_is_measured() {
+        assert!(is_measured_type("tmpfs"));
+        for other in [
+            "fuse",
+            "fuse.sshfs",
+            "fuseblk",
+            "nfs4",
+            "cifs",
+            "overlay",
+            "ext4",
+            "",
+        ] {
+            assert!(!is_measured_type(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn fdinfo_tells_the_mount_id_as_statx_does() {
+        let text = "pos:\t0\nflags:\t012100000\nmnt_id:\t31\nino:\t1\n";
+        assert_eq!(parse_fdinfo_mount_id(text), Some(31));
+        assert_eq!(parse_fdinfo_mount_id("pos:\t0\n"), None);
+        assert_eq!(parse_fdinfo_mount_id("mnt_id:\tx\n"), None);
+        let root = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let fd = open_beneath(&root, "dev/shm").unwrap();
+        let by_statx = identify(&fd).unwrap();
+        assert_eq!(fdinfo_mount_id(&fd).unwrap().mount_id, by_statx.mount_id);
+        assert_eq!(by_statx.is_mount_root, Some(true));
     }
 }

@@ -16,6 +16,7 @@ pub mod crash;
 pub mod docker;
 pub mod fake_cuda;
 pub mod fake_nvml;
+pub mod fuse;
 pub mod kube_api;
 pub mod oom;
 pub mod pod_resources;
