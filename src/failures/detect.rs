@@ -138,6 +138,9 @@ impl Recogniser {
         );
         d.pid = Some(pid);
         d.pid_taken = now == PidNow::Taken;
+        if now == PidNow::Same {
+            d.pid_start = crate::procfs::stat::start_ticks_of(&self.proc_root, pid);
+        }
         d.comm = Some(comm);
         d.library = Some(library);
         Some(d)
