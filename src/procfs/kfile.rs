@@ -148,6 +148,13 @@ pub fn read_attribute(path: &Path, max: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// [`read_attribute`] of at most 64 KiB, as text (invalid UTF-8 replaced): for the small text
+/// files under `--sys-root` (cgroup controllers, tracefs formats, CPU lists).
+pub fn read_attribute_text(path: &Path) -> io::Result<String> {
+    let bytes = read_attribute(path, 64 * 1024)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// `path` opened for reading if it is a regular file (see [`read_attribute`]).
 pub fn open_regular(path: &Path) -> io::Result<rustix::fd::OwnedFd> {
     let regular = |mode: u32| rustix::fs::FileType::from_raw_mode(mode).is_file();

@@ -207,7 +207,7 @@ impl Tally {
     }
 
     /// Counts a failing path, as an error the first time; whether it was the first.
-    fn remember_failed(&mut self, path: &Path) -> bool {
+    pub(super) fn remember_failed(&mut self, path: &Path) -> bool {
         self.failures += 1;
         if self.failed.len() >= MAX_FAILED {
             self.failed.clear();
