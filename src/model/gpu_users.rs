@@ -5,8 +5,9 @@
 //!
 //! A PID is one process only as long as its start time stays the same: the kernel reuses PIDs,
 //! and a later process with the PID starts a new entry. A crash names a PID, a command and a
-//! moment: an entry is the crasher's only when its command and start (where known) are the
-//! crash's and its process was not already found gone before the crash ([`Crasher`]).
+//! moment: an entry is the crasher's only when its start (where the crasher was readable; else
+//! its command) is the crash's and its process was not already found gone before the crash
+//! ([`Crasher`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
@@ -89,6 +90,9 @@ impl GpuUsers {
                 u.last_seen = now;
                 u.now = true;
                 u.gone_by = None;
+                if let Some(comm) = comm {
+                    u.comm = Some(crate::model::printable(comm));
+                }
             }
             None => {
                 self.by_pid.insert(
@@ -154,11 +158,13 @@ impl GpuUsers {
             a.zip(b)
                 .is_some_and(|(a, b)| crate::model::printable(a) != crate::model::printable(b))
         };
-        if differ(u.comm.as_deref(), c.comm) {
-            return None;
-        }
-        if u.start.zip(c.start).is_some_and(|(a, b)| a != b) {
-            return None;
+        // The start decides where both are known (an exec or a rename changes the command of
+        // the same process); else the command must be the one NVML's process last had.
+        match u.start.zip(c.start) {
+            Some((a, b)) if a != b => return None,
+            Some(_) => {}
+            None if differ(u.comm.as_deref(), c.comm) => return None,
+            None => {}
         }
         if u.gone_by.is_some_and(|g| c.at > g + CLOCK_SLACK) {
             return None;
@@ -314,8 +320,13 @@ mod tests {
             users.gpus_of_crasher(&crasher("python", Some(100), 5)),
             vec![2, 3]
         );
-        // Another command, another start: another process.
+        // Another command, another start: another process; the same start with another command
+        // (an exec) is the same.
         assert!(users.gpus_of_crasher(&crasher("bash", None, 5)).is_empty());
+        assert_eq!(
+            users.gpus_of_crasher(&crasher("bash", Some(100), 5)),
+            vec![2, 3]
+        );
         assert!(users
             .container_of_crasher(&crasher("python", Some(900), 5))
             .is_none());
