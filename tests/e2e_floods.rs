@@ -233,6 +233,13 @@ fn a_writer_faster_than_the_reader_leaves_no_deleted_log_held_past_the_cap() {
     let read = sample(&body, "shmlink_log_bytes_total", &[]).unwrap_or(0.0);
     let skipped = sample(&body, "shmlink_log_bytes_skipped_total", &[]).unwrap_or(0.0);
     let peak = common::peak_rss_of(agent.pid());
+    // Said where an operator reads it, naming the container whose deaths may go untold.
+    let said = agent.log_text();
+    let named = said
+        .lines()
+        .filter(|l| l.contains("log of ml/flood-0/trainer: ") && l.contains("MiB unread"))
+        .count();
+    assert_eq!(named, 1, "{said}");
     agent.terminate();
     println!(
         "a writer at 100 MB/s for 8 s ({} MiB, {rotations} rotations): the agent read {:.0} MiB, \

@@ -206,3 +206,70 @@ fn a_link_trained_down_while_busy_aer_errors_and_acs_are_each_a_finding_and_idle
     wait_log(&agent, "idle", "finding ended: The PCIe link of GPU 3");
     wait_log(&agent, "ACS off", "finding ended: ACS redirects");
 }
+
+/// Issue 36, item 6: a FIFO and a symlink to /dev/zero at a GPU's AER files, a FIFO at its
+/// switch port's config space. `check` finishes at once (a FIFO hung it, /dev/zero read 2 GiB),
+/// logs each bad file once, and says nothing of AER there.
+#[test]
+fn a_fifo_and_dev_zero_at_aer_files_are_refused_logged_once_and_check_ends_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    tree(dir.path());
+    let devices = dir.path().join("bus/pci/devices");
+    let (gpu, port) = (
+        devices.join(SWITCHES[0].3[0]),
+        devices.join(SWITCHES[0].2[0]),
+    );
+    let fifo = |path: &std::path::Path| {
+        std::fs::remove_file(path).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+    };
+    fifo(&gpu.join("aer_dev_fatal"));
+    fifo(&port.join("config"));
+    std::fs::remove_file(gpu.join("aer_dev_nonfatal")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", gpu.join("aer_dev_nonfatal")).unwrap();
+    let fake = FakeNvml::new(&board(false));
+    let lib = fake_nvml::lib();
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args(["check", "--json", "--nvml-lib"])
+        .arg(&lib)
+        .arg("--sys-root")
+        .arg(dir.path())
+        .env(fake.env()[0].0, fake.env()[0].1)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ended = common::wait_until(Duration::from_secs(20), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let took = started.elapsed();
+    assert!(ended, "check still ran after {took:?}");
+    println!("check took {} ms", took.as_millis());
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let gpu0 = &report["gpus"][0];
+    assert_eq!(gpu0["pcie_path"][0]["aer"], Value::Null, "{gpu0:#}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    // The AER read stops at its first bad file (nonfatal): the fatal FIFO is never opened.
+    assert!(!log.contains("aer_dev_fatal"), "{log}");
+    for bad in ["aer_dev_nonfatal", "config"] {
+        let told = log
+            .lines()
+            .filter(|l| l.contains("sysfs file not read") && l.contains(bad))
+            .count();
+        assert_eq!(told, 1, "{bad}: {log}");
+    }
+}

@@ -86,7 +86,7 @@ pub fn memory_hierarchy(cgroup_root: &Path) -> Option<(PathBuf, CgroupVersion)> 
 }
 
 fn has_memory_controller(controllers: &Path) -> bool {
-    std::fs::read_to_string(controllers)
+    crate::procfs::kfile::read_attribute_text(controllers)
         .map(|s| s.split_whitespace().any(|c| c == "memory"))
         .unwrap_or(false)
 }

@@ -82,7 +82,11 @@ fn parse_segments(segments: &[&str]) -> Option<CgroupIdentity> {
     if below.is_empty() {
         return None; // the pod's own cgroup
     }
-    let (runtime, id) = container_of(below)?;
+    // In a Pod the kubelet's runtime makes one cgroup per container, right below the Pod's:
+    // whatever lies deeper was made inside that container (by it, if it may write its
+    // cgroups) and is that container's, whatever name it took (`cri-containerd-<other>.scope`).
+    let own = if pod_at.is_some() { &below[..1] } else { below };
+    let (runtime, id) = container_of(own)?;
     Some(CgroupIdentity {
         pod_uid: pod_at.and_then(|i| pod_uid_of(segments[i])),
         container_id: id.to_string(),
@@ -418,6 +422,34 @@ mod tests {
                 Some((None, CID, None, Docker)),
             ),
         ]);
+    }
+
+    /// Issue 36: a cgroup made inside a Pod's container, under any name, is that container's.
+    #[test]
+    fn a_cgroup_nested_in_a_pods_container_is_that_container_whatever_its_name() {
+        let victim = "b".repeat(64);
+        let pod = format!("/kubepods/burstable/pod{UID}");
+        for nested in [
+            format!("{pod}/{CID}/cri-containerd-{victim}.scope"),
+            format!("{pod}/{CID}/crio-{victim}"),
+            format!("{pod}/{CID}/docker/{victim}"),
+            format!("{pod}/{CID}/{victim}"),
+            format!("{pod}/{CID}/anything/deeper"),
+        ] {
+            let id = parse_cgroup_path(&nested).unwrap();
+            assert_eq!(
+                (id.container_id.as_str(), id.pod_uid.as_deref()),
+                (CID, Some(UID)),
+                "{nested}"
+            );
+        }
+        let systemd = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/\
+             cri-containerd-{CID}.scope/cri-containerd-{victim}.scope",
+            UID.replace('-', "_")
+        );
+        let id = parse_cgroup_path(&systemd).unwrap();
+        assert_eq!((id.container_id.as_str(), id.runtime), (CID, Containerd));
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub fn find(sys_root: &Path, explicit: Option<&Path>) -> io::Result<PathBuf> {
 /// The ids and formats of `signal:signal_generate` and `oom:mark_victim`.
 pub fn formats(tracefs: &Path) -> io::Result<Formats> {
     let read = |event: &str, file: &str| {
-        std::fs::read_to_string(tracefs.join("events").join(event).join(file))
+        crate::procfs::kfile::read_attribute_text(&tracefs.join("events").join(event).join(file))
     };
     let id = |event: &str| -> io::Result<u64> {
         read(event, "id")?
@@ -67,8 +67,8 @@ pub fn parse_cpu_list(text: &str) -> Vec<u32> {
 
 /// The online CPUs, from `sys_root`.
 pub fn online_cpus(sys_root: &Path) -> io::Result<Vec<u32>> {
-    let cpus = parse_cpu_list(&std::fs::read_to_string(
-        sys_root.join("devices/system/cpu/online"),
+    let cpus = parse_cpu_list(&crate::procfs::kfile::read_attribute_text(
+        &sys_root.join("devices/system/cpu/online"),
     )?);
     if cpus.is_empty() {
         return Err(io::Error::new(

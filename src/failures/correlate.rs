@@ -7,8 +7,8 @@ use super::detect::shm_share_at_least;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
-    DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit, PairStatus,
-    PairThen, ShmThen, Who,
+    Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
+    PairStatus, PairThen, ShmThen, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -349,10 +349,10 @@ fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
                     container_id: r.container_id.clone(),
                 };
             }
-            // A GPU process gone before the kernel's line was read: where NVML saw it.
-            u32::try_from(pid)
-                .ok()
-                .and_then(|p| s.gpu_users.container_of_pid(p))
+            // A GPU process gone before the kernel's line was read: where NVML saw it, if NVML's
+            // process of that PID was the crasher (a later one may have had the PID).
+            crasher(d)
+                .and_then(|c| s.gpu_users.container_of_crasher(&c))
                 .map_or(Who::Process, |c| Who::Container {
                     pod_uid: c.pod_uid.clone(),
                     container_id: c.container_id.clone(),
@@ -362,6 +362,16 @@ fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     }
 }
 
+/// The process a kernel line names, as NVML's history is asked of it.
+fn crasher(d: &Detected) -> Option<Crasher<'_>> {
+    Some(Crasher {
+        pid: u32::try_from(d.pid?).ok()?,
+        comm: d.comm.as_deref(),
+        start: d.pid_start,
+        at: d.at,
+    })
+}
+
 /// The GPUs the failed process used: NVML's lists of it, else of its container, else the
 /// GPUs the kubelet says its Pod holds.
 fn gpus_used(d: &Detected, id: &Identity, known: Known<'_>) -> (Vec<u32>, Option<GpusFrom>) {
@@ -369,9 +379,8 @@ fn gpus_used(d: &Detected, id: &Identity, known: Known<'_>) -> (Vec<u32>, Option
         return (Vec::new(), None);
     };
     let users = &s.gpu_users;
-    let pid = d.pid.filter(|_| !d.pid_taken);
-    if let Some(pid) = pid.and_then(|p| u32::try_from(p).ok()) {
-        let gpus = users.gpus_of_pid(pid);
+    if let Some(c) = crasher(d).filter(|_| !d.pid_taken) {
+        let gpus = users.gpus_of_crasher(&c);
         if !gpus.is_empty() {
             return (gpus, Some(GpusFrom::Process));
         }
@@ -862,13 +871,19 @@ mod tests {
         };
         // NVML listed PID 4242 of container aaaa on GPUs 5 and 7 before it crashed; its /proc
         // entry is gone, so the kernel's line could not be placed.
-        s.gpu_users
-            .seen(4242, Some(1), BTreeSet::from([5, 7]), since, || {
+        s.gpu_users.seen(
+            4242,
+            Some(1),
+            Some("python3"),
+            BTreeSet::from([5, 7]),
+            since,
+            || {
                 Some(UserContainer {
                     pod_uid: Some(UID.into()),
                     container_id: "aaaa".into(),
                 })
-            });
+            },
+        );
         let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
         d.source = FailureSource::Kernel;
         d.pid = Some(4242);
@@ -906,6 +921,25 @@ mod tests {
         let f = correlate(&taken, known).expect("told");
         assert_eq!(f.container_id, None, "{}", f.message);
         assert!(f.gpus.is_empty());
+
+        // Issue 36: another process got PID 4242, crashed and was reaped. Its command, or its
+        // start where it was read, is not NVML's process's: neither placed nor its GPUs.
+        let mut other = d.clone();
+        other.comm = Some("bash".into());
+        let mut later = d.clone();
+        later.pid_start = Some(2);
+        for reused in [other, later] {
+            let f = correlate(&reused, known).expect("told");
+            assert_eq!(f.container_id, None, "{}", f.message);
+            assert!(
+                f.gpus.is_empty() && !f.message.contains("GPUs 5"),
+                "{}",
+                f.message
+            );
+        }
+        let mut same = d.clone();
+        same.pid_start = Some(1);
+        assert_eq!(correlate(&same, known).expect("told").gpus, vec![5, 7]);
 
         // Another process of the same container, never listed: its container's GPUs.
         d.pid = Some(5151);

@@ -140,6 +140,9 @@ impl Recogniser {
         );
         d.pid = Some(pid);
         d.pid_taken = now == PidNow::Taken;
+        if now == PidNow::Same {
+            d.pid_start = crate::procfs::stat::start_ticks_of(&self.proc_root, pid);
+        }
         // Untrusted (a comm, a file name): escaped once captured, as evidence is.
         d.comm = Some(printable(&comm));
         d.library = Some(printable(&library));

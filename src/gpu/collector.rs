@@ -272,7 +272,7 @@ impl Loaded {
             nvml_up: true,
             nvml: NvmlState::default(),
             driver_gpus: Vec::new(),
-            errors: stats.errors,
+            errors: stats.errors + sys.take_errors(),
             calls: stats.calls,
         }
     }

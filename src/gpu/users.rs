@@ -1,6 +1,7 @@
 //! Each scan's process lists into the history of GPU users ([`GpuUsers`]): a process new to it
 //! is placed in its container through `/proc/PID/cgroup`, and told from a later process with
-//! its PID by its start time (`/proc/PID/stat`).
+//! its PID by its start time and command (`/proc/PID/stat`). A process no longer listed is
+//! looked for each scan until it is found gone: a crash told after that is not its.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::time::SystemTime;
 use crate::cgroup::path::CgroupIdentity;
 use crate::cgroup::proc::identity_of_process;
 use crate::model::{GpuReading, GpuUsers, UserContainer};
-use crate::procfs::stat::start_ticks;
+use crate::procfs::stat::{comm, start_ticks};
 
 /// One scan's lists; `proc_root` is the host's /proc.
 pub fn observe(users: &mut GpuUsers, proc_root: &Path, gpus: &[GpuReading], now: SystemTime) {
@@ -22,13 +23,19 @@ pub fn observe(users: &mut GpuUsers, proc_root: &Path, gpus: &[GpuReading], now:
     users.begin_scan();
     for (pid, on) in listed {
         let dir = proc_root.join(pid.to_string());
-        let start = std::fs::read_to_string(dir.join("stat"))
-            .ok()
-            .and_then(|s| start_ticks(&s));
-        users.seen(pid, start, on, now, || {
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        users.seen(pid, start_ticks(&stat), comm(&stat), on, now, || {
             let text = std::fs::read_to_string(dir.join("cgroup")).ok()?;
             container_of(&text)
         });
+    }
+    for (pid, start) in users.unlisted() {
+        let now_start = i32::try_from(pid)
+            .ok()
+            .and_then(|p| crate::procfs::stat::start_ticks_of(proc_root, p));
+        if now_start.is_none() || now_start != start {
+            users.gone(pid, start, now);
+        }
     }
     users.prune(now);
 }
@@ -118,6 +125,15 @@ mod tests {
             t0 + Duration::from_secs(10),
         );
         assert_eq!(users.gpus_of_pid(4242), vec![5, 7]);
+        // Found gone at 10 s: a python crash with its PID at 5 s may be its, at 15 s is not.
+        let crash = |secs| crate::model::Crasher {
+            pid: 4242,
+            comm: Some("python"),
+            start: None,
+            at: t0 + Duration::from_secs(secs),
+        };
+        assert_eq!(users.gpus_of_crasher(&crash(5)), vec![5, 7]);
+        assert!(users.gpus_of_crasher(&crash(15)).is_empty());
         // A host process started later got PID 4242.
         process(proc.path(), 4242, 900, false);
         observe(

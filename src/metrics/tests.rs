@@ -130,7 +130,7 @@ fn pair_probes() -> Vec<crate::model::PairProbe> {
 fn set_gpu_users(s: &mut Snapshot) {
     let at = std::time::SystemTime::UNIX_EPOCH;
     for (pid, gpus, container_id) in [(10, [0, 2], "c0ffee01"), (11, [1, 1], "c0ffee99")] {
-        s.gpu_users.seen(pid, None, gpus.into(), at, || {
+        s.gpu_users.seen(pid, None, None, gpus.into(), at, || {
             Some(crate::model::UserContainer {
                 pod_uid: None,
                 container_id: container_id.into(),

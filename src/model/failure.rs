@@ -87,6 +87,9 @@ pub struct Detected {
     /// The PID belongs to a later process now (a kernel record read long after): nothing read
     /// through it, a scan's reading or NVML's lists, is the crasher's.
     pub pid_taken: bool,
+    /// The crashing process's start (ticks since boot) where it was still readable when its
+    /// line was read: NVML's history of the PID is its only with the same start.
+    pub pid_start: Option<u64>,
     /// The container's /dev/shm read the moment the kernel told its death (a tracepoint):
     /// judged by instead of the last scan's reading.
     pub at_death: Option<Box<super::ShmReading>>,
@@ -136,6 +139,7 @@ impl Detected {
             signature: None,
             judged: false,
             pid_taken: false,
+            pid_start: None,
             at_death: None,
         }
     }

@@ -24,7 +24,7 @@ pub use gpu::{
     PairVerdict, PcieHop, PcieLink, Peer, ProbeStatus, RecoveryAction, Suspect, SuspectBy,
     TopologyLevel, Weight,
 };
-pub use gpu_users::{GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
+pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

@@ -127,6 +127,56 @@ impl FileReader {
     }
 }
 
+/// At most `max` bytes of a kernel attribute file (sysfs, procfs) at `path`, which must be a
+/// regular file: under a root option anything may sit at a name, and a FIFO would block the
+/// open or the read for ever, a device (a symlink to /dev/zero) read without end. The type is
+/// looked at before the open (opening a device may do something) and again on the open file
+/// (opened non-blocking, so that a FIFO swapped in between cannot hang it).
+pub fn read_attribute(path: &Path, max: usize) -> io::Result<Vec<u8>> {
+    let fd = open_regular(path)?;
+    let mut buf = vec![0u8; max];
+    let mut len = 0;
+    while len < max {
+        match rustix::io::read(&fd, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// [`read_attribute`] of at most 64 KiB, as text (invalid UTF-8 replaced): for the small text
+/// files under `--sys-root` (cgroup controllers, tracefs formats, CPU lists).
+pub fn read_attribute_text(path: &Path) -> io::Result<String> {
+    let bytes = read_attribute(path, 64 * 1024)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// `path` opened for reading if it is a regular file (see [`read_attribute`]).
+pub fn open_regular(path: &Path) -> io::Result<rustix::fd::OwnedFd> {
+    let regular = |mode: u32| rustix::fs::FileType::from_raw_mode(mode).is_file();
+    if !regular(rustix::fs::stat(path)?.st_mode) {
+        return Err(not_regular());
+    }
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
+    if !regular(rustix::fs::fstat(&fd)?.st_mode) {
+        return Err(not_regular());
+    }
+    Ok(fd)
+}
+
+/// The error of a name that is not a regular file.
+pub fn not_regular() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")
+}
+
 fn open(dir: impl AsFd, path: &Path) -> io::Result<rustix::fd::OwnedFd> {
     Ok(rustix::fs::openat(
         dir,
@@ -187,6 +237,35 @@ mod tests {
         .unwrap();
         assert_eq!(n, 3);
         assert!(r.buf.len() <= 8 * 1024, "the shared buffer did not grow");
+    }
+
+    /// Issue 36: a FIFO and a symlink to /dev/zero where an attribute should be are refused at
+    /// once; a regular file is read up to the cap.
+    #[test]
+    fn an_attribute_is_a_regular_file_read_to_a_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("aer_dev_fatal");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let zero = dir.path().join("aer_dev_nonfatal");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let started = std::time::Instant::now();
+        for bad in [&fifo, &zero, &dir.path().to_path_buf()] {
+            let e = read_attribute(bad, 4096).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{}", bad.display());
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let big = dir.path().join("class");
+        std::fs::write(&big, "0x030200\n".repeat(1000)).unwrap();
+        assert_eq!(read_attribute(&big, 100).unwrap().len(), 100);
+        assert_eq!(read_attribute(&big, 1 << 20).unwrap().len(), 9000);
+        assert!(read_attribute(&dir.path().join("none"), 10).is_err());
     }
 
     #[test]

@@ -16,6 +16,16 @@ pub fn start_ticks(stat: &str) -> Option<u64> {
     field_after_comm(stat, 19)?.parse().ok()
 }
 
+/// A process's command (field 2), as the kernel keeps it (at most 15 bytes, any bytes but NUL).
+pub fn comm(stat: &str) -> Option<&str> {
+    Some(&stat[stat.find('(')? + 1..stat.rfind(')')?])
+}
+
+/// A process's start in ticks since boot, read from `/proc/PID/stat` under `proc_root`.
+pub fn start_ticks_of(proc_root: &Path, pid: i32) -> Option<u64> {
+    start_ticks(&std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?)
+}
+
 /// A process's parent's PID (field 4).
 pub fn parent_pid(stat: &str) -> Option<i32> {
     field_after_comm(stat, 1)?.parse().ok()
@@ -42,6 +52,8 @@ mod tests {
         let stat = "4242 (a) b) (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
                     987654 1000000 200 18446744073709551615";
         assert_eq!(start_ticks(stat), Some(987654));
+        assert_eq!(comm(stat), Some("a) b) (c"));
+        assert_eq!(comm("4242 (x"), None);
         assert_eq!(start_ticks("4242 (x"), None);
         assert_eq!(start_ticks(""), None);
         let me = started(Path::new("/proc"), std::process::id() as i32).unwrap();

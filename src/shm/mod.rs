@@ -195,7 +195,15 @@ impl ShmScanner {
                     live_ns.insert(mnt);
                     let dirs = [dir.as_fd(), parent.as_fd()];
                     if let Some(reading) = self.measure(pid, mnt, &rel, dirs, &mut out) {
-                        out.readings.push(reading);
+                        // A cgroup made inside a container is that container's (cgroup::path),
+                        // measured already above it: one reading per container (issue 36).
+                        if !out
+                            .readings
+                            .iter()
+                            .any(|r| r.container_id == reading.container_id)
+                        {
+                            out.readings.push(reading);
+                        }
                     }
                     inner = Some(mnt);
                 }

@@ -5,11 +5,15 @@
 //! Config space beyond the first 64 bytes is readable only with CAP_SYS_ADMIN in the host's
 //! user namespace; without it ACS is unknown, never "off". ACS is read with a few 4-byte reads
 //! down the capability list, not the whole 4 KiB (each read is a config cycle on the device).
+//!
+//! Every file is read through `procfs::kfile` (a regular file, at most [`ATTRIBUTE_MAX`]
+//! bytes): anything may sit at a name under a root option, and a FIFO or a device there must
+//! not hang or flood a scan. Each file found bad is logged and counted once.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+
+use crate::procfs::kfile;
 
 use crate::model::{AcsState, AerTotals, PcieHop};
 
@@ -22,6 +26,46 @@ pub struct SysPci {
     /// Each GPU's functions up to its root port, and which are bridges, by NVML's bus id: the
     /// topology stays while the GPU does, its counters and registers are read each time.
     paths: HashMap<String, Vec<(String, bool)>>,
+    reads: Reads,
+}
+
+/// The most read of one sysfs attribute: they are a page at most.
+pub const ATTRIBUTE_MAX: usize = 16 * 1024;
+/// Bad files remembered (each logged once); past it they are counted, not logged.
+const BAD_KEPT: usize = 1024;
+
+/// Reads of attribute files, with the files found not to be regular files.
+#[derive(Debug, Clone, Default)]
+struct Reads {
+    bad: HashSet<PathBuf>,
+    /// Bad files found since the last [`SysPci::take_errors`].
+    new_errors: u64,
+}
+
+impl Reads {
+    /// The text of attribute `path`; None if it is missing, unreadable or not a regular file.
+    fn text(&mut self, path: &Path) -> Option<String> {
+        match kfile::read_attribute(path, ATTRIBUTE_MAX) {
+            Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            Err(e) => {
+                self.failed(path, &e);
+                None
+            }
+        }
+    }
+
+    /// A failed read: a missing file is normal (no AER on this device); anything else is
+    /// logged and counted, once per file.
+    fn failed(&mut self, path: &Path, e: &std::io::Error) {
+        if e.kind() == std::io::ErrorKind::NotFound || self.bad.contains(path) {
+            return;
+        }
+        self.new_errors += 1;
+        if self.bad.len() < BAD_KEPT {
+            self.bad.insert(path.to_path_buf());
+            tracing::warn!(path = %path.display(), error = %e, "sysfs file not read");
+        }
+    }
 }
 
 impl SysPci {
@@ -29,7 +73,13 @@ impl SysPci {
         SysPci {
             root: sys_root.to_path_buf(),
             paths: HashMap::new(),
+            reads: Reads::default(),
         }
+    }
+
+    /// Bad files found since the last call (each file counted once).
+    pub fn take_errors(&mut self) -> u64 {
+        std::mem::take(&mut self.reads.new_errors)
     }
 
     /// The path of the GPU NVML calls `nvml_bus_id`: the GPU first, then each bridge above
@@ -44,6 +94,7 @@ impl SysPci {
             self.paths.remove(nvml_bus_id);
             return Vec::new();
         }
+        let reads = &mut self.reads;
         let hops = match self.paths.get(nvml_bus_id) {
             Some(hops) => hops,
             None => {
@@ -53,8 +104,8 @@ impl SysPci {
                 let hops = parse::path_up(&resolved.to_string_lossy())
                     .into_iter()
                     .map(|bdf| {
-                        let class = std::fs::read_to_string(devices.join(&bdf).join("class"));
-                        let bridge = class.is_ok_and(|c| parse::is_bridge_class(&c));
+                        let class = reads.text(&devices.join(&bdf).join("class"));
+                        let bridge = class.is_some_and(|c| parse::is_bridge_class(&c));
                         (bdf, bridge)
                     })
                     .collect();
@@ -65,9 +116,9 @@ impl SysPci {
             .map(|(bdf, bridge)| {
                 let dir = devices.join(bdf);
                 PcieHop {
-                    aer: aer(&dir),
+                    aer: aer(reads, &dir),
                     acs: if *bridge {
-                        acs(&dir)
+                        acs(reads, &dir)
                     } else {
                         AcsState::Unknown
                     },
@@ -79,16 +130,20 @@ impl SysPci {
     }
 
     /// The hypervisor the machine's DMI strings name, if any.
-    pub fn hypervisor(&self) -> Option<String> {
+    pub fn hypervisor(&mut self) -> Option<String> {
         let dmi = self.root.join("class/dmi/id");
-        let read = |f: &str| std::fs::read_to_string(dmi.join(f)).unwrap_or_default();
-        parse::hypervisor(&read("sys_vendor"), &read("product_name"))
+        let vendor = self.reads.text(&dmi.join("sys_vendor")).unwrap_or_default();
+        let product = self
+            .reads
+            .text(&dmi.join("product_name"))
+            .unwrap_or_default();
+        parse::hypervisor(&vendor, &product)
     }
 }
 
 /// The three AER totals; None unless all three files read.
-fn aer(dir: &Path) -> Option<AerTotals> {
-    let total = |f: &str| parse::aer_total(&std::fs::read_to_string(dir.join(f)).ok()?);
+fn aer(reads: &mut Reads, dir: &Path) -> Option<AerTotals> {
+    let mut total = |f: &str| parse::aer_total(&reads.text(&dir.join(f))?);
     Some(AerTotals {
         correctable: total("aer_dev_correctable")?,
         nonfatal: total("aer_dev_nonfatal")?,
@@ -96,14 +151,19 @@ fn aer(dir: &Path) -> Option<AerTotals> {
     })
 }
 
-fn acs(dir: &Path) -> AcsState {
-    let Ok(config) = File::open(dir.join("config")) else {
-        return AcsState::Unknown;
+fn acs(reads: &mut Reads, dir: &Path) -> AcsState {
+    let path = dir.join("config");
+    let config = match kfile::open_regular(&path) {
+        Ok(fd) => fd,
+        Err(e) => {
+            reads.failed(&path, &e);
+            return AcsState::Unknown;
+        }
     };
     let read = |offset: u16| {
         let mut word = [0u8; 4];
         // A short read: past what this reader may see.
-        match config.read_at(&mut word, u64::from(offset)) {
+        match rustix::io::pread(&config, &mut word, u64::from(offset)) {
             Ok(4) => Some(u32::from_le_bytes(word)),
             _ => None,
         }
@@ -172,6 +232,43 @@ mod tests {
         assert!(SysPci::new(tree.root())
             .path_of("00000000:AA:00.0")
             .is_empty());
+    }
+
+    /// Issue 36: a FIFO and /dev/zero at AER files, a FIFO at config space: refused at once,
+    /// unknown, each counted once.
+    #[test]
+    fn files_that_are_not_regular_are_refused_and_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = SysTree::new(dir.path());
+        tree.gpu_under("0000:1d:00.0", &[Bridge::root_port("0000:17:00.0")]);
+        tree.aer("0000:1d:00.0", 1, 2, 0);
+        let gpu = dir.path().join("bus/pci/devices/0000:1d:00.0");
+        let port = dir.path().join("bus/pci/devices/0000:17:00.0");
+        for f in [gpu.join("aer_dev_fatal"), port.join("config")] {
+            std::fs::remove_file(&f).unwrap();
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &f,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o600),
+                0,
+            )
+            .unwrap();
+        }
+        std::fs::remove_file(gpu.join("aer_dev_nonfatal")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", gpu.join("aer_dev_nonfatal")).unwrap();
+        let mut sys = SysPci::new(tree.root());
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            let path = sys.path_of("00000000:1D:00.0");
+            assert_eq!(path.len(), 2);
+            assert_eq!(path[0].aer, None);
+            assert_eq!(path[1].acs, AcsState::Unknown);
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // /dev/zero and the config FIFO: the AER read stops at its first bad file.
+        assert_eq!(sys.take_errors(), 2);
+        assert_eq!(sys.take_errors(), 0);
     }
 
     #[test]

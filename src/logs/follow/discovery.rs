@@ -106,9 +106,12 @@ impl Follower {
 
     /// Watches a directory before it is listed, so that nothing made after the listing is
     /// missed.
+    /// A directory not watched is counted once as an error.
     fn watch(&mut self, path: &Path, what: Watched) {
         if let Some(n) = self.notify.as_mut() {
-            n.watch(path, what);
+            if !n.watch(path, what) {
+                self.tally.remember_failed(path);
+            }
         }
     }
 

@@ -128,6 +128,29 @@ fn open_files_allowed() -> usize {
     MAX_OPEN.min(quarter).max(16)
 }
 
+/// Whose log `path` is, as a person names it: `namespace/pod/container` for kubelet's files,
+/// the container directory otherwise (Docker's, named by its ID).
+fn log_owner(path: &Path) -> String {
+    let dir = path.parent();
+    let pod = dir.and_then(Path::parent);
+    match (file_name(pod), file_name(dir)) {
+        (Some(pod_dir), Some(container)) => match super::path::pod_origin(pod_dir, container) {
+            Some(LogOrigin::Pod {
+                namespace,
+                pod,
+                container,
+                ..
+            }) => format!("{namespace}/{pod}/{container}"),
+            _ => crate::model::printable(&dir.unwrap_or(path).display().to_string()),
+        },
+        _ => crate::model::printable(&path.display().to_string()),
+    }
+}
+
+fn file_name(p: Option<&Path>) -> Option<&str> {
+    p?.file_name()?.to_str()
+}
+
 /// What was read, and what failed.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
@@ -146,8 +169,8 @@ pub(super) struct Tally {
     pub skipped: u64,
     /// Bytes check's catch-up did not read: older than a log's newest [`CATCH_UP_BUDGET`].
     pub unread: u64,
-    /// Whether a file was let go before (said once at `warn`, later at `debug`).
-    let_go_before: bool,
+    /// The containers whose log was let go unread before (said once each at `warn`).
+    let_go_by: HashSet<String>,
     failed: HashSet<PathBuf>,
     /// Failures of any path, each time.
     failures: u64,
@@ -168,19 +191,26 @@ impl Tally {
         self.remember_failed(path);
     }
 
-    /// A deleted file closed with `bytes` unread.
+    /// A deleted file closed with `bytes` unread: said at `warn` the first time for each
+    /// container (of at most [`MAX_FAILED`] remembered), naming it, since deaths written in
+    /// those bytes are not told; later at `debug`.
     fn let_go(&mut self, path: &Path, bytes: u64) {
         self.skipped += bytes;
-        if std::mem::replace(&mut self.let_go_before, true) {
-            tracing::debug!("container log {}: {bytes} bytes skipped", path.display());
-        } else {
-            tracing::warn!(
-                "container log {} was written and rotated away faster than it could be read: \
-                 let go with {bytes} bytes unread (shmlink_log_bytes_skipped_total counts this \
-                 and later ones)",
-                path.display()
-            );
+        let whose = log_owner(path);
+        if self.let_go_by.len() >= MAX_FAILED {
+            self.let_go_by.clear();
         }
+        if !self.let_go_by.insert(whose.clone()) {
+            tracing::debug!("container log {}: {bytes} bytes skipped", path.display());
+            return;
+        }
+        tracing::warn!(
+            "log of {whose}: {:.1} MiB unread (written faster than it could be read, then \
+             rotated away: {}); deaths told in it may be missed \
+             (shmlink_log_bytes_skipped_total counts this and later ones)",
+            bytes as f64 / f64::from(1 << 20),
+            path.display()
+        );
     }
 
     /// check's catch-up read only the newest [`CATCH_UP_BUDGET`] bytes of a log and its
@@ -207,7 +237,7 @@ impl Tally {
     }
 
     /// Counts a failing path, as an error the first time; whether it was the first.
-    fn remember_failed(&mut self, path: &Path) -> bool {
+    pub(super) fn remember_failed(&mut self, path: &Path) -> bool {
         self.failures += 1;
         if self.failed.len() >= MAX_FAILED {
             self.failed.clear();
@@ -482,5 +512,27 @@ fn mtime(st: &Stat) -> SystemTime {
     match u64::try_from(st.st_mtime) {
         Ok(secs) => SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + nanos,
         Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 36: a log let go unread is said naming its container, once per container.
+    #[test]
+    fn a_log_let_go_names_its_container_once() {
+        let pod = "/var/log/pods/ml_trainer-0_0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80/worker";
+        let file = |f: &str| PathBuf::from(format!("{pod}/{f}"));
+        assert_eq!(log_owner(&file("0.log")), "ml/trainer-0/worker");
+        let docker = Path::new("/var/lib/docker/containers/abc/abc-json.log");
+        assert_eq!(log_owner(docker), "/var/lib/docker/containers/abc");
+        assert_eq!(log_owner(Path::new("/a\u{1b}b/x/0.log")), "/a\\x1bb/x");
+        let mut tally = Tally::default();
+        tally.let_go(&file("0.log.20260101-000000"), 3 << 20);
+        tally.let_go(&file("0.log.20260101-000100"), 1 << 20);
+        tally.let_go(docker, 5);
+        assert_eq!(tally.skipped, (4 << 20) + 5);
+        assert_eq!(tally.let_go_by.len(), 2, "one each");
     }
 }

@@ -20,6 +20,12 @@ use rustix::io::Errno;
 /// Enough for a few hundred events per read(2); more are read by the next call.
 const BUF: usize = 16 * 1024;
 
+/// The most watches the agent adds (a node's pods, their containers and the roots need a few
+/// hundred): a directory tree made to hold more (hostPath write access to the log directories)
+/// would take the user's whole `fs.inotify.max_user_watches`. Past it, the follower polls every
+/// file as it does without inotify, and each directory refused is counted once as an error.
+pub const MAX_WATCHES: usize = 8192;
+
 /// What a watch is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Watched {
@@ -49,6 +55,8 @@ pub(in crate::logs) struct Notifier {
     pub(super) failed: bool,
     /// Logged once.
     warned: bool,
+    /// [`MAX_WATCHES`], lower in tests.
+    max_watches: usize,
 }
 
 impl Notifier {
@@ -60,7 +68,13 @@ impl Notifier {
             buf: vec![MaybeUninit::uninit(); BUF],
             failed: false,
             warned: false,
+            max_watches: MAX_WATCHES,
         })
+    }
+
+    #[cfg(test)]
+    pub(in crate::logs) fn set_max_watches(&mut self, max: usize) {
+        self.max_watches = max;
     }
 
     /// Watches the directory at `path` (again: the kernel answers the same wd for the same
@@ -77,30 +91,48 @@ impl Notifier {
         if matches!(what, Watched::Container(_)) {
             flags |= WatchFlags::MODIFY;
         }
+        // At the cap, a directory watched already is watched again (the walks repeat); a new
+        // one is refused: `MASK_CREATE` tells them apart (EEXIST for one watched).
+        let full = self.by_wd.len() >= self.max_watches;
+        if full {
+            flags |= WatchFlags::MASK_CREATE;
+        }
         match inotify::add_watch(&self.fd, path, flags) {
+            Ok(wd) if full => {
+                let _ = inotify::remove_watch(&self.fd, wd);
+                self.refuse(path, Errno::NOSPC, " (the agent's own cap of watches)");
+                false
+            }
             Ok(wd) => {
                 self.by_wd.insert(wd, what);
                 true
             }
+            Err(Errno::EXIST) if full => true,
             // Gone between the listing and now: the next walk will not list it.
             Err(Errno::NOENT) => true,
             Err(e) => {
-                self.failed = true;
-                if !self.warned {
-                    self.warned = true;
-                    let why = if e == Errno::NOSPC {
-                        " (the fs.inotify.max_user_watches limit)"
-                    } else {
-                        ""
-                    };
-                    tracing::warn!(
-                        "container logs: cannot watch {}: {e}{why}; polling every log file \
-                         instead",
-                        path.display()
-                    );
-                }
+                let why = if full {
+                    " (the agent's own cap of watches)"
+                } else if e == Errno::NOSPC {
+                    " (the fs.inotify.max_user_watches limit)"
+                } else {
+                    ""
+                };
+                self.refuse(path, e, why);
                 false
             }
+        }
+    }
+
+    /// A directory not watched: the follower polls every file until a walk watches it all.
+    fn refuse(&mut self, path: &Path, e: Errno, why: &str) {
+        self.failed = true;
+        if !self.warned {
+            self.warned = true;
+            tracing::warn!(
+                "container logs: cannot watch {}: {e}{why}; polling every log file instead",
+                path.display()
+            );
         }
     }
 

@@ -176,3 +176,30 @@ fn a_file_written_on_after_its_first_read_in_a_new_directory_is_read_to_its_end(
     }
     assert_eq!(n, 127);
 }
+
+/// Issue 36: past the agent's cap of watches a new container directory is refused (counted
+/// once as an error), the follower polls every file instead, and its lines are still read.
+#[test]
+fn past_the_cap_of_watches_a_new_directory_is_polled_and_counted_once() {
+    let node = Node::new();
+    append(&node.container("a").join("0.log"), cri(&["old"]));
+    let mut tailer = notified(&node);
+    let held = tailer.follower.notifier().unwrap().watches();
+    tailer.follower.notifier().unwrap().set_max_watches(held);
+    let errors = tailer.stats().errors;
+    let b = node.container("b").join("0.log");
+    append(&b, "");
+    tailer.poll();
+    tailer.poll();
+    append(&b, cri(&[SHM]));
+    assert_eq!(texts(&tailer.poll()), [SHM], "read by polling");
+    assert_eq!(tailer.follower.notifier().unwrap().watches(), held);
+    assert_eq!(tailer.stats().errors, errors + 1);
+    for _ in 0..3 {
+        tailer.poll();
+    }
+    assert_eq!(tailer.stats().errors, errors + 1, "counted once");
+    // A directory watched already is not refused at the cap: "a" is still read.
+    append(&node.container("a").join("0.log"), cri(&["again"]));
+    assert_eq!(texts(&tailer.poll()), ["again"]);
+}
