@@ -279,6 +279,7 @@ impl Scanner {
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),
+                gone_since: Default::default(),
                 nvml_up: gpu.nvml_up,
                 nvml: gpu.nvml,
                 blind: sight.blind(),

@@ -337,13 +337,24 @@ impl Identity {
     }
 }
 
+/// How much later than the scan that found a container gone its process's crash may be stamped
+/// (the kernel's clock and the wall clock differ).
+const GONE_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A crashed process that was gone before `/proc/PID/cgroup` could be read: the container the
 /// last scan measured through that very PID (a container's main process), if any. Not when a
 /// later process has the PID: the scan may have measured that one.
 fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     match (&d.who, d.pid, snapshot) {
         (Who::Process, Some(pid), Some(s)) if !d.pid_taken => {
-            if let Some(r) = s.shm.iter().find(|r| r.pid == pid) {
+            // A gone container's process cannot crash after a scan found it gone: a later crash
+            // with its PID is another process's (reused).
+            let not_before_gone = |r: &&crate::model::ShmReading| {
+                s.gone_since
+                    .get(&r.container_id)
+                    .is_none_or(|g| d.at <= *g + GONE_SLACK)
+            };
+            if let Some(r) = s.shm.iter().filter(not_before_gone).find(|r| r.pid == pid) {
                 return Who::Container {
                     pod_uid: r.pod_uid.clone(),
                     container_id: r.container_id.clone(),
@@ -628,6 +639,36 @@ mod tests {
             assert!(f.message.contains(part), "{part:?} not in {}", f.message);
         }
         assert_eq!(finding(&f).subject.to_string(), "ml/trainer-0/trainer");
+    }
+
+    #[test]
+    fn a_crash_after_its_pids_container_was_found_gone_is_not_placed_there() {
+        let no_pods = GpuHolders::new();
+        let mut s = board(&[]);
+        s.shm[0].pid = 4242;
+        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        d.source = FailureSource::Kernel;
+        d.pid = Some(4242);
+        d.comm = Some("python".into());
+        d.library = Some("libnccl.so.2".into());
+        let placed_in = |s: &Snapshot| {
+            let known = Known {
+                snapshot: Some(s),
+                pods: None,
+                holders: &no_pods,
+                rules: DeathRules::default(),
+            };
+            correlate(&d, known).expect("told").container_id
+        };
+        // In the last scan, or found gone only after the crash: the container measured through
+        // that PID.
+        assert_eq!(placed_in(&s), Some("aaaa".into()));
+        s.gone_since.insert("aaaa".into(), d.at);
+        assert_eq!(placed_in(&s), Some("aaaa".into()));
+        // Found gone seconds before the crash: a later process had the PID (issue 36).
+        s.gone_since
+            .insert("aaaa".into(), d.at - Duration::from_secs(5));
+        assert_eq!(placed_in(&s), None);
     }
 
     #[test]

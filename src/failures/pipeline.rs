@@ -156,9 +156,9 @@ impl Pipeline {
     /// A scan: its containers are remembered for the failures told after they are gone, and
     /// the OOM kills its counters grew by are accounts.
     pub fn after_scan(&mut self, snapshot: &Snapshot, now: Instant) {
-        self.recent.remember(&snapshot.shm, now);
+        let at = snapshot.taken_at.unwrap_or_else(SystemTime::now);
+        self.recent.remember(&snapshot.shm, now, at);
         if let Some(counters) = self.oom_counters.as_mut() {
-            let at = snapshot.taken_at.unwrap_or_else(SystemTime::now);
             for d in counters.after_scan(&snapshot.shm, at) {
                 self.account(d);
             }

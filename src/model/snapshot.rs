@@ -64,6 +64,11 @@ pub struct Snapshot {
     /// When the scan finished.
     #[serde(skip)]
     pub taken_at: Option<std::time::SystemTime>,
+    /// Containers gone from the scan whose last readings were added after its own (for the
+    /// failures told after their container went), with when a scan first found each gone: a
+    /// later crash with its measured PID is another process's (the PID was reused).
+    #[serde(skip)]
+    pub gone_since: std::collections::HashMap<String, std::time::SystemTime>,
 }
 
 impl Snapshot {
