@@ -79,14 +79,22 @@ mod tests {
             .is_empty());
         // Scans at 10 s and 20 s without "aaaa": it was gone from the first of them.
         for secs in [10, 20] {
-            recent.remember(&[b.clone()], t0 + Duration::from_secs(secs), wall(secs));
+            recent.remember(
+                std::slice::from_ref(&b),
+                t0 + Duration::from_secs(secs),
+                wall(secs),
+            );
         }
         let s = recent.added_to(&scan(vec![b.clone()]));
         assert_eq!(s.shm.len(), 2);
         assert_eq!(s.gone_since.get("aaaa"), Some(&wall(10)));
         assert_eq!(s.gone_since.get("bbbb"), None);
         // A minute after it was last seen, forgotten.
-        recent.remember(&[b.clone()], t0 + Duration::from_secs(61), wall(61));
+        recent.remember(
+            std::slice::from_ref(&b),
+            t0 + Duration::from_secs(61),
+            wall(61),
+        );
         assert_eq!(recent.added_to(&scan(vec![b])).shm.len(), 1);
     }
 }
