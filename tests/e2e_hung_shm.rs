@@ -190,3 +190,53 @@ fn a_watched_dev_shm_swapped_for_a_hung_fuse_does_not_stop_the_peak_sampler() {
     println!("serve reaped {reaped:?} after SIGTERM");
     assert_never_asked(&[fuse]);
 }
+
+#[test]
+fn a_hung_fuse_at_a_containers_dev_is_never_looked_in() {
+    if !common::e2e_available() || !common::fuse::available() {
+        return;
+    }
+    // Looking `shm` up in this /dev would be a request the server reads and never answers.
+    let hung = pod_container(&[]);
+    let fine = pod_container(&[]);
+    let fuse = HungFuse::mount(hung.pid, "/dev");
+
+    let (report, took) = check_within(Duration::from_secs(10));
+    println!("check with a hung FUSE at a container's /dev exited in {took:?}");
+    let entry = common::shm_entry(&report, &hung.id).expect("the hung container is listed");
+    assert_eq!(entry["size_bytes"], Value::Null, "{entry:#}");
+    // Never healthy: told as unmeasured.
+    assert!(
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["kind"] == "shm_unmeasured" && f.to_string().contains(&hung.id[..12])),
+        "{:#}",
+        report["findings"]
+    );
+    assert!(
+        entry["error"].as_str().is_some_and(|e| e.contains(
+            "the container's /dev is a fuse mount, not a local file system: /dev/shm not measured"
+        )),
+        "{entry:#}"
+    );
+    let other = common::shm_entry(&report, &fine.id).expect("the other container");
+    assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
+
+    let agent = Agent::start(&["--interval", "1s"], &[]);
+    agent.wait_ready();
+    agent.wait_for_metrics("scans go on", |b| {
+        sample(
+            b,
+            "shmlink_scan_duration_seconds_count",
+            &[("collector", "shm")],
+        )
+        .is_some_and(|n| n >= 3.0)
+    });
+    assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
+    assert_never_asked(&[fuse]);
+}
