@@ -1,12 +1,12 @@
 //! /dev/shm opened and identified where a deadline can end the wait: the second line of
 //! defence. The first is that nothing here asks the file system at /dev/shm anything (an
 //! `O_PATH` open and a statx that does not sync, see [`statfs`]); statfs itself runs only
-//! after mountinfo says tmpfs. A pod can still make the walk to /dev/shm itself slow or hang (a
-//! FUSE at /dev, whose lookup of `shm` is a request): the calls run on a worker thread and the
-//! scan thread waits at most [`DEADLINE`] for each answer. A worker that does not answer in
+//! after mountinfo says tmpfs. The walk to /dev/shm looks only in local file systems
+//! (`super::trusted`), which a slow disk can still slow: each step runs on a worker thread and
+//! the scan thread waits at most [`DEADLINE`] for each answer. A worker that does not answer in
 //! time is left behind, stuck in the kernel, the container is not asked again, and the next
-//! look gets a new worker. At most [`MAX_STUCK`] are left behind: a hung /dev/shm leaves none
-//! (it is never entered), so only that rarer door counts against it. Nothing waits for the
+//! look gets a new worker. At most [`MAX_STUCK`] are left behind: a hung FUSE leaves none (it is
+//! never looked in), so only a stalled local disk counts against it. Nothing waits for the
 //! workers at exit.
 
 use std::os::fd::OwnedFd;

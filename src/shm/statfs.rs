@@ -1,4 +1,6 @@
-//! Opens a container's /dev/shm beneath its root without following symlinks, and measures it.
+//! Opens a /dev/shm beneath a root without following symlinks, and measures it. A container's
+//! is walked a component at a time ([`open_child`], by `super::trusted`), a Pod sandbox's (a
+//! path of the host's) opened at once ([`open_beneath`]).
 //!
 //! `/proc/PID/root/dev/shm` must not be resolved by path: an absolute symlink planted at
 //! /dev/shm inside the container would resolve against the *agent's* root, i.e. the host.
