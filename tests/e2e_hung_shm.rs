@@ -1,6 +1,7 @@
 //! A /dev/shm that never answers, for real: a FUSE file system whose server answers INIT, then
 //! reads every request and never answers (`common::fuse`), mounted in real runc containers'
-//! mount namespaces, as a pod allowed to mount FUSE could. A call it read waits in the kernel
+//! mount namespaces (at /dev/shm, over a file in it, at /dev, or as a process's root by a
+//! chroot), as a pod allowed to mount FUSE could. A call it read waits in the kernel
 //! past SIGKILL, so the agent must never ask it anything: `check` exits on time, `serve` scans,
 //! stays ready and is reaped within 10 s of SIGTERM, the peak sampler goes on, and the server
 //! is sent no request at all.
@@ -189,4 +190,154 @@ fn a_watched_dev_shm_swapped_for_a_hung_fuse_does_not_stop_the_peak_sampler() {
     let reaped = stop(agent);
     println!("serve reaped {reaped:?} after SIGTERM");
     assert_never_asked(&[fuse]);
+}
+
+#[test]
+fn a_hung_fuse_at_a_containers_dev_is_never_looked_in() {
+    if !common::e2e_available() || !common::fuse::available() {
+        return;
+    }
+    // Looking `shm` up in this /dev would be a request the server reads and never answers.
+    let hung = pod_container(&[]);
+    let fine = pod_container(&[]);
+    let fuse = HungFuse::mount(hung.pid, "/dev");
+
+    let (report, took) = check_within(Duration::from_secs(10));
+    println!("check with a hung FUSE at a container's /dev exited in {took:?}");
+    let entry = common::shm_entry(&report, &hung.id).expect("the hung container is listed");
+    assert_eq!(entry["size_bytes"], Value::Null, "{entry:#}");
+    // Never healthy: told as unmeasured.
+    assert!(
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["kind"] == "shm_unmeasured" && f.to_string().contains(&hung.id[..12])),
+        "{:#}",
+        report["findings"]
+    );
+    assert!(
+        entry["error"].as_str().is_some_and(|e| e.contains(
+            "the container's /dev is a fuse mount, not a local file system: /dev/shm not measured"
+        )),
+        "{entry:#}"
+    );
+    let other = common::shm_entry(&report, &fine.id).expect("the other container");
+    assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
+
+    let agent = Agent::start(&["--interval", "1s"], &[]);
+    agent.wait_ready();
+    agent.wait_for_metrics("scans go on", |b| {
+        sample(
+            b,
+            "shmlink_scan_duration_seconds_count",
+            &[("collector", "shm")],
+        )
+        .is_some_and(|n| n >= 3.0)
+    });
+    assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
+    assert_never_asked(&[fuse]);
+}
+
+/// A process forked from this test into its own container cgroup beside `of`'s (the memory
+/// hierarchy), in `of`'s mount namespace, chrooted into `root` there; killed on drop.
+struct Chrooted {
+    pid: i32,
+    id: String,
+    cgroup: std::path::PathBuf,
+}
+
+impl Chrooted {
+    fn start(of: &Container, root: &str) -> Chrooted {
+        let id = common::random_container_id();
+        let pod = std::path::Path::new(&of.cgroup).parent().unwrap();
+        let cgroup = std::path::Path::new("/sys/fs/cgroup/memory")
+            .join(pod.strip_prefix("/").unwrap())
+            .join(&id);
+        std::fs::create_dir(&cgroup).unwrap();
+        let c = |s: String| std::ffi::CString::new(s).unwrap();
+        let procs = c(cgroup.join("cgroup.procs").display().to_string());
+        let ns = c(format!("/proc/{}/ns/mnt", of.pid));
+        let root = c(root.to_string());
+        // SAFETY: the child makes only async-signal-safe calls (open, write, setns, chroot,
+        // pause, _exit) before it is killed.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            unsafe {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                let ok = fd >= 0
+                    && libc::write(fd, c"0".as_ptr().cast(), 1) == 1
+                    && libc::setns(libc::open(ns.as_ptr(), libc::O_RDONLY), libc::CLONE_NEWNS) == 0
+                    && libc::chroot(root.as_ptr()) == 0;
+                if !ok {
+                    libc::_exit(1);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        let me = Chrooted { pid, id, cgroup };
+        let rooted = common::wait_until(Duration::from_secs(5), || {
+            std::fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|r| r.as_os_str() == "/tmp")
+        });
+        assert!(rooted, "the child did not chroot");
+        me
+    }
+}
+
+impl Drop for Chrooted {
+    fn drop(&mut self) {
+        // SAFETY: kill and reap this test's own child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+#[test]
+fn a_process_whose_root_is_a_hung_fuse_is_never_looked_in() {
+    if !common::e2e_available() || !common::fuse::available() {
+        return;
+    }
+    let host = pod_container(&[]);
+    // The lookup of `dev` in this root would be a request never answered. (The chroot's own
+    // permission check is answered, and is this test's, not the agent's.)
+    let fuse = HungFuse::mount_chrootable(host.pid, "/tmp");
+    let chrooted = Chrooted::start(&host, "/tmp");
+
+    let (report, took) = check_within(Duration::from_secs(10));
+    println!("check with a process rooted in a hung FUSE exited in {took:?}");
+    let entry = common::shm_entry(&report, &chrooted.id).expect("the chrooted process's container");
+    assert_eq!(entry["size_bytes"], Value::Null, "{entry:#}");
+    assert!(
+        entry["error"].as_str().is_some_and(|e| e.contains(
+            "the container's / is a fuse mount, not a local file system: /dev/shm not measured"
+        )),
+        "{entry:#}"
+    );
+    let other = common::shm_entry(&report, &host.id).expect("the container beside it");
+    assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
+
+    let agent = Agent::start(&["--interval", "1s"], &[]);
+    agent.wait_ready();
+    agent.wait_for_metrics("scans go on", |b| {
+        sample(
+            b,
+            "shmlink_scan_duration_seconds_count",
+            &[("collector", "shm")],
+        )
+        .is_some_and(|n| n >= 3.0)
+    });
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
+    assert_never_asked(&[fuse]);
+    drop(chrooted);
 }

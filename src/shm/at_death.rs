@@ -8,6 +8,7 @@ use super::deadline::Measurer;
 use super::look::{build_reading, Look};
 use super::mounts::shm_line;
 use super::statfs::{self, OpenShmError};
+use super::trusted::{open_shm, Trusted};
 use crate::cgroup::memory::MemoryReading;
 use crate::cgroup::path::CgroupIdentity;
 use crate::model::ShmReading;
@@ -35,23 +36,23 @@ pub fn measure_pid(
             ))
         }
     };
-    let look = match measurer.open_and_identify(root) {
+    let path = proc_root.join(pid.to_string()).join("mountinfo");
+    let mut files = FileReader::default();
+    let walked = open_shm(measurer, &mut files, &path, root, &mut Trusted::default());
+    let look = match walked {
         Ok(Ok((_, id))) if id.is_mount_root == Some(false) => Look::NotMounted,
-        Ok(Ok((fd, id))) => {
-            let path = proc_root.join(pid.to_string()).join("mountinfo");
-            match shm_line(&mut FileReader::default(), &path, id.mount_id) {
-                Ok((Some(e), _)) if statfs::is_measured_type(&e.fs_type) => {
-                    match statfs::measure_tmpfs(&fd, id) {
-                        Ok(stat) => Look::Mounted(stat, Some(e)),
-                        Err(e) => Look::Unmeasured(e.to_string()),
-                    }
+        Ok(Ok((fd, id))) => match shm_line(&mut files, &path, id.mount_id) {
+            Ok((Some(e), _)) if statfs::is_measured_type(&e.fs_type) => {
+                match statfs::measure_tmpfs(&fd, id) {
+                    Ok(stat) => Look::Mounted(stat, Some(e)),
+                    Err(e) => Look::Unmeasured(e.to_string()),
                 }
-                Ok((Some(e), _)) => Look::Foreign(e.fs_type),
-                Ok((None, _)) if id.is_mount_root.is_none() => Look::NotMounted,
-                Ok((None, _)) => Look::Unmeasured("/dev/shm's mount is not in mountinfo".into()),
-                Err(e) => Look::Unmeasured(format!("reading mountinfo: {e}")),
             }
-        }
+            Ok((Some(e), _)) => Look::Foreign(e.fs_type),
+            Ok((None, _)) if id.is_mount_root.is_none() => Look::NotMounted,
+            Ok((None, _)) => Look::Unmeasured("/dev/shm's mount is not in mountinfo".into()),
+            Err(e) => Look::Unmeasured(format!("reading mountinfo: {e}")),
+        },
         Ok(Err(OpenShmError::Absent(_))) => Look::NotMounted,
         Ok(Err(e)) => Look::Unmeasured(e.to_string()),
         Err(why) => Look::Unmeasured(format!("/dev/shm did not open: {why:?}")),

@@ -1,12 +1,12 @@
 //! /dev/shm opened and identified where a deadline can end the wait: the second line of
 //! defence. The first is that nothing here asks the file system at /dev/shm anything (an
 //! `O_PATH` open and a statx that does not sync, see [`statfs`]); statfs itself runs only
-//! after mountinfo says tmpfs. A pod can still make the walk to /dev/shm itself slow or hang (a
-//! FUSE at /dev, whose lookup of `shm` is a request): the calls run on a worker thread and the
-//! scan thread waits at most [`DEADLINE`] for each answer. A worker that does not answer in
+//! after mountinfo says tmpfs. The walk to /dev/shm looks only in local file systems
+//! (`super::trusted`), which a slow disk can still slow: each step runs on a worker thread and
+//! the scan thread waits at most [`DEADLINE`] for each answer. A worker that does not answer in
 //! time is left behind, stuck in the kernel, the container is not asked again, and the next
-//! look gets a new worker. At most [`MAX_STUCK`] are left behind: a hung /dev/shm leaves none
-//! (it is never entered), so only that rarer door counts against it. Nothing waits for the
+//! look gets a new worker. At most [`MAX_STUCK`] are left behind: a hung FUSE leaves none (it is
+//! never looked in), so only a stalled local disk counts against it. Nothing waits for the
 //! workers at exit.
 
 use std::os::fd::OwnedFd;
@@ -21,7 +21,16 @@ pub const DEADLINE: Duration = Duration::from_secs(2);
 pub const MAX_STUCK: usize = 16;
 
 type Answer = Result<(OwnedFd, Identity), OpenShmError>;
-type Job = (OwnedFd, String, Sender<Answer>);
+type Job = (OwnedFd, Step, Sender<Answer>);
+
+/// What a worker opens beneath the handle it is given.
+#[derive(Debug)]
+enum Step {
+    /// A path, by openat2 or the fallback walk (a Pod sandbox's /dev/shm, a host path).
+    Beneath(String),
+    /// One component, with its mount told ([`statfs::open_child`]): a container's walk.
+    Child(&'static str),
+}
 
 /// Why there is no measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,21 +63,25 @@ impl Measurer {
         }
     }
 
-    /// Opens `dev/shm` beneath the container's `root` and tells its mount, within the deadline.
-    pub fn open_and_identify(&mut self, root: OwnedFd) -> Result<Answer, Unanswered> {
-        self.open_and_identify_at(root, "dev/shm")
-    }
-
     /// Opens `rel` beneath `root` and tells its mount, within the deadline (a Pod sandbox's
     /// /dev/shm is at a path of the host's).
     pub fn open_and_identify_at(&mut self, root: OwnedFd, rel: &str) -> Result<Answer, Unanswered> {
+        self.run(root, Step::Beneath(rel.to_string()))
+    }
+
+    /// Opens the one component `name` in `dir` and tells its mount, within the deadline.
+    pub fn open_child(&mut self, dir: OwnedFd, name: &'static str) -> Result<Answer, Unanswered> {
+        self.run(dir, Step::Child(name))
+    }
+
+    fn run(&mut self, dir: OwnedFd, step: Step) -> Result<Answer, Unanswered> {
         if self.stuck >= MAX_STUCK {
             return Err(Unanswered::TooManyStuck);
         }
         let (reply, answer) = mpsc::channel();
         let sent = match &self.worker {
-            Some(w) => w.send((root, rel.to_string(), reply)).map_err(|e| e.0),
-            None => Err((root, rel.to_string(), reply)),
+            Some(w) => w.send((dir, step, reply)).map_err(|e| e.0),
+            None => Err((dir, step, reply)),
         };
         if let Err(job) = sent {
             // No worker yet, or it ended: a new one.
@@ -103,11 +116,14 @@ fn spawn() -> Sender<Job> {
     let spawned = std::thread::Builder::new()
         .name("shm-open".into())
         .spawn(move || {
-            for (root, rel, reply) in rx {
-                let answer = statfs::open_beneath(&root, &rel).and_then(|fd| {
-                    let id = statfs::identify(&fd).map_err(OpenShmError::Io)?;
-                    Ok((fd, id))
-                });
+            for (dir, step, reply) in rx {
+                let answer = match step {
+                    Step::Beneath(rel) => statfs::open_beneath(&dir, &rel).and_then(|fd| {
+                        let id = statfs::identify(&fd).map_err(OpenShmError::Io)?;
+                        Ok((fd, id))
+                    }),
+                    Step::Child(name) => statfs::open_child(&dir, name),
+                };
                 if reply.send(answer).is_err() {
                     return;
                 }
@@ -137,13 +153,13 @@ mod tests {
     fn a_dev_shm_is_identified_through_the_worker() {
         let mut m = Measurer::default();
         let answer = m
-            .open_and_identify(root(std::path::Path::new("/")))
+            .open_and_identify_at(root(std::path::Path::new("/")), "dev/shm")
             .unwrap();
         let (_, id) = answer.unwrap();
         assert_eq!(id.is_mount_root, Some(true), "the host's /dev/shm");
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            m.open_and_identify(root(dir.path())).unwrap(),
+            m.open_and_identify_at(root(dir.path()), "dev/shm").unwrap(),
             Err(OpenShmError::Absent(_))
         ));
         assert_eq!(m.stuck(), 0);
@@ -161,14 +177,14 @@ mod tests {
                 break;
             }
             let before = m.stuck();
-            match m.open_and_identify(slash()) {
+            match m.open_and_identify_at(slash(), "dev/shm") {
                 Err(e) => assert_eq!((e, m.stuck()), (Unanswered::Hung, before + 1)),
                 Ok(_) => assert_eq!(m.stuck(), before),
             }
         }
         assert_eq!(m.stuck(), MAX_STUCK);
         assert_eq!(
-            m.open_and_identify(slash()).err(),
+            m.open_and_identify_at(slash(), "dev/shm").err(),
             Some(Unanswered::TooManyStuck)
         );
     }

@@ -55,7 +55,10 @@ pub fn inherited(entries: &[Entry], started: SystemTime, truncated: bool) -> Opt
         largest: old
             .iter()
             .take(NAMED)
-            .map(|e| (e.name.clone(), e.bytes))
+            // The container chose the names: written out when captured (ESC, BEL, newline as
+            // `\x1b`...), so neither the JSON nor a message carries them raw. `printable` leaves
+            // its own output unchanged, so a second pass where it is printed changes nothing.
+            .map(|e| (crate::model::printable(&e.name), e.bytes))
             .collect(),
         truncated,
     })
@@ -186,6 +189,20 @@ mod tests {
             ]
         );
         assert_eq!(inherited(&files[2..], start, false), None, "only its own");
+    }
+
+    #[test]
+    fn names_are_captured_written_out_and_a_second_pass_changes_nothing() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let files = [entry("nccl-\x1b[2J\x07\nCRITICAL: fake", 2, 60, start)];
+        let got = inherited(&files, start, false).unwrap();
+        let name = &got.largest[0].0;
+        assert_eq!(name, "nccl-\\x1b[2J\\x07\\x0aCRITICAL: fake");
+        assert!(!name.chars().any(char::is_control));
+        assert_eq!(&crate::model::printable(name), name);
+        // In the JSON: the written-out text, not a control character escaped by JSON.
+        let json = serde_json::to_string(&got).unwrap();
+        assert!(json.contains(r"nccl-\\x1b[2J\\x07\\x0aCRITICAL"), "{json}");
     }
 
     #[test]

@@ -73,7 +73,15 @@ impl ShmScanner {
         if self.hung.contains(container_id) {
             return Some(Look::Unmeasured(HUNG.into()));
         }
-        let (fd, id) = match self.measurer.open_and_identify(root) {
+        let mountinfo = self.proc_root.join(pid.to_string()).join("mountinfo");
+        let walked = super::trusted::open_shm(
+            &mut self.measurer,
+            &mut self.files,
+            &mountinfo,
+            root,
+            self.trusted.entry(mnt).or_default(),
+        );
+        let (fd, id) = match walked {
             Ok(Ok(opened)) => opened,
             Ok(Err(e)) => return Some(self.not_opened(e, rel, container_id, out)),
             Err(why) => return Some(self.unanswered(container_id, why, out)),
@@ -175,6 +183,14 @@ impl ShmScanner {
                     ),
                 );
                 Look::NotMounted
+            }
+            OpenShmError::Untrusted { dir, fs_type } => {
+                let e = OpenShmError::Untrusted { dir, fs_type };
+                self.warn_once(
+                    format!("untrusted {container_id}"),
+                    format_args!("container {}: {e}", short_id(container_id)),
+                );
+                Look::Unmeasured(e.to_string())
             }
             e => {
                 // Could not look (EPERM, I/O, a call the kernel lacks): never "not mounted".

@@ -14,6 +14,7 @@ pub mod peak;
 pub mod sandbox;
 pub mod statfs;
 pub mod status;
+mod trusted;
 mod walk;
 
 use std::collections::{HashMap, HashSet};
@@ -61,6 +62,8 @@ pub struct ShmScanner {
     host_ns: HostNamespaces,
     memcg: MemcgReader,
     mounts: HashMap<NsId, CachedMount>,
+    /// The root and /dev mounts found trusted to look in, per mount namespace.
+    trusted: HashMap<NsId, trusted::Trusted>,
     logged: HashSet<String>,
     files: FileReader,
     /// A reused buffer for /proc paths.
@@ -117,6 +120,7 @@ impl ShmScanner {
             read_oom_kills: false,
             host_ns,
             mounts: HashMap::new(),
+            trusted: HashMap::new(),
             logged: HashSet::new(),
             files: FileReader::default(),
             path: Vec::with_capacity(64),
@@ -213,6 +217,7 @@ impl ShmScanner {
             self.push_children(&Rc::new(dir), &rel, inner, &mut stack, &mut out);
         }
         self.mounts.retain(|ns, _| live_ns.contains(ns));
+        self.trusted.retain(|ns, _| live_ns.contains(ns));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         out.sight.measured = out.readings.iter().filter(|r| r.mounted.is_some()).count() as u64;
         out.sandboxes = self.sandboxes.scan(&out.readings, &mut out.errors);

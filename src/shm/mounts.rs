@@ -53,6 +53,32 @@ pub(super) fn shm_line(
     Ok((entry, cut))
 }
 
+/// The file system type of the mount `mount_id` by the mountinfo at `path` (any mount point),
+/// streamed and bounded as [`shm_line`]; with whether it was cut before the line was found.
+pub(super) fn type_of(
+    files: &mut FileReader,
+    path: &Path,
+    mount_id: u64,
+) -> io::Result<(Option<String>, bool)> {
+    let mut fs_type = None;
+    let cut = files.for_each_line(
+        rustix::fs::CWD,
+        path,
+        MOUNTINFO_MAX,
+        MOUNTINFO_LINE_MAX,
+        |line| {
+            let id = line.split(|&b| b == b' ').next();
+            if id.and_then(|id| std::str::from_utf8(id).ok()?.parse::<u64>().ok()) != Some(mount_id)
+            {
+                return true;
+            }
+            fs_type = mountinfo::parse_line(&String::from_utf8_lossy(line)).map(|e| e.fs_type);
+            false
+        },
+    )?;
+    Ok((fs_type.clone(), cut && fs_type.is_none()))
+}
+
 impl ShmScanner {
     /// The /dev/shm line of the process's mountinfo for the mount the handle is on, from the
     /// cache when the mount is unchanged (same mount ID). `None`: the process is gone; `Err`:

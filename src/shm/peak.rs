@@ -19,6 +19,7 @@ use std::time::Duration;
 use super::deadline::Measurer;
 use super::mounts::shm_line;
 use super::statfs::{self, OpenShmError};
+use super::trusted::{open_shm, Trusted};
 use crate::procfs::kfile::FileReader;
 
 /// A floor on the period: a zero period would spin a core.
@@ -164,6 +165,8 @@ struct Worker {
     known: HashMap<i32, u64>,
     measurer: Measurer,
     files: FileReader,
+    /// The root and /dev mounts found trusted to look in, per PID.
+    trusted: HashMap<i32, Trusted>,
     logged: HashSet<String>,
 }
 
@@ -186,6 +189,7 @@ impl Worker {
             known: HashMap::new(),
             measurer: Measurer::default(),
             files: FileReader::default(),
+            trusted: HashMap::new(),
             logged: HashSet::new(),
         }
     }
@@ -235,6 +239,8 @@ impl Worker {
     /// A new watched set, each with the tmpfs its PID was last found on.
     fn take_set(&mut self, targets: &[PeakTarget]) {
         self.known
+            .retain(|pid, _| targets.iter().any(|t| t.pid == *pid));
+        self.trusted
             .retain(|pid, _| targets.iter().any(|t| t.pid == *pid));
         self.watched = targets
             .iter()
@@ -307,7 +313,16 @@ impl Worker {
         tmpfs: Option<u64>,
     ) -> Result<Option<(u64, Option<u64>)>, OpenShmError> {
         let root = statfs::open_container_root(&self.proc_root, pid)?;
-        let (shm, id) = match self.measurer.open_and_identify(root) {
+        let mountinfo = self.proc_root.join(pid.to_string()).join("mountinfo");
+        let trusted = self.trusted.entry(pid).or_default();
+        let walked = open_shm(
+            &mut self.measurer,
+            &mut self.files,
+            &mountinfo,
+            root,
+            trusted,
+        );
+        let (shm, id) = match walked {
             Ok(answer) => answer?,
             Err(why) => {
                 let e = std::io::Error::other(format!("opening /dev/shm did not finish: {why:?}"));
@@ -323,9 +338,8 @@ impl Worker {
             // Not the mount the first sample measured: the caller drops the target.
             Some(_) => return Ok(Some((0, Some(id.mount_id)))),
             None => {
-                let path = self.proc_root.join(pid.to_string()).join("mountinfo");
                 let (entry, _) =
-                    shm_line(&mut self.files, &path, id.mount_id).map_err(statfs::classify)?;
+                    shm_line(&mut self.files, &mountinfo, id.mount_id).map_err(statfs::classify)?;
                 if !entry.is_some_and(|e| statfs::is_measured_type(&e.fs_type)) {
                     return Ok(None);
                 }

@@ -1,4 +1,6 @@
-//! Opens a container's /dev/shm beneath its root without following symlinks, and measures it.
+//! Opens a /dev/shm beneath a root without following symlinks, and measures it. A container's
+//! is walked a component at a time ([`open_child`], by `super::trusted`), a Pod sandbox's (a
+//! path of the host's) opened at once ([`open_beneath`]).
 //!
 //! `/proc/PID/root/dev/shm` must not be resolved by path: an absolute symlink planted at
 //! /dev/shm inside the container would resolve against the *agent's* root, i.e. the host.
@@ -21,7 +23,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 
 /// Set for good once statx answered ENOSYS.
 static NO_STATX: AtomicBool = AtomicBool::new(false);
@@ -65,6 +67,14 @@ pub enum OpenShmError {
     /// A symlink on the way (`ELOOP` under RESOLVE_NO_SYMLINKS): refused, never followed.
     #[error("/dev/shm is reached through a symlink, which is not followed")]
     Symlink,
+    /// The container's root or /dev is on a file system not trusted to answer a lookup (a
+    /// FUSE or network one may never answer): what is beneath it is not looked up.
+    #[error(
+        "the container's {dir} is a {} mount, not a local file system: /dev/shm not measured \
+         (a lookup in a FUSE or network file system may never be answered)",
+        crate::model::printable(.fs_type)
+    )]
+    Untrusted { dir: &'static str, fs_type: String },
     #[error("{0}")]
     Io(#[source] io::Error),
 }
@@ -104,6 +114,31 @@ pub fn walk_beneath(root: &OwnedFd, rel: &str) -> Result<OwnedFd, OpenShmError> 
     .map_err(classify_open)
 }
 
+/// Opens the single component `name` in the directory `dir` (`O_PATH`, no symlink followed)
+/// and tells what it is and which mount it is on without asking its file system ([`identify`]):
+/// the lookup is a call to `dir`'s file system only, so the caller makes sure that one answers.
+/// A symlink is `Symlink`; anything but a directory is `Absent`, as openat2 with `O_DIRECTORY`
+/// would say.
+pub fn open_child(dir: &OwnedFd, name: &str) -> Result<(OwnedFd, Identity), OpenShmError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(OpenShmError::Io(rustix::io::Errno::INVAL.into()));
+    }
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(classify_open)?;
+    let id = identify(&fd).map_err(OpenShmError::Io)?;
+    match (id.is_symlink, id.is_dir) {
+        (Some(true), _) => Err(OpenShmError::Symlink),
+        (_, Some(true)) => Ok((fd, id)),
+        (_, Some(false)) => Err(classify(rustix::io::Errno::NOTDIR.into())),
+        // No statx: O_DIRECTORY tells (a symlink then reads as "not a directory").
+        _ => {
+            let fd = rustix::fs::openat(dir, name, flags | OFlags::DIRECTORY, Mode::empty())
+                .map_err(classify_open)?;
+            Ok((fd, id))
+        }
+    }
+}
+
 /// Both ways answer alike: ELOOP for a symlink, ENOENT/ENOTDIR for nothing there.
 fn classify_open(e: rustix::io::Errno) -> OpenShmError {
     match e {
@@ -137,6 +172,10 @@ pub struct Identity {
     /// Whether the handle is the root of its mount (statx's STATX_ATTR_MOUNT_ROOT); `None`
     /// without statx (mountinfo then says whether a mount is at /dev/shm).
     pub is_mount_root: Option<bool>,
+    /// Whether the handle is a directory, from the same statx; `None` without statx.
+    pub is_dir: Option<bool>,
+    /// Whether the handle is a symlink (opened as itself, never followed); `None` without statx.
+    pub is_symlink: Option<bool>,
 }
 
 /// The only file system whose statfs and directory listing are asked: tmpfs answers from
@@ -161,7 +200,7 @@ pub fn identify(shm: &OwnedFd) -> io::Result<Identity> {
             shm,
             "",
             AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
-            StatxFlags::MNT_ID,
+            StatxFlags::MNT_ID | StatxFlags::TYPE,
         )
     };
     match stx {
@@ -170,9 +209,15 @@ pub fn identify(shm: &OwnedFd) -> io::Result<Identity> {
                 .stx_attributes_mask
                 .contains(StatxAttributes::MOUNT_ROOT)
                 .then(|| stx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT));
+            // The type comes from the cached inode as well (it never changes).
+            let kind = StatxFlags::from_bits_retain(stx.stx_mask)
+                .contains(StatxFlags::TYPE)
+                .then(|| FileType::from_raw_mode(u32::from(stx.stx_mode)));
             Ok(Identity {
                 mount_id: stx.stx_mnt_id,
                 is_mount_root: root,
+                is_dir: kind.map(|k| k == FileType::Directory),
+                is_symlink: kind.map(|k| k == FileType::Symlink),
             })
         }
         // Kernels before 4.11 have no statx (and seccomp may refuse it): decided once. Before
@@ -197,6 +242,8 @@ fn fdinfo_mount_id(fd: &OwnedFd) -> io::Result<Identity> {
         .map(|mount_id| Identity {
             mount_id,
             is_mount_root: None,
+            is_dir: None,
+            is_symlink: None,
         })
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "fdinfo has no mnt_id"))
 }

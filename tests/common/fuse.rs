@@ -18,6 +18,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 const FUSE_INIT: u32 = 26;
+const FUSE_ACCESS: u32 = 34;
+const ENOSYS: i32 = 38;
 /// fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
 const IN_HEADER: usize = 40;
 
@@ -44,15 +46,22 @@ impl HungFuse {
     /// Mounts the hung file system (a directory at its root) at the directory `mount_point` in
     /// the mount namespace of `pid`, and waits until the server answered INIT.
     pub fn mount(pid: i32, mount_point: &str) -> HungFuse {
-        HungFuse::mount_as(pid, mount_point, "40000")
+        HungFuse::mount_as(pid, mount_point, "40000", false)
+    }
+
+    /// As [`HungFuse::mount`], but FUSE_ACCESS is answered ENOSYS (recorded all the same): the
+    /// kernel then asks it no more, and a test process can chroot into the mount (chroot's
+    /// permission check is an ACCESS request) with nothing else ever answered.
+    pub fn mount_chrootable(pid: i32, mount_point: &str) -> HungFuse {
+        HungFuse::mount_as(pid, mount_point, "40000", true)
     }
 
     /// As [`HungFuse::mount`], over the regular file `path` (a file at its root).
     pub fn mount_over_file(pid: i32, path: &str) -> HungFuse {
-        HungFuse::mount_as(pid, path, "100000")
+        HungFuse::mount_as(pid, path, "100000", false)
     }
 
-    fn mount_as(pid: i32, mount_point: &str, rootmode: &str) -> HungFuse {
+    fn mount_as(pid: i32, mount_point: &str, rootmode: &str, answer_access: bool) -> HungFuse {
         let fuse = rustix::fs::open(
             "/dev/fuse",
             rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
@@ -66,7 +75,7 @@ impl HungFuse {
             .name("hung-fuse".into())
             .spawn({
                 let (fuse, seen, stop) = (fuse.clone(), seen.clone(), stop.clone());
-                move || serve(&fuse, &seen, &stop)
+                move || serve(&fuse, &seen, &stop, answer_access)
             })
             .unwrap();
         in_namespace(pid, {
@@ -140,7 +149,7 @@ impl Drop for HungFuse {
 }
 
 /// Reads requests until told to stop: INIT answered, the rest recorded and never answered.
-fn serve(fuse: &OwnedFd, seen: &Seen, stop: &AtomicBool) {
+fn serve(fuse: &OwnedFd, seen: &Seen, stop: &AtomicBool, answer_access: bool) {
     // As large as libfuse's (a page and FUSE_MAX_MAX_PAGES): the kernel refuses a read into
     // less than a request can hold.
     let mut buf = vec![0u8; (1 << 20) + 4096 * 2];
@@ -192,7 +201,19 @@ fn serve(fuse: &OwnedFd, seen: &Seen, stop: &AtomicBool) {
             exe.display()
         );
         seen.requests.lock().unwrap().push((opcode, exe));
+        if answer_access && opcode == FUSE_ACCESS {
+            let _ = rustix::io::write(fuse, &error_reply(unique, ENOSYS));
+        }
     }
+}
+
+/// A fuse_out_header alone: the request failed with `errno`.
+fn error_reply(unique: u64, errno: i32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&16u32.to_ne_bytes());
+    out.extend_from_slice(&(-errno).to_ne_bytes());
+    out.extend_from_slice(&unique.to_ne_bytes());
+    out
 }
 
 /// fuse_out_header and fuse_init_out (protocol 7.31, no flags: the kernel asks nothing more).

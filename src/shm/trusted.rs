@@ -1,0 +1,245 @@
+//! The walk from a container's root to its /dev/shm, one component at a time, each lookup made
+//! only in a directory whose file system is trusted to answer it.
+//!
+//! Looking a name up is a call to the file system of the directory looked in: a FUSE at the
+//! container's /dev makes the lookup of `shm` a FUSE request, and a process whose root is a
+//! FUSE (a chroot or pivot_root into one, which an unprivileged user namespace allows) makes
+//! the lookup of `dev` one. A server that read such a request and never answers holds the
+//! caller past SIGKILL, so no deadline ends it and the agent would never be reaped. So before
+//! each lookup the directory's mount is told without a call to its file system (a statx that
+//! does not sync, [`statfs::identify`]) and its type taken from the process's mountinfo, and
+//! a type not on the short list below is never looked in: the container is "not measured",
+//! with the type, as a foreign /dev/shm is. The mount IDs found trusted are kept (per mount
+//! namespace by the scan), so mountinfo is read again only when a mount changes.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use super::deadline::{Measurer, Unanswered};
+use super::mounts::type_of;
+use super::statfs::{self, Identity, OpenShmError};
+use crate::procfs::kfile::FileReader;
+
+/// File systems a container's root may be on and still be looked in: the local ones container
+/// runtimes give a rootfs (overlay by containerd, CRI-O and Docker; ext4, xfs or btrfs by the
+/// devmapper, native and btrfs snapshotters or a host directory; zfs by its snapshotter; tmpfs
+/// for a root in memory). Each answers a lookup from its page cache or local disk. Never a
+/// FUSE (`fuse`, `fuse.*`, `fuseblk`, rootless `fuse-overlayfs` too), nor a network one
+/// (nfs, cifs, smb3, 9p, ceph, virtiofs): those call out to a server that may never answer.
+pub const ROOT_TYPES: &[&str] = &[
+    "overlay", "ext4", "ext3", "ext2", "xfs", "btrfs", "zfs", "tmpfs",
+];
+/// File systems a container's /dev may be on when it is a mount of its own: the tmpfs every
+/// runtime mounts there, or the host's devtmpfs (a privileged Pod's). A /dev that is a plain
+/// directory of the root's mount is as trusted as the root.
+pub const DEV_TYPES: &[&str] = &["tmpfs", "devtmpfs"];
+
+/// The mount IDs of a root and a /dev already found trusted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trusted {
+    root: Option<u64>,
+    dev: Option<u64>,
+}
+
+/// Pure: whether a lookup may be made in a directory at `dir` ("/" or "/dev") on a mount of
+/// `fs_type`.
+pub fn is_trusted(dir: &str, fs_type: &str) -> bool {
+    match dir {
+        "/" => ROOT_TYPES.contains(&fs_type),
+        _ => DEV_TYPES.contains(&fs_type),
+    }
+}
+
+/// Opens `dev/shm` beneath the container's `root` (the handle of `/proc/PID/root`), looking in
+/// the root and in /dev only when their mounts are of a trusted type by the mountinfo at
+/// `mountinfo`, each lookup on the measurer's worker within its deadline. `trusted` keeps the
+/// mounts found trusted for the next call. The answer is the handle of /dev/shm and its mount,
+/// as [`Measurer::open_and_identify_at`] gives; an untrusted root or /dev is
+/// [`OpenShmError::Untrusted`].
+pub fn open_shm(
+    measurer: &mut Measurer,
+    files: &mut FileReader,
+    mountinfo: &Path,
+    root: OwnedFd,
+    trusted: &mut Trusted,
+) -> Result<Result<(OwnedFd, Identity), OpenShmError>, Unanswered> {
+    let root_id = match statfs::identify(&root) {
+        Ok(id) => id.mount_id,
+        Err(e) => return Ok(Err(OpenShmError::Io(e))),
+    };
+    if trusted.root != Some(root_id) {
+        *trusted = Trusted::default();
+        if let Err(e) = check(files, mountinfo, root_id, "/") {
+            return Ok(Err(e));
+        }
+        trusted.root = Some(root_id);
+    }
+    let (dev, dev_id) = match measurer.open_child(root, "dev")? {
+        Ok(opened) => opened,
+        Err(e) => return Ok(Err(e)),
+    };
+    let dev_mount = dev_id.mount_id;
+    if dev_mount != root_id && trusted.dev != Some(dev_mount) {
+        if let Err(e) = check(files, mountinfo, dev_mount, "/dev") {
+            return Ok(Err(e));
+        }
+        trusted.dev = Some(dev_mount);
+    }
+    measurer.open_child(dev, "shm")
+}
+
+/// Whether the mount `mount_id` may be looked in at `dir`: its type from mountinfo.
+fn check(
+    files: &mut FileReader,
+    mountinfo: &Path,
+    mount_id: u64,
+    dir: &'static str,
+) -> Result<(), OpenShmError> {
+    match type_of(files, mountinfo, mount_id).map_err(statfs::classify)? {
+        (Some(t), _) if is_trusted(dir, &t) => Ok(()),
+        (Some(fs_type), _) => Err(OpenShmError::Untrusted { dir, fs_type }),
+        (None, cut) => Err(OpenShmError::Io(std::io::Error::other(format!(
+            "the mount of the container's {dir} is not in {} of mountinfo",
+            if cut { "the part read" } else { "any line" }
+        )))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{Mode, OFlags};
+
+    #[test]
+    fn only_local_roots_and_memory_devs_are_looked_in() {
+        for t in ["overlay", "ext4", "xfs", "btrfs", "zfs", "tmpfs"] {
+            assert!(is_trusted("/", t), "{t}");
+        }
+        for t in ["tmpfs", "devtmpfs"] {
+            assert!(is_trusted("/dev", t), "{t}");
+        }
+        for t in [
+            "fuse",
+            "fuse.sshfs",
+            "fuseblk",
+            "fuse.fuse-overlayfs",
+            "nfs",
+            "nfs4",
+            "cifs",
+            "smb3",
+            "9p",
+            "ceph",
+            "virtiofs",
+            "",
+        ] {
+            assert!(!is_trusted("/", t), "{t}");
+            assert!(!is_trusted("/dev", t), "{t}");
+        }
+        assert!(!is_trusted("/dev", "overlay"));
+    }
+
+    fn slash() -> OwnedFd {
+        rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap()
+    }
+
+    /// This process's mountinfo with the type of mount `id` replaced by `fs_type`.
+    fn mountinfo_with(dir: &Path, id: u64, fs_type: &str) -> std::path::PathBuf {
+        let real = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let text: String = real
+            .lines()
+            .map(|l| {
+                let e = crate::procfs::mountinfo::parse_line(l).unwrap();
+                if e.mount_id == id {
+                    l.replacen(&format!(" - {} ", e.fs_type), &format!(" - {fs_type} "), 1)
+                } else {
+                    l.to_string()
+                }
+            })
+            .map(|l| l + "\n")
+            .collect();
+        let path = dir.join("mountinfo");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_hosts_dev_shm_is_reached_and_an_untrusted_root_or_dev_stops_the_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut m, mut files) = (Measurer::default(), FileReader::default());
+        let root_id = statfs::identify(&slash()).unwrap().mount_id;
+        let dev = statfs::open_child(&slash(), "dev").unwrap().1.mount_id;
+        let real = Path::new("/proc/self/mountinfo");
+        let mut trusted = Trusted::default();
+        let (_, shm) = open_shm(&mut m, &mut files, real, slash(), &mut trusted)
+            .unwrap()
+            .unwrap();
+        assert_eq!(shm.is_mount_root, Some(true), "the host's /dev/shm");
+        assert_eq!(trusted.root, Some(root_id));
+        // Trusted mounts are not looked up again: a mountinfo that says nothing still passes.
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "").unwrap();
+        assert!(open_shm(&mut m, &mut files, &empty, slash(), &mut trusted)
+            .unwrap()
+            .is_ok());
+
+        let fuse_root = mountinfo_with(dir.path(), root_id, "fuse");
+        match open_shm(
+            &mut m,
+            &mut files,
+            &fuse_root,
+            slash(),
+            &mut Trusted::default(),
+        ) {
+            Ok(Err(OpenShmError::Untrusted { dir: "/", fs_type })) => assert_eq!(fs_type, "fuse"),
+            other => panic!("{other:?}"),
+        }
+        if dev != root_id {
+            let fuse_dev = mountinfo_with(dir.path(), dev, "fuse.hung");
+            match open_shm(
+                &mut m,
+                &mut files,
+                &fuse_dev,
+                slash(),
+                &mut Trusted::default(),
+            ) {
+                Ok(Err(e @ OpenShmError::Untrusted { dir: "/dev", .. })) => {
+                    assert!(e.to_string().contains("/dev is a fuse.hung mount"), "{e}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        match open_shm(&mut m, &mut files, &empty, slash(), &mut Trusted::default()) {
+            Ok(Err(OpenShmError::Io(e))) => assert!(e.to_string().contains("not in"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_child_that_is_a_symlink_or_a_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/", dir.path().join("dev")).unwrap();
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let d =
+            rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        assert!(matches!(
+            statfs::open_child(&d, "dev"),
+            Err(OpenShmError::Symlink)
+        ));
+        assert!(matches!(
+            statfs::open_child(&d, "file"),
+            Err(OpenShmError::Absent(_))
+        ));
+        assert!(matches!(
+            statfs::open_child(&d, "none"),
+            Err(OpenShmError::Absent(_))
+        ));
+        assert!(matches!(
+            statfs::open_child(&d, ".."),
+            Err(OpenShmError::Io(_))
+        ));
+        assert!(matches!(
+            statfs::open_child(&d, "a/b"),
+            Err(OpenShmError::Io(_))
+        ));
+    }
+}
