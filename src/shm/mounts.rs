@@ -31,7 +31,32 @@ pub(super) fn shm_line(
     path: &Path,
     mount_id: u64,
 ) -> io::Result<(Option<MountEntry>, bool)> {
-    let mut entry = None;
+    line_of(files, path, mount_id, |line| {
+        mountinfo::find_mount(line, "/dev/shm")
+    })
+}
+
+/// The file system type of the mount `mount_id` by the mountinfo at `path` (any mount point),
+/// streamed and bounded as [`shm_line`]; with whether it was cut before the line was found.
+pub(super) fn type_of(
+    files: &mut FileReader,
+    path: &Path,
+    mount_id: u64,
+) -> io::Result<(Option<String>, bool)> {
+    line_of(files, path, mount_id, |line| {
+        mountinfo::parse_line(line).map(|e| e.fs_type)
+    })
+}
+
+/// What `read` makes of the line of mount `mount_id` in the mountinfo at `path`, streamed a line
+/// at a time and bounded; with whether the file was cut before it was found.
+fn line_of<T>(
+    files: &mut FileReader,
+    path: &Path,
+    mount_id: u64,
+    read: impl Fn(&str) -> Option<T>,
+) -> io::Result<(Option<T>, bool)> {
+    let mut found = None;
     let cut = files.for_each_line(
         rustix::fs::CWD,
         path,
@@ -45,38 +70,12 @@ pub(super) fn shm_line(
                 return true;
             }
             // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide it.
-            entry = mountinfo::find_mount(&String::from_utf8_lossy(line), "/dev/shm");
+            found = read(&String::from_utf8_lossy(line));
             false
         },
     )?;
-    let cut = cut && entry.is_none();
-    Ok((entry, cut))
-}
-
-/// The file system type of the mount `mount_id` by the mountinfo at `path` (any mount point),
-/// streamed and bounded as [`shm_line`]; with whether it was cut before the line was found.
-pub(super) fn type_of(
-    files: &mut FileReader,
-    path: &Path,
-    mount_id: u64,
-) -> io::Result<(Option<String>, bool)> {
-    let mut fs_type = None;
-    let cut = files.for_each_line(
-        rustix::fs::CWD,
-        path,
-        MOUNTINFO_MAX,
-        MOUNTINFO_LINE_MAX,
-        |line| {
-            let id = line.split(|&b| b == b' ').next();
-            if id.and_then(|id| std::str::from_utf8(id).ok()?.parse::<u64>().ok()) != Some(mount_id)
-            {
-                return true;
-            }
-            fs_type = mountinfo::parse_line(&String::from_utf8_lossy(line)).map(|e| e.fs_type);
-            false
-        },
-    )?;
-    Ok((fs_type.clone(), cut && fs_type.is_none()))
+    let cut = cut && found.is_none();
+    Ok((found, cut))
 }
 
 impl ShmScanner {

@@ -260,24 +260,7 @@ pub fn parse_fdinfo_mount_id(text: &str) -> Option<u64> {
 /// is statfs converted in user space) and the file system type besides, checked again.
 pub fn measure_tmpfs(shm: &OwnedFd, id: Identity) -> io::Result<ShmStat> {
     let fs = rustix::fs::fstatfs(shm)?;
-    // As statvfs computes f_frsize: the fragment size, else the block size.
-    #[allow(clippy::unnecessary_cast)] // the field widths differ between targets
-    let frsize = if fs.f_frsize > 0 {
-        fs.f_frsize as u64
-    } else {
-        fs.f_bsize as u64
-    };
-    #[allow(clippy::unnecessary_cast)]
-    let (blocks, bfree) = (fs.f_blocks as u64, fs.f_bfree as u64);
-    Ok(ShmStat {
-        mount_id: Some(id.mount_id),
-        is_mount_root: id.is_mount_root,
-        dev: None,
-        #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
-        is_tmpfs: fs.f_type as i64 == TMPFS_MAGIC,
-        total_bytes: blocks.saturating_mul(frsize),
-        free_bytes: bfree.saturating_mul(frsize),
-    })
+    Ok(stat_of(&fs, Some(id.mount_id), id.is_mount_root, None))
 }
 
 /// statfs and statx of an open handle, whatever its file system: for `preflight`, which a
@@ -319,6 +302,16 @@ pub fn measure(shm: &OwnedFd) -> io::Result<ShmStat> {
     } else {
         None
     };
+    Ok(stat_of(&fs, mount_id, is_mount_root, dev))
+}
+
+/// A statfs answer as the scan keeps it.
+fn stat_of(
+    fs: &rustix::fs::StatFs,
+    mount_id: Option<u64>,
+    is_mount_root: Option<bool>,
+    dev: Option<(u32, u32)>,
+) -> ShmStat {
     // As statvfs computes f_frsize: the fragment size, else the block size.
     #[allow(clippy::unnecessary_cast)] // the field widths differ between targets
     let frsize = if fs.f_frsize > 0 {
@@ -328,7 +321,7 @@ pub fn measure(shm: &OwnedFd) -> io::Result<ShmStat> {
     };
     #[allow(clippy::unnecessary_cast)]
     let (blocks, bfree) = (fs.f_blocks as u64, fs.f_bfree as u64);
-    Ok(ShmStat {
+    ShmStat {
         mount_id,
         is_mount_root,
         dev,
@@ -336,7 +329,7 @@ pub fn measure(shm: &OwnedFd) -> io::Result<ShmStat> {
         is_tmpfs: fs.f_type as i64 == TMPFS_MAGIC,
         total_bytes: blocks.saturating_mul(frsize),
         free_bytes: bfree.saturating_mul(frsize),
-    })
+    }
 }
 
 #[cfg(test)]
