@@ -62,7 +62,10 @@ impl FakeHost {
         let root = self.dir.path().join(format!("roots/{pid}"));
         fs::create_dir_all(root.join("dev")).unwrap();
         symlink(&root, dir.join("root")).unwrap();
-        fs::write(dir.join("mountinfo"), "").unwrap();
+        // The mounts a process sees: this machine's own, which hold the fake root (the scan
+        // looks in a root only on a mount its mountinfo shows as a local file system).
+        let mounts = fs::read("/proc/self/mountinfo").unwrap();
+        fs::write(dir.join("mountinfo"), mounts).unwrap();
         root
     }
 
