@@ -135,6 +135,18 @@ impl Node {
         // The pod container's /dev/shm: 16 MiB written in a 64 MiB tmpfs.
         fs::create_dir(pod_root.join("dev/shm")).unwrap();
         let shm = Tmpfs::mount(&pod_root.join("dev/shm"), 64 * MIB);
+        // The mounts the pod container sees: this machine's, the tmpfs among them at /dev/shm
+        // (the scan looks in a root only on a mount its mountinfo shows as local, and measures
+        // a /dev/shm its mountinfo shows as tmpfs).
+        let at_shm = format!(" {} ", pod_root.join("dev/shm").display());
+        let mounts: String = fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .map(|l| format!("{}\n", l.replacen(&at_shm, " /dev/shm ", 1)))
+            .collect();
+        fs::write(at(&format!("proc/{POD_PID}/mountinfo")), &mounts).unwrap();
+        let host_mounts = fs::read("/proc/self/mountinfo").unwrap();
+        fs::write(at(&format!("proc/{DOCKER_PID}/mountinfo")), host_mounts).unwrap();
         fs::write(
             pod_root.join("dev/shm/batch"),
             vec![0u8; (16 * MIB) as usize],

@@ -59,19 +59,45 @@ impl ShmScanner {
         inherited: &mut Option<Leftovers>,
         out: &mut ShmScan,
     ) -> Option<Look> {
+        // Twice at most: a container whose mounts changed between the walk and its mountinfo
+        // (being set up: its root pivoted) is looked at again from its root as it is now.
+        for _ in 0..2 {
+            match self.look_once(pid, mnt, rel, container_id, young, inherited, out) {
+                Some(Err(OpenShmError::Moving(_))) => continue,
+                Some(Err(e)) => return Some(self.not_opened(e, rel, container_id, out)),
+                Some(Ok(look)) => return Some(look),
+                None => return None,
+            }
+        }
+        let moving = OpenShmError::Moving("root or /dev");
+        Some(self.not_opened(moving, rel, container_id, out))
+    }
+
+    /// One look at the container's /dev/shm; `Err` when it could not be opened.
+    #[allow(clippy::too_many_arguments)]
+    fn look_once(
+        &mut self,
+        pid: i32,
+        mnt: NsId,
+        rel: &str,
+        container_id: &str,
+        young: Option<SystemTime>,
+        inherited: &mut Option<Leftovers>,
+        out: &mut ShmScan,
+    ) -> Option<Result<Look, OpenShmError>> {
         let root = match statfs::open_container_root(&self.proc_root, pid) {
             Ok(root) => root,
             Err(OpenShmError::Absent(_)) => return None,
             Err(e) => {
                 let denied = matches!(&e, OpenShmError::Io(io) if super::is_denied(io));
                 self.unreadable(out, "container root", rel, &e, denied);
-                return Some(Look::Unmeasured(format!(
+                return Some(Ok(Look::Unmeasured(format!(
                     "opening the container's root: {e}"
-                )));
+                ))));
             }
         };
         if self.hung.contains(container_id) {
-            return Some(Look::Unmeasured(HUNG.into()));
+            return Some(Ok(Look::Unmeasured(HUNG.into())));
         }
         let mountinfo = self.proc_root.join(pid.to_string()).join("mountinfo");
         let walked = super::trusted::open_shm(
@@ -83,23 +109,23 @@ impl ShmScanner {
         );
         let (fd, id) = match walked {
             Ok(Ok(opened)) => opened,
-            Ok(Err(e)) => return Some(self.not_opened(e, rel, container_id, out)),
-            Err(why) => return Some(self.unanswered(container_id, why, out)),
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(why) => return Some(Ok(self.unanswered(container_id, why, out))),
         };
         if id.is_mount_root == Some(false) {
             // A plain directory on the container's root file system: nothing is mounted there.
-            return Some(Look::NotMounted);
+            return Some(Ok(Look::NotMounted));
         }
         let entry = match self.mount_entry(pid, mnt, id, rel, out)? {
             Ok(Some(entry)) => entry,
             // Without statx, mountinfo alone tells whether something is mounted at /dev/shm.
-            Ok(None) if id.is_mount_root.is_none() => return Some(Look::NotMounted),
+            Ok(None) if id.is_mount_root.is_none() => return Some(Ok(Look::NotMounted)),
             Ok(None) => {
-                return Some(Look::Unmeasured(
+                return Some(Ok(Look::Unmeasured(
                     "a mount is at /dev/shm but mountinfo has no line for it".into(),
-                ))
+                )))
             }
-            Err(e) => return Some(Look::Unmeasured(format!("reading mountinfo: {e}"))),
+            Err(e) => return Some(Ok(Look::Unmeasured(format!("reading mountinfo: {e}")))),
         };
         if !statfs::is_measured_type(&entry.fs_type) {
             self.warn_once(
@@ -110,9 +136,11 @@ impl ShmScanner {
                     foreign_text(&entry.fs_type)
                 ),
             );
-            return Some(Look::Foreign(entry.fs_type));
+            return Some(Ok(Look::Foreign(entry.fs_type)));
         }
-        Some(self.measure_tmpfs(&fd, id, entry, rel, young, inherited, out))
+        Some(Ok(
+            self.measure_tmpfs(&fd, id, entry, rel, young, inherited, out)
+        ))
     }
 
     /// statfs of a /dev/shm mountinfo says is a tmpfs, and, while the container is young, what

@@ -98,9 +98,9 @@ fn check(
     match type_of(files, mountinfo, mount_id).map_err(statfs::classify)? {
         (Some(t), _) if is_trusted(dir, &t) => Ok(()),
         (Some(fs_type), _) => Err(OpenShmError::Untrusted { dir, fs_type }),
-        (None, cut) => Err(OpenShmError::Io(std::io::Error::other(format!(
-            "the mount of the container's {dir} is not in {} of mountinfo",
-            if cut { "the part read" } else { "any line" }
+        (None, false) => Err(OpenShmError::Moving(dir)),
+        (None, true) => Err(OpenShmError::Io(std::io::Error::other(format!(
+            "the mount of the container's {dir} is not in the part of mountinfo read"
         )))),
     }
 }
@@ -209,7 +209,9 @@ mod tests {
             }
         }
         match open_shm(&mut m, &mut files, &empty, slash(), &mut Trusted::default()) {
-            Ok(Err(OpenShmError::Io(e))) => assert!(e.to_string().contains("not in"), "{e}"),
+            Ok(Err(e @ OpenShmError::Moving("/"))) => {
+                assert!(e.to_string().contains("not in any line"), "{e}")
+            }
             other => panic!("{other:?}"),
         }
     }
