@@ -283,7 +283,9 @@ impl Worker {
         let measured = self.measure(target.pid, tmpfs);
         match measured {
             Ok(Some((bytes, mount_id))) => Sample::Used { bytes, mount_id },
-            Ok(None) | Err(OpenShmError::Absent(_)) => Sample::Gone,
+            // Moving: the container's mounts changed while read (set up or torn down); the
+            // next watch tries again.
+            Ok(None) | Err(OpenShmError::Absent(_) | OpenShmError::Moving(_)) => Sample::Gone,
             Err(e) => {
                 self.shared.errors.fetch_add(1, Ordering::Relaxed);
                 let key = format!("{} {}", target.container_id, e);
