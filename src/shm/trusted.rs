@@ -23,11 +23,12 @@ use crate::procfs::kfile::FileReader;
 /// File systems a container's root may be on and still be looked in: the local ones container
 /// runtimes give a rootfs (overlay by containerd, CRI-O and Docker; ext4, xfs or btrfs by the
 /// devmapper, native and btrfs snapshotters or a host directory; zfs by its snapshotter; tmpfs
-/// for a root in memory). Each answers a lookup from its page cache or local disk. Never a
+/// for a root in memory; rootfs and ramfs on a node that runs from its initramfs, as diskless
+/// and LinuxKit-style nodes do). Each answers a lookup from its page cache or local disk. Never a
 /// FUSE (`fuse`, `fuse.*`, `fuseblk`, rootless `fuse-overlayfs` too), nor a network one
 /// (nfs, cifs, smb3, 9p, ceph, virtiofs): those call out to a server that may never answer.
 pub const ROOT_TYPES: &[&str] = &[
-    "overlay", "ext4", "ext3", "ext2", "xfs", "btrfs", "zfs", "tmpfs",
+    "overlay", "ext4", "ext3", "ext2", "xfs", "btrfs", "zfs", "tmpfs", "rootfs", "ramfs",
 ];
 /// File systems a container's /dev may be on when it is a mount of its own: the tmpfs every
 /// runtime mounts there, or the host's devtmpfs (a privileged Pod's). A /dev that is a plain
