@@ -61,16 +61,16 @@ impl ShmScanner {
     ) -> Option<Look> {
         // Twice at most: a container whose mounts changed between the walk and its mountinfo
         // (being set up: its root pivoted) is looked at again from its root as it is now.
+        let mut moving = None;
         for _ in 0..2 {
             match self.look_once(pid, mnt, rel, container_id, young, inherited, out) {
-                Some(Err(OpenShmError::Moving(_))) => continue,
+                Some(Err(e @ OpenShmError::Moving(_))) => moving = Some(e),
                 Some(Err(e)) => return Some(self.not_opened(e, rel, container_id, out)),
                 Some(Ok(look)) => return Some(look),
                 None => return None,
             }
         }
-        let moving = OpenShmError::Moving("root or /dev");
-        Some(self.not_opened(moving, rel, container_id, out))
+        moving.map(|e| self.not_opened(e, rel, container_id, out))
     }
 
     /// One look at the container's /dev/shm; `Err` when it could not be opened.
