@@ -70,7 +70,8 @@ echo "== every alert has a severity and a runbook_url naming docs/runbooks/<aler
 python3 $checks/runbooks.py
 
 # --- kustomize builds ------------------------------------------------------------------------
-builds=(deploy/base deploy/examples/kernel-log deploy/examples/death-trace)
+builds=(deploy/base)
+for example in deploy/examples/*/; do builds+=("${example%/}"); done
 for overlay in deploy/overlays/*/; do builds+=("${overlay%/}"); done
 if need kubectl; then
   # Each directory built once, into $out/<dir with / as _>.{core,crs}.yaml, which the checks read.
@@ -91,6 +92,9 @@ if need kubectl; then
 
   echo "== the death-trace component adds CAP_PERFMON, tracefs read-only and its env, nothing else"
   python3 $checks/death_trace.py "$out/deploy_base.core.yaml" "$out/deploy_examples_death-trace.core.yaml"
+
+  echo "== the docker component adds --docker-root and Docker's directory (type Directory), nothing else"
+  python3 $checks/docker_component.py "$out/deploy_base.core.yaml" "$out/deploy_examples_docker.core.yaml"
 
   echo "== the NetworkPolicy admits only the scraper's selectors, on port 9477"
   python3 $checks/network_policy.py "$out/deploy_base.core.yaml"
