@@ -189,14 +189,21 @@ def refuses(chart):
             check(where in str(e), f"{values} refused, but the message does not name {where}: {e}")
             continue
         sys.exit(f"FAIL: the chart rendered values its schema should refuse: {values}")
+    try:
+        chart.render(NS, name="shmlink", namespace="default")
+        sys.exit("FAIL: namespace.create in namespace default rendered (it would relabel it privileged)")
+    except helm.HelmRenderError as e:
+        check("Kubernetes' own" in str(e), f"namespace.create in default: {e}")
     report = helm.lint(CHART, INVALID[0][0], strict=True)
     check(report["errors"], "helm lint passes values the schema refuses")
-    print(f"   {len(INVALID)} invalid values refused by values.schema.json, each naming the key; lint too")
+    print(f"   {len(INVALID)} invalid values refused by values.schema.json, each naming the key; lint too;"
+          " namespace.create refused in namespace default")
 
 
 def other_release(chart):
     """A release `agents` in namespace gpu-ops: every name and namespace follows it."""
     docs, _ = render(chart, {**EVERYTHING, "grafanaDashboards": {"enabled": True}}, "agents", "gpu-ops")
+    write("other-release", docs)
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     check(("DaemonSet", "agents-shmlink") in names and ("ClusterRole", "agents-shmlink-gpu-fault-taint") in names,
           f"names do not follow the release: {sorted(names)}")
