@@ -11,11 +11,14 @@
 #     overlays do what they say;
 #   - every alert links docs/runbooks/<alert>.md, and that file exists;
 #   - `promtool check rules` and `promtool test rules` on the plain rules;
-#   - the Dockerfile parses and every COPY source exists; the dashboards are valid JSON.
+#   - the Dockerfile parses and every COPY source exists; the dashboards are valid JSON;
+#   - the Helm chart charts/shmlink with the real Helm engine (helm-python-sdk: Helm v4's Go SDK
+#     as a library, no helm binary): lint, every component value rendered and compared object
+#     for object with its kustomize build, the schema's refusals; each render validated as above.
 # Each check is a file of its own in scripts/deploy/ that runs alone (its first lines say how);
 # this script installs the tools, builds every kustomize directory once and runs them all.
 # As root it installs what is missing (apt: prometheus, kubectl, nodejs, npm; pip:
-# kubernetes-validate, dockerfile-parse; npm, under target/: @kubernetes-models/prometheus-operator);
+# kubernetes-validate, dockerfile-parse, helm-python-sdk; npm, under target/: @kubernetes-models/prometheus-operator);
 # otherwise a missing tool is an error unless SHMLINK_DEPLOY_SKIP_MISSING=1, where it says loudly
 # what it skipped.
 #
@@ -50,8 +53,9 @@ if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
   fi
   # Debian's prometheus package starts its service on install; these checks need none.
-  command -v kubernetes-validate >/dev/null && python3 -c 'import dockerfile_parse' 2>/dev/null ||
-    { echo "== installing kubernetes-validate dockerfile-parse (pip)"; python3 -m pip install -q kubernetes-validate dockerfile-parse; }
+  command -v kubernetes-validate >/dev/null && python3 -c 'import dockerfile_parse, helm_python' 2>/dev/null ||
+    { echo "== installing kubernetes-validate dockerfile-parse helm-python-sdk (pip)"
+      python3 -m pip install -q kubernetes-validate dockerfile-parse helm-python-sdk; }
 fi
 python3 -c 'import yaml' # PyYAML: every check below reads YAML
 
@@ -70,7 +74,8 @@ echo "== every alert has a severity and a runbook_url naming docs/runbooks/<aler
 python3 $checks/runbooks.py
 
 # --- kustomize builds ------------------------------------------------------------------------
-builds=(deploy/base deploy/examples/kernel-log deploy/examples/death-trace)
+builds=(deploy/base)
+for example in deploy/examples/*/; do builds+=("${example%/}"); done
 for overlay in deploy/overlays/*/; do builds+=("${overlay%/}"); done
 if need kubectl; then
   # Each directory built once, into $out/<dir with / as _>.{core,crs}.yaml, which the checks read.
@@ -91,6 +96,9 @@ if need kubectl; then
 
   echo "== the death-trace component adds CAP_PERFMON, tracefs read-only and its env, nothing else"
   python3 $checks/death_trace.py "$out/deploy_base.core.yaml" "$out/deploy_examples_death-trace.core.yaml"
+
+  echo "== the docker component adds --docker-root and Docker's directory (type Directory), nothing else"
+  python3 $checks/docker_component.py "$out/deploy_base.core.yaml" "$out/deploy_examples_docker.core.yaml"
 
   echo "== the NetworkPolicy admits only the scraper's selectors, on port 9477"
   python3 $checks/network_policy.py "$out/deploy_base.core.yaml"
@@ -113,6 +121,25 @@ if need kubectl; then
     if need promtool; then
       echo "== promtool check rules (the PrometheusRule's groups)"
       promtool check rules "$out/rule-groups.yml"
+    fi
+  done
+fi
+
+# --- the Helm chart ----------------------------------------------------------------------------
+if ! python3 -c 'import helm_python' 2>/dev/null; then
+  skipped+=(helm-python-sdk)
+elif need kubectl; then
+  echo "== the Helm chart (Helm's own engine): lint, renders equal to the kustomize builds, schema"
+  python3 $checks/helm.py "$out"
+  for core in "$out"/helm_*.core.yaml; do
+    case=$(basename "$core" .core.yaml)
+    if need kubernetes-validate; then
+      $checks/validate-core.sh "charts/shmlink ($case)" "$core"
+    fi
+    crs=$out/$case.crs.yaml
+    if grep -q kind "$crs" && need node && need npm; then
+      echo "== the chart's custom resources ($case) against the Prometheus Operator's CRD schemas"
+      $checks/crd-schemas.sh "charts/shmlink ($case)" "$crs"
     fi
   done
 fi

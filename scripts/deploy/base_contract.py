@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The base DaemonSet, RBAC and Service keep their contract: least-privilege ClusterRole, hostPID,
 node-critical, the capability set (SYS_PTRACE, DAC_READ_SEARCH; no kernel log), read-only host
-mounts, port 9477, probes, a headless Service that selects the agents.
+mounts (every hostPath `Directory`, none of Docker's: deploy/components/docker), port 9477,
+probes, a headless Service that selects the agents.
 
     scripts/deploy/base_contract.py [BASE_CORE_YAML]     (default: builds deploy/base)
 """
@@ -42,10 +43,16 @@ vols = {v["name"]: v for v in pod["volumes"]}
 mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
 for path, host in [("/host/proc", "/proc"), ("/host/sys/fs/cgroup", "/sys/fs/cgroup"),
                    ("/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
-                   ("/var/log/pods", "/var/log/pods"),
-                   ("/host/var/lib/docker/containers", "/var/lib/docker/containers")]:
+                   ("/var/log/pods", "/var/log/pods")]:
     check(path in mounts and mounts[path].get("readOnly") is True, f"{path} mounted read-only")
     check(vols[mounts[path]["name"]]["hostPath"]["path"] == host, f"{path} is the host's {host}")
+# Docker's directory exists only on cri-dockerd nodes: deploy/components/docker mounts it.
+check(not any("docker" in v["hostPath"]["path"] for v in vols.values() if "hostPath" in v),
+      "the base mounts Docker's directory, which only Docker nodes have")
+check("--docker-root" not in c["args"], "the base names a Docker root it does not mount")
+# No host path is made on a node that lacks it: the kubelet makes the ones the base mounts.
+for v in vols.values():
+    check(v["hostPath"].get("type") == "Directory", f"hostPath {v['hostPath']} is not type Directory")
 check(all(m.get("readOnly") for m in c["volumeMounts"]), "every mount read-only: the agent writes nothing")
 (port,) = c["ports"]
 check(port["containerPort"] == 9477 and port["name"] == "metrics", "port 9477 named metrics")
