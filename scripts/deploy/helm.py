@@ -4,10 +4,9 @@ Go SDK (libhelm_c.so), so this renders and lints as `helm template` and `helm li
 helm binary. It checks that:
   - its copies of the rules and dashboards equal their sources (scripts/deploy/helm_files.py);
   - `helm lint --strict` passes for the defaults and for everything on, for each $K8S_VERSIONS;
-  - the defaults render the objects of `kubectl kustomize deploy/base`, object for object, but
-    the Namespace (namespace.create, off for `helm install`: charts/shmlink/README.md says why),
-    and with namespace.create=true exactly those; each component value renders what its
-    kustomize example or overlay builds;
+  - the defaults render the objects of `kubectl kustomize deploy/base`, object for object (the
+    Namespace too; never for default or kube-*, nor with namespace.create=false); each component
+    value renders what its kustomize example or overlay builds;
   - values against values.schema.json are refused, each naming the offending key;
   - a release of another name and namespace names its objects by the release, everywhere;
   - runbookBaseUrl re-bases every alert's runbook_url.
@@ -38,7 +37,6 @@ NS = {"namespace": {"create": True}}
 PO = {"prometheusOperator": {"enabled": True}}
 # (case, values, the kustomize directory that builds the same objects)
 TWINS = [
-    ("namespace", NS, "deploy/base"),
     ("kernel-log", {**NS, "kernelLog": {"enabled": True}}, "deploy/examples/kernel-log"),
     ("death-trace", {**NS, "deathTrace": {"enabled": True}}, "deploy/examples/death-trace"),
     ("docker", {**NS, "docker": {"enabled": True}}, "deploy/examples/docker"),
@@ -189,15 +187,15 @@ def refuses(chart):
             check(where in str(e), f"{values} refused, but the message does not name {where}: {e}")
             continue
         sys.exit(f"FAIL: the chart rendered values its schema should refuse: {values}")
-    try:
-        chart.render(NS, name="shmlink", namespace="default")
-        sys.exit("FAIL: namespace.create in namespace default rendered (it would relabel it privileged)")
-    except helm.HelmRenderError as e:
-        check("Kubernetes' own" in str(e), f"namespace.create in default: {e}")
+    for ns in ("default", "kube-system"):
+        kinds = [d["kind"] for d in render(chart, {}, namespace=ns)[0]]
+        check("Namespace" not in kinds, f"namespace {ns} rendered (it would be relabelled privileged)")
+    kinds = [d["kind"] for d in render(chart, {"namespace": {"create": False}})[0]]
+    check("Namespace" not in kinds, "namespace.create=false still renders the Namespace")
     report = helm.lint(CHART, INVALID[0][0], strict=True)
     check(report["errors"], "helm lint passes values the schema refuses")
     print(f"   {len(INVALID)} invalid values refused by values.schema.json, each naming the key; lint too;"
-          " namespace.create refused in namespace default")
+          " no Namespace rendered for default, kube-system or namespace.create=false")
 
 
 def other_release(chart):
@@ -263,7 +261,7 @@ def main():
     with helm.Chart.load(CHART) as chart:
         check(chart.metadata["apiVersion"] == "v2", "Chart.yaml apiVersion v2")
         check(set(COMPONENTS) <= set(chart.values), f"a component without its value: {COMPONENTS}")
-        docs = same_as_kustomize(chart, "defaults", None, "deploy/base", drop=("Namespace",))
+        docs = same_as_kustomize(chart, "defaults", None, "deploy/base")
         # The comparison can fail: the defaults are not the kernel-log example.
         check(differences(docs, [d for d in kustomized("deploy/examples/kernel-log") if d["kind"] != "Namespace"]),
               "the defaults compare equal to the kernel-log example: the comparison sees nothing")
