@@ -34,6 +34,16 @@ fn rich_snapshot() -> Snapshot {
     s.failure_counts = failure_counts(&s.shm[0]);
     set_links(&mut s.gpus);
     set_pairs(&mut s.gpu_pairs);
+    // GPU 2, lost, fails with both peers: the pair judge's culprit.
+    s.gpu_blame = crate::model::Blame {
+        suspects: vec![crate::model::Suspect {
+            gpu: 2,
+            bad_pairs: 2,
+            by: crate::model::SuspectBy::FailsWithAll,
+            reasons: vec!["GPU 2 is lost".into()],
+        }],
+        node_wide: false,
+    };
     s.xids = vec![
         XidCount {
             gpu: 1,
