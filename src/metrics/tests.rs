@@ -32,6 +32,10 @@ fn rich_snapshot() -> Snapshot {
     s.gpu_probes = pair_probes();
     set_gpu_users(&mut s);
     s.failure_counts = failure_counts(&s.shm[0]);
+    let mut told =
+        crate::fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", "uid-0");
+    told.container_id = Some("c0ffee01".into());
+    s.failures = vec![told];
     set_links(&mut s.gpus);
     set_pairs(&mut s.gpu_pairs);
     // GPU 2, lost, fails with both peers: the pair judge's culprit.
