@@ -9,7 +9,11 @@
 #   - the DaemonSet keeps its contract (capabilities, mounts, args, probes, RBAC); the
 #     NetworkPolicy admits only the scraper on 9477; the grafana-dashboard and kube-rbac-proxy
 #     overlays do what they say;
-#   - every alert links docs/runbooks/<alert>.md, and that file exists;
+#   - every alert links docs/runbooks/<alert>.md, and that file exists; the overlay's runbook_url
+#     base is one value (runbook-base-url.yaml); the runbooks' `shmlink check` commands carry the
+#     DaemonSet's roots;
+#   - the Alertmanager example: `amtool check-config`, and the real Alertmanager inhibits a
+#     culprit GPU's pair alerts (scripts/deploy/alertmanager.sh);
 #   - `promtool check rules` and `promtool test rules` on the plain rules;
 #   - the Dockerfile parses and every COPY source exists; the dashboards are valid JSON;
 #   - the Helm chart charts/shmlink with the real Helm engine (helm-python-sdk: Helm v4's Go SDK
@@ -17,7 +21,7 @@
 #     for object with its kustomize build, the schema's refusals; each render validated as above.
 # Each check is a file of its own in scripts/deploy/ that runs alone (its first lines say how);
 # this script installs the tools, builds every kustomize directory once and runs them all.
-# As root it installs what is missing (apt: prometheus, kubectl, nodejs, npm; pip:
+# As root it installs what is missing (apt: prometheus, prometheus-alertmanager, kubectl, nodejs, npm; pip:
 # kubernetes-validate, dockerfile-parse, helm-python-sdk; npm, under target/: @kubernetes-models/prometheus-operator);
 # otherwise a missing tool is an error unless SHMLINK_DEPLOY_SKIP_MISSING=1, where it says loudly
 # what it skipped.
@@ -69,6 +73,12 @@ if need promtool; then
   $checks/promtool-rules.sh
 fi
 
+# --- Alertmanager ----------------------------------------------------------------------------
+if need prometheus-alertmanager && need amtool; then
+  echo "== the Alertmanager example: amtool check-config, routes, and the real Alertmanager's inhibition"
+  python3 $checks/alertmanager.py
+fi
+
 # --- runbooks --------------------------------------------------------------------------------
 echo "== every alert has a severity and a runbook_url naming docs/runbooks/<alert>.md, which exists"
 python3 $checks/runbooks.py
@@ -99,6 +109,12 @@ if need kubectl; then
 
   echo "== the docker component adds --docker-root and Docker's directory (type Directory), nothing else"
   python3 $checks/docker_component.py "$out/deploy_base.core.yaml" "$out/deploy_examples_docker.core.yaml"
+
+  echo "== every runbook's \`kubectl exec ... shmlink check\` carries the DaemonSet's path options"
+  python3 $checks/runbook_commands.py "$out/deploy_base.core.yaml"
+
+  echo "== runbook_url's base is the one value in the prometheus-operator overlay's runbook-base-url.yaml"
+  python3 $checks/runbook_base.py
 
   echo "== the NetworkPolicy admits only the scraper's selectors, on port 9477"
   python3 $checks/network_policy.py "$out/deploy_base.core.yaml"

@@ -33,12 +33,48 @@ const DOCKER_CID: &str = "9c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e
 const DOCKER_PID: i32 = 5150;
 
 /// Families whose values depend on time, not on the node; their values become `<varies>`.
-const VARYING: [&str; 2] = [
+const VARYING: [&str; 3] = [
     // How long each scan took (buckets, sum) and how many ran before the scrape (count).
     "shmlink_scan_duration_seconds",
     // The wall clock.
     "shmlink_last_scan_timestamp_seconds",
+    // When each failure happened: a kernel record's time is the machine's boot time plus its
+    // stamp (its message says that time too: masked by `mask_times`).
+    "shmlink_workload_failure_last_info",
 ];
+
+/// Each RFC 3339 UTC time (`2026-01-15T10:00:05.0001Z`) in `line` as `<time>`.
+fn mask_times(line: &str) -> String {
+    let b = line.as_bytes();
+    let starts_time = |i: usize| {
+        let shape = b"dddd-dd-ddTdd:dd:dd";
+        b.len() >= i + shape.len()
+            && shape.iter().zip(&b[i..]).all(|(s, c)| match s {
+                b'd' => c.is_ascii_digit(),
+                s => s == c,
+            })
+    };
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < b.len() {
+        if starts_time(i) {
+            let z = line[i..].find('Z').filter(|&z| {
+                line[i + 19..i + z]
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || c == '.')
+            });
+            if let Some(z) = z {
+                out.push_str("<time>");
+                i += z + 1;
+                continue;
+            }
+        }
+        let ch = line[i..].chars().next().unwrap();
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -266,7 +302,7 @@ fn normalise(body: &str) -> String {
         let name = &line[..name_end];
         let varies = VARYING.iter().any(|family| name.starts_with(family));
         let line = match line.rsplit_once(' ') {
-            Some((series, _)) if varies => format!("{series} <varies>"),
+            Some((series, _)) if varies => format!("{} <varies>", mask_times(series)),
             _ => line.to_string(),
         };
         let labels = line[name_end..]

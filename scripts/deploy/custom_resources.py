@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from deploycheck import arg, check, core, custom_resources
+from deploycheck import RUNBOOK_BASE, arg, check, core, custom_resources, runbook_base_value
 
 directory = sys.argv[1]
 crs = {d["kind"]: d for d in custom_resources(arg(2), directory)}
@@ -44,6 +44,12 @@ for g in pr["groups"]:
         check(set(r) <= {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}, f"rule fields {sorted(r)}")
         check(("alert" in r) != ("record" in r) and r.get("expr"), f"rule {r}")
 plain = yaml.safe_load(open("deploy/prometheus/shmlink.rules.yml"))["groups"]
+# Each runbook_url is the operator's base (runbook-base-url.yaml) and the plain rule's page.
+base = runbook_base_value()
+for g in plain:
+    for r in g["rules"]:
+        if "runbook_url" in r.get("annotations", {}):
+            r["annotations"]["runbook_url"] = base + r["annotations"]["runbook_url"][len(RUNBOOK_BASE):]
 check(pr["groups"] == plain, "the PrometheusRule's groups differ from deploy/prometheus/shmlink.rules.yml: run scripts/test-deploy.sh --write-rule")
 if arg(4):
     yaml.safe_dump({"groups": pr["groups"]}, open(arg(4), "w"), sort_keys=False)

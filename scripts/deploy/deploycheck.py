@@ -17,6 +17,18 @@ os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 CR_GROUP = "monitoring.coreos.com/"
 
+# The runbooks' base URL the plain rules link (`<base>/<alert>.md`), and the placeholder for it in
+# the overlay's generated prometheusrule.yaml, which kustomize replaces with the value of
+# RUNBOOK_BASE_FILE (deploy/overlays/prometheus-operator/kustomization.yaml, `replacements`).
+RUNBOOK_BASE = "https://github.com/shmlink/shmlink/blob/main/docs/runbooks"
+RUNBOOK_PLACEHOLDER = "RUNBOOK_BASE_URL"
+RUNBOOK_BASE_FILE = "deploy/overlays/prometheus-operator/runbook-base-url.yaml"
+
+
+def runbook_base_value():
+    """The base URL an operator set for the Prometheus Operator overlay."""
+    return yaml.safe_load(open(RUNBOOK_BASE_FILE))["data"]["url"]
+
 
 def check(cond, what):
     if not cond:

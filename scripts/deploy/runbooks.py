@@ -8,9 +8,9 @@ import os
 
 import yaml
 
-from deploycheck import check
+from deploycheck import RUNBOOK_BASE, check
 
-BASE = "https://github.com/shmlink/shmlink/blob/main/docs/runbooks/"
+BASE = RUNBOOK_BASE + "/"
 groups = yaml.safe_load(open("deploy/prometheus/shmlink.rules.yml"))["groups"]
 alerts = [r for g in groups for r in g["rules"] if "alert" in r]
 names = [r["alert"] for r in alerts]

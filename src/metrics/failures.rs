@@ -9,10 +9,16 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::model::SourceStats;
-use crate::model::{ContainerRef, FindingKind};
+use crate::model::{ContainerRef, Failure, FindingKind};
 
 use super::shm::container_labels;
-use super::{counter, register_counters, set_flag, FlagGauge, Metrics};
+use super::{counter, gauge, register_counters, set_flag, FlagGauge, Metrics};
+
+/// The newest failures `shmlink_workload_failure_last_info` carries: a node's few, so that the
+/// message label cannot grow a series per failure without bound.
+pub const LAST_FAILURES: usize = 10;
+/// A message label's most bytes (cut at a character boundary).
+const MESSAGE_MAX: usize = 200;
 
 /// What the failure watcher's sources (container logs, the kernel log) read.
 #[derive(Default)]
@@ -127,4 +133,129 @@ pub(super) fn encode(
         counter(&mut metric, &labels, *count)?;
     }
     Ok(())
+}
+
+/// `shmlink_workload_failure_last_info`: the newest [`LAST_FAILURES`] failures the agent keeps
+/// (newest first; one series per container, kind and message), each valued by when it happened
+/// (Unix seconds), so a dashboard can list what died lately and why.
+pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure]) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_workload_failure_last_info",
+        "The newest failures told (at most 10 per agent), valued by when each happened (Unix \
+         time); message: what shmlink says of it",
+        None,
+        MetricType::Gauge,
+    )?;
+    let mut written: Vec<(&str, FindingKind, &str)> = Vec::new();
+    for f in failures.iter().rev().filter(|f| !f.is_workload_word()) {
+        if written.len() == LAST_FAILURES {
+            break;
+        }
+        let id = f.container_id.as_deref().unwrap_or("");
+        let message = prefix(&f.message, MESSAGE_MAX);
+        if written.contains(&(id, f.kind, message)) {
+            continue;
+        }
+        written.push((id, f.kind, message));
+        let labels = [
+            ("namespace", f.namespace.as_deref().unwrap_or("")),
+            ("pod", f.pod.as_deref().unwrap_or("")),
+            ("container", f.container.as_deref().unwrap_or("")),
+            ("container_id", id),
+            ("pod_uid", f.pod_uid.as_deref().unwrap_or("")),
+            ("kind", f.kind.as_str()),
+            ("message", message),
+        ];
+        gauge(&mut metric, &labels, unix_seconds(&f.at))?;
+    }
+    Ok(())
+}
+
+/// RFC 3339 as Unix seconds; 0 for a time that does not parse (the series still says what died).
+fn unix_seconds(at: &str) -> f64 {
+    at.parse::<k8s_openapi::jiff::Timestamp>()
+        .map(|t| t.as_millisecond() as f64 / 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn prefix(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwapOption;
+
+    use crate::fixtures::failure;
+    use crate::model::{FindingKind, Snapshot};
+
+    use super::super::Metrics;
+    use super::LAST_FAILURES;
+
+    fn last_info(failures: Vec<crate::model::Failure>) -> Vec<String> {
+        let snapshot = Snapshot {
+            failures,
+            ..Snapshot::default()
+        };
+        let metrics = Metrics::new(Arc::new(ArcSwapOption::from_pointee(snapshot)));
+        let text = metrics.encode().unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("shmlink_workload_failure_last_info{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn the_newest_failures_with_their_messages_valued_by_their_time() {
+        let mut f = failure(FindingKind::ShmBusError, "ml", "trainer-0", "u0");
+        f.container_id = Some("c0".into());
+        f.message = "trainer-0 died of SIGBUS: /dev/shm full".into();
+        assert_eq!(
+            last_info(vec![f]),
+            [
+                "shmlink_workload_failure_last_info{namespace=\"ml\",pod=\"trainer-0\",\
+                 container=\"trainer\",container_id=\"c0\",pod_uid=\"u0\",kind=\"shm_bus_error\",\
+                 message=\"trainer-0 died of SIGBUS: /dev/shm full\"} 1795428902.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn at_most_the_newest_ten_one_series_per_message_and_messages_cut() {
+        let mut all: Vec<_> = (0..15)
+            .map(|i| {
+                failure(
+                    FindingKind::ShmAllocationFailed,
+                    "ml",
+                    &format!("p{i}"),
+                    "u",
+                )
+            })
+            .collect();
+        // The same container, kind and message again: one series.
+        all.push(all[14].clone());
+        all[13].message = "é".repeat(150);
+        // PyTorch's word of a worker's death is not a failure of its own.
+        let mut word = failure(FindingKind::ShmBusError, "ml", "w", "u");
+        word.worker_pids = vec![7];
+        all.push(word);
+        let got = last_info(all);
+        assert_eq!(got.len(), LAST_FAILURES, "{got:#?}");
+        assert!(got[0].contains("pod=\"p14\""), "{}", got[0]);
+        assert!(got[9].contains("pod=\"p5\""), "{}", got[9]);
+        assert!(!got.iter().any(|l| l.contains("pod=\"w\"")));
+        let cut = format!("message=\"{}\"", "é".repeat(100));
+        assert!(got[1].contains(&cut), "{}", got[1]);
+        assert_eq!(super::unix_seconds("not a time"), 0.0);
+    }
 }

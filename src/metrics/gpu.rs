@@ -1,5 +1,5 @@
 //! The GPU families: GPU info, lost and PCIe replays; NVLink state, error counters and BERs;
-//! recovery actions; P2P and pair health; XIDs; who uses which GPU; the PCIe path; the pair
+//! recovery actions; P2P and pair health; the pair judge's suspects; XIDs; who uses which GPU; the PCIe path; the pair
 //! probe; NVML up and the driver's GPU count.
 
 use std::fmt;
@@ -8,8 +8,8 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use crate::model::{
-    AcsState, GpuReading, LinkReading, P2pStatus, PairProbe, PairStatus, PairVerdict, PcieLink,
-    ProbeStatus,
+    AcsState, Blame, GpuReading, LinkReading, P2pStatus, PairProbe, PairStatus, PairVerdict,
+    PcieLink, ProbeStatus, SuspectBy,
 };
 use crate::model::{Snapshot, XidCount};
 
@@ -25,6 +25,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_nvlink_ber(encoder, &snapshot.gpus)?;
         encode_recovery_action(encoder, &snapshot.gpus)?;
         encode_pairs(encoder, &snapshot.gpu_pairs)?;
+        encode_blame(encoder, &snapshot.gpu_blame)?;
         encode_xids(encoder, &snapshot.xids)?;
         encode_users(encoder, snapshot)?;
         encode_pcie(encoder, &snapshot.gpus)?;
@@ -374,6 +375,40 @@ fn encode_pairs(encoder: &mut DescriptorEncoder, pairs: &[PairVerdict]) -> fmt::
     Ok(())
 }
 
+/// `shmlink_gpu_suspect` and `shmlink_gpu_pairs_node_wide`: the pair judge's [`Blame`] as
+/// the Node condition words it, so an alert can page once per culprit GPU rather than once per
+/// pair. `by` says which of the judge's rules named the GPU; the condition names a culprit for
+/// `fails_with_all` and `most_pairs`, none for `either_end`, and the alert rules do the same.
+fn encode_blame(encoder: &mut DescriptorEncoder, blame: &Blame) -> fmt::Result {
+    let mut suspect = encoder.encode_descriptor(
+        "shmlink_gpu_suspect",
+        "GPUs the pair judge blames for failing pairs, valued by how many of the GPU's pairs \
+         fail; by: fails_with_all or most_pairs (the culprit), either_end (failing pairs that \
+         share no GPU: either end of each, no culprit)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for s in &blame.suspects {
+        let by = match s.by {
+            SuspectBy::FailsWithAll => "fails_with_all",
+            SuspectBy::MostPairs => "most_pairs",
+            SuspectBy::EitherEnd => "either_end",
+        };
+        let gpu = s.gpu.to_string();
+        let pairs = i64::try_from(s.bad_pairs).unwrap_or(i64::MAX);
+        gauge(&mut suspect, &[("gpu", gpu.as_str()), ("by", by)], pairs)?;
+    }
+    encoder
+        .encode_descriptor(
+            "shmlink_gpu_pairs_node_wide",
+            "1 when every pair of every GPU fails (three GPUs or more): the node (fabric, \
+             platform, driver), not one GPU",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&i64::from(blame.node_wide))
+}
+
 /// `shmlink_gpu_xid_errors_total`.
 fn encode_xids(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Result {
     let mut metric = encoder.encode_descriptor(
@@ -411,4 +446,98 @@ fn encode_nvml(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Res
             MetricType::Gauge,
         )?
         .encode_gauge(&(snapshot.driver_gpus.len() as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwapOption;
+
+    use crate::fixtures::gpu_board;
+    use crate::model::{Blame, Snapshot, Suspect, SuspectBy};
+
+    use super::super::Metrics;
+
+    /// The sample lines of the suspect and node-wide families.
+    fn blame_series(snapshot: Snapshot) -> Vec<String> {
+        let metrics = Metrics::new(Arc::new(ArcSwapOption::from_pointee(snapshot)));
+        let text = metrics.encode().unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("shmlink_gpu_suspect") || l.starts_with("shmlink_gpu_pairs_node_wide")
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn suspect(gpu: u32, bad_pairs: usize, by: SuspectBy) -> Suspect {
+        Suspect {
+            gpu,
+            bad_pairs,
+            by,
+            reasons: vec![format!("NVLink 0 of GPU {gpu} is inactive")],
+        }
+    }
+
+    /// What `gpu::blame` says of each board (its own tests hold the rule).
+    fn board(gpus: u32, suspects: Vec<Suspect>, node_wide: bool) -> Snapshot {
+        let mut s = gpu_board(gpus);
+        s.gpu_blame = Blame {
+            suspects,
+            node_wide,
+        };
+        s
+    }
+
+    #[test]
+    fn one_gpu_down_of_eight_is_one_culprit_series_with_its_seven_pairs() {
+        let s = board(8, vec![suspect(7, 7, SuspectBy::FailsWithAll)], false);
+        assert_eq!(
+            blame_series(s),
+            [
+                r#"shmlink_gpu_suspect{gpu="7",by="fails_with_all"} 7"#,
+                "shmlink_gpu_pairs_node_wide 0"
+            ]
+        );
+    }
+
+    #[test]
+    fn two_separate_bad_pairs_name_either_end_of_each_and_no_culprit() {
+        let ends = [0, 1, 2, 3].map(|g| suspect(g, 1, SuspectBy::EitherEnd));
+        let got = blame_series(board(8, ends.to_vec(), false));
+        assert_eq!(got.len(), 5, "{got:?}");
+        for g in 0..4 {
+            let line = format!(r#"shmlink_gpu_suspect{{gpu="{g}",by="either_end"}} 1"#);
+            assert!(got.contains(&line), "{line} not in {got:?}");
+        }
+        assert!(!got
+            .iter()
+            .any(|l| l.contains("fails_with_all") || l.contains("most_pairs")));
+        assert_eq!(got[4], "shmlink_gpu_pairs_node_wide 0");
+    }
+
+    #[test]
+    fn a_gpu_in_the_most_failing_pairs_is_named_by_most_pairs() {
+        let s = board(8, vec![suspect(7, 2, SuspectBy::MostPairs)], false);
+        assert_eq!(
+            blame_series(s)[0],
+            r#"shmlink_gpu_suspect{gpu="7",by="most_pairs"} 2"#
+        );
+    }
+
+    #[test]
+    fn node_wide_names_no_gpu() {
+        assert_eq!(
+            blame_series(board(8, Vec::new(), true)),
+            ["shmlink_gpu_pairs_node_wide 1"]
+        );
+    }
+
+    #[test]
+    fn without_gpus_neither_family_is_written() {
+        let mut s = board(0, Vec::new(), false);
+        s.nvml_up = false;
+        assert!(blame_series(s).is_empty());
+    }
 }

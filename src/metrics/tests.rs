@@ -32,8 +32,22 @@ fn rich_snapshot() -> Snapshot {
     s.gpu_probes = pair_probes();
     set_gpu_users(&mut s);
     s.failure_counts = failure_counts(&s.shm[0]);
+    let mut told =
+        crate::fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", "uid-0");
+    told.container_id = Some("c0ffee01".into());
+    s.failures = vec![told];
     set_links(&mut s.gpus);
     set_pairs(&mut s.gpu_pairs);
+    // GPU 2, lost, fails with both peers: the pair judge's culprit.
+    s.gpu_blame = crate::model::Blame {
+        suspects: vec![crate::model::Suspect {
+            gpu: 2,
+            bad_pairs: 2,
+            by: crate::model::SuspectBy::FailsWithAll,
+            reasons: vec!["GPU 2 is lost".into()],
+        }],
+        node_wide: false,
+    };
     s.xids = vec![
         XidCount {
             gpu: 1,
