@@ -52,7 +52,11 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
              GPUs {} as NVML lists them",
             probed.devices.len(),
             probed.devices.join(", "),
-            chosen.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            chosen
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let mut stdout = std::io::stdout().lock();
@@ -72,7 +76,11 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         serde_json::to_writer_pretty(&mut stdout, &json)?;
         writeln!(stdout)?;
     } else {
-        write!(stdout, "{}", render::table(&report, probed.took, colour_out))?;
+        write!(
+            stdout,
+            "{}",
+            render::table(&report, probed.took, colour_out)
+        )?;
     }
     stdout.flush()?;
     Ok(if report.all_ok() {

@@ -544,7 +544,10 @@ mod tests {
         };
         let (granted, peer) = (PeerAccess::Granted, Some(CopyPath::Peer));
         assert_eq!(facts(0, 1), (true, false, fact(granted, peer, false)));
-        assert_eq!(facts(1, 0), (false, false, fact(PeerAccess::NotTried, None, false)));
+        assert_eq!(
+            facts(1, 0),
+            (false, false, fact(PeerAccess::NotTried, None, false))
+        );
         assert_eq!(facts(1, 2), (true, false, fact(granted, peer, false)));
         assert_eq!(facts(2, 1), (true, false, fact(granted, peer, true)));
         assert_eq!(facts(0, 2), (true, true, fact(granted, peer, true)));

@@ -18,9 +18,8 @@ pub const MAX_BYTES: u64 = 4 << 30;
 pub enum InputError {
     #[error("{0}")]
     BytesUnreadable(String),
-    #[error(
-        "--bytes {given}: the sized copy must be from 4 KiB to 4 GiB (e.g. 64Mi, the default)"
-    )]
+    /// Said after clap's "invalid value '<given>' for '--bytes <SIZE>'".
+    #[error("the sized copy must be from 4 KiB to 4 GiB (e.g. 64Mi, the default)")]
     BytesOutOfRange { given: String },
     #[error(
         "--bytes {}: GPU {gpu} has {} free (of {}); the copy needs that much on each GPU",
@@ -145,11 +144,14 @@ mod tests {
         for bad in ["0", "4095", "100Gi", "5Gi"] {
             let e = parse_bytes(bad).unwrap_err();
             assert_eq!(
+                e,
+                InputError::BytesOutOfRange {
+                    given: bad.to_string()
+                }
+            );
+            assert_eq!(
                 e.to_string(),
-                format!(
-                    "--bytes {bad}: the sized copy must be from 4 KiB to 4 GiB (e.g. 64Mi, the \
-                     default)"
-                )
+                "the sized copy must be from 4 KiB to 4 GiB (e.g. 64Mi, the default)"
             );
         }
         let e = parse_bytes("lots").unwrap_err().to_string();

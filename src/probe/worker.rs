@@ -1,6 +1,7 @@
 //! The probe's worker process (`shmlink probe-worker`): loads libcuda, says which devices it
-//! sees, then runs the ordered pairs it was given one by one, saying each before it starts and
-//! its outcome after, one JSON line each on stdout. It is expendable: the parent ends it when a
+//! sees, then runs the ordered pairs it was given one by one, saying each before it starts,
+//! what peer access answered before the copies, and its outcome after, one JSON line each on
+//! stdout. It is expendable: the parent ends it when a
 //! pair outlives its deadline, and a crash ends it too; the parent carries on with a new one.
 
 use std::io::Write;

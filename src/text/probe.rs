@@ -56,11 +56,7 @@ pub fn reason_probe(p: &PairProbe) -> String {
 
 /// The words under `shmlink probe`'s table (`probe::render` draws its rows, legend and
 /// colours): how many pairs in how long, and for each culprit GPU what to do.
-pub fn probe_table(
-    pairs: &[PairProbe],
-    culprits: &[u32],
-    took: Duration,
-) -> (String, Vec<String>) {
+pub fn probe_table(pairs: &[PairProbe], culprits: &[u32], took: Duration) -> (String, Vec<String>) {
     let bad = pairs.iter().filter(|p| p.status != ProbeStatus::Ok).count();
     let summary = format!(
         "{} ordered pairs probed in {:.1} s: {} ok, {bad} not.",
