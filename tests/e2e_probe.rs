@@ -427,6 +427,31 @@ fn bad_input_is_exit_2_with_the_reason_before_any_gpu_is_touched() {
     assert_eq!(cuda.inits(), 1);
 }
 
+/// NVML lists eight GPUs but CUDA sees one of those asked: no pair, exit 2 saying what CUDA
+/// lists, not "0 pairs probed" and exit 0.
+#[test]
+fn cuda_seeing_fewer_than_two_of_the_gpus_is_exit_2() {
+    let nvml_config = fake_nvml::preset("nvswitch-8");
+    let nvml = FakeNvml::new(&nvml_config);
+    let cuda = FakeCuda::new(&fake_cuda::config(&nvml_config, &[0, 5], 300.0));
+    let out = probe_cmd(&nvml, &cuda, &["--gpus", "0,1,2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "shmlink: no pair to probe: CUDA lists 2 device(s) ({}, {}), and fewer than two of \
+             them are GPUs 0, 1, 2 as NVML lists them",
+            fake_cuda::bus(&nvml_config, 0).replace("00000000:", "0000:"),
+            fake_cuda::bus(&nvml_config, 5).replace("00000000:", "0000:"),
+        )),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
 /// A config the fake libcuda cannot parse is said, and the probe says the driver did not start.
 #[test]
 fn a_malformed_fake_config_is_exit_2_with_the_parse_error() {
@@ -563,6 +588,10 @@ fn on_a_terminal_progress_comes_as_pairs_end_and_a_hang_is_said_while_it_waits()
     let text = all.join("\n");
     assert!(text.contains("  \x1b[32mok\x1b[0m  300.0 GB/s"), "{text}");
     assert!(text.contains("\x1b[31mFAILED\x1b[0m"), "{text}");
+    assert!(
+        all.contains(&"0     1   \x1b[32mok\x1b[0m        yes   peer  yes       300.0       450.0"),
+        "the table in colour: {text}"
+    );
     // And `--color never` on a terminal, none.
     let mut cmd = probe_cmd(&nvml, &cuda, &[&args[..], &["--color", "never"]].concat());
     cmd.env("TERM", "xterm");
