@@ -6,7 +6,6 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::{pairs_arg, Line, ProbeOptions, ASK, WORKER_COMMAND};
@@ -21,7 +20,8 @@ pub(super) struct Worker {
     child: Child,
     pub(super) lines: mpsc::Receiver<Line>,
     said: Arc<Mutex<VecDeque<String>>>,
-    stderr: Option<JoinHandle<()>>,
+    /// Ends (disconnects) when the worker's stderr has been read to its end.
+    stderr_read: Option<mpsc::Receiver<()>>,
 }
 
 impl Worker {
@@ -63,7 +63,7 @@ impl Worker {
             }
         });
         let said = Arc::new(Mutex::new(VecDeque::new()));
-        let stderr = child
+        let stderr_read = child
             .stderr
             .take()
             .map(|e| keep_last_lines(e, said.clone()));
@@ -71,7 +71,7 @@ impl Worker {
             child,
             lines,
             said,
-            stderr,
+            stderr_read,
         })
     }
 
@@ -93,11 +93,12 @@ impl Worker {
     }
 
     /// `e`, and what the worker (the driver in it) printed on stderr, once it has ended: the
-    /// worker exits right after saying why it cannot start.
+    /// worker exits right after saying why it cannot start. A second at most for the rest of
+    /// its stderr: a process it left behind may hold it open.
     fn with_stderr(&mut self, e: String) -> String {
         let _ = self.child.wait();
-        if let Some(t) = self.stderr.take() {
-            let _ = t.join();
+        if let Some(read) = self.stderr_read.take() {
+            let _ = read.recv_timeout(Duration::from_secs(1));
         }
         let said = self.said.lock().unwrap_or_else(|p| p.into_inner());
         if said.is_empty() {
@@ -142,12 +143,15 @@ impl Drop for Worker {
     }
 }
 
-/// Reads `from` to its end on a thread, keeping its last lines (each cut to a bound).
+/// Reads `from` to its end on a thread, keeping its last lines (each cut to a bound); the
+/// receiver disconnects when it is done.
 fn keep_last_lines(
     from: impl Read + Send + 'static,
     into: Arc<Mutex<VecDeque<String>>>,
-) -> JoinHandle<()> {
+) -> mpsc::Receiver<()> {
+    let (done, read) = mpsc::channel::<()>();
     std::thread::spawn(move || {
+        let _done = done;
         let mut reader = BufReader::new(from);
         let mut buf = Vec::new();
         loop {
@@ -168,5 +172,25 @@ fn keep_last_lines(
             }
             kept.push_back(cut);
         }
-    })
+    });
+    read
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_lines_are_kept_each_bounded() {
+        let long = "x".repeat(1000);
+        let text = format!("one\n\ntwo\nthree\n{long}\nfive\nsix");
+        let kept = Arc::new(Mutex::new(VecDeque::new()));
+        let read = keep_last_lines(std::io::Cursor::new(text.into_bytes()), kept.clone());
+        assert_eq!(
+            read.recv_timeout(Duration::from_secs(5)),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        );
+        let kept: Vec<String> = kept.lock().unwrap().iter().cloned().collect();
+        assert_eq!(kept, ["three", &long[..STDERR_LINE_BYTES], "five", "six"]);
+    }
 }
