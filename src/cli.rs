@@ -48,9 +48,10 @@ pub struct CudaArgs {
     /// libcuda to load (default: the system's libcuda.so.1).
     #[arg(long, env = "SHMLINK_CUDA_LIB")]
     pub cuda_lib: Option<PathBuf>,
-    /// Bytes of the sized copy per pair, e.g. 64Mi.
-    #[arg(long, value_name = "SIZE", default_value = "64Mi")]
-    pub bytes: String,
+    /// Bytes of the sized copy per pair, e.g. 64Mi: from 4Ki to 4Gi, and within each GPU's
+    /// free memory.
+    #[arg(long, value_name = "SIZE", default_value = "64Mi", value_parser = crate::probe::input::parse_bytes)]
+    pub bytes: u64,
     /// How long a pair's copies may take before the pair counts as hung (larger copies get
     /// the time of the copy at 1 GB/s, three times over).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_window)]
@@ -62,13 +63,29 @@ pub struct ProbeArgs {
     /// Print JSON (the schema in CONTRACT.md) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Only these GPUs (NVML indices), e.g. 0,5,7.
+    /// Only these GPUs (NVML indices), e.g. 0,5,7: two or more that NVML lists.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub gpus: Option<Vec<u32>>,
+    /// A line on stderr per pair as it ends, and for a pair waiting on its deadline: auto (when
+    /// stderr is a terminal), always, never.
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "auto")]
+    pub progress: When,
+    /// Colour the table and the progress: auto (on a terminal, unless NO_COLOR is set),
+    /// always, never.
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "auto")]
+    pub color: When,
     #[command(flatten)]
     pub cuda: CudaArgs,
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// `--progress`, `--color`: by what the output is (auto), or always, or never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum When {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Args)]

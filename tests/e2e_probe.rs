@@ -340,3 +340,333 @@ fn serve_probes_idle_gpus_and_feeds_gpu_link_degraded() {
     }
     assert!(agent.terminate().success());
 }
+
+/// `shmlink probe` with `args` only (no defaults of [`probe`]), and its environment.
+fn probe_cmd(nvml: &FakeNvml, cuda: &FakeCuda, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shmlink"));
+    cmd.arg("probe")
+        .arg("--nvml-lib")
+        .arg(fake_nvml::lib())
+        .arg("--cuda-lib")
+        .arg(fake_cuda::lib())
+        .args(args)
+        .env("FAKE_NVML_CONFIG", &nvml.config)
+        .env("FAKE_CUDA_CONFIG", cuda.config())
+        .env("FAKE_CUDA_INITS", cuda.inits_file())
+        .env_remove("NO_COLOR")
+        .env_remove("CLICOLOR_FORCE");
+    cmd
+}
+
+/// A typo in `--gpus`, one GPU, a size out of range: exit 2 with the reason, and the driver
+/// never started (the fake counts every start of the worker's driver).
+#[test]
+fn bad_input_is_exit_2_with_the_reason_before_any_gpu_is_touched() {
+    let nvml_config = fake_nvml::preset("nvswitch-8");
+    let nvml = FakeNvml::new(&nvml_config);
+    let cuda = FakeCuda::new(&fake_cuda::config(&nvml_config, &REVERSED, 300.0));
+    let all = "GPUs 0, 1, 2, 3, 4, 5, 6, 7";
+    let range = "the sized copy must be from 4 KiB to 4 GiB (e.g. 64Mi, the default)";
+    let cases: [(&[&str], String); 6] = [
+        (
+            &["--gpus", "0,9"],
+            format!("shmlink: --gpus 0,9: no GPU 9 here; NVML lists {all}\n"),
+        ),
+        (
+            &["--gpus", "0"],
+            format!("shmlink: --gpus 0: a pair needs two GPUs; NVML lists {all}\n"),
+        ),
+        (
+            &["--gpus", "2,5,2"],
+            "shmlink: --gpus 2,5,2: GPU 2 is named twice\n".into(),
+        ),
+        (
+            &["--bytes", "0"],
+            format!("error: invalid value '0' for '--bytes <SIZE>': {range}\n"),
+        ),
+        (
+            &["--bytes", "100Gi"],
+            format!("error: invalid value '100Gi' for '--bytes <SIZE>': {range}\n"),
+        ),
+        (
+            &["--bytes", "100Gi", "--json"],
+            format!("error: invalid value '100Gi' for '--bytes <SIZE>': {range}\n"),
+        ),
+    ];
+    for (args, want) in cases {
+        let out = probe_cmd(&nvml, &cuda, args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        println!(
+            "probe {}: exit {:?}\n{err}",
+            args.join(" "),
+            out.status.code()
+        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&want), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert_eq!(cuda.inits(), 0, "{args:?}: the driver was started");
+    }
+    // The same bounds hold where the probe runs from serve and preflight.
+    for command in ["serve", "preflight"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+            .args([command, "--bytes", "0"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr)
+                .contains(&format!("invalid value '0' for '--bytes <SIZE>': {range}")),
+            "{command}"
+        );
+    }
+    // Good input does start it.
+    let out = probe_cmd(&nvml, &cuda, &["--gpus", "0,1", "--bytes", "4Ki"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(cuda.inits(), 1);
+}
+
+/// NVML lists eight GPUs but CUDA sees one of those asked: no pair, exit 2 saying what CUDA
+/// lists, not "0 pairs probed" and exit 0.
+#[test]
+fn cuda_seeing_fewer_than_two_of_the_gpus_is_exit_2() {
+    let nvml_config = fake_nvml::preset("nvswitch-8");
+    let nvml = FakeNvml::new(&nvml_config);
+    let cuda = FakeCuda::new(&fake_cuda::config(&nvml_config, &[0, 5], 300.0));
+    let out = probe_cmd(&nvml, &cuda, &["--gpus", "0,1,2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "shmlink: no pair to probe: CUDA lists 2 device(s) ({}, {}), and fewer than two of \
+             them are GPUs 0, 1, 2 as NVML lists them",
+            fake_cuda::bus(&nvml_config, 0).replace("00000000:", "0000:"),
+            fake_cuda::bus(&nvml_config, 5).replace("00000000:", "0000:"),
+        )),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// A config the fake libcuda cannot parse is said, and the probe says the driver did not start.
+#[test]
+fn a_malformed_fake_config_is_exit_2_with_the_parse_error() {
+    let nvml = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
+    let cuda = FakeCuda::new(&json!({}));
+    std::fs::write(cuda.config(), "{\"devices\": [\n  \"0000:18:00.0\",,\n]}\n").unwrap();
+    let out = probe_cmd(&nvml, &cuda, &["--bytes", "8Mi"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "shmlink: the probe could not run: the driver did not start: cuInit failed: CUDA \
+             error 3 (initialization error); it printed: fake-cuda: FAKE_CUDA_CONFIG="
+        ),
+        "{err}"
+    );
+    assert!(err.contains("at line 2 column"), "{err}");
+    assert!(err.contains(&cuda.config().display().to_string()), "{err}");
+}
+
+/// A pty: the master (read here) and the terminal's path (the child's stdout or stderr).
+fn pty() -> (std::fs::File, std::path::PathBuf) {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let path = std::path::PathBuf::from(name.to_str().unwrap());
+    (std::fs::File::from(master), path)
+}
+
+/// Runs `cmd` with stdout and stderr on one terminal: each line it wrote with when it came,
+/// and when the process ended.
+fn on_terminal(mut cmd: Command) -> (Vec<(Instant, String)>, Instant, i32) {
+    use std::io::{BufRead, BufReader};
+    let (master, path) = pty();
+    let open = || std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    cmd.stdout(open())
+        .stderr(open())
+        .stdin(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    // The child's copies of the terminal are its own now: the read below ends when it exits.
+    drop(cmd);
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(master).lines() {
+            // EIO once the last writer closed the terminal.
+            let Ok(line) = line else { break };
+            lines.push((Instant::now(), line.trim_end_matches('\r').to_string()));
+        }
+        lines
+    });
+    let status = child.wait().unwrap();
+    let ended = Instant::now();
+    (reader.join().unwrap(), ended, status.code().unwrap_or(-1))
+}
+
+/// GPU 1 -> GPU 2 hangs: on a terminal each pair's line comes as it ends, the hung one is said
+/// to be waiting before its deadline, with NO_COLOR not one escape; without it, colours.
+#[test]
+fn on_a_terminal_progress_comes_as_pairs_end_and_a_hang_is_said_while_it_waits() {
+    let nvml_config = fake_nvml::preset("nvswitch-8");
+    let nvml = FakeNvml::new(&nvml_config);
+    let mut c = fake_cuda::config(&nvml_config, &REVERSED, 300.0);
+    fake_cuda::fault(&mut c, &nvml_config, 1, 2, json!({"hang": true}));
+    let cuda = FakeCuda::new(&c);
+    let args = [
+        "--gpus",
+        "0,1,2,3",
+        "--bytes",
+        "8Mi",
+        "--probe-timeout",
+        "2s",
+    ];
+    let mut cmd = probe_cmd(&nvml, &cuda, &args);
+    cmd.env("NO_COLOR", "1").env("TERM", "xterm");
+    let (lines, ended, code) = on_terminal(cmd);
+    for (at, l) in &lines {
+        println!(
+            "{:>6.2} s before the end | {l}",
+            (ended - *at).as_secs_f64()
+        );
+    }
+    assert_eq!(code, 1);
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .find(|(_, l)| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?}"))
+            .0
+    };
+    let progress: Vec<&String> = lines
+        .iter()
+        .map(|(_, l)| l)
+        .filter(|l| l.starts_with('['))
+        .collect();
+    assert_eq!(progress.len(), 12, "{progress:#?}");
+    assert!(progress[0].starts_with("[ 1/12] GPU "), "{}", progress[0]);
+    assert!(progress
+        .iter()
+        .any(|l| l.starts_with("[") && l.contains("  ok  300.0 GB/s  (")));
+    let waiting = at("GPU 1 -> GPU 2 still copying after 1 s (deadline 2 s)");
+    let hung = at("] GPU 1 -> GPU 2  FAILED  (");
+    assert!(waiting < hung);
+    // The first pair was told before the hang was waited out, not with the table.
+    assert!(ended - at("[ 1/12]") > Duration::from_secs(1));
+    assert!(at("FROM  TO  STATUS") > hung);
+    let hung_row = lines
+        .iter()
+        .find(|(_, l)| l.starts_with("1     2   FAILED"))
+        .unwrap();
+    assert!(
+        hung_row
+            .1
+            .starts_with("1     2   FAILED    yes   peer  -         -  "),
+        "peer access granted, the copy never finished: {}",
+        hung_row.1
+    );
+    assert!(lines.iter().any(|(_, l)| l.starts_with("PEER      yes: ")));
+    assert!(
+        lines.iter().all(|(_, l)| !l.contains('\x1b')),
+        "NO_COLOR: no escape"
+    );
+
+    // Without NO_COLOR, the same terminal gets colours.
+    let mut cmd = probe_cmd(&nvml, &cuda, &args);
+    cmd.env("TERM", "xterm");
+    let (lines, _, code) = on_terminal(cmd);
+    assert_eq!(code, 1);
+    let all: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+    let text = all.join("\n");
+    assert!(text.contains("  \x1b[32mok\x1b[0m  300.0 GB/s"), "{text}");
+    assert!(text.contains("\x1b[31mFAILED\x1b[0m"), "{text}");
+    assert!(
+        all.contains(&"0     1   \x1b[32mok\x1b[0m        yes   peer  yes       300.0       450.0"),
+        "the table in colour: {text}"
+    );
+    // And `--color never` on a terminal, none.
+    let mut cmd = probe_cmd(&nvml, &cuda, &[&args[..], &["--color", "never"]].concat());
+    cmd.env("TERM", "xterm");
+    let (lines, _, _) = on_terminal(cmd);
+    assert!(lines.iter().all(|(_, l)| !l.contains('\x1b')));
+    assert!(lines.iter().any(|(_, l)| l.starts_with("[12/12]")));
+}
+
+/// Not on a terminal no progress unless asked; with `--json` it stays on stderr. A hung pair
+/// keeps the peer access it was granted; a refused pair's copy is told as the host's.
+#[test]
+fn json_tells_peer_access_and_path_as_they_were_and_progress_stays_on_stderr() {
+    let nvml_config = fake_nvml::preset("nvswitch-8");
+    let nvml = FakeNvml::new(&nvml_config);
+    let mut c = fake_cuda::config(&nvml_config, &REVERSED, 300.0);
+    fake_cuda::fault(&mut c, &nvml_config, 1, 2, json!({"hang": true}));
+    fake_cuda::fault(&mut c, &nvml_config, 2, 0, json!({"peer_access": false}));
+    let cuda = FakeCuda::new(&c);
+    let args = ["--gpus", "0,1,2", "--bytes", "8Mi", "--probe-timeout", "2s"];
+    let quiet = probe_cmd(&nvml, &cuda, &[&args[..], &["--json"]].concat())
+        .output()
+        .unwrap();
+    assert!(quiet.stderr.is_empty(), "{quiet:?}");
+    let out = probe_cmd(
+        &nvml,
+        &cuda,
+        &[&args[..], &["--json", "--progress", "always"]].concat(),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with('[')).count(),
+        6,
+        "{err}"
+    );
+    assert!(err.contains("GPU 1 -> GPU 2 still copying after 1 s (deadline 2 s)"));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON alone");
+    let hung = pair(&report, 1, 2);
+    assert_eq!(
+        (
+            &hung["peer_access"],
+            &hung["peer"],
+            &hung["path"],
+            &hung["compared"],
+            &hung["verified"],
+            &hung["gbps"]
+        ),
+        (
+            &json!(true),
+            &json!("granted"),
+            &json!("peer"),
+            &json!(false),
+            &json!(false),
+            &Value::Null
+        ),
+        "{hung}"
+    );
+    let refused = pair(&report, 2, 0);
+    assert_eq!(refused["status"], "failed");
+    assert_eq!(
+        (&refused["peer_access"], &refused["peer"], &refused["path"]),
+        (&json!(false), &json!("refused"), &json!("host")),
+        "{refused}"
+    );
+    // The table: the refused pair's bytes matched, but at the host's speed, not the pair's.
+    let table = probe_cmd(&nvml, &cuda, &args).output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    println!("{table}");
+    let row = table.lines().find(|l| l.starts_with("2     0 ")).unwrap();
+    assert!(
+        row.starts_with("2     0   FAILED    no    host  yes       300.0 host  450.0     peer access GPU 2 -> GPU 0 refused"),
+        "{row}"
+    );
+    assert!(!table.contains('\x1b'), "not a terminal: no colour");
+}

@@ -76,7 +76,7 @@ fn sources(common: &CommonArgs, args: &FailureSourceArgs) -> Sources {
 fn probe_options(cuda: &CudaArgs) -> anyhow::Result<ProbeOptions> {
     Ok(ProbeOptions {
         cuda_lib: cuda.cuda_lib.clone(),
-        bytes: shmlink::units::parse_size("--bytes", &cuda.bytes)?,
+        bytes: cuda.bytes,
         timeout: cuda.probe_timeout,
         init_timeout: std::time::Duration::from_secs(60),
         worker: std::env::current_exe().context("finding this program for the probe's worker")?,

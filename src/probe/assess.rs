@@ -16,16 +16,51 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Outcome, Probed};
+use serde::Serialize;
+
+use super::{Outcome, PeerLine, Probed};
 use crate::gpu::blame::{self, PairOutcome};
 use crate::gpu::pci::same_pci_device;
 use crate::model::{GpuSample, P2pStatus, PairProbe, Peer, ProbeStatus};
 use crate::text;
 
+/// Peer access as CUDA answered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerAccess {
+    Granted,
+    /// cuDeviceCanAccessPeer said no, or cuCtxEnablePeerAccess failed.
+    Refused,
+    /// The pair ended before it was asked (a context, a hang or a crash before).
+    NotTried,
+}
+
+/// The way the sized copy went: between the GPUs, or (without peer access) staged through
+/// host memory by the driver, when its speed is the host's and not the pair's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyPath {
+    Peer,
+    Host,
+}
+
+/// What a pair's copies did beyond its verdict: the table's PEER, PATH and VERIFIED columns,
+/// and `--json`'s keys of the same names.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CopyFacts {
+    pub peer: PeerAccess,
+    /// None: no copy was tried.
+    pub path: Option<CopyPath>,
+    /// The bytes read back were compared with those sent (`verified`: and matched).
+    pub compared: bool,
+}
+
 /// What the probe found, by NVML index.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeReport {
     pub pairs: Vec<PairProbe>,
+    /// Each pair's copy facts, in the order of `pairs`.
+    pub facts: Vec<CopyFacts>,
     /// GPUs that fail with every peer probed.
     pub culprits: Vec<u32>,
     /// CUDA devices NVML does not list (their pairs are not judged).
@@ -113,15 +148,30 @@ fn nvml_p2p(sample: &GpuSample, from: u32, to: u32) -> (bool, bool) {
     (nvlink || rw, nvlink)
 }
 
+/// NVML's index of CUDA device `cuda`, by PCI bus id.
+pub fn index_of(devices: &[String], sample: &GpuSample, cuda: i32) -> Option<u32> {
+    let bus = devices.get(usize::try_from(cuda).ok()?)?;
+    sample
+        .gpus
+        .iter()
+        .find(|g| same_pci_device(&g.pci_bus_id, bus))
+        .map(|g| g.index)
+}
+
+/// One pair's verdict as it ends (the progress line): all but the comparison with like pairs,
+/// which needs the board's.
+pub fn one(
+    devices: &[String],
+    sample: &GpuSample,
+    (a, b): (i32, i32),
+    outcome: &Outcome,
+) -> Option<(PairProbe, CopyFacts)> {
+    let (from, to) = (index_of(devices, sample, a)?, index_of(devices, sample, b)?);
+    Some(pair_verdict(sample, from, to, outcome))
+}
+
 pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
-    let index_of = |cuda: i32| -> Option<u32> {
-        let bus = probed.devices.get(usize::try_from(cuda).ok()?)?;
-        sample
-            .gpus
-            .iter()
-            .find(|g| same_pci_device(&g.pci_bus_id, bus))
-            .map(|g| g.index)
-    };
+    let index_of = |cuda: i32| index_of(&probed.devices, sample, cuda);
     let unmatched: Vec<String> = probed
         .devices
         .iter()
@@ -133,7 +183,7 @@ pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
         })
         .cloned()
         .collect();
-    let mut pairs: Vec<PairProbe> = probed
+    let mut judged: Vec<(PairProbe, CopyFacts)> = probed
         .outcomes
         .iter()
         .filter_map(|((a, b), outcome)| {
@@ -141,18 +191,41 @@ pub fn assess(probed: &Probed, sample: &GpuSample) -> ProbeReport {
             Some(pair_verdict(sample, from, to, outcome))
         })
         .collect();
+    judged.sort_by_key(|(p, _)| (p.from_gpu, p.to_gpu));
+    let (mut pairs, facts): (Vec<PairProbe>, Vec<CopyFacts>) = judged.into_iter().unzip();
     slow_among_like(&mut pairs);
-    pairs.sort_by_key(|p| (p.from_gpu, p.to_gpu));
     let culprits = culprits(&pairs);
     ProbeReport {
         pairs,
+        facts,
         culprits,
         unmatched,
     }
 }
 
+/// PEER and PATH from what peer access answered (None: not asked).
+fn peer_facts(peer: Option<(bool, bool)>) -> (PeerAccess, Option<CopyPath>) {
+    match peer {
+        None => (PeerAccess::NotTried, None),
+        Some((true, _)) => (PeerAccess::Granted, Some(CopyPath::Peer)),
+        Some((false, true)) => (PeerAccess::Refused, Some(CopyPath::Host)),
+        // Neither granted nor refused: the calls before it failed.
+        Some((false, false)) => (PeerAccess::NotTried, None),
+    }
+}
+
+/// (granted, refused) from a peer line.
+fn answered(p: &PeerLine) -> (bool, bool) {
+    (p.peer_access, p.peer_error.is_some())
+}
+
 /// One ordered pair's outcome against what its own path carries and what NVML says of P2P.
-fn pair_verdict(sample: &GpuSample, from: u32, to: u32, outcome: &Outcome) -> PairProbe {
+fn pair_verdict(
+    sample: &GpuSample,
+    from: u32,
+    to: u32,
+    outcome: &Outcome,
+) -> (PairProbe, CopyFacts) {
     let expected = expected_gbps(sample, from, to);
     let mut p = PairProbe {
         from_gpu: from,
@@ -164,20 +237,28 @@ fn pair_verdict(sample: &GpuSample, from: u32, to: u32, outcome: &Outcome) -> Pa
         expected_gbps: expected,
         reason: None,
     };
-    let l = match outcome {
-        Outcome::Hung(d) => {
-            p.reason = Some(text::probe_hung(from, to, *d));
-            return p;
+    let (l, peer) = match outcome {
+        Outcome::Hung { after, peer } => {
+            p.reason = Some(text::probe_hung(from, to, *after));
+            return ended_early(p, peer.as_ref());
         }
-        Outcome::Crashed(how) => {
+        Outcome::Crashed { how, peer } => {
             p.reason = Some(text::probe_crashed(from, to, how));
-            return p;
+            return ended_early(p, peer.as_ref());
         }
-        Outcome::Ran(l) => l,
+        Outcome::Ran(l) => (l, (l.peer_access, l.peer_error.is_some())),
+    };
+    let (peer, path) = peer_facts(Some(peer));
+    // Compared: the copies ran to their end, where the bytes read back are compared.
+    let compared = l.copy_error.is_none();
+    let facts = CopyFacts {
+        peer,
+        path,
+        compared,
     };
     let (p2p, nvlink) = nvml_p2p(sample, from, to);
     p.peer_access = l.peer_access;
-    p.verified = l.copy_error.is_none() && l.bad_offset.is_none();
+    p.verified = compared && l.bad_offset.is_none();
     p.gbps = l
         .seconds
         .filter(|s| *s > 0.0)
@@ -205,7 +286,19 @@ fn pair_verdict(sample: &GpuSample, from: u32, to: u32, outcome: &Outcome) -> Pa
             }
         }
     }
-    p
+    (p, facts)
+}
+
+/// A pair that hung or crashed: failed (its reason set), with what peer access had answered.
+fn ended_early(mut p: PairProbe, peer: Option<&PeerLine>) -> (PairProbe, CopyFacts) {
+    let (peer_state, path) = peer_facts(peer.map(answered));
+    p.peer_access = peer_state == PeerAccess::Granted;
+    let facts = CopyFacts {
+        peer: peer_state,
+        path,
+        compared: false,
+    };
+    (p, facts)
 }
 
 /// Pairs far below their like pairs (the same expected figure, or none known) on the board.
@@ -398,8 +491,19 @@ mod tests {
         let r = assess(
             &probed(&s, |a, b| {
                 match (a, b) {
-                (0, 1) => Outcome::Hung(Duration::from_secs(10)),
-                (1, 0) => Outcome::Crashed("killed by signal 11".into()),
+                (0, 1) => Outcome::Hung {
+                    after: Duration::from_secs(10),
+                    peer: Some(PeerLine {
+                        from: 0,
+                        to: 1,
+                        peer_access: true,
+                        peer_error: None,
+                    }),
+                },
+                (1, 0) => Outcome::Crashed {
+                    how: "killed by signal 11".into(),
+                    peer: None,
+                },
                 (1, 2) => Outcome::Ran(PairLine {
                     copy_error: Some("cuMemcpyPeer failed: CUDA error 700 (an illegal memory access was encountered)".into()),
                     copy_code: Some(700),
@@ -423,6 +527,61 @@ mod tests {
         assert_eq!(status(&r, 0, 2).0, ProbeStatus::Ok);
         // GPU 1 fails with both its peers, both ways.
         assert_eq!(r.culprits, vec![1]);
+        // What is known of each: the hung copy had peer access and never finished; the crash
+        // came before peer access was answered; the corrupt copy was compared and differed.
+        let facts = |a, b| {
+            let i = r
+                .pairs
+                .iter()
+                .position(|p| (p.from_gpu, p.to_gpu) == (a, b))
+                .unwrap();
+            (r.pairs[i].peer_access, r.pairs[i].verified, r.facts[i])
+        };
+        let fact = |peer, path, compared| CopyFacts {
+            peer,
+            path,
+            compared,
+        };
+        let (granted, peer) = (PeerAccess::Granted, Some(CopyPath::Peer));
+        assert_eq!(facts(0, 1), (true, false, fact(granted, peer, false)));
+        assert_eq!(
+            facts(1, 0),
+            (false, false, fact(PeerAccess::NotTried, None, false))
+        );
+        assert_eq!(facts(1, 2), (true, false, fact(granted, peer, false)));
+        assert_eq!(facts(2, 1), (true, false, fact(granted, peer, true)));
+        assert_eq!(facts(0, 2), (true, true, fact(granted, peer, true)));
+    }
+
+    #[test]
+    fn a_refused_pair_copied_through_the_host_says_so() {
+        let s = nvswitch(3);
+        let r = assess(
+            &probed(&s, |a, b| {
+                let mut l = ran(300.0);
+                if (a, b) == (2, 0) {
+                    l.peer_access = false;
+                    l.peer_error = Some("cuDeviceCanAccessPeer says no".into());
+                }
+                Outcome::Ran(l)
+            }),
+            &s,
+        );
+        let i = r
+            .pairs
+            .iter()
+            .position(|p| (p.from_gpu, p.to_gpu) == (2, 0))
+            .unwrap();
+        assert_eq!(r.pairs[i].status, ProbeStatus::Failed);
+        assert!(!r.pairs[i].peer_access);
+        assert_eq!(
+            r.facts[i],
+            CopyFacts {
+                peer: PeerAccess::Refused,
+                path: Some(CopyPath::Host),
+                compared: true
+            }
+        );
     }
 
     #[test]

@@ -124,7 +124,7 @@ impl Cuda {
         };
         // SAFETY: flags must be 0.
         cuda.check("cuInit", unsafe { (cuda.fns.cuInit)(0) })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("the driver did not start: {e}"))?;
         Ok(cuda)
     }
 
@@ -179,11 +179,18 @@ impl Cuda {
 
     /// Copies from device `from` to device `to` (CUDA ordinals): peer access where it can be
     /// had, 8 bytes, then `bytes` of a known pattern timed by CUDA events, read back and
-    /// compared. Leaves no memory, mapping or context behind, whatever fails.
-    pub fn run_pair(&self, from: i32, to: i32, bytes: usize) -> PairRun {
+    /// compared. Leaves no memory, mapping or context behind, whatever fails. `peer_answered`
+    /// is called once peer access is settled, before the copies (which may hang).
+    pub fn run_pair(
+        &self,
+        from: i32,
+        to: i32,
+        bytes: usize,
+        peer_answered: &mut dyn FnMut(&PairRun),
+    ) -> PairRun {
         let mut run = PairRun::default();
         let mut held = Held::new(self);
-        if let Err(e) = self.copy_pair(from, to, bytes, &mut run, &mut held) {
+        if let Err(e) = self.copy_pair((from, to), bytes, &mut run, &mut held, peer_answered) {
             run.copy_error = Some(e);
         }
         drop(held);
@@ -192,16 +199,17 @@ impl Cuda {
 
     fn copy_pair(
         &self,
-        from: i32,
-        to: i32,
+        (from, to): (i32, i32),
         bytes: usize,
         run: &mut PairRun,
         held: &mut Held<'_>,
+        peer_answered: &mut dyn FnMut(&PairRun),
     ) -> Result<(), CudaError> {
         let f = &self.fns;
         let ctx_from = held.retain(from)?;
         let ctx_to = held.retain(to)?;
         self.enable_peer(from, to, (ctx_from, ctx_to), run, held)?;
+        peer_answered(run);
         let mut buffers = self.buffers.borrow_mut();
         let (pattern, back) = &mut *buffers;
         if pattern.len() != bytes {

@@ -11,18 +11,23 @@
 //! bus id and the parent maps them to NVML's indices.
 //!
 //! `shmlink probe` and `preflight` run it once; `serve` on a schedule (`schedule.rs`: the
-//! thread, and the store its verdicts wait in for the scans).
+//! thread, and the store its verdicts wait in for the scans). [`run_with`] tells its caller
+//! each pair as it ends, and a pair still waiting on its deadline ([`Progress`]): `shmlink
+//! probe` prints them as they come.
 
 pub mod assess;
 pub mod cuda;
+pub mod input;
+mod process;
+pub mod render;
 pub mod schedule;
 pub mod worker;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use process::Worker;
 
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +44,9 @@ pub enum Line {
         from: i32,
         to: i32,
     },
+    /// What CUDA answered to peer access, before the copies: a pair that then hangs or
+    /// crashes is still told with it.
+    Peer(PeerLine),
     Pair(PairLine),
     /// The worker could not start (no libcuda, a missing symbol, cuInit failed).
     Error(String),
@@ -58,15 +66,66 @@ pub struct PairLine {
     pub bytes: u64,
 }
 
+/// Peer access from one device to another (CUDA ordinals): granted, or why not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerLine {
+    pub from: i32,
+    pub to: i32,
+    pub peer_access: bool,
+    pub peer_error: Option<String>,
+}
+
 /// How one ordered pair ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Ran(PairLine),
-    /// No answer within the deadline: the worker was killed.
-    Hung(Duration),
+    /// No answer within the deadline: the worker was killed. `peer`: what peer access had
+    /// answered before, if the worker got that far.
+    Hung {
+        after: Duration,
+        peer: Option<PeerLine>,
+    },
     /// The worker died during the pair (how, as its exit status says).
-    Crashed(String),
+    Crashed {
+        how: String,
+        peer: Option<PeerLine>,
+    },
 }
+
+/// What a run tells its caller as it goes, by CUDA ordinal (`devices` maps them).
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'a> {
+    pub devices: &'a [String],
+    /// Pairs ended so far (this one included), of `total`.
+    pub done: usize,
+    pub total: usize,
+    pub event: Event<'a>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// A pair has not answered for `waited`; it is ended at `deadline`. `copying`: peer access
+    /// was answered and the copies are under way (else the contexts or peer access are).
+    Waiting {
+        pair: (i32, i32),
+        copying: bool,
+        waited: Duration,
+        deadline: Duration,
+    },
+    /// A pair ended, `took` after it started.
+    Ended {
+        pair: (i32, i32),
+        outcome: &'a Outcome,
+        took: Duration,
+    },
+}
+
+/// When a pair that has not answered is first said to be waiting: at 5 s, or half its
+/// deadline when that is shorter; then every 10 s.
+fn first_note(deadline: Duration) -> Duration {
+    (deadline / 2).min(Duration::from_secs(5))
+}
+const NOTE_EVERY: Duration = Duration::from_secs(10);
 
 /// What the probe is asked.
 #[derive(Debug, Clone)]
@@ -105,26 +164,43 @@ pub fn run(
     opts: &ProbeOptions,
     choose: impl FnOnce(&[String]) -> Vec<(i32, i32)>,
 ) -> Result<Probed, String> {
+    run_with(opts, choose, &mut |_| {})
+}
+
+/// [`run`], telling `tell` each pair as it ends and each pair still waiting on its deadline.
+pub fn run_with(
+    opts: &ProbeOptions,
+    choose: impl FnOnce(&[String]) -> Vec<(i32, i32)>,
+    tell: &mut dyn FnMut(&Progress<'_>),
+) -> Result<Probed, String> {
     let started = Instant::now();
     // The first worker says its devices, then is told the pairs: the driver starts once unless
     // a pair hangs or crashes it.
     let mut first = Worker::spawn(opts, None)?;
     let devices = first.devices(opts.init_timeout)?;
-    let mut left = choose(&devices);
+    let left = choose(&devices);
     first.tell(&left)?;
+    let mut r = Following {
+        opts,
+        devices: &devices,
+        total: left.len(),
+        left,
+        outcomes: Vec::new(),
+        tell,
+    };
     let mut next = Some(first);
-    let mut outcomes = Vec::new();
-    while !left.is_empty() {
+    while !r.left.is_empty() {
         let mut w = match next.take() {
             Some(w) => w,
             None => {
-                let mut w = Worker::spawn(opts, Some(&left))?;
+                let mut w = Worker::spawn(opts, Some(&r.left))?;
                 w.devices(opts.init_timeout)?;
                 w
             }
         };
-        follow(&mut w, opts, &mut left, &mut outcomes)?;
+        r.follow(&mut w)?;
     }
+    let outcomes = r.outcomes;
     Ok(Probed {
         devices,
         outcomes,
@@ -132,160 +208,131 @@ pub fn run(
     })
 }
 
-/// Follows one worker until it ends, hangs or crashes: each pair it finished, hung on or
-/// crashed in goes from `left` to `outcomes`.
-fn follow(
-    w: &mut Worker,
-    opts: &ProbeOptions,
-    left: &mut Vec<(i32, i32)>,
-    outcomes: &mut Vec<((i32, i32), Outcome)>,
-) -> Result<(), String> {
-    let deadline_for = cuda::copy_deadline(opts.bytes, opts.timeout);
-    let mut current: Option<(i32, i32)> = None;
-    let mut deadline = Instant::now() + deadline_for;
-    loop {
-        if opts.stopped() {
-            w.kill();
-            return Err("stopped".into());
-        }
-        // Short waits, so that a stop is seen; the deadline is the pair's.
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let wait = remaining.min(Duration::from_millis(100));
-        match w.lines.recv_timeout(wait) {
-            Err(mpsc::RecvTimeoutError::Timeout) if !remaining.is_zero() => continue,
-            Ok(Line::Start { from, to }) => {
-                current = Some((from, to));
-                deadline = Instant::now() + deadline_for;
-            }
-            Ok(Line::Pair(line)) => {
-                let key = (line.from, line.to);
-                left.retain(|p| *p != key);
-                outcomes.push((key, Outcome::Ran(line)));
-                current = None;
-                deadline = Instant::now() + deadline_for;
-            }
-            Ok(Line::Devices(_)) => {}
-            Ok(Line::Error(e)) => return Err(e),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+/// A run's state while its workers are followed.
+struct Following<'a, 'b> {
+    opts: &'a ProbeOptions,
+    devices: &'a [String],
+    total: usize,
+    left: Vec<(i32, i32)>,
+    outcomes: Vec<((i32, i32), Outcome)>,
+    tell: &'b mut dyn FnMut(&Progress<'_>),
+}
+
+/// The pair a worker is on: since when, what peer access answered, when it is next noted.
+struct Current {
+    pair: (i32, i32),
+    since: Instant,
+    peer: Option<PeerLine>,
+    note_at: Instant,
+}
+
+impl Following<'_, '_> {
+    /// Follows one worker until it ends, hangs or crashes: each pair it finished, hung on or
+    /// crashed in goes from `left` to `outcomes`, and is told.
+    fn follow(&mut self, w: &mut Worker) -> Result<(), String> {
+        let deadline_for = cuda::copy_deadline(self.opts.bytes, self.opts.timeout);
+        let mut current: Option<Current> = None;
+        let mut deadline = Instant::now() + deadline_for;
+        loop {
+            if self.opts.stopped() {
                 w.kill();
-                let Some(key) = current else {
-                    return Err(format!(
-                        "the probe's worker went quiet between pairs for {deadline_for:?}"
-                    ));
-                };
-                left.retain(|p| *p != key);
-                outcomes.push((key, Outcome::Hung(deadline_for)));
-                return Ok(());
+                return Err("stopped".into());
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let how = w.exit();
-                match current {
-                    Some(key) => {
-                        left.retain(|p| *p != key);
-                        outcomes.push((key, Outcome::Crashed(how)));
-                    }
-                    None if left.is_empty() => {}
-                    None => return Err(format!("the probe's worker ended early ({how})")),
-                }
-                return Ok(());
-            }
-        }
-    }
-}
-
-/// A running worker and the lines it has said.
-struct Worker {
-    child: Child,
-    lines: mpsc::Receiver<Line>,
-}
-
-impl Worker {
-    /// Runs `pairs`; None: the pairs are told after the devices ([`Worker::tell`]).
-    fn spawn(opts: &ProbeOptions, pairs: Option<&[(i32, i32)]>) -> Result<Worker, String> {
-        let mut cmd = Command::new(&opts.worker);
-        cmd.arg(WORKER_COMMAND)
-            .arg("--bytes")
-            .arg(opts.bytes.to_string())
-            .arg("--pairs")
-            .arg(pairs.map_or_else(|| ASK.to_string(), pairs_arg))
-            .stdin(if pairs.is_some() {
-                Stdio::null()
-            } else {
-                Stdio::piped()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        if let Some(lib) = &opts.cuda_lib {
-            cmd.arg("--cuda-lib").arg(lib);
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("starting the probe's worker {}: {e}", opts.worker.display()))?;
-        let stdout = child.stdout.take().ok_or("the worker has no stdout")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // A line that does not parse is the worker's garbage, not an answer.
-                if let Ok(l) = serde_json::from_str::<Line>(&line) {
-                    if tx.send(l).is_err() {
-                        break;
+            // Short waits, so that a stop is seen and a waiting pair noted; the deadline is
+            // the pair's.
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let wait = remaining.min(Duration::from_millis(100));
+            match w.lines.recv_timeout(wait) {
+                Err(mpsc::RecvTimeoutError::Timeout) if !remaining.is_zero() => {
+                    if let Some(c) = current.as_mut() {
+                        self.note_waiting(c, deadline_for);
                     }
                 }
+                Ok(Line::Start { from, to }) => {
+                    let now = Instant::now();
+                    current = Some(Current {
+                        pair: (from, to),
+                        since: now,
+                        peer: None,
+                        note_at: now + first_note(deadline_for),
+                    });
+                    deadline = now + deadline_for;
+                }
+                Ok(Line::Peer(p)) => {
+                    if let Some(c) = current.as_mut().filter(|c| c.pair == (p.from, p.to)) {
+                        c.peer = Some(p);
+                    }
+                }
+                Ok(Line::Pair(line)) => {
+                    let since = current.take().map_or_else(Instant::now, |c| c.since);
+                    self.ended((line.from, line.to), Outcome::Ran(line), since);
+                    deadline = Instant::now() + deadline_for;
+                }
+                Ok(Line::Devices(_)) => {}
+                Ok(Line::Error(e)) => return Err(e),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    w.kill();
+                    let Some(c) = current else {
+                        return Err(format!(
+                            "the probe's worker went quiet between pairs for {deadline_for:?}"
+                        ));
+                    };
+                    let hung = Outcome::Hung {
+                        after: deadline_for,
+                        peer: c.peer,
+                    };
+                    self.ended(c.pair, hung, c.since);
+                    return Ok(());
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let how = w.exit();
+                    match current {
+                        Some(c) => {
+                            let crashed = Outcome::Crashed { how, peer: c.peer };
+                            self.ended(c.pair, crashed, c.since);
+                        }
+                        None if self.left.is_empty() => {}
+                        None => return Err(format!("the probe's worker ended early ({how})")),
+                    }
+                    return Ok(());
+                }
             }
-        });
-        Ok(Worker { child, lines })
-    }
-
-    /// Its first line: the devices, or why it could not start.
-    fn devices(&mut self, within: Duration) -> Result<Vec<String>, String> {
-        match self.lines.recv_timeout(within) {
-            Ok(Line::Devices(d)) => Ok(d),
-            Ok(Line::Error(e)) => Err(e),
-            Ok(other) => Err(format!("the probe's worker began with {other:?}")),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.kill();
-                Err(format!("the CUDA driver did not start within {within:?}"))
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(format!(
-                "the probe's worker ended at start ({})",
-                self.exit()
-            )),
         }
     }
 
-    /// Tells a worker spawned without pairs which to run (one line on its stdin, then EOF).
-    fn tell(&mut self, pairs: &[(i32, i32)]) -> Result<(), String> {
-        use std::io::Write;
-        let mut stdin = self.child.stdin.take().ok_or("the worker has no stdin")?;
-        writeln!(stdin, "{}", pairs_arg(pairs))
-            .map_err(|e| format!("telling the probe's worker its pairs: {e}"))
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Waits for it to end; how it ended, for a person.
-    fn exit(&mut self) -> String {
-        use std::os::unix::process::ExitStatusExt;
-        match self.child.wait() {
-            Ok(s) => match (s.code(), s.signal()) {
-                (_, Some(sig)) => format!("killed by signal {sig}"),
-                (Some(c), _) => format!("exit status {c}"),
-                _ => "ended".into(),
+    fn ended(&mut self, pair: (i32, i32), outcome: Outcome, since: Instant) {
+        self.left.retain(|p| *p != pair);
+        self.outcomes.push((pair, outcome));
+        let (_, outcome) = self.outcomes.last().expect("just pushed");
+        (self.tell)(&Progress {
+            devices: self.devices,
+            done: self.outcomes.len(),
+            total: self.total,
+            event: Event::Ended {
+                pair,
+                outcome,
+                took: since.elapsed(),
             },
-            Err(e) => format!("could not be waited for: {e}"),
-        }
+        });
     }
-}
 
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.kill();
+    fn note_waiting(&mut self, c: &mut Current, deadline: Duration) {
+        let now = Instant::now();
+        if now < c.note_at {
+            return;
         }
+        c.note_at = now + NOTE_EVERY;
+        (self.tell)(&Progress {
+            devices: self.devices,
+            done: self.outcomes.len(),
+            total: self.total,
+            event: Event::Waiting {
+                pair: c.pair,
+                copying: c.peer.is_some(),
+                waited: now - c.since,
+                deadline,
+            },
+        });
     }
 }
 
@@ -293,7 +340,7 @@ impl Drop for Worker {
 pub const ASK: &str = "ask";
 
 /// `none`, or `a:b,c:d`.
-fn pairs_arg(pairs: &[(i32, i32)]) -> String {
+pub(crate) fn pairs_arg(pairs: &[(i32, i32)]) -> String {
     if pairs.is_empty() {
         return "none".into();
     }

@@ -1,13 +1,14 @@
 //! The probe's worker process (`shmlink probe-worker`): loads libcuda, says which devices it
-//! sees, then runs the ordered pairs it was given one by one, saying each before it starts and
-//! its outcome after, one JSON line each on stdout. It is expendable: the parent ends it when a
+//! sees, then runs the ordered pairs it was given one by one, saying each before it starts,
+//! what peer access answered before the copies, and its outcome after, one JSON line each on
+//! stdout. It is expendable: the parent ends it when a
 //! pair outlives its deadline, and a crash ends it too; the parent carries on with a new one.
 
 use std::io::Write;
 use std::path::Path;
 
 use super::cuda::Cuda;
-use super::{Line, PairLine};
+use super::{Line, PairLine, PeerLine};
 
 /// Runs the worker; `pairs` are CUDA ordinals, or None: read from stdin (one line, as
 /// `--pairs` spells them) once the devices are said. Returns the exit status.
@@ -57,7 +58,15 @@ pub fn run(cuda_lib: Option<&Path>, bytes: usize, pairs: Option<Vec<(i32, i32)>>
         if !say(&Line::Start { from, to }) {
             return 2;
         }
-        let run = cuda.run_pair(from, to, bytes);
+        // Said before the copies: a pair that then hangs is told with its peer access.
+        let run = cuda.run_pair(from, to, bytes, &mut |run| {
+            say(&Line::Peer(PeerLine {
+                from,
+                to,
+                peer_access: run.peer_access,
+                peer_error: run.peer_error.clone(),
+            }));
+        });
         let line = PairLine {
             from,
             to,

@@ -54,41 +54,25 @@ pub fn reason_probe(p: &PairProbe) -> String {
     format!("probe: {}", p.reason.as_deref().unwrap_or("not ok"))
 }
 
-/// `shmlink probe`'s table, then the culprit and what to do.
-pub fn probe_table(pairs: &[PairProbe], culprits: &[u32], took: Duration) -> String {
-    let mut out = String::from("FROM  TO  STATUS    PEER  VERIFIED  GB/s     EXPECTED  REASON\n");
-    let num = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.1}"));
-    for p in pairs {
-        let status = match p.status {
-            ProbeStatus::Ok => "ok",
-            ProbeStatus::Degraded => "DEGRADED",
-            ProbeStatus::Failed => "FAILED",
-        };
-        out.push_str(&format!(
-            "{:<5} {:<3} {:<9} {:<5} {:<9} {:<8} {:<9} {}\n",
-            p.from_gpu,
-            p.to_gpu,
-            status,
-            if p.peer_access { "yes" } else { "no" },
-            if p.verified { "yes" } else { "no" },
-            num(p.gbps),
-            num(p.expected_gbps),
-            p.reason.as_deref().unwrap_or("")
-        ));
-    }
+/// The words under `shmlink probe`'s table (`probe::render` draws its rows, legend and
+/// colours): how many pairs in how long, and for each culprit GPU what to do.
+pub fn probe_table(pairs: &[PairProbe], culprits: &[u32], took: Duration) -> (String, Vec<String>) {
     let bad = pairs.iter().filter(|p| p.status != ProbeStatus::Ok).count();
-    out.push_str(&format!(
-        "\n{} ordered pairs probed in {:.1} s: {} ok, {bad} not.\n",
+    let summary = format!(
+        "{} ordered pairs probed in {:.1} s: {} ok, {bad} not.",
         pairs.len(),
         took.as_secs_f64(),
         pairs.len() - bad
-    ));
-    for g in culprits {
-        out.push_str(&format!(
-            "GPU {g} fails with every peer it was probed with: the GPU (or its links), not the \
-             pairs. Drain the node (or keep jobs off GPU {g}) and reset or replace it \
-             (`nvidia-smi -r -i {g}`).\n"
-        ));
-    }
-    out
+    );
+    let advice = culprits
+        .iter()
+        .map(|g| {
+            format!(
+                "GPU {g} fails with every peer it was probed with: the GPU (or its links), not \
+                 the pairs. Drain the node (or keep jobs off GPU {g}) and reset or replace it \
+                 (`nvidia-smi -r -i {g}`)."
+            )
+        })
+        .collect();
+    (summary, advice)
 }

@@ -112,5 +112,8 @@ mod tests {
         ] {
             assert!(Config::parse(bad).is_err(), "{bad}");
         }
+        // JSON that does not parse says where it stopped.
+        let e = Config::parse("{\"devices\": [\n  \"0000:18:00.0\",,\n]}").unwrap_err();
+        assert!(e.contains("line 2 column"), "{e}");
     }
 }
