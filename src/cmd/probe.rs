@@ -117,17 +117,10 @@ fn colours<S: anstream::stream::RawStream>(stream: &S) -> bool {
 
 /// Free and total memory of the chosen GPUs, where NVML reports it.
 fn memory_of(nvml: &NvmlGpus, chosen: &[u32]) -> Vec<GpuMemory> {
-    nvml.devices()
+    nvml.memory()
         .into_iter()
-        .filter(|(i, _)| chosen.contains(i))
-        .filter_map(|(gpu, d)| {
-            let m = d.memory_info().ok()?;
-            Some(GpuMemory {
-                gpu,
-                free: m.free,
-                total: m.total,
-            })
-        })
+        .filter(|(gpu, _, _)| chosen.contains(gpu))
+        .map(|(gpu, free, total)| GpuMemory { gpu, free, total })
         .collect()
 }
 

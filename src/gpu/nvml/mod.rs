@@ -122,6 +122,14 @@ impl NvmlGpus {
             .collect()
     }
 
+    /// Free and total bytes of each GPU's memory, where NVML reports them (the probe's size check).
+    pub fn memory(&self) -> Vec<(u32, u64, u64)> {
+        self.devices()
+            .into_iter()
+            .filter_map(|(gpu, d)| d.memory_info().ok().map(|m| (gpu, m.free, m.total)))
+            .collect()
+    }
+
     /// UUID by index, for the XID thread's reports.
     pub fn uuids(&self) -> Vec<(u32, String)> {
         self.gpus
