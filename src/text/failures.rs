@@ -421,3 +421,17 @@ fn limit_words(m: &MemorySplit) -> String {
 fn bytes_or_unknown(b: Option<u64>) -> String {
     b.map_or("an unknown amount".into(), human_bytes)
 }
+
+/// `check`'s line for the kernel-log deaths of processes outside any known container that are
+/// too old to print in full.
+pub fn older_deaths_elsewhere(n: usize, newest_ago: &str) -> String {
+    let (deaths, them) = if n == 1 {
+        ("death", "it")
+    } else {
+        ("deaths", "them")
+    };
+    format!(
+        "{n} older kernel-log {deaths} of other processes (the newest {newest_ago}): \
+         `check --json` lists {them}."
+    )
+}

@@ -10,6 +10,7 @@
 //! - `conditions.rs`: the Node's conditions, reasons too;
 //! - `preflight.rs`: preflight's problems; `blind.rs`: what a scan could not see, and NVML's
 //!   state when it lists no GPU;
+//! - `when.rs`: how long ago, for tables;
 //! - here: the small pieces they share (lists of GPUs and links, rates, durations).
 
 mod blind;
@@ -21,6 +22,7 @@ mod pairs;
 mod preflight;
 mod probe;
 mod shm;
+mod when;
 
 pub use blind::{blind, no_findings_but_blind, no_gpus_because};
 pub use conditions::{
@@ -28,8 +30,9 @@ pub use conditions::{
     pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
 };
 pub use failures::{
-    gpu_job_crashed, nccl_p2p_disabled, shm_allocation_failed, shm_bus_error, shm_oom_killed,
-    told_by_workload, workload_bus_error, workload_oom_killed, JobGpus,
+    gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,
+    shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error, workload_oom_killed,
+    JobGpus,
 };
 pub use gpu::{
     all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,
@@ -61,6 +64,7 @@ pub use probe::{
     probe_slow_among_like, probe_table, reason_probe,
 };
 pub use shm::{shm_full, shm_leftovers, shm_runtime_default, shm_unmeasured, SHM_FIX_KUBERNETES};
+pub use when::{ago, parse_rfc3339, RECENT};
 
 use std::time::Duration;
 
