@@ -53,11 +53,12 @@ pub use pairs::{
     reason_switch_links_some_down, some_reasons,
 };
 pub use preflight::{
-    preflight_gpu_health_unknown, preflight_gpu_not_found, preflight_gpu_pair,
-    preflight_memory_below_shm_size, preflight_memory_too_small, preflight_memory_unknown,
-    preflight_nvml_unavailable, preflight_probe_unavailable, preflight_shm_absent,
-    preflight_shm_not_mounted, preflight_shm_not_tmpfs, preflight_shm_too_small,
-    preflight_shm_unreadable, preflight_unbounded_unknown,
+    preflight_gpu_culprit, preflight_gpu_health_unknown, preflight_gpu_not_found,
+    preflight_gpu_pair, preflight_memory_below_shm_size, preflight_memory_too_small,
+    preflight_memory_unknown, preflight_nvml_unavailable, preflight_probe_unavailable,
+    preflight_shm_absent, preflight_shm_not_mounted, preflight_shm_not_tmpfs,
+    preflight_shm_too_small, preflight_shm_unreadable, preflight_unbounded_unknown,
+    Culprit as PreflightCulprit,
 };
 pub use probe::{
     probe_copy_error, probe_corrupted, probe_crashed, probe_hung, probe_peer_refused, probe_slow,
