@@ -1,17 +1,17 @@
 //! Why a workload died: what it said, what its /dev/shm and GPUs were then, and the fix.
 
-use super::{pair_status, SHM_FIX_KUBERNETES};
+use super::{pair_status, Runtime, SHM_FIX_KUBERNETES};
 use crate::model::{GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen, ShmThen};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// `shm_allocation_failed`: what the workload said, its /dev/shm then, and a concrete fix.
-/// `kubernetes`: the container is a Pod's (the fix is a Pod spec), else Docker's flags.
+/// `runtime`: where it runs (the fix is a Pod spec, Docker's flags, or any runtime's words).
 pub fn shm_allocation_failed(
     who: &str,
     at: &str,
     evidence: &str,
     shm: Option<&ShmThen>,
-    kubernetes: bool,
+    runtime: Runtime,
     browser: bool,
 ) -> String {
     let mut out = format!("container {who} could not allocate shared memory at {at}: {evidence}");
@@ -25,10 +25,10 @@ pub fn shm_allocation_failed(
     let Some(s) = shm else {
         out.push_str(&format!(
             ". Its /dev/shm was not measured before it died; give it a larger one: {}.{browser_fix}",
-            if kubernetes {
-                format!("in Kubernetes {SHM_FIX_KUBERNETES}")
-            } else {
-                "docker run --shm-size (or --ipc=host)".to_string()
+            match runtime {
+                Runtime::Pod => format!("in Kubernetes {SHM_FIX_KUBERNETES}"),
+                Runtime::Docker => "docker run --shm-size (or --ipc=host)".to_string(),
+                Runtime::Other => "a larger tmpfs at /dev/shm in the container".to_string(),
             }
         ));
         return out;
@@ -58,18 +58,22 @@ pub fn shm_allocation_failed(
         .max(s.peak_bytes.unwrap_or(0))
         .saturating_mul(2)
         .max(1 << 30);
-    if kubernetes {
-        out.push_str(&format!(
+    out.push_str(&match runtime {
+        Runtime::Pod => format!(
             " Fix: mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise \
              the container's memory limit by as much (tmpfs pages count against it).",
             k8s_quantity(want)
-        ));
-    } else {
-        out.push_str(&format!(
+        ),
+        Runtime::Docker => format!(
             " Fix: docker run --shm-size={} (or --ipc=host); tmpfs pages count against --memory.",
             docker_size(want)
-        ));
-    }
+        ),
+        Runtime::Other => format!(
+            " Fix: mount a tmpfs of {} at /dev/shm in the container, with a memory limit that has \
+             room for it (tmpfs pages count against it).",
+            human_bytes(want)
+        ),
+    });
     out.push_str(browser_fix);
     out
 }
@@ -208,15 +212,23 @@ pub fn shm_oom_killed(
     comm: &str,
     pid: Option<i32>,
     m: &MemorySplit,
-    kubernetes: bool,
+    runtime: Runtime,
 ) -> String {
-    let fix = if kubernetes {
-        "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit, or lower \
-         sizeLimit below the memory the workload leaves free, so that /dev/shm fills (and says \
-         so) before memory runs out"
-    } else {
-        "give docker run --memory room for --shm-size (the limit at least the shm size plus \
-         what the workload itself needs), or lower --shm-size"
+    let fix = match runtime {
+        Runtime::Pod => {
+            "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit, or lower \
+             sizeLimit below the memory the workload leaves free, so that /dev/shm fills (and \
+             says so) before memory runs out"
+        }
+        Runtime::Docker => {
+            "give docker run --memory room for --shm-size (the limit at least the shm size plus \
+             what the workload itself needs), or lower --shm-size"
+        }
+        Runtime::Other => {
+            "raise the container's memory limit by /dev/shm's size, or make /dev/shm smaller \
+             than the memory the workload leaves free, so that /dev/shm fills (and says so) \
+             before memory runs out"
+        }
     };
     format!(
         "container {who}: the kernel OOM-killed {} at {at}{}, and /dev/shm was what filled it: \
@@ -321,8 +333,8 @@ fn counted_by(m: &MemorySplit) -> &'static str {
 
 /// `shm_bus_error`: the container died of SIGBUS with /dev/shm full or nearly: the process
 /// touched shared-memory pages the tmpfs had no room for. `exit`: how it ended, as its
-/// runtime says.
-pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, kubernetes: bool) -> String {
+/// runtime says, starting with SIGBUS (said once).
+pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, runtime: Runtime) -> String {
     let size = shm.size_bytes.map_or("no size limit".into(), human_bytes);
     let peak = shm.peak_bytes.or(shm.used_bytes);
     let want = shm
@@ -331,20 +343,24 @@ pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, kubernetes:
         .max(peak.unwrap_or(0))
         .saturating_mul(2)
         .max(1 << 30);
-    let fix = if kubernetes {
-        format!(
+    let fix = match runtime {
+        Runtime::Pod => format!(
             "mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise the \
              container's memory limit by as much (tmpfs pages count against it)",
             k8s_quantity(want)
-        )
-    } else {
-        format!(
+        ),
+        Runtime::Docker => format!(
             "docker run --shm-size={} (and --memory with room for it), or --ipc=host",
             docker_size(want)
-        )
+        ),
+        Runtime::Other => format!(
+            "mount a tmpfs of {} at /dev/shm in the container, with a memory limit that has room \
+             for it (tmpfs pages count against it)",
+            human_bytes(want)
+        ),
     };
     format!(
-        "container {who} died of a bus error (SIGBUS: {exit}) at {at}, with /dev/shm full: its \
+        "container {who} died of a bus error ({exit}) at {at}, with /dev/shm full: its \
          /dev/shm ({}{size}) peaked at {} before it died. A process that maps more shared memory \
          than the tmpfs has room for (ftruncate reserves nothing) gets SIGBUS when it touches \
          the pages past the end. Fix: {fix}.",
@@ -385,7 +401,7 @@ pub fn workload_bus_error(who: &str, at: &str, exit: &str, shm: Option<&ShmThen>
         ""
     };
     format!(
-        "container {who} died of a bus error (SIGBUS: {exit}) at {at}; {then}. Not /dev/shm \
+        "container {who} died of a bus error ({exit}) at {at}; {then}. Not /dev/shm \
          running out, as far as was measured: a bus error is also a memory-mapped file truncated \
          under the process, or a fault in native code; its last log lines and a core dump say \
          which.{unmeasured}"

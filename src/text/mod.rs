@@ -71,6 +71,16 @@ use std::time::Duration;
 
 use crate::model::PairStatus;
 
+/// Where a failed container runs, for the fix its text gives: a Pod's spec (it has a Pod, by
+/// name or only by its UID), Docker's flags (Docker runs it), or words any runtime takes (a
+/// bare runc or containerd container).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    Pod,
+    Docker,
+    Other,
+}
+
 /// `down` / `degraded`: a failing pair's state as a person says it.
 /// A line a workload printed, without the full stop it may end with: it is quoted into a
 /// sentence that ends with its own.
