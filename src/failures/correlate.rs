@@ -54,11 +54,20 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
+    let node_culprits: Vec<crate::model::Suspect> = known
+        .snapshot
+        .map(|s| s.gpu_blame.suspects.iter())
+        .into_iter()
+        .flatten()
+        .filter(|s| s.by != crate::model::SuspectBy::EitherEnd)
+        .cloned()
+        .collect();
     let job = text::JobGpus {
         gpus: &gpus,
         from: gpus_from,
         pairs: &gpu_pairs,
         culprits: &culprits,
+        node_culprits: &node_culprits,
     };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
@@ -372,7 +381,7 @@ impl Identity {
             (Some(ns), Some(pod), None, _) => format!("{ns}/{pod}"),
             (_, _, Some(c), _) => c.clone(),
             (_, _, None, Some(id)) => crate::model::short_id(id).to_string(),
-            _ => "an unknown process".to_string(),
+            _ => text::UNKNOWN_PROCESS.to_string(),
         }
     }
 }
@@ -1180,7 +1189,71 @@ mod tests {
         )
         .expect("told");
         assert_eq!(finding(&f).subject, Subject::Node);
-        assert!(f.message.contains("an unknown process"), "{}", f.message);
+        assert!(
+            f.message
+                .starts_with("process ? in no known container crashed in a GPU library at "),
+            "{}",
+            f.message
+        );
+    }
+
+    /// Issue 37: a crash whose GPUs are not known still says the GPU the pair judge blames on
+    /// this node.
+    #[test]
+    fn a_crash_with_its_gpus_unknown_names_the_nodes_culprit_gpu() {
+        use crate::model::{Blame, Suspect, SuspectBy};
+        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        (d.comm, d.pid, d.library) = (
+            Some("python".into()),
+            Some(20114),
+            Some("libnccl.so.2".into()),
+        );
+        let mut s = board(&[]);
+        let tell = |s: &Snapshot| {
+            correlate(
+                &d,
+                Known {
+                    snapshot: Some(s),
+                    pods: None,
+                    holders: &GpuHolders::new(),
+                    rules: DeathRules::default(),
+                },
+            )
+            .expect("told")
+            .message
+        };
+        let alone = tell(&s);
+        assert!(
+            alone.ends_with("no kubelet pod-resources answer)."),
+            "{alone}"
+        );
+        s.gpu_blame = Blame {
+            suspects: vec![Suspect {
+                gpu: 7,
+                bad_pairs: 7,
+                by: SuspectBy::FailsWithAll,
+                reasons: vec!["all 18 NVSwitch links of GPU 7 are inactive".into()],
+            }],
+            node_wide: false,
+        };
+        let m = tell(&s);
+        assert!(
+            m.starts_with(
+                "process python (host PID 20114) in no known container crashed in libnccl.so.2"
+            ),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "no kubelet pod-resources answer); but GPU 7 on this node fails in its GPU pairs \
+                 (all 18 NVSwitch links of GPU 7 are inactive): if the job used it, that is the \
+                 likely cause (drain the node, then reset it: `nvidia-smi -r -i 7`)."
+            ),
+            "{m}"
+        );
+        // "Either end" of pairs that share no GPU names no culprit.
+        s.gpu_blame.suspects[0].by = SuspectBy::EitherEnd;
+        assert_eq!(tell(&s), alone);
     }
 
     #[test]

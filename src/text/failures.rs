@@ -1,7 +1,9 @@
 //! Why a workload died: what it said, what its /dev/shm and GPUs were then, and the fix.
 
 use super::{pair_status, Runtime, SHM_FIX_KUBERNETES};
-use crate::model::{GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen, ShmThen};
+use crate::model::{
+    prefix_within, GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen, ShmThen, Suspect,
+};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// `shm_allocation_failed`: what the workload said, its /dev/shm then, and a concrete fix.
@@ -78,6 +80,9 @@ pub fn shm_allocation_failed(
     out
 }
 
+/// How a failure names a process no scan placed in a container.
+pub const UNKNOWN_PROCESS: &str = "an unknown process";
+
 /// `gpu_job_crashed`: the kernel's word, and whether the Pod's GPU pairs point at the hardware.
 pub fn gpu_job_crashed(
     who: &str,
@@ -88,7 +93,12 @@ pub fn gpu_job_crashed(
     gpus: &JobGpus<'_>,
 ) -> String {
     let pid = pid.map_or(String::new(), |p| format!(" (host PID {p})"));
-    let mut out = format!("process {comm}{pid} of {who} crashed in {library} at {at}");
+    let of = if who == UNKNOWN_PROCESS {
+        " in no known container".to_string()
+    } else {
+        format!(" of {who}")
+    };
+    let mut out = format!("process {comm}{pid}{of} crashed in {library} at {at}");
     out.push_str(&gpu_context(gpus));
     out
 }
@@ -119,6 +129,9 @@ pub struct JobGpus<'a> {
     pub pairs: &'a [PairThen],
     /// The GPUs among them the pair judge blames (else the ends of their failing pairs).
     pub culprits: &'a [u32],
+    /// The GPUs of the node the pair judge blames (not "either end"), said when the job's own
+    /// GPUs are not known.
+    pub node_culprits: &'a [Suspect],
 }
 
 /// `GPU 5`, `GPUs 5 and 7`, `GPUs 1, 5 and 7`.
@@ -136,9 +149,13 @@ pub(super) fn gpus_named(gpus: &[u32]) -> String {
 pub(super) fn gpu_context(job: &JobGpus<'_>) -> String {
     let gpus = job.gpus;
     if gpus.is_empty() {
-        return ". The GPUs it used are not known (NVML listed no process of it, and no kubelet \
-                pod-resources answer)."
-            .into();
+        let mut out = String::from(
+            ". The GPUs it used are not known (NVML listed no process of it, and no kubelet \
+             pod-resources answer)",
+        );
+        out.push_str(&node_culprits(job.node_culprits));
+        out.push('.');
+        return out;
     }
     let list = gpus_named(gpus);
     let used = match job.from {
@@ -196,6 +213,38 @@ pub(super) fn gpu_context(job: &JobGpus<'_>) -> String {
         "{used}; {parts}: the hardware, not your code. Drain the node, then reset {} ({resets}) \
          or replace it; until then keep jobs off that pair.",
         gpus_named(job.culprits)
+    )
+}
+
+/// `; but GPU 7 on this node fails with its peers (...): if the job used it, ...`: what the
+/// pair judge blames on the node, for a crash whose own GPUs are not known.
+fn node_culprits(suspects: &[Suspect]) -> String {
+    if suspects.is_empty() {
+        return String::new();
+    }
+    let gpus: Vec<u32> = suspects.iter().map(|s| s.gpu).collect();
+    let named = gpus_named(&gpus);
+    let why: Vec<&str> = suspects
+        .iter()
+        .filter_map(|s| s.reasons.first())
+        .take(2)
+        .map(|r| prefix_within(r, 120))
+        .collect();
+    let resets: Vec<String> = gpus
+        .iter()
+        .map(|g| format!("`nvidia-smi -r -i {g}`"))
+        .collect();
+    format!(
+        "; but {named} on this node {} its GPU pairs ({}): if the job used {}, that is the \
+         likely cause (drain the node, then reset it: {})",
+        if gpus.len() == 1 {
+            "fails in"
+        } else {
+            "fail in"
+        },
+        why.join("; "),
+        if gpus.len() == 1 { "it" } else { "one of them" },
+        resets.join(", "),
     )
 }
 
