@@ -22,7 +22,7 @@ pub fn ago(then: SystemTime, now: SystemTime) -> String {
 /// An RFC 3339 time, as `check --json` writes it, back as a time (None when it is not one).
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let t: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
-    SystemTime::try_from(t).ok()
+    Some(SystemTime::from(t))
 }
 
 /// How far back a time may be and still be "recent" in a table's short section.
