@@ -32,12 +32,13 @@ pub struct CheckSettings {
 pub enum CheckError {
     #[error(transparent)]
     Host(#[from] HostError),
+    // Each says its cause once, in its text (it is logged as text too): no source besides.
     #[error("starting the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
+    Runtime(std::io::Error),
     #[error("listing this node's pods: {0}")]
-    Kube(#[from] KubeError),
+    Kube(KubeError),
     #[error("listing this node's pods: {0}")]
-    ListPods(#[source] kube::Error),
+    ListPods(kube::Error),
 }
 
 /// One scan, with the failures told since `since` as findings too (worst first).
@@ -87,7 +88,7 @@ fn pods_once(mode: KubeMode, node: &str) -> Result<Option<Vec<Pod>>, CheckError>
         .build()
         .map_err(CheckError::Runtime)?;
     let listed = runtime.block_on(async {
-        let Some(client) = crate::kube::connect(mode).await? else {
+        let Some(client) = crate::kube::connect(mode).await.map_err(CheckError::Kube)? else {
             return Ok(None);
         };
         list_once(client, node)
@@ -97,7 +98,7 @@ fn pods_once(mode: KubeMode, node: &str) -> Result<Option<Vec<Pod>>, CheckError>
     });
     match listed {
         Err(e) if mode == KubeMode::Auto => {
-            tracing::warn!("listing this node's pods: {e}; going on without pod names");
+            tracing::warn!("{e}; going on without pod names");
             Ok(None)
         }
         other => other,

@@ -165,8 +165,9 @@ pub struct ServeArgs {
     pub p2p_probe_interval: Option<Duration>,
     #[command(flatten)]
     pub cuda: CudaArgs,
-    /// Address to serve /metrics, /healthz and /readyz on.
-    #[arg(long, env = "SHMLINK_LISTEN", default_value = "0.0.0.0:9477")]
+    /// Address to serve /metrics, /healthz and /readyz on: IP:PORT, HOST:PORT (resolved once;
+    /// localhost is the loopback) or :PORT (every address).
+    #[arg(long, env = "SHMLINK_LISTEN", default_value = "0.0.0.0:9477", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Scan period, e.g. 500ms, 5s, 1m.
     #[arg(long, env = "SHMLINK_INTERVAL", default_value = "5s", value_parser = parse_interval)]
@@ -376,6 +377,47 @@ fn parse_wait(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0s, 10s, 1m)"))
 }
 
+/// `--listen`: an IP and port, a host name and port (resolved once at start, IPv4 first:
+/// `localhost` is 127.0.0.1 without asking the resolver), or `:PORT` for every address.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    listen_addr(s, |host, port| {
+        std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .map(Iterator::collect)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// [`parse_listen`] with the resolver given (tests resolve without DNS).
+fn listen_addr(
+    s: &str,
+    resolve: impl Fn(&str, u16) -> Result<Vec<SocketAddr>, String>,
+) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let examples = "examples: 0.0.0.0:9477, localhost:9477, :9477, [::1]:9477";
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("{s:?} has no port ({examples})"));
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{port:?} is not a port ({examples})"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host {
+        "" => return Ok(SocketAddr::from(([0, 0, 0, 0], port))),
+        "localhost" => return Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+        _ => {}
+    }
+    let found = resolve(host, port).map_err(|e| format!("{host:?} does not resolve: {e}"))?;
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("{host:?} resolves to no address"))
+}
+
 fn parse_ratio(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
@@ -386,6 +428,40 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_takes_host_names_and_a_bare_port() {
+        let no_dns = |_: &str, _: u16| -> Result<Vec<SocketAddr>, String> { Err("no DNS".into()) };
+        let ok = |s: &str| listen_addr(s, no_dns).unwrap().to_string();
+        assert_eq!(ok("0.0.0.0:9477"), "0.0.0.0:9477");
+        assert_eq!(ok("[::1]:9999"), "[::1]:9999");
+        assert_eq!(ok("localhost:9999"), "127.0.0.1:9999");
+        assert_eq!(ok(":9999"), "0.0.0.0:9999");
+        let node = |_: &str, port: u16| -> Result<Vec<SocketAddr>, String> {
+            Ok(vec![
+                SocketAddr::from(([0xfd00, 0, 0, 0, 0, 0, 0, 7], port)),
+                SocketAddr::from(([10, 0, 0, 7], port)),
+            ])
+        };
+        assert_eq!(
+            listen_addr("node-a:9477", node).unwrap().to_string(),
+            "10.0.0.7:9477",
+            "IPv4 first"
+        );
+        for bad in [
+            "localhost",
+            "localhost:http",
+            "host:99999",
+            "nowhere.invalid:1",
+        ] {
+            let e = listen_addr(bad, no_dns).unwrap_err();
+            assert!(!e.contains('\n'), "{bad}: {e}");
+        }
+        assert!(
+            parse_listen("localhost:9477").is_ok(),
+            "through the real parser"
+        );
+    }
 
     #[test]
     fn the_cli_is_well_formed() {

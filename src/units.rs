@@ -21,14 +21,17 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what}: {value:?} is not a size (examples: 64Mi, 1Gi, 512M, 1.5Gi, 1073741824)")]
+#[error("{what}: {value:?} is not a size (examples: 64Mi, 1Gi, 8gb, 512m, 1.5Gi, 1073741824)")]
 pub struct SizeError {
     pub what: String,
     pub value: String,
 }
 
-/// A size as Kubernetes quantities spell it: plain bytes, binary suffixes `Ki Mi Gi Ti`
-/// (powers of 1024), decimal `k`/`K M G T` (powers of 1000); a fraction (`1.5Gi`) rounds up to
+/// A size as Kubernetes quantities or Docker spell it: plain bytes; Kubernetes' binary `Ki Mi Gi
+/// Ti` (powers of 1024) and decimal `k`/`K M G T` (powers of 1000), exactly so spelt; else
+/// Docker's units (go-units' RAMInBytes), any case, all powers of 1024: `b`, `m g t`, `kb mb gb
+/// tb`, `kib mib gib tib`, `ki mi gi ti`. So `8GB`, `8gb` and `8g` are 8 GiB, as Docker takes
+/// them, while `8G` is 8,000,000,000 as Kubernetes takes it. A fraction (`1.5Gi`) rounds up to
 /// whole bytes. `what` names the option in the error.
 pub fn parse_size(what: &str, value: &str) -> Result<u64, SizeError> {
     let err = || SizeError {
@@ -50,7 +53,7 @@ pub fn parse_size(what: &str, value: &str) -> Result<u64, SizeError> {
         "M" => 1_000_000,
         "G" => 1_000_000_000,
         "T" => 1_000_000_000_000,
-        _ => return Err(err()),
+        other => docker_unit(other).ok_or_else(err)?,
     };
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
     if int.is_empty() && frac.is_empty()
@@ -74,6 +77,23 @@ pub fn parse_size(what: &str, value: &str) -> Result<u64, SizeError> {
     };
     let bytes = int * multiplier + (frac * multiplier).div_ceil(scale);
     u64::try_from(bytes).map_err(|_| err())
+}
+
+/// Docker's unit suffixes, any case, binary: a letter, then optionally `i`, then optionally `b`
+/// (go-units' RAMInBytes); `k` alone is Kubernetes' 1000 and never reaches here.
+fn docker_unit(suffix: &str) -> Option<u128> {
+    let lower = suffix.to_ascii_lowercase();
+    let unit = lower.strip_suffix('b').unwrap_or(&lower);
+    let unit = unit.strip_suffix('i').unwrap_or(unit);
+    let power = match unit {
+        "" if lower == "b" => 0,
+        "k" if lower != "k" => 1,
+        "m" => 2,
+        "g" => 3,
+        "t" => 4,
+        _ => return None,
+    };
+    Some(1u128 << (10 * power))
 }
 
 /// A size as a Kubernetes quantity, rounded up: whole `Gi` when exact, else `Mi`.
@@ -122,8 +142,10 @@ mod tests {
         for bad in [
             "",
             "Gi",
-            "1GB",
-            "1gi",
+            "1ib",
+            "1kk",
+            "1bb",
+            "1Pi",
             "-1",
             "1 Gi",
             "1..5Gi",
@@ -138,6 +160,34 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
+    }
+
+    /// Issue 37: `--min-shm 8GB` as Docker's `--shm-size` takes it.
+    #[test]
+    fn docker_sizes_parse_as_docker_takes_them() {
+        let ok = |s: &str| parse_size("--min-shm", s).unwrap();
+        for (s, bytes) in [
+            ("8GB", 8 * GIB),
+            ("8gb", 8 * GIB),
+            ("8g", 8 * GIB),
+            ("8GiB", 8 * GIB),
+            ("8gi", 8 * GIB),
+            ("512m", 512 * MIB),
+            ("512MB", 512 * MIB),
+            ("64kb", 64 * KIB),
+            ("64KiB", 64 * KIB),
+            ("1tb", 1 << 40),
+            ("100b", 100),
+            ("100B", 100),
+            ("1.5gb", 3 * GIB / 2),
+        ] {
+            assert_eq!(ok(s), bytes, "{s}");
+        }
+        // Kubernetes' own spellings keep their meaning.
+        assert_eq!(ok("8G"), 8_000_000_000);
+        assert_eq!(ok("512M"), 512_000_000);
+        assert_eq!(ok("1k"), 1000);
+        assert_eq!(ok("1K"), 1000);
     }
 
     #[test]

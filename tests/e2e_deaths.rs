@@ -196,7 +196,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     assert_eq!(e["regarding"]["uid"], fill_uid.as_str());
     let note = e["note"].as_str().unwrap();
     for part in [
-        "container ml/shmfill-0/fill died of a bus error (SIGBUS: Error, exit status 135 (SIGBUS))",
+        "container ml/shmfill-0/fill died of a bus error (SIGBUS, exit status 135)",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
         "ftruncate reserves nothing",
         "sizeLimit: 1Gi",
@@ -385,7 +385,7 @@ fn a_shells_bus_error_is_told_only_where_dev_shm_was_full() {
         written.elapsed().as_millis()
     );
     for part in [
-        "container ml/shfill-0/fill died of a bus error (SIGBUS: its log said \"Bus error\")",
+        "container ml/shfill-0/fill died of a bus error (SIGBUS; its log said \"Bus error\")",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
     ] {
         assert!(note.contains(part), "{part:?} not in {note}");

@@ -205,7 +205,7 @@ fn check_on_a_real_docker_engine() {
             died[0]["message"]
                 .as_str()
                 .unwrap()
-                .contains("exit status 135 (SIGBUS)"),
+                .contains("died of a bus error (SIGBUS, exit status 135)"),
             "{:#}",
             died[0]
         );

@@ -298,7 +298,8 @@ fn the_gpu7_fault_fails_cuda_devices_6_7_naming_the_pair_and_passes_0_1() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let t = text(&out);
     assert!(
-        t.contains("FAIL gpu_pair: GPU 6 <-> GPU 7 (cuda:0 <-> cuda:1 in this process) is down"),
+        t.contains("FAIL gpu_pair: GPU 7 (cuda:1 in this process): its pair with GPU 6 is down")
+            && t.contains("; avoid GPU 7: CUDA_VISIBLE_DEVICES=6\n"),
         "{t}"
     );
     assert!(t.contains("Avoid GPU 7"), "{t}");

@@ -58,15 +58,16 @@ pub struct ServeSettings {
 pub enum AgentError {
     #[error(transparent)]
     Host(#[from] HostError),
-    #[error("listening on {addr}: {source}")]
+    // The source is said after it by the chain printer (main's `{:#}`), once.
+    #[error("listening on {addr}")]
     Listen {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
-    #[error("HTTP server: {0}")]
+    #[error("HTTP server")]
     Http(#[source] std::io::Error),
-    #[error("starting the {0} thread: {1}")]
+    #[error("starting the {0} thread")]
     Thread(&'static str, #[source] std::io::Error),
     #[error(transparent)]
     Kube(#[from] KubeError),

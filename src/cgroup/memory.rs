@@ -28,11 +28,11 @@ pub enum MemcgError {
     #[error("cgroup {0} is gone")]
     Gone(String),
     /// The cgroup's own files could not be read; `partial` is what its ancestors say.
-    #[error("reading {path}: {source}")]
+    // The cause in the text, not as a source too (a chain printer would say it twice).
+    #[error("reading {path}: {error}")]
     Io {
         path: String,
-        #[source]
-        source: io::Error,
+        error: io::Error,
         partial: MemoryReading,
     },
 }
@@ -213,9 +213,9 @@ impl MemcgReader {
         }
         match leaf_error {
             None => Ok(reading),
-            Some(source) => Err(MemcgError::Io {
+            Some(error) => Err(MemcgError::Io {
                 path: leaf.join(files.limit).display().to_string(),
-                source,
+                error,
                 partial: reading,
             }),
         }

@@ -26,8 +26,19 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             eprintln!("shmlink: {}", shmlink::text::blind(reason, &snapshot.sight));
         }
     } else {
-        let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        report::write_tables(&mut stdout, &snapshot, colour)?;
+        let terminal = std::io::stdout().is_terminal();
+        let style = report::Style {
+            colour: terminal && std::env::var_os("NO_COLOR").is_none(),
+            // A pipe gets every message whole on its line, for whoever reads it.
+            width: terminal.then(terminal_width).flatten(),
+        };
+        report::write_tables(&mut stdout, &snapshot, style)?;
     }
     Ok(ExitCode::from(check::exit_status(&snapshot)))
+}
+
+/// The terminal's columns (TIOCGWINSZ on stdout); None when it does not say.
+fn terminal_width() -> Option<usize> {
+    let size = rustix::termios::tcgetwinsize(std::io::stdout()).ok()?;
+    (size.ws_col > 0).then_some(usize::from(size.ws_col))
 }

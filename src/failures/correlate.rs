@@ -54,11 +54,20 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
+    let node_culprits: Vec<crate::model::Suspect> = known
+        .snapshot
+        .map(|s| s.gpu_blame.suspects.iter())
+        .into_iter()
+        .flatten()
+        .filter(|s| s.by != crate::model::SuspectBy::EitherEnd)
+        .cloned()
+        .collect();
     let job = text::JobGpus {
         gpus: &gpus,
         from: gpus_from,
         pairs: &gpu_pairs,
         culprits: &culprits,
+        node_culprits: &node_culprits,
     };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
@@ -66,7 +75,8 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         }
         _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
     };
-    let message = message(d, kind, &id, shm.as_ref(), memory.as_ref(), &job);
+    let runtime = runtime_of(d, &id, reading);
+    let message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
@@ -114,13 +124,13 @@ fn message(
     d: &Detected,
     kind: FindingKind,
     id: &Identity,
+    runtime: text::Runtime,
     shm: Option<&ShmThen>,
     memory: Option<&MemorySplit>,
     job: &text::JobGpus<'_>,
 ) -> String {
     let at = rfc3339(d.at);
     let who = id.name();
-    let kubernetes = id.pod.is_some();
     // The line is quoted into a sentence that ends with its own full stop.
     let said = text::said(&d.evidence);
     match kind {
@@ -141,41 +151,80 @@ fn message(
             });
             match (memory, kind) {
                 (Some(m), FindingKind::ShmOomKilled) => {
-                    text::shm_oom_killed(&who, &at, comm, d.pid, m, kubernetes)
+                    text::shm_oom_killed(&who, &at, comm, d.pid, m, runtime)
                 }
                 (Some(m), _) => text::workload_oom_killed(&who, &at, comm, d.pid, m),
                 (None, _) => d.evidence.clone(),
             }
         }
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            let exit = match (&d.exit, d.source) {
-                (Some(e), _) => e.describe(),
-                (None, FailureSource::Log) => format!("its log said \"{}\"", d.evidence),
-                (None, FailureSource::Tracepoint) => d.evidence.clone(),
-                (None, _) => "SIGBUS".into(),
-            };
+            let exit = bus_exit(d);
             match (kind, shm) {
                 (FindingKind::ShmBusError, Some(s)) => {
-                    text::shm_bus_error(&who, &at, &exit, s, kubernetes)
+                    text::shm_bus_error(&who, &at, &exit, s, runtime)
                 }
                 _ => text::workload_bus_error(&who, &at, &exit, shm),
             }
         }
-        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, said, kubernetes),
-        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, said, kubernetes),
+        FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, said, runtime),
+        FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, said, runtime),
         FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, said),
-        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, said, kubernetes),
-        FindingKind::ImexChannelMissing => text::imex_channel_missing(&who, &at, said, kubernetes),
+        FindingKind::CudaIpcDenied => text::cuda_ipc_denied(&who, &at, said, runtime),
+        FindingKind::ImexChannelMissing => text::imex_channel_missing(&who, &at, said, runtime),
         FindingKind::GpuPeerAccessRefused => text::gpu_peer_access_refused(&who, &at, said, job),
-        FindingKind::ShmFallback => text::shm_fallback(&who, &at, said, kubernetes),
+        FindingKind::ShmFallback => text::shm_fallback(&who, &at, said, runtime),
         _ => text::shm_allocation_failed(
             &who,
             &at,
             said,
             shm,
-            kubernetes,
+            runtime,
             d.signature.is_some_and(is_browser),
         ),
+    }
+}
+
+/// Where the container runs, for its fix: a Pod when anything names one (its UID in the cgroup
+/// path is enough: kubelet made it), Docker when Docker told it or its cgroup is Docker's, else
+/// a bare runtime (runc, containerd without Kubernetes).
+fn runtime_of(d: &Detected, id: &Identity, reading: Option<&ShmReading>) -> text::Runtime {
+    use crate::cgroup::path::{parse_cgroup_path, Runtime as Cgroup};
+    if id.pod.is_some() || id.pod_uid.is_some() {
+        return text::Runtime::Pod;
+    }
+    // A reading with an image has Docker's record (the scan names Docker's containers so).
+    let docker_cgroup = reading.is_some_and(|r| {
+        r.image.is_some()
+            || parse_cgroup_path(&r.cgroup).is_some_and(|c| c.runtime == Cgroup::Docker)
+    });
+    if matches!(d.who, Who::Docker { .. }) || d.source == FailureSource::Docker || docker_cgroup {
+        text::Runtime::Docker
+    } else {
+        text::Runtime::Other
+    }
+}
+
+/// How a SIGBUS death ended, SIGBUS said once: `SIGBUS, exit status 135`, `SIGBUS; its log
+/// said "..."`. kubelet's reason `Error` says nothing an exit status does not.
+fn bus_exit(d: &Detected) -> String {
+    match (&d.exit, d.source) {
+        (Some(e), _) => {
+            let mut parts = vec!["SIGBUS".to_string()];
+            if let Some(c) = e.code {
+                parts.push(format!("exit status {c}"));
+            }
+            if let Some(r) = e
+                .reason
+                .as_deref()
+                .filter(|r| !r.is_empty() && *r != "Error")
+            {
+                parts.push(format!("reason {r}"));
+            }
+            parts.join(", ")
+        }
+        (None, FailureSource::Log) => format!("SIGBUS; its log said \"{}\"", d.evidence),
+        (None, FailureSource::Tracepoint) => format!("SIGBUS: {}", d.evidence),
+        (None, _) => "SIGBUS".into(),
     }
 }
 
@@ -332,7 +381,7 @@ impl Identity {
             (Some(ns), Some(pod), None, _) => format!("{ns}/{pod}"),
             (_, _, Some(c), _) => c.clone(),
             (_, _, None, Some(id)) => crate::model::short_id(id).to_string(),
-            _ => "an unknown process".to_string(),
+            _ => text::UNKNOWN_PROCESS.to_string(),
         }
     }
 }
@@ -570,6 +619,60 @@ mod tests {
             ("GPU-6".to_string(), vec![("ml".into(), "trainer-0".into())]),
             ("GPU-7".to_string(), vec![("ml".into(), "trainer-0".into())]),
         ])
+    }
+
+    /// Issue 37: the fix is the runtime's: a Pod's by its UID alone (a runc container in a
+    /// kubelet cgroup with the API off), Docker's for Docker's, else words any runtime takes.
+    #[test]
+    fn the_fix_matches_the_runtime_a_pod_by_uid_docker_or_a_bare_container() {
+        let cid = "c".repeat(64);
+        let tell = |kind, who: Who, snapshot: Option<&Snapshot>| {
+            correlate(
+                &detected(kind, who),
+                Known {
+                    snapshot,
+                    pods: None,
+                    holders: &GpuHolders::new(),
+                    rules: DeathRules::default(),
+                },
+            )
+            .unwrap()
+            .message
+        };
+        let kind = FindingKind::ShmAllocationFailed;
+        let container = |pod_uid: Option<&str>| Who::Container {
+            pod_uid: pod_uid.map(str::to_string),
+            container_id: cid.clone(),
+        };
+        let by_uid = tell(kind, container(Some(UID)), None);
+        assert!(
+            by_uid.contains("emptyDir") && !by_uid.contains("docker"),
+            "{by_uid}"
+        );
+        let bare = tell(kind, container(None), None);
+        assert!(
+            bare.contains("give it a larger one: a larger tmpfs at /dev/shm in the container")
+                && !bare.contains("docker")
+                && !bare.contains("emptyDir"),
+            "{bare}"
+        );
+        let gone = Who::Docker {
+            container_id: cid.clone(),
+            name: "asr".into(),
+        };
+        assert!(tell(kind, gone, None).contains("docker run --shm-size"));
+        // Measured: Docker's record named it (its image), or nothing did.
+        let mut r = fixtures::shm_reading(&cid, 64 * MIB, 64 * MIB);
+        let s = fixtures::scanned("node-a", vec![r.clone()], None);
+        let bare = tell(FindingKind::ShmOomKilled, container(None), Some(&s));
+        assert!(
+            !bare.contains("docker") && !bare.contains("emptyDir"),
+            "{bare}"
+        );
+        r.image = Some("pytorch/pytorch:2.5.1".into());
+        let s = fixtures::scanned("node-a", vec![r], None);
+        let docker = tell(kind, container(None), Some(&s));
+        assert!(docker.contains("Fix: docker run --shm-size=1g"), "{docker}");
     }
 
     #[test]
@@ -848,7 +951,7 @@ mod tests {
         );
         assert!(
             full.message
-                .contains("SIGBUS: Error, exit status 135 (SIGBUS)"),
+                .contains("died of a bus error (SIGBUS, exit status 135) at "),
             "{}",
             full.message
         );
@@ -1086,7 +1189,71 @@ mod tests {
         )
         .expect("told");
         assert_eq!(finding(&f).subject, Subject::Node);
-        assert!(f.message.contains("an unknown process"), "{}", f.message);
+        assert!(
+            f.message
+                .starts_with("process ? in no known container crashed in a GPU library at "),
+            "{}",
+            f.message
+        );
+    }
+
+    /// Issue 37: a crash whose GPUs are not known still says the GPU the pair judge blames on
+    /// this node.
+    #[test]
+    fn a_crash_with_its_gpus_unknown_names_the_nodes_culprit_gpu() {
+        use crate::model::{Blame, Suspect, SuspectBy};
+        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        (d.comm, d.pid, d.library) = (
+            Some("python".into()),
+            Some(20114),
+            Some("libnccl.so.2".into()),
+        );
+        let mut s = board(&[]);
+        let tell = |s: &Snapshot| {
+            correlate(
+                &d,
+                Known {
+                    snapshot: Some(s),
+                    pods: None,
+                    holders: &GpuHolders::new(),
+                    rules: DeathRules::default(),
+                },
+            )
+            .expect("told")
+            .message
+        };
+        let alone = tell(&s);
+        assert!(
+            alone.ends_with("no kubelet pod-resources answer)."),
+            "{alone}"
+        );
+        s.gpu_blame = Blame {
+            suspects: vec![Suspect {
+                gpu: 7,
+                bad_pairs: 7,
+                by: SuspectBy::FailsWithAll,
+                reasons: vec!["all 18 NVSwitch links of GPU 7 are inactive".into()],
+            }],
+            node_wide: false,
+        };
+        let m = tell(&s);
+        assert!(
+            m.starts_with(
+                "process python (host PID 20114) in no known container crashed in libnccl.so.2"
+            ),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "no kubelet pod-resources answer); but GPU 7 on this node fails in its GPU pairs \
+                 (all 18 NVSwitch links of GPU 7 are inactive): if the job used it, that is the \
+                 likely cause (drain the node, then reset it: `nvidia-smi -r -i 7`)."
+            ),
+            "{m}"
+        );
+        // "Either end" of pairs that share no GPU names no culprit.
+        s.gpu_blame.suspects[0].by = SuspectBy::EitherEnd;
+        assert_eq!(tell(&s), alone);
     }
 
     #[test]

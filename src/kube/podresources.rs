@@ -71,11 +71,11 @@ const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 pub enum PodResourcesError {
     #[error("no pod-resources socket at {0}")]
     NoSocket(PathBuf),
-    #[error("connecting to {path}: {source}")]
+    // The cause in the text, not as a source too (a chain printer would say it twice).
+    #[error("connecting to {path}: {error}")]
     Connect {
         path: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
+        error: tonic::transport::Error,
     },
     #[error("List on {path}: {status}")]
     List {
@@ -144,9 +144,9 @@ pub async fn list(
             }
         }))
         .await
-        .map_err(|source| PodResourcesError::Connect {
+        .map_err(|error| PodResourcesError::Connect {
             path: path.clone(),
-            source,
+            error,
         })?;
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let list_err = |status: tonic::Status| PodResourcesError::List {

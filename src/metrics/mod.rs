@@ -14,16 +14,16 @@ mod shm;
 mod tests;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, MetricEncoder, NoLabelSet,
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::model::Snapshot;
@@ -99,11 +99,35 @@ impl Collector for SnapshotCollector {
     }
 }
 
-/// A gauge with no series until it is first set (one series with no labels): "absent when off".
-type FlagGauge = Family<Vec<(String, String)>, Gauge>;
+/// A gauge with no series until it is first set, then one series with no labels, written
+/// `name 1` (a `Family` with an empty label set writes `name{} 1`): "absent when off".
+#[derive(Debug, Clone, Default)]
+struct FlagGauge {
+    value: Arc<AtomicI64>,
+    set: Arc<AtomicBool>,
+}
+
+impl EncodeMetric for FlagGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        if !self.set.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        encoder.encode_gauge(&self.value.load(Ordering::Relaxed))
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+
+    /// Unset: not even its HELP and TYPE, as an empty family.
+    fn is_empty(&self) -> bool {
+        !self.set.load(Ordering::Relaxed)
+    }
+}
 
 fn set_flag(gauge: &FlagGauge, on: bool) {
-    gauge.get_or_create(&Vec::new()).set(i64::from(on));
+    gauge.value.store(i64::from(on), Ordering::Relaxed);
+    gauge.set.store(true, Ordering::Relaxed);
 }
 
 /// Plain counters, registered in this order.

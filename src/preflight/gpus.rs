@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::{PairStatus, PairVerdict};
+use crate::model::{Blame, PairStatus, PairVerdict, Suspect, SuspectBy};
 
 /// Which GPUs the workload will use, as its environment says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -141,6 +141,17 @@ pub fn visible_pairs(all: &[PairVerdict], visible: &[VisibleGpu]) -> Vec<PairVer
     let seen = |i: u32| visible.iter().any(|g| g.index == i);
     all.iter()
         .filter(|p| seen(p.gpu) && seen(p.peer_gpu))
+        .cloned()
+        .collect()
+}
+
+/// The GPUs the pair judge's blame names as culprits: not "either end" of pairs that share no
+/// GPU (those are told pair by pair), nor any when every GPU fails (the node's fault).
+pub fn culprits(blame: &Blame) -> Vec<Suspect> {
+    blame
+        .suspects
+        .iter()
+        .filter(|s| s.by != SuspectBy::EitherEnd)
         .cloned()
         .collect()
 }

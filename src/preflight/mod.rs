@@ -273,6 +273,7 @@ impl Roots {
         let judgement = PairJudge::new(options.rules).judge(&sample, Instant::now());
         obs.pairs = visible_pairs(&judgement.pairs, &visible);
         obs.avoid = gpus_to_avoid(&judgement.pairs);
+        obs.culprits = gpus::culprits(&judgement.blame);
         obs.healthy = sample
             .gpus
             .iter()

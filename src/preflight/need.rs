@@ -131,10 +131,8 @@ pub fn need(spec: NeedSpec, gpus: usize) -> Option<Need> {
 pub(super) fn need_words(need: &Need) -> String {
     match need.source {
         NeedSource::MinShm => "--min-shm".to_string(),
-        NeedSource::GpuDefault => format!(
-            "a GPU workload (no need given; the default is {})",
-            human_bytes(DEFAULT_GPU_SHM_BYTES)
-        ),
+        // No parentheses: the text report puts these words in its own.
+        NeedSource::GpuDefault => "a GPU workload with no need given".to_string(),
         NeedSource::Sizing => {
             let mut s = format!(
                 "{} DataLoader workers x prefetch {} x {} batches = {}",
@@ -155,6 +153,15 @@ pub(super) fn need_words(need: &Need) -> String {
 mod tests {
     use super::*;
     use crate::units::{parse_size, MIB};
+
+    /// Issue 37: `need 1.0 GiB (a GPU workload (no need given; ...))` had parentheses in
+    /// parentheses.
+    #[test]
+    fn the_gpu_defaults_words_nest_no_parentheses() {
+        let words = need_words(&need(NeedSpec::Unspecified, 2).unwrap());
+        assert_eq!(words, "a GPU workload with no need given");
+        assert!(!words.contains('('));
+    }
 
     #[test]
     fn the_nccl_segment_is_the_size_nccl_prints() {

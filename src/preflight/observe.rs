@@ -129,6 +129,10 @@ pub struct GpuObs {
     /// NVML's GPUs not to avoid, for the fix.
     #[serde(skip)]
     pub healthy: Vec<u32>,
+    /// The GPUs the pair judge blames (`gpu::blame`: failing with all their peers, or in the
+    /// most failing pairs), with their reasons: the text says one line for each.
+    #[serde(skip)]
+    pub culprits: Vec<crate::model::Suspect>,
     /// `--p2p`: why the pair probe could not run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe_error: Option<String>,
@@ -147,6 +151,7 @@ impl GpuObs {
             pairs: Vec::new(),
             avoid: Vec::new(),
             healthy: Vec::new(),
+            culprits: Vec::new(),
             probe_error: None,
         }
     }

@@ -76,4 +76,8 @@ pub struct Problem {
     pub severity: Grade,
     pub kind: ProblemKind,
     pub message: String,
+    /// The GPU pair (NVML indices) a `gpu_pair` problem is about: the text folds the pairs of
+    /// a culprit GPU into one line.
+    #[serde(skip)]
+    pub pair: Option<(u32, u32)>,
 }

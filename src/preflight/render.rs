@@ -3,8 +3,9 @@
 use super::gpus::SelectorSource;
 use super::need::need_words;
 use super::observe::{NvmlState, RunsIn, ShmState};
-use super::verdict::{Grade, Report, Verdict};
-use crate::model::PairStatus;
+use super::verdict::{Grade, ProblemKind, Report, Verdict};
+use crate::model::{PairStatus, Suspect};
+use crate::text;
 use crate::units::human_bytes;
 
 /// The report for a person: the verdict, one row per thing measured, the problems, the fix.
@@ -30,13 +31,13 @@ pub fn render_text(r: &Report) -> String {
     }
     if !r.problems.is_empty() {
         out.push('\n');
-        for p in &r.problems {
-            let tag = match p.severity {
+        for (severity, kind, message) in problem_lines(r) {
+            let tag = match severity {
                 Grade::Fail => "FAIL",
                 Grade::Unknown => "UNKNOWN",
                 Grade::Warn => "WARN",
             };
-            out.push_str(&format!("{tag} {}: {}\n", p.kind.as_str(), p.message));
+            out.push_str(&format!("{tag} {}: {message}\n", kind.as_str()));
         }
     }
     if let Some(fix) = &r.fix {
@@ -50,6 +51,72 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     out
+}
+
+/// The problems as lines: the pairs of a GPU the pair judge blames folded into one line for
+/// that GPU (where its first pair was), the other pairs one line each. JSON keeps every pair.
+fn problem_lines(r: &Report) -> Vec<(Grade, ProblemKind, String)> {
+    let culprit_of = |(a, b): (u32, u32)| r.gpus.culprits.iter().find(|s| s.gpu == a || s.gpu == b);
+    let mut told: Vec<u32> = Vec::new();
+    let mut lines = Vec::new();
+    for p in &r.problems {
+        let Some(culprit) = p.pair.and_then(culprit_of) else {
+            lines.push((p.severity, p.kind, p.message.clone()));
+            continue;
+        };
+        if !told.contains(&culprit.gpu) {
+            told.push(culprit.gpu);
+            lines.push((p.severity, p.kind, culprit_line(r, culprit)));
+        }
+    }
+    lines
+}
+
+/// One line for a blamed GPU: its failing pairs with the visible GPUs, and the GPUs to keep.
+fn culprit_line(r: &Report, culprit: &Suspect) -> String {
+    let g = culprit.gpu;
+    let failing: Vec<_> = r
+        .gpus
+        .pairs
+        .iter()
+        .filter(|p| p.status != PairStatus::Ok && (p.gpu == g || p.peer_gpu == g))
+        .collect();
+    let peers: Vec<u32> = failing
+        .iter()
+        .map(|p| if p.gpu == g { p.peer_gpu } else { p.gpu })
+        .collect();
+    let status = if failing.iter().all(|p| p.status == PairStatus::Down) {
+        "down"
+    } else {
+        "down or degraded"
+    };
+    let blamed = |i: u32| r.gpus.culprits.iter().any(|s| s.gpu == i);
+    let keep: Vec<u32> = r
+        .gpus
+        .visible
+        .iter()
+        .map(|v| v.index)
+        .filter(|&i| !blamed(i))
+        .collect();
+    let var = match r.gpus.selected_by {
+        SelectorSource::NvidiaVisibleDevices => "NVIDIA_VISIBLE_DEVICES",
+        _ => "CUDA_VISIBLE_DEVICES",
+    };
+    text::preflight_gpu_culprit(&text::PreflightCulprit {
+        gpu: g,
+        cuda: r
+            .gpus
+            .visible
+            .iter()
+            .find(|v| v.index == g)
+            .map_or(0, |v| v.cuda_ordinal),
+        peers: &peers,
+        others: r.gpus.visible.len().saturating_sub(1),
+        status,
+        reasons: &culprit.reasons,
+        var,
+        keep: &keep,
+    })
 }
 
 fn shm_row(r: &Report) -> String {

@@ -121,6 +121,7 @@ impl Found {
             severity,
             kind,
             message,
+            pair: None,
         });
     }
 }
@@ -305,6 +306,9 @@ fn gpu_problems(found: &mut Found, gpus: &GpuObs) {
                 &pair.reasons,
             ),
         );
+        if let Some(p) = found.problems.last_mut() {
+            p.pair = Some((pair.gpu, pair.peer_gpu));
+        }
     }
 }
 

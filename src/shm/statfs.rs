@@ -63,7 +63,7 @@ impl ShmStat {
 pub enum OpenShmError {
     /// The process is gone, or has no such path: not a fault of the agent.
     #[error("no /dev/shm: {0}")]
-    Absent(#[source] io::Error),
+    Absent(io::Error),
     /// A symlink on the way (`ELOOP` under RESOLVE_NO_SYMLINKS): refused, never followed.
     #[error("/dev/shm is reached through a symlink, which is not followed")]
     Symlink,
@@ -79,8 +79,8 @@ pub enum OpenShmError {
     /// changed between the two reads (a runtime setting a container up or tearing it down).
     #[error("the mount of the container's {0} is not in any line of its mountinfo (its mounts changed while read)")]
     Moving(&'static str),
-    #[error("{0}")]
-    Io(#[source] io::Error),
+    #[error(transparent)]
+    Io(io::Error),
 }
 
 /// Opens `<proc_root>/<pid>/root`: `Absent` means the process is gone.

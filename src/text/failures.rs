@@ -1,17 +1,19 @@
 //! Why a workload died: what it said, what its /dev/shm and GPUs were then, and the fix.
 
-use super::{pair_status, SHM_FIX_KUBERNETES};
-use crate::model::{GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen, ShmThen};
+use super::{pair_status, Runtime, SHM_FIX_KUBERNETES};
+use crate::model::{
+    prefix_within, GpusFrom, MemorySource, MemorySplit, PairStatus, PairThen, ShmThen, Suspect,
+};
 use crate::units::{docker_size, human_bytes, k8s_quantity};
 
 /// `shm_allocation_failed`: what the workload said, its /dev/shm then, and a concrete fix.
-/// `kubernetes`: the container is a Pod's (the fix is a Pod spec), else Docker's flags.
+/// `runtime`: where it runs (the fix is a Pod spec, Docker's flags, or any runtime's words).
 pub fn shm_allocation_failed(
     who: &str,
     at: &str,
     evidence: &str,
     shm: Option<&ShmThen>,
-    kubernetes: bool,
+    runtime: Runtime,
     browser: bool,
 ) -> String {
     let mut out = format!("container {who} could not allocate shared memory at {at}: {evidence}");
@@ -25,10 +27,10 @@ pub fn shm_allocation_failed(
     let Some(s) = shm else {
         out.push_str(&format!(
             ". Its /dev/shm was not measured before it died; give it a larger one: {}.{browser_fix}",
-            if kubernetes {
-                format!("in Kubernetes {SHM_FIX_KUBERNETES}")
-            } else {
-                "docker run --shm-size (or --ipc=host)".to_string()
+            match runtime {
+                Runtime::Pod => format!("in Kubernetes {SHM_FIX_KUBERNETES}"),
+                Runtime::Docker => "docker run --shm-size (or --ipc=host)".to_string(),
+                Runtime::Other => "a larger tmpfs at /dev/shm in the container".to_string(),
             }
         ));
         return out;
@@ -58,21 +60,28 @@ pub fn shm_allocation_failed(
         .max(s.peak_bytes.unwrap_or(0))
         .saturating_mul(2)
         .max(1 << 30);
-    if kubernetes {
-        out.push_str(&format!(
+    out.push_str(&match runtime {
+        Runtime::Pod => format!(
             " Fix: mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise \
              the container's memory limit by as much (tmpfs pages count against it).",
             k8s_quantity(want)
-        ));
-    } else {
-        out.push_str(&format!(
+        ),
+        Runtime::Docker => format!(
             " Fix: docker run --shm-size={} (or --ipc=host); tmpfs pages count against --memory.",
             docker_size(want)
-        ));
-    }
+        ),
+        Runtime::Other => format!(
+            " Fix: mount a tmpfs of {} at /dev/shm in the container, with a memory limit that has \
+             room for it (tmpfs pages count against it).",
+            human_bytes(want)
+        ),
+    });
     out.push_str(browser_fix);
     out
 }
+
+/// How a failure names a process no scan placed in a container.
+pub const UNKNOWN_PROCESS: &str = "an unknown process";
 
 /// `gpu_job_crashed`: the kernel's word, and whether the Pod's GPU pairs point at the hardware.
 pub fn gpu_job_crashed(
@@ -84,7 +93,12 @@ pub fn gpu_job_crashed(
     gpus: &JobGpus<'_>,
 ) -> String {
     let pid = pid.map_or(String::new(), |p| format!(" (host PID {p})"));
-    let mut out = format!("process {comm}{pid} of {who} crashed in {library} at {at}");
+    let of = if who == UNKNOWN_PROCESS {
+        " in no known container".to_string()
+    } else {
+        format!(" of {who}")
+    };
+    let mut out = format!("process {comm}{pid}{of} crashed in {library} at {at}");
     out.push_str(&gpu_context(gpus));
     out
 }
@@ -115,6 +129,9 @@ pub struct JobGpus<'a> {
     pub pairs: &'a [PairThen],
     /// The GPUs among them the pair judge blames (else the ends of their failing pairs).
     pub culprits: &'a [u32],
+    /// The GPUs of the node the pair judge blames (not "either end"), said when the job's own
+    /// GPUs are not known.
+    pub node_culprits: &'a [Suspect],
 }
 
 /// `GPU 5`, `GPUs 5 and 7`, `GPUs 1, 5 and 7`.
@@ -132,9 +149,13 @@ pub(super) fn gpus_named(gpus: &[u32]) -> String {
 pub(super) fn gpu_context(job: &JobGpus<'_>) -> String {
     let gpus = job.gpus;
     if gpus.is_empty() {
-        return ". The GPUs it used are not known (NVML listed no process of it, and no kubelet \
-                pod-resources answer)."
-            .into();
+        let mut out = String::from(
+            ". The GPUs it used are not known (NVML listed no process of it, and no kubelet \
+             pod-resources answer)",
+        );
+        out.push_str(&node_culprits(job.node_culprits));
+        out.push('.');
+        return out;
     }
     let list = gpus_named(gpus);
     let used = match job.from {
@@ -195,6 +216,38 @@ pub(super) fn gpu_context(job: &JobGpus<'_>) -> String {
     )
 }
 
+/// `; but GPU 7 on this node fails with its peers (...): if the job used it, ...`: what the
+/// pair judge blames on the node, for a crash whose own GPUs are not known.
+fn node_culprits(suspects: &[Suspect]) -> String {
+    if suspects.is_empty() {
+        return String::new();
+    }
+    let gpus: Vec<u32> = suspects.iter().map(|s| s.gpu).collect();
+    let named = gpus_named(&gpus);
+    let why: Vec<&str> = suspects
+        .iter()
+        .filter_map(|s| s.reasons.first())
+        .take(2)
+        .map(|r| prefix_within(r, 120))
+        .collect();
+    let resets: Vec<String> = gpus
+        .iter()
+        .map(|g| format!("`nvidia-smi -r -i {g}`"))
+        .collect();
+    format!(
+        "; but {named} on this node {} its GPU pairs ({}): if the job used {}, that is the \
+         likely cause (drain the node, then reset it: {})",
+        if gpus.len() == 1 {
+            "fails in"
+        } else {
+            "fail in"
+        },
+        why.join("; "),
+        if gpus.len() == 1 { "it" } else { "one of them" },
+        resets.join(", "),
+    )
+}
+
 /// What a workload said of its own death, after the kill's message.
 pub fn told_by_workload(line: &str) -> String {
     format!(" The workload told it too: {line}")
@@ -208,15 +261,23 @@ pub fn shm_oom_killed(
     comm: &str,
     pid: Option<i32>,
     m: &MemorySplit,
-    kubernetes: bool,
+    runtime: Runtime,
 ) -> String {
-    let fix = if kubernetes {
-        "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit, or lower \
-         sizeLimit below the memory the workload leaves free, so that /dev/shm fills (and says \
-         so) before memory runs out"
-    } else {
-        "give docker run --memory room for --shm-size (the limit at least the shm size plus \
-         what the workload itself needs), or lower --shm-size"
+    let fix = match runtime {
+        Runtime::Pod => {
+            "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit, or lower \
+             sizeLimit below the memory the workload leaves free, so that /dev/shm fills (and \
+             says so) before memory runs out"
+        }
+        Runtime::Docker => {
+            "give docker run --memory room for --shm-size (the limit at least the shm size plus \
+             what the workload itself needs), or lower --shm-size"
+        }
+        Runtime::Other => {
+            "raise the container's memory limit by /dev/shm's size, or make /dev/shm smaller \
+             than the memory the workload leaves free, so that /dev/shm fills (and says so) \
+             before memory runs out"
+        }
     };
     format!(
         "container {who}: the kernel OOM-killed {} at {at}{}, and /dev/shm was what filled it: \
@@ -321,8 +382,8 @@ fn counted_by(m: &MemorySplit) -> &'static str {
 
 /// `shm_bus_error`: the container died of SIGBUS with /dev/shm full or nearly: the process
 /// touched shared-memory pages the tmpfs had no room for. `exit`: how it ended, as its
-/// runtime says.
-pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, kubernetes: bool) -> String {
+/// runtime says, starting with SIGBUS (said once).
+pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, runtime: Runtime) -> String {
     let size = shm.size_bytes.map_or("no size limit".into(), human_bytes);
     let peak = shm.peak_bytes.or(shm.used_bytes);
     let want = shm
@@ -331,20 +392,24 @@ pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, kubernetes:
         .max(peak.unwrap_or(0))
         .saturating_mul(2)
         .max(1 << 30);
-    let fix = if kubernetes {
-        format!(
+    let fix = match runtime {
+        Runtime::Pod => format!(
             "mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise the \
              container's memory limit by as much (tmpfs pages count against it)",
             k8s_quantity(want)
-        )
-    } else {
-        format!(
+        ),
+        Runtime::Docker => format!(
             "docker run --shm-size={} (and --memory with room for it), or --ipc=host",
             docker_size(want)
-        )
+        ),
+        Runtime::Other => format!(
+            "mount a tmpfs of {} at /dev/shm in the container, with a memory limit that has room \
+             for it (tmpfs pages count against it)",
+            human_bytes(want)
+        ),
     };
     format!(
-        "container {who} died of a bus error (SIGBUS: {exit}) at {at}, with /dev/shm full: its \
+        "container {who} died of a bus error ({exit}) at {at}, with /dev/shm full: its \
          /dev/shm ({}{size}) peaked at {} before it died. A process that maps more shared memory \
          than the tmpfs has room for (ftruncate reserves nothing) gets SIGBUS when it touches \
          the pages past the end. Fix: {fix}.",
@@ -385,7 +450,7 @@ pub fn workload_bus_error(who: &str, at: &str, exit: &str, shm: Option<&ShmThen>
         ""
     };
     format!(
-        "container {who} died of a bus error (SIGBUS: {exit}) at {at}; {then}. Not /dev/shm \
+        "container {who} died of a bus error ({exit}) at {at}; {then}. Not /dev/shm \
          running out, as far as was measured: a bus error is also a memory-mapped file truncated \
          under the process, or a fault in native code; its last log lines and a core dump say \
          which.{unmeasured}"
@@ -420,4 +485,18 @@ fn limit_words(m: &MemorySplit) -> String {
 
 fn bytes_or_unknown(b: Option<u64>) -> String {
     b.map_or("an unknown amount".into(), human_bytes)
+}
+
+/// `check`'s line for the kernel-log deaths of processes outside any known container that are
+/// too old to print in full.
+pub fn older_deaths_elsewhere(n: usize, newest_ago: &str) -> String {
+    let (deaths, them) = if n == 1 {
+        ("death", "it")
+    } else {
+        ("deaths", "them")
+    };
+    format!(
+        "{n} older kernel-log {deaths} of other processes (the newest {newest_ago}): \
+         `check --json` lists {them}."
+    )
 }

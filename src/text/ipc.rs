@@ -1,18 +1,27 @@
 //! What a workload said when something other than a full /dev/shm failed its IPC: a segment
 //! its peers cannot see, no /dev/shm at all, the file-descriptor limit, a refused CUDA IPC, a
 //! missing IMEX channel, a GPU pair refusing peer access, or a fallback that costs speed. Each
-//! its cause and the fix a person types; `kubernetes`: the container is a Pod's (the fix is a
-//! Pod spec), else Docker's flags.
+//! its cause and the fix a person types for where it runs (`Runtime`: a Pod spec, Docker's
+//! flags, or words any runtime takes).
+
+use super::Runtime;
 
 /// `shm_not_shared`: a segment another process made is not in this one's /dev/shm.
-pub fn shm_not_shared(who: &str, at: &str, evidence: &str, kubernetes: bool) -> String {
-    let fix = if kubernetes {
-        "run the processes that exchange it in one container, or mount the same emptyDir \
+pub fn shm_not_shared(who: &str, at: &str, evidence: &str, runtime: Runtime) -> String {
+    let fix = match runtime {
+        Runtime::Pod => {
+            "run the processes that exchange it in one container, or mount the same emptyDir \
          (medium: Memory) at /dev/shm in every container of the Pod that takes part; between \
          Pods there is no shared /dev/shm: NCCL_SHM_DISABLE=1 makes NCCL use the network"
-    } else {
-        "docker run --ipc=shareable for the first container and --ipc=container:<first> for \
+        }
+        Runtime::Docker => {
+            "docker run --ipc=shareable for the first container and --ipc=container:<first> for \
          the others (or --ipc=host for all); NCCL_SHM_DISABLE=1 makes NCCL use the network"
+        }
+        Runtime::Other => {
+            "give the processes that exchange it one IPC namespace and /dev/shm (one container, or \
+         the runtime's shared-IPC option); NCCL_SHM_DISABLE=1 makes NCCL use the network"
+        }
     };
     format!(
         "container {who} could not open a shared-memory segment another process made, at {at}: \
@@ -23,13 +32,18 @@ pub fn shm_not_shared(who: &str, at: &str, evidence: &str, kubernetes: bool) -> 
 }
 
 /// `shm_unavailable`: no writable tmpfs at /dev/shm.
-pub fn shm_unavailable(who: &str, at: &str, evidence: &str, kubernetes: bool) -> String {
-    let fix = if kubernetes {
+pub fn shm_unavailable(who: &str, at: &str, evidence: &str, runtime: Runtime) -> String {
+    let fix = match runtime {
+        Runtime::Pod => {
         "mount an emptyDir with medium: Memory at /dev/shm (a sandbox or image without one, or a \
          read-only mount there, leaves none)"
-    } else {
+    }
+        Runtime::Docker => {
         "do not mount /dev/shm read-only or over it; docker run --shm-size=1g (or --ipc=host), \
          never --ipc=none"
+    }
+        Runtime::Other => "mount a writable tmpfs at /dev/shm in the container (size 1 GiB or more), or share the \
+         host's IPC namespace",
     };
     format!(
         "container {who} has no usable /dev/shm at {at}: {evidence}. POSIX shared memory and \
@@ -51,11 +65,11 @@ pub fn fd_limit_reached(who: &str, at: &str, evidence: &str) -> String {
 }
 
 /// `cuda_ipc_denied`: pidfd_getfd refused (no ptrace permission over the peer process).
-pub fn cuda_ipc_denied(who: &str, at: &str, evidence: &str, kubernetes: bool) -> String {
-    let cap = if kubernetes {
-        "add SYS_PTRACE to the container's securityContext.capabilities.add"
-    } else {
-        "docker run --cap-add SYS_PTRACE"
+pub fn cuda_ipc_denied(who: &str, at: &str, evidence: &str, runtime: Runtime) -> String {
+    let cap = match runtime {
+        Runtime::Pod => "add SYS_PTRACE to the container's securityContext.capabilities.add",
+        Runtime::Docker => "docker run --cap-add SYS_PTRACE",
+        Runtime::Other => "give the container CAP_SYS_PTRACE",
     };
     format!(
         "container {who}: CUDA IPC between its processes was refused at {at}: {evidence}. NCCL \
@@ -67,13 +81,20 @@ pub fn cuda_ipc_denied(who: &str, at: &str, evidence: &str, kubernetes: bool) ->
 }
 
 /// `imex_channel_missing`: multi-node NVLink without an IMEX channel in the container.
-pub fn imex_channel_missing(who: &str, at: &str, evidence: &str, kubernetes: bool) -> String {
-    let fix = if kubernetes {
-        "give the Pod an IMEX channel (NVIDIA's DRA driver: a ComputeDomain and the resource \
+pub fn imex_channel_missing(who: &str, at: &str, evidence: &str, runtime: Runtime) -> String {
+    let fix = match runtime {
+        Runtime::Pod => {
+            "give the Pod an IMEX channel (NVIDIA's DRA driver: a ComputeDomain and the resource \
          claim it makes)"
-    } else {
-        "run nvidia-imex on the nodes and give the container the channel \
+        }
+        Runtime::Docker => {
+            "run nvidia-imex on the nodes and give the container the channel \
          (--device /dev/nvidia-caps-imex-channels/channel0)"
+        }
+        Runtime::Other => {
+            "run nvidia-imex on the nodes and give the container an IMEX channel device \
+         (/dev/nvidia-caps-imex-channels/channel0)"
+        }
     };
     format!(
         "container {who} could not import GPU memory over multi-node NVLink at {at}: {evidence}. \
@@ -101,12 +122,17 @@ pub fn gpu_peer_access_refused(
 }
 
 /// `shm_fallback`: the workload goes on with less shared memory than it wanted (slower).
-pub fn shm_fallback(who: &str, at: &str, evidence: &str, kubernetes: bool) -> String {
-    let fix = if kubernetes {
+pub fn shm_fallback(who: &str, at: &str, evidence: &str, runtime: Runtime) -> String {
+    let fix = match runtime {
+        Runtime::Pod => {
         "mount an emptyDir with medium: Memory at /dev/shm with a sizeLimit above what it asks \
          for, and raise the memory limit by as much"
-    } else {
+    }
+        Runtime::Docker => {
         "docker run --shm-size larger than what it asks for (or --ipc=host)"
+    }
+        Runtime::Other => "mount a tmpfs at /dev/shm in the container larger than what it asks for, with a memory \
+         limit that has room for it",
     };
     format!(
         "container {who} runs with less shared memory than it wanted, since {at}: {evidence}. \

@@ -10,6 +10,7 @@
 //! - `conditions.rs`: the Node's conditions, reasons too;
 //! - `preflight.rs`: preflight's problems; `blind.rs`: what a scan could not see, and NVML's
 //!   state when it lists no GPU;
+//! - `when.rs`: how long ago, for tables;
 //! - here: the small pieces they share (lists of GPUs and links, rates, durations).
 
 mod blind;
@@ -21,6 +22,7 @@ mod pairs;
 mod preflight;
 mod probe;
 mod shm;
+mod when;
 
 pub use blind::{blind, no_findings_but_blind, no_gpus_because};
 pub use conditions::{
@@ -28,8 +30,9 @@ pub use conditions::{
     pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
 };
 pub use failures::{
-    gpu_job_crashed, nccl_p2p_disabled, shm_allocation_failed, shm_bus_error, shm_oom_killed,
-    told_by_workload, workload_bus_error, workload_oom_killed, JobGpus,
+    gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,
+    shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error, workload_oom_killed,
+    JobGpus, UNKNOWN_PROCESS,
 };
 pub use gpu::{
     all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,
@@ -50,21 +53,33 @@ pub use pairs::{
     reason_switch_links_some_down, some_reasons,
 };
 pub use preflight::{
-    preflight_gpu_health_unknown, preflight_gpu_not_found, preflight_gpu_pair,
-    preflight_memory_below_shm_size, preflight_memory_too_small, preflight_memory_unknown,
-    preflight_nvml_unavailable, preflight_probe_unavailable, preflight_shm_absent,
-    preflight_shm_not_mounted, preflight_shm_not_tmpfs, preflight_shm_too_small,
-    preflight_shm_unreadable, preflight_unbounded_unknown,
+    preflight_gpu_culprit, preflight_gpu_health_unknown, preflight_gpu_not_found,
+    preflight_gpu_pair, preflight_memory_below_shm_size, preflight_memory_too_small,
+    preflight_memory_unknown, preflight_nvml_unavailable, preflight_probe_unavailable,
+    preflight_shm_absent, preflight_shm_not_mounted, preflight_shm_not_tmpfs,
+    preflight_shm_too_small, preflight_shm_unreadable, preflight_unbounded_unknown,
+    Culprit as PreflightCulprit,
 };
 pub use probe::{
     probe_copy_error, probe_corrupted, probe_crashed, probe_hung, probe_peer_refused, probe_slow,
     probe_slow_among_like, probe_table, reason_probe,
 };
 pub use shm::{shm_full, shm_leftovers, shm_runtime_default, shm_unmeasured, SHM_FIX_KUBERNETES};
+pub use when::{ago, parse_rfc3339, RECENT};
 
 use std::time::Duration;
 
 use crate::model::PairStatus;
+
+/// Where a failed container runs, for the fix its text gives: a Pod's spec (it has a Pod, by
+/// name or only by its UID), Docker's flags (Docker runs it), or words any runtime takes (a
+/// bare runc or containerd container).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    Pod,
+    Docker,
+    Other,
+}
 
 /// `down` / `degraded`: a failing pair's state as a person says it.
 /// A line a workload printed, without the full stop it may end with: it is quoted into a

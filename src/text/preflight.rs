@@ -147,3 +147,48 @@ pub fn preflight_probe_unavailable(error: &str) -> String {
          GPUs are untested"
     )
 }
+
+/// `gpu_pair` for a GPU the pair judge blames (`gpu::blame`): one line for all its failing
+/// pairs with the visible GPUs (`peers`, of `others` visible besides it), its first reasons,
+/// and the GPUs to run on instead (`keep`, as `var` selects them).
+pub struct Culprit<'a> {
+    pub gpu: u32,
+    pub cuda: u32,
+    pub peers: &'a [u32],
+    pub others: usize,
+    pub status: &'a str,
+    pub reasons: &'a [String],
+    pub var: &'a str,
+    pub keep: &'a [u32],
+}
+
+pub fn preflight_gpu_culprit(c: &Culprit<'_>) -> String {
+    let with = if c.peers.len() == c.others && c.others > 1 {
+        format!("its pairs with all {} other visible GPUs are", c.others)
+    } else if c.peers.len() == 1 {
+        format!("its {} is", super::pairs_with(c.peers))
+    } else {
+        format!("its {} are", super::pairs_with(c.peers))
+    };
+    let reasons: Vec<&str> = c
+        .reasons
+        .iter()
+        .take(2)
+        .map(|r| crate::model::prefix_within(r, 120))
+        .collect();
+    let why = if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", reasons.join("; "))
+    };
+    let instead = if c.keep.is_empty() {
+        "no other visible GPU is left: run on other GPUs".to_string()
+    } else {
+        let keep: Vec<String> = c.keep.iter().map(u32::to_string).collect();
+        format!("{}={}", c.var, keep.join(","))
+    };
+    format!(
+        "GPU {} (cuda:{} in this process): {with} {}{why}; avoid GPU {}: {instead}",
+        c.gpu, c.cuda, c.status, c.gpu
+    )
+}

@@ -94,6 +94,52 @@ fn gpus_without_a_need_warn_below_1gi_but_pass() {
     assert!(r.fix.unwrap().contains("sizeLimit: 1Gi"));
 }
 
+/// Issue 37: one bad GPU of 8 is one line naming it and the GPUs to keep, not seven pair
+/// lines; the JSON keeps every pair.
+#[test]
+fn a_culprit_gpu_is_one_line_and_pairs_without_one_are_one_line_each() {
+    let r = Case {
+        gpus: gpus(&[0, 1, 2, 3, 4, 5, 6, 7], &gpu7_broken(), 8),
+        need: NeedSpec::MinShm(MIB),
+        ..case()
+    }
+    .judge();
+    let text = crate::preflight::render::render_text(&r);
+    let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(
+        fails,
+        ["FAIL gpu_pair: GPU 7 (cuda:7 in this process): its pairs with all 7 other visible GPUs \
+          are down (links of GPU 7 are inactive); avoid GPU 7: CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6"],
+        "{text}"
+    );
+    let pairs = r.problems.iter().filter(|p| p.kind == ProblemKind::GpuPair);
+    assert_eq!(pairs.count(), 7, "the JSON keeps every pair");
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["problems"][0].get("pair").is_none(), "{json}");
+
+    // Two pairs that share no GPU: no culprit (either end may be at fault), a line each.
+    let mut all = gpu7_broken();
+    for p in &mut all {
+        p.status = match (p.gpu, p.peer_gpu) {
+            (0, 1) | (2, 3) => PairStatus::Degraded,
+            _ => PairStatus::Ok,
+        };
+    }
+    let r = Case {
+        gpus: gpus(&[0, 1, 2, 3], &all, 8),
+        need: NeedSpec::MinShm(MIB),
+        ..case()
+    }
+    .judge();
+    let text = crate::preflight::render::render_text(&r);
+    let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(fails.len(), 2, "{text}");
+    assert!(
+        fails[0].starts_with("FAIL gpu_pair: GPU 0 <-> GPU 1 (cuda:0 <-> cuda:1"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_broken_pair_among_the_visible_gpus_fails_naming_it_and_others_pass() {
     let all = gpu7_broken();

@@ -1,6 +1,11 @@
-//! `check`'s output: tables for a person, JSON for machines.
+//! `check`'s output: tables for a person, JSON for machines. Failures are grouped
+//! (`failures.rs`); on a terminal long messages wrap under their line, on a pipe each stays
+//! whole on one line (a reader of the pipe greps whole messages).
+
+pub mod failures;
 
 use std::io::{self, Write};
+use std::time::SystemTime;
 
 use crate::model::PairStatus;
 use crate::model::Severity;
@@ -12,9 +17,26 @@ pub fn write_json(out: &mut impl Write, snapshot: &Snapshot) -> io::Result<()> {
     writeln!(out)
 }
 
-/// Tables sorted by fullness, fullest first; `colour` only when writing to a terminal.
-pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> io::Result<()> {
-    let paint = Paint { on: colour };
+/// How the tables are written: colour, and the width to wrap messages at (None: never wrap).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Style {
+    pub colour: bool,
+    pub width: Option<usize>,
+}
+
+impl Style {
+    fn paint(self) -> Paint {
+        Paint { on: self.colour }
+    }
+}
+
+/// The narrowest width wrapped to: a narrower terminal gets long lines rather than a column of
+/// single words.
+const WIDTH_MIN: usize = 40;
+
+/// Tables sorted by fullness, fullest first; the failures grouped, the workload's own first.
+pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, style: Style) -> io::Result<()> {
+    let paint = style.paint();
     writeln!(out, "node {}", snapshot.node)?;
     writeln!(out)?;
     // What the scan could not see comes first: a person must read it before any table.
@@ -25,7 +47,7 @@ pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> 
         } else {
             paint.yellow(&line)
         };
-        writeln!(out, "{line}")?;
+        write_wrapped(out, &line, "", "  ", style.width)?;
     }
     if !snapshot.blind.is_empty() {
         writeln!(out)?;
@@ -47,22 +69,70 @@ pub fn write_tables(out: &mut impl Write, snapshot: &Snapshot, colour: bool) -> 
         write_gpus(out, snapshot, paint)?;
     }
     writeln!(out)?;
+    let now = snapshot.taken_at.unwrap_or_else(SystemTime::now);
+    failures::write(out, &snapshot.failures, now, style)?;
+    write_findings(out, snapshot, style)
+}
+
+/// The scan's findings (the failures' own are in their groups), or why there are none.
+fn write_findings(out: &mut impl Write, snapshot: &Snapshot, style: Style) -> io::Result<()> {
+    let paint = style.paint();
+    let of_a_failure = |f: &crate::model::Finding| {
+        snapshot
+            .failures
+            .iter()
+            .any(|x| x.kind == f.kind && x.message == f.message)
+    };
+    let findings: Vec<_> = snapshot
+        .findings
+        .iter()
+        .filter(|f| !of_a_failure(f))
+        .collect();
     if snapshot.findings.is_empty() && !snapshot.blind.is_empty() {
         let total = snapshot.blind_totally().next().is_some();
         writeln!(out, "{}", crate::text::no_findings_but_blind(total))?;
     } else if snapshot.findings.is_empty() {
         writeln!(out, "{}", paint.green("No findings: all healthy."))?;
+    } else if findings.is_empty() {
+        writeln!(out, "No other findings.")?;
     } else {
         writeln!(out, "Findings:")?;
-        for f in &snapshot.findings {
+        for f in findings {
             let level = match f.severity {
                 Severity::Critical => paint.red("CRITICAL"),
                 Severity::Warning => paint.yellow("WARNING"),
             };
             // A message with a YAML snippet keeps its lines under the finding.
-            let message = f.message.replace('\n', "\n      ");
-            writeln!(out, "  {level} {} ({}): {message}", f.subject, f.kind)?;
+            let line = format!("{level} {} ({}): {}", f.subject, f.kind, f.message);
+            write_wrapped(out, &line, "  ", "      ", style.width)?;
         }
+    }
+    Ok(())
+}
+
+/// `text` with `first` before its first line and `rest` before the others; with a width, each
+/// line wrapped at it (a line's own leading spaces kept on its wrapped lines).
+fn write_wrapped(
+    out: &mut impl Write,
+    text: &str,
+    first: &str,
+    rest: &str,
+    width: Option<usize>,
+) -> io::Result<()> {
+    for (i, line) in text.lines().enumerate() {
+        let indent = if i == 0 { first } else { rest };
+        let Some(width) = width else {
+            writeln!(out, "{indent}{line}")?;
+            continue;
+        };
+        let body = line.trim_start();
+        let lead = &line[..line.len() - body.len()];
+        let (initial, subsequent) = (format!("{indent}{lead}"), format!("{rest}{lead}"));
+        let options = textwrap::Options::new(width.max(WIDTH_MIN))
+            .initial_indent(&initial)
+            .subsequent_indent(&subsequent)
+            .break_words(false);
+        writeln!(out, "{}", textwrap::fill(body, options))?;
     }
     Ok(())
 }
@@ -266,7 +336,7 @@ mod tests {
             ..Snapshot::default()
         };
         let mut out = Vec::new();
-        write_tables(&mut out, &snap, false).unwrap();
+        write_tables(&mut out, &snap, Style::default()).unwrap();
         let text = String::from_utf8(out).unwrap();
         let bbb = text.find("container bbb").unwrap();
         let aaa = text.find("container aaa").unwrap();
@@ -283,7 +353,15 @@ mod tests {
             ..Snapshot::default()
         };
         let mut out = Vec::new();
-        write_tables(&mut out, &snap, true).unwrap();
+        write_tables(
+            &mut out,
+            &snap,
+            Style {
+                colour: true,
+                width: None,
+            },
+        )
+        .unwrap();
         assert!(String::from_utf8(out)
             .unwrap()
             .contains("\x1b[1;31mcritical\x1b[0m"));
@@ -348,7 +426,7 @@ mod tests {
         use crate::model::Blind;
         let snap = blind_snapshot(vec![Blind::ContainersUnreadable]);
         let mut out = Vec::new();
-        write_tables(&mut out, &snap, false).unwrap();
+        write_tables(&mut out, &snap, Style::default()).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(!text.contains("all healthy"), "{text}");
         assert!(text.contains("blind (containers_unreadable): the processes of 10 cgroups"));
@@ -361,13 +439,13 @@ mod tests {
 
         let snap = blind_snapshot(vec![Blind::SomeContainersUnreadable]);
         let mut out = Vec::new();
-        write_tables(&mut out, &snap, false).unwrap();
+        write_tables(&mut out, &snap, Style::default()).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(!text.contains("all healthy"), "{text}");
         assert!(text.contains("partly blind"), "{text}");
 
         let mut out = Vec::new();
-        write_tables(&mut out, &Snapshot::default(), false).unwrap();
+        write_tables(&mut out, &Snapshot::default(), Style::default()).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("No containers found.") && text.contains("all healthy"));
     }

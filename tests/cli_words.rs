@@ -1,0 +1,139 @@
+//! Issue 37's small list, through the binary (no root): Docker's sizes, host names for
+//! `--listen`, an error that says its cause once, and the words of `check` over a node whose
+//! failures come from files (CRI logs and a kernel log in /dev/kmsg's format).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+fn shmlink() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shmlink"));
+    for var in [
+        "SHMLINK_KMSG",
+        "SHMLINK_POD_LOG_ROOT",
+        "SHMLINK_DOCKER_ROOT",
+    ] {
+        c.env(var, "off");
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+#[test]
+fn min_shm_takes_dockers_8gb() {
+    let out = shmlink()
+        .args(["preflight", "--no-gpu", "--json", "--min-shm", "8GB"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(2), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect(&stderr);
+    assert_eq!(
+        report["need"]["bytes"],
+        8u64 << 30,
+        "8GB is 8 GiB, as docker takes it"
+    );
+}
+
+/// `--listen localhost:PORT` binds the loopback; a port in use is one line saying its cause once.
+#[test]
+fn listen_takes_localhost_and_a_taken_port_is_said_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = shmlink()
+        .args(["serve", "--no-gpu", "--kube", "off", "--death-trace", "off"])
+        .args(["--listen", &format!("localhost:{port}")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("shmlink: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        line.starts_with(&format!("shmlink: listening on 127.0.0.1:{port}: ")),
+        "{line}"
+    );
+    assert_eq!(line.matches("Address already in use").count(), 1, "{line}");
+
+    let out = shmlink()
+        .args(["serve", "--listen", "localhost"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no port"));
+}
+
+/// A CRI log line at `ago` before now.
+fn cri_line(ago: Duration, text: &str) -> String {
+    let at = k8s_openapi::jiff::Timestamp::try_from(SystemTime::now() - ago).unwrap();
+    format!("{at} stderr F {text}\n")
+}
+
+/// `check` over three deaths of one container, one of another, and host processes' crashes in
+/// the kernel log: grouped with counts, relative times, the workload's first.
+#[test]
+fn check_groups_failures_and_says_how_long_ago() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let logs = dir.join("logs");
+    let worker = logs.join("ml_train-0_0b6c1f2e-1111-4222-8333-944455556666/worker");
+    std::fs::create_dir_all(&worker).unwrap();
+    let line = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It is \
+                possible that workers are out of shared memory.";
+    let mut log = String::new();
+    for minutes in [40, 25, 12] {
+        log.push_str(&cri_line(Duration::from_secs(minutes * 60), line));
+    }
+    std::fs::write(worker.join("0.log"), log).unwrap();
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now_usec = (uptime * 1e6) as u64;
+    let mut kmsg = String::new();
+    for (seq, minutes) in [50u64, 45, 2].iter().enumerate() {
+        let usec = now_usec.saturating_sub(minutes * 60_000_000);
+        kmsg.push_str(&format!(
+            "6,{seq},{usec},-;python[{}]: segfault at 10 ip 00007f3a2b4c5d6e sp 00007ffd1e2f3a40 \
+             error 4 in libnccl.so.2[7f3a2b000000+1e00000]\n",
+            30000 + seq
+        ));
+    }
+    std::fs::write(dir.join("kmsg"), &kmsg).unwrap();
+    let out = shmlink()
+        .args(["check", "--no-gpu", "--kube", "off", "--since", "1h"])
+        .arg("--pod-log-root")
+        .arg(&logs)
+        .arg("--kmsg")
+        .arg(dir.join("kmsg"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let own = text
+        .find("  3x shm_allocation_failed  ml/train-0/worker  last 12 min ago, first 40 min ago\n")
+        .unwrap_or_else(|| panic!("{text}"));
+    let others = text
+        .find("Kernel-log deaths of processes outside any known container:\n  3x gpu_job_crashed  last 2 min ago, first 50 min ago")
+        .unwrap_or_else(|| panic!("{text}{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(own < others, "{text}");
+    assert!(
+        text.contains("could not allocate shared memory 12 min ago: "),
+        "{text}"
+    );
+    assert!(!text.contains("CRITICAL"), "no failure told twice: {text}");
+    let year = k8s_openapi::jiff::Timestamp::now().to_string()[..4].to_string();
+    assert!(
+        !text.contains(&format!("{year}-")),
+        "no exact times in the table: {text}"
+    );
+}
