@@ -120,7 +120,7 @@ pub struct PreflightArgs {
     /// Sizing helper: the DataLoader's prefetch_factor (batches in flight per worker).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub prefetch_factor: u64,
-    /// Print JSON (schema in README) instead of text.
+    /// Print JSON (schema in docs/commands.md) instead of text.
     #[arg(long)]
     pub json: bool,
     /// The host's IPC namespace inode, for a node that is itself a container (kind): without

@@ -31,7 +31,7 @@ impl Verdict {
     }
 }
 
-/// Everything `preflight` prints: the `--json` document (README: schema).
+/// Everything `preflight` prints: the `--json` document (schema: docs/commands.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Report {
     pub verdict: Verdict,
