@@ -181,8 +181,11 @@ impl Pipeline {
     ) -> Vec<Failure> {
         let mut accounts = self.accounts.take();
         if self.hold_kills {
-            let (kills, rest): (Vec<Detected>, Vec<Detected>) =
-                accounts.into_iter().partition(is_kernel_oom_kill);
+            // A runtime's record of an OOM kill waits with the kernel's: told in one round, the
+            // kernel's account (with the memory split) is the one that stands, as in `check`.
+            let (kills, rest): (Vec<Detected>, Vec<Detected>) = accounts
+                .into_iter()
+                .partition(|d| is_kernel_oom_kill(d) || is_runtime_oom_record(d));
             accounts = std::mem::replace(&mut self.held_kills, kills);
             accounts.extend(rest);
         }
@@ -233,6 +236,11 @@ impl Pipeline {
 /// follows.
 fn is_kernel_oom_kill(d: &Detected) -> bool {
     matches!(d.source, FailureSource::Kernel | FailureSource::Tracepoint) && d.kind.is_oom_kill()
+}
+
+/// kubelet's or Docker's `OOMKilled`.
+fn is_runtime_oom_record(d: &Detected) -> bool {
+    is_runtime_record(d) && d.kind.is_oom_kill()
 }
 
 /// kubelet's and Docker's records: no numbers, stamped after the fact.
@@ -442,7 +450,18 @@ mod tests {
         assert!(p.has_pending());
         assert_eq!(told(&mut p), want);
         p.exits([oom_kill(FailureSource::PodStatus, 101)]);
+        assert!(told(&mut p).is_empty(), "held one round too");
         assert!(told(&mut p).is_empty(), "the same death, told once");
+        assert!(!p.has_pending());
+        // Docker's record read in the same round as the kernel's kill waits with it: the
+        // kernel's account stands, as in check (a race e2e_docker met now and then).
+        let mut p = Pipeline::new(&with_logs, Mode::Follow);
+        p.exits([
+            oom_kill(FailureSource::Docker, 101),
+            oom_kill(FailureSource::Kernel, 100),
+        ]);
+        assert!(told(&mut p).is_empty(), "both held one round");
+        assert_eq!(told(&mut p), want);
         assert!(!p.has_pending());
         // Without logs to read there is no word to wait for: told at once.
         let mut p = Pipeline::new(&settings(), Mode::Follow);
