@@ -414,7 +414,10 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
         assert_eq!(size, Some((64 * MIB) as f64), "{name}: {metrics}");
     }
     let records_metrics = records_only.metrics();
-    for (report, metrics) in [(&report, &metrics), (&without_kernel, &records_metrics)] {
+    for (pass, report, metrics) in [
+        ("with the kernel log", &report, &metrics),
+        ("records only", &without_kernel, &records_metrics),
+    ] {
         let told = failures_of(report, "twolines");
         assert_eq!(told.len(), 1, "one death, one failure: {told:#?}");
         assert_eq!(told[0]["kind"], "shm_allocation_failed");
@@ -426,7 +429,30 @@ fn serve_and_check_name_docker_containers_and_their_gpus() {
             assert_eq!(told.len(), 1, "{report:#}");
             assert_eq!(told[0]["container_id"], id.as_str());
             let counted = failure_series(metrics, id);
-            assert_eq!(told[0]["kind"], counted[0].1.as_str(), "{name}");
+            // Without the kernel log, check (arriving after the death) knows the memory split
+            // only from what it measured, and a container that lived 1 s was never measured by
+            // it; serve may have sampled its /dev/shm full. Where check did not know, it must say
+            // so rather than blame /dev/shm; where it knew, both agree. (The state store of
+            // issue 38 gives check what serve saw.)
+            let unknown = told[0]["memory"]["shm_bytes"].is_null() && pass == "records only";
+            if unknown && told[0]["kind"] != counted[0].1.as_str() {
+                assert_eq!(told[0]["kind"], "workload_oom_killed", "{name}");
+                assert!(
+                    told[0]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("is not known"),
+                    "{name}: {:#}",
+                    told[0]
+                );
+            } else {
+                assert_eq!(
+                    told[0]["kind"],
+                    counted[0].1.as_str(),
+                    "{name} ({pass}): check told {:#}",
+                    told[0]
+                );
+            }
         }
     }
 }
