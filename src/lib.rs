@@ -28,5 +28,6 @@ pub mod report;
 pub mod scan;
 pub mod server;
 pub mod shm;
+pub mod state;
 pub mod text;
 pub mod units;

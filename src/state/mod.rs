@@ -1,0 +1,285 @@
+//! The agent's state on the node (`--state-dir`): one SQLite file (WAL) with the history of
+//! failures and findings and generic checkpoints (JSON under a key) for what a restart must
+//! resume from. Below the agent, the server and the commands; it knows only the model.
+//!
+//! - `open.rs`: opening, and what is done with a corrupt, foreign, newer or unwritable store;
+//! - `schema.rs`: the tables and the meta row;
+//! - `writer.rs`: the one writer thread, batched and bounded;
+//! - `history.rs`: the history's rows, pruning and reading back.
+
+pub mod history;
+pub mod open;
+pub mod schema;
+pub mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+
+pub use history::{Filter, FindingEvent, History, Retention};
+pub use open::{Reset, Unavailable};
+use writer::{Clock, Record, Writer};
+
+use crate::model::{Failure, Finding};
+
+/// Who the store belongs to: a store of another node is not this one's, and after another
+/// boot the kernel log's positions mean nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub node: String,
+    pub boot_id: String,
+}
+
+/// This boot's ID (`<proc-root>/sys/kernel/random/boot_id`), or "" where it cannot be read (then
+/// every start counts as the same boot as the last that could not read it either).
+pub fn boot_id(proc_root: &Path) -> String {
+    std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The store's own series.
+#[derive(Debug, Clone, Default)]
+pub struct StateMetrics {
+    pub up: Gauge,
+    pub resets: Family<Vec<(String, String)>, Counter>,
+    pub commits: Counter,
+    pub rows_written: Counter,
+    pub dropped: Counter,
+}
+
+impl StateMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "shmlink_state_up",
+            "1 while the state store (--state-dir) is being written, 0 when the agent runs without it",
+            self.up.clone(),
+        );
+        registry.register(
+            "shmlink_state_resets",
+            "State stores moved aside and begun afresh, by reason (corrupt, foreign_node)",
+            self.resets.clone(),
+        );
+        registry.register(
+            "shmlink_state_commits",
+            "Transactions committed to the state store",
+            self.commits.clone(),
+        );
+        registry.register(
+            "shmlink_state_rows_written",
+            "History rows and checkpoints written to the state store",
+            self.rows_written.clone(),
+        );
+        registry.register(
+            "shmlink_state_dropped",
+            "Records not written to the state store (its queue full, or the store unwritable)",
+            self.dropped.clone(),
+        );
+    }
+}
+
+/// An open store: its writer thread, and what was found at start.
+pub struct Store {
+    tx: Option<SyncSender<Record>>,
+    thread: Option<thread::JoinHandle<()>>,
+    path: PathBuf,
+    boot_changed: bool,
+    checkpoints: BTreeMap<String, Value>,
+    metrics: StateMetrics,
+}
+
+/// How a store is opened; tests set the clock and retention.
+pub struct Options {
+    pub retention: Retention,
+    pub clock: Clock,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            retention: Retention::default(),
+            clock: Arc::new(SystemTime::now),
+        }
+    }
+}
+
+impl Store {
+    /// Opens `dir`'s store for `identity`, recovering as `open.rs` says; `Err`: the agent runs
+    /// without one (said once here, `shmlink_state_up 0`).
+    pub fn open(
+        dir: &Path,
+        identity: &Identity,
+        options: Options,
+        metrics: &StateMetrics,
+    ) -> Result<Store, Unavailable> {
+        let opened = match open::open(dir, identity) {
+            Ok(o) => o,
+            Err(e) => {
+                metrics.up.set(0);
+                tracing::error!("{e}; running without the state store (shmlink_state_up 0)");
+                return Err(e);
+            }
+        };
+        if let Some((why, aside)) = &opened.reset {
+            metrics
+                .resets
+                .get_or_create(&vec![("reason".into(), why.as_str().into())])
+                .inc();
+            tracing::error!(
+                reason = why.as_str(),
+                aside = %aside.display(),
+                "the state store was {} and was moved aside; starting with an empty one",
+                match why {
+                    Reset::Corrupt => "corrupt",
+                    Reset::ForeignNode => "another node's",
+                }
+            );
+        }
+        if opened.boot_changed {
+            tracing::info!("the node rebooted since the state was stored: kernel log positions are not reused");
+        }
+        let checkpoints = read_checkpoints(&opened.conn).unwrap_or_default();
+        let (tx, rx) = mpsc::sync_channel(writer::CHANNEL);
+        let writer = Writer {
+            conn: opened.conn,
+            metrics: metrics.clone(),
+            retention: options.retention,
+            clock: options.clock,
+        };
+        let thread = thread::Builder::new()
+            .name("state".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| Unavailable::Dir {
+                path: dir.into(),
+                source: e,
+            })?;
+        metrics.up.set(1);
+        Ok(Store {
+            tx: Some(tx),
+            thread: Some(thread),
+            path: opened.path,
+            boot_changed: opened.boot_changed,
+            checkpoints,
+            metrics: metrics.clone(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The store was written during another boot: kernel-log positions are not to be trusted.
+    pub fn boot_changed(&self) -> bool {
+        self.boot_changed
+    }
+
+    /// A checkpoint as stored when the store was opened.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.checkpoints.get(key)
+    }
+
+    /// The checkpoints under `prefix` as stored when the store was opened.
+    pub fn get_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a Value)> {
+        self.checkpoints
+            .range(prefix.to_string()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// A handle to send records with, for another thread.
+    pub fn sender(&self) -> StoreSender {
+        StoreSender {
+            tx: self.tx.clone(),
+            dropped: self.metrics.dropped.clone(),
+        }
+    }
+
+    /// Commits what was sent so far and waits for it (at most `wait`); false if it did not.
+    pub fn flush(&self, wait: Duration) -> bool {
+        self.sender().flush(wait)
+    }
+}
+
+impl Drop for Store {
+    /// The last batch is committed: the writer ends once every sender is gone.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends records to the writer; never blocks (a full queue drops and counts).
+#[derive(Clone)]
+pub struct StoreSender {
+    tx: Option<SyncSender<Record>>,
+    dropped: Counter,
+}
+
+impl StoreSender {
+    fn send(&self, r: Record) {
+        let Some(tx) = &self.tx else { return };
+        match tx.try_send(r) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.dropped.inc();
+            }
+        }
+    }
+
+    /// A failure told (`found_late`: it happened while the agent was down).
+    pub fn failure(&self, f: &Failure, found_late: bool) {
+        self.send(Record::Failure(history::FailureRow::new(
+            f,
+            found_late,
+            SystemTime::now(),
+        )));
+    }
+
+    /// A finding began or ended at `at`.
+    pub fn finding(&self, f: &Finding, event: FindingEvent, at: SystemTime) {
+        self.send(Record::Finding(history::FindingRow::new(f, event, at)));
+    }
+
+    /// A checkpoint, committed with (never before) the records sent before it.
+    pub fn put(&self, key: &str, value: Value) {
+        self.send(Record::Put(key.to_string(), value));
+    }
+
+    /// Commits what was sent so far and waits for it (at most `wait`); false if it did not.
+    pub fn flush(&self, wait: Duration) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        let (ack, done) = mpsc::sync_channel(1);
+        tx.send(Record::Flush(ack)).is_ok() && done.recv_timeout(wait).is_ok()
+    }
+}
+
+fn read_checkpoints(conn: &rusqlite::Connection) -> rusqlite::Result<BTreeMap<String, Value>> {
+    let mut stmt = conn.prepare("SELECT key, value FROM checkpoints")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    Ok(rows
+        .filter_map(|r| {
+            let (k, v) = r.ok()?;
+            Some((k, serde_json::from_str(&v).ok()?))
+        })
+        .collect())
+}
+
+/// Reads the history of the store in `dir`, read-only (for `history` and the HTTP endpoint).
+pub fn read_history(dir: &Path, filter: &Filter) -> Result<History, Unavailable> {
+    let conn = open::open_read_only(dir)?;
+    history::query(&conn, filter).map_err(|source| Unavailable::Sqlite {
+        path: dir.join(open::FILE),
+        source,
+    })
+}

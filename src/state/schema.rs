@@ -1,0 +1,92 @@
+//! The store's tables and its `meta` row: what this binary writes and how it reads another's.
+
+use rusqlite::{Connection, OptionalExtension};
+
+/// The schema this binary reads and writes. A store with a higher number was written by a
+/// newer shmlink: never read or written (a rollback must not destroy its state).
+pub const SCHEMA_VERSION: i64 = 1;
+
+const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    schema_version INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    boot_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS failures (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    kind TEXT NOT NULL,
+    found_late INTEGER NOT NULL,
+    json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS failures_at ON failures (at_ms);
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    kind TEXT NOT NULL,
+    json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS findings_at ON findings (at_ms);
+";
+
+/// The `meta` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub schema_version: i64,
+    pub node: String,
+    pub created_ms: i64,
+    pub boot_id: String,
+}
+
+/// The meta row, or None in a database that has none yet (new, or never finished creating).
+pub fn read_meta(conn: &Connection) -> rusqlite::Result<Option<Meta>> {
+    let has_meta: bool = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_meta {
+        return Ok(None);
+    }
+    conn.query_row(
+        "SELECT schema_version, node, created_ms, boot_id FROM meta WHERE id = 1",
+        [],
+        |r| {
+            Ok(Meta {
+                schema_version: r.get(0)?,
+                node: r.get(1)?,
+                created_ms: r.get(2)?,
+                boot_id: r.get(3)?,
+            })
+        },
+    )
+    .optional()
+}
+
+/// Creates the tables and the meta row of a fresh store, in one transaction.
+pub fn create(conn: &mut Connection, meta: &Meta) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    tx.execute_batch(TABLES)?;
+    tx.execute(
+        "INSERT OR REPLACE INTO meta (id, schema_version, node, created_ms, boot_id)
+         VALUES (1, ?1, ?2, ?3, ?4)",
+        rusqlite::params![meta.schema_version, meta.node, meta.created_ms, meta.boot_id],
+    )?;
+    tx.commit()
+}
+
+pub fn set_boot_id(conn: &Connection, boot_id: &str) -> rusqlite::Result<()> {
+    conn.execute("UPDATE meta SET boot_id = ?1 WHERE id = 1", [boot_id])
+        .map(drop)
+}

@@ -1,0 +1,185 @@
+//! The store's one writer: a thread that owns the read-write connection and commits what
+//! callers send over a bounded channel, in batches, so a log flood or hundreds of containers'
+//! positions never become an fsync storm.
+//!
+//! The bound: at most one commit per [`QUIET_GAP`], or per [`DEATH_GAP`] while the batch holds a
+//! failure (so a death reaches the disk within 100 ms but a flood of them still commits at most
+//! 10 times a second). A batch holds at most [`MAX_BATCH`] records; past that the writer waits
+//! for its gap, the channel fills, and senders drop (counted), never block.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::time::{Duration, Instant, SystemTime};
+
+use rusqlite::{Connection, ErrorCode};
+use serde_json::Value;
+
+use super::history::{self, FailureRow, FindingRow, Retention};
+use super::StateMetrics;
+
+pub const QUIET_GAP: Duration = Duration::from_secs(1);
+pub const DEATH_GAP: Duration = Duration::from_millis(100);
+pub const MAX_BATCH: usize = 10_000;
+/// Records waiting in the channel before senders drop.
+pub const CHANNEL: usize = 16_384;
+/// How often history is pruned.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// What callers send.
+pub enum Record {
+    Failure(FailureRow),
+    Finding(FindingRow),
+    /// A checkpoint: last write wins.
+    Put(String, Value),
+    /// Commit what is waiting now, then answer.
+    Flush(SyncSender<()>),
+}
+
+/// The clock history is pruned by (a test's own clock moves a week in a moment).
+pub type Clock = std::sync::Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+#[derive(Default)]
+struct Batch {
+    failures: Vec<FailureRow>,
+    findings: Vec<FindingRow>,
+    puts: BTreeMap<String, Value>,
+    records: usize,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    fn gap(&self) -> Duration {
+        if self.failures.is_empty() {
+            QUIET_GAP
+        } else {
+            DEATH_GAP
+        }
+    }
+}
+
+pub(super) struct Writer {
+    pub(super) conn: Connection,
+    pub(super) metrics: StateMetrics,
+    pub(super) retention: Retention,
+    pub(super) clock: Clock,
+}
+
+impl Writer {
+    /// Runs until every sender is gone, committing what is left.
+    pub(super) fn run(mut self, rx: Receiver<Record>) {
+        let mut batch = Batch::default();
+        let mut last_commit = Instant::now() - QUIET_GAP;
+        let mut last_prune: Option<Instant> = None;
+        let mut broken = false;
+        loop {
+            let due = last_commit + batch.gap();
+            let got = if batch.is_empty() {
+                rx.recv_timeout(PRUNE_EVERY)
+            } else if batch.records >= MAX_BATCH {
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                Err(RecvTimeoutError::Timeout)
+            } else {
+                rx.recv_timeout(due.saturating_duration_since(Instant::now()))
+            };
+            let (commit_now, stop) = match got {
+                Ok(Record::Failure(r)) => (add(&mut batch, |b| b.failures.push(r)), false),
+                Ok(Record::Finding(r)) => (add(&mut batch, |b| b.findings.push(r)), false),
+                Ok(Record::Put(k, v)) => (add(&mut batch, |b| drop(b.puts.insert(k, v))), false),
+                Ok(Record::Flush(ack)) => {
+                    self.commit(&mut batch, &mut broken);
+                    last_commit = Instant::now();
+                    let _ = ack.send(());
+                    (false, false)
+                }
+                Err(RecvTimeoutError::Timeout) => (true, false),
+                Err(RecvTimeoutError::Disconnected) => (true, true),
+            };
+            if (commit_now || stop || Instant::now() >= due) && !batch.is_empty() {
+                self.commit(&mut batch, &mut broken);
+                last_commit = Instant::now();
+            }
+            if !broken && last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+                self.prune(&mut broken);
+                last_prune = Some(Instant::now());
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+
+    /// One transaction for the whole batch: rows in the order sent, then the checkpoints, so a
+    /// position never lands without the deaths sent before it.
+    fn commit(&mut self, batch: &mut Batch, broken: &mut bool) {
+        let b = std::mem::take(batch);
+        if *broken {
+            self.metrics.dropped.inc_by(b.records as u64);
+            return;
+        }
+        let rows = (b.failures.len() + b.findings.len() + b.puts.len()) as u64;
+        match write(&mut self.conn, &b) {
+            Ok(()) => {
+                self.metrics.commits.inc();
+                self.metrics.rows_written.inc_by(rows);
+            }
+            Err(e) => {
+                self.metrics.dropped.inc_by(b.records as u64);
+                self.broke(&e, broken);
+            }
+        }
+    }
+
+    fn prune(&mut self, broken: &mut bool) {
+        match history::prune(&self.conn, &self.retention, (self.clock)()) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(rows = n, "pruned the oldest history"),
+            Err(e) => self.broke(&e, broken),
+        }
+    }
+
+    /// A write failed: a full or read-only disk, or the file went bad. The agent goes on
+    /// without the store (said once, `shmlink_state_up 0`) until it restarts; a busy database
+    /// (a reader holding it past the timeout) only loses that batch.
+    fn broke(&mut self, e: &rusqlite::Error, broken: &mut bool) {
+        if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) {
+            tracing::warn!(error = %e, "the state store was busy; one batch of history dropped");
+            return;
+        }
+        *broken = true;
+        self.metrics.up.set(0);
+        tracing::error!(
+            error = %e,
+            "the state store cannot be written (disk full, read-only or failing?); running \
+             without it until restarted (shmlink_state_up 0)"
+        );
+    }
+}
+
+fn add(batch: &mut Batch, f: impl FnOnce(&mut Batch)) -> bool {
+    f(batch);
+    batch.records += 1;
+    false
+}
+
+fn write(conn: &mut Connection, b: &Batch) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    for r in &b.failures {
+        history::insert_failure(&tx, r)?;
+    }
+    for r in &b.findings {
+        history::insert_finding(&tx, r)?;
+    }
+    {
+        let mut put = tx.prepare_cached(
+            "INSERT INTO checkpoints (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )?;
+        for (k, v) in &b.puts {
+            put.execute(rusqlite::params![k, v.to_string()])?;
+        }
+    }
+    tx.commit()
+}
