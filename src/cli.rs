@@ -37,6 +37,9 @@ pub enum Command {
     /// NVML says its path carries. Exit status: 0 every pair ok, 1 any pair degraded or failed,
     /// 2 it could not run (no libcuda, no NVML).
     Probe(ProbeArgs),
+    /// The failures and findings serve stored on this node (--state-dir), oldest first.
+    /// Exit status: 0, or 2 when there is no store to read.
+    History(HistoryArgs),
     /// The probe's worker process (run by `probe` and `serve`, not by people).
     #[command(name = "probe-worker", hide = true)]
     ProbeWorker(ProbeWorkerArgs),
@@ -212,10 +215,45 @@ pub struct ServeArgs {
     /// (fail at start if it cannot), off, or auto (on where the kernel and capabilities allow).
     #[arg(long, env = "SHMLINK_DEATH_TRACE", value_enum, default_value = "auto")]
     pub death_trace: DeathTraceMode,
+    #[command(flatten)]
+    pub state: StateArgs,
     /// Where tracefs is mounted (default: <sys-root>/kernel/tracing, else
     /// <sys-root>/kernel/debug/tracing).
     #[arg(long, env = "SHMLINK_TRACEFS", value_name = "DIR")]
     pub tracefs: Option<PathBuf>,
+}
+
+/// Where serve keeps its state (and `history` reads it).
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// The agent's state: a directory for its store (history, positions), or `none`.
+    #[arg(long, env = "SHMLINK_STATE_DIR", value_name = "DIR", default_value = "/var/lib/shmlink")]
+    pub state_dir: PathBuf,
+}
+
+impl StateArgs {
+    /// The directory, or None for `none`.
+    pub fn dir(&self) -> Option<PathBuf> {
+        (self.state_dir.as_os_str() != "none").then(|| self.state_dir.clone())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// How far back, e.g. 1h, 2d.
+    #[arg(long, default_value = "1d", value_parser = parse_window)]
+    pub since: Duration,
+    /// Only this namespace's failures and findings.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Only this Pod's.
+    #[arg(long, value_name = "NAME")]
+    pub pod: Option<String>,
+    /// Print JSON ({"failures": [...], "findings": [...]}) instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options every command takes.

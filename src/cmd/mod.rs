@@ -3,6 +3,7 @@
 //! sources, the probe's options, logging) is turned here.
 
 pub mod check;
+pub mod history;
 pub mod preflight;
 pub mod probe;
 pub mod serve;

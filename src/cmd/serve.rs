@@ -29,6 +29,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             sys_root: args.common.host.sys_root.clone(),
             tracefs: args.tracefs.clone(),
         },
+        state_dir: args.state.dir(),
         sources,
         probe: match args.p2p_probe_interval {
             Some(every) => Some((super::probe_options(&args.cuda)?, every)),
