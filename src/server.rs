@@ -10,9 +10,9 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 
 use crate::metrics::{Metrics, SharedSnapshot, CONTENT_TYPE};
 use crate::model::Snapshot;
+use crate::state::Filter;
 
 /// Liveness of the scan loop, shared between the scan thread and the HTTP handlers.
 pub struct Health {
@@ -63,6 +64,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub snapshot: SharedSnapshot,
     pub health: Arc<Health>,
+    /// The state directory `/api/v1/failures` reads (`serve --state-dir`), if any.
+    pub history: Option<std::path::PathBuf>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -70,6 +73,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/api/v1/failures", get(failures))
         .with_state(state)
 }
 
@@ -192,6 +196,60 @@ async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, String) {
     }
 }
 
+/// The rows of each kind `/api/v1/failures` answers at most (the newest): a bounded answer.
+pub const FAILURES_LIMIT: usize = 1000;
+
+/// `GET /api/v1/failures?since=1h&namespace=NS&pod=NAME`: the stored history as `history
+/// --json` prints it, read on a blocking thread (SQLite's reads are file I/O).
+async fn failures(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let Some(dir) = state.history.clone() else {
+        return (StatusCode::NOT_FOUND, "no state store (serve --state-dir none)\n").into_response();
+    };
+    let filter = match failures_filter(query.as_deref().unwrap_or(""), SystemTime::now()) {
+        Ok(f) => f,
+        Err(why) => return (StatusCode::BAD_REQUEST, why).into_response(),
+    };
+    let read = tokio::task::spawn_blocking(move || crate::state::read_history(&dir, &filter)).await;
+    match read {
+        Ok(Ok(history)) => match serde_json::to_string(&history) {
+            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+            Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
+        },
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the read failed\n").into_response(),
+    }
+}
+
+/// Pure: the query string's filter (`since` default 1h). Names are DNS labels, so an escaped
+/// character is refused rather than decoded.
+pub fn failures_filter(query: &str, now: SystemTime) -> Result<Filter, String> {
+    let mut filter = Filter {
+        since: now.checked_sub(Duration::from_secs(3600)),
+        limit: FAILURES_LIMIT,
+        ..Filter::default()
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if value.contains(['%', '+']) {
+            return Err(format!("{key}: escaped characters are not accepted\n"));
+        }
+        match key {
+            "since" => {
+                let d = humantime::parse_duration(value)
+                    .map_err(|e| format!("since={value}: {e} (examples: 30m, 1h, 2d)\n"))?;
+                filter.since = now.checked_sub(d);
+            }
+            "namespace" => filter.namespace = Some(value.to_string()),
+            "pod" => filter.pod = Some(value.to_string()),
+            _ => return Err(format!("unknown parameter {key} (since, namespace, pod)\n")),
+        }
+    }
+    Ok(filter)
+}
+
 /// Ready once a scan finished that could see: an agent blind to every container (wrong
 /// --proc-root, no cgroups, no permission) is not ready, with the reasons as the body.
 fn readiness(snapshot: Option<&Snapshot>) -> Result<(), String> {
@@ -213,6 +271,21 @@ fn readiness(snapshot: Option<&Snapshot>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_failures_query_takes_since_namespace_and_pod_and_refuses_the_rest() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let f = failures_filter("", now).unwrap();
+        assert_eq!(f.since, Some(now - Duration::from_secs(3600)));
+        assert_eq!(f.limit, FAILURES_LIMIT);
+        let f = failures_filter("since=2d&namespace=ml&pod=trainer-0", now).unwrap();
+        assert_eq!(f.since, Some(now - Duration::from_secs(2 * 86400)));
+        assert_eq!(f.namespace.as_deref(), Some("ml"));
+        assert_eq!(f.pod.as_deref(), Some("trainer-0"));
+        assert!(failures_filter("since=soon", now).is_err());
+        assert!(failures_filter("pod=a%2Fb", now).is_err());
+        assert!(failures_filter("limit=5", now).is_err());
+    }
 
     #[test]
     fn not_ready_before_a_scan_nor_while_blind() {

@@ -36,6 +36,7 @@ impl Server {
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
                 let snapshot = Arc::default();
                 let state = Arc::new(AppState {
+                    history: None,
                     metrics: Arc::new(Metrics::new(Arc::clone(&snapshot))),
                     snapshot,
                     health: Arc::new(Health::new(Duration::from_secs(5))),

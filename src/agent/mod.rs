@@ -35,6 +35,7 @@ use crate::metrics::{Metrics, SharedSnapshot};
 use crate::probe::ProbeOptions;
 use crate::scan::{ScanSettings, Scanner, ServeScan};
 use crate::server::{self, AppState, Health};
+use crate::state;
 use changes::FindingChanges;
 
 /// How often a container's /dev/shm is sampled between scans while it is half full or growing.
@@ -52,6 +53,8 @@ pub struct ServeSettings {
     pub probe: Option<(ProbeOptions, Duration)>,
     /// The kernel's tracepoints of deaths (`--death-trace`).
     pub death_trace: DeathTraceSettings,
+    /// The state store's directory (`--state-dir`); None: no store.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,10 +88,13 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         sources,
         probe,
         death_trace,
+        state_dir,
     } = settings;
     let (scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
-    let metrics = Arc::new(Metrics::new(snapshot.clone()));
+    let mut metrics = Metrics::new(snapshot.clone());
+    let store = open_store(state_dir.as_deref(), &kube.node, &scan.host.proc_root, &mut metrics).await;
+    let metrics = Arc::new(metrics);
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
@@ -122,6 +128,9 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         kube,
         ledger: Ledger::default(),
         kernel_xids: KernelXids::default(),
+        store: store
+            .as_ref()
+            .map(|s| (s.sender(), FindingChanges::default())),
     };
     let scan_thread = thread::Builder::new()
         .name("scan".into())
@@ -136,14 +145,47 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         metrics,
         snapshot,
         health,
+        history: store.as_ref().and(state_dir),
     });
     let served = server::run(listener, state, shutdown_signal()).await;
 
     let _ = wake_tx.send(Wake::Stop);
     stop.store(true, Ordering::Relaxed);
     join(threads).await;
+    // The writer commits its last batch as the store closes.
+    if let Some(store) = store {
+        let _ = tokio::task::spawn_blocking(move || drop(store)).await;
+    }
     tracing::info!("stopped");
     served.map_err(AgentError::Http)
+}
+
+/// The state store, opened (and checked) on a blocking thread; None without one (the reasons
+/// are said by the store, once).
+async fn open_store(
+    dir: Option<&std::path::Path>,
+    node: &str,
+    proc_root: &std::path::Path,
+    metrics: &mut Metrics,
+) -> Option<state::Store> {
+    let Some(dir) = dir else {
+        tracing::info!("--state-dir none: no state kept across restarts");
+        return None;
+    };
+    // Only with a store asked for: `none` has no series to say.
+    let state_metrics = state::StateMetrics::default();
+    metrics.register_more(|r| state_metrics.register(r));
+    let identity = state::Identity {
+        node: node.to_string(),
+        boot_id: state::boot_id(proc_root),
+    };
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        state::Store::open(&dir, &identity, state::Options::default(), &state_metrics).ok()
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// How long stopping waits for the threads: a kubelet sends SIGKILL 30 s after SIGTERM (by

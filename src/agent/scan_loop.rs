@@ -4,7 +4,7 @@
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::changes::{Changed, FindingChanges};
 use super::cluster::KubeView;
@@ -15,6 +15,7 @@ use crate::metrics::{Metrics, SharedSnapshot};
 use crate::model::{Blind, Failure, Snapshot};
 use crate::scan::Scanner;
 use crate::server::Health;
+use crate::state::{FindingEvent, StoreSender};
 
 /// What wakes the scan thread between scans.
 pub(super) enum Wake {
@@ -32,6 +33,8 @@ pub(super) struct Between {
     pub(super) findings_told: Option<FindingChanges>,
     /// The blind reasons last logged: said when they begin and end, not every scan.
     pub(super) blind_told: Vec<Blind>,
+    /// The state store's history: failures told, findings as they begin and end.
+    pub(super) store: Option<(StoreSender, FindingChanges)>,
 }
 
 impl Between {
@@ -55,6 +58,11 @@ impl Between {
     /// /metrics counts them before the next scan).
     fn on_failures(&mut self, failures: &[Failure], snapshot: &SharedSnapshot) {
         self.ledger.record(failures, Instant::now());
+        if let Some((store, _)) = &self.store {
+            for f in failures {
+                store.failure(f, false);
+            }
+        }
         if let Some(k) = self.kube.as_mut() {
             k.after_failures(failures);
         }
@@ -135,6 +143,16 @@ impl Between {
             log_changes(told.update(&out.snapshot.findings));
         }
         self.tell_blind(&out.snapshot);
+        if let Some((store, changes)) = self.store.as_mut() {
+            let changed = changes.update(&out.snapshot.findings);
+            let now = SystemTime::now();
+            for f in &changed.began {
+                store.finding(f, FindingEvent::Began, now);
+            }
+            for f in &changed.ended {
+                store.finding(f, FindingEvent::Ended, now);
+            }
+        }
         if first {
             tracing::info!(
                 containers = out.snapshot.shm.len(),

@@ -69,6 +69,11 @@ impl Metrics {
         }
     }
 
+    /// Families owned elsewhere (the state store's), registered before the Metrics is shared.
+    pub fn register_more(&mut self, register: impl FnOnce(&mut Registry)) {
+        register(&mut self.registry);
+    }
+
     /// The OpenMetrics text of everything.
     pub fn encode(&self) -> Result<String, fmt::Error> {
         let mut out = String::with_capacity(16 * 1024);

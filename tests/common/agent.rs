@@ -101,6 +101,8 @@ impl Agent {
                     ("--kmsg", "off"),
                     // The kernel's tracepoints see every process of the machine.
                     ("--death-trace", "off"),
+                    // Nor is the machine's /var/lib/shmlink.
+                    ("--state-dir", "none"),
                 ]
                 .iter()
                 .filter(|(option, _)| !extra.contains(option))
