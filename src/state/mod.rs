@@ -210,9 +210,12 @@ impl Store {
 }
 
 impl Drop for Store {
-    /// The last batch is committed: the writer ends once every sender is gone.
+    /// The last batch is committed and the writer ends, even while senders remain (theirs
+    /// are then dropped and counted).
     fn drop(&mut self) {
-        self.tx = None;
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Record::Stop);
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

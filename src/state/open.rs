@@ -240,8 +240,16 @@ pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
     if let Err(source) = fs::metadata(&path) {
         return Err(Unavailable::Dir { path, source });
     }
-    let conn = connect(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(sqlite)?;
-    match schema::read_meta(&conn).map_err(sqlite)? {
+    let cannot_open = |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::CannotOpen);
+    let read = |conn: Connection| schema::read_meta(&conn).map(|m| (conn, m));
+    let (conn, meta) = match connect(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).and_then(read) {
+        Ok(found) => found,
+        // A WAL store on a read-only filesystem, closed (no -shm left), cannot make its -shm:
+        // nothing can write there either, so it is read as immutable.
+        Err(e) if cannot_open(&e) => immutable(&path).and_then(read).map_err(sqlite)?,
+        Err(e) => return Err(sqlite(e)),
+    };
+    match meta {
         Some(m) if m.schema_version > SCHEMA_VERSION => Err(Unavailable::Newer {
             path,
             found: m.schema_version,
@@ -250,6 +258,23 @@ pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
         Some(_) => Ok(conn),
         None => Err(sqlite(rusqlite::Error::QueryReturnedNoRows)),
     }
+}
+
+fn immutable(path: &Path) -> rusqlite::Result<Connection> {
+    let mut uri = String::from("file:");
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '?' => uri.push_str("%3f"),
+            '#' => uri.push_str("%23"),
+            '%' => uri.push_str("%25"),
+            c => uri.push(c),
+        }
+    }
+    uri.push_str("?immutable=1");
+    connect(
+        Path::new(&uri),
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+    )
 }
 
 /// Renames the store (and its -wal and -shm) to `state.sqlite3.<reason>-<unix time>`, keeping

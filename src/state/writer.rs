@@ -33,6 +33,8 @@ pub enum Record {
     Put(String, Value),
     /// Commit what is waiting now, then answer.
     Flush(SyncSender<()>),
+    /// Commit what is waiting and end (the store closes; senders may remain elsewhere).
+    Stop,
 }
 
 /// The clock history is pruned by (a test's own clock moves a week in a moment).
@@ -68,7 +70,7 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Runs until every sender is gone, committing what is left.
+    /// Runs until told to stop or every sender is gone, committing what is left.
     pub(super) fn run(mut self, rx: Receiver<Record>) {
         let mut batch = Batch::default();
         let mut last_commit = Instant::now() - QUIET_GAP;
@@ -94,6 +96,7 @@ impl Writer {
                     let _ = ack.send(());
                     (false, false)
                 }
+                Ok(Record::Stop) => (true, true),
                 Err(RecvTimeoutError::Timeout) => (true, false),
                 Err(RecvTimeoutError::Disconnected) => (true, true),
             };
