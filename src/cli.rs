@@ -227,7 +227,12 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct StateArgs {
     /// The agent's state: a directory for its store (history, positions), or `none`.
-    #[arg(long, env = "SHMLINK_STATE_DIR", value_name = "DIR", default_value = "/var/lib/shmlink")]
+    #[arg(
+        long,
+        env = "SHMLINK_STATE_DIR",
+        value_name = "DIR",
+        default_value = "/var/lib/shmlink"
+    )]
     pub state_dir: PathBuf,
 }
 

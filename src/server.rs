@@ -201,12 +201,13 @@ pub const FAILURES_LIMIT: usize = 1000;
 
 /// `GET /api/v1/failures?since=1h&namespace=NS&pod=NAME`: the stored history as `history
 /// --json` prints it, read on a blocking thread (SQLite's reads are file I/O).
-async fn failures(
-    State(state): State<Arc<AppState>>,
-    RawQuery(query): RawQuery,
-) -> Response {
+async fn failures(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
     let Some(dir) = state.history.clone() else {
-        return (StatusCode::NOT_FOUND, "no state store (serve --state-dir none)\n").into_response();
+        return (
+            StatusCode::NOT_FOUND,
+            "no state store (serve --state-dir none)\n",
+        )
+            .into_response();
     };
     let filter = match failures_filter(query.as_deref().unwrap_or(""), SystemTime::now()) {
         Ok(f) => f,

@@ -5,7 +5,6 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::{Container, ContainerSpec};
@@ -39,7 +38,15 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
     std::fs::create_dir_all(&dir).unwrap();
     let root = tmp.path().to_str().unwrap();
     let agent = Agent::start(
-        &["--no-gpu", "--pod-log-root", root, "--state-dir", state, "--node-name", "node-s"],
+        &[
+            "--no-gpu",
+            "--pod-log-root",
+            root,
+            "--state-dir",
+            state,
+            "--node-name",
+            "node-s",
+        ],
         &[],
     );
     agent.wait_ready();
@@ -53,7 +60,11 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
         ..ContainerSpec::default()
     });
     let body = agent.wait_for_metrics("the failure counted", |b| {
-        sample(b, "shmlink_workload_failures_total", &[("pod", "trainer-0")]) == Some(1.0)
+        sample(
+            b,
+            "shmlink_workload_failures_total",
+            &[("pod", "trainer-0")],
+        ) == Some(1.0)
     });
     assert_eq!(sample(&body, "shmlink_state_up", &[]), Some(1.0), "{body}");
     assert!(agent.terminate().success());
@@ -61,7 +72,10 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
     let (code, listed, stderr) = history(state, &["--json", "--since", "1h"]);
     assert_eq!(code, 0, "{stderr}");
     let failures = listed["failures"].as_array().expect("failures");
-    let ours: Vec<&Value> = failures.iter().filter(|f| f["pod_uid"] == uid.as_str()).collect();
+    let ours: Vec<&Value> = failures
+        .iter()
+        .filter(|f| f["pod_uid"] == uid.as_str())
+        .collect();
     assert_eq!(ours.len(), 1, "{listed:#}");
     assert_eq!(ours[0]["evidence"], BUS_LINE);
     assert_eq!(ours[0]["namespace"], "ml");
@@ -84,6 +98,14 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
     let (status, _) = common::agent::get(agent.addr, "/api/v1/failures?since=never").unwrap();
     assert_eq!(status, 400);
     assert!(agent.terminate().success());
+
+    let table = Command::new(common::shmlink_bin())
+        .args(["history", "--state-dir", state])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    println!("{table}");
+    assert!(table.contains("ml/trainer-0/trainer"), "{table}");
 
     // No store: exit 2 and why.
     let (code, _, stderr) = history(tmp.path().join("nothing").to_str().unwrap(), &[]);

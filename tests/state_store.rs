@@ -77,7 +77,11 @@ fn asides(dir: &Path, reason: &str) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&format!("state.sqlite3.{reason}-")) && !n.contains("-wal") && !n.contains("-shm"))
+        .filter(|n| {
+            n.starts_with(&format!("state.sqlite3.{reason}-"))
+                && !n.contains("-wal")
+                && !n.contains("-shm")
+        })
         .collect();
     v.sort();
     v
@@ -94,10 +98,18 @@ fn a_fresh_store_is_private_in_wal_mode_and_keeps_what_was_sent() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("state");
     stored(&dir);
-    assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
-    assert_eq!(fs::metadata(db(&dir)).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert_eq!(
+        fs::metadata(db(&dir)).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let c = Connection::open(db(&dir)).unwrap();
-    let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(mode, "wal");
     drop(c);
     let m = StateMetrics::default();
@@ -115,7 +127,11 @@ fn assert_moved_aside_and_fresh(dir: &Path, reason: &str) {
     let m = StateMetrics::default();
     let store = open(dir, &me(), &m).expect("a fresh store in its place");
     assert_eq!(resets(&m, reason), 1);
-    assert_eq!(asides(dir, reason).len(), 1, "moved aside as state.sqlite3.{reason}-<time>");
+    assert_eq!(
+        asides(dir, reason).len(),
+        1,
+        "moved aside as state.sqlite3.{reason}-<time>"
+    );
     assert_eq!(store.get("kmsg"), None);
     drop(store);
     assert_eq!(count(dir, "failures"), 0);
@@ -125,7 +141,10 @@ fn assert_moved_aside_and_fresh(dir: &Path, reason: &str) {
 fn a_truncated_store_is_moved_aside_and_begun_afresh() {
     let tmp = tempfile::tempdir().unwrap();
     stored(tmp.path());
-    let f = fs::OpenOptions::new().write(true).open(db(tmp.path())).unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(db(tmp.path()))
+        .unwrap();
     let len = f.metadata().unwrap().len();
     assert!(len > 4096, "a store of several pages ({len} bytes)");
     f.set_len(len / 2 + 7).unwrap();
@@ -179,7 +198,11 @@ fn another_boots_store_is_kept_and_said() {
     let m = StateMetrics::default();
     let store = open(tmp.path(), &rebooted, &m).unwrap();
     assert!(store.boot_changed());
-    assert_eq!(store.get("kmsg"), Some(&json!({"seq": 42})), "checkpoints stay, the caller judges");
+    assert_eq!(
+        store.get("kmsg"),
+        Some(&json!({"seq": 42})),
+        "checkpoints stay, the caller judges"
+    );
     drop(store);
     assert_eq!(count(tmp.path(), "failures"), 1, "history stays valid");
     // The next start in the same boot is no longer a change.
@@ -192,7 +215,8 @@ fn a_newer_schema_is_neither_read_nor_written_nor_moved() {
     let tmp = tempfile::tempdir().unwrap();
     stored(tmp.path());
     let c = Connection::open(db(tmp.path())).unwrap();
-    c.execute("UPDATE meta SET schema_version = 99", []).unwrap();
+    c.execute("UPDATE meta SET schema_version = 99", [])
+        .unwrap();
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
     drop(c);
     let before = fs::read(db(tmp.path())).unwrap();
@@ -210,14 +234,20 @@ fn a_newer_schema_is_neither_read_nor_written_nor_moved() {
 fn at_most_three_stores_are_kept_aside() {
     let tmp = tempfile::tempdir().unwrap();
     for stamp in [100, 200, 300, 400] {
-        fs::write(tmp.path().join(format!("state.sqlite3.corrupt-{stamp}")), "x").unwrap();
+        fs::write(
+            tmp.path().join(format!("state.sqlite3.corrupt-{stamp}")),
+            "x",
+        )
+        .unwrap();
     }
     fs::write(db(tmp.path()), vec![b'x'; 8192]).unwrap();
     let m = StateMetrics::default();
     drop(open(tmp.path(), &me(), &m).unwrap());
     let kept = asides(tmp.path(), "corrupt");
     assert_eq!(kept.len(), 3, "{kept:?}");
-    assert!(!kept.iter().any(|n| n.ends_with("-100") || n.ends_with("-200")));
+    assert!(!kept
+        .iter()
+        .any(|n| n.ends_with("-100") || n.ends_with("-200")));
 }
 
 #[test]
@@ -253,7 +283,10 @@ fn a_position_is_never_committed_before_the_deaths_sent_before_it() {
                     )
                     .unwrap();
                 let pos = pos.unwrap_or(0);
-                assert!(deaths >= pos, "position {pos} committed with only {deaths} deaths");
+                assert!(
+                    deaths >= pos,
+                    "position {pos} committed with only {deaths} deaths"
+                );
                 seen_max = seen_max.max(pos);
                 reads += 1;
             }
@@ -271,7 +304,10 @@ fn a_position_is_never_committed_before_the_deaths_sent_before_it() {
     std::thread::sleep(Duration::from_millis(50));
     stop.store(true, Ordering::Relaxed);
     let (reads, seen_max) = reader.join().unwrap();
-    assert!(reads > 10, "the reader read while the writer wrote ({reads} reads)");
+    assert!(
+        reads > 10,
+        "the reader read while the writer wrote ({reads} reads)"
+    );
     assert_eq!(seen_max, 300);
     assert_eq!(count(tmp.path(), "failures"), 300);
 }
@@ -283,7 +319,11 @@ fn a_flood_is_committed_in_few_transactions() {
     let store = open(tmp.path(), &me(), &m).unwrap();
     let tx = store.sender();
     let started = std::time::Instant::now();
-    let finding = Finding::new(FindingKind::GpuXid, Subject::Gpu(3), "XID 79 on GPU 3".into());
+    let finding = Finding::new(
+        FindingKind::GpuXid,
+        Subject::Gpu(3),
+        "XID 79 on GPU 3".into(),
+    );
     for i in 0..5000 {
         tx.finding(&finding, FindingEvent::Began, SystemTime::now());
         tx.put(&format!("log/{}", i % 300), json!({"offset": i}));
@@ -291,8 +331,15 @@ fn a_flood_is_committed_in_few_transactions() {
     assert!(tx.flush(Duration::from_secs(10)));
     let secs = started.elapsed().as_secs_f64();
     let commits = m.commits.get();
-    assert!(commits as f64 <= secs.ceil() + 2.0, "{commits} commits in {secs:.2}s");
-    assert_eq!(m.rows_written.get(), 5000 + 300, "puts of one key in a batch are one row");
+    assert!(
+        commits as f64 <= secs.ceil() + 2.0,
+        "{commits} commits in {secs:.2}s"
+    );
+    assert_eq!(
+        m.rows_written.get(),
+        5000 + 300,
+        "puts of one key in a batch are one row"
+    );
     assert_eq!(m.dropped.get(), 0);
     drop(store);
     assert_eq!(count(tmp.path(), "findings"), 5000);
@@ -341,8 +388,14 @@ fn history_over_a_day_filters_by_time_namespace_and_pod_and_prunes_oldest_first(
     assert_eq!(read(24, Some("ml"), None).failures.len(), 72);
     assert_eq!(read(24, Some("ml"), Some("job-2")).failures.len(), 36);
     let h = read(24, None, None);
-    let first = h.failures.first().unwrap()["at"].as_str().unwrap().to_string();
-    let last = h.failures.last().unwrap()["at"].as_str().unwrap().to_string();
+    let first = h.failures.first().unwrap()["at"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let last = h.failures.last().unwrap()["at"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(first < last, "oldest first");
     let limited = state::read_history(
         tmp.path(),
@@ -353,7 +406,10 @@ fn history_over_a_day_filters_by_time_namespace_and_pod_and_prunes_oldest_first(
     )
     .unwrap();
     assert!(limited.truncated);
-    assert_eq!(limited.failures.last().unwrap()["at"].as_str().unwrap(), last);
+    assert_eq!(
+        limited.failures.last().unwrap()["at"].as_str().unwrap(),
+        last
+    );
     assert!(state::history::render(&h).contains("ml/job-0/trainer  shm_allocation_failed"));
 
     // Twelve hours later with a day's retention: the first half is gone, oldest first.
@@ -372,7 +428,10 @@ fn history_over_a_day_filters_by_time_namespace_and_pod_and_prunes_oldest_first(
     drop(Store::open(tmp.path(), &me(), options(rows), &m).unwrap());
     assert_eq!(count(tmp.path(), "failures"), 50);
     assert_eq!(read(1, None, None).failures.len(), 6, "the newest stay");
-    let newest_ten: u64 = h.failures[134..].iter().map(|f| f.to_string().len() as u64).sum();
+    let newest_ten: u64 = h.failures[134..]
+        .iter()
+        .map(|f| f.to_string().len() as u64)
+        .sum();
     let bytes = Retention {
         max_bytes: newest_ten,
         ..day
@@ -391,7 +450,13 @@ struct Tmpfs(std::path::PathBuf);
 impl Tmpfs {
     fn mount(at: &Path, size: &str) -> Tmpfs {
         let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
             .arg(at)
             .status()
             .unwrap()
@@ -472,7 +537,10 @@ fn a_full_disk_stops_the_writes_not_the_agent() {
     for _ in 0..2000 {
         tx.failure(&big, false);
     }
-    assert!(tx.flush(Duration::from_secs(20)), "the writer still answers");
+    assert!(
+        tx.flush(Duration::from_secs(20)),
+        "the writer still answers"
+    );
     assert_eq!(m.up.get(), 0, "said: shmlink_state_up 0");
     assert!(m.dropped.get() > 0);
     // Later records are dropped and counted, never block.
@@ -501,20 +569,30 @@ fn bench_300_containers_and_a_log_flood() {
     let m = StateMetrics::default();
     let store = open(tmp.path(), &me(), &m).unwrap();
     let tx = store.sender();
-    let finding = Finding::new(FindingKind::GpuXid, Subject::Gpu(3), "XID 79 on GPU 3".into());
+    let finding = Finding::new(
+        FindingKind::GpuXid,
+        Subject::Gpu(3),
+        "XID 79 on GPU 3".into(),
+    );
     let cpu = |_: ()| rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     let cpu0 = cpu(());
     let started = std::time::Instant::now();
     let mut tick = 0u64;
     while started.elapsed() < Duration::from_secs(10) {
         for c in 0..300 {
-            tx.put(&format!("log/{c}"), json!({"inode": c, "offset": tick * 4096}));
+            tx.put(
+                &format!("log/{c}"),
+                json!({"inode": c, "offset": tick * 4096}),
+            );
         }
         for _ in 0..1000 {
             tx.finding(&finding, FindingEvent::Began, SystemTime::now());
         }
-        if tick % 5 == 0 {
-            tx.failure(&failure("ml", &format!("p{tick}"), SystemTime::now()), false);
+        if tick.is_multiple_of(5) {
+            tx.failure(
+                &failure("ml", &format!("p{tick}"), SystemTime::now()),
+                false,
+            );
         }
         tick += 1;
         std::thread::sleep(Duration::from_millis(200));

@@ -93,7 +93,13 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let (scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let mut metrics = Metrics::new(snapshot.clone());
-    let store = open_store(state_dir.as_deref(), &kube.node, &scan.host.proc_root, &mut metrics).await;
+    let store = open_store(
+        state_dir.as_deref(),
+        &kube.node,
+        &scan.host.proc_root,
+        &mut metrics,
+    )
+    .await;
     let metrics = Arc::new(metrics);
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();

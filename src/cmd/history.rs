@@ -22,8 +22,12 @@ pub fn run(args: HistoryArgs) -> anyhow::Result<ExitCode> {
         pod: args.pod,
         limit: LIMIT,
     };
-    let history = state::read_history(&dir, &filter)
-        .with_context(|| format!("no history to read in {} (is serve run with --state-dir?)", dir.display()))?;
+    let history = state::read_history(&dir, &filter).with_context(|| {
+        format!(
+            "no history to read in {} (is serve run with --state-dir?)",
+            dir.display()
+        )
+    })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&history)?);
     } else {

@@ -86,7 +86,10 @@ impl FindingRow {
     pub fn new(f: &Finding, event: FindingEvent, at: SystemTime) -> FindingRow {
         let mut value = serde_json::to_value(f).unwrap_or(Value::Null);
         if let Value::Object(map) = &mut value {
-            map.insert("event".into(), serde_json::to_value(event).unwrap_or_default());
+            map.insert(
+                "event".into(),
+                serde_json::to_value(event).unwrap_or_default(),
+            );
             map.insert("at".into(), Value::String(rfc3339(at)));
         }
         let (namespace, pod) = match &f.subject {
@@ -118,7 +121,14 @@ pub(super) fn insert_failure(tx: &Transaction<'_>, r: &FailureRow) -> rusqlite::
         "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![r.at_ms, r.namespace, r.pod, r.kind, r.found_late, r.json])
+    .execute(params![
+        r.at_ms,
+        r.namespace,
+        r.pod,
+        r.kind,
+        r.found_late,
+        r.json
+    ])
     .map(drop)
 }
 
@@ -201,7 +211,9 @@ fn select(conn: &Connection, table: &str, filter: &Filter) -> rusqlite::Result<(
     let limit = if filter.limit == 0 {
         i64::MAX
     } else {
-        i64::try_from(filter.limit).unwrap_or(i64::MAX).saturating_add(1)
+        i64::try_from(filter.limit)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1)
     };
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT json FROM {table} WHERE at_ms >= ?1
@@ -236,8 +248,19 @@ pub fn render(h: &History) -> String {
             } else {
                 ""
             };
-            let who = format!("{}/{}/{}", s(f, "namespace"), s(f, "pod"), s(f, "container"));
-            out.push_str(&format!("{}  {}  {}{}\n", s(f, "at"), who, s(f, "kind"), late));
+            let who = format!(
+                "{}/{}/{}",
+                s(f, "namespace"),
+                s(f, "pod"),
+                s(f, "container")
+            );
+            out.push_str(&format!(
+                "{}  {}  {}{}\n",
+                s(f, "at"),
+                who,
+                s(f, "kind"),
+                late
+            ));
             out.push_str(&format!("    {}\n", s(f, "message")));
         }
     }

@@ -145,7 +145,9 @@ impl Store {
             );
         }
         if opened.boot_changed {
-            tracing::info!("the node rebooted since the state was stored: kernel log positions are not reused");
+            tracing::info!(
+                "the node rebooted since the state was stored: kernel log positions are not reused"
+            );
         }
         let checkpoints = read_checkpoints(&opened.conn).unwrap_or_default();
         let (tx, rx) = mpsc::sync_channel(writer::CHANNEL);

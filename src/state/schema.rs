@@ -81,7 +81,12 @@ pub fn create(conn: &mut Connection, meta: &Meta) -> rusqlite::Result<()> {
     tx.execute(
         "INSERT OR REPLACE INTO meta (id, schema_version, node, created_ms, boot_id)
          VALUES (1, ?1, ?2, ?3, ?4)",
-        rusqlite::params![meta.schema_version, meta.node, meta.created_ms, meta.boot_id],
+        rusqlite::params![
+            meta.schema_version,
+            meta.node,
+            meta.created_ms,
+            meta.boot_id
+        ],
     )?;
     tx.commit()
 }

@@ -86,21 +86,21 @@ impl Writer {
             } else {
                 rx.recv_timeout(due.saturating_duration_since(Instant::now()))
             };
-            let (commit_now, stop) = match got {
-                Ok(Record::Failure(r)) => (add(&mut batch, |b| b.failures.push(r)), false),
-                Ok(Record::Finding(r)) => (add(&mut batch, |b| b.findings.push(r)), false),
-                Ok(Record::Put(k, v)) => (add(&mut batch, |b| drop(b.puts.insert(k, v))), false),
+            let stop = match got {
+                Ok(Record::Failure(r)) => add(&mut batch, |b| b.failures.push(r)),
+                Ok(Record::Finding(r)) => add(&mut batch, |b| b.findings.push(r)),
+                Ok(Record::Put(k, v)) => add(&mut batch, |b| drop(b.puts.insert(k, v))),
                 Ok(Record::Flush(ack)) => {
                     self.commit(&mut batch, &mut broken);
                     last_commit = Instant::now();
                     let _ = ack.send(());
-                    (false, false)
+                    false
                 }
-                Ok(Record::Stop) => (true, true),
-                Err(RecvTimeoutError::Timeout) => (true, false),
-                Err(RecvTimeoutError::Disconnected) => (true, true),
+                Ok(Record::Stop) | Err(RecvTimeoutError::Disconnected) => true,
+                Err(RecvTimeoutError::Timeout) => false,
             };
-            if (commit_now || stop || Instant::now() >= due) && !batch.is_empty() {
+            // Due (the gap has passed since the last commit), or stopping.
+            if (stop || Instant::now() >= due) && !batch.is_empty() {
                 self.commit(&mut batch, &mut broken);
                 last_commit = Instant::now();
             }
@@ -118,6 +118,9 @@ impl Writer {
     /// position never lands without the deaths sent before it.
     fn commit(&mut self, batch: &mut Batch, broken: &mut bool) {
         let b = std::mem::take(batch);
+        if b.is_empty() {
+            return;
+        }
         if *broken {
             self.metrics.dropped.inc_by(b.records as u64);
             return;
@@ -161,6 +164,7 @@ impl Writer {
     }
 }
 
+/// Adds a record to the batch; never a reason to stop.
 fn add(batch: &mut Batch, f: impl FnOnce(&mut Batch)) -> bool {
     f(batch);
     batch.records += 1;
