@@ -26,6 +26,7 @@ impl Serve {
         let log = std::env::temp_dir().join(format!("shmlink-bench-deaths-{}.log", addr.port()));
         let child = Command::new(common::shmlink_bin())
             .args(["serve", "--listen", &addr.to_string(), "--interval", "5s"])
+            .args(["--state-dir", "none"])
             .args(["--kube", "on", "--node-name", NODE, "--no-gpu"])
             .arg("--pod-log-root")
             .arg(pod_log_root)

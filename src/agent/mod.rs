@@ -91,6 +91,8 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         state_dir,
     } = settings;
     let (scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
+    // Bound first: a serve that cannot listen exits without touching the state store.
+    let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let mut metrics = Metrics::new(snapshot.clone());
     let store = open_store(
@@ -108,8 +110,6 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let kube = k8s::connect(kube.mode)
         .await?
         .map(|client| KubeView::spawn(client, &kube, interval, &metrics, &runtime, deaths_tx));
-
-    let listener = bind(listen, interval).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
