@@ -94,15 +94,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
-    let mut metrics = Metrics::new(snapshot.clone());
-    let store = open_store(
-        state_dir.as_deref(),
-        &kube.node,
-        &scan.host.proc_root,
-        &mut metrics,
-    )
-    .await;
-    let metrics = Arc::new(metrics);
+    let (store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot).await;
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
@@ -157,11 +149,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
 
     let _ = wake_tx.send(Wake::Stop);
     stop.store(true, Ordering::Relaxed);
-    join(threads).await;
-    // The writer commits its last batch as the store closes.
-    if let Some(store) = store {
-        let _ = tokio::task::spawn_blocking(move || drop(store)).await;
-    }
+    join(threads, store).await;
     tracing::info!("stopped");
     served.map_err(AgentError::Http)
 }
@@ -170,28 +158,29 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
 /// are said by the store, once).
 async fn open_store(
     dir: Option<&std::path::Path>,
-    node: &str,
-    proc_root: &std::path::Path,
-    metrics: &mut Metrics,
-) -> Option<state::Store> {
+    scan: &ScanSettings,
+    snapshot: &SharedSnapshot,
+) -> (Option<state::Store>, Arc<Metrics>) {
+    let mut metrics = Metrics::new(snapshot.clone());
     let Some(dir) = dir else {
         tracing::info!("--state-dir none: no state kept across restarts");
-        return None;
+        return (None, Arc::new(metrics));
     };
     // Only with a store asked for: `none` has no series to say.
     let state_metrics = state::StateMetrics::default();
     metrics.register_more(|r| state_metrics.register(r));
     let identity = state::Identity {
-        node: node.to_string(),
-        boot_id: state::boot_id(proc_root),
+        node: scan.node.clone(),
+        boot_id: state::boot_id(&scan.host.proc_root),
     };
     let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || {
+    let store = tokio::task::spawn_blocking(move || {
         state::Store::open(&dir, &identity, state::Options::default(), &state_metrics).ok()
     })
     .await
     .ok()
-    .flatten()
+    .flatten();
+    (store, Arc::new(metrics))
 }
 
 /// How long stopping waits for the threads: a kubelet sends SIGKILL 30 s after SIGTERM (by
@@ -201,13 +190,18 @@ const JOIN_WAIT: Duration = Duration::from_secs(5);
 /// The scan thread finishes its current scan (if any) and exits; the follower its poll. A
 /// thread that has not ended within [`JOIN_WAIT`] is left (said once): returning ends the
 /// process, threads and all. The joins run on a thread of their own, not the runtime's
-/// blocking pool, which the runtime's shutdown would wait for.
-async fn join(threads: impl IntoIterator<Item = Option<thread::JoinHandle<()>>> + Send + 'static) {
+/// blocking pool, which the runtime's shutdown would wait for. The state store closes last
+/// (its writer commits the last batch, with what the stopped threads sent).
+async fn join(
+    threads: impl IntoIterator<Item = Option<thread::JoinHandle<()>>> + Send + 'static,
+    store: Option<state::Store>,
+) {
     let (done, joined) = tokio::sync::oneshot::channel::<()>();
     let joiner = thread::Builder::new().name("join".into()).spawn(move || {
         for t in threads.into_iter().flatten() {
             let _ = t.join();
         }
+        drop(store);
         let _ = done.send(());
     });
     if joiner.is_err() {
