@@ -75,6 +75,9 @@ pub struct Pipeline {
     rules: DeathRules,
     /// The readings traced deaths carried, lent to the other accounts of those deaths.
     traced: TracedReadings,
+    /// serve started again from a checkpoint at this time: deaths from before it were found
+    /// late (`found_late`).
+    resumed_at: Option<SystemTime>,
 }
 
 impl Pipeline {
@@ -102,7 +105,14 @@ impl Pipeline {
             oom_counters: None,
             rules: settings.rules,
             traced: TracedReadings::default(),
+            resumed_at: None,
         }
+    }
+
+    /// serve started again at `at` from a checkpoint: what happened before `at` and is told
+    /// now happened while the agent was down.
+    pub fn resumed(&mut self, at: SystemTime) {
+        self.resumed_at = Some(at);
     }
 
     /// OOM kills told from the memory cgroups' counters, read by each scan (`serve` without
@@ -207,9 +217,10 @@ impl Pipeline {
             holders,
             rules: self.rules,
         };
+        let resumed_at = self.resumed_at;
         let failures = accounts
             .iter()
-            .filter_map(|d| correlate(d, known))
+            .filter_map(|d| Some(found_late(d, correlate(d, known)?, resumed_at)))
             .collect();
         self.same.keep_new(failures)
     }
@@ -230,6 +241,15 @@ impl Pipeline {
         }
         self.accounts.push(d);
     }
+}
+
+/// A death from before the agent's restart (`resumed_at`) is marked and says so.
+fn found_late(d: &Detected, mut f: Failure, resumed_at: Option<SystemTime>) -> Failure {
+    if resumed_at.is_some_and(|at| d.at < at) {
+        f.found_late = true;
+        f.message.push_str(crate::text::FOUND_LATE);
+    }
+    f
 }
 
 /// The kernel's OOM kill (its log's report or its tracepoint), which PyTorch's word of it

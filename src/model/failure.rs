@@ -303,6 +303,9 @@ pub struct Failure {
     #[serde(skip)]
     pub worker_pids: Vec<i32>,
     pub message: String,
+    /// Happened while the agent was down, told when it started again from its checkpoint
+    /// (always false in `check`, which reads everything back).
+    pub found_late: bool,
 }
 
 impl Failure {

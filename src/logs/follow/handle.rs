@@ -16,6 +16,7 @@ use rustix::io::Errno;
 use super::split::Splitter;
 use super::{file_id, size, FileId, Tally};
 use crate::logs::path::Rotation;
+use crate::logs::resume::{fingerprint, LogCheckpoint, FINGERPRINT_MAX};
 
 /// A log file as discovery found it.
 pub(super) struct Listed {
@@ -165,6 +166,25 @@ impl Handle {
         }
     }
 
+    /// Where a plain file was read to, past whole lines only (the unended last line is read
+    /// again on resuming), with its identity; None for a gzipped one or when unreadable.
+    pub(super) fn checkpoint(&self) -> Option<LogCheckpoint> {
+        let Source::Plain { file, offset } = &self.source else {
+            return None;
+        };
+        let mut head = vec![0; FINGERPRINT_MAX];
+        let n = read_at(file, &mut head, 0).ok()?;
+        let (fingerprint, fingerprint_len) = fingerprint(&head[..n]);
+        Some(LogCheckpoint {
+            path: self.path.display().to_string(),
+            dev: self.id.0,
+            ino: self.id.1,
+            fingerprint,
+            fingerprint_len,
+            offset: offset.saturating_sub(self.lines.unended()),
+        })
+    }
+
     /// The bytes not yet read of a plain file, and whether it has no name left (rotated, then
     /// deleted: its disk space is held by this fd alone). None for a gzipped one, or unknown.
     pub(super) fn unread(&self) -> Option<(u64, bool)> {
@@ -242,6 +262,17 @@ impl Handle {
         }
         Ok(false)
     }
+}
+
+/// The CRC-32 of a listed file's first `len` bytes (`logs::resume`); None when it has fewer or
+/// cannot be read.
+pub(super) fn head_crc(dir: BorrowedFd<'_>, f: &Listed, len: u32) -> Option<u32> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = File::from(rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty()).ok()?);
+    let mut head = vec![0; len as usize];
+    file.read_exact_at(&mut head, 0).ok()?;
+    Some(crate::logs::resume::crc(&head))
 }
 
 /// A gzipped file's decompressed size as its trailer says (ISIZE: the last member's, modulo

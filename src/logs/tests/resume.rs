@@ -1,0 +1,88 @@
+//! serve started again from its saved positions (`logs::resume`): every line once.
+
+use super::*;
+
+/// A checkpoint taken a second ago, so that files written now are "written since".
+fn saved(tailer: &LogTailer) -> crate::logs::resume::LogCheckpoints {
+    let mut c = tailer.checkpoints();
+    c.at -= Duration::from_secs(1);
+    c
+}
+
+#[test]
+fn a_restart_reads_on_from_the_saved_position() {
+    let node = Node::new();
+    let log = node.container("pytorch").join("0.log");
+    append(&log, cri(&["before start"]));
+    let mut first = from_end(&node);
+    append(&log, cri(&["told once"]));
+    assert_eq!(texts(&first.poll()), ["told once"]);
+    // A line not yet ended is not past the position: read whole after the restart.
+    append(&log, "2026-11-23T10:15:02.000000000Z stdout F half a");
+    assert!(first.poll().is_empty());
+    let checkpoint = saved(&first);
+    drop(first);
+    append(&log, " line\n");
+    append(&log, cri(&["while down"]));
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    assert_eq!(texts(&second.poll()), ["half a line", "while down"]);
+    append(&log, cri(&["after"]));
+    assert_eq!(texts(&second.poll()), ["after"]);
+    assert_eq!(second.resume_mismatches(), 0);
+}
+
+#[test]
+fn a_rotation_while_down_is_read_on_and_the_new_file_whole() {
+    let node = Node::new();
+    let dir = node.container("pytorch");
+    let log = dir.join("0.log");
+    append(&log, cri(&["old"]));
+    let mut first = from_end(&node);
+    append(&log, cri(&["told"]));
+    assert_eq!(texts(&first.poll()), ["told"]);
+    let checkpoint = saved(&first);
+    drop(first);
+    append(&log, cri(&["before rotation"]));
+    fs::rename(&log, dir.join("0.log.20261123-101502")).unwrap();
+    append(&log, cri(&["new file", SHM]));
+    // A container started while down.
+    append(&node.container("other").join("0.log"), cri(&["its first"]));
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    let mut got = texts(&second.poll())
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    got.sort();
+    let mut want = ["before rotation", "new file", SHM, "its first"].map(String::from);
+    want.sort();
+    assert_eq!(got, want);
+    assert!(second.poll().is_empty());
+}
+
+#[test]
+fn a_reused_inode_and_old_files_are_not_read_as_new() {
+    let node = Node::new();
+    let dir = node.container("pytorch");
+    let log = dir.join("0.log");
+    append(&log, cri(&["first"]));
+    let first = from_end(&node);
+    let mut checkpoint = saved(&first);
+    drop(first);
+    // Another file's first line in the saved inode: its position is not trusted.
+    checkpoint.files[0].fingerprint ^= 1;
+    append(&log, cri(&["after the checkpoint"]));
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    assert!(second.poll().is_empty(), "read from its end");
+    assert_eq!(second.resume_mismatches(), 1);
+    append(&log, cri(&["later"]));
+    assert_eq!(texts(&second.poll()), ["later"]);
+
+    // A file unseen and not written since the checkpoint: from its end.
+    let old = node.container("old").join("0.log");
+    append(&old, cri(&["long ago"]));
+    set_mtime(&old, SystemTime::now() - Duration::from_secs(3600));
+    let checkpoint = saved(&second);
+    drop(second);
+    let mut third = eager(LogTailer::resume(node.settings(), checkpoint));
+    assert!(third.poll().is_empty());
+}
