@@ -38,6 +38,17 @@ impl OomCounters {
         }
     }
 
+    /// The counts at the last scan (a checkpoint keeps them).
+    pub fn counts(&self) -> Option<&HashMap<String, u64>> {
+        self.last.as_ref()
+    }
+
+    /// Started again: the first scan tells what grew since the counts saved (a container first
+    /// seen then counts every kill it holds as since).
+    pub fn resume(&mut self, counts: HashMap<String, u64>) {
+        self.last = Some(counts);
+    }
+
     /// The kills counted since the scan before, one failure per container.
     pub fn after_scan(&mut self, readings: &[ShmReading], at: SystemTime) -> Vec<Detected> {
         let now: HashMap<String, u64> = readings

@@ -175,6 +175,18 @@ impl Pipeline {
         }
     }
 
+    /// The memory cgroups' OOM kill counts at the last scan, if they are read.
+    pub fn oom_counts(&self) -> Option<HashMap<String, u64>> {
+        self.oom_counters.as_ref()?.counts().cloned()
+    }
+
+    /// Started again: OOM kills are counted from the counts saved.
+    pub fn resume_oom_counts(&mut self, counts: HashMap<String, u64>) {
+        if let Some(c) = self.oom_counters.as_mut() {
+            c.resume(counts);
+        }
+    }
+
     /// Whether anything waits to be told.
     pub fn has_pending(&self) -> bool {
         !self.accounts.is_empty() || !self.held_kills.is_empty()

@@ -9,9 +9,11 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::checkpoint::{self, Checkpoint, Saver};
 use super::pipeline::{Mode, Pipeline, Sources};
 use crate::docker_records::{exited_since, DockerExit, RecordsSeen};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
+use crate::kernel_log::resume::{boot_id, kmsg_start, KmsgCheckpoint};
 use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};
 use crate::kube::pods::PodCache;
@@ -132,14 +134,40 @@ struct Follower {
     seen_scan: Option<SystemTime>,
     /// Whether any source is read (else there are no source counts to report).
     any_source: bool,
+    /// Where positions are saved (`checkpoint`), and this boot's ID they are taken in.
+    saver: Option<Saver>,
+    boot_id: Option<String>,
+    /// The kernel log's position past the last record read.
+    kmsg_last: Option<KmsgCheckpoint>,
+    /// Failures were told since the last save.
+    told: bool,
 }
 
 impl Follower {
-    fn new(f: Follow) -> Follower {
+    fn new(mut f: Follow) -> Follower {
+        let saver = checkpoint::file_from_env().map(Saver::new);
+        let saved = saver.as_ref().and_then(|s| checkpoint::load(&s.path));
+        if let Some(c) = &saved {
+            tracing::info!(
+                "reading on from the checkpoint {} ({}): deaths while the agent was down are \
+                 told now, marked found late",
+                saver
+                    .as_ref()
+                    .map_or(String::new(), |s| s.path.display().to_string()),
+                super::correlate::rfc3339(c.at),
+            );
+            f.pipeline.resumed(SystemTime::now());
+            if let Some(counts) = c.oom_counts.clone() {
+                f.pipeline.resume_oom_counts(counts);
+            }
+        }
         let s = &f.sources;
+        let boot_id = boot_id(&s.proc_root);
+        let kmsg_saved = saved.as_ref().and_then(|c| c.kmsg.clone());
+        let kmsg_from = kmsg_start(kmsg_saved.as_ref(), boot_id.as_deref());
         let logs_on = s.pod_log_root.is_some() || s.docker_root.is_some();
         let kmsg = s.kmsg.as_ref().and_then(|path| {
-            KernelLog::open(path, KmsgStart::End)
+            KernelLog::open(path, kmsg_from)
                 .map_err(|e| {
                     tracing::warn!(
                         "not reading the kernel log {}: {e} (/dev/kmsg and syslog(2) need \
@@ -150,18 +178,51 @@ impl Follower {
                 })
                 .ok()
         });
+        let logs_saved = saved.as_ref().and_then(|c| c.logs.clone());
         Follower {
-            logs: logs_on.then(|| LogTailer::from_end(log_settings(s))),
+            logs: logs_on.then(|| match logs_saved {
+                Some(at) => LogTailer::resume(log_settings(s), at),
+                None => LogTailer::from_end(log_settings(s)),
+            }),
             stats: SourceStats {
                 kmsg_open: s.kmsg.as_ref().map(|_| kmsg.is_some()),
                 ..SourceStats::default()
             },
             kmsg,
-            docker: s.docker_root.clone().map(DockerFollower::new),
+            docker: s
+                .docker_root
+                .clone()
+                .map(|root| DockerFollower::new(root, saved.as_ref())),
             seen_scan: None,
             any_source: logs_on || s.kmsg.is_some(),
+            saver,
+            boot_id,
+            kmsg_last: kmsg_saved,
+            told: false,
             f,
         }
+    }
+
+    /// Saves the positions when due and nothing is pending: every death before them told.
+    fn checkpoint(&mut self) {
+        let Some(saver) = self.saver.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if !saver.due(self.told, self.f.pipeline.has_pending(), now) {
+            return;
+        }
+        self.told = false;
+        let mut c = Checkpoint::new(SystemTime::now());
+        c.logs = self.logs.as_ref().map(LogTailer::checkpoints);
+        c.kmsg = self.kmsg_last.clone();
+        c.docker_told = self
+            .docker
+            .as_ref()
+            .map(|d| d.told.iter().cloned().collect())
+            .unwrap_or_default();
+        c.oom_counts = self.f.pipeline.oom_counts();
+        saver.save(&c, now);
     }
 
     fn run(mut self, deliver: impl Fn(Followed) -> bool, mut report: impl FnMut(&SourceStats)) {
@@ -195,6 +256,7 @@ impl Follower {
             if !self.tell(&deliver) {
                 return;
             }
+            self.checkpoint();
             self.wait();
         }
     }
@@ -212,6 +274,10 @@ impl Follower {
         if let Some(reader) = self.kmsg.as_mut() {
             let records = reader.read_available(KMSG_BATCH);
             self.stats.kmsg_records += records.len() as u64;
+            if let Some(last) = records.last() {
+                let boot = self.boot_id.clone().unwrap_or_default();
+                self.kmsg_last = Some(reader.checkpoint(last, boot));
+            }
             for r in records {
                 self.f.pipeline.kernel_record(&r, reader.wall_time(r.usec));
                 gpus.extend(kernel_gpu(&r));
@@ -247,7 +313,11 @@ impl Follower {
             .f
             .pipeline
             .tell(last.as_deref(), pods.as_ref(), &holders);
-        failures.is_empty() || deliver(Followed::Failures(failures))
+        if failures.is_empty() {
+            return true;
+        }
+        self.told = true;
+        deliver(Followed::Failures(failures))
     }
 
     /// One poll's wait; a Pod's death wakes it at once.
@@ -271,12 +341,15 @@ struct DockerFollower {
 }
 
 impl DockerFollower {
-    fn new(root: std::path::PathBuf) -> DockerFollower {
+    /// From now, or from a checkpoint's time with the exits it had told.
+    fn new(root: std::path::PathBuf, saved: Option<&Checkpoint>) -> DockerFollower {
         DockerFollower {
             root,
-            since: SystemTime::now(),
+            since: saved.map_or_else(SystemTime::now, |c| c.at),
             seen: RecordsSeen::default(),
-            told: HashSet::new(),
+            told: saved
+                .map(|c| c.docker_told.iter().cloned().collect())
+                .unwrap_or_default(),
             next: Instant::now(),
         }
     }
