@@ -144,8 +144,13 @@ struct Follower {
 }
 
 impl Follower {
-    fn new(mut f: Follow) -> Follower {
-        let saver = checkpoint::file_from_env().map(Saver::new);
+    fn new(f: Follow) -> Follower {
+        Follower::with_checkpoint(f, checkpoint::file_from_env())
+    }
+
+    /// Resumes from the checkpoint file, if one is named and readable, and saves to it.
+    fn with_checkpoint(mut f: Follow, file: Option<std::path::PathBuf>) -> Follower {
+        let saver = file.map(Saver::new);
         let saved = saver.as_ref().and_then(|s| checkpoint::load(&s.path));
         if let Some(c) = &saved {
             tracing::info!(
@@ -329,6 +334,10 @@ impl Follower {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "resume_tests.rs"]
+mod resume_tests;
 
 /// Docker's records, looked at every [`DOCKER_EVERY`]: each container that stopped since the
 /// agent started, told once.
