@@ -171,3 +171,26 @@ fn deaths_are_told_once_across_restarts_and_those_while_down_found_late() {
     let mut third = node.follower();
     assert_eq!(said(&rounds(&mut third)), []);
 }
+
+#[test]
+fn docker_exits_told_before_a_restart_are_not_told_again() {
+    let exit = |id: &str, secs: u64| DockerExit {
+        id: id.into(),
+        name: "trainer".into(),
+        exit_code: 135,
+        oom_killed: false,
+        finished_at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+        memory_limit: None,
+        shm_size: None,
+    };
+    let mut first = DockerFollower::new("/nonexistent".into(), None);
+    assert!(first.first_time(&exit("a", 10)));
+    let mut c = Checkpoint::new(SystemTime::UNIX_EPOCH + Duration::from_secs(20));
+    c.docker_told = first.told.iter().cloned().collect();
+    let c: Checkpoint = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    let mut second = DockerFollower::new("/nonexistent".into(), Some(&c));
+    assert_eq!(second.since, c.at, "records from the checkpoint on");
+    assert!(!second.first_time(&exit("a", 10)));
+    assert!(second.first_time(&exit("a", 30)), "its restart's death");
+    assert!(second.first_time(&exit("b", 15)));
+}
