@@ -63,13 +63,15 @@ pub struct Listing {
     pub mtime: SystemTime,
     pub rotated: bool,
     pub gz: bool,
+    /// A gzipped file whose plain self is listed too (being compressed): the plain one is read.
+    pub plain_twin: bool,
 }
 
 /// Where a file is read from on resuming.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resumed {
     /// Its position was saved: on from there (a rotated one was rotated while the agent was
-    /// down).
+    /// down; a gzipped one, compressed then: the offset is in its decompressed bytes).
     At(u64),
     /// Unseen and written since the checkpoint: whole.
     Whole,
@@ -80,26 +82,47 @@ pub enum Resumed {
     Mismatch,
 }
 
-/// Decides for one listed file; `fingerprint(len)` hashes its first `len` bytes (None when they
-/// cannot be read, or it is shorter).
+/// Decides for one listed file; `fingerprint(len)` hashes its first `len` bytes (a gzipped
+/// file's decompressed; None when they cannot be read, or it is shorter).
 pub fn resume_at(
     f: &Listing,
     saved: &LogResume,
-    fingerprint: impl FnOnce(u32) -> Option<u32>,
+    mut fingerprint: impl FnMut(u32) -> Option<u32>,
 ) -> Resumed {
+    if f.gz {
+        return resume_gz(f, saved, fingerprint);
+    }
     if let Some(c) = saved.by_id.get(&f.id) {
-        if f.gz || fingerprint(c.fingerprint_len) != Some(c.fingerprint) {
+        if fingerprint(c.fingerprint_len) != Some(c.fingerprint) {
             return Resumed::Mismatch;
         }
         // Truncated (copytruncate) while down: what it holds now was written since.
         return Resumed::At(if f.size < c.offset { 0 } else { c.offset });
     }
-    // A compressed rotation holds lines read before the checkpoint as well: its plain self (or
-    // the live file it was) was resumed from its position, if it was followed.
-    if f.gz || f.mtime <= saved.at {
+    if f.mtime <= saved.at {
         return Resumed::Skip;
     }
     Resumed::Whole
+}
+
+/// A gzipped rotation is a new inode holding a followed file's bytes, read before the
+/// checkpoint up to its offset: compressed since, it is known by its first line alone. One
+/// that matches no saved file (a rotation there before the agent, compressed while it was down)
+/// is history: not read.
+fn resume_gz(
+    f: &Listing,
+    saved: &LogResume,
+    mut fingerprint: impl FnMut(u32) -> Option<u32>,
+) -> Resumed {
+    if f.plain_twin || f.mtime <= saved.at {
+        return Resumed::Skip;
+    }
+    saved
+        .by_id
+        .values()
+        .filter(|c| c.fingerprint_len > 0)
+        .find(|c| fingerprint(c.fingerprint_len) == Some(c.fingerprint))
+        .map_or(Resumed::Skip, |c| Resumed::At(c.offset))
 }
 
 /// The fingerprint of a file's first bytes: its first line with its `\n`, at most
@@ -151,11 +174,12 @@ mod tests {
             mtime: t(mtime),
             rotated,
             gz: false,
+            plain_twin: false,
         }
     }
 
     /// Hashes `content`'s first `len` bytes, as discovery does of the file.
-    fn of(content: &'static [u8]) -> impl FnOnce(u32) -> Option<u32> {
+    fn of(content: &'static [u8]) -> impl FnMut(u32) -> Option<u32> {
         move |len| content.get(..len as usize).map(crc)
     }
 
@@ -173,12 +197,26 @@ mod tests {
         // The live file was renamed to 0.log.<time>: same inode, now a rotated name.
         let f = listed(42, 500, 150, true);
         assert_eq!(resume_at(&f, &saved(42, 36), of(FIRST)), Resumed::At(36));
-        // Its gzipped self is another inode, and never re-read whole.
+    }
+
+    #[test]
+    fn a_file_compressed_while_down_is_known_by_its_first_line() {
         let gz = Listing {
             gz: true,
             ..listed(43, 90, 160, true)
         };
-        assert_eq!(resume_at(&gz, &saved(42, 36), of(FIRST)), Resumed::Skip);
+        assert_eq!(resume_at(&gz, &saved(42, 36), of(FIRST)), Resumed::At(36));
+        // Another file's rotation, or one there before the checkpoint: history, not read.
+        let other: &'static [u8] = b"2026-11-27T04:00:00Z stdout F older\n";
+        assert_eq!(resume_at(&gz, &saved(42, 36), of(other)), Resumed::Skip);
+        let old = Listing { mtime: t(50), ..gz };
+        assert_eq!(resume_at(&old, &saved(42, 36), of(FIRST)), Resumed::Skip);
+        // Being compressed: its plain twin is read instead.
+        let twin = Listing {
+            plain_twin: true,
+            ..gz
+        };
+        assert_eq!(resume_at(&twin, &saved(42, 36), of(FIRST)), Resumed::Skip);
     }
 
     #[test]

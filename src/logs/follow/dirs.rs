@@ -14,7 +14,7 @@ use crate::logs::path::Rotation;
 use crate::logs::resume::{resume_at, Listing, LogResume, Resumed};
 use crate::logs::{Bucket, Entry, Gate, LogOrigin};
 
-use super::handle::{gz_size, head_crc, Handle, Listed, Position};
+use super::handle::{gz_head_crc, gz_size, head_crc, Handle, Listed, Position};
 use super::newest::keep_newest;
 use super::stream::{Format, Out, Stream};
 use super::{FileId, Start, Tally, CATCH_UP_BUDGET};
@@ -167,15 +167,23 @@ impl ContainerDir {
         saved: &LogResume,
         tally: &mut Tally,
     ) {
+        let plain_names: HashSet<&Path> = files.iter().map(|f| f.path.as_path()).collect();
         for f in files {
+            let gz = matches!(f.rotation, Rotation::Rotated { gz: true, .. });
             let listing = Listing {
                 id: f.id,
                 size: f.size,
                 mtime: f.mtime,
                 rotated: f.rotation != Rotation::Live,
-                gz: matches!(f.rotation, Rotation::Rotated { gz: true, .. }),
+                gz,
+                plain_twin: gz && plain_names.contains(f.path.with_extension("").as_path()),
             };
-            let at = match resume_at(&listing, saved, |len| head_crc(fd, f, len)) {
+            let head = |len| match gz {
+                true => gz_head_crc(fd, f, len),
+                false => head_crc(fd, f, len),
+            };
+            let at = match resume_at(&listing, saved, head) {
+                Resumed::At(offset) if gz => Position::GzAfter(offset),
                 Resumed::At(offset) => Position::At(offset),
                 Resumed::Whole => Position::At(0),
                 Resumed::Mismatch => {
@@ -325,7 +333,7 @@ fn bytes_from(fd: BorrowedFd<'_>, f: &Listed, at: Position) -> u64 {
     match at {
         Position::At(offset) | Position::LineAt(offset) => f.size.saturating_sub(offset),
         Position::End => 0,
-        Position::Gz(_) => gz_size(fd, f).unwrap_or(f.size),
+        Position::Gz(_) | Position::GzAfter(_) => gz_size(fd, f).unwrap_or(f.size),
     }
 }
 

@@ -54,6 +54,9 @@ pub(super) enum Position {
     LineAt(u64),
     /// A gzipped rotated file, decompressed from its start, at most this many bytes of it.
     Gz(u64),
+    /// A gzipped rotated file whose plain self was read to this (decompressed) offset before a
+    /// restart (`logs::resume`): decompressed from its start, lines taken past the offset.
+    GzAfter(u64),
 }
 
 enum Source {
@@ -67,6 +70,8 @@ enum Source {
         read: u64,
         /// Decompressed bytes read at most (a gzip bomb ends here).
         limit: u64,
+        /// Decompressed bytes dropped first: read before a restart.
+        skip: u64,
     },
 }
 
@@ -80,11 +85,11 @@ pub(super) struct Pass<'a> {
 }
 
 impl Pass<'_> {
-    /// `n` bytes were read into the buffer: counted, and cut into lines.
-    fn took(&mut self, n: usize, lines: &mut Splitter) {
+    /// `n` bytes were read into the buffer: counted, and those from `from` on cut into lines.
+    fn took(&mut self, n: usize, from: usize, lines: &mut Splitter) {
         self.left -= n as u64;
         self.tally.bytes += n as u64;
-        lines.feed(&self.scratch[..n], self.sink);
+        lines.feed(&self.scratch[from..n], self.sink);
     }
 }
 
@@ -147,6 +152,13 @@ impl Handle {
                 reader: Box::new(MultiGzDecoder::new(file)),
                 read: 0,
                 limit: limit.min(GZ_MAX),
+                skip: 0,
+            },
+            Position::GzAfter(skip) => Source::Gz {
+                reader: Box::new(MultiGzDecoder::new(file)),
+                read: 0,
+                limit: GZ_MAX,
+                skip,
             },
         };
         Some(Handle {
@@ -220,7 +232,7 @@ impl Handle {
                 break;
             }
             *offset += n as u64;
-            pass.took(n, &mut self.lines);
+            pass.took(n, 0, &mut self.lines);
         }
         Ok(truncated)
     }
@@ -231,16 +243,17 @@ impl Handle {
         while pass.left > 0 {
             let want = pass.left.min(pass.scratch.len() as u64) as usize;
             let buf = &mut pass.scratch[..want];
-            let n = match &mut self.source {
+            let (n, from) = match &mut self.source {
                 Source::Plain { file, offset } => {
                     let n = read_at(file, buf, *offset)?;
                     *offset += n as u64;
-                    n
+                    (n, 0)
                 }
                 Source::Gz {
                     reader,
                     read,
                     limit,
+                    skip,
                 } => {
                     if *read >= *limit {
                         tracing::debug!("{}: stopped at {limit} bytes", self.path.display());
@@ -251,14 +264,15 @@ impl Handle {
                         .min(usize::try_from(*limit - *read).unwrap_or(usize::MAX));
                     let buf = &mut buf[..want];
                     let n = uninterrupted(|| reader.read(buf))?;
+                    let from = skip.saturating_sub(*read).min(n as u64) as usize;
                     *read += n as u64;
-                    n
+                    (n, from)
                 }
             };
             if n == 0 {
                 return Ok(true);
             }
-            pass.took(n, &mut self.lines);
+            pass.took(n, from, &mut self.lines);
         }
         Ok(false)
     }
@@ -272,6 +286,16 @@ pub(super) fn head_crc(dir: BorrowedFd<'_>, f: &Listed, len: u32) -> Option<u32>
     let file = File::from(rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty()).ok()?);
     let mut head = vec![0; len as usize];
     file.read_exact_at(&mut head, 0).ok()?;
+    Some(crate::logs::resume::crc(&head))
+}
+
+/// The CRC-32 of a gzipped listed file's first `len` decompressed bytes (`logs::resume`).
+pub(super) fn gz_head_crc(dir: BorrowedFd<'_>, f: &Listed, len: u32) -> Option<u32> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = File::from(rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty()).ok()?);
+    let mut head = vec![0; len as usize];
+    MultiGzDecoder::new(file).read_exact(&mut head).ok()?;
     Some(crate::logs::resume::crc(&head))
 }
 

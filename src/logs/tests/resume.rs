@@ -86,3 +86,50 @@ fn a_reused_inode_and_old_files_are_not_read_as_new() {
     let mut third = eager(LogTailer::resume(node.settings(), checkpoint));
     assert!(third.poll().is_empty());
 }
+
+#[test]
+fn a_file_rotated_and_compressed_while_down_is_read_on_past_its_offset() {
+    let node = Node::new();
+    let dir = node.container("pytorch");
+    let log = dir.join("0.log");
+    append(&log, cri(&["first"]));
+    let mut first = from_end(&node);
+    append(&log, cri(&["told"]));
+    assert_eq!(texts(&first.poll()), ["told"]);
+    let checkpoint = saved(&first);
+    drop(first);
+    // While down: more lines, a rotation, then kubelet compresses it and removes the plain one.
+    append(&log, cri(&["unread before rotation"]));
+    let whole = fs::read_to_string(&log).unwrap();
+    fs::remove_file(&log).unwrap();
+    gzip(&dir.join("0.log.20261123-101502.gz"), &whole);
+    append(&log, cri(&["new file"]));
+    // A rotation there before the checkpoint, compressed while down: history.
+    gzip(
+        &dir.join("0.log.20261123-090000.gz"),
+        &cri_at(&ts(9, 0, 0), &["old"]),
+    );
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    assert_eq!(
+        texts(&second.poll()),
+        ["unread before rotation", "new file"]
+    );
+}
+
+#[test]
+fn a_docker_log_rotated_while_down_is_read_on() {
+    let node = Node::new();
+    let dir = node.docker_dir();
+    let log = dir.join(format!("{ID}-json.log"));
+    append(&log, docker_line("first\n", &ts(10, 0, 0)));
+    let mut first = from_end(&node);
+    append(&log, docker_line("told\n", &ts(10, 0, 1)));
+    assert_eq!(texts(&first.poll()), ["told"]);
+    let checkpoint = saved(&first);
+    drop(first);
+    append(&log, docker_line("while down\n", &ts(10, 0, 2)));
+    fs::rename(&log, dir.join(format!("{ID}-json.log.1"))).unwrap();
+    append(&log, docker_line("after rotation\n", &ts(10, 0, 3)));
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    assert_eq!(texts(&second.poll()), ["while down", "after rotation"]);
+}
