@@ -257,7 +257,7 @@ impl Pipeline {
 
 /// A death from before the agent's restart (`resumed_at`) is marked and says so.
 fn found_late(d: &Detected, mut f: Failure, resumed_at: Option<SystemTime>) -> Failure {
-    if resumed_at.is_some_and(|at| d.at < at) {
+    if d.found_late || resumed_at.is_some_and(|at| d.at < at) {
         f.found_late = true;
         f.message.push_str(crate::text::FOUND_LATE);
     }
@@ -499,6 +499,34 @@ mod tests {
         let mut p = Pipeline::new(&settings(), Mode::Follow);
         p.exits([oom_kill(FailureSource::Kernel, 100)]);
         assert_eq!(told(&mut p), want);
+    }
+
+    #[test]
+    fn deaths_from_before_a_restart_are_found_late_and_say_so() {
+        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        p.resumed(at(100));
+        p.exits([
+            oom_kill(FailureSource::PodStatus, 99),
+            Detected {
+                who: who("c2"),
+                ..oom_kill(FailureSource::PodStatus, 101)
+            },
+        ]);
+        let holders = GpuHolders::new();
+        let told = p.tell(None, None, &holders);
+        let late: Vec<bool> = told.iter().map(|f| f.found_late).collect();
+        assert_eq!(late, [true, false]);
+        assert!(told[0].message.ends_with(crate::text::FOUND_LATE));
+        assert!(!told[1].message.contains("agent started again"));
+        // An account known to be late (an OOM count grown while down) is, whatever its time.
+        let mut d = oom_kill(FailureSource::MemoryCgroup, 200);
+        d.found_late = true;
+        p.exits([d]);
+        assert!(p.tell(None, None, &holders)[0].found_late);
+        // check never resumes: nothing is late there.
+        let mut p = Pipeline::new(&settings(), Mode::ReadBack { since: at(0) });
+        p.exits([oom_kill(FailureSource::PodStatus, 99)]);
+        assert!(!p.tell(None, None, &holders)[0].found_late);
     }
 
     #[test]
