@@ -156,3 +156,96 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
     assert!(!third.log_text().contains("Unexpected bus error"));
     assert!(!first_log.contains(FOUND_LATE));
 }
+
+/// The issue's own trial, on plain Docker: `serve` down while a container prints the
+/// DataLoader bus-error line and another dies of SIGBUS; both told once after the restart, from
+/// the json-file log and Docker's record, found late; a second restart tells nothing.
+#[test]
+fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
+    if !common::e2e_available() {
+        return;
+    }
+    let Some(d) = common::docker::Dockerd::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = tmp.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let checkpoint = tmp.path().join("checkpoint.json");
+    let root = d.data_root();
+    let start = || {
+        let agent = Agent::start(
+            &["--no-gpu", "--docker-root", root.to_str().unwrap()],
+            &[("SHMLINK_CHECKPOINT_FILE", checkpoint.as_os_str())],
+        );
+        agent.wait_ready();
+        agent
+    };
+    let first = start();
+    let mount = format!("{}:/flags:ro", flags.display());
+    let wait = "while [ ! -e /flags/die ]; do sleep 0.1; done";
+    let loader = d.run(&[
+        "--name",
+        "loader",
+        "-v",
+        &mount,
+        common::docker::IMAGE,
+        "sh",
+        "-c",
+        &format!("echo 'epoch 1'; {wait}; echo '{BUS_LINE}'; exit 1"),
+    ]);
+    let bus = d.run(&[
+        "--name",
+        "bus",
+        "-v",
+        &mount,
+        common::docker::IMAGE,
+        "sh",
+        "-c",
+        &format!("{wait}; sh -c 'kill -BUS $$'; exit $?"),
+    ]);
+    let log = root.join(format!("containers/{loader}/{loader}-json.log"));
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            let written = std::fs::metadata(&log).map_or(0, |m| m.len());
+            written > 0 && saved_offset(&checkpoint, &log) == Some(written)
+        }),
+        "no checkpoint past the first line: {:?}",
+        std::fs::read_to_string(&checkpoint)
+    );
+    drop(first); // SIGKILL
+    std::fs::write(flags.join("die"), "").unwrap();
+    assert_eq!(d.wait(&loader), 1);
+    assert_eq!(d.wait(&bus), 135);
+
+    let second = start();
+    let counted = |agent: &Agent, id: &str| {
+        let body = agent.metrics();
+        body.lines()
+            .filter(|l| l.starts_with("shmlink_workload_failures_total{"))
+            .filter(|l| l.contains(&format!("container_id=\"{id}\"")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            counted(&second, &loader) == 1.0 && counted(&second, &bus) == 1.0
+        }),
+        "{}\n{}",
+        second.metrics(),
+        second.log_text()
+    );
+    let told = second.log_text();
+    assert_eq!(told.matches(FOUND_LATE).count(), 2, "{told}");
+    let saved_at = modified(&checkpoint);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || modified(&checkpoint) > saved_at),
+        "no checkpoint after telling"
+    );
+    drop(second);
+
+    let third = start();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(counted(&third, &loader), 0.0, "{}", third.log_text());
+    assert_eq!(counted(&third, &bus), 0.0, "{}", third.log_text());
+}
