@@ -187,6 +187,11 @@ impl Pipeline {
         }
     }
 
+    /// Whether a kernel OOM report is being read: a position saved now would cut it.
+    pub fn mid_report(&self) -> bool {
+        self.recogniser.mid_report()
+    }
+
     /// Whether anything waits to be told.
     pub fn has_pending(&self) -> bool {
         !self.accounts.is_empty() || !self.held_kills.is_empty()

@@ -194,3 +194,43 @@ fn docker_exits_told_before_a_restart_are_not_told_again() {
     assert!(second.first_time(&exit("a", 30)), "its restart's death");
     assert!(second.first_time(&exit("b", 15)));
 }
+
+#[test]
+fn an_oom_report_cut_by_a_restart_is_read_whole_after_it() {
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    append(&node.kmsg(), "6,1,1000,-;boot noise\n");
+    let memcg = "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/c1";
+    let mut first = node.follower();
+    // Records' times after the start (the first start saves "after now" for the kernel log).
+    let t = u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros())
+        .unwrap()
+        + 60_000_000;
+    append(
+        &node.kmsg(),
+        &format!(
+            "4,2,{t},-;x invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+             6,3,{t},-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=a,task_memcg=\
+             {memcg},oom_memcg={memcg},mems_allowed=0,mems_allowed=0,global_oom,task_memcg=\
+             {memcg},task=x,pid=9,uid=0\n"
+        ),
+    );
+    assert_eq!(said(&rounds(&mut first)), []);
+    drop(first);
+    append(
+        &node.kmsg(),
+        &format!(
+            "3,4,{t},-;Out of memory: Killed process 9 (x) total-vm:8kB, anon-rss:4kB, \
+             file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:1000\n"
+        ),
+    );
+    let mut second = node.follower();
+    let told = rounds(&mut second);
+    assert_eq!(told.len(), 1, "{told:#?}");
+    // Its time is a minute ahead of now: told, not found late (the time decides that).
+    assert!(told[0].kind.is_oom_kill(), "{told:#?}");
+    drop(second);
+    assert_eq!(said(&rounds(&mut node.follower())), []);
+}

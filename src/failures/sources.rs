@@ -13,7 +13,7 @@ use super::checkpoint::{self, Checkpoint, Saver};
 use super::pipeline::{Mode, Pipeline, Sources};
 use crate::docker_records::{exited_since, DockerExit, RecordsSeen};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
-use crate::kernel_log::resume::{boot_id, kmsg_start, KmsgCheckpoint};
+use crate::kernel_log::resume::{at_end_now, boot_id, kmsg_start, KmsgCheckpoint};
 use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};
 use crate::kube::pods::PodCache;
@@ -31,6 +31,9 @@ const DOCKER_EVERY: Duration = Duration::from_secs(1);
 pub const MAX_LINES_PER_SEC: u32 = 2000;
 /// Kernel records read per poll at most.
 const KMSG_BATCH: usize = 4096;
+/// Records a saved kernel log position stays before an unended OOM report at most (a report
+/// lists every task of its cgroup; one cut short must not hold the position for ever).
+const KMSG_HELD_MAX: usize = 8192;
 /// Docker deaths remembered as told (a record rewritten later is not a second death).
 const DOCKER_TOLD_MAX: usize = 4096;
 
@@ -137,8 +140,10 @@ struct Follower {
     /// Where positions are saved (`checkpoint`), and this boot's ID they are taken in.
     saver: Option<Saver>,
     boot_id: Option<String>,
-    /// The kernel log's position past the last record read.
+    /// The kernel log's position past the last record read outside an OOM report.
     kmsg_last: Option<KmsgCheckpoint>,
+    /// Records read since, inside a report.
+    kmsg_held: usize,
     /// Failures were told since the last save.
     told: bool,
 }
@@ -184,6 +189,8 @@ impl Follower {
                 .ok()
         });
         let logs_saved = saved.as_ref().and_then(|c| c.logs.clone());
+        // Opened at the end with nothing saved: a restart reads what came after now.
+        let kmsg_last = kmsg_saved.or_else(|| kmsg.is_some().then(|| at_end_now(boot_id.clone())));
         Follower {
             logs: logs_on.then(|| match logs_saved {
                 Some(at) => LogTailer::resume(log_settings(s), at),
@@ -202,7 +209,8 @@ impl Follower {
             any_source: logs_on || s.kmsg.is_some(),
             saver,
             boot_id,
-            kmsg_last: kmsg_saved,
+            kmsg_last,
+            kmsg_held: 0,
             told: false,
             f,
         }
@@ -279,13 +287,18 @@ impl Follower {
         if let Some(reader) = self.kmsg.as_mut() {
             let records = reader.read_available(KMSG_BATCH);
             self.stats.kmsg_records += records.len() as u64;
-            if let Some(last) = records.last() {
-                let boot = self.boot_id.clone().unwrap_or_default();
-                self.kmsg_last = Some(reader.checkpoint(last, boot));
-            }
             for r in records {
                 self.f.pipeline.kernel_record(&r, reader.wall_time(r.usec));
                 gpus.extend(kernel_gpu(&r));
+                // The position stays before an OOM report until its end (a restart reads it
+                // whole), unless the report was cut and records pile up after it.
+                if !self.f.pipeline.mid_report() || self.kmsg_held >= KMSG_HELD_MAX {
+                    let boot = self.boot_id.clone().unwrap_or_default();
+                    self.kmsg_last = Some(reader.checkpoint(&r, boot));
+                    self.kmsg_held = 0;
+                } else {
+                    self.kmsg_held += 1;
+                }
             }
             self.stats.kmsg_lost = reader.lost();
         }

@@ -33,6 +33,20 @@ pub fn kmsg_start(saved: Option<&KmsgCheckpoint>, boot_id: Option<&str>) -> Kmsg
     }
 }
 
+/// The position of a reader opened at the log's end now, before it read a record: records
+/// after this time since boot (the records' clock, CLOCK_MONOTONIC) are new.
+pub fn at_end_now(boot_id: Option<String>) -> KmsgCheckpoint {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let usec = u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000
+        + u64::try_from(t.tv_nsec).unwrap_or(0) / 1000;
+    KmsgCheckpoint {
+        boot_id: boot_id.unwrap_or_default(),
+        seq: None,
+        usec,
+        at: SystemTime::now(),
+    }
+}
+
 /// This boot's ID, under `proc_root` (None when it cannot be read).
 pub fn boot_id(proc_root: &Path) -> Option<String> {
     let id = std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id")).ok()?;
