@@ -1,7 +1,8 @@
 //! Restarts (issue 38): `serve` killed with SIGKILL after saving its checkpoint
 //! (`SHMLINK_CHECKPOINT_FILE`, provisional until the state store), a real runc container's
 //! DataLoader dying while it is down, `serve` started again from the checkpoint: the death is
-//! told once, marked found late; a second restart tells nothing again.
+//! told once, marked found late; a second restart tells nothing again. The same on plain Docker
+//! (its json-file log and its record of a SIGBUS exit) and for the kernel log (/dev/kmsg).
 
 mod common;
 
@@ -248,4 +249,82 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(counted(&third, &loader), 0.0, "{}", third.log_text());
     assert_eq!(counted(&third, &bus), 0.0, "{}", third.log_text());
+}
+
+/// The kernel's account across a restart, from the real /dev/kmsg: a process crashing in
+/// libnccl.so.2 while `serve` is down is told after it starts again (after the saved position
+/// in this boot), found late; a second restart does not tell it again.
+#[test]
+fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
+    if !common::e2e_available() || !common::kmsg_readable() {
+        return;
+    }
+    let nccl = tempfile::tempdir().unwrap();
+    if !common::crash::build_crashing_nccl(nccl.path()) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let checkpoint = tmp.path().join("checkpoint.json");
+    let start = || {
+        let agent = Agent::start(
+            &["--no-gpu", "--kmsg", "/dev/kmsg"],
+            &[("SHMLINK_CHECKPOINT_FILE", checkpoint.as_os_str())],
+        );
+        agent.wait_ready();
+        agent
+    };
+    let first = start();
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            std::fs::read(&checkpoint)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .is_some_and(|c| c["kmsg"]["boot_id"].is_string())
+        }),
+        "no kernel log position saved: {:?}",
+        std::fs::read_to_string(&checkpoint)
+    );
+    drop(first); // SIGKILL
+
+    // Named for this run: its comm tells its crash from any other the kernel logs meanwhile.
+    let comm = format!("resume{}", std::process::id() % 100_000);
+    std::fs::copy(nccl.path().join("crash"), nccl.path().join(&comm)).unwrap();
+    let worker = Container::start(ContainerSpec {
+        args: vec!["sh".into(), "-c".into(), format!("exec /nccl/{comm}")],
+        extra_mounts: vec![ro_bind(nccl.path(), "/nccl")],
+        ..ContainerSpec::default()
+    });
+    assert!(
+        worker.wait_exited(Duration::from_secs(20)),
+        "it never crashed"
+    );
+    let ours = format!("process {comm} (host PID ");
+
+    let second = start();
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            second
+                .log_text()
+                .lines()
+                .any(|l| l.contains(&ours) && l.contains(FOUND_LATE))
+        }),
+        "the crash of {ours} not told found late: {}",
+        second.log_text()
+    );
+    let told = second.log_text();
+    assert_eq!(
+        told.lines().filter(|l| l.contains(&ours)).count(),
+        1,
+        "{told}"
+    );
+    let saved_at = modified(&checkpoint);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || modified(&checkpoint) > saved_at),
+        "no checkpoint after telling"
+    );
+    drop(second);
+
+    let third = start();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(!third.log_text().contains(&ours), "{}", third.log_text());
 }
