@@ -40,9 +40,16 @@ pub(super) struct Handle {
     pub(super) path: PathBuf,
     source: Source,
     lines: Splitter,
+    /// The offset a restart may read on from: past whole lines, none of them a part of a line
+    /// still being joined ([`Handle::mark_safe`]).
+    safe: u64,
     /// Its place among the log files open at once ([`super::OpenFiles`]).
     _open: super::OpenSlot,
 }
+
+/// Bytes a saved position stays behind for a line whose parts are being joined, at most: a
+/// writer that never ends its line must not hold the position for ever.
+const JOIN_HOLD_MAX: u64 = 1 << 20;
 
 /// Where reading a newly opened file starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,11 +168,16 @@ impl Handle {
                 skip,
             },
         };
+        let safe = match &source {
+            Source::Plain { offset, .. } => *offset,
+            Source::Gz { .. } => 0,
+        };
         Some(Handle {
             id: file_id(&st),
             path: f.path.clone(),
             source,
             lines,
+            safe,
             _open: slot,
         })
     }
@@ -193,8 +205,20 @@ impl Handle {
             ino: self.id.1,
             fingerprint,
             fingerprint_len,
-            offset: offset.saturating_sub(self.lines.unended()),
+            offset: self.safe.min(*offset),
         })
+    }
+
+    /// After a read: the saved position moves up to the last whole line read, unless `joining`
+    /// (the stream's decoder holds parts of a line), for at most [`JOIN_HOLD_MAX`] bytes.
+    pub(super) fn mark_safe(&mut self, joining: bool) {
+        let Source::Plain { offset, .. } = &self.source else {
+            return;
+        };
+        let read = offset.saturating_sub(self.lines.unended());
+        if read < self.safe || !joining || read - self.safe > JOIN_HOLD_MAX {
+            self.safe = read;
+        }
     }
 
     /// The bytes not yet read of a plain file, and whether it has no name left (rotated, then

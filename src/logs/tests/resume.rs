@@ -133,3 +133,25 @@ fn a_docker_log_rotated_while_down_is_read_on() {
     let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
     assert_eq!(texts(&second.poll()), ["while down", "after rotation"]);
 }
+
+#[test]
+fn a_line_whose_parts_were_being_joined_is_read_again_whole() {
+    let node = Node::new();
+    let log = node.container("pytorch").join("0.log");
+    append(&log, cri(&["first"]));
+    let mut first = from_end(&node);
+    let at = ts(10, 15, 3);
+    append(
+        &log,
+        format!("{at} stderr P RuntimeError: unable to allocate \n"),
+    );
+    assert!(first.poll().is_empty());
+    let checkpoint = saved(&first);
+    drop(first);
+    append(&log, format!("{at} stderr F shared memory(shm)\n"));
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    assert_eq!(
+        texts(&second.poll()),
+        ["RuntimeError: unable to allocate shared memory(shm)"]
+    );
+}
