@@ -119,7 +119,8 @@ impl Stream {
 
     /// Reads up to `budget` bytes: the fds being drained first, then the live one. Whether some
     /// may be left for the next poll. Then each file's saved position moves up to what it was
-    /// read to, unless a line's parts are being joined (a restart reads them again whole).
+    /// read to, unless a line's parts are being joined (a restart reads them again whole) and
+    /// no line was handed on meanwhile (which a restart must not read again).
     pub(super) fn read(
         &mut self,
         budget: u64,
@@ -128,8 +129,9 @@ impl Stream {
         tally: &mut Tally,
         out: &mut Out<'_>,
     ) -> bool {
+        let left = *out.kept_left;
         let more = self.read_files(budget, known, scratch, tally, out);
-        let joining = self.decoder.is_joining();
+        let joining = self.decoder.is_joining() && *out.kept_left == left;
         for handle in self.draining.iter_mut().chain(&mut self.current) {
             handle.mark_safe(joining);
         }

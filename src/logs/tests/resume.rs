@@ -155,3 +155,21 @@ fn a_line_whose_parts_were_being_joined_is_read_again_whole() {
         ["RuntimeError: unable to allocate shared memory(shm)"]
     );
 }
+
+#[test]
+fn a_line_handed_on_while_parts_were_joined_is_not_read_again() {
+    let node = Node::new();
+    let log = node.container("pytorch").join("0.log");
+    append(&log, cri(&["first"]));
+    let mut first = from_end(&node);
+    let at = ts(10, 15, 3);
+    append(&log, format!("{at} stdout P a long progress line \n"));
+    append(&log, cri(&[SHM]));
+    assert_eq!(texts(&first.poll()), [SHM]);
+    let checkpoint = saved(&first);
+    drop(first);
+    append(&log, format!("{at} stdout F ends here\n"));
+    let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
+    // Told once; the joined line's head is lost (its rest read alone).
+    assert_eq!(texts(&second.poll()), ["ends here"]);
+}
