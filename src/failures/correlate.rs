@@ -98,6 +98,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         told_by_workload: None,
         worker_pids: d.worker_pids.clone(),
         message,
+        found_late: false,
     })
 }
 

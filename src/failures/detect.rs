@@ -34,6 +34,11 @@ pub struct Recogniser {
 }
 
 impl Recogniser {
+    /// Whether the kernel's OOM report being read has not ended yet.
+    pub fn mid_report(&self) -> bool {
+        self.oom.in_report()
+    }
+
     /// `proc_root` and `host_mnt` place a host PID (`attribute.rs`); `oom_shm_share` is the
     /// share of the usage /dev/shm must reach for an OOM kill to be its ([`crate::model::SHM_OOM_SHARE`]).
     pub fn new(proc_root: PathBuf, host_mnt: Option<NsId>, oom_shm_share: f64) -> Recogniser {

@@ -24,6 +24,7 @@
 //! XIDs in the kernel log are the GPUs' concern: `gpu::xid::kernel`.
 
 pub mod attribute;
+pub mod checkpoint;
 pub mod context;
 pub mod correlate;
 pub mod crash;

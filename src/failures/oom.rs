@@ -82,6 +82,11 @@ pub struct OomReports {
 }
 
 impl OomReports {
+    /// Whether a report began and has not ended: its first records are read, its kill not yet.
+    pub fn in_report(&self) -> bool {
+        self.partial.is_some()
+    }
+
     pub fn feed(&mut self, record: &KmsgRecord) -> Option<OomKill> {
         if !record.is_kernel() {
             return None;

@@ -24,6 +24,9 @@ pub struct OomCounters {
     share: f64,
     /// None until the first scan: counts from before the agent started have no time to tell.
     last: Option<HashMap<String, u64>>,
+    /// Resumed from saved counts, the first scan not yet read: what it counts grew while the
+    /// agent was down.
+    resumed: bool,
 }
 
 impl OomCounters {
@@ -35,7 +38,20 @@ impl OomCounters {
             version,
             share,
             last: None,
+            resumed: false,
         }
+    }
+
+    /// The counts at the last scan (a checkpoint keeps them).
+    pub fn counts(&self) -> Option<&HashMap<String, u64>> {
+        self.last.as_ref()
+    }
+
+    /// Started again: the first scan tells what grew since the counts saved (a container first
+    /// seen then counts every kill it holds as since).
+    pub fn resume(&mut self, counts: HashMap<String, u64>) {
+        self.last = Some(counts);
+        self.resumed = true;
     }
 
     /// The kills counted since the scan before, one failure per container.
@@ -47,11 +63,14 @@ impl OomCounters {
         let Some(last) = self.last.replace(now) else {
             return Vec::new();
         };
+        let late = std::mem::take(&mut self.resumed);
         grown(&last, readings)
             .map(|(r, kills)| {
                 let stat = self.stat(&r.cgroup);
                 let usage = self.usage(&r.cgroup);
-                told(r, kills, &stat, usage, self.share, at)
+                let mut d = told(r, kills, &stat, usage, self.share, at);
+                d.found_late = late;
+                d
             })
             .collect()
     }
@@ -179,6 +198,24 @@ mod tests {
         );
         // A counter that went down (a new cgroup under the same ID) is not a kill.
         assert!(c.after_scan(&[reading("b", Some(0))], t).is_empty());
+    }
+
+    #[test]
+    fn a_restart_counts_from_the_saved_counts_and_marks_them_late() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = OomCounters::new(dir.path().into(), CgroupVersion::V2, 0.5);
+        let t = SystemTime::UNIX_EPOCH;
+        c.after_scan(&[reading("a", Some(1))], t);
+        let saved = c.counts().cloned().unwrap();
+        let mut c = OomCounters::new(dir.path().into(), CgroupVersion::V2, 0.5);
+        c.resume(saved);
+        // Killed once more while down: told at the first scan, found late; not the saved one.
+        let told = c.after_scan(&[reading("a", Some(2))], t);
+        assert_eq!(told.len(), 1);
+        assert!(told[0].evidence.starts_with("oom_kill +1 "));
+        assert!(told[0].found_late);
+        let told = c.after_scan(&[reading("a", Some(3))], t);
+        assert!(!told[0].found_late, "after the first scan it is news");
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub struct Pipeline {
     rules: DeathRules,
     /// The readings traced deaths carried, lent to the other accounts of those deaths.
     traced: TracedReadings,
+    /// serve started again from a checkpoint at this time: deaths from before it were found
+    /// late (`found_late`).
+    resumed_at: Option<SystemTime>,
 }
 
 impl Pipeline {
@@ -102,7 +105,14 @@ impl Pipeline {
             oom_counters: None,
             rules: settings.rules,
             traced: TracedReadings::default(),
+            resumed_at: None,
         }
+    }
+
+    /// serve started again at `at` from a checkpoint: what happened before `at` and is told
+    /// now happened while the agent was down.
+    pub fn resumed(&mut self, at: SystemTime) {
+        self.resumed_at = Some(at);
     }
 
     /// OOM kills told from the memory cgroups' counters, read by each scan (`serve` without
@@ -165,6 +175,23 @@ impl Pipeline {
         }
     }
 
+    /// The memory cgroups' OOM kill counts at the last scan, if they are read.
+    pub fn oom_counts(&self) -> Option<HashMap<String, u64>> {
+        self.oom_counters.as_ref()?.counts().cloned()
+    }
+
+    /// Started again: OOM kills are counted from the counts saved.
+    pub fn resume_oom_counts(&mut self, counts: HashMap<String, u64>) {
+        if let Some(c) = self.oom_counters.as_mut() {
+            c.resume(counts);
+        }
+    }
+
+    /// Whether a kernel OOM report is being read: a position saved now would cut it.
+    pub fn mid_report(&self) -> bool {
+        self.recogniser.mid_report()
+    }
+
     /// Whether anything waits to be told.
     pub fn has_pending(&self) -> bool {
         !self.accounts.is_empty() || !self.held_kills.is_empty()
@@ -207,9 +234,10 @@ impl Pipeline {
             holders,
             rules: self.rules,
         };
+        let resumed_at = self.resumed_at;
         let failures = accounts
             .iter()
-            .filter_map(|d| correlate(d, known))
+            .filter_map(|d| Some(found_late(d, correlate(d, known)?, resumed_at)))
             .collect();
         self.same.keep_new(failures)
     }
@@ -230,6 +258,15 @@ impl Pipeline {
         }
         self.accounts.push(d);
     }
+}
+
+/// A death from before the agent's restart (`resumed_at`) is marked and says so.
+fn found_late(d: &Detected, mut f: Failure, resumed_at: Option<SystemTime>) -> Failure {
+    if d.found_late || resumed_at.is_some_and(|at| d.at < at) {
+        f.found_late = true;
+        f.message.push_str(crate::text::FOUND_LATE);
+    }
+    f
 }
 
 /// The kernel's OOM kill (its log's report or its tracepoint), which PyTorch's word of it
@@ -467,6 +504,34 @@ mod tests {
         let mut p = Pipeline::new(&settings(), Mode::Follow);
         p.exits([oom_kill(FailureSource::Kernel, 100)]);
         assert_eq!(told(&mut p), want);
+    }
+
+    #[test]
+    fn deaths_from_before_a_restart_are_found_late_and_say_so() {
+        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        p.resumed(at(100));
+        p.exits([
+            oom_kill(FailureSource::PodStatus, 99),
+            Detected {
+                who: who("c2"),
+                ..oom_kill(FailureSource::PodStatus, 101)
+            },
+        ]);
+        let holders = GpuHolders::new();
+        let told = p.tell(None, None, &holders);
+        let late: Vec<bool> = told.iter().map(|f| f.found_late).collect();
+        assert_eq!(late, [true, false]);
+        assert!(told[0].message.ends_with(crate::text::FOUND_LATE));
+        assert!(!told[1].message.contains("agent started again"));
+        // An account known to be late (an OOM count grown while down) is, whatever its time.
+        let mut d = oom_kill(FailureSource::MemoryCgroup, 200);
+        d.found_late = true;
+        p.exits([d]);
+        assert!(p.tell(None, None, &holders)[0].found_late);
+        // check never resumes: nothing is late there.
+        let mut p = Pipeline::new(&settings(), Mode::ReadBack { since: at(0) });
+        p.exits([oom_kill(FailureSource::PodStatus, 99)]);
+        assert!(!p.tell(None, None, &holders)[0].found_late);
     }
 
     #[test]

@@ -9,9 +9,11 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::checkpoint::{self, Checkpoint, Saver};
 use super::pipeline::{Mode, Pipeline, Sources};
 use crate::docker_records::{exited_since, DockerExit, RecordsSeen};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
+use crate::kernel_log::resume::{at_end_now, boot_id, kmsg_start, KmsgCheckpoint};
 use crate::kernel_log::{KernelLog, KmsgStart};
 use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};
 use crate::kube::pods::PodCache;
@@ -29,6 +31,9 @@ const DOCKER_EVERY: Duration = Duration::from_secs(1);
 pub const MAX_LINES_PER_SEC: u32 = 2000;
 /// Kernel records read per poll at most.
 const KMSG_BATCH: usize = 4096;
+/// Records a saved kernel log position stays before an unended OOM report at most (a report
+/// lists every task of its cgroup; one cut short must not hold the position for ever).
+const KMSG_HELD_MAX: usize = 8192;
 /// Docker deaths remembered as told (a record rewritten later is not a second death).
 const DOCKER_TOLD_MAX: usize = 4096;
 
@@ -132,14 +137,47 @@ struct Follower {
     seen_scan: Option<SystemTime>,
     /// Whether any source is read (else there are no source counts to report).
     any_source: bool,
+    /// Where positions are saved (`checkpoint`), and this boot's ID they are taken in.
+    saver: Option<Saver>,
+    boot_id: Option<String>,
+    /// The kernel log's position past the last record read outside an OOM report.
+    kmsg_last: Option<KmsgCheckpoint>,
+    /// Records read since, inside a report.
+    kmsg_held: usize,
+    /// Failures were told since the last save.
+    told: bool,
 }
 
 impl Follower {
     fn new(f: Follow) -> Follower {
+        Follower::with_checkpoint(f, checkpoint::file_from_env())
+    }
+
+    /// Resumes from the checkpoint file, if one is named and readable, and saves to it.
+    fn with_checkpoint(mut f: Follow, file: Option<std::path::PathBuf>) -> Follower {
+        let saver = file.map(Saver::new);
+        let saved = saver.as_ref().and_then(|s| checkpoint::load(&s.path));
+        if let Some(c) = &saved {
+            tracing::info!(
+                "reading on from the checkpoint {} ({}): deaths while the agent was down are \
+                 told now, marked found late",
+                saver
+                    .as_ref()
+                    .map_or(String::new(), |s| s.path.display().to_string()),
+                super::correlate::rfc3339(c.at),
+            );
+            f.pipeline.resumed(SystemTime::now());
+            if let Some(counts) = c.oom_counts.clone() {
+                f.pipeline.resume_oom_counts(counts);
+            }
+        }
         let s = &f.sources;
+        let boot_id = boot_id(&s.proc_root);
+        let kmsg_saved = saved.as_ref().and_then(|c| c.kmsg.clone());
+        let kmsg_from = kmsg_start(kmsg_saved.as_ref(), boot_id.as_deref());
         let logs_on = s.pod_log_root.is_some() || s.docker_root.is_some();
         let kmsg = s.kmsg.as_ref().and_then(|path| {
-            KernelLog::open(path, KmsgStart::End)
+            KernelLog::open(path, kmsg_from)
                 .map_err(|e| {
                     tracing::warn!(
                         "not reading the kernel log {}: {e} (/dev/kmsg and syslog(2) need \
@@ -150,18 +188,54 @@ impl Follower {
                 })
                 .ok()
         });
+        let logs_saved = saved.as_ref().and_then(|c| c.logs.clone());
+        // Opened at the end with nothing saved: a restart reads what came after now.
+        let kmsg_last = kmsg_saved.or_else(|| kmsg.is_some().then(|| at_end_now(boot_id.clone())));
         Follower {
-            logs: logs_on.then(|| LogTailer::from_end(log_settings(s))),
+            logs: logs_on.then(|| match logs_saved {
+                Some(at) => LogTailer::resume(log_settings(s), at),
+                None => LogTailer::from_end(log_settings(s)),
+            }),
             stats: SourceStats {
                 kmsg_open: s.kmsg.as_ref().map(|_| kmsg.is_some()),
                 ..SourceStats::default()
             },
             kmsg,
-            docker: s.docker_root.clone().map(DockerFollower::new),
+            docker: s
+                .docker_root
+                .clone()
+                .map(|root| DockerFollower::new(root, saved.as_ref())),
             seen_scan: None,
             any_source: logs_on || s.kmsg.is_some(),
+            saver,
+            boot_id,
+            kmsg_last,
+            kmsg_held: 0,
+            told: false,
             f,
         }
+    }
+
+    /// Saves the positions when due and nothing is pending: every death before them told.
+    fn checkpoint(&mut self) {
+        let Some(saver) = self.saver.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if !saver.due(self.told, self.f.pipeline.has_pending(), now) {
+            return;
+        }
+        self.told = false;
+        let mut c = Checkpoint::new(SystemTime::now());
+        c.logs = self.logs.as_ref().map(LogTailer::checkpoints);
+        c.kmsg = self.kmsg_last.clone();
+        c.docker_told = self
+            .docker
+            .as_ref()
+            .map(|d| d.told.iter().cloned().collect())
+            .unwrap_or_default();
+        c.oom_counts = self.f.pipeline.oom_counts();
+        saver.save(&c, now);
     }
 
     fn run(mut self, deliver: impl Fn(Followed) -> bool, mut report: impl FnMut(&SourceStats)) {
@@ -195,6 +269,7 @@ impl Follower {
             if !self.tell(&deliver) {
                 return;
             }
+            self.checkpoint();
             self.wait();
         }
     }
@@ -215,6 +290,15 @@ impl Follower {
             for r in records {
                 self.f.pipeline.kernel_record(&r, reader.wall_time(r.usec));
                 gpus.extend(kernel_gpu(&r));
+                // The position stays before an OOM report until its end (a restart reads it
+                // whole), unless the report was cut and records pile up after it.
+                if !self.f.pipeline.mid_report() || self.kmsg_held >= KMSG_HELD_MAX {
+                    let boot = self.boot_id.clone().unwrap_or_default();
+                    self.kmsg_last = Some(reader.checkpoint(&r, boot));
+                    self.kmsg_held = 0;
+                } else {
+                    self.kmsg_held += 1;
+                }
             }
             self.stats.kmsg_lost = reader.lost();
         }
@@ -247,7 +331,11 @@ impl Follower {
             .f
             .pipeline
             .tell(last.as_deref(), pods.as_ref(), &holders);
-        failures.is_empty() || deliver(Followed::Failures(failures))
+        if failures.is_empty() {
+            return true;
+        }
+        self.told = true;
+        deliver(Followed::Failures(failures))
     }
 
     /// One poll's wait; a Pod's death wakes it at once.
@@ -260,6 +348,10 @@ impl Follower {
     }
 }
 
+#[cfg(test)]
+#[path = "resume_tests.rs"]
+mod resume_tests;
+
 /// Docker's records, looked at every [`DOCKER_EVERY`]: each container that stopped since the
 /// agent started, told once.
 struct DockerFollower {
@@ -271,12 +363,15 @@ struct DockerFollower {
 }
 
 impl DockerFollower {
-    fn new(root: std::path::PathBuf) -> DockerFollower {
+    /// From now, or from a checkpoint's time with the exits it had told.
+    fn new(root: std::path::PathBuf, saved: Option<&Checkpoint>) -> DockerFollower {
         DockerFollower {
             root,
-            since: SystemTime::now(),
+            since: saved.map_or_else(SystemTime::now, |c| c.at),
             seen: RecordsSeen::default(),
-            told: HashSet::new(),
+            told: saved
+                .map(|c| c.docker_told.iter().cloned().collect())
+                .unwrap_or_default(),
             next: Instant::now(),
         }
     }

@@ -11,6 +11,7 @@ use rustix::fs::{Mode, OFlags, SeekFrom};
 use rustix::io::Errno;
 
 use super::record::{parse_record, KmsgRecord};
+use super::resume::{is_after, lost_since};
 use super::time::{boot_time_now, wall_time, KmsgStart};
 
 /// The kernel formats a record into CONSOLE_EXT_LOG_MAX (8 KiB) and fails a smaller read with
@@ -22,6 +23,8 @@ pub struct KmsgReader {
     buf: Vec<u8>,
     /// Records before this time are skipped (`KmsgStart::Since`), until the first one after.
     since: Option<SystemTime>,
+    /// Records up to this one are skipped (`KmsgStart::AfterSeq`), until the first one after.
+    after: Option<(Option<u64>, u64)>,
     /// Wall-clock time of boot, refreshed on each batch that returns records.
     boot: SystemTime,
     loss: Loss,
@@ -38,18 +41,20 @@ impl KmsgReader {
             OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        let since = match start {
+        let (since, after) = match start {
             KmsgStart::End => {
                 rustix::fs::seek(&fd, SeekFrom::End(0))?;
-                None
+                (None, None)
             }
             // A fresh open already stands at the oldest record.
-            KmsgStart::Since(t) => Some(t),
+            KmsgStart::Since(t) => (Some(t), None),
+            KmsgStart::AfterSeq { seq, usec } => (None, Some((seq, usec))),
         };
         Ok(KmsgReader {
             fd,
             buf: vec![0; READ_BUF],
             since,
+            after,
             boot: boot_time_now(),
             loss: Loss::default(),
             partial: Vec::new(),
@@ -85,6 +90,13 @@ impl KmsgReader {
                     continue;
                 };
                 self.loss.seen(record.seq);
+                if let Some((seq, usec)) = self.after {
+                    if !is_after(seq, usec, Some(record.seq), record.usec) {
+                        continue;
+                    }
+                    self.after = None;
+                    self.loss.ring_wrapped(seq, record.seq);
+                }
                 if let Some(since) = self.since {
                     if wall_time(self.boot, record.usec) < since {
                         continue;
@@ -136,6 +148,20 @@ impl Loss {
         }
     }
 
+    /// The first record after a saved one (`KmsgStart::AfterSeq`): those between were
+    /// overwritten while no one read.
+    fn ring_wrapped(&mut self, saved: Option<u64>, first: u64) {
+        let lost = saved.map_or(0, |s| lost_since(s, first));
+        if lost > 0 {
+            tracing::warn!(
+                "kernel log: {lost} records written while the agent was down were overwritten \
+                 before it started again (the ring is too small for the time it was down): \
+                 deaths told in them are not found"
+            );
+            self.lost = self.lost.saturating_add(lost);
+        }
+    }
+
     fn seen(&mut self, seq: u64) {
         if std::mem::take(&mut self.pending) {
             if let Some(last) = self.last {
@@ -154,6 +180,26 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     const KMSG: &str = "/dev/kmsg";
+
+    fn seqs_after(records: &str, seq: Option<u64>, usec: u64) -> (Vec<u64>, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kmsg");
+        std::fs::write(&path, records).unwrap();
+        let mut reader = KmsgReader::open(&path, KmsgStart::AfterSeq { seq, usec }).unwrap();
+        let seqs = reader.read_available(100).iter().map(|r| r.seq).collect();
+        (seqs, reader.lost())
+    }
+
+    #[test]
+    fn a_restart_in_the_same_boot_reads_on_after_the_saved_record() {
+        let ring = "6,10,100,-;a\n6,11,200,-;b\n6,12,300,-;c\n";
+        assert_eq!(seqs_after(ring, Some(10), 100), (vec![11, 12], 0));
+        assert_eq!(seqs_after(ring, Some(12), 300), (vec![], 0));
+        // Saved by syslog(2), no sequence number: by time.
+        assert_eq!(seqs_after(ring, None, 200), (vec![12], 0));
+        // The ring overwrote records 4..9 while the agent was down: six lost, said.
+        assert_eq!(seqs_after(ring, Some(3), 50), (vec![10, 11, 12], 6));
+    }
 
     #[test]
     fn a_file_of_records_is_read_line_by_line_as_it_grows() {

@@ -5,6 +5,7 @@
 
 pub mod kmsg;
 pub mod record;
+pub mod resume;
 pub mod syslog;
 pub mod time;
 
@@ -63,6 +64,16 @@ impl KernelLog {
         match self {
             KernelLog::Device(r) => r.lost(),
             KernelLog::Syslog(r) => r.lost(),
+        }
+    }
+
+    /// The position past `last`, the last record told, in boot `boot_id`.
+    pub fn checkpoint(&self, last: &KmsgRecord, boot_id: String) -> resume::KmsgCheckpoint {
+        resume::KmsgCheckpoint {
+            boot_id,
+            seq: matches!(self, KernelLog::Device(_)).then_some(last.seq),
+            usec: last.usec,
+            at: SystemTime::now(),
         }
     }
 

@@ -166,6 +166,8 @@ pub struct SyslogReader {
     boot: SystemTime,
     next_read: Instant,
     seq: u64,
+    /// Records at or before this time since boot are not returned (`KmsgStart::AfterSeq`).
+    after_usec: Option<u64>,
 }
 
 impl SyslogReader {
@@ -185,6 +187,7 @@ impl SyslogReader {
             boot: boot_time_now(),
             next_read: Instant::now(),
             seq: 0,
+            after_usec: None,
         };
         let text_len = reader.read_all()?;
         match start {
@@ -194,6 +197,7 @@ impl SyslogReader {
                 reader.newest.take(&text);
             }
             KmsgStart::Since(t) => reader.since = Some(t),
+            KmsgStart::AfterSeq { usec, .. } => reader.after_usec = Some(usec),
         }
         // The first read after the open is due at once (it returns what came since).
         reader.next_read = Instant::now();
@@ -236,6 +240,7 @@ impl SyslogReader {
             if self
                 .since
                 .is_some_and(|since| wall_time(self.boot, usec) < since)
+                || self.after_usec.is_some_and(|after| usec <= after)
             {
                 continue;
             }

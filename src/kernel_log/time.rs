@@ -10,6 +10,9 @@ pub enum KmsgStart {
     End,
     /// The oldest record the ring still holds whose wall-clock time is at or after this one.
     Since(SystemTime),
+    /// After a saved record of this boot (`resume`): by sequence number where it has one (a
+    /// /dev/kmsg reader's), else by time since boot (syslog(2)'s).
+    AfterSeq { seq: Option<u64>, usec: u64 },
 }
 
 pub(super) fn wall_time(boot: SystemTime, usec: u64) -> SystemTime {

@@ -22,7 +22,7 @@ use crate::units::parse_size;
 pub const FRESH: Duration = Duration::from_secs(600);
 
 /// Which death of which container: a restart's container has a new ID (else a new finish time).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DeathKey {
     pub pod_uid: String,
     pub container: String,
@@ -139,6 +139,9 @@ fn memory_limit(pod: &Pod, container: &str) -> Option<u64> {
 pub struct Exits {
     started: SystemTime,
     seen: HashMap<DeathKey, SystemTime>,
+    /// Started again from a checkpoint taken then: a death after it is news however old when
+    /// first seen (it ended while the agent was down).
+    resumed_from: Option<SystemTime>,
 }
 
 impl Exits {
@@ -148,23 +151,43 @@ impl Exits {
             // Kubernetes stamps whole seconds: a death in the second the agent started counts.
             started: started - Duration::from_secs(1),
             seen: HashMap::new(),
+            resumed_from: None,
         }
+    }
+
+    /// Started again from a checkpoint taken at `saved_at` with the deaths `told` then: those
+    /// after it are told (found late), none of `told` again.
+    pub fn resume(saved_at: SystemTime, told: Vec<(DeathKey, SystemTime)>) -> Exits {
+        let mut exits = Exits::new(saved_at);
+        exits.seen = told.into_iter().collect();
+        exits.resumed_from = Some(exits.started);
+        exits
+    }
+
+    /// The deaths told and still remembered, for a checkpoint.
+    pub fn told(&self) -> Vec<(DeathKey, SystemTime)> {
+        self.seen.iter().map(|(k, at)| (k.clone(), *at)).collect()
     }
 
     /// The deaths this version of the Pod records that were not told before.
     pub fn observe(&mut self, pod: &Pod, now: SystemTime) -> Vec<Detected> {
         let mut out = Vec::new();
         for (key, d) in deaths(pod) {
-            let fresh = now.duration_since(d.at).map_or(true, |age| age <= FRESH);
+            let fresh = now.duration_since(d.at).map_or(true, |age| age <= FRESH)
+                || self.resumed_from.is_some_and(|from| d.at >= from);
             if d.at < self.started || !fresh || self.seen.contains_key(&key) {
                 continue;
             }
             self.seen.insert(key, d.at);
             out.push(d);
         }
-        // A key can go once its death is too old to be told again.
-        self.seen
-            .retain(|_, at| now.duration_since(*at).map_or(true, |age| age <= FRESH * 2));
+        // A key can go once its death is too old to be told again (after a restart, once
+        // older than the checkpoint too).
+        let from = self.resumed_from;
+        self.seen.retain(|_, at| {
+            now.duration_since(*at).map_or(true, |age| age <= FRESH * 2)
+                || from.is_some_and(|from| *at >= from)
+        });
         out
     }
 
@@ -288,6 +311,28 @@ mod tests {
         // Seen for the first time long after it ended (a relist): not news.
         let mut exits = Exits::new(at("2026-11-24T10:00:00Z"));
         assert!(exits.observe(&p, at("2026-11-24T11:00:00Z")).is_empty());
+    }
+
+    #[test]
+    fn a_restart_tells_the_deaths_while_down_and_none_told_before() {
+        let mut exits = Exits::new(at("2026-11-24T10:00:00Z"));
+        let told = pod(oom_killed("2026-11-24T10:00:02Z"));
+        assert_eq!(exits.observe(&told, at("2026-11-24T10:00:03Z")).len(), 1);
+        let saved = exits.told();
+        // Down from 10:00:05 to 11:00:00; meanwhile the restart's container died too.
+        let mut exits = Exits::resume(at("2026-11-24T10:00:05Z"), saved);
+        assert!(exits.observe(&told, at("2026-11-24T11:00:00Z")).is_empty());
+        let mut again = oom_killed("2026-11-24T10:30:00Z");
+        again["containerID"] = serde_json::json!("containerd://abcd");
+        let p = pod(again);
+        assert_eq!(exits.observe(&p, at("2026-11-24T11:00:00Z")).len(), 1);
+        assert!(exits.observe(&p, at("2026-11-24T11:00:01Z")).is_empty());
+        // The keys survive a checkpoint's JSON; the death from before the checkpoint, too old
+        // now, is forgotten (its time alone keeps it from being told).
+        let json = serde_json::to_string(&exits.told()).unwrap();
+        let back: Vec<(DeathKey, SystemTime)> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.len(), 1);
+        assert!(exits.observe(&told, at("2026-11-24T11:00:02Z")).is_empty());
     }
 
     #[test]

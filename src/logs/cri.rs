@@ -117,6 +117,11 @@ impl CriJoiner {
     pub fn reset(&mut self) {
         self.open = Default::default();
     }
+
+    /// Whether a line's parts are being joined (its end not read yet).
+    pub fn is_joining(&self) -> bool {
+        self.open.iter().any(Option::is_some)
+    }
 }
 
 #[cfg(test)]

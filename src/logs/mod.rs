@@ -9,6 +9,7 @@ mod cri;
 mod follow;
 mod json_file;
 mod path;
+pub mod resume;
 #[cfg(test)]
 mod tests;
 
@@ -83,6 +84,27 @@ impl LogTailer {
         tailer.follower.notified();
         tailer.follower.discover();
         tailer
+    }
+
+    /// serve started again: each file from the position `saved` for it (`resume`); those
+    /// unseen and written since are read whole, the rest from their end.
+    pub fn resume(settings: LogSettings, saved: resume::LogCheckpoints) -> LogTailer {
+        let start = follow::Start::Resume(std::sync::Arc::new(resume::LogResume::new(saved)));
+        let mut tailer = LogTailer::new(&settings, start, None);
+        tailer.follower.notified();
+        tailer.follower.discover();
+        tailer
+    }
+
+    /// Where each open file was read to (whole lines): taken between polls, every line before
+    /// it was handed on by a poll that returned.
+    pub fn checkpoints(&self) -> resume::LogCheckpoints {
+        self.follower.checkpoints()
+    }
+
+    /// Files whose saved position was not trusted on resuming.
+    pub fn resume_mismatches(&self) -> u64 {
+        self.follower.tally().mismatched
     }
 
     /// check: the first poll returns what was written at or after `since` (including rotated

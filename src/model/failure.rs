@@ -93,6 +93,9 @@ pub struct Detected {
     /// The container's /dev/shm read the moment the kernel told its death (a tracepoint):
     /// judged by instead of the last scan's reading.
     pub at_death: Option<Box<super::ShmReading>>,
+    /// Known to have happened while the agent was down, though `at` is later (an OOM kill the
+    /// first scan after a restart counted: when it happened is not known).
+    pub found_late: bool,
 }
 
 /// `text` with its control characters written `\x1b` (ESC, CR, C1 controls, ...): a line a
@@ -141,6 +144,7 @@ impl Detected {
             pid_taken: false,
             pid_start: None,
             at_death: None,
+            found_late: false,
         }
     }
 }
@@ -303,6 +307,9 @@ pub struct Failure {
     #[serde(skip)]
     pub worker_pids: Vec<i32>,
     pub message: String,
+    /// Happened while the agent was down, told when it started again from its checkpoint
+    /// (always false in `check`, which reads everything back).
+    pub found_late: bool,
 }
 
 impl Failure {

@@ -380,6 +380,10 @@ fn counted_by(m: &MemorySplit) -> &'static str {
     }
 }
 
+/// Added to a failure's message (and Event) when it happened while the agent was down.
+pub const FOUND_LATE: &str =
+    " (Found when the agent started again: it happened while it was down.)";
+
 /// `shm_bus_error`: the container died of SIGBUS with /dev/shm full or nearly: the process
 /// touched shared-memory pages the tmpfs had no room for. `exit`: how it ended, as its
 /// runtime says, starting with SIGBUS (said once).

@@ -32,7 +32,7 @@ pub use conditions::{
 pub use failures::{
     gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,
     shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error, workload_oom_killed,
-    JobGpus, UNKNOWN_PROCESS,
+    JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
 };
 pub use gpu::{
     all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,

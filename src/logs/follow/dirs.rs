@@ -11,9 +11,10 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use crate::logs::path::Rotation;
+use crate::logs::resume::{resume_at, Listing, LogResume, Resumed};
 use crate::logs::{Bucket, Entry, Gate, LogOrigin};
 
-use super::handle::{gz_size, Handle, Listed, Position};
+use super::handle::{gz_head_crc, gz_size, head_crc, Handle, Listed, Position};
 use super::newest::keep_newest;
 use super::stream::{Format, Out, Stream};
 use super::{FileId, Start, Tally, CATCH_UP_BUDGET};
@@ -52,6 +53,11 @@ impl ContainerDir {
     /// Whether it has files still open (to follow or to drain).
     pub(super) fn busy(&self) -> bool {
         !self.streams.is_empty()
+    }
+
+    /// Its open files.
+    pub(super) fn handles(&self) -> impl Iterator<Item = &Handle> {
+        self.streams.values().flat_map(Stream::handles)
     }
 
     /// The directory is gone: its files are drained, then dropped.
@@ -99,7 +105,7 @@ impl ContainerDir {
         &mut self,
         mut files: Vec<Listed>,
         fd: BorrowedFd<'_>,
-        start: Start,
+        start: &Start,
         tally: &mut Tally,
     ) {
         keep_newest_live(&mut files, MAX_LIVE);
@@ -110,6 +116,11 @@ impl ContainerDir {
         });
         if matches!(start, Start::Since(_)) {
             self.catch_up(&files, fd, start, tally);
+            self.remember(&files, start);
+            return;
+        }
+        if let Start::Resume(saved) = start {
+            self.resume(&files, fd, saved, tally);
             self.remember(&files, start);
             return;
         }
@@ -147,9 +158,56 @@ impl ContainerDir {
         self.remember(&files, start);
     }
 
+    /// serve's first listing after a restart: each file from its saved position
+    /// (`logs::resume`), oldest first.
+    fn resume(
+        &mut self,
+        files: &[Listed],
+        fd: BorrowedFd<'_>,
+        saved: &LogResume,
+        tally: &mut Tally,
+    ) {
+        let plain_names: HashSet<&Path> = files.iter().map(|f| f.path.as_path()).collect();
+        for f in files {
+            let gz = matches!(f.rotation, Rotation::Rotated { gz: true, .. });
+            let listing = Listing {
+                id: f.id,
+                size: f.size,
+                mtime: f.mtime,
+                rotated: f.rotation != Rotation::Live,
+                gz,
+                plain_twin: gz && plain_names.contains(f.path.with_extension("").as_path()),
+            };
+            let head = |len| match gz {
+                true => gz_head_crc(fd, f, len),
+                false => head_crc(fd, f, len),
+            };
+            let at = match resume_at(&listing, saved, head) {
+                Resumed::At(offset) if gz => Position::GzAfter(offset),
+                Resumed::At(offset) => Position::At(offset),
+                Resumed::Whole => Position::At(0),
+                Resumed::Mismatch => {
+                    tally.mismatch(&f.path);
+                    Position::End
+                }
+                Resumed::Skip => Position::End,
+            };
+            if listing.rotated && at == Position::End {
+                continue; // not read
+            }
+            let Some(handle) = Handle::open(fd, f, at, tally) else {
+                continue;
+            };
+            match f.rotation {
+                Rotation::Live => self.stream(&f.live).follow(handle),
+                Rotation::Rotated { .. } => self.stream(&f.live).queue(handle),
+            }
+        }
+    }
+
     /// check's first listing (no file followed yet): each live name's files written since
     /// `since`, oldest first, of which the newest [`CATCH_UP_BUDGET`] bytes are read.
-    fn catch_up(&mut self, files: &[Listed], fd: BorrowedFd<'_>, start: Start, tally: &mut Tally) {
+    fn catch_up(&mut self, files: &[Listed], fd: BorrowedFd<'_>, start: &Start, tally: &mut Tally) {
         let mut by_live: BTreeMap<&str, Vec<(&Listed, Position)>> = BTreeMap::new();
         let live = files.iter().filter(|f| f.rotation == Rotation::Live);
         let planned = self
@@ -185,7 +243,7 @@ impl ContainerDir {
     fn rotated_to_read<'f>(
         &self,
         files: &'f [Listed],
-        start: Start,
+        start: &Start,
     ) -> Vec<(&'f Listed, Position)> {
         let plain_names: HashSet<&Path> = files
             .iter()
@@ -195,12 +253,12 @@ impl ContainerDir {
         let mut to_read = Vec::new();
         for f in files {
             match (f.rotation, start) {
-                (Rotation::Rotated { .. }, Start::AtEnd) => {}
+                (Rotation::Rotated { .. }, Start::AtEnd | Start::Resume(_)) => {}
                 (Rotation::Rotated { gz, .. }, Start::Since(since)) => {
                     // While kubelet or Docker compresses a file both names exist: the plain
                     // one is complete, the .gz perhaps not yet.
                     let twin = gz && plain_names.contains(f.path.with_extension("").as_path());
-                    if f.mtime >= since && !twin {
+                    if f.mtime >= *since && !twin {
                         let at = if gz { Position::Gz(0) } else { Position::At(0) };
                         to_read.push((f, at));
                     }
@@ -221,7 +279,7 @@ impl ContainerDir {
     /// there before us. A new live file that could not be opened (EMFILE) is not: it is read
     /// from its start once it opens. Unlisted files are forgotten, so that the map stays as
     /// small as the directory and a reused inode is not mistaken.
-    fn remember(&mut self, files: &[Listed], start: Start) {
+    fn remember(&mut self, files: &[Listed], start: &Start) {
         let old = std::mem::take(&mut self.known);
         let handles = self
             .streams
@@ -275,16 +333,16 @@ fn bytes_from(fd: BorrowedFd<'_>, f: &Listed, at: Position) -> u64 {
     match at {
         Position::At(offset) | Position::LineAt(offset) => f.size.saturating_sub(offset),
         Position::End => 0,
-        Position::Gz(_) => gz_size(fd, f).unwrap_or(f.size),
+        Position::Gz(_) | Position::GzAfter(_) => gz_size(fd, f).unwrap_or(f.size),
     }
 }
 
 /// Where a live file that no fd follows yet is read from; `known`, whether it is known here
 /// and the offset it was read to.
-fn live_from(start: Start, mtime: SystemTime, known: Option<Option<u64>>) -> Position {
+fn live_from(start: &Start, mtime: SystemTime, known: Option<Option<u64>>) -> Position {
     match (start, known) {
-        (Start::AtEnd, _) => Position::End,
-        (Start::Since(since), _) if mtime < since => Position::End,
+        (Start::AtEnd | Start::Resume(_), _) => Position::End,
+        (Start::Since(since), _) if mtime < *since => Position::End,
         (Start::Since(_), _) => Position::At(0),
         (Start::New, None) => Position::At(0),
         (Start::New, Some(Some(offset))) => Position::At(offset),

@@ -223,6 +223,6 @@ impl Follower {
         };
         let state = self.dirs.entry(key).or_insert(dir);
         state.seen = true;
-        state.update(files, fd, self.start, &mut self.tally);
+        state.update(files, fd, &self.start, &mut self.tally);
     }
 }

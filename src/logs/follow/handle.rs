@@ -16,6 +16,7 @@ use rustix::io::Errno;
 use super::split::Splitter;
 use super::{file_id, size, FileId, Tally};
 use crate::logs::path::Rotation;
+use crate::logs::resume::{fingerprint, LogCheckpoint, FINGERPRINT_MAX};
 
 /// A log file as discovery found it.
 pub(super) struct Listed {
@@ -39,9 +40,16 @@ pub(super) struct Handle {
     pub(super) path: PathBuf,
     source: Source,
     lines: Splitter,
+    /// The offset a restart may read on from: past whole lines, none of them a part of a line
+    /// still being joined ([`Handle::mark_safe`]).
+    safe: u64,
     /// Its place among the log files open at once ([`super::OpenFiles`]).
     _open: super::OpenSlot,
 }
+
+/// Bytes a saved position stays behind for a line whose parts are being joined, at most: a
+/// writer that never ends its line must not hold the position for ever.
+const JOIN_HOLD_MAX: u64 = 1 << 20;
 
 /// Where reading a newly opened file starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +61,9 @@ pub(super) enum Position {
     LineAt(u64),
     /// A gzipped rotated file, decompressed from its start, at most this many bytes of it.
     Gz(u64),
+    /// A gzipped rotated file whose plain self was read to this (decompressed) offset before a
+    /// restart (`logs::resume`): decompressed from its start, lines taken past the offset.
+    GzAfter(u64),
 }
 
 enum Source {
@@ -66,6 +77,8 @@ enum Source {
         read: u64,
         /// Decompressed bytes read at most (a gzip bomb ends here).
         limit: u64,
+        /// Decompressed bytes dropped first: read before a restart.
+        skip: u64,
     },
 }
 
@@ -79,11 +92,11 @@ pub(super) struct Pass<'a> {
 }
 
 impl Pass<'_> {
-    /// `n` bytes were read into the buffer: counted, and cut into lines.
-    fn took(&mut self, n: usize, lines: &mut Splitter) {
+    /// `n` bytes were read into the buffer: counted, and those from `from` on cut into lines.
+    fn took(&mut self, n: usize, from: usize, lines: &mut Splitter) {
         self.left -= n as u64;
         self.tally.bytes += n as u64;
-        lines.feed(&self.scratch[..n], self.sink);
+        lines.feed(&self.scratch[from..n], self.sink);
     }
 }
 
@@ -146,13 +159,25 @@ impl Handle {
                 reader: Box::new(MultiGzDecoder::new(file)),
                 read: 0,
                 limit: limit.min(GZ_MAX),
+                skip: 0,
             },
+            Position::GzAfter(skip) => Source::Gz {
+                reader: Box::new(MultiGzDecoder::new(file)),
+                read: 0,
+                limit: GZ_MAX,
+                skip,
+            },
+        };
+        let safe = match &source {
+            Source::Plain { offset, .. } => *offset,
+            Source::Gz { .. } => 0,
         };
         Some(Handle {
             id: file_id(&st),
             path: f.path.clone(),
             source,
             lines,
+            safe,
             _open: slot,
         })
     }
@@ -162,6 +187,37 @@ impl Handle {
         match self.source {
             Source::Plain { offset, .. } => Some(offset),
             Source::Gz { .. } => None,
+        }
+    }
+
+    /// Where a plain file was read to, past whole lines only (the unended last line is read
+    /// again on resuming), with its identity; None for a gzipped one or when unreadable.
+    pub(super) fn checkpoint(&self) -> Option<LogCheckpoint> {
+        let Source::Plain { file, offset } = &self.source else {
+            return None;
+        };
+        let mut head = vec![0; FINGERPRINT_MAX];
+        let n = read_at(file, &mut head, 0).ok()?;
+        let (fingerprint, fingerprint_len) = fingerprint(&head[..n]);
+        Some(LogCheckpoint {
+            path: self.path.display().to_string(),
+            dev: self.id.0,
+            ino: self.id.1,
+            fingerprint,
+            fingerprint_len,
+            offset: self.safe.min(*offset),
+        })
+    }
+
+    /// After a read: the saved position moves up to the last whole line read, unless `joining`
+    /// (the stream's decoder holds parts of a line), for at most [`JOIN_HOLD_MAX`] bytes.
+    pub(super) fn mark_safe(&mut self, joining: bool) {
+        let Source::Plain { offset, .. } = &self.source else {
+            return;
+        };
+        let read = offset.saturating_sub(self.lines.unended());
+        if read < self.safe || !joining || read - self.safe > JOIN_HOLD_MAX {
+            self.safe = read;
         }
     }
 
@@ -200,7 +256,7 @@ impl Handle {
                 break;
             }
             *offset += n as u64;
-            pass.took(n, &mut self.lines);
+            pass.took(n, 0, &mut self.lines);
         }
         Ok(truncated)
     }
@@ -211,16 +267,17 @@ impl Handle {
         while pass.left > 0 {
             let want = pass.left.min(pass.scratch.len() as u64) as usize;
             let buf = &mut pass.scratch[..want];
-            let n = match &mut self.source {
+            let (n, from) = match &mut self.source {
                 Source::Plain { file, offset } => {
                     let n = read_at(file, buf, *offset)?;
                     *offset += n as u64;
-                    n
+                    (n, 0)
                 }
                 Source::Gz {
                     reader,
                     read,
                     limit,
+                    skip,
                 } => {
                     if *read >= *limit {
                         tracing::debug!("{}: stopped at {limit} bytes", self.path.display());
@@ -231,17 +288,39 @@ impl Handle {
                         .min(usize::try_from(*limit - *read).unwrap_or(usize::MAX));
                     let buf = &mut buf[..want];
                     let n = uninterrupted(|| reader.read(buf))?;
+                    let from = skip.saturating_sub(*read).min(n as u64) as usize;
                     *read += n as u64;
-                    n
+                    (n, from)
                 }
             };
             if n == 0 {
                 return Ok(true);
             }
-            pass.took(n, &mut self.lines);
+            pass.took(n, from, &mut self.lines);
         }
         Ok(false)
     }
+}
+
+/// The CRC-32 of a listed file's first `len` bytes (`logs::resume`); None when it has fewer or
+/// cannot be read.
+pub(super) fn head_crc(dir: BorrowedFd<'_>, f: &Listed, len: u32) -> Option<u32> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = File::from(rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty()).ok()?);
+    let mut head = vec![0; len as usize];
+    file.read_exact_at(&mut head, 0).ok()?;
+    Some(crate::logs::resume::crc(&head))
+}
+
+/// The CRC-32 of a gzipped listed file's first `len` decompressed bytes (`logs::resume`).
+pub(super) fn gz_head_crc(dir: BorrowedFd<'_>, f: &Listed, len: u32) -> Option<u32> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = File::from(rustix::fs::openat(dir, f.name.as_c_str(), flags, Mode::empty()).ok()?);
+    let mut head = vec![0; len as usize];
+    MultiGzDecoder::new(file).read_exact(&mut head).ok()?;
+    Some(crate::logs::resume::crc(&head))
 }
 
 /// A gzipped file's decompressed size as its trailer says (ISIZE: the last member's, modulo

@@ -31,6 +31,7 @@ use rustix::fs::Stat;
 use self::dirs::ContainerDir;
 use self::notify::Notifier;
 use self::still::Stamps;
+use super::resume::{LogCheckpoints, LogResume};
 use super::{Entry, Gate, LogOrigin};
 
 /// Bytes read per file stream per poll at most, so that one flooding container cannot starve
@@ -58,7 +59,7 @@ const MAX_FAILED: usize = 4096;
 const SAFETY: Duration = Duration::from_secs(10);
 
 /// How discovery treats a file it has not seen before.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) enum Start {
     /// serve's first look: live files from their end, rotated ones never.
     AtEnd,
@@ -68,6 +69,8 @@ pub(super) enum Start {
     /// Later looks: live files from their start; a rotated file never seen (rotated before we
     /// saw it live) from its start; gzipped ones never (their plain self was read).
     New,
+    /// serve started again: each file from the position saved for it (`logs::resume`).
+    Resume(Arc<LogResume>),
 }
 
 /// Log files open at once at most, if the descriptor limit allows (a quarter of it otherwise):
@@ -174,6 +177,8 @@ pub(super) struct Tally {
     failed: HashSet<PathBuf>,
     /// Failures of any path, each time.
     failures: u64,
+    /// Files whose saved position was not trusted on resuming (their inode reused).
+    pub mismatched: u64,
 }
 
 impl Tally {
@@ -223,6 +228,16 @@ impl Tally {
             path.display(),
             bytes as f64 / f64::from(1 << 20),
             CATCH_UP_BUDGET >> 20,
+        );
+    }
+
+    /// A file's saved position not trusted (resuming): its inode now holds another file.
+    fn mismatch(&mut self, path: &Path) {
+        self.mismatched += 1;
+        tracing::warn!(
+            "container log {}: not the file whose position was saved (its inode reused by \
+             another): read from its end",
+            path.display()
         );
     }
 
@@ -332,6 +347,21 @@ impl Follower {
 
     pub fn tally(&self) -> &Tally {
         &self.tally
+    }
+
+    /// Every open plain file's position, past the whole lines read from it. Taken between
+    /// polls, each line before a position was handed to `emit` by a poll that returned.
+    pub fn checkpoints(&self) -> LogCheckpoints {
+        let files = self
+            .dirs
+            .values()
+            .flat_map(ContainerDir::handles)
+            .filter_map(handle::Handle::checkpoint)
+            .collect();
+        LogCheckpoints {
+            at: SystemTime::now(),
+            files,
+        }
     }
 
     /// Allows `max` log files open at once (tests: a cap they can reach).

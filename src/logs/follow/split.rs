@@ -15,6 +15,9 @@ pub(super) struct Splitter {
     cut: bool,
     /// Dropping bytes up to and including the next `\n`: reading began inside a line.
     skipping: bool,
+    /// Bytes fed since the last `\n` (more than `head` holds when the line was cut): a saved
+    /// position ends before them.
+    unended: u64,
 }
 
 impl Splitter {
@@ -25,6 +28,10 @@ impl Splitter {
     }
 
     pub(super) fn feed(&mut self, mut chunk: &[u8], sink: &mut dyn FnMut(&[u8], bool)) {
+        match memchr::memrchr(b'\n', chunk) {
+            Some(i) => self.unended = (chunk.len() - i - 1) as u64,
+            None => self.unended += chunk.len() as u64,
+        }
         if self.skipping {
             let Some(i) = memchr::memchr(b'\n', chunk) else {
                 return;
@@ -50,9 +57,15 @@ impl Splitter {
         }
     }
 
+    /// Bytes fed after the last whole line.
+    pub(super) fn unended(&self) -> u64 {
+        self.unended
+    }
+
     /// Hands over the unfinished line, if any.
     pub(super) fn finish(&mut self, sink: &mut dyn FnMut(&[u8], bool)) {
         self.skipping = false;
+        self.unended = 0;
         if !self.head.is_empty() || self.cut {
             sink(&self.head, self.cut);
         }

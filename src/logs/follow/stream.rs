@@ -118,8 +118,27 @@ impl Stream {
     }
 
     /// Reads up to `budget` bytes: the fds being drained first, then the live one. Whether some
-    /// may be left for the next poll.
+    /// may be left for the next poll. Then each file's saved position moves up to what it was
+    /// read to, unless a line's parts are being joined (a restart reads them again whole) and
+    /// no line was handed on meanwhile (which a restart must not read again).
     pub(super) fn read(
+        &mut self,
+        budget: u64,
+        known: &mut HashMap<FileId, Option<u64>>,
+        scratch: &mut [u8],
+        tally: &mut Tally,
+        out: &mut Out<'_>,
+    ) -> bool {
+        let left = *out.kept_left;
+        let more = self.read_files(budget, known, scratch, tally, out);
+        let joining = self.decoder.is_joining() && *out.kept_left == left;
+        for handle in self.draining.iter_mut().chain(&mut self.current) {
+            handle.mark_safe(joining);
+        }
+        more
+    }
+
+    fn read_files(
         &mut self,
         budget: u64,
         known: &mut HashMap<FileId, Option<u64>>,
@@ -227,6 +246,13 @@ impl Decoder {
         match self {
             Decoder::Cri(j) => j.reset(),
             Decoder::Docker(j) => j.reset(),
+        }
+    }
+
+    fn is_joining(&self) -> bool {
+        match self {
+            Decoder::Cri(j) => j.is_joining(),
+            Decoder::Docker(j) => j.is_joining(),
         }
     }
 }

@@ -7,6 +7,7 @@ mod floods;
 mod hostile;
 mod limits;
 mod notify;
+mod resume;
 mod roots;
 mod rotation;
 mod since;

@@ -1,0 +1,236 @@
+//! Never twice: the follower run, checkpointed, "restarted" (a new follower from the checkpoint)
+//! and fed the same log files and kernel records again plus new ones: every death once, those
+//! from while it was down marked found late.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwapOption;
+
+use super::*;
+use crate::model::DeathRules;
+
+const BUS: &str = "ERROR: Unexpected bus error encountered in worker. This might be caused by \
+                   insufficient shared memory (shm).";
+
+fn append(path: &Path, text: &str) {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// A CRI line stamped `at`.
+fn cri(text: &str, at: SystemTime) -> String {
+    let t = k8s_openapi::jiff::Timestamp::try_from(at).unwrap();
+    format!("{} stderr F {text}\n", t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+}
+
+/// A kernel record of a crash in libnccl.so.2 by host PID `pid`, `usec` after boot.
+fn crash(seq: u64, usec: u64, pid: u32) -> String {
+    format!(
+        "6,{seq},{usec},-;python3[{pid}]: segfault at 0 ip 0 sp 0 error 4 in \
+         libnccl.so.2[7f0000000000+1000]\n"
+    )
+}
+
+struct Node {
+    tmp: tempfile::TempDir,
+}
+
+impl Node {
+    fn log(&self) -> std::path::PathBuf {
+        self.tmp.path().join("pods/ml_trainer-0_u-1/trainer/0.log")
+    }
+
+    fn kmsg(&self) -> std::path::PathBuf {
+        self.tmp.path().join("kmsg")
+    }
+
+    fn checkpoint(&self) -> std::path::PathBuf {
+        self.tmp.path().join("checkpoint.json")
+    }
+
+    /// A follower of the node's log and kernel log, resuming from its checkpoint if saved.
+    fn follower(&self) -> Follower {
+        let sources = Sources {
+            pod_log_root: Some(self.tmp.path().join("pods")),
+            docker_root: None,
+            kmsg: Some(self.kmsg()),
+            proc_root: "/proc".into(),
+            host_mnt: None,
+            rules: DeathRules::default(),
+        };
+        let (_tx, exits) = mpsc::channel();
+        let f = Follow {
+            pipeline: Pipeline::new(&sources, Mode::Follow),
+            sources,
+            snapshot: Arc::new(ArcSwapOption::empty()),
+            cluster: None,
+            exits,
+            traced: None,
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        Follower::with_checkpoint(f, Some(self.checkpoint()))
+    }
+}
+
+/// A few of serve's rounds: read, tell, save. What was told.
+fn rounds(f: &mut Follower) -> Vec<Failure> {
+    let told = std::cell::RefCell::new(Vec::new());
+    let deliver = |x: Followed| {
+        if let Followed::Failures(failures) = x {
+            told.borrow_mut().extend(failures);
+        }
+        true
+    };
+    for _ in 0..3 {
+        let candidates = f.f.pipeline.candidates();
+        if let Some(logs) = f.logs.as_mut() {
+            let pipeline = &mut f.f.pipeline;
+            logs.poll_each(
+                |text| candidates.is_candidate(text),
+                |line| pipeline.log_line(&line),
+            );
+        }
+        f.read_kernel_log();
+        assert!(f.tell(&deliver));
+        // A save is due after telling, or every 2 s: the test's rounds are quicker.
+        f.told = true;
+        f.checkpoint();
+    }
+    told.into_inner()
+}
+
+/// (evidence's start, found late) of what was told.
+fn said(told: &[Failure]) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = told
+        .iter()
+        .map(|f| (f.evidence.chars().take(24).collect(), f.found_late))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn deaths_are_told_once_across_restarts_and_those_while_down_found_late() {
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    let now = SystemTime::now();
+    let hour_ago = now - Duration::from_secs(3600);
+    append(&node.log(), &cri("epoch 1", hour_ago));
+    append(&node.kmsg(), "6,1,1000,-;boot noise\n");
+
+    // The first start: from the ends; a death after it is told, not late.
+    let mut first = node.follower();
+    append(&node.log(), &cri(BUS, now));
+    let usec_now =
+        u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros()).unwrap();
+    append(&node.kmsg(), &crash(2, usec_now + 60_000_000, 101));
+    let told = said(&rounds(&mut first));
+    assert_eq!(
+        told,
+        [
+            ("ERROR: Unexpected bus er".to_string(), false),
+            ("python3[101]: segfault a".to_string(), false)
+        ]
+    );
+    assert!(node.checkpoint().exists());
+    drop(first);
+
+    // While it is down: a second death of each kind, written before the restart.
+    append(
+        &node.log(),
+        &cri(&BUS.replace("worker", "worker 2"), hour_ago),
+    );
+    append(&node.kmsg(), &crash(3, 2_000_000, 202));
+    let mut second = node.follower();
+    // And one after.
+    append(&node.kmsg(), &crash(4, usec_now + 120_000_000, 303));
+    let told = said(&rounds(&mut second));
+    assert_eq!(
+        told,
+        [
+            ("ERROR: Unexpected bus er".to_string(), true),
+            ("python3[202]: segfault a".to_string(), true),
+            ("python3[303]: segfault a".to_string(), false)
+        ],
+        "the first run's deaths not again, the new ones once"
+    );
+    drop(second);
+
+    // A third start with nothing new: nothing told.
+    let mut third = node.follower();
+    assert_eq!(said(&rounds(&mut third)), []);
+}
+
+#[test]
+fn docker_exits_told_before_a_restart_are_not_told_again() {
+    let exit = |id: &str, secs: u64| DockerExit {
+        id: id.into(),
+        name: "trainer".into(),
+        exit_code: 135,
+        oom_killed: false,
+        finished_at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+        memory_limit: None,
+        shm_size: None,
+    };
+    let mut first = DockerFollower::new("/nonexistent".into(), None);
+    assert!(first.first_time(&exit("a", 10)));
+    let mut c = Checkpoint::new(SystemTime::UNIX_EPOCH + Duration::from_secs(20));
+    c.docker_told = first.told.iter().cloned().collect();
+    let c: Checkpoint = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    let mut second = DockerFollower::new("/nonexistent".into(), Some(&c));
+    assert_eq!(second.since, c.at, "records from the checkpoint on");
+    assert!(!second.first_time(&exit("a", 10)));
+    assert!(second.first_time(&exit("a", 30)), "its restart's death");
+    assert!(second.first_time(&exit("b", 15)));
+}
+
+#[test]
+fn an_oom_report_cut_by_a_restart_is_read_whole_after_it() {
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    append(&node.kmsg(), "6,1,1000,-;boot noise\n");
+    let memcg = "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/c1";
+    let mut first = node.follower();
+    // Records' times after the start (the first start saves "after now" for the kernel log).
+    let t = u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros())
+        .unwrap()
+        + 60_000_000;
+    append(
+        &node.kmsg(),
+        &format!(
+            "4,2,{t},-;x invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+             6,3,{t},-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=a,task_memcg=\
+             {memcg},oom_memcg={memcg},mems_allowed=0,mems_allowed=0,global_oom,task_memcg=\
+             {memcg},task=x,pid=9,uid=0\n"
+        ),
+    );
+    assert_eq!(said(&rounds(&mut first)), []);
+    drop(first);
+    append(
+        &node.kmsg(),
+        &format!(
+            "3,4,{t},-;Out of memory: Killed process 9 (x) total-vm:8kB, anon-rss:4kB, \
+             file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:1000\n"
+        ),
+    );
+    let mut second = node.follower();
+    let told = rounds(&mut second);
+    assert_eq!(told.len(), 1, "{told:#?}");
+    // Its time is a minute ahead of now: told, not found late (the time decides that).
+    assert!(told[0].kind.is_oom_kill(), "{told:#?}");
+    drop(second);
+    assert_eq!(said(&rounds(&mut node.follower())), []);
+}
