@@ -60,7 +60,7 @@ impl Between {
         self.ledger.record(failures, Instant::now());
         if let Some((store, _)) = &self.store {
             for f in failures {
-                store.failure(f, false);
+                store.failure(f, f.found_late);
             }
         }
         if let Some(k) = self.kube.as_mut() {
