@@ -358,6 +358,20 @@ fn probe_cmd(nvml: &FakeNvml, cuda: &FakeCuda, args: &[&str]) -> Command {
     cmd
 }
 
+/// Runs the probe with `args`, which it must refuse: exit 2, nothing on stdout. Its stderr.
+fn refused(nvml: &FakeNvml, cuda: &FakeCuda, args: &[&str]) -> String {
+    let out = probe_cmd(nvml, cuda, args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!(
+        "probe {}: exit {:?}\n{err}",
+        args.join(" "),
+        out.status.code()
+    );
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(out.stdout.is_empty(), "{args:?}");
+    err
+}
+
 /// A typo in `--gpus`, one GPU, a size out of range: exit 2 with the reason, and the driver
 /// never started (the fake counts every start of the worker's driver).
 #[test]
@@ -394,16 +408,8 @@ fn bad_input_is_exit_2_with_the_reason_before_any_gpu_is_touched() {
         ),
     ];
     for (args, want) in cases {
-        let out = probe_cmd(&nvml, &cuda, args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        println!(
-            "probe {}: exit {:?}\n{err}",
-            args.join(" "),
-            out.status.code()
-        );
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let err = refused(&nvml, &cuda, args);
         assert!(err.contains(&want), "{args:?}: {err}");
-        assert!(out.stdout.is_empty(), "{args:?}");
         assert_eq!(cuda.inits(), 0, "{args:?}: the driver was started");
     }
     // The same bounds hold where the probe runs from serve and preflight.
@@ -434,12 +440,7 @@ fn cuda_seeing_fewer_than_two_of_the_gpus_is_exit_2() {
     let nvml_config = fake_nvml::preset("nvswitch-8");
     let nvml = FakeNvml::new(&nvml_config);
     let cuda = FakeCuda::new(&fake_cuda::config(&nvml_config, &[0, 5], 300.0));
-    let out = probe_cmd(&nvml, &cuda, &["--gpus", "0,1,2"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    println!("{err}");
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused(&nvml, &cuda, &["--gpus", "0,1,2"]);
     assert!(
         err.contains(&format!(
             "shmlink: no pair to probe: CUDA lists 2 device(s) ({}, {}), and fewer than two of \
@@ -449,7 +450,6 @@ fn cuda_seeing_fewer_than_two_of_the_gpus_is_exit_2() {
         )),
         "{err}"
     );
-    assert!(out.stdout.is_empty());
 }
 
 /// A config the fake libcuda cannot parse is said, and the probe says the driver did not start.
@@ -458,12 +458,7 @@ fn a_malformed_fake_config_is_exit_2_with_the_parse_error() {
     let nvml = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
     let cuda = FakeCuda::new(&json!({}));
     std::fs::write(cuda.config(), "{\"devices\": [\n  \"0000:18:00.0\",,\n]}\n").unwrap();
-    let out = probe_cmd(&nvml, &cuda, &["--bytes", "8Mi"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    println!("{err}");
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused(&nvml, &cuda, &["--bytes", "8Mi"]);
     assert!(
         err.contains(
             "shmlink: the probe could not run: the driver did not start: cuInit failed: CUDA \

@@ -8,11 +8,7 @@ the base DaemonSet, and nothing else.
 import copy
 import sys
 
-from deploycheck import arg, core
-
-
-def daemonset(docs):
-    return next(d for d in docs if d["kind"] == "DaemonSet")
+from deploycheck import arg, core, daemonset
 
 
 base = daemonset(core(arg(1), "deploy/base"))

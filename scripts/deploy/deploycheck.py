@@ -62,5 +62,10 @@ def custom_resources(path_or_none, directory):
     return [d for d in build(directory) if is_custom_resource(d)]
 
 
+def daemonset(docs):
+    """The agent's DaemonSet among a build's objects."""
+    return next(d for d in docs if d["kind"] == "DaemonSet")
+
+
 def arg(n):
     return sys.argv[n] if len(sys.argv) > n else None

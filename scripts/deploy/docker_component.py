@@ -8,16 +8,12 @@ else.
 """
 import copy
 
-from deploycheck import arg, core
+from deploycheck import arg, core, daemonset
 from deploycheck import check as _check
 
 
 def check(cond, what):
     _check(cond, f"docker component: {what}")
-
-
-def daemonset(docs):
-    return next(d for d in docs if d["kind"] == "DaemonSet")
 
 
 base = daemonset(core(arg(1), "deploy/base"))

@@ -24,7 +24,7 @@ import sys
 
 import yaml
 
-from deploycheck import arg, build, check, is_custom_resource, load
+from deploycheck import arg, build, check, daemonset, is_custom_resource, load
 
 try:
     import helm_python as helm
@@ -219,7 +219,7 @@ def everything(chart):
     """Every component and the common settings at once: each shows where it should."""
     docs, notes = render(chart, EVERYTHING)
     write("everything", docs)
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    ds = daemonset(docs)
     pod = ds["spec"]["template"]["spec"]
     agent = next(c for c in pod["containers"] if c["name"] == "shmlink")
     check(agent["image"] == "registry.example/gpu/shmlink@sha256:" + "ab" * 32, f"image {agent['image']}")

@@ -7,11 +7,7 @@ adds CAP_SYSLOG and SHMLINK_KMSG=syslog to the base DaemonSet, and nothing else.
 import copy
 import sys
 
-from deploycheck import arg, core
-
-
-def daemonset(docs):
-    return next(d for d in docs if d["kind"] == "DaemonSet")
+from deploycheck import arg, core, daemonset
 
 
 base = daemonset(core(arg(1), "deploy/base"))

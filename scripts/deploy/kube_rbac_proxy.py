@@ -5,7 +5,7 @@ ServiceMonitor scrapes over HTTPS with a token.
 
     scripts/deploy/kube_rbac_proxy.py [CORE_YAML CRS_YAML]   (default: builds the overlay)
 """
-from deploycheck import arg, core, custom_resources
+from deploycheck import arg, core, custom_resources, daemonset
 from deploycheck import check as _check
 
 
@@ -16,7 +16,7 @@ def check(cond, what):
 OVERLAY = "deploy/overlays/kube-rbac-proxy"
 docs = core(arg(1), OVERLAY)
 crs = {d["kind"]: d for d in custom_resources(arg(2), OVERLAY)}
-ds = next(d for d in docs if d["kind"] == "DaemonSet")
+ds = daemonset(docs)
 containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
 check(set(containers) == {"shmlink", "kube-rbac-proxy"}, f"containers {sorted(containers)}")
 agent, proxy = containers["shmlink"], containers["kube-rbac-proxy"]

@@ -73,14 +73,7 @@ impl Window {
         at: SystemTime,
     ) -> Option<(FindingKind, String)> {
         if HINTS.iter().any(|h| text.contains(h)) {
-            let mut hint = text.trim().to_string();
-            if hint.len() > HINT_MAX {
-                let mut cut = HINT_MAX;
-                while !hint.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                hint.truncate(cut);
-            }
+            let hint = crate::model::cut(text.trim(), HINT_MAX);
             self.of(origin).hint = Some((hint, at));
             return None;
         }

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use crate::model::{Failure, FailureSource, FindingKind};
+use crate::model::{parse_rfc3339, Failure, FailureSource, FindingKind};
 use crate::text;
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
@@ -191,12 +191,6 @@ fn within(a: Option<SystemTime>, b: Option<SystemTime>, window: Duration) -> boo
         // A time that did not parse cannot tell two deaths apart: the same container suffices.
         _ => true,
     }
-}
-
-fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    s.parse::<k8s_openapi::jiff::Timestamp>()
-        .ok()
-        .map(SystemTime::from)
 }
 
 #[cfg(test)]

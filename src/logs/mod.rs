@@ -335,9 +335,7 @@ fn without_cut_char(bytes: &[u8]) -> &[u8] {
 
 /// RFC 3339 with any fraction (CRI's and Docker's timestamps).
 fn parse_time(bytes: &[u8]) -> Option<SystemTime> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let at: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
-    Some(at.into())
+    crate::model::parse_rfc3339(std::str::from_utf8(bytes).ok()?)
 }
 
 /// A token bucket of one second's worth of lines, refilled by the lines' own timestamps (the

@@ -9,7 +9,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::model::SourceStats;
-use crate::model::{ContainerRef, Failure, FindingKind};
+use crate::model::{parse_rfc3339, prefix_within, ContainerRef, Failure, FindingKind};
 
 use super::shm::container_labels;
 use super::{counter, gauge, register_counters, set_flag, FlagGauge, Metrics};
@@ -152,7 +152,7 @@ pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure])
             break;
         }
         let id = f.container_id.as_deref().unwrap_or("");
-        let message = prefix(&f.message, MESSAGE_MAX);
+        let message = prefix_within(&f.message, MESSAGE_MAX);
         if written.contains(&(id, f.kind, message)) {
             continue;
         }
@@ -173,21 +173,9 @@ pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure])
 
 /// RFC 3339 as Unix seconds; 0 for a time that does not parse (the series still says what died).
 fn unix_seconds(at: &str) -> f64 {
-    at.parse::<k8s_openapi::jiff::Timestamp>()
-        .map(|t| t.as_millisecond() as f64 / 1000.0)
-        .unwrap_or(0.0)
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary.
-fn prefix(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    parse_rfc3339(at)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_millis() as f64 / 1000.0)
 }
 
 #[cfg(test)]

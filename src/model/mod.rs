@@ -60,6 +60,13 @@ pub fn prefix_within(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// An RFC 3339 time (a failure's `at`, CRI's and Docker's timestamps, any fraction and offset)
+/// as a time; None when it is not one.
+pub fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
+    let t: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    Some(std::time::SystemTime::from(t))
+}
+
 /// `text` cut to at most `max` bytes on a character boundary.
 pub fn cut(text: &str, max: usize) -> String {
     prefix_within(text, max).to_string()

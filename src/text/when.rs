@@ -19,11 +19,7 @@ pub fn ago(then: SystemTime, now: SystemTime) -> String {
     }
 }
 
-/// An RFC 3339 time, as `check --json` writes it, back as a time (None when it is not one).
-pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
-    let t: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
-    Some(SystemTime::from(t))
-}
+pub use crate::model::parse_rfc3339;
 
 /// How far back a time may be and still be "recent" in a table's short section.
 pub const RECENT: Duration = Duration::from_secs(15 * 60);
