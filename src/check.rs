@@ -1,12 +1,14 @@
 //! `shmlink check`: one scan of this machine, and the failures told since `--since` through the
 //! same pipeline `serve` feeds as things happen (`failures::Pipeline`).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cli::KubeMode;
 use crate::failures::correlate::finding;
+use crate::failures::same::with_stored;
 use crate::failures::sources::read_back;
 use crate::failures::{Mode, Pipeline, Sources};
 use crate::host::HostError;
@@ -14,8 +16,12 @@ use crate::kube::events::GpuHolders;
 use crate::kube::exits::deaths;
 use crate::kube::pods::{list_once, PodIndex};
 use crate::kube::KubeError;
-use crate::model::{Severity, Snapshot};
+use crate::model::{Failure, Severity, Snapshot};
 use crate::scan::{ScanSettings, Scanner};
+use crate::state::{self, Filter, Unavailable};
+
+/// Stored failures read at most (the newest).
+const STORED_MAX: usize = 10_000;
 
 /// Everything `check` is asked.
 #[derive(Debug, Clone)]
@@ -24,6 +30,8 @@ pub struct CheckSettings {
     pub sources: Sources,
     /// How far back failures are told.
     pub since: Duration,
+    /// serve's store, whose failures over the same window are told too (None: not read).
+    pub state_dir: Option<PathBuf>,
     /// Whether this node's Pods are listed (names, deaths their statuses record).
     pub kube: KubeMode,
 }
@@ -55,12 +63,42 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     pipeline.exits(listed.iter().flatten().flat_map(deaths).map(|(_, d)| d));
     pipeline.after_scan(&snapshot, Instant::now());
     let failures = pipeline.tell(Some(&snapshot), pods.as_ref(), &GpuHolders::new());
+    // What serve told and check could not read again (a rotated log, a wrapped kernel ring, a
+    // Pod gone), once each.
+    let failures = match settings.state_dir.as_deref() {
+        Some(dir) => with_stored(failures, stored(dir, since)),
+        None => failures,
+    };
     snapshot.findings.extend(failures.iter().map(finding));
     snapshot
         .findings
         .sort_by_key(|f| std::cmp::Reverse(f.severity));
     snapshot.failures = failures;
     Ok(snapshot)
+}
+
+/// The failures serve stored since `since`; none where there is no store (serve never ran
+/// here with one) or it cannot be read (said).
+fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
+    let filter = Filter {
+        since: Some(since),
+        limit: STORED_MAX,
+        ..Filter::default()
+    };
+    match state::read_history(dir, &filter) {
+        Ok(h) => h
+            .failures
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect(),
+        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!("{e}; the failures serve stored are left out");
+            Vec::new()
+        }
+    }
 }
 
 /// `check`'s exit status: 2 when the scan was blind to everything (it could not run, in

@@ -155,9 +155,12 @@ pub struct CheckArgs {
     pub kube: KubeMode,
     #[command(flatten)]
     pub sources: FailureSourceArgs,
-    /// How far back the logs and the kernel log are read for failures, e.g. 1h, 30m.
+    /// How far back the logs and the kernel log are read for failures, e.g. 1h, 30m; serve's
+    /// stored history (`--state-dir`) over the same window is read too, where it exists.
     #[arg(long, env = "SHMLINK_SINCE", default_value = "1h", value_parser = parse_window)]
     pub since: Duration,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Debug, Args)]

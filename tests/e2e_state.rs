@@ -1,6 +1,8 @@
 //! The state store end to end: `serve --state-dir` follows a real runc container whose CRI log
 //! says PyTorch's DataLoader bus error; after SIGTERM, `shmlink history --json` lists the
-//! failure, and `/api/v1/failures` on a second serve of the same store gives the same JSON.
+//! failure, and `/api/v1/failures` on a second serve of the same store gives the same JSON;
+//! `check --since` tells it once, from the log and the store, and from the store once the log
+//! is gone.
 
 mod common;
 
@@ -106,6 +108,27 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
     let table = String::from_utf8_lossy(&table.stdout);
     println!("{table}");
     assert!(table.contains("ml/trainer-0/trainer"), "{table}");
+
+    // check reads the log again and the store: the death once. With the log gone (rotated
+    // away), the store alone still has it; without the store, nothing.
+    let ours_in_check = |state: &str| {
+        let out = Command::new(common::shmlink_bin())
+            .args(["check", "--json", "--no-gpu", "--since", "1h", "--state-dir", state])
+            .args(["--pod-log-root", root])
+            .output()
+            .unwrap();
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let failures = json["failures"].as_array().cloned().unwrap_or_default();
+        failures
+            .into_iter()
+            .filter(|f| f["pod_uid"] == uid.as_str() && f["evidence"] == BUS_LINE)
+            .count()
+    };
+    assert_eq!(ours_in_check("none"), 1, "read from the log alone");
+    assert_eq!(ours_in_check(state), 1, "read from the log and the store: once");
+    std::fs::remove_file(&log).unwrap();
+    assert_eq!(ours_in_check(state), 1, "the log gone: from the store");
+    assert_eq!(ours_in_check("none"), 0, "the log gone, no store: nothing to say");
 
     // No store: exit 2 and why.
     let (code, _, stderr) = history(tmp.path().join("nothing").to_str().unwrap(), &[]);

@@ -15,6 +15,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         scan: super::scan_settings(&args.common, sources.docker_root.clone())?,
         sources,
         since: args.since,
+        state_dir: args.state.dir(),
         kube: args.kube,
     };
     let snapshot = check::run(&settings)?;

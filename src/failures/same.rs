@@ -88,17 +88,63 @@ impl Told {
     /// The same container: by ID where both name it (a restarted container has a new one), else
     /// by Pod UID and container name.
     fn same_container(&self, f: &Failure) -> bool {
-        match (&self.container_id, &f.container_id) {
-            (Some(a), Some(b)) if a == b => true,
-            _ => {
-                self.pod_uid.is_some()
-                    && self.container.is_some()
-                    && self.pod_uid == f.pod_uid
-                    && self.container == f.container
-                    && !ids_differ(self.container_id.as_deref(), f.container_id.as_deref())
-            }
+        same_container(
+            self.container_id.as_deref(),
+            self.pod_uid.as_deref(),
+            self.container.as_deref(),
+            f,
+        )
+    }
+}
+
+fn same_container(id: Option<&str>, pod_uid: Option<&str>, name: Option<&str>, f: &Failure) -> bool {
+    match (id, f.container_id.as_deref()) {
+        (Some(a), Some(b)) if a == b => true,
+        _ => {
+            pod_uid.is_some()
+                && name.is_some()
+                && pod_uid == f.pod_uid.as_deref()
+                && name == f.container.as_deref()
+                && !ids_differ(id, f.container_id.as_deref())
         }
     }
+}
+
+/// `check`'s own failures with those `serve` stored over the same window (`--state-dir`): a
+/// stored one is added unless `check` read the same itself (the same death by [`SameDeath`]'s
+/// rule, or the same kind of the same container, or of the same host process, within
+/// [`FAULT_LINES`]). Oldest first.
+pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure> {
+    let mut same = SameDeath::default();
+    for f in &told {
+        same.is_new(f);
+    }
+    let own = told.len();
+    for s in stored {
+        let read_again = told[..own].iter().any(|t| same_account(t, &s));
+        if !read_again && same.is_new(&s) {
+            told.push(s);
+        }
+    }
+    told.sort_by_key(|f| parse_rfc3339(&f.at));
+    told
+}
+
+/// Two accounts of one failure from the same source read twice (the store and the log).
+fn same_account(a: &Failure, b: &Failure) -> bool {
+    let placed = a.container_id.is_some() || a.pod_uid.is_some();
+    a.kind == b.kind
+        && within(parse_rfc3339(&a.at), parse_rfc3339(&b.at), FAULT_LINES)
+        && if placed {
+            same_container(
+                a.container_id.as_deref(),
+                a.pod_uid.as_deref(),
+                a.container.as_deref(),
+                b,
+            )
+        } else {
+            b.container_id.is_none() && b.pod_uid.is_none() && a.pid == b.pid
+        }
 }
 
 /// Both IDs known and different: two instances of the container (a restart), two deaths.
@@ -525,5 +571,103 @@ mod tests {
             same.words.is_empty(),
             "its kill's Event is out: not kept waiting"
         );
+    }
+}
+
+#[cfg(test)]
+mod stored_tests {
+    use super::*;
+    use crate::fixtures;
+
+    fn at(kind: FindingKind, source: FailureSource, id: Option<&str>, at: &str) -> Failure {
+        let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
+        f.source = source;
+        f.container_id = id.map(str::to_string);
+        f.at = at.to_string();
+        f
+    }
+
+    #[test]
+    fn a_stored_failure_check_read_again_is_one_and_the_others_are_added_oldest_first() {
+        let line = at(
+            FindingKind::ShmAllocationFailed,
+            FailureSource::Log,
+            Some("c1"),
+            "2026-11-27T10:00:00.000Z",
+        );
+        let kill = at(
+            FindingKind::ShmOomKilled,
+            FailureSource::Kernel,
+            Some("c1"),
+            "2026-11-27T10:05:00.000Z",
+        );
+        // The log line serve stored, and check read back (same time to the millisecond or a
+        // few seconds off where the clock conversion differs).
+        let mut stored_line = line.clone();
+        stored_line.at = "2026-11-27T10:00:01.500Z".into();
+        stored_line.found_late = true;
+        // kubelet's OOMKilled for the kernel's kill: the same death from another source.
+        let runtime = at(
+            FindingKind::ShmOomKilled,
+            FailureSource::PodStatus,
+            Some("c1"),
+            "2026-11-27T10:05:02.000Z",
+        );
+        // A death whose log rotated away: only the store has it.
+        let gone = at(
+            FindingKind::ShmBusError,
+            FailureSource::Log,
+            Some("c0"),
+            "2026-11-27T09:00:00.000Z",
+        );
+        let merged = with_stored(
+            vec![line.clone(), kill.clone()],
+            vec![gone.clone(), stored_line, runtime],
+        );
+        assert_eq!(merged, vec![gone, line, kill]);
+    }
+
+    #[test]
+    fn two_deaths_of_one_kind_minutes_apart_or_in_another_container_stay_two() {
+        let first = at(
+            FindingKind::ShmBusError,
+            FailureSource::Log,
+            Some("c1"),
+            "2026-11-27T10:00:00.000Z",
+        );
+        let mut later = first.clone();
+        later.at = "2026-11-27T10:02:00.000Z".into();
+        let mut other = first.clone();
+        other.container_id = Some("c2".into());
+        let merged = with_stored(vec![first.clone()], vec![later.clone(), other.clone()]);
+        assert_eq!(merged.len(), 3, "{merged:#?}");
+        // A host process's crash: by PID.
+        let mut host = at(
+            FindingKind::GpuJobCrashed,
+            FailureSource::Kernel,
+            None,
+            "2026-11-27T10:00:00.000Z",
+        );
+        host.pod_uid = None;
+        host.container = None;
+        host.pid = Some(7);
+        let mut other_pid = host.clone();
+        other_pid.pid = Some(8);
+        let merged = with_stored(vec![host.clone()], vec![host.clone(), other_pid]);
+        assert_eq!(merged.len(), 2);
+    }
+
+    #[test]
+    fn a_failure_round_trips_through_the_stores_json() {
+        let mut f = at(
+            FindingKind::ShmOomKilled,
+            FailureSource::Kernel,
+            Some("c1"),
+            "2026-11-27T10:05:00.000Z",
+        );
+        f.found_late = true;
+        let json = serde_json::to_value(&f).unwrap();
+        let back: Failure = serde_json::from_value(json).unwrap();
+        assert_eq!(back, f);
     }
 }

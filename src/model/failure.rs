@@ -3,7 +3,7 @@
 
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{ContainerRef, FindingKind, PairStatus};
 
@@ -11,7 +11,7 @@ use super::{ContainerRef, FindingKind, PairStatus};
 pub const EVIDENCE_MAX: usize = 512;
 
 /// Where a failure was told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureSource {
     /// The container's own output (CRI or Docker json-file log).
@@ -207,7 +207,7 @@ impl Exit {
 }
 
 /// Where a [`MemorySplit`] comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MemorySource {
     /// The kernel's OOM report: the numbers at the moment of the kill.
@@ -224,7 +224,7 @@ pub enum MemorySource {
 
 /// What a memory cgroup held when it ran out (`failures[].memory`): its limit and usage, and
 /// how much of it was shared memory (/dev/shm's tmpfs pages) and the workload's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemorySplit {
     pub limit_bytes: Option<u64>,
     pub usage_bytes: Option<u64>,
@@ -234,7 +234,7 @@ pub struct MemorySplit {
 }
 
 /// The container's /dev/shm at the last scan before the failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShmThen {
     pub size_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
@@ -247,7 +247,7 @@ pub struct ShmThen {
 }
 
 /// A GPU pair the Pod's GPUs make, as the last scan judged it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PairThen {
     pub gpu: u32,
     pub peer_gpu: u32,
@@ -259,7 +259,7 @@ pub struct PairThen {
 }
 
 /// Where a failure's GPUs come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GpusFrom {
     /// NVML listed the process itself on them.
@@ -272,7 +272,7 @@ pub enum GpusFrom {
 
 /// `check --json`'s `failures[]` entry (docs/CONTRACT.md): identity as in `shm`, what was said,
 /// and what was known then.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
     pub namespace: Option<String>,
     pub pod: Option<String>,

@@ -31,7 +31,7 @@ macro_rules! finding_kinds {
         /// The kinds of finding. The JSON name, the Kubernetes Event reason and the usual
         /// severity of each live in the one table below and nowhere else (CONTRACT.md lists
         /// them).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum FindingKind {
             $($(#[doc = $doc])* $kind,)*
