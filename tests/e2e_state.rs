@@ -113,7 +113,15 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
     // away), the store alone still has it; without the store, nothing.
     let ours_in_check = |state: &str| {
         let out = Command::new(common::shmlink_bin())
-            .args(["check", "--json", "--no-gpu", "--since", "1h", "--state-dir", state])
+            .args([
+                "check",
+                "--json",
+                "--no-gpu",
+                "--since",
+                "1h",
+                "--state-dir",
+                state,
+            ])
             .args(["--pod-log-root", root])
             .output()
             .unwrap();
@@ -125,10 +133,18 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
             .count()
     };
     assert_eq!(ours_in_check("none"), 1, "read from the log alone");
-    assert_eq!(ours_in_check(state), 1, "read from the log and the store: once");
+    assert_eq!(
+        ours_in_check(state),
+        1,
+        "read from the log and the store: once"
+    );
     std::fs::remove_file(&log).unwrap();
     assert_eq!(ours_in_check(state), 1, "the log gone: from the store");
-    assert_eq!(ours_in_check("none"), 0, "the log gone, no store: nothing to say");
+    assert_eq!(
+        ours_in_check("none"),
+        0,
+        "the log gone, no store: nothing to say"
+    );
 
     // No store: exit 2 and why.
     let (code, _, stderr) = history(tmp.path().join("nothing").to_str().unwrap(), &[]);

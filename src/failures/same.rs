@@ -97,7 +97,12 @@ impl Told {
     }
 }
 
-fn same_container(id: Option<&str>, pod_uid: Option<&str>, name: Option<&str>, f: &Failure) -> bool {
+fn same_container(
+    id: Option<&str>,
+    pod_uid: Option<&str>,
+    name: Option<&str>,
+    f: &Failure,
+) -> bool {
     match (id, f.container_id.as_deref()) {
         (Some(a), Some(b)) if a == b => true,
         _ => {

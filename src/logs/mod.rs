@@ -175,6 +175,7 @@ impl LogTailer {
             dropped_lines: tally.dropped,
             skipped_bytes: tally.skipped,
             errors: tally.errors,
+            resume_mismatches: tally.mismatched,
         }
     }
 }

@@ -77,9 +77,11 @@ pub enum Resumed {
     Whole,
     /// A live file: from its end; a rotated one: not read.
     Skip,
-    /// Its inode was saved but its first bytes differ (the inode reused by another file): not
-    /// trusted, read as [`Resumed::Skip`] and said.
-    Mismatch,
+    /// Its inode was saved but its first bytes differ (the inode reused by another file, or
+    /// the file truncated and written again): the position is not trusted and it is said; the
+    /// file is another, read whole when written since the checkpoint (deaths in it were never
+    /// read), else from its end.
+    Mismatch { written_since: bool },
 }
 
 /// Decides for one listed file; `fingerprint(len)` hashes its first `len` bytes (a gzipped
@@ -94,7 +96,9 @@ pub fn resume_at(
     }
     if let Some(c) = saved.by_id.get(&f.id) {
         if fingerprint(c.fingerprint_len) != Some(c.fingerprint) {
-            return Resumed::Mismatch;
+            return Resumed::Mismatch {
+                written_since: f.mtime > saved.at,
+            };
         }
         // Truncated (copytruncate) while down: what it holds now was written since.
         return Resumed::At(if f.size < c.offset { 0 } else { c.offset });
@@ -238,11 +242,19 @@ mod tests {
     fn a_reused_inode_is_not_trusted() {
         let other: &'static [u8] = b"2026-11-27T05:30:00Z stderr F another file\n";
         let f = listed(42, other.len() as u64, 200, false);
-        assert_eq!(resume_at(&f, &saved(42, 36), of(other)), Resumed::Mismatch);
+        let since = Resumed::Mismatch {
+            written_since: true,
+        };
+        assert_eq!(resume_at(&f, &saved(42, 36), of(other)), since);
         // Shorter than the bytes hashed: not the same file either.
+        assert_eq!(resume_at(&f, &saved(42, 36), of(b"2026")), since);
+        // Not written since the checkpoint: nothing in it is news.
+        let old = listed(42, other.len() as u64, 50, false);
         assert_eq!(
-            resume_at(&f, &saved(42, 36), of(b"2026")),
-            Resumed::Mismatch
+            resume_at(&old, &saved(42, 36), of(other)),
+            Resumed::Mismatch {
+                written_since: false
+            }
         );
     }
 

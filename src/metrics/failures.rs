@@ -27,6 +27,7 @@ pub(super) struct SourceMetrics {
     log_bytes: Counter,
     log_lines_dropped: Counter,
     log_bytes_skipped: Counter,
+    log_resume_mismatches: Counter,
     kmsg_records: Counter,
     kmsg_lost: Counter,
     /// One series, made at the watcher's first report if the kernel log is on.
@@ -59,6 +60,13 @@ impl SourceMetrics {
                     "shmlink_log_bytes_skipped",
                     "Bytes of rotated log files let go unread: written faster than read",
                     &m.log_bytes_skipped,
+                ),
+                (
+                    "shmlink_log_resume_mismatches",
+                    "Log files whose saved position was not trusted after a restart: their \
+                     inode now holds another file (read whole when written since, else from \
+                     the end)",
+                    &m.log_resume_mismatches,
                 ),
                 (
                     "shmlink_kmsg_records",
@@ -100,6 +108,11 @@ impl Metrics {
                 &m.log_bytes_skipped,
                 logs.skipped_bytes,
                 was_logs.skipped_bytes,
+            ),
+            (
+                &m.log_resume_mismatches,
+                logs.resume_mismatches,
+                was_logs.resume_mismatches,
             ),
             (&m.kmsg_records, now.kmsg_records, was.kmsg_records),
             (&m.kmsg_lost, now.kmsg_lost, was.kmsg_lost),

@@ -278,6 +278,7 @@ fn record_self_metrics(m: &Metrics) {
             dropped_lines: 1,
             skipped_bytes: 4096,
             errors: 1,
+            resume_mismatches: 1,
         },
         kmsg_open: Some(false),
         kmsg_records: 5,

@@ -43,6 +43,8 @@ pub struct LogStats {
     pub skipped_bytes: u64,
     /// Unreadable roots, directories and files, each counted once.
     pub errors: u64,
+    /// Saved positions not trusted after a restart: the file's inode holds another file.
+    pub resume_mismatches: u64,
 }
 
 /// What the sources have read since the watcher started.

@@ -186,9 +186,13 @@ impl ContainerDir {
                 Resumed::At(offset) if gz => Position::GzAfter(offset),
                 Resumed::At(offset) => Position::At(offset),
                 Resumed::Whole => Position::At(0),
-                Resumed::Mismatch => {
-                    tally.mismatch(&f.path);
-                    Position::End
+                Resumed::Mismatch { written_since } => {
+                    tally.mismatch(&f.path, written_since);
+                    if written_since {
+                        Position::At(0)
+                    } else {
+                        Position::End
+                    }
                 }
                 Resumed::Skip => Position::End,
             };

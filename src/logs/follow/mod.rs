@@ -232,12 +232,17 @@ impl Tally {
     }
 
     /// A file's saved position not trusted (resuming): its inode now holds another file.
-    fn mismatch(&mut self, path: &Path) {
+    fn mismatch(&mut self, path: &Path, written_since: bool) {
         self.mismatched += 1;
         tracing::warn!(
             "container log {}: not the file whose position was saved (its inode reused by \
-             another): read from its end",
-            path.display()
+             another, or truncated and written again): read {}",
+            path.display(),
+            if written_since {
+                "whole, as written since the agent stopped"
+            } else {
+                "from its end"
+            }
         );
     }
 

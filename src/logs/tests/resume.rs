@@ -60,7 +60,7 @@ fn a_rotation_while_down_is_read_on_and_the_new_file_whole() {
 }
 
 #[test]
-fn a_reused_inode_and_old_files_are_not_read_as_new() {
+fn a_reused_inode_is_read_as_another_file_and_old_files_are_not_read_as_new() {
     let node = Node::new();
     let dir = node.container("pytorch");
     let log = dir.join("0.log");
@@ -68,12 +68,18 @@ fn a_reused_inode_and_old_files_are_not_read_as_new() {
     let first = from_end(&node);
     let mut checkpoint = saved(&first);
     drop(first);
-    // Another file's first line in the saved inode: its position is not trusted.
+    // Another file's first line in the saved inode: its position is not trusted; written
+    // since the checkpoint, it is another file, read whole.
     checkpoint.files[0].fingerprint ^= 1;
     append(&log, cri(&["after the checkpoint"]));
     let mut second = eager(LogTailer::resume(node.settings(), checkpoint));
-    assert!(second.poll().is_empty(), "read from its end");
+    assert_eq!(
+        texts(&second.poll()),
+        ["first", "after the checkpoint"],
+        "another file: read whole"
+    );
     assert_eq!(second.resume_mismatches(), 1);
+    assert_eq!(second.stats().resume_mismatches, 1);
     append(&log, cri(&["later"]));
     assert_eq!(texts(&second.poll()), ["later"]);
 
