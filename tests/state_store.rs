@@ -360,6 +360,7 @@ fn history_over_a_day_filters_by_time_namespace_and_pod_and_prunes_oldest_first(
     let options = |keep: Retention| Options {
         retention: keep,
         clock: clock.clone(),
+        ..Options::default()
     };
     let m = StateMetrics::default();
     let store = Store::open(tmp.path(), &me(), options(Retention::default()), &m).unwrap();
@@ -524,18 +525,26 @@ fn a_read_only_place_runs_without_the_store_and_moves_nothing() {
 }
 
 #[test]
-fn a_full_disk_stops_the_writes_not_the_agent() {
+fn a_full_disk_stops_the_writes_not_the_agent_and_a_freed_one_is_written_again() {
     if !root_or_skip("full disk") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     let _fs = Tmpfs::mount(tmp.path(), "1m");
     let m = StateMetrics::default();
-    let store = open(tmp.path(), &me(), &m).unwrap();
+    let retry = Duration::from_millis(500);
+    let options = Options {
+        retry_after: retry,
+        ..Options::default()
+    };
+    let store = Store::open(tmp.path(), &me(), options, &m).unwrap();
     let tx = store.sender();
+    // Another writer fills what is left of the disk.
+    let ballast = tmp.path().join("ballast");
+    let _ = fs::write(&ballast, vec![0u8; 1 << 20]);
     let mut big = failure("ml", "flood", SystemTime::now());
     big.evidence = "x".repeat(4000);
-    for _ in 0..2000 {
+    for _ in 0..200 {
         tx.failure(&big, false);
     }
     assert!(
@@ -549,8 +558,20 @@ fn a_full_disk_stops_the_writes_not_the_agent() {
     tx.failure(&big, false);
     assert!(tx.flush(Duration::from_secs(5)));
     assert_eq!(m.dropped.get(), before + 1);
+    // The disk freed: after the retry delay the next batch is written, and it says so.
+    fs::remove_file(&ballast).unwrap();
+    std::thread::sleep(retry + Duration::from_millis(100));
+    let small = failure("ml", "after", SystemTime::now());
+    tx.failure(&small, false);
+    assert!(tx.flush(Duration::from_secs(5)));
+    assert_eq!(m.up.get(), 1, "written again: shmlink_state_up 1");
     drop(tx);
     drop(store);
+    let h = state::read_history(tmp.path(), &state::Filter::default()).unwrap();
+    assert!(
+        h.failures.iter().any(|f| f["pod"] == "after"),
+        "the failure after the disk was freed is stored"
+    );
     // A full disk at the start: opening fails cleanly.
     let filler = tmp.path().join("filler");
     let _ = fs::write(&filler, vec![0u8; 2 << 20]);

@@ -97,10 +97,12 @@ pub struct Store {
     metrics: StateMetrics,
 }
 
-/// How a store is opened; tests set the clock and retention.
+/// How a store is opened; tests set the clock, retention and retry.
 pub struct Options {
     pub retention: Retention,
     pub clock: Clock,
+    /// After a failed write, how long until one is tried again ([`writer::RETRY_AFTER`]).
+    pub retry_after: Duration,
 }
 
 impl Default for Options {
@@ -108,6 +110,7 @@ impl Default for Options {
         Options {
             retention: Retention::default(),
             clock: Arc::new(SystemTime::now),
+            retry_after: writer::RETRY_AFTER,
         }
     }
 }
@@ -156,6 +159,7 @@ impl Store {
             metrics: metrics.clone(),
             retention: options.retention,
             clock: options.clock,
+            retry_after: options.retry_after,
         };
         let thread = thread::Builder::new()
             .name("state".into())

@@ -24,6 +24,8 @@ pub const MAX_BATCH: usize = 10_000;
 pub const CHANNEL: usize = 16_384;
 /// How often history is pruned.
 pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// After a failed write (a full disk), how long batches are dropped before one is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// What callers send.
 pub enum Record {
@@ -67,6 +69,7 @@ pub(super) struct Writer {
     pub(super) metrics: StateMetrics,
     pub(super) retention: Retention,
     pub(super) clock: Clock,
+    pub(super) retry_after: Duration,
 }
 
 impl Writer {
@@ -75,7 +78,10 @@ impl Writer {
         let mut batch = Batch::default();
         let mut last_commit = Instant::now() - QUIET_GAP;
         let mut last_prune: Option<Instant> = None;
-        let mut broken = false;
+        let mut broken = Broken {
+            since: None,
+            retry_after: self.retry_after,
+        };
         loop {
             let due = last_commit + batch.gap();
             let got = if batch.is_empty() {
@@ -104,7 +110,7 @@ impl Writer {
                 self.commit(&mut batch, &mut broken);
                 last_commit = Instant::now();
             }
-            if !broken && last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            if broken.since.is_none() && last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
                 self.prune(&mut broken);
                 last_prune = Some(Instant::now());
             }
@@ -116,12 +122,15 @@ impl Writer {
 
     /// One transaction for the whole batch: rows in the order sent, then the checkpoints, so a
     /// position never lands without the deaths sent before it.
-    fn commit(&mut self, batch: &mut Batch, broken: &mut bool) {
+    fn commit(&mut self, batch: &mut Batch, broken: &mut Broken) {
         let b = std::mem::take(batch);
         if b.is_empty() {
             return;
         }
-        if *broken {
+        if broken
+            .since
+            .is_some_and(|t| t.elapsed() < broken.retry_after)
+        {
             self.metrics.dropped.inc_by(b.records as u64);
             return;
         }
@@ -130,6 +139,10 @@ impl Writer {
             Ok(()) => {
                 self.metrics.commits.inc();
                 self.metrics.rows_written.inc_by(rows);
+                if broken.since.take().is_some() {
+                    self.metrics.up.set(1);
+                    tracing::warn!("the state store is written again (shmlink_state_up 1)");
+                }
             }
             Err(e) => {
                 self.metrics.dropped.inc_by(b.records as u64);
@@ -138,7 +151,7 @@ impl Writer {
         }
     }
 
-    fn prune(&mut self, broken: &mut bool) {
+    fn prune(&mut self, broken: &mut Broken) {
         match history::prune(&self.conn, &self.retention, (self.clock)()) {
             Ok(0) => {}
             Ok(n) => tracing::debug!(rows = n, "pruned the oldest history"),
@@ -147,21 +160,30 @@ impl Writer {
     }
 
     /// A write failed: a full or read-only disk, or the file went bad. The agent goes on
-    /// without the store (said once, `shmlink_state_up 0`) until it restarts; a busy database
-    /// (a reader holding it past the timeout) only loses that batch.
-    fn broke(&mut self, e: &rusqlite::Error, broken: &mut bool) {
+    /// without the store (said once, `shmlink_state_up 0`), dropping what it is sent (counted)
+    /// and trying a batch again every [`RETRY_AFTER`] (a disk freed); a busy database (a reader
+    /// holding it past the timeout) only loses that batch.
+    fn broke(&mut self, e: &rusqlite::Error, broken: &mut Broken) {
         if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) {
             tracing::warn!(error = %e, "the state store was busy; one batch of history dropped");
             return;
         }
-        *broken = true;
-        self.metrics.up.set(0);
-        tracing::error!(
-            error = %e,
-            "the state store cannot be written (disk full, read-only or failing?); running \
-             without it until restarted (shmlink_state_up 0)"
-        );
+        if broken.since.replace(Instant::now()).is_none() {
+            self.metrics.up.set(0);
+            tracing::error!(
+                error = %e,
+                "the state store cannot be written (disk full, read-only or failing?); running \
+                 without it, trying again every {}s (shmlink_state_up 0)",
+                broken.retry_after.as_secs()
+            );
+        }
     }
+}
+
+/// Since when writes fail, and how long until one is tried again.
+pub(super) struct Broken {
+    since: Option<Instant>,
+    retry_after: Duration,
 }
 
 /// Adds a record to the batch; never a reason to stop.
