@@ -16,6 +16,9 @@
 #   bench/run.sh death-trace race [DEATHS] | cost [SECONDS] [RATE]
 #       serve --death-trace: the reading against real SIGBUS deaths, CPU idle and in a SIGBUS
 #       storm, traced and not (root, release build)
+#   bench/run.sh state [--containers N] [--seconds S] [--lines-per-sec L] [--death-every D]
+#       the state store's cost in serve: CPU, commits, rows, disk writes and fsyncs with and
+#       without --state-dir, N containers' logs (release build)
 #   bench/run.sh parsers [criterion options]      the parser micro-benchmarks (cargo bench)
 #   bench/run.sh fleet [NODES] [CONTAINERS_PER_NODE]
 #       the dashboard's fleet queries and recording rules on a synthetic big cluster
@@ -36,6 +39,7 @@ suite=${1:-}
 case "$suite" in
   containers | failures | fleet | footprint) exec "bench/$suite/run.sh" "$@" ;;
   deaths) exec bench/failures/deaths.sh "$@" ;;
+  state) cargo build -q --release --bin shmlink && exec python3 bench/state/cost.py "$@" ;;
   death-trace) exec python3 bench/death_trace/race.py "$@" ;;
   parsers) exec cargo bench --bench parsers -- "$@" ;;
   --smoke)
