@@ -130,6 +130,14 @@ impl Scanner {
         self.gpu.xid_counts()
     }
 
+    /// Since when each GPU pair (by its GPUs' UUIDs) failed before a restart.
+    pub fn resume_pairs_failing_since(
+        &mut self,
+        since: std::collections::HashMap<(String, String), std::time::SystemTime>,
+    ) {
+        self.gpu.resume_failing_since(since);
+    }
+
     /// Names plain Docker containers from Docker's own records under `docker_root`.
     pub fn with_docker_root(mut self, docker_root: Option<PathBuf>) -> Self {
         self.docker = DockerNames::new(docker_root);

@@ -132,6 +132,12 @@ impl PairJudge {
         }
     }
 
+    /// Since when each pair (by its GPUs' UUIDs, or `#index`) failed before a restart: a
+    /// pair still failing at the next judgement keeps that time; one that is not starts over.
+    pub fn resume_failing_since(&mut self, since: HashMap<(String, String), SystemTime>) {
+        self.failing_since = since;
+    }
+
     /// Judges one sample. `now` is when the sample was taken (tests pass synthetic instants).
     pub fn judge(&mut self, sample: &GpuSample, now: Instant) -> Judgement {
         self.judge_at(sample, now, SystemTime::now())
