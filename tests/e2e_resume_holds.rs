@@ -135,7 +135,11 @@ fn a_restart_keeps_down_since_and_held_xids_and_another_boot_does_not() {
 
     let patches_before = api.node_status_patches().len();
     let agent = start(&api, &fake, &proc_root, &cgroup, &state);
-    assert_eq!(since_of_gpu7(&agent), since, "down since before the restart");
+    assert_eq!(
+        since_of_gpu7(&agent),
+        since,
+        "down since before the restart"
+    );
     let log = agent.log_text();
     assert!(log.contains("keep their since-times"), "{log}");
     // Some scans later: still held, no transition, and nothing wrote it False meanwhile.
@@ -148,7 +152,11 @@ fn a_restart_keeps_down_since_and_held_xids_and_another_boot_does_not() {
         link["lastTransitionTime"]
     );
     for p in &api.node_status_patches()[patches_before..] {
-        for c in p.body["status"]["conditions"].as_array().into_iter().flatten() {
+        for c in p.body["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             assert_eq!(c["status"], "True", "a flap at restart: {:#}", p.body);
         }
     }

@@ -66,7 +66,11 @@ pub fn pairs_since(snapshot: &Snapshot) -> PairsSince {
     for g in snapshot.gpus.iter().filter(|g| !g.uuid.is_empty()) {
         uuids.entry(g.index).or_insert(&g.uuid);
     }
-    let key = |i: u32| uuids.get(&i).map_or_else(|| format!("#{i}"), |u| u.to_string());
+    let key = |i: u32| {
+        uuids
+            .get(&i)
+            .map_or_else(|| format!("#{i}"), |u| u.to_string())
+    };
     snapshot
         .gpu_pairs
         .iter()
@@ -235,7 +239,9 @@ pub(super) fn resume(
             kube.resume_held(held, Instant::now());
         }
         Ok(Some(_)) => {}
-        Ok(None) => tracing::info!("fatal XIDs held in another boot: not resumed (a reboot clears them)"),
+        Ok(None) => {
+            tracing::info!("fatal XIDs held in another boot: not resumed (a reboot clears them)")
+        }
         Err(e) => tracing::warn!(key = HELD_XIDS_KEY, "ignoring a stored value: {e}"),
     }
 }
@@ -310,7 +316,10 @@ mod tests {
             ages: vec![Duration::from_secs(180), Duration::from_secs(60)],
         }];
         let saved = save_xids(BOOT, &held, at(10_000));
-        assert_eq!(saved["held"][0]["seen_ms"], serde_json::json!([9_820_000, 9_940_000]));
+        assert_eq!(
+            saved["held"][0]["seen_ms"],
+            serde_json::json!([9_820_000, 9_940_000])
+        );
         // Restored 100 s later: 100 s older.
         let back = restore_xids(&saved, BOOT, at(10_100)).unwrap().unwrap();
         assert_eq!(

@@ -97,11 +97,8 @@ impl FatalXids {
             .filter(|x| catalogue::is_fatal(x.xid))
             .map(|x| ((x.gpu, x.xid), x.count))
             .collect();
-        self.seen.retain(|k, seen| {
-            counts
-                .get(k)
-                .map_or(seen.resumed, |&c| c >= seen.count)
-        });
+        self.seen
+            .retain(|k, seen| counts.get(k).map_or(seen.resumed, |&c| c >= seen.count));
         for (&key, &count) in &counts {
             let seen = self.seen.entry(key).or_default();
             let grew = count.saturating_sub(seen.count);

@@ -141,7 +141,11 @@ fn a_resumed_since_is_kept_by_a_pair_still_failing_and_dropped_by_one_that_is_no
     let mut s = mesh(4);
     link_mut(&mut s, 1, mesh_link(1, 2)).active = false;
     let j = judge.judge_at(&s, t0, clock);
-    assert_eq!(verdict(&j, 1, 2).since, Some(before), "down before the restart");
+    assert_eq!(
+        verdict(&j, 1, 2).since,
+        Some(before),
+        "down before the restart"
+    );
     assert_eq!(verdict(&j, 0, 3).since, None, "0-3 is ok now");
     // 0-3 failing later starts at its own time, not the stale one.
     link_mut(&mut s, 0, mesh_link(0, 3)).active = false;
