@@ -1,7 +1,8 @@
 //! Held states across a restart, end to end: the real `shmlink serve --state-dir` with the fake
-//! NVML (GPU 7's NVLinks all down, XID 48 on GPU 7) and the in-process API server. Killed
-//! (SIGKILL) and started again in the same boot, the failing pairs keep their since-time and
-//! `GpuFault` stays True with its lastTransitionTime (the fake NVML, like the real one, does not
+//! NVML (GPU 7's NVLinks all down, XID 48 on GPU 7, replay errors on a link of GPU 0) and the
+//! in-process API server. Killed (SIGKILL) and started again in the same boot, the failing pairs
+//! keep their since-time (GPU 0's too: its error window goes on) and `GpuFault` stays True with
+//! its lastTransitionTime (the fake NVML, like the real one, does not
 //! deliver again the XIDs of before it was loaded). Started in another boot (a new
 //! `<proc-root>/sys/kernel/random/boot_id`), neither is taken up. Needs neither root nor
 //! containers.
@@ -80,6 +81,20 @@ fn start(api: &FakeApi, fake: &FakeNvml, proc_root: &Path, cgroup: &Path, state:
     agent
 }
 
+/// The since-time of pair `gpu`-`peer`, once it fails.
+fn since_of(agent: &Agent, gpu: &str, peer: &str) -> f64 {
+    let mut out = None;
+    agent.wait_for_metrics("the pair failing", |b| {
+        out = sample(
+            b,
+            "shmlink_gpu_pair_failing_since_seconds",
+            &[("gpu", gpu), ("peer_gpu", peer)],
+        );
+        out.is_some()
+    });
+    out.unwrap()
+}
+
 /// The since-times of GPU 7's pairs, once all seven are there.
 fn since_of_gpu7(agent: &Agent) -> Vec<f64> {
     let mut out = Vec::new();
@@ -128,6 +143,10 @@ fn a_restart_keeps_down_since_and_held_xids_and_another_boot_does_not() {
     );
     let link = wait_condition(&api, &agent, "GpuLinkDegraded", |c| c["status"] == "True");
     let since = since_of_gpu7(&agent);
+    // Replay errors on a switch link of GPU 0: its pairs degraded for the next 60 s.
+    nvml["gpus"][0]["links"][0]["errors"]["replay"] = json!(5);
+    fake.write(&nvml);
+    let errors_since = since_of(&agent, "0", "1");
     assert!(since.iter().all(|&s| s == since[0]), "{since:?}");
     // Long enough that a since-time begun afresh would differ, and the store has committed.
     std::thread::sleep(Duration::from_millis(2_500));
@@ -139,6 +158,11 @@ fn a_restart_keeps_down_since_and_held_xids_and_another_boot_does_not() {
         since_of_gpu7(&agent),
         since,
         "down since before the restart"
+    );
+    assert_eq!(
+        since_of(&agent, "0", "1"),
+        errors_since,
+        "degraded by errors seen before the restart, since then"
     );
     let log = agent.log_text();
     assert!(log.contains("keep their since-times"), "{log}");

@@ -1,5 +1,7 @@
 //! What a restart in the same boot takes up again from the state store: since when each GPU
-//! pair has failed (`gpu/pairs`) and the fatal XIDs holding `GpuFault` (`gpu/held_xids`).
+//! pair has failed (`gpu/pairs`), the NVLink counter windows that hold growth (`gpu/link_windows`:
+//! pairs degraded by errors stay so for the rest of the window) and the fatal XIDs holding
+//! `GpuFault` (`gpu/held_xids`).
 //! Each is saved (a checkpoint under its key) when it changes, not every scan, and read back
 //! once at start. Each carries the boot it was saved in: a reboot retrains the links and
 //! resets the GPUs, which repairs what the XIDs asked for, so another boot's are not taken up.
@@ -12,13 +14,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::cluster::KubeView;
+use crate::gpu::pairs::CarriedWindow;
 use crate::gpu::xid::HeldAges;
-use crate::model::Snapshot;
+use crate::model::{LinkErrors, Snapshot};
 use crate::scan::Scanner;
 use crate::state::{Store, StoreSender};
 
 pub const PAIRS_KEY: &str = "gpu/pairs";
 pub const HELD_XIDS_KEY: &str = "gpu/held_xids";
+pub const WINDOWS_KEY: &str = "gpu/link_windows";
+
+type Windows = Vec<CarriedWindow<LinkErrors>>;
 
 /// Failing pairs by their GPUs' keys (UUID, or `#index` without one), as the pair judge keys
 /// them.
@@ -160,6 +166,57 @@ pub fn restore_xids(
     ))
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedWindows {
+    boot_id: String,
+    saved_ms: u64,
+    windows: Windows,
+}
+
+pub fn save_windows(boot_id: &str, windows: &Windows, clock: SystemTime) -> Value {
+    let saved = SavedWindows {
+        boot_id: boot_id.to_string(),
+        saved_ms: ms(clock),
+        windows: windows.clone(),
+    };
+    serde_json::to_value(saved).unwrap_or(Value::Null)
+}
+
+/// The saved windows and how long ago (at `clock`) they were saved; None when saved in another
+/// boot (the driver's counters started over).
+pub fn restore_windows(
+    value: &Value,
+    boot_id: &str,
+    clock: SystemTime,
+) -> Result<Option<(Windows, Duration)>, serde_json::Error> {
+    let saved = SavedWindows::deserialize(value)?;
+    if saved.boot_id != boot_id {
+        return Ok(None);
+    }
+    let ago = clock
+        .duration_since(time(saved.saved_ms))
+        .unwrap_or_default();
+    Ok(Some((saved.windows, ago)))
+}
+
+/// A window's identity and growth: new samples that add no growth change nothing saved.
+type WindowShape = (String, u32, Option<LinkErrors>, Option<LinkErrors>);
+
+fn shape(windows: &Windows) -> Vec<WindowShape> {
+    windows
+        .iter()
+        .map(|w| {
+            let count = |s: Option<&(u64, LinkErrors)>| s.map(|s| s.1);
+            (
+                w.gpu.clone(),
+                w.link,
+                count(w.samples.first()),
+                count(w.samples.last()),
+            )
+        })
+        .collect()
+}
+
 /// What was last saved, to save again only on a change.
 pub(super) struct Holds {
     store: StoreSender,
@@ -167,6 +224,7 @@ pub(super) struct Holds {
     pairs: Option<PairsSince>,
     /// (GPU, XID, occurrences) of the held XIDs last saved: their times only change with them.
     xids: Option<Vec<(u32, u64, usize)>>,
+    windows: Option<Vec<WindowShape>>,
 }
 
 impl Holds {
@@ -176,17 +234,28 @@ impl Holds {
             boot_id,
             pairs: None,
             xids: None,
+            windows: None,
         }
     }
 
     /// After a scan: saves what changed (the first scan always, which also replaces what
-    /// another boot left). `held`: the fatal XIDs, where the Node conditions are written.
+    /// another boot left). `held`: the fatal XIDs, where the Node conditions are written;
+    /// `windows`: the pair judge's, where NVML is loaded.
     pub(super) fn after_scan(
         &mut self,
         snapshot: &Snapshot,
         held: Option<Vec<HeldAges>>,
+        windows: Option<Windows>,
         clock: SystemTime,
     ) {
+        if let Some(windows) = windows {
+            let now = shape(&windows);
+            if self.windows.as_ref() != Some(&now) {
+                self.store
+                    .put(WINDOWS_KEY, save_windows(&self.boot_id, &windows, clock));
+                self.windows = Some(now);
+            }
+        }
         let pairs = pairs_since(snapshot);
         if self.pairs.as_ref() != Some(&pairs) {
             self.store.put(PAIRS_KEY, save_pairs(&self.boot_id, &pairs));
@@ -225,6 +294,19 @@ pub(super) fn resume(
             Ok(Some(_)) => {}
             Ok(None) => tracing::info!("GPU pair states of another boot: not resumed"),
             Err(e) => tracing::warn!(key = PAIRS_KEY, "ignoring a stored value: {e}"),
+        }
+    }
+    if let Some(v) = store.get(WINDOWS_KEY) {
+        match restore_windows(v, boot_id, clock) {
+            Ok(Some((windows, ago))) if !windows.is_empty() => {
+                tracing::info!(
+                    links = windows.len(),
+                    "NVLink error windows from before the restart go on"
+                );
+                scanner.resume_link_windows(windows, ago, Instant::now());
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(key = WINDOWS_KEY, "ignoring a stored value: {e}"),
         }
     }
     let (Some(kube), Some(v)) = (kube, store.get(HELD_XIDS_KEY)) else {
@@ -306,6 +388,31 @@ mod tests {
         assert_eq!(back[&("GPU-7".into(), "#8".into())], at(2_000));
         assert_eq!(restore_pairs(&saved, "another-boot").unwrap(), None);
         assert!(restore_pairs(&serde_json::json!({"pairs": 3}), BOOT).is_err());
+    }
+
+    #[test]
+    fn link_windows_round_trip_with_their_age_in_the_same_boot_only() {
+        let grown = LinkErrors {
+            replay: 3,
+            ..LinkErrors::default()
+        };
+        let windows = vec![CarriedWindow {
+            gpu: "GPU-0".into(),
+            link: 4,
+            samples: vec![(20_000, LinkErrors::default()), (5_000, grown)],
+        }];
+        let saved = save_windows(BOOT, &windows, at(1_000));
+        let (back, ago) = restore_windows(&saved, BOOT, at(1_007)).unwrap().unwrap();
+        assert_eq!((back, ago), (windows.clone(), Duration::from_secs(7)));
+        assert_eq!(restore_windows(&saved, "other", at(1_007)).unwrap(), None);
+        // A later sample that adds no growth is no change to save.
+        let mut later = windows.clone();
+        later[0].samples.push((0, grown));
+        assert_eq!(shape(&later), shape(&windows));
+        later[0]
+            .samples
+            .push((0, LinkErrors { replay: 4, ..grown }));
+        assert_ne!(shape(&later), shape(&windows));
     }
 
     #[test]

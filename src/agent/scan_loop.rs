@@ -143,8 +143,10 @@ impl Between {
             k.after_scan(&out.snapshot, pods.as_ref());
         }
         if let Some(h) = self.holds.as_mut() {
-            let held = self.kube.as_ref().map(|k| k.held_ages(Instant::now()));
-            h.after_scan(&out.snapshot, held, SystemTime::now());
+            let now = Instant::now();
+            let held = self.kube.as_ref().map(|k| k.held_ages(now));
+            let windows = self.scanner.carry_link_windows(now);
+            h.after_scan(&out.snapshot, held, windows, SystemTime::now());
         }
         if let Some(told) = self.findings_told.as_mut() {
             log_changes(told.update(&out.snapshot.findings));

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::nvml::NvmlGpus;
-use super::pairs::{PairJudge, PairRules};
+use super::pairs::{CarriedWindow, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
-use crate::model::{Blame, GpuReading, GpuUsers, NvmlState, PairProbe, PairVerdict};
+use crate::model::{Blame, GpuReading, GpuUsers, LinkErrors, NvmlState, PairProbe, PairVerdict};
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
@@ -169,6 +169,27 @@ impl GpuCollector {
         match &mut self.state {
             State::Loaded(loaded) => loaded.judge.resume_failing_since(since),
             _ => self.resume_since = since,
+        }
+    }
+
+    /// The pair judge's NVLink counter windows that hold growth (None without NVML).
+    pub fn carry_windows(&self, now: Instant) -> Option<Vec<CarriedWindow<LinkErrors>>> {
+        match &self.state {
+            State::Loaded(loaded) => Some(loaded.judge.carry_windows(now)),
+            _ => None,
+        }
+    }
+
+    /// Windows carried over a restart `since_save` ago; without NVML loaded yet they are
+    /// dropped (the next load is a minute away, about when they would have run out).
+    pub fn resume_windows(
+        &mut self,
+        carried: Vec<CarriedWindow<LinkErrors>>,
+        since_save: Duration,
+        now: Instant,
+    ) {
+        if let State::Loaded(loaded) = &mut self.state {
+            loaded.judge.resume_windows(carried, since_save, now);
         }
     }
 

@@ -53,6 +53,7 @@ mod reasons;
 mod rules;
 
 pub use crate::model::Weight;
+pub use rules::window::CarriedWindow;
 
 use board::Board;
 use reasons::Judged;
@@ -62,7 +63,7 @@ use rules::p2p::P2pMemory;
 use rules::{counters, gpu_state, links, nvlink5, p2p, pcie, probe_results};
 
 use crate::model::{Blame, Finding};
-use crate::model::{GpuSample, PairStatus, PairVerdict};
+use crate::model::{GpuSample, LinkErrors, PairStatus, PairVerdict};
 
 /// Thresholds of the pair verdicts. The defaults follow DCGM's NVLink health watch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -136,6 +137,22 @@ impl PairJudge {
     /// pair still failing at the next judgement keeps that time; one that is not starts over.
     pub fn resume_failing_since(&mut self, since: HashMap<(String, String), SystemTime>) {
         self.failing_since = since;
+    }
+
+    /// The NVLink (DL) counter windows that hold growth, for a restart to carry: what keeps
+    /// pairs degraded for `window` after errors goes on, not over.
+    pub fn carry_windows(&self, now: Instant) -> Vec<CarriedWindow<LinkErrors>> {
+        self.counters.carry(now)
+    }
+
+    /// Takes up windows carried `since_save` ago.
+    pub fn resume_windows(
+        &mut self,
+        carried: Vec<CarriedWindow<LinkErrors>>,
+        since_save: Duration,
+        now: Instant,
+    ) {
+        self.counters.resume(carried, since_save, now);
     }
 
     /// Judges one sample. `now` is when the sample was taken (tests pass synthetic instants).
