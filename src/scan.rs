@@ -131,10 +131,7 @@ impl Scanner {
     }
 
     /// Since when each GPU pair (by its GPUs' UUIDs) failed before a restart.
-    pub fn resume_pairs_failing_since(
-        &mut self,
-        since: std::collections::HashMap<(String, String), std::time::SystemTime>,
-    ) {
+    pub fn resume_pairs_failing_since(&mut self, since: crate::gpu::pairs::FailingSince) {
         self.gpu.resume_failing_since(since);
     }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::cluster::KubeView;
-use crate::gpu::pairs::CarriedWindow;
+use crate::gpu::pairs::{CarriedWindow, FailingSince};
 use crate::gpu::xid::HeldAges;
 use crate::model::{LinkErrors, Snapshot};
 use crate::scan::Scanner;
@@ -104,7 +104,7 @@ pub fn save_pairs(boot_id: &str, pairs: &PairsSince) -> Value {
 pub fn restore_pairs(
     value: &Value,
     boot_id: &str,
-) -> Result<Option<HashMap<(String, String), SystemTime>>, serde_json::Error> {
+) -> Result<Option<FailingSince>, serde_json::Error> {
     let saved = SavedPairs::deserialize(value)?;
     if saved.boot_id != boot_id {
         return Ok(None);
@@ -366,13 +366,15 @@ mod tests {
 
     #[test]
     fn failing_pairs_round_trip_in_the_same_boot_only() {
-        let mut s = Snapshot::default();
-        s.gpus = vec![reading(6, "GPU-6"), reading(7, "GPU-7"), reading(8, "")];
-        s.gpu_pairs = vec![
-            verdict(6, 7, Some(at(1_000))),
-            verdict(6, 8, None),
-            verdict(7, 8, Some(at(2_000))),
-        ];
+        let s = Snapshot {
+            gpus: vec![reading(6, "GPU-6"), reading(7, "GPU-7"), reading(8, "")],
+            gpu_pairs: vec![
+                verdict(6, 7, Some(at(1_000))),
+                verdict(6, 8, None),
+                verdict(7, 8, Some(at(2_000))),
+            ],
+            ..Snapshot::default()
+        };
         let pairs = pairs_since(&s);
         assert_eq!(
             pairs,

@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use super::nvml::NvmlGpus;
-use super::pairs::{CarriedWindow, PairJudge, PairRules};
+use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
 use crate::model::{Blame, GpuReading, GpuUsers, LinkErrors, NvmlState, PairProbe, PairVerdict};
@@ -79,7 +79,7 @@ pub struct GpuCollector {
     nvml: NvmlState,
     /// The pairs' failing-since times of before a restart, for a judge made later (NVML
     /// loading after the agent).
-    resume_since: HashMap<(String, String), SystemTime>,
+    resume_since: FailingSince,
 }
 
 impl GpuCollector {
@@ -165,7 +165,7 @@ impl GpuCollector {
     }
 
     /// Since when each pair failed before a restart (the pair judge's `failing_since`).
-    pub fn resume_failing_since(&mut self, since: HashMap<(String, String), SystemTime>) {
+    pub fn resume_failing_since(&mut self, since: FailingSince) {
         match &mut self.state {
             State::Loaded(loaded) => loaded.judge.resume_failing_since(since),
             _ => self.resume_since = since,

@@ -55,6 +55,9 @@ mod rules;
 pub use crate::model::Weight;
 pub use rules::window::CarriedWindow;
 
+/// Since when each failing pair (by its GPUs' keys: UUID, or `#index`) has failed.
+pub type FailingSince = HashMap<(String, String), SystemTime>;
+
 use board::Board;
 use reasons::Judged;
 use rules::counters::CounterHistory;
@@ -118,7 +121,7 @@ pub struct PairJudge {
     /// AER totals of the devices on the GPUs' PCIe paths (rule 7).
     aer: pcie::AerHistory,
     /// Since when each failing pair (by its GPUs' UUIDs) has failed.
-    failing_since: HashMap<(String, String), SystemTime>,
+    failing_since: FailingSince,
 }
 
 impl PairJudge {
@@ -135,7 +138,7 @@ impl PairJudge {
 
     /// Since when each pair (by its GPUs' UUIDs, or `#index`) failed before a restart: a
     /// pair still failing at the next judgement keeps that time; one that is not starts over.
-    pub fn resume_failing_since(&mut self, since: HashMap<(String, String), SystemTime>) {
+    pub fn resume_failing_since(&mut self, since: FailingSince) {
         self.failing_since = since;
     }
 
