@@ -130,6 +130,29 @@ impl Scanner {
         self.gpu.xid_counts()
     }
 
+    /// Since when each GPU pair (by its GPUs' UUIDs) failed before a restart.
+    pub fn resume_pairs_failing_since(&mut self, since: crate::gpu::pairs::FailingSince) {
+        self.gpu.resume_failing_since(since);
+    }
+
+    /// The pair judge's NVLink counter windows that hold growth (None without NVML).
+    pub fn carry_link_windows(
+        &self,
+        now: std::time::Instant,
+    ) -> Option<Vec<crate::gpu::pairs::CarriedWindow<crate::model::LinkErrors>>> {
+        self.gpu.carry_windows(now)
+    }
+
+    /// Takes up link windows carried over a restart `since_save` ago.
+    pub fn resume_link_windows(
+        &mut self,
+        carried: Vec<crate::gpu::pairs::CarriedWindow<crate::model::LinkErrors>>,
+        since_save: Duration,
+        now: std::time::Instant,
+    ) {
+        self.gpu.resume_windows(carried, since_save, now);
+    }
+
     /// Names plain Docker containers from Docker's own records under `docker_root`.
     pub fn with_docker_root(mut self, docker_root: Option<PathBuf>) -> Self {
         self.docker = DockerNames::new(docker_root);

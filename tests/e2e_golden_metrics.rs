@@ -33,11 +33,13 @@ const DOCKER_CID: &str = "9c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e
 const DOCKER_PID: i32 = 5150;
 
 /// Families whose values depend on time, not on the node; their values become `<varies>`.
-const VARYING: [&str; 3] = [
+const VARYING: [&str; 4] = [
     // How long each scan took (buckets, sum) and how many ran before the scrape (count).
     "shmlink_scan_duration_seconds",
     // The wall clock.
     "shmlink_last_scan_timestamp_seconds",
+    // When the pair judge first saw each failing pair fail (the agent's first scans).
+    "shmlink_gpu_pair_failing_since_seconds",
     // When each failure happened: a kernel record's time is the machine's boot time plus its
     // stamp (its message says that time too: masked by `mask_times`).
     "shmlink_workload_failure_last_info",

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The base DaemonSet, RBAC and Service keep their contract: least-privilege ClusterRole, hostPID,
 node-critical, the capability set (SYS_PTRACE, DAC_READ_SEARCH; no kernel log), read-only host
-mounts (every hostPath `Directory`, none of Docker's: deploy/components/docker), port 9477,
+mounts (every hostPath `Directory`, none of Docker's: deploy/components/docker) but the state
+store's (`/var/lib/shmlink`, writable, `DirectoryOrCreate`), port 9477,
 probes, a headless Service that selects the agents.
 
     scripts/deploy/base_contract.py [BASE_CORE_YAML]     (default: builds deploy/base)
@@ -50,10 +51,18 @@ for path, host in [("/host/proc", "/proc"), ("/host/sys/fs/cgroup", "/sys/fs/cgr
 check(not any("docker" in v["hostPath"]["path"] for v in vols.values() if "hostPath" in v),
       "the base mounts Docker's directory, which only Docker nodes have")
 check("--docker-root" not in c["args"], "the base names a Docker root it does not mount")
-# No host path is made on a node that lacks it: the kubelet makes the ones the base mounts.
+# The state store (--state-dir's default): the one writable mount, the one host path made.
+STATE = "/var/lib/shmlink"
+check(STATE in mounts and not mounts[STATE].get("readOnly"), f"{STATE} mounted writable")
+check(vols[mounts[STATE]["name"]]["hostPath"] == {"path": STATE, "type": "DirectoryOrCreate"},
+      f"{STATE} is the host's, made on first use")
+check("--state-dir" not in c["args"], "the base's state directory is --state-dir's default")
+# No other host path is made on a node that lacks it: the kubelet makes the ones the base mounts.
 for v in vols.values():
-    check(v["hostPath"].get("type") == "Directory", f"hostPath {v['hostPath']} is not type Directory")
-check(all(m.get("readOnly") for m in c["volumeMounts"]), "every mount read-only: the agent writes nothing")
+    check(v["hostPath"].get("type") == "Directory" or v["hostPath"]["path"] == STATE,
+          f"hostPath {v['hostPath']} is not type Directory")
+check(all(m.get("readOnly") for m in c["volumeMounts"] if m["mountPath"] != STATE),
+      "every mount but the state store's read-only")
 (port,) = c["ports"]
 check(port["containerPort"] == 9477 and port["name"] == "metrics", "port 9477 named metrics")
 check(c["livenessProbe"]["httpGet"]["path"] == "/healthz", "liveness /healthz")

@@ -60,6 +60,7 @@ EVERYTHING = {
     "nodeSelector": {"nvidia.com/gpu.present": "true"},
     "priorityClassName": "gpu-agents",
     "hostPaths": {"podResources": "/var/lib/k0s/kubelet/pod-resources", "podLogs": "/var/log/pods"},
+    "stateDir": "/data/shmlink",
     "prometheusOperator": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "runbookBaseUrl": "https://wiki.example.com/runbooks/shmlink/",
     "grafanaDashboards": {"enabled": True, "namespace": "grafana"},
@@ -72,6 +73,7 @@ INVALID = [
     ({"image": {"repository": "shmlink", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"tolerations": [{"operator": "Exists", "effect": "NoSchedul"}]}, "/tolerations/0/effect"),
     ({"logFormat": "xml"}, "/logFormat"),
+    ({"stateDir": "var/lib/shmlink"}, "/stateDir"),
     ({"port": 70000}, "/port"),
     ({"docker": {"enabled": True, "root": "var/lib/docker"}}, "/docker/root"),
     ({"networkPolicy": {"scraper": {"podLabels": {"app": 9090}}}}, "/networkPolicy/scraper/podLabels/app"),
@@ -223,8 +225,9 @@ def everything(chart):
     pod = ds["spec"]["template"]["spec"]
     agent = next(c for c in pod["containers"] if c["name"] == "shmlink")
     check(agent["image"] == "registry.example/gpu/shmlink@sha256:" + "ab" * 32, f"image {agent['image']}")
-    check(agent["args"][-6:] == ["--docker-root", "/host/var/lib/docker", "--nvml-lib",
-                                 "/host/nvidia/libnvidia-ml.so.1", "--interval", "10s"], f"args {agent['args']}")
+    check(agent["args"][-8:] == ["--docker-root", "/host/var/lib/docker", "--nvml-lib",
+                                 "/host/nvidia/libnvidia-ml.so.1", "--state-dir", "/data/shmlink",
+                                 "--interval", "10s"], f"args {agent['args']}")
     caps = agent["securityContext"]["capabilities"]["add"]
     check(caps == ["SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG", "PERFMON"], f"capabilities {caps}")
     env = {e["name"]: e.get("value") for e in agent["env"]}
@@ -234,6 +237,9 @@ def everything(chart):
     vols = {v["name"]: v["hostPath"] for v in pod["volumes"]}
     check(vols["nvidia-lib"] == {"path": "/usr/lib/x86_64-linux-gnu", "type": "Directory"}, f"{vols}")
     check(vols["pod-resources"]["path"] == "/var/lib/k0s/kubelet/pod-resources", f"{vols}")
+    # Only the state store's directory is made on a node (and is writable).
+    check(vols.pop("state") == {"path": "/data/shmlink", "type": "DirectoryOrCreate"}, f"{vols}")
+    check({"name": "state", "mountPath": "/data/shmlink"} in agent["volumeMounts"], "the state mount")
     check(all(v["type"] == "Directory" for v in vols.values()), f"a hostPath that may be made: {vols}")
     check(pod["priorityClassName"] == "gpu-agents" and pod["imagePullSecrets"] == [{"name": "registry"}]
           # Helm merges maps with the defaults: linux stays (null removes a default key).
@@ -253,6 +259,17 @@ def everything(chart):
     print(f"   everything on: {len(docs)} objects, {len(alerts)} runbook_urls re-based, settings where they belong")
 
 
+def no_state(chart):
+    """stateDir none: `--state-dir none`, and no hostPath made or mounted."""
+    docs, _ = render(chart, {"stateDir": "none"})
+    pod = daemonset(docs)["spec"]["template"]["spec"]
+    agent = next(c for c in pod["containers"] if c["name"] == "shmlink")
+    check(agent["args"][-2:] == ["--state-dir", "none"], f"args {agent['args']}")
+    check("state" not in {v["name"] for v in pod["volumes"]}, "a state volume with stateDir none")
+    check(all(m.get("readOnly") for m in agent["volumeMounts"]), "a writable mount with stateDir none")
+    print("   stateDir none: no state volume, every mount read-only")
+
+
 def main():
     subprocess.run([sys.executable, "scripts/deploy/helm_files.py", "--check"], check=True)
     print(f"   Helm {helm.helm_sdk_version()} (helm-python-sdk {helm.__version__}, {os.path.basename(helm.library_path)})")
@@ -270,6 +287,7 @@ def main():
         refuses(chart)
         other_release(chart)
         everything(chart)
+        no_state(chart)
     print("   ok")
 
 

@@ -10,6 +10,7 @@ use kube::Client;
 
 use crate::cli::KubeMode;
 use crate::failures::sources::ClusterCaches;
+use crate::gpu::xid::HeldAges;
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
 use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
 use crate::kube::podresources::PodResourcesWatcher;
@@ -101,6 +102,16 @@ impl KubeView {
         let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
         self.queue.send(msgs);
         self.conditions.update(snapshot, Instant::now());
+    }
+
+    /// The fatal XIDs holding `GpuFault`, for a restart to carry.
+    pub(super) fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
+        self.conditions.held_ages(now)
+    }
+
+    /// Holds again what the last run held (before the first scan).
+    pub(super) fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
+        self.conditions.resume_held(held, now);
     }
 
     /// Failures are Events at once, not at the next scan.

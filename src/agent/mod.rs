@@ -7,6 +7,7 @@
 mod changes;
 mod cluster;
 mod death_trace;
+mod holds;
 mod scan_loop;
 
 use std::net::SocketAddr;
@@ -22,6 +23,7 @@ use tokio::net::TcpListener;
 pub use cluster::KubeSettings;
 use cluster::KubeView;
 pub use death_trace::DeathTraceSettings;
+use holds::Holds;
 use scan_loop::{scan_loop, Between, Wake};
 
 use crate::failures::ledger::Ledger;
@@ -90,7 +92,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         death_trace,
         state_dir,
     } = settings;
-    let (scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
+    let (mut scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
@@ -99,9 +101,13 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let (deaths_tx, deaths_rx) = mpsc::channel();
-    let kube = k8s::connect(kube.mode)
+    let mut kube = k8s::connect(kube.mode)
         .await?
         .map(|client| KubeView::spawn(client, &kube, interval, &metrics, &runtime, deaths_tx));
+    let boot_id = state::boot_id(&scan.host.proc_root);
+    if let Some(store) = &store {
+        holds::resume(store, &boot_id, &mut scanner, kube.as_mut());
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
@@ -129,6 +135,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         store: store
             .as_ref()
             .map(|s| (s.sender(), FindingChanges::default())),
+        holds: store.as_ref().map(|s| Holds::new(s.sender(), boot_id)),
     };
     let scan_thread = thread::Builder::new()
         .name("scan".into())

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::changes::{Changed, FindingChanges};
 use super::cluster::KubeView;
+use super::holds::Holds;
 use crate::failures::ledger::Ledger;
 use crate::failures::sources::Followed;
 use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
@@ -35,6 +36,8 @@ pub(super) struct Between {
     pub(super) blind_told: Vec<Blind>,
     /// The state store's history: failures told, findings as they begin and end.
     pub(super) store: Option<(StoreSender, FindingChanges)>,
+    /// What a restart takes up again (pairs failing since, held XIDs), saved as it changes.
+    pub(super) holds: Option<Holds>,
 }
 
 impl Between {
@@ -138,6 +141,12 @@ impl Between {
             .confirm(&out.snapshot.gpus, out.snapshot.nvml_up, began, &counts);
         if let Some(k) = self.kube.as_mut() {
             k.after_scan(&out.snapshot, pods.as_ref());
+        }
+        if let Some(h) = self.holds.as_mut() {
+            let now = Instant::now();
+            let held = self.kube.as_ref().map(|k| k.held_ages(now));
+            let windows = self.scanner.carry_link_windows(now);
+            h.after_scan(&out.snapshot, held, windows, SystemTime::now());
         }
         if let Some(told) = self.findings_told.as_mut() {
             log_changes(told.update(&out.snapshot.findings));

@@ -1,17 +1,17 @@
 //! The GPU collector: loads NVML (or says why not), samples every scan, judges pairs against
 //! their history, and keeps the XID thread's counts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::nvml::NvmlGpus;
-use super::pairs::{PairJudge, PairRules};
+use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
-use crate::model::{Blame, GpuReading, GpuUsers, NvmlState, PairProbe, PairVerdict};
+use crate::model::{Blame, GpuReading, GpuUsers, LinkErrors, NvmlState, PairProbe, PairVerdict};
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
@@ -77,6 +77,9 @@ pub struct GpuCollector {
     state: State,
     /// What the last load attempt found, for the snapshot.
     nvml: NvmlState,
+    /// The pairs' failing-since times of before a restart, for a judge made later (NVML
+    /// loading after the agent).
+    resume_since: FailingSince,
 }
 
 impl GpuCollector {
@@ -99,6 +102,7 @@ impl GpuCollector {
             xids: Arc::default(),
             state: State::Disabled,
             nvml: NvmlState::disabled(),
+            resume_since: HashMap::new(),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
@@ -160,12 +164,45 @@ impl GpuCollector {
         self.xids.clone()
     }
 
+    /// Since when each pair failed before a restart (the pair judge's `failing_since`).
+    pub fn resume_failing_since(&mut self, since: FailingSince) {
+        match &mut self.state {
+            State::Loaded(loaded) => loaded.judge.resume_failing_since(since),
+            _ => self.resume_since = since,
+        }
+    }
+
+    /// The pair judge's NVLink counter windows that hold growth (None without NVML).
+    pub fn carry_windows(&self, now: Instant) -> Option<Vec<CarriedWindow<LinkErrors>>> {
+        match &self.state {
+            State::Loaded(loaded) => Some(loaded.judge.carry_windows(now)),
+            _ => None,
+        }
+    }
+
+    /// Windows carried over a restart `since_save` ago; without NVML loaded yet they are
+    /// dropped (the next load is a minute away, about when they would have run out).
+    pub fn resume_windows(
+        &mut self,
+        carried: Vec<CarriedWindow<LinkErrors>>,
+        since_save: Duration,
+        now: Instant,
+    ) {
+        if let State::Loaded(loaded) = &mut self.state {
+            loaded.judge.resume_windows(carried, since_save, now);
+        }
+    }
+
     /// One scan; `probes`: the pair probe's last verdicts, judged with the sample (rule 8).
     pub fn scan(&mut self, probes: Vec<PairProbe>) -> GpuScan {
         if let State::Unavailable { last_try, .. } = &self.state {
             if last_try.elapsed() >= RETRY_LOAD_EVERY {
                 self.state = self.load();
                 self.nvml = nvml_state(self.lib.as_deref(), &self.state);
+                if let State::Loaded(loaded) = &mut self.state {
+                    let since = std::mem::take(&mut self.resume_since);
+                    loaded.judge.resume_failing_since(since);
+                }
             }
         }
         let driver_gpus = driver_gpus(&self.proc_root);

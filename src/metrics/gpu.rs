@@ -372,6 +372,30 @@ fn encode_pairs(encoder: &mut DescriptorEncoder, pairs: &[PairVerdict]) -> fmt::
         let ok = i64::from(pair.status == PairStatus::Ok);
         gauge(&mut healthy, &[("gpu", a.as_str()), ("peer_gpu", &b)], ok)?;
     }
+    encode_failing_since(encoder, pairs)
+}
+
+/// `shmlink_gpu_pair_failing_since_seconds`: only while some pair fails (no family otherwise).
+fn encode_failing_since(encoder: &mut DescriptorEncoder, pairs: &[PairVerdict]) -> fmt::Result {
+    let failing: Vec<(&PairVerdict, std::time::SystemTime)> =
+        pairs.iter().filter_map(|p| Some((p, p.since?))).collect();
+    if failing.is_empty() {
+        return Ok(());
+    }
+    let mut since = encoder.encode_descriptor(
+        "shmlink_gpu_pair_failing_since_seconds",
+        "Since when (Unix time) the failing GPU pair has failed without a break, across agent \
+         restarts in the same boot",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (pair, at) in failing {
+        let secs = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let (a, b) = (pair.gpu.to_string(), pair.peer_gpu.to_string());
+        gauge(&mut since, &[("gpu", a.as_str()), ("peer_gpu", &b)], secs)?;
+    }
     Ok(())
 }
 

@@ -34,7 +34,8 @@ impl Serialize for Peer {
 }
 
 /// NVLink error counters of one link (NVML's DL replay, recovery, CRC flit, CRC data, ECC data).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// Read back too: a restart carries the windows the pair judge measures growth over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LinkErrors {
     pub replay: u64,
     pub recovery: u64,

@@ -53,6 +53,10 @@ mod reasons;
 mod rules;
 
 pub use crate::model::Weight;
+pub use rules::window::CarriedWindow;
+
+/// Since when each failing pair (by its GPUs' keys: UUID, or `#index`) has failed.
+pub type FailingSince = HashMap<(String, String), SystemTime>;
 
 use board::Board;
 use reasons::Judged;
@@ -62,7 +66,7 @@ use rules::p2p::P2pMemory;
 use rules::{counters, gpu_state, links, nvlink5, p2p, pcie, probe_results};
 
 use crate::model::{Blame, Finding};
-use crate::model::{GpuSample, PairStatus, PairVerdict};
+use crate::model::{GpuSample, LinkErrors, PairStatus, PairVerdict};
 
 /// Thresholds of the pair verdicts. The defaults follow DCGM's NVLink health watch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,7 +121,7 @@ pub struct PairJudge {
     /// AER totals of the devices on the GPUs' PCIe paths (rule 7).
     aer: pcie::AerHistory,
     /// Since when each failing pair (by its GPUs' UUIDs) has failed.
-    failing_since: HashMap<(String, String), SystemTime>,
+    failing_since: FailingSince,
 }
 
 impl PairJudge {
@@ -130,6 +134,28 @@ impl PairJudge {
             aer: HashMap::new(),
             failing_since: HashMap::new(),
         }
+    }
+
+    /// Since when each pair (by its GPUs' UUIDs, or `#index`) failed before a restart: a
+    /// pair still failing at the next judgement keeps that time; one that is not starts over.
+    pub fn resume_failing_since(&mut self, since: FailingSince) {
+        self.failing_since = since;
+    }
+
+    /// The NVLink (DL) counter windows that hold growth, for a restart to carry: what keeps
+    /// pairs degraded for `window` after errors goes on, not over.
+    pub fn carry_windows(&self, now: Instant) -> Vec<CarriedWindow<LinkErrors>> {
+        self.counters.carry(now)
+    }
+
+    /// Takes up windows carried `since_save` ago.
+    pub fn resume_windows(
+        &mut self,
+        carried: Vec<CarriedWindow<LinkErrors>>,
+        since_save: Duration,
+        now: Instant,
+    ) {
+        self.counters.resume(carried, since_save, now);
     }
 
     /// Judges one sample. `now` is when the sample was taken (tests pass synthetic instants).

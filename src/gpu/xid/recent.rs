@@ -51,6 +51,9 @@ const TIMES_KEPT: usize = 64;
 struct Seen {
     count: u64,
     at: VecDeque<Instant>,
+    /// Carried over a restart: the new process's counts start at 0, so its absence from them
+    /// is no sign that NVML's history started over.
+    resumed: bool,
 }
 
 /// The fatal XIDs (a GPU reset, a node reboot or the vendor) seen within `hold`.
@@ -58,6 +61,15 @@ struct Seen {
 pub struct FatalXids {
     hold: Duration,
     seen: BTreeMap<(u32, u64), Seen>,
+}
+
+/// One held fatal XID as a restart carries it: how long before the save each occurrence
+/// within the hold was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldAges {
+    pub gpu: u32,
+    pub xid: u64,
+    pub ages: Vec<Duration>,
 }
 
 /// One fatal XID within the hold: what it calls for, where, and how often.
@@ -86,7 +98,7 @@ impl FatalXids {
             .map(|x| ((x.gpu, x.xid), x.count))
             .collect();
         self.seen
-            .retain(|k, seen| counts.get(k).is_some_and(|&c| c >= seen.count));
+            .retain(|k, seen| counts.get(k).map_or(seen.resumed, |&c| c >= seen.count));
         for (&key, &count) in &counts {
             let seen = self.seen.entry(key).or_default();
             let grew = count.saturating_sub(seen.count);
@@ -97,6 +109,8 @@ impl FatalXids {
                 seen.at.pop_front();
             }
             seen.count = count;
+        }
+        for seen in self.seen.values_mut() {
             while seen
                 .at
                 .front()
@@ -104,6 +118,50 @@ impl FatalXids {
             {
                 seen.at.pop_front();
             }
+        }
+        // A carried one whose hold has run out and that no count names: nothing left of it.
+        self.seen
+            .retain(|k, seen| !(seen.resumed && seen.at.is_empty() && !counts.contains_key(k)));
+    }
+
+    /// What a restart carries: the occurrences within the hold, as ages at `now`.
+    pub fn ages(&self, now: Instant) -> Vec<HeldAges> {
+        self.seen
+            .iter()
+            .filter(|(_, seen)| !seen.at.is_empty())
+            .map(|(&(gpu, xid), seen)| HeldAges {
+                gpu,
+                xid,
+                ages: seen.at.iter().map(|t| now.duration_since(*t)).collect(),
+            })
+            .collect()
+    }
+
+    /// Takes up what [`FatalXids::ages`] gave before a restart (ages as of `now`): those
+    /// still within the hold are held again, for what is left of it. Only fatal XIDs are.
+    pub fn resume(&mut self, held: Vec<HeldAges>, now: Instant) {
+        let hold = self.hold;
+        for h in held.into_iter().filter(|h| catalogue::is_fatal(h.xid)) {
+            let mut ages: Vec<Duration> = h.ages.into_iter().filter(|a| *a < hold).collect();
+            ages.sort_unstable_by(|a, b| b.cmp(a));
+            let at: VecDeque<Instant> = ages
+                .iter()
+                .rev()
+                .take(TIMES_KEPT)
+                .rev()
+                .filter_map(|a| now.checked_sub(*a))
+                .collect();
+            if at.is_empty() {
+                continue;
+            }
+            self.seen.insert(
+                (h.gpu, h.xid),
+                Seen {
+                    count: 0,
+                    at,
+                    resumed: true,
+                },
+            );
         }
     }
 
@@ -156,5 +214,79 @@ mod tests {
             1
         );
         assert!(recent.findings(&counts, t1 + XID_LASTS).is_empty());
+    }
+
+    fn count(gpu: u32, xid: u64, count: u64) -> XidCount {
+        XidCount { gpu, xid, count }
+    }
+
+    #[test]
+    fn held_xids_carried_over_a_restart_stay_held_for_what_is_left_of_the_hold() {
+        let hold = Duration::from_secs(3600);
+        let t0 = Instant::now();
+        let mut before = FatalXids::new(hold);
+        before.observe(&[count(2, 79, 2), count(1, 13, 1)], t0);
+        let later = t0 + Duration::from_secs(600);
+        let carried = before.ages(later);
+        assert_eq!(
+            carried,
+            vec![HeldAges {
+                gpu: 2,
+                xid: 79,
+                ages: vec![Duration::from_secs(600); 2]
+            }],
+            "XID 13 is no fault: not held, not carried"
+        );
+        // The new process: its counts start empty, then count new XIDs from 0.
+        let t1 = t0 + Duration::from_secs(10_000);
+        let mut after = FatalXids::new(hold);
+        after.resume(carried, t1);
+        after.observe(&[], t1);
+        let held = after.held();
+        assert_eq!((held.len(), held[0].xid, held[0].times), (1, 79, 2));
+        after.observe(&[count(2, 79, 1)], t1 + Duration::from_secs(60));
+        assert_eq!(after.held()[0].times, 3, "a new one adds to those carried");
+        // The carried ones leave when their hold runs out (3000 s left), the new one later.
+        after.observe(&[count(2, 79, 1)], t1 + Duration::from_secs(3000));
+        assert_eq!(after.held()[0].times, 1);
+        after.observe(&[count(2, 79, 1)], t1 + Duration::from_secs(3660));
+        assert!(after.held().is_empty());
+    }
+
+    #[test]
+    fn a_carried_xid_past_its_hold_or_not_fatal_is_not_resumed() {
+        let hold = Duration::from_secs(3600);
+        let t = Instant::now() + Duration::from_secs(7200);
+        let mut x = FatalXids::new(hold);
+        x.resume(
+            vec![
+                HeldAges {
+                    gpu: 0,
+                    xid: 79,
+                    ages: vec![hold, hold * 2],
+                },
+                HeldAges {
+                    gpu: 1,
+                    xid: 13,
+                    ages: vec![Duration::from_secs(1)],
+                },
+            ],
+            t,
+        );
+        x.observe(&[], t);
+        assert!(x.held().is_empty());
+        // One that runs out with nothing counting it is forgotten entirely.
+        x.resume(
+            vec![HeldAges {
+                gpu: 0,
+                xid: 48,
+                ages: vec![Duration::from_secs(3599)],
+            }],
+            t,
+        );
+        x.observe(&[], t);
+        assert_eq!(x.held().len(), 1);
+        x.observe(&[], t + Duration::from_secs(2));
+        assert!(x.held().is_empty() && x.seen.is_empty());
     }
 }

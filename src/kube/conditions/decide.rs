@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
 use crate::gpu::pci::not_in_nvml;
-use crate::gpu::xid::{catalogue, FatalXids};
+use crate::gpu::xid::{catalogue, FatalXids, HeldAges};
 use crate::model::Snapshot;
 use crate::model::{Blame, PairStatus, PairVerdict, RecoveryAction};
 use crate::text::{self, ConditionReason};
@@ -24,6 +24,16 @@ impl ConditionJudge {
             hold,
             xids: FatalXids::new(hold),
         }
+    }
+
+    /// The fatal XIDs held now, for a restart to carry ([`FatalXids::ages`]).
+    pub fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
+        self.xids.ages(now)
+    }
+
+    /// Holds again what a restart carried ([`FatalXids::resume`]).
+    pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
+        self.xids.resume(held, now);
     }
 
     pub fn decide(&mut self, snapshot: &Snapshot, now: Instant) -> Desired {

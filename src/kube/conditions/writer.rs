@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{taint, ConditionJudge, Desired, Status};
+use crate::gpu::xid::HeldAges;
 use crate::metrics::Metrics;
 use crate::model::Snapshot;
 
@@ -58,6 +59,18 @@ impl ConditionFeed {
             *current = Some(desired);
             true
         });
+    }
+}
+
+impl ConditionFeed {
+    /// The fatal XIDs holding `GpuFault` now, for a restart to carry.
+    pub fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
+        self.judge.held_ages(now)
+    }
+
+    /// Holds again the fatal XIDs a restart carried, before the first snapshot is decided.
+    pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
+        self.judge.resume_held(held, now);
     }
 }
 

@@ -97,6 +97,57 @@ impl<T: Counters> LinkWindows<T> {
     }
 }
 
+/// A link's window as a restart carries it: each sample's age (ms) at the save, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CarriedWindow<T> {
+    pub gpu: String,
+    pub link: u32,
+    pub samples: Vec<(u64, T)>,
+}
+
+impl<T: Counters + PartialEq> LinkWindows<T> {
+    /// The windows that hold growth (what keeps pairs degraded or warned), as ages at `now`;
+    /// a window without growth is only a baseline, taken again at the next start.
+    pub fn carry(&self, now: Instant) -> Vec<CarriedWindow<T>> {
+        let mut out: Vec<CarriedWindow<T>> = self
+            .by_link
+            .iter()
+            .filter(|(_, w)| w.front().map(|f| f.1) != w.back().map(|b| b.1))
+            .map(|((gpu, link), w)| CarriedWindow {
+                gpu: gpu.clone(),
+                link: *link,
+                samples: w
+                    .iter()
+                    .map(|(t, c)| {
+                        let age = now.saturating_duration_since(*t).as_millis();
+                        (u64::try_from(age).unwrap_or(u64::MAX), *c)
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.gpu, a.link).cmp(&(&b.gpu, b.link)));
+        out
+    }
+
+    /// Takes up carried windows, `since_save` after they were carried: the next sample of the
+    /// link continues them (growth while the agent was down counts as growth then).
+    pub fn resume(&mut self, carried: Vec<CarriedWindow<T>>, since_save: Duration, now: Instant) {
+        for c in carried {
+            let window: Window<T> = c
+                .samples
+                .into_iter()
+                .filter_map(|(age, counts)| {
+                    let age = Duration::from_millis(age).checked_add(since_save)?;
+                    Some((now.checked_sub(age)?, counts))
+                })
+                .collect();
+            if window.len() >= 2 {
+                self.by_link.insert((c.gpu, c.link), window);
+            }
+        }
+    }
+}
+
 /// Appends a sample. A counter that went down, or time that went back, starts a new baseline;
 /// a second sample at the same instant replaces the first.
 fn push<T: Counters>(history: &mut Window<T>, now: Instant, counts: T) {

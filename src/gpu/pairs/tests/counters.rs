@@ -242,3 +242,38 @@ fn errors_on_a_link_to_no_gpu_are_a_warning_only() {
         f.message
     );
 }
+
+#[test]
+fn a_window_carried_over_a_restart_keeps_its_pair_degraded_for_the_rest_of_it() {
+    let t0 = Instant::now();
+    let mut before = PairJudge::default();
+    let mut s = mesh(4);
+    before.judge(&s, t0);
+    link_mut(&mut s, 0, 0).errors = Some(errs(3, 0, 0, 0, 0));
+    let j = before.judge(&s, secs_after(t0, 5));
+    assert_eq!(verdict(&j, 0, 1).status, PairStatus::Degraded);
+    // Carried at 10 s (one window: the baseline and the growth), taken up 20 s later.
+    let carried = before.carry_windows(secs_after(t0, 10));
+    assert_eq!(carried.len(), 1, "only windows that hold growth");
+    assert_eq!(
+        (carried[0].gpu.as_str(), carried[0].link),
+        (uuid(0).as_str(), 0)
+    );
+    let mut after = PairJudge::default();
+    let t1 = secs_after(t0, 30);
+    after.resume_windows(carried, Duration::from_secs(20), t1);
+    let j = after.judge(&s, t1);
+    assert_eq!(
+        verdict(&j, 0, 1).status,
+        PairStatus::Degraded,
+        "as before the restart"
+    );
+    // The growth seen at 5 s leaves the window at 65 s, as it would have without a restart.
+    assert_eq!(
+        verdict(&after.judge(&s, secs_after(t0, 60)), 0, 1).status,
+        PairStatus::Degraded
+    );
+    assert!(all_ok(&after.judge(&s, secs_after(t0, 66))));
+    // A fresh judge (no carry) takes the same counts as its baseline: ok at once.
+    assert!(all_ok(&PairJudge::default().judge(&s, t1)));
+}

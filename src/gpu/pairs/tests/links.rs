@@ -127,3 +127,30 @@ fn lost_gpu_and_an_unrelated_down_link() {
         ]
     );
 }
+
+#[test]
+fn a_resumed_since_is_kept_by_a_pair_still_failing_and_dropped_by_one_that_is_not() {
+    let t0 = Instant::now();
+    let clock = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let before = clock - Duration::from_secs(180);
+    let mut judge = PairJudge::default();
+    judge.resume_failing_since(HashMap::from([
+        ((uuid(1), uuid(2)), before),
+        ((uuid(0), uuid(3)), before),
+    ]));
+    let mut s = mesh(4);
+    link_mut(&mut s, 1, mesh_link(1, 2)).active = false;
+    let j = judge.judge_at(&s, t0, clock);
+    assert_eq!(
+        verdict(&j, 1, 2).since,
+        Some(before),
+        "down before the restart"
+    );
+    assert_eq!(verdict(&j, 0, 3).since, None, "0-3 is ok now");
+    // 0-3 failing later starts at its own time, not the stale one.
+    link_mut(&mut s, 0, mesh_link(0, 3)).active = false;
+    let later = clock + Duration::from_secs(10);
+    let j = judge.judge_at(&s, secs_after(t0, 10), later);
+    assert_eq!(verdict(&j, 0, 3).since, Some(later));
+    assert_eq!(verdict(&j, 1, 2).since, Some(before));
+}
