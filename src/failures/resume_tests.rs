@@ -59,6 +59,11 @@ impl Node {
 
     /// A follower of the node's log and kernel log, resuming from its checkpoint if saved.
     fn follower(&self) -> Follower {
+        self.follower_after(false)
+    }
+
+    /// The same, the store saying the node rebooted since (or not).
+    fn follower_after(&self, boot_changed: bool) -> Follower {
         let sources = Sources {
             pod_log_root: Some(self.tmp.path().join("pods")),
             docker_root: None,
@@ -80,7 +85,7 @@ impl Node {
                 saved: std::fs::read(self.checkpoint())
                     .ok()
                     .and_then(|b| Checkpoint::from_stored(&serde_json::from_slice(&b).unwrap())),
-                boot_changed: false,
+                boot_changed,
             }),
         };
         Follower::new(f)
@@ -247,4 +252,34 @@ fn an_oom_report_cut_by_a_restart_is_read_whole_after_it() {
     assert!(told[0].kind.is_oom_kill(), "{told:#?}");
     drop(second);
     assert_eq!(said(&rounds(&node, &mut node.follower())), []);
+}
+
+#[test]
+fn after_a_reboot_the_kernel_log_is_read_on_by_time_not_by_sequence() {
+    let Some(boot) = crate::kernel_log::resume::boot_id(Path::new("/proc")) else {
+        return; // no boot ID to match: the sequence number is never trusted anyway
+    };
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    let now = SystemTime::now();
+    let usec_now =
+        u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros()).unwrap();
+    // A crash a second ago, numbered below the stored position of "this" boot.
+    append(&node.kmsg(), &crash(5, usec_now - 1_000_000, 505));
+    let mut c = Checkpoint::new(now - Duration::from_secs(60));
+    c.kmsg = Some(KmsgCheckpoint {
+        boot_id: boot,
+        seq: Some(10),
+        usec: usec_now,
+        at: now - Duration::from_secs(60),
+    });
+    std::fs::write(node.checkpoint(), c.to_stored().to_string()).unwrap();
+    // The same boot: read on after sequence 10, the crash is history.
+    assert_eq!(said(&rounds(&node, &mut node.follower_after(false))), []);
+    // The store says another boot: the ring's numbers began again; read on from its time.
+    std::fs::write(node.checkpoint(), c.to_stored().to_string()).unwrap();
+    let told = said(&rounds(&node, &mut node.follower_after(true)));
+    assert_eq!(told, [("python3[505]: segfault a".to_string(), true)]);
 }
