@@ -8,6 +8,7 @@ mod changes;
 mod cluster;
 mod death_trace;
 mod holds;
+mod resume;
 mod scan_loop;
 
 use std::net::SocketAddr;
@@ -101,9 +102,12 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let (deaths_tx, deaths_rx) = mpsc::channel();
-    let mut kube = k8s::connect(kube.mode)
-        .await?
-        .map(|client| KubeView::spawn(client, &kube, interval, &metrics, &runtime, deaths_tx));
+    let (resume, kube_resume) = resume::resumes(store.as_ref());
+    let (client, on) = (
+        k8s::connect(kube.mode).await?,
+        (interval, &metrics, &runtime),
+    );
+    let mut kube = client.map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
     let boot_id = state::boot_id(&scan.host.proc_root);
     if let Some(store) = &store {
         holds::resume(store, &boot_id, &mut scanner, kube.as_mut());
@@ -120,6 +124,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             exits: deaths_rx,
             traced,
             stop: stop.clone(),
+            resume,
         },
         wake_tx.clone(),
         metrics.clone(),
@@ -136,6 +141,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             .as_ref()
             .map(|s| (s.sender(), FindingChanges::default())),
         holds: store.as_ref().map(|s| Holds::new(s.sender(), boot_id)),
+        slow_commits: 0,
     };
     let scan_thread = thread::Builder::new()
         .name("scan".into())
