@@ -8,6 +8,7 @@
 //! The serialising and restoring is pure; `Holds` and [`resume`] are the glue.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -276,11 +277,18 @@ impl Holds {
 /// Takes up, before the first scan, what the last run in this boot saved; each value that does
 /// not parse is said once and left.
 pub(super) fn resume(
-    store: &Store,
-    boot_id: &str,
+    store: Option<&Store>,
+    proc_root: &Path,
     scanner: &mut Scanner,
     kube: Option<&mut KubeView>,
-) {
+) -> Option<Holds> {
+    let store = store?;
+    let boot_id = crate::state::boot_id(proc_root);
+    resume_from(store, &boot_id, scanner, kube);
+    Some(Holds::new(store.sender(), boot_id))
+}
+
+fn resume_from(store: &Store, boot_id: &str, scanner: &mut Scanner, kube: Option<&mut KubeView>) {
     let clock = SystemTime::now();
     if let Some(v) = store.get(PAIRS_KEY) {
         match restore_pairs(v, boot_id) {

@@ -24,7 +24,6 @@ use tokio::net::TcpListener;
 pub use cluster::KubeSettings;
 use cluster::KubeView;
 pub use death_trace::DeathTraceSettings;
-use holds::Holds;
 use scan_loop::{scan_loop, Between, Wake};
 
 use crate::failures::ledger::Ledger;
@@ -103,16 +102,16 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let (deaths_tx, deaths_rx) = mpsc::channel();
     let (resume, kube_resume) = resume::resumes(store.as_ref());
-    let (client, on) = (
-        k8s::connect(kube.mode).await?,
-        (interval, &metrics, &runtime),
+    let on = (interval, &metrics, &runtime);
+    let mut kube = k8s::connect(kube.mode)
+        .await?
+        .map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
+    let holds = holds::resume(
+        store.as_ref(),
+        &scan.host.proc_root,
+        &mut scanner,
+        kube.as_mut(),
     );
-    let mut kube = client.map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
-    let boot_id = state::boot_id(&scan.host.proc_root);
-    if let Some(store) = &store {
-        holds::resume(store, &boot_id, &mut scanner, kube.as_mut());
-    }
-
     let stop = Arc::new(AtomicBool::new(false));
     let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
     let follower = spawn_follower(
@@ -140,7 +139,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         store: store
             .as_ref()
             .map(|s| (s.sender(), FindingChanges::default())),
-        holds: store.as_ref().map(|s| Holds::new(s.sender(), boot_id)),
+        holds,
         slow_commits: 0,
     };
     let scan_thread = thread::Builder::new()
