@@ -3,7 +3,7 @@
 //! the counts the API server confirmed of them. Without a store: nothing, as a first start.
 
 use std::collections::HashMap;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
 
@@ -12,7 +12,12 @@ use crate::failures::checkpoint::{self, Checkpoint};
 use crate::failures::sources::Resume;
 use crate::kube::events::{CONFIRMED_KEY, SERIES_KEY};
 use crate::kube::exits::Exits;
-use crate::state::Store;
+use crate::model::Failure;
+use crate::state::{self, Filter, Store};
+
+/// How far back the told failures are remembered at a restart: well past `same::WINDOW`, the
+/// most two sources' times of one death differ.
+const TOLD_LATELY: Duration = Duration::from_secs(600);
 
 /// The follower's start and the cluster side's.
 pub(super) fn resumes(store: Option<&Store>) -> (Option<Resume>, KubeResume) {
@@ -33,8 +38,29 @@ pub(super) fn resumes(store: Option<&Store>) -> (Option<Resume>, KubeResume) {
     let resume = Resume {
         saved,
         boot_changed: store.boot_changed(),
+        told: told_lately(store),
     };
     (Some(resume), kube)
+}
+
+/// The failures stored with a time within the last [`TOLD_LATELY`] (at most 1,024, the newest).
+fn told_lately(store: &Store) -> Vec<Failure> {
+    let filter = Filter {
+        since: SystemTime::now().checked_sub(TOLD_LATELY),
+        limit: 1024,
+        ..Filter::default()
+    };
+    match state::read_history(store.path(), &filter) {
+        Ok(h) => h
+            .failures
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect(),
+        Err(e) => {
+            tracing::warn!("{e}; deaths told just before the restart are not remembered");
+            Vec::new()
+        }
+    }
 }
 
 fn fresh_kube() -> KubeResume {

@@ -115,6 +115,15 @@ impl Pipeline {
         self.resumed_at = Some(at);
     }
 
+    /// The deaths the last runs told lately (the state store's): another source's account of
+    /// one of them after the restart (kubelet's `OOMKilled` a second after the kernel's kill)
+    /// is the same death, not a second one.
+    pub fn resume_told(&mut self, told: &[Failure]) {
+        for f in told {
+            self.same.is_new(f);
+        }
+    }
+
     /// OOM kills told from the memory cgroups' counters, read by each scan (`serve` without
     /// the kernel log).
     pub fn with_oom_counters(mut self, counters: OomCounters) -> Pipeline {
@@ -504,6 +513,31 @@ mod tests {
         let mut p = Pipeline::new(&settings(), Mode::Follow);
         p.exits([oom_kill(FailureSource::Kernel, 100)]);
         assert_eq!(told(&mut p), want);
+    }
+
+    #[test]
+    fn a_death_told_before_a_restart_is_not_told_again_from_another_source() {
+        let mut before = Pipeline::new(&settings(), Mode::Follow);
+        before.exits([oom_kill(FailureSource::Kernel, 100)]);
+        let told_before = before.tell(None, None, &GpuHolders::new());
+        assert_eq!(told_before.len(), 1);
+        // The next run, with the store's failures, hears kubelet's record of the same kill.
+        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        p.resumed(at(102));
+        p.resume_told(&told_before);
+        p.exits([oom_kill(FailureSource::PodStatus, 101)]);
+        assert!(
+            told(&mut p).is_empty(),
+            "the same death, told once across the restart"
+        );
+        // Without them it would be a second death (the window this closes).
+        let mut fresh = Pipeline::new(&settings(), Mode::Follow);
+        fresh.resumed(at(102));
+        fresh.exits([oom_kill(FailureSource::PodStatus, 101)]);
+        assert_eq!(told(&mut fresh).len(), 1);
+        // A later kill of the same container is another death.
+        p.exits([oom_kill(FailureSource::PodStatus, 400)]);
+        assert_eq!(told(&mut p).len(), 1);
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl Node {
                     .ok()
                     .and_then(|b| Checkpoint::from_stored(&serde_json::from_slice(&b).unwrap())),
                 boot_changed,
+                told: Vec::new(),
             }),
         };
         Follower::new(f)

@@ -133,6 +133,9 @@ pub struct Resume {
     /// The store was written during another boot (`state::Store::boot_changed`): the kernel
     /// log is read on from the checkpoint's time, not its sequence number.
     pub boot_changed: bool,
+    /// The failures the last runs told lately: the same death heard again from another source
+    /// after the restart is not told twice (`Pipeline::resume_told`).
+    pub told: Vec<Failure>,
 }
 
 /// `serve`: follows the sources from now on, tells what they say through the pipeline and hands
@@ -178,6 +181,9 @@ impl Follower {
     /// Resumes from the stored checkpoint, if there is one, and takes checkpoints with a store.
     fn new(mut f: Follow) -> Follower {
         let resume = f.resume.take();
+        if let Some(r) = &resume {
+            f.pipeline.resume_told(&r.told);
+        }
         let saver = resume.as_ref().map(|_| Saver::default());
         let boot_changed = resume.as_ref().is_some_and(|r| r.boot_changed);
         let saved = resume.and_then(|r| r.saved);
