@@ -21,6 +21,7 @@ pub mod kube_api;
 pub mod oom;
 pub mod pod_resources;
 pub mod promtext;
+pub mod rng;
 pub mod runc;
 
 // The harness's names where the tests look for them; each test binary uses a few.
