@@ -92,6 +92,8 @@ struct Stop {
     at: Instant,
     aim: Aim,
     graceful: bool,
+    /// The log of the serve stopped.
+    log: PathBuf,
 }
 
 /// What the test shares across its threads.
@@ -165,9 +167,10 @@ fn die(w: &World, kind: Kind, i: usize, known: &Sender<Instant>) -> Death {
         "{name} never died: {}",
         container.console()
     );
+    // A line is in the log the moment the container is gone (the shim writes as it reads).
+    let line_at = Instant::now();
     if kind == Kind::LogLine {
-        // The line is in the log the moment the container is gone (the shim writes as it reads).
-        let _ = known.send(Instant::now());
+        let _ = known.send(line_at);
     }
     // Kubelet notices the exit at its next relist, then writes the status.
     std::thread::sleep(Duration::from_millis(500));
@@ -186,7 +189,11 @@ fn die(w: &World, kind: Kind, i: usize, known: &Sender<Instant>) -> Death {
         kind,
         pod: name,
         uid,
-        known_at: status_at,
+        known_at: if kind == Kind::LogLine {
+            line_at
+        } else {
+            status_at
+        },
         _container: container,
     }
 }
@@ -279,14 +286,19 @@ fn stop_and_start(
             "serve stopped by itself: {}",
             agent.log_text()
         );
-        let at = Instant::now();
+        let (at, log) = (Instant::now(), agent.log.clone());
         if graceful {
             let status = agent.terminate();
             assert!(status.success(), "serve on SIGTERM: {status}");
         } else {
             drop(agent); // SIGKILL
         }
-        stops.push(Stop { at, aim, graceful });
+        stops.push(Stop {
+            at,
+            aim,
+            graceful,
+            log,
+        });
         n += 1;
         agent = w.serve();
     }
@@ -299,6 +311,7 @@ fn phase(
     w: &World,
     agent: Agent,
     rng: &mut SplitMix,
+    seed: u64,
     first: usize,
     n: usize,
     want: usize,
@@ -308,7 +321,9 @@ fn phase(
     // About 1.5 s a stop: the deaths spread over the phase (at least 0.5 s apart on average).
     let mean_gap =
         Duration::from_millis((1500 * want as u64).max(500 * n as u64) / n.max(1) as u64);
-    let mut death_rng = SplitMix::new(rng.next_u64());
+    // The deaths' own stream, from the seed alone: the same deaths at the same moments in
+    // every run of a seed, however the stops (timed by serve) fell.
+    let mut death_rng = SplitMix::new(seed);
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
         let dying = s.spawn(move || deaths(w, &mut death_rng, first, n, mean_gap, tx));
@@ -392,34 +407,41 @@ fn print_tally(what: &str, t: &Tally) {
     println!("CHAOS {what} all: deaths {n}, told once {once}, lost {lost}, doubled {doubled}");
 }
 
-/// What went wrong with one death, and the stops nearest it (the window it fell in).
-fn explain(w: &World, d: &Death, stops: &[Stop]) {
-    let nearest = |before: bool| {
-        stops
-            .iter()
-            .filter(|s| (s.at < d.known_at) == before)
-            .min_by_key(|s| {
-                if before {
-                    d.known_at - s.at
-                } else {
-                    s.at - d.known_at
-                }
-            })
-            .map(|s| {
-                let ms = (w.secs(s.at) - w.secs(d.known_at)) * 1000.0;
-                let how = if s.graceful { "SIGTERM" } else { "SIGKILL" };
-                format!("{how} {:?} at {ms:+.0} ms", s.aim)
-            })
-            .unwrap_or_else(|| "none".into())
-    };
+/// A stop as said in the figures: how, aimed at what, when (ms from `at`).
+fn said(w: &World, s: &Stop, at: Instant) -> String {
+    let ms = (w.secs(s.at) - w.secs(at)) * 1000.0;
+    let how = if s.graceful { "SIGTERM" } else { "SIGKILL" };
+    format!("{how} {:?} at {ms:+.0} ms", s.aim)
+}
+
+/// What went wrong with one death: the stops either side of it, which serve told it (each
+/// serve's log names the container in a line per telling) and the Events.
+fn explain(w: &World, d: &Death, stops: &[Stop], last_log: &Path) {
+    let before = stops.iter().rfind(|s| s.at < d.known_at);
+    let after = stops.iter().find(|s| s.at >= d.known_at);
+    let show = |s: Option<&Stop>| s.map_or("none".into(), |s| said(w, s, d.known_at));
     println!(
-        "CHAOS wrong: {} ({:?}) known at {:.1} s, stop before: {}, after: {}",
+        "CHAOS wrong: {} ({:?}) known at {:.1} s; stop before: {}; after: {}",
         d.pod,
         d.kind,
         w.secs(d.known_at),
-        nearest(true),
-        nearest(false)
+        show(before),
+        show(after)
     );
+    let container = format!("container {NS}/{}/", d.pod);
+    let logs = stops.iter().map(|s| (s.log.as_path(), Some(s)));
+    for (i, (log, stopped)) in logs.chain([(last_log, None)]).enumerate() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains(&container)) {
+            let late = line.contains("Found when the agent started again");
+            println!(
+                "CHAOS   told by serve #{i} (then {}){}: {}",
+                show(stopped),
+                if late { ", found late" } else { "" },
+                line.chars().take(110).collect::<String>()
+            );
+        }
+    }
     for e in w.api.events_about(&d.pod) {
         println!(
             "CHAOS   Event {} x{} {}: {}",
@@ -430,7 +452,7 @@ fn explain(w: &World, d: &Death, stops: &[Stop]) {
                 .as_str()
                 .unwrap_or("")
                 .chars()
-                .take(160)
+                .take(100)
                 .collect::<String>()
         );
     }
@@ -483,12 +505,33 @@ fn deaths_are_told_once_while_serve_is_killed_and_rolled() {
     // deaths begin once it has looked.
     let first = w.serve();
     first.wait_ready();
-    let (agent, mut all) = phase(&w, first, &mut rng, 0, n1, plan.kills, false, &mut stops);
+    let (agent, mut all) = phase(
+        &w,
+        first,
+        &mut rng,
+        plan.seed ^ 1,
+        0,
+        n1,
+        plan.kills,
+        false,
+        &mut stops,
+    );
     let killed_for = w.t0.elapsed();
-    let (agent, more) = phase(&w, agent, &mut rng, n1, n2, plan.rollouts, true, &mut stops);
+    let (agent, more) = phase(
+        &w,
+        agent,
+        &mut rng,
+        plan.seed ^ 2,
+        n1,
+        n2,
+        plan.rollouts,
+        true,
+        &mut stops,
+    );
     all.extend(more);
     agent.wait_ready();
     until_quiet(&w, &all);
+    let last_log = agent.log.clone();
     assert!(agent.terminate().success());
     let took = w.t0.elapsed();
 
@@ -520,8 +563,11 @@ fn deaths_are_told_once_while_serve_is_killed_and_rolled() {
     );
     print_tally("Events", &events);
     print_tally("history", &kept);
+    let mut seen = std::collections::HashSet::new();
     for d in wrong.iter().chain(&wrong_kept) {
-        explain(&w, d, &stops);
+        if seen.insert(&d.pod) {
+            explain(&w, d, &stops, &last_log);
+        }
     }
     assert_eq!(all.len(), plan.deaths);
     assert!(stops.iter().filter(|s| !s.graceful).count() >= plan.kills);
