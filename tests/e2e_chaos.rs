@@ -19,15 +19,14 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::agent::Agent;
+use common::dying::{self, InPod, Kind, KINDS};
 use common::kube_api::{pod, restarted, terminated_now, FakeApi};
 use common::rng::SplitMix;
-use common::{Container, ContainerSpec};
+use common::Container;
 use serde_json::Value;
 
 const NODE: &str = "chaos-node";
 const NS: &str = "chaos";
-const BUS_LINE: &str = "ERROR: Unexpected bus error encountered in worker. This might be caused \
-                        by insufficient shared memory (shm).";
 
 /// The run's size; the defaults keep it within CI's budget.
 struct Plan {
@@ -53,18 +52,6 @@ impl Plan {
         }
     }
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
-    /// PyTorch's DataLoader line in the CRI log, then exit 1.
-    LogLine,
-    /// The kernel OOM-kills the main process: kubelet's OOMKilled, 137.
-    OomKill,
-    /// A real SIGBUS: exit status 135, reason Error.
-    SigBus,
-}
-
-const KINDS: [Kind; 3] = [Kind::LogLine, Kind::OomKill, Kind::SigBus];
 
 /// One death: its Pod, and when serve could first have known of it.
 struct Death {
@@ -131,37 +118,16 @@ impl World {
 fn die(w: &World, kind: Kind, i: usize, known: &Sender<Instant>) -> Death {
     let (uid, id) = (common::random_pod_uid(), common::random_container_id());
     let name = format!("{kind:?}-{i}").to_lowercase();
-    let container_name = "worker";
-    let live = pod(NODE, NS, &name, &uid, &[(container_name, &id)]);
+    let live = pod(NODE, NS, &name, &uid, &[("worker", &id)]);
     w.api.apply_pod(live.clone());
-    let (container, exit_code, reason) = match kind {
-        Kind::LogLine => {
-            let dir = w
-                .logs
-                .path()
-                .join(format!("{NS}_{name}_{uid}/{container_name}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let script = format!("echo 'epoch 1: loss 0.42'; sleep 0.2; echo '{BUS_LINE}'; exit 1");
-            let c = Container::start(ContainerSpec {
-                pod_uid: Some(uid.clone()),
-                id: Some(id.clone()),
-                args: vec!["sh".into(), "-c".into(), script],
-                cri_log: Some(dir.join("0.log")),
-                ..ContainerSpec::default()
-            });
-            (c, 1, "Error")
-        }
-        Kind::OomKill => (
-            common::oom::main_process_past_the_limit(&uid, &id),
-            137,
-            "OOMKilled",
-        ),
-        Kind::SigBus => (
-            common::crash::sigbus_container(&uid, &id, &w.python),
-            135,
-            "Error",
-        ),
+    let at = InPod {
+        namespace: NS,
+        pod: &name,
+        uid: &uid,
+        container: "worker",
+        id: &id,
     };
+    let container = dying::start(kind, &at, w.logs.path(), &w.python);
     assert!(
         container.wait_exited(Duration::from_secs(60)),
         "{name} never died: {}",
@@ -174,13 +140,10 @@ fn die(w: &World, kind: Kind, i: usize, known: &Sender<Instant>) -> Death {
     }
     // Kubelet notices the exit at its next relist, then writes the status.
     std::thread::sleep(Duration::from_millis(500));
+    let (exit_code, reason) = kind.kubelet_exit();
     let dead = terminated_now(&id, exit_code, reason);
-    w.api.apply_pod(restarted(
-        live,
-        container_name,
-        dead,
-        &common::random_container_id(),
-    ));
+    let next = restarted(live, "worker", dead, &common::random_container_id());
+    w.api.apply_pod(next);
     let status_at = Instant::now();
     if kind != Kind::LogLine {
         let _ = known.send(status_at);
@@ -249,25 +212,33 @@ fn take_aim(w: &World, aim: Aim, rng: &mut SplitMix, known: &Receiver<Instant>) 
     }
 }
 
-/// Stops serve (SIGKILL, or SIGTERM for a rollout) and starts it again on the same store, over
-/// and over, until `want` stops are done and `done()` says the deaths are over.
-#[allow(clippy::too_many_arguments)]
+/// One phase: `deaths` deaths numbered from `first`, from `seed`, while serve is stopped at
+/// least `stops` times, by SIGTERM if `graceful`, else SIGKILL.
+struct Phase {
+    seed: u64,
+    first: usize,
+    deaths: usize,
+    stops: usize,
+    graceful: bool,
+}
+
+/// Stops serve and starts it again on the same store, over and over, until the phase's stops
+/// are done and `done()` says its deaths are over.
 fn stop_and_start(
     w: &World,
+    p: &Phase,
     mut agent: Agent,
     rng: &mut SplitMix,
     known: &Receiver<Instant>,
-    graceful: bool,
-    want: usize,
     done: impl Fn() -> bool,
     stops: &mut Vec<Stop>,
 ) -> Agent {
-    let aims: &[Aim] = if graceful {
+    let aims: &[Aim] = if p.graceful {
         &[Aim::Random, Aim::AfterDeath, Aim::StoreWrite]
     } else {
         &[Aim::Random, Aim::AfterDeath, Aim::StoreWrite, Aim::Starting]
     };
-    if want == 0 {
+    if p.stops == 0 {
         // The control run: the same deaths, serve left alone.
         while !done() {
             std::thread::sleep(Duration::from_millis(100));
@@ -275,7 +246,7 @@ fn stop_and_start(
         return agent;
     }
     let mut n = 0;
-    while n < want || !done() {
+    while n < p.stops || !done() {
         let aim = aims[rng.below(aims.len() as u64) as usize];
         if aim != Aim::Starting {
             agent.wait_ready();
@@ -287,12 +258,13 @@ fn stop_and_start(
             agent.log_text()
         );
         let (at, log) = (Instant::now(), agent.log.clone());
-        if graceful {
+        if p.graceful {
             let status = agent.terminate();
             assert!(status.success(), "serve on SIGTERM: {status}");
         } else {
             drop(agent); // SIGKILL
         }
+        let graceful = p.graceful;
         stops.push(Stop {
             at,
             aim,
@@ -305,38 +277,25 @@ fn stop_and_start(
     agent
 }
 
-/// Runs `want` stops of serve while `n` deaths happen, numbered from `first`.
-#[allow(clippy::too_many_arguments)]
+/// Runs a phase: its deaths on a thread of their own, the stops on this one.
 fn phase(
     w: &World,
+    p: Phase,
     agent: Agent,
     rng: &mut SplitMix,
-    seed: u64,
-    first: usize,
-    n: usize,
-    want: usize,
-    graceful: bool,
     stops: &mut Vec<Stop>,
 ) -> (Agent, Vec<Death>) {
     // About 1.5 s a stop: the deaths spread over the phase (at least 0.5 s apart on average).
-    let mean_gap =
-        Duration::from_millis((1500 * want as u64).max(500 * n as u64) / n.max(1) as u64);
+    let n = p.deaths.max(1) as u64;
+    let mean_gap = Duration::from_millis((1500 * p.stops as u64).max(500 * n) / n);
     // The deaths' own stream, from the seed alone: the same deaths at the same moments in
     // every run of a seed, however the stops (timed by serve) fell.
-    let mut death_rng = SplitMix::new(seed);
+    let mut death_rng = SplitMix::new(p.seed);
     let (tx, rx) = mpsc::channel();
+    let (first, count) = (p.first, p.deaths);
     std::thread::scope(|s| {
-        let dying = s.spawn(move || deaths(w, &mut death_rng, first, n, mean_gap, tx));
-        let agent = stop_and_start(
-            w,
-            agent,
-            rng,
-            &rx,
-            graceful,
-            want,
-            || dying.is_finished(),
-            stops,
-        );
+        let dying = s.spawn(move || deaths(w, &mut death_rng, first, count, mean_gap, tx));
+        let agent = stop_and_start(w, &p, agent, rng, &rx, || dying.is_finished(), stops);
         (agent, dying.join().unwrap())
     })
 }
@@ -443,18 +402,31 @@ fn explain(w: &World, d: &Death, stops: &[Stop], last_log: &Path) {
         }
     }
     for e in w.api.events_about(&d.pod) {
+        let note = e["note"].as_str().unwrap_or("").chars().take(100);
         println!(
-            "CHAOS   Event {} x{} {}: {}",
+            "CHAOS   Event {} x{}: {}",
             e["reason"].as_str().unwrap_or(""),
             e["series"]["count"].as_u64().unwrap_or(1),
-            e["metadata"]["name"].as_str().unwrap_or(""),
-            e["note"]
-                .as_str()
-                .unwrap_or("")
-                .chars()
-                .take(100)
-                .collect::<String>()
+            note.collect::<String>()
         );
+    }
+}
+
+/// How many serves told `d` in their log (each names the container in a line per telling).
+fn tellers(d: &Death, stops: &[Stop], last_log: &Path) -> usize {
+    let container = format!("container {NS}/{}/", d.pod);
+    let logs = stops.iter().map(|s| s.log.as_path()).chain([last_log]);
+    logs.filter(|log| std::fs::read_to_string(log).is_ok_and(|text| text.contains(&container)))
+        .count()
+}
+
+/// The window a death told `events` times fell in, as the serves' logs show it.
+fn window(events: u64, tellers: usize) -> &'static str {
+    match (events, tellers) {
+        (0, 0) => "lost: read by no serve (it happened while serve was down or starting)",
+        (0, _) => "lost: told in a serve's log, stopped before its Event went out",
+        (_, 0 | 1) => "doubled: by one serve",
+        _ => "doubled: told again by the next serve",
     }
 }
 
@@ -480,6 +452,93 @@ fn history(state: &Path) -> BTreeMap<String, u64> {
     per_pod
 }
 
+/// What a run did.
+struct Run {
+    deaths: Vec<Death>,
+    stops: Vec<Stop>,
+    /// The last serve's log.
+    last_log: PathBuf,
+    killed_for: Duration,
+    took: Duration,
+}
+
+/// The two phases, then the last serve until quiet, stopped by SIGTERM.
+fn run(w: &World, plan: &Plan) -> Run {
+    let mut rng = SplitMix::new(plan.seed);
+    let mut stops = Vec::new();
+    // Two thirds of the deaths among the kills, the rest among the rollouts.
+    let n1 = plan.deaths * 2 / 3;
+    let kills = Phase {
+        seed: plan.seed ^ 1,
+        first: 0,
+        deaths: n1,
+        stops: plan.kills,
+        graceful: false,
+    };
+    let rollouts = Phase {
+        seed: plan.seed ^ 2,
+        first: n1,
+        deaths: plan.deaths - n1,
+        stops: plan.rollouts,
+        graceful: true,
+    };
+    // Its first look at the logs reads from their end (nothing before the agent is news): the
+    // deaths begin once it has looked.
+    let first = w.serve();
+    first.wait_ready();
+    let (agent, mut deaths) = phase(w, kills, first, &mut rng, &mut stops);
+    let killed_for = w.t0.elapsed();
+    let (agent, more) = phase(w, rollouts, agent, &mut rng, &mut stops);
+    deaths.extend(more);
+    agent.wait_ready();
+    until_quiet(w, &deaths);
+    let last_log = agent.log.clone();
+    assert!(agent.terminate().success());
+    Run {
+        deaths,
+        stops,
+        last_log,
+        killed_for,
+        took: w.t0.elapsed(),
+    }
+}
+
+fn print_stops(plan: &Plan, r: &Run) {
+    let by_aim = |graceful: bool| {
+        let aims = [Aim::Random, Aim::AfterDeath, Aim::StoreWrite, Aim::Starting];
+        let of = |aim: Aim| {
+            r.stops
+                .iter()
+                .filter(move |s| (s.aim, s.graceful) == (aim, graceful))
+        };
+        let counts = aims.map(|a| format!("{a:?} {}", of(a).count()));
+        let n = r.stops.iter().filter(|s| s.graceful == graceful).count();
+        format!("{n} ({})", counts.join(", "))
+    };
+    println!(
+        "CHAOS seed {}: SIGKILLs {} in {:.0} s; SIGTERM rollouts {}; {:.0} s in all",
+        plan.seed,
+        by_aim(false),
+        r.killed_for.as_secs_f64(),
+        by_aim(true),
+        r.took.as_secs_f64()
+    );
+}
+
+/// The windows the deaths whose Events are wrong fell in, by kind.
+fn print_windows(w: &World, r: &Run, wrong: &[&Death]) {
+    let mut windows = BTreeMap::<(Kind, &str), usize>::new();
+    for d in wrong {
+        let told = tellers(d, &r.stops, &r.last_log);
+        *windows
+            .entry((d.kind, window(occurrences(&w.api, &d.pod), told)))
+            .or_default() += 1;
+    }
+    for ((kind, window), n) in &windows {
+        println!("CHAOS window {kind:?} {window}: {n}");
+    }
+}
+
 #[test]
 fn deaths_are_told_once_while_serve_is_killed_and_rolled() {
     if !common::e2e_available() || !common::kmsg_readable() {
@@ -497,81 +556,24 @@ fn deaths_are_told_once_while_serve_is_killed_and_rolled() {
         python,
         t0: Instant::now(),
     };
-    let mut rng = SplitMix::new(plan.seed);
-    let mut stops = Vec::new();
-    // Two thirds of the deaths among the kills, the rest among the rollouts.
-    let (n1, n2) = (plan.deaths * 2 / 3, plan.deaths - plan.deaths * 2 / 3);
-    // Its first look at the logs reads from their end (nothing before the agent is news): the
-    // deaths begin once it has looked.
-    let first = w.serve();
-    first.wait_ready();
-    let (agent, mut all) = phase(
-        &w,
-        first,
-        &mut rng,
-        plan.seed ^ 1,
-        0,
-        n1,
-        plan.kills,
-        false,
-        &mut stops,
-    );
-    let killed_for = w.t0.elapsed();
-    let (agent, more) = phase(
-        &w,
-        agent,
-        &mut rng,
-        plan.seed ^ 2,
-        n1,
-        n2,
-        plan.rollouts,
-        true,
-        &mut stops,
-    );
-    all.extend(more);
-    agent.wait_ready();
-    until_quiet(&w, &all);
-    let last_log = agent.log.clone();
-    assert!(agent.terminate().success());
-    let took = w.t0.elapsed();
+    let r = run(&w, &plan);
 
-    let (events, wrong) = tally(&all, |d| occurrences(&w.api, &d.pod));
+    let (events, wrong) = tally(&r.deaths, |d| occurrences(&w.api, &d.pod));
     let stored = history(&w.state);
-    let (kept, wrong_kept) = tally(&all, |d| stored.get(&d.uid).copied().unwrap_or(0));
-    let count = |aim: Aim, graceful: bool| {
-        let n = stops
-            .iter()
-            .filter(|s| s.aim == aim && s.graceful == graceful);
-        n.count()
-    };
-    println!(
-        "CHAOS seed {}: {} SIGKILLs in {:.0} s (random {}, after a death {}, on a store write \
-         {}, while starting {}), {} SIGTERM rollouts (random {}, after a death {}, on a store \
-         write {}), {:.0} s in all",
-        plan.seed,
-        stops.iter().filter(|s| !s.graceful).count(),
-        killed_for.as_secs_f64(),
-        count(Aim::Random, false),
-        count(Aim::AfterDeath, false),
-        count(Aim::StoreWrite, false),
-        count(Aim::Starting, false),
-        stops.iter().filter(|s| s.graceful).count(),
-        count(Aim::Random, true),
-        count(Aim::AfterDeath, true),
-        count(Aim::StoreWrite, true),
-        took.as_secs_f64()
-    );
+    let (kept, wrong_kept) = tally(&r.deaths, |d| stored.get(&d.uid).copied().unwrap_or(0));
+    print_stops(&plan, &r);
     print_tally("Events", &events);
     print_tally("history", &kept);
+    print_windows(&w, &r, &wrong);
     let mut seen = std::collections::HashSet::new();
     for d in wrong.iter().chain(&wrong_kept) {
         if seen.insert(&d.pod) {
-            explain(&w, d, &stops, &last_log);
+            explain(&w, d, &r.stops, &r.last_log);
         }
     }
-    assert_eq!(all.len(), plan.deaths);
-    assert!(stops.iter().filter(|s| !s.graceful).count() >= plan.kills);
-    assert!(stops.iter().filter(|s| s.graceful).count() >= plan.rollouts);
+    assert_eq!(r.deaths.len(), plan.deaths);
+    assert!(r.stops.iter().filter(|s| !s.graceful).count() >= plan.kills);
+    assert!(r.stops.iter().filter(|s| s.graceful).count() >= plan.rollouts);
     let [_, _, lost, doubled] = totals(&events);
     assert_eq!((lost, doubled), (0, 0), "Events: lost, doubled");
     let [_, _, lost, doubled] = totals(&kept);

@@ -14,6 +14,7 @@ pub mod binary;
 pub mod containerd;
 pub mod crash;
 pub mod docker;
+pub mod dying;
 pub mod fake_cuda;
 pub mod fake_nvml;
 pub mod fuse;
