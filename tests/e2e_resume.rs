@@ -1,13 +1,14 @@
-//! Restarts (issue 38): `serve` killed with SIGKILL after saving its checkpoint
-//! (`SHMLINK_CHECKPOINT_FILE`, provisional until the state store), a real runc container's
-//! DataLoader dying while it is down, `serve` started again from the checkpoint: the death is
-//! told once, marked found late; a second restart tells nothing again. The same on plain Docker
-//! (its json-file log and its record of a SIGBUS exit) and for the kernel log (/dev/kmsg).
+//! Restarts (issue 38): `serve --state-dir` killed with SIGKILL after storing its checkpoint, a
+//! real runc container's DataLoader dying while it is down, `serve` started again from the
+//! store: the death is told once, marked found late; a second restart tells nothing again. The
+//! same on plain Docker (its json-file log and its record of a SIGBUS exit) and for the kernel
+//! log (/dev/kmsg). In kube mode, each death is one Event occurrence whenever serve is killed,
+//! and a Pod's status recording a death while serve was down is told once.
 
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::{ro_bind, Container, ContainerSpec};
@@ -16,10 +17,16 @@ const BUS_LINE: &str = "ERROR: Unexpected bus error encountered in worker. This 
                         by insufficient shared memory (shm).";
 const FOUND_LATE: &str = "Found when the agent started again: it happened while it was down";
 
-fn serve(root: &Path, checkpoint: &Path) -> Agent {
+fn serve(root: &Path, state: &Path) -> Agent {
     let agent = Agent::start(
-        &["--no-gpu", "--pod-log-root", root.to_str().unwrap()],
-        &[("SHMLINK_CHECKPOINT_FILE", checkpoint.as_os_str())],
+        &[
+            "--no-gpu",
+            "--pod-log-root",
+            root.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
     );
     agent.wait_ready();
     agent
@@ -35,9 +42,26 @@ fn failures(agent: &Agent) -> f64 {
     .unwrap_or(0.0)
 }
 
-/// The checkpoint's saved offset of `log`, if it holds one.
-fn saved_offset(checkpoint: &Path, log: &Path) -> Option<u64> {
-    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(checkpoint).ok()?).ok()?;
+/// The checkpoint `serve --state-dir <state>` stored last (read while it writes: WAL).
+fn stored_checkpoint(state: &Path) -> Option<serde_json::Value> {
+    let db = rusqlite::Connection::open_with_flags(
+        state.join("state.sqlite3"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .ok()?;
+    let text: String = db
+        .query_row(
+            "SELECT value FROM checkpoints WHERE key = 'checkpoint'",
+            [],
+            |r| r.get(0),
+        )
+        .ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The stored checkpoint's offset of `log`, if it holds one.
+fn saved_offset(state: &Path, log: &Path) -> Option<u64> {
+    let c = stored_checkpoint(state)?;
     c["logs"]["files"]
         .as_array()?
         .iter()
@@ -45,8 +69,9 @@ fn saved_offset(checkpoint: &Path, log: &Path) -> Option<u64> {
         .as_u64()
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// When the stored checkpoint was taken.
+fn taken(state: &Path) -> Option<serde_json::Value> {
+    stored_checkpoint(state).map(|c| c["at"].clone())
 }
 
 #[test]
@@ -60,7 +85,7 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
     std::fs::create_dir_all(&dir).unwrap();
     let flags = tmp.path().join("flags");
     std::fs::create_dir_all(&flags).unwrap();
-    let checkpoint = tmp.path().join("checkpoint.json");
+    let checkpoint = tmp.path().join("state");
     let log = dir.join("0.log");
 
     let first = serve(tmp.path(), &checkpoint);
@@ -85,7 +110,7 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
             written > 0 && saved_offset(&checkpoint, &log) == Some(written)
         }),
         "no checkpoint past the first line: {:?}",
-        std::fs::read_to_string(&checkpoint)
+        stored_checkpoint(&checkpoint)
     );
     let first_log = first.log_text();
     drop(first); // SIGKILL
@@ -138,9 +163,9 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
         println!("after the restart: {l}");
     }
     // Its position saved (past both files), then killed again.
-    let saved_at = modified(&checkpoint);
+    let saved_at = taken(&checkpoint);
     assert!(
-        common::wait_until(Duration::from_secs(10), || modified(&checkpoint) > saved_at),
+        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
         "no checkpoint after the new death"
     );
     drop(second);
@@ -172,12 +197,18 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     let tmp = tempfile::tempdir().unwrap();
     let flags = tmp.path().join("flags");
     std::fs::create_dir_all(&flags).unwrap();
-    let checkpoint = tmp.path().join("checkpoint.json");
+    let checkpoint = tmp.path().join("state");
     let root = d.data_root();
     let start = || {
         let agent = Agent::start(
-            &["--no-gpu", "--docker-root", root.to_str().unwrap()],
-            &[("SHMLINK_CHECKPOINT_FILE", checkpoint.as_os_str())],
+            &[
+                "--no-gpu",
+                "--docker-root",
+                root.to_str().unwrap(),
+                "--state-dir",
+                checkpoint.to_str().unwrap(),
+            ],
+            &[],
         );
         agent.wait_ready();
         agent
@@ -212,7 +243,7 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
             written > 0 && saved_offset(&checkpoint, &log) == Some(written)
         }),
         "no checkpoint past the first line: {:?}",
-        std::fs::read_to_string(&checkpoint)
+        stored_checkpoint(&checkpoint)
     );
     drop(first); // SIGKILL
     std::fs::write(flags.join("die"), "").unwrap();
@@ -238,9 +269,9 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     );
     let told = second.log_text();
     assert_eq!(told.matches(FOUND_LATE).count(), 2, "{told}");
-    let saved_at = modified(&checkpoint);
+    let saved_at = taken(&checkpoint);
     assert!(
-        common::wait_until(Duration::from_secs(10), || modified(&checkpoint) > saved_at),
+        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
         "no checkpoint after telling"
     );
     drop(second);
@@ -264,11 +295,17 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let checkpoint = tmp.path().join("checkpoint.json");
+    let checkpoint = tmp.path().join("state");
     let start = || {
         let agent = Agent::start(
-            &["--no-gpu", "--kmsg", "/dev/kmsg"],
-            &[("SHMLINK_CHECKPOINT_FILE", checkpoint.as_os_str())],
+            &[
+                "--no-gpu",
+                "--kmsg",
+                "/dev/kmsg",
+                "--state-dir",
+                checkpoint.to_str().unwrap(),
+            ],
+            &[],
         );
         agent.wait_ready();
         agent
@@ -276,13 +313,10 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
     let first = start();
     assert!(
         common::wait_until(Duration::from_secs(10), || {
-            std::fs::read(&checkpoint)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .is_some_and(|c| c["kmsg"]["boot_id"].is_string())
+            stored_checkpoint(&checkpoint).is_some_and(|c| c["kmsg"]["boot_id"].is_string())
         }),
         "no kernel log position saved: {:?}",
-        std::fs::read_to_string(&checkpoint)
+        stored_checkpoint(&checkpoint)
     );
     drop(first); // SIGKILL
 
@@ -317,9 +351,9 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
         1,
         "{told}"
     );
-    let saved_at = modified(&checkpoint);
+    let saved_at = taken(&checkpoint);
     assert!(
-        common::wait_until(Duration::from_secs(10), || modified(&checkpoint) > saved_at),
+        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
         "no checkpoint after telling"
     );
     drop(second);
@@ -327,4 +361,174 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
     let third = start();
     std::thread::sleep(Duration::from_secs(6));
     assert!(!third.log_text().contains(&ours), "{}", third.log_text());
+}
+
+/// Occurrences the API server counts in `events`: each Event's series count, or 1.
+fn occurrences(events: &[&serde_json::Value]) -> i64 {
+    events
+        .iter()
+        .map(|e| e["series"]["count"].as_i64().unwrap_or(1))
+        .sum()
+}
+
+/// A CRI line of trainer-0's DataLoader dying, numbered.
+fn bus_line(n: u32) -> String {
+    format!(
+        "{} stderr F {}\n",
+        k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        BUS_LINE.replace("worker", &format!("worker {n}"))
+    )
+}
+
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+}
+
+/// The issue's promise in kube mode: `serve` SIGKILLed right after a death's Event was created
+/// (before the count it confirmed was stored), and again after a death was told with the API
+/// server away (its Event not created); a Pod's status records an OOM kill while serve is down.
+/// After each restart the API server holds one Event per Pod and reason, whose series counts
+/// each death exactly once; the death while down says it was found late; a last restart adds
+/// nothing.
+#[test]
+fn in_kube_mode_each_death_is_one_event_occurrence_across_kills() {
+    use common::kube_api::{self, FakeApi};
+    const NODE: &str = "node-resume";
+    let mut api = FakeApi::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let uid = common::random_pod_uid();
+    let trainer = kube_api::pod(NODE, "ml", "trainer-0", &uid, &[("trainer", "aaaa")]);
+    api.apply_pod(trainer.clone());
+    let pods = tmp.path().join("pods");
+    let log = pods.join(format!("ml_trainer-0_{uid}/trainer/0.log"));
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(&log, "").unwrap();
+    let state = tmp.path().join("state");
+    let kubeconfig = api.kubeconfig_path();
+    let start = || {
+        let agent = Agent::start_kube(
+            &kubeconfig,
+            NODE,
+            &[
+                "--pod-log-root",
+                pods.to_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+        );
+        agent.wait_ready();
+        agent
+    };
+    let shm_events = |api: &FakeApi| {
+        let all = api.events_about("trainer-0");
+        let n = occurrences(&kube_api::events::with_reason(&all, "ShmAllocationFailed"));
+        (
+            kube_api::events::with_reason(&all, "ShmAllocationFailed").len(),
+            n,
+        )
+    };
+
+    // 1. A death; killed the moment its Event exists.
+    let first = start();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        stored_checkpoint(&state).is_some()
+    }));
+    append(&log, &bus_line(1));
+    assert!(
+        common::wait_until(Duration::from_secs(10), || shm_events(&api).1 == 1),
+        "no Event for the first death: {}",
+        first.log_text()
+    );
+    drop(first); // SIGKILL
+
+    // 2. Started again with the API server there; then it goes away, a second death is told
+    // (stored) but its Event cannot be made; killed.
+    let second = start();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        shm_events(&api),
+        (1, 1),
+        "the first death not counted twice"
+    );
+    api.stop();
+    append(&log, &bus_line(2));
+    second.wait_for_metrics("the second death told", |b| {
+        sample(
+            b,
+            "shmlink_workload_failures_total",
+            &[("pod", "trainer-0"), ("kind", "shm_allocation_failed")],
+        ) == Some(1.0)
+    });
+    // Its Event waits for its commit, and it is committed within the writer's 100 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    let second_log = second.log_text();
+    drop(second); // SIGKILL
+    assert_eq!(shm_events(&api), (1, 1));
+
+    // 3. While serve is down the kubelet records trainer-0's OOM kill.
+    let terminated = serde_json::json!({"exitCode": 137, "reason": "OOMKilled",
+        "containerID": "containerd://aaaa", "startedAt": "2026-11-22T00:00:00Z",
+        "finishedAt": kube_api::finished_now()});
+    api.resume();
+    api.apply_pod(kube_api::restarted(trainer, "trainer", terminated, "bbbb"));
+
+    let third = start();
+    let counted = || {
+        let all = api.events_about("trainer-0");
+        let oom = kube_api::events::with_reason(&all, "WorkloadOomKilled");
+        (shm_events(&api), oom.len(), occurrences(&oom))
+    };
+    assert!(
+        common::wait_until(Duration::from_secs(15), || counted() == ((1, 2), 1, 1)),
+        "{:?}\n{}\n{}",
+        counted(),
+        api.events_about("trainer-0")
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        third.log_text()
+    );
+    let all = api.events_about("trainer-0");
+    let oom = kube_api::events::with_reason(&all, "WorkloadOomKilled");
+    assert!(
+        oom[0]["note"].as_str().unwrap().contains(FOUND_LATE),
+        "{}",
+        oom[0]
+    );
+    // 4. A death after the restart counts on the same Event.
+    append(&log, &bus_line(3));
+    assert!(
+        common::wait_until(Duration::from_secs(10), || counted() == ((1, 3), 1, 1)),
+        "{:?}",
+        counted()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(third); // SIGKILL
+
+    // 5. Nothing new: a restart tells nothing and adds to no Event.
+    let fourth = start();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(counted(), ((1, 3), 1, 1), "{}", fourth.log_text());
+    assert!(!fourth.log_text().contains("Unexpected bus error"));
+    assert!(!second_log.contains(FOUND_LATE));
+    println!(
+        "Events about trainer-0 after 3 SIGKILLs: {}",
+        api.events_about("trainer-0")
+            .iter()
+            .map(|e| format!(
+                "{} x{}",
+                e["reason"],
+                e["series"]["count"].as_i64().unwrap_or(1)
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }

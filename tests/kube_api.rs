@@ -53,6 +53,7 @@ async fn the_pod_reflector_lists_watches_resumes_and_relists_after_410() {
         client(&api),
         NODE,
         &tokio::runtime::Handle::current(),
+        shmlink::kube::exits::Exits::new(std::time::SystemTime::now()),
         Box::new(move |found| {
             let _ = deaths_tx.send(found);
         }),
@@ -95,8 +96,8 @@ async fn the_pod_reflector_lists_watches_resumes_and_relists_after_410() {
     api.apply_pod(restarted.clone());
     let told = eventually("the death delivered", || deaths.try_recv().ok()).await;
     assert_eq!(told.len(), 1);
-    assert_eq!(told[0].kind, FindingKind::WorkloadOomKilled);
-    assert_eq!(told[0].source, shmlink::model::FailureSource::PodStatus);
+    assert_eq!(told[0].1.kind, FindingKind::WorkloadOomKilled);
+    assert_eq!(told[0].1.source, shmlink::model::FailureSource::PodStatus);
     api.apply_pod(restarted);
     eventually("the same status again in the cache", || {
         w.index().filter(|i| {

@@ -613,3 +613,96 @@ fn bench_300_containers_and_a_log_flood() {
     );
     assert!(m.commits.get() as f64 / secs <= 10.5);
 }
+
+/// Set in the child `a_told_record_is_committed_whole_even_when_killed` starts: it writes.
+const TOLD_CHILD: &str = "SHMLINK_TEST_TOLD_WRITER";
+
+/// (failures, the checkpoint `pos`) as committed now (Err while the tables are being made).
+fn deaths_and_pos(c: &Connection) -> rusqlite::Result<(i64, i64)> {
+    c.query_row(
+        "SELECT (SELECT count(*) FROM failures),
+                (SELECT CAST(value AS INTEGER) FROM checkpoints WHERE key = 'pos')",
+        [],
+        |r| Ok((r.get(0)?, r.get::<_, Option<i64>>(1)?.unwrap_or(0))),
+    )
+}
+
+/// The writer child, killed however the test ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The child's part: failures told, each with the checkpoint that passes it, until killed.
+fn told_writer(dir: &Path) {
+    let m = StateMetrics::default();
+    let store = open(dir, &me(), &m).unwrap();
+    let tx = store.sender();
+    let mut i = 0i64;
+    loop {
+        let f = failure("ml", &format!("p{}", i + 1), SystemTime::now());
+        if tx.told(&[f], vec![("pos".into(), json!(i + 1))]) {
+            i += 1;
+        }
+        // As serve does for a death: wait for its commit now and then.
+        if i % 7 == 0 {
+            tx.flush(Duration::from_secs(1));
+        }
+    }
+}
+
+#[test]
+fn a_told_record_is_committed_whole_even_when_killed() {
+    if let Some(dir) = std::env::var_os(TOLD_CHILD) {
+        told_writer(Path::new(&dir));
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Child(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_told_record_is_committed_whole_even_when_killed",
+                "--nocapture",
+            ])
+            .env(TOLD_CHILD, tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let path = db(tmp.path());
+    assert!(
+        (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(25));
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .is_ok_and(|c| deaths_and_pos(&c).is_ok_and(|(deaths, _)| deaths > 0))
+        }),
+        "the writer never committed"
+    );
+    // Every commit a reader sees holds each failure with its checkpoint: both or neither.
+    let c = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let started = std::time::Instant::now();
+    let mut reads = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let (deaths, pos) = deaths_and_pos(&c).unwrap();
+        assert_eq!(
+            deaths, pos,
+            "a failure without its checkpoint, or one ahead of it"
+        );
+        reads += 1;
+    }
+    drop(c);
+    // SIGKILL mid-stream: what was committed is still whole.
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let c = Connection::open(&path).unwrap();
+    let (deaths, pos) = deaths_and_pos(&c).unwrap();
+    println!("{reads} reads while writing; {deaths} failures committed before the kill");
+    assert!(deaths > 10, "{deaths}");
+    assert_eq!(deaths, pos);
+}

@@ -2,20 +2,36 @@
 //! publisher and the Node condition writer, started on the runtime; the scan thread's view of
 //! them reads caches without waiting and hands over to queues it never blocks on.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use kube::Client;
 
 use crate::cli::KubeMode;
 use crate::failures::sources::ClusterCaches;
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
-use crate::kube::events::{spawn_publisher, EventPlanner, EventQueue, PublishSettings};
+use crate::kube::events::{
+    spawn_publisher, EventMsg, EventPlanner, EventQueue, OpenSeries, PublishSettings, SERIES_KEY,
+};
+use crate::kube::exits::{DeathKey, Exits};
 use crate::kube::podresources::PodResourcesWatcher;
 use crate::kube::pods::{PodIndex, PodWatcher};
 use crate::metrics::Metrics;
 use crate::model::{Detected, Failure, Snapshot};
+use crate::state::StoreSender;
+
+/// What the cluster side goes on with after a restart (from the state store).
+pub(super) struct KubeResume {
+    /// The Pod-status deaths told before (or `Exits::new(now)` without a checkpoint).
+    pub(super) exits: Exits,
+    /// The failure Event series left open, and the counts the API server confirmed of them.
+    pub(super) series: Vec<OpenSeries>,
+    pub(super) confirmed: HashMap<String, i32>,
+    /// Where the confirmed counts are kept; None without a store.
+    pub(super) store: Option<StoreSender>,
+}
 
 /// What serve needs to be a cluster citizen.
 #[derive(Debug, Clone)]
@@ -51,17 +67,22 @@ impl KubeView {
     pub(super) fn spawn(
         client: Client,
         settings: &KubeSettings,
-        interval: Duration,
-        metrics: &Arc<Metrics>,
-        runtime: &tokio::runtime::Handle,
-        deaths: mpsc::Sender<Vec<Detected>>,
+        (interval, metrics, runtime): (Duration, &Arc<Metrics>, &tokio::runtime::Handle),
+        deaths: mpsc::Sender<Vec<(DeathKey, Detected)>>,
+        resume: KubeResume,
     ) -> KubeView {
         tracing::info!(node = %settings.node, "watching this node's pods; publishing Events");
         let on_deaths = Box::new(move |found| {
             let _ = deaths.send(found);
         });
-        KubeView {
-            pods: PodWatcher::spawn(client.clone(), &settings.node, runtime, on_deaths),
+        let mut view = KubeView {
+            pods: PodWatcher::spawn(
+                client.clone(),
+                &settings.node,
+                runtime,
+                resume.exits,
+                on_deaths,
+            ),
             gpu_holders: PodResourcesWatcher::spawn(
                 settings.pod_resources_socket.clone(),
                 interval,
@@ -85,7 +106,25 @@ impl KubeView {
                 runtime,
             ),
             pod_cache_wait: settings.pod_cache_wait,
+        };
+        if let Some(store) = resume.store {
+            view.queue.keep_confirmed(store, &resume.confirmed);
+            let resend = view.planner.resume_failures(
+                resume.series,
+                &resume.confirmed,
+                Instant::now(),
+                SystemTime::now(),
+            );
+            if !resend.is_empty() {
+                tracing::info!(
+                    events = resend.len(),
+                    "sending again the failure Events the API server may not have (stored, \
+                     not confirmed)"
+                );
+            }
+            view.queue.resend(resend);
         }
+        view
     }
 
     /// The caches the failure follower reads.
@@ -103,9 +142,19 @@ impl KubeView {
         self.conditions.update(snapshot, Instant::now());
     }
 
-    /// Failures are Events at once, not at the next scan.
-    pub(super) fn after_failures(&mut self, failures: &[Failure]) {
-        let msgs = self.planner.plan_failures(failures, Instant::now());
+    /// The Events for failures just told, to be published (at once, or once the failures are
+    /// durable) by [`KubeView::publish`].
+    pub(super) fn plan_failures(&mut self, failures: &[Failure]) -> Vec<EventMsg> {
+        self.planner.plan_failures(failures, Instant::now())
+    }
+
+    pub(super) fn publish(&self, msgs: Vec<EventMsg>) {
         self.queue.send(msgs);
+    }
+
+    /// The open failure series, as stored with the failures told.
+    pub(super) fn series_state(&self) -> (String, serde_json::Value) {
+        let series = serde_json::to_value(self.planner.open_series()).unwrap_or_default();
+        (SERIES_KEY.to_string(), series)
     }
 }

@@ -7,6 +7,7 @@
 mod changes;
 mod cluster;
 mod death_trace;
+mod resume;
 mod scan_loop;
 
 use std::net::SocketAddr;
@@ -99,9 +100,16 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let (deaths_tx, deaths_rx) = mpsc::channel();
-    let kube = k8s::connect(kube.mode)
-        .await?
-        .map(|client| KubeView::spawn(client, &kube, interval, &metrics, &runtime, deaths_tx));
+    let (resume, kube_resume) = resume::resumes(store.as_ref());
+    let kube = k8s::connect(kube.mode).await?.map(|client| {
+        KubeView::spawn(
+            client,
+            &kube,
+            (interval, &metrics, &runtime),
+            deaths_tx,
+            kube_resume,
+        )
+    });
 
     let stop = Arc::new(AtomicBool::new(false));
     let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
@@ -114,6 +122,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             exits: deaths_rx,
             traced,
             stop: stop.clone(),
+            resume,
         },
         wake_tx.clone(),
         metrics.clone(),
@@ -129,6 +138,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         store: store
             .as_ref()
             .map(|s| (s.sender(), FindingChanges::default())),
+        slow_commits: 0,
     };
     let scan_thread = thread::Builder::new()
         .name("scan".into())

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::changes::{Changed, FindingChanges};
 use super::cluster::KubeView;
+use crate::failures::checkpoint::{self, Checkpoint};
 use crate::failures::ledger::Ledger;
 use crate::failures::sources::Followed;
 use crate::gpu::xid::kernel::{KernelGpu, KernelXids};
@@ -35,12 +36,20 @@ pub(super) struct Between {
     pub(super) blind_told: Vec<Blind>,
     /// The state store's history: failures told, findings as they begin and end.
     pub(super) store: Option<(StoreSender, FindingChanges)>,
+    /// Failures whose commit was not confirmed in time (said once).
+    pub(super) slow_commits: u64,
 }
+
+/// How long a failure's Event waits for its commit (the writer commits at once when asked).
+const TOLD_COMMIT_WAIT: Duration = Duration::from_secs(1);
 
 impl Between {
     fn on_followed(&mut self, followed: Followed, snapshot: &SharedSnapshot) {
         match followed {
-            Followed::Failures(failures) => self.on_failures(&failures, snapshot),
+            Followed::Told {
+                failures,
+                checkpoint,
+            } => self.on_told(&failures, checkpoint, snapshot),
             Followed::KernelGpus(gpus) => self.on_kernel_gpus(gpus, snapshot),
         }
     }
@@ -55,16 +64,42 @@ impl Between {
     }
 
     /// Failures the pipeline told: logged, counted, published, and in the snapshot at once (so
-    /// /metrics counts them before the next scan).
-    fn on_failures(&mut self, failures: &[Failure], snapshot: &SharedSnapshot) {
+    /// /metrics counts them before the next scan). With a store, the failures, the follower's
+    /// checkpoint past them and the Event series they count on are one transaction, committed
+    /// before their Events go out: a kill at any moment loses none and tells none twice.
+    fn on_told(
+        &mut self,
+        failures: &[Failure],
+        checkpoint: Option<Box<Checkpoint>>,
+        snapshot: &SharedSnapshot,
+    ) {
         self.ledger.record(failures, Instant::now());
+        let msgs = self
+            .kube
+            .as_mut()
+            .map(|k| k.plan_failures(failures))
+            .unwrap_or_default();
         if let Some((store, _)) = &self.store {
-            for f in failures {
-                store.failure(f, f.found_late);
+            let mut puts = Vec::new();
+            if let Some(c) = checkpoint {
+                puts.push((checkpoint::KEY.to_string(), c.to_stored()));
+            }
+            if let Some(k) = self.kube.as_ref().filter(|_| !msgs.is_empty()) {
+                puts.push(k.series_state());
+            }
+            let sent = store.told(failures, puts);
+            if sent && !msgs.is_empty() && !store.flush(TOLD_COMMIT_WAIT) {
+                self.slow_commits += 1;
+                if self.slow_commits == 1 {
+                    tracing::warn!(
+                        "the state store did not commit a failure within {TOLD_COMMIT_WAIT:?}; \
+                         its Event goes out anyway (a kill now could tell it twice)"
+                    );
+                }
             }
         }
-        if let Some(k) = self.kube.as_mut() {
-            k.after_failures(failures);
+        if let Some(k) = self.kube.as_ref() {
+            k.publish(msgs);
         }
         if let Some(last) = snapshot.load_full() {
             let mut next = (*last).clone();

@@ -76,17 +76,31 @@ impl Node {
             exits,
             traced: None,
             stop: Arc::new(AtomicBool::new(false)),
+            resume: Some(Resume {
+                saved: std::fs::read(self.checkpoint())
+                    .ok()
+                    .and_then(|b| Checkpoint::from_stored(&serde_json::from_slice(&b).unwrap())),
+                boot_changed: false,
+            }),
         };
-        Follower::with_checkpoint(f, Some(self.checkpoint()))
+        Follower::new(f)
     }
 }
 
-/// A few of serve's rounds: read, tell, save. What was told.
-fn rounds(f: &mut Follower) -> Vec<Failure> {
+/// A few of serve's rounds: read, tell, hand on (the checkpoint kept as the store would).
+/// What was told.
+fn rounds(node: &Node, f: &mut Follower) -> Vec<Failure> {
     let told = std::cell::RefCell::new(Vec::new());
     let deliver = |x: Followed| {
-        if let Followed::Failures(failures) = x {
+        if let Followed::Told {
+            failures,
+            checkpoint,
+        } = x
+        {
             told.borrow_mut().extend(failures);
+            if let Some(c) = checkpoint {
+                std::fs::write(node.checkpoint(), c.to_stored().to_string()).unwrap();
+            }
         }
         true
     };
@@ -100,10 +114,10 @@ fn rounds(f: &mut Follower) -> Vec<Failure> {
             );
         }
         f.read_kernel_log();
-        assert!(f.tell(&deliver));
-        // A save is due after telling, or every 2 s: the test's rounds are quicker.
+        f.tell();
+        // A checkpoint is due after telling, or every 2 s: the test's rounds are quicker.
         f.told = true;
-        f.checkpoint();
+        assert!(f.hand_on(&deliver));
     }
     told.into_inner()
 }
@@ -135,7 +149,7 @@ fn deaths_are_told_once_across_restarts_and_those_while_down_found_late() {
     let usec_now =
         u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros()).unwrap();
     append(&node.kmsg(), &crash(2, usec_now + 60_000_000, 101));
-    let told = said(&rounds(&mut first));
+    let told = said(&rounds(&node, &mut first));
     assert_eq!(
         told,
         [
@@ -155,7 +169,7 @@ fn deaths_are_told_once_across_restarts_and_those_while_down_found_late() {
     let mut second = node.follower();
     // And one after.
     append(&node.kmsg(), &crash(4, usec_now + 120_000_000, 303));
-    let told = said(&rounds(&mut second));
+    let told = said(&rounds(&node, &mut second));
     assert_eq!(
         told,
         [
@@ -169,7 +183,7 @@ fn deaths_are_told_once_across_restarts_and_those_while_down_found_late() {
 
     // A third start with nothing new: nothing told.
     let mut third = node.follower();
-    assert_eq!(said(&rounds(&mut third)), []);
+    assert_eq!(said(&rounds(&node, &mut third)), []);
 }
 
 #[test]
@@ -217,7 +231,7 @@ fn an_oom_report_cut_by_a_restart_is_read_whole_after_it() {
              {memcg},task=x,pid=9,uid=0\n"
         ),
     );
-    assert_eq!(said(&rounds(&mut first)), []);
+    assert_eq!(said(&rounds(&node, &mut first)), []);
     drop(first);
     append(
         &node.kmsg(),
@@ -227,10 +241,10 @@ fn an_oom_report_cut_by_a_restart_is_read_whole_after_it() {
         ),
     );
     let mut second = node.follower();
-    let told = rounds(&mut second);
+    let told = rounds(&node, &mut second);
     assert_eq!(told.len(), 1, "{told:#?}");
     // Its time is a minute ahead of now: told, not found late (the time decides that).
     assert!(told[0].kind.is_oom_kill(), "{told:#?}");
     drop(second);
-    assert_eq!(said(&rounds(&mut node.follower())), []);
+    assert_eq!(said(&rounds(&node, &mut node.follower())), []);
 }

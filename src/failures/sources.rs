@@ -3,18 +3,19 @@
 //! [`POLL`]) or read back over `--since` in `check` ([`read_back`]). Reading is all that happens
 //! here; what a line means, whose it is and how it is told is the pipeline's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::checkpoint::{self, Checkpoint, Saver};
+use super::checkpoint::{Checkpoint, Saver};
 use super::pipeline::{Mode, Pipeline, Sources};
 use crate::docker_records::{exited_since, DockerExit, RecordsSeen};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
 use crate::kernel_log::resume::{at_end_now, boot_id, kmsg_start, KmsgCheckpoint};
 use crate::kernel_log::{KernelLog, KmsgStart};
+use crate::kube::exits::{DeathKey, FRESH};
 use crate::kube::podresources::{GpuHolders, PodResourcesWatcher};
 use crate::kube::pods::PodCache;
 use crate::logs::{LogSettings, LogTailer};
@@ -36,6 +37,9 @@ const KMSG_BATCH: usize = 4096;
 const KMSG_HELD_MAX: usize = 8192;
 /// Docker deaths remembered as told (a record rewritten later is not a second death).
 const DOCKER_TOLD_MAX: usize = 4096;
+/// How long failures told wait for a checkpoint to go with them (while the pipeline holds an
+/// account back): past it they go alone, and a kill before the next one may tell them again.
+const TOLD_WAIT: Duration = Duration::from_secs(1);
 
 fn log_settings(sources: &Sources) -> LogSettings {
     LogSettings {
@@ -86,8 +90,13 @@ pub fn recognised_since(sources: &Sources, since: SystemTime) -> Vec<Detected> {
 /// What `serve`'s follower hands the scan thread.
 #[derive(Debug)]
 pub enum Followed {
-    /// Failures told (placed, merged, judged): for the ledger, the log and Events.
-    Failures(Vec<Failure>),
+    /// Failures told (placed, merged, judged): for the ledger, the log, the store and Events;
+    /// with a store, the checkpoint that passes them (or positions alone, with no failures),
+    /// to be committed with them in one transaction.
+    Told {
+        failures: Vec<Failure>,
+        checkpoint: Option<Box<Checkpoint>>,
+    },
     /// What the kernel said about GPUs (XIDs, a GPU fallen off the bus).
     KernelGpus(Vec<KernelGpu>),
 }
@@ -108,10 +117,22 @@ pub struct Follow {
     pub snapshot: SharedSnapshot,
     pub cluster: Option<ClusterCaches>,
     /// The deaths the Pods' statuses record, as the watch delivers them: told at once.
-    pub exits: mpsc::Receiver<Vec<Detected>>,
+    pub exits: mpsc::Receiver<Vec<(DeathKey, Detected)>>,
     /// The deaths the kernel's tracepoints told, each with its reading at the moment.
     pub traced: Option<mpsc::Receiver<TracedDeath>>,
     pub stop: Arc<AtomicBool>,
+    /// The state store's part: None without one (no checkpoints taken).
+    pub resume: Option<Resume>,
+}
+
+/// Where a follower with a state store starts.
+#[derive(Debug, Default)]
+pub struct Resume {
+    /// The checkpoint stored by the last run, if any.
+    pub saved: Option<Checkpoint>,
+    /// The store was written during another boot (`state::Store::boot_changed`): the kernel
+    /// log is read on from the checkpoint's time, not its sequence number.
+    pub boot_changed: bool,
 }
 
 /// `serve`: follows the sources from now on, tells what they say through the pipeline and hands
@@ -137,33 +158,33 @@ struct Follower {
     seen_scan: Option<SystemTime>,
     /// Whether any source is read (else there are no source counts to report).
     any_source: bool,
-    /// Where positions are saved (`checkpoint`), and this boot's ID they are taken in.
+    /// When checkpoints are taken (with a store), and this boot's ID they are taken in.
     saver: Option<Saver>,
     boot_id: Option<String>,
     /// The kernel log's position past the last record read outside an OOM report.
     kmsg_last: Option<KmsgCheckpoint>,
     /// Records read since, inside a report.
     kmsg_held: usize,
-    /// Failures were told since the last save.
+    /// Failures were told since the last checkpoint.
     told: bool,
+    /// Failures told, waiting (at most [`TOLD_WAIT`]) for a checkpoint to go with.
+    unsent: Vec<Failure>,
+    unsent_since: Option<Instant>,
+    /// Pod-status deaths fed to the pipeline, with their finish times (for the checkpoint).
+    pod_told: HashMap<DeathKey, SystemTime>,
 }
 
 impl Follower {
-    fn new(f: Follow) -> Follower {
-        Follower::with_checkpoint(f, checkpoint::file_from_env())
-    }
-
-    /// Resumes from the checkpoint file, if one is named and readable, and saves to it.
-    fn with_checkpoint(mut f: Follow, file: Option<std::path::PathBuf>) -> Follower {
-        let saver = file.map(Saver::new);
-        let saved = saver.as_ref().and_then(|s| checkpoint::load(&s.path));
+    /// Resumes from the stored checkpoint, if there is one, and takes checkpoints with a store.
+    fn new(mut f: Follow) -> Follower {
+        let resume = f.resume.take();
+        let saver = resume.as_ref().map(|_| Saver::default());
+        let boot_changed = resume.as_ref().is_some_and(|r| r.boot_changed);
+        let saved = resume.and_then(|r| r.saved);
         if let Some(c) = &saved {
             tracing::info!(
-                "reading on from the checkpoint {} ({}): deaths while the agent was down are \
+                "reading on from the stored checkpoint ({}): deaths while the agent was down are \
                  told now, marked found late",
-                saver
-                    .as_ref()
-                    .map_or(String::new(), |s| s.path.display().to_string()),
                 super::correlate::rfc3339(c.at),
             );
             f.pipeline.resumed(SystemTime::now());
@@ -174,7 +195,9 @@ impl Follower {
         let s = &f.sources;
         let boot_id = boot_id(&s.proc_root);
         let kmsg_saved = saved.as_ref().and_then(|c| c.kmsg.clone());
-        let kmsg_from = kmsg_start(kmsg_saved.as_ref(), boot_id.as_deref());
+        // Another boot: the saved sequence number is of another ring (read on by time).
+        let this_boot = boot_id.as_deref().filter(|_| !boot_changed);
+        let kmsg_from = kmsg_start(kmsg_saved.as_ref(), this_boot);
         let logs_on = s.pod_log_root.is_some() || s.docker_root.is_some();
         let kmsg = s.kmsg.as_ref().and_then(|path| {
             KernelLog::open(path, kmsg_from)
@@ -212,19 +235,25 @@ impl Follower {
             kmsg_last,
             kmsg_held: 0,
             told: false,
+            unsent: Vec::new(),
+            unsent_since: None,
+            pod_told: saved
+                .as_ref()
+                .map(|c| c.pod_exits.iter().cloned().collect())
+                .unwrap_or_default(),
             f,
         }
     }
 
-    /// Saves the positions when due and nothing is pending: every death before them told.
-    fn checkpoint(&mut self) {
-        let Some(saver) = self.saver.as_mut() else {
-            return;
-        };
+    /// The positions when due and nothing is pending (every death before them told); None
+    /// without a store.
+    fn checkpoint(&mut self) -> Option<Box<Checkpoint>> {
+        let saver = self.saver.as_mut()?;
         let now = Instant::now();
         if !saver.due(self.told, self.f.pipeline.has_pending(), now) {
-            return;
+            return None;
         }
+        saver.taken(now);
         self.told = false;
         let mut c = Checkpoint::new(SystemTime::now());
         c.logs = self.logs.as_ref().map(LogTailer::checkpoints);
@@ -235,7 +264,45 @@ impl Follower {
             .map(|d| d.told.iter().cloned().collect())
             .unwrap_or_default();
         c.oom_counts = self.f.pipeline.oom_counts();
-        saver.save(&c, now);
+        c.pod_exits = self
+            .pod_told
+            .iter()
+            .map(|(k, at)| (k.clone(), *at))
+            .collect();
+        Some(Box::new(c))
+    }
+
+    /// Hands on what was told, with the checkpoint that passes it when one is due (a store
+    /// commits both in one transaction); without a store, at once. False: the scan thread is
+    /// gone.
+    fn hand_on(&mut self, deliver: &impl Fn(Followed) -> bool) -> bool {
+        let checkpoint = self.checkpoint();
+        let waited = self
+            .unsent_since
+            .is_some_and(|at| at.elapsed() >= TOLD_WAIT);
+        let alone = self.saver.is_none() || waited;
+        if checkpoint.is_none() && (self.unsent.is_empty() || !alone) {
+            return true;
+        }
+        self.unsent_since = None;
+        deliver(Followed::Told {
+            failures: std::mem::take(&mut self.unsent),
+            checkpoint,
+        })
+    }
+
+    /// Pod-status deaths into the pipeline, their keys kept for the checkpoint (those too old
+    /// to be told again are let go).
+    fn pod_exits(&mut self, deaths: Vec<(DeathKey, Detected)>) {
+        let now = SystemTime::now();
+        self.pod_told
+            .retain(|_, at| now.duration_since(*at).map_or(true, |age| age <= FRESH * 2));
+        let mut found = Vec::with_capacity(deaths.len());
+        for (key, d) in deaths {
+            self.pod_told.insert(key, d.at);
+            found.push(d);
+        }
+        self.f.pipeline.exits(found);
     }
 
     fn run(mut self, deliver: impl Fn(Followed) -> bool, mut report: impl FnMut(&SourceStats)) {
@@ -258,7 +325,7 @@ impl Follower {
             }
             self.after_scan();
             while let Ok(deaths) = self.f.exits.try_recv() {
-                self.f.pipeline.exits(deaths);
+                self.pod_exits(deaths);
             }
             if self.any_source {
                 report(&self.stats);
@@ -266,10 +333,10 @@ impl Follower {
             if !gpus.is_empty() && !deliver(Followed::KernelGpus(gpus)) {
                 return;
             }
-            if !self.tell(&deliver) {
+            self.tell();
+            if !self.hand_on(&deliver) {
                 return;
             }
-            self.checkpoint();
             self.wait();
         }
     }
@@ -317,10 +384,10 @@ impl Follower {
         self.f.pipeline.after_scan(&last, Instant::now());
     }
 
-    /// False: the scan thread is gone.
-    fn tell(&mut self, deliver: &impl Fn(Followed) -> bool) -> bool {
+    /// What the pipeline tells now, kept to be handed on.
+    fn tell(&mut self) {
         if !self.f.pipeline.has_pending() {
-            return true;
+            return;
         }
         let last = self.f.snapshot.load_full();
         let cluster = self.f.cluster.as_ref();
@@ -332,16 +399,17 @@ impl Follower {
             .pipeline
             .tell(last.as_deref(), pods.as_ref(), &holders);
         if failures.is_empty() {
-            return true;
+            return;
         }
         self.told = true;
-        deliver(Followed::Failures(failures))
+        self.unsent_since.get_or_insert_with(Instant::now);
+        self.unsent.extend(failures);
     }
 
     /// One poll's wait; a Pod's death wakes it at once.
     fn wait(&mut self) {
         match self.f.exits.recv_timeout(POLL) {
-            Ok(deaths) => self.f.pipeline.exits(deaths),
+            Ok(deaths) => self.pod_exits(deaths),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(POLL),
         }

@@ -20,6 +20,9 @@ use crate::units::parse_size;
 /// A death older than this when first seen is history, not news (a relist after a watch
 /// outage, a Pod that reached the cache late).
 pub const FRESH: Duration = Duration::from_secs(600);
+/// How long after a death its Pod's status may reach the agent (the kubelet's status sync and
+/// the watch): a restart looks back this far before its checkpoint for deaths not yet told.
+pub const STATUS_LAG: Duration = Duration::from_secs(60);
 
 /// Which death of which container: a restart's container has a new ID (else a new finish time).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -158,7 +161,8 @@ impl Exits {
     /// Started again from a checkpoint taken at `saved_at` with the deaths `told` then: those
     /// after it are told (found late), none of `told` again.
     pub fn resume(saved_at: SystemTime, told: Vec<(DeathKey, SystemTime)>) -> Exits {
-        let mut exits = Exits::new(saved_at);
+        // A death the kubelet reported after the checkpoint may have ended before it.
+        let mut exits = Exits::new(saved_at.checked_sub(STATUS_LAG).unwrap_or(saved_at));
         exits.seen = told.into_iter().collect();
         exits.resumed_from = Some(exits.started);
         exits
@@ -169,8 +173,9 @@ impl Exits {
         self.seen.iter().map(|(k, at)| (k.clone(), *at)).collect()
     }
 
-    /// The deaths this version of the Pod records that were not told before.
-    pub fn observe(&mut self, pod: &Pod, now: SystemTime) -> Vec<Detected> {
+    /// The deaths this version of the Pod records that were not told before, with their keys
+    /// (the follower keeps those it told in its checkpoint).
+    pub fn observe(&mut self, pod: &Pod, now: SystemTime) -> Vec<(DeathKey, Detected)> {
         let mut out = Vec::new();
         for (key, d) in deaths(pod) {
             let fresh = now.duration_since(d.at).map_or(true, |age| age <= FRESH)
@@ -178,8 +183,8 @@ impl Exits {
             if d.at < self.started || !fresh || self.seen.contains_key(&key) {
                 continue;
             }
-            self.seen.insert(key, d.at);
-            out.push(d);
+            self.seen.insert(key.clone(), d.at);
+            out.push((key, d));
         }
         // A key can go once its death is too old to be told again (after a restart, once
         // older than the checkpoint too).
@@ -327,12 +332,26 @@ mod tests {
         let p = pod(again);
         assert_eq!(exits.observe(&p, at("2026-11-24T11:00:00Z")).len(), 1);
         assert!(exits.observe(&p, at("2026-11-24T11:00:01Z")).is_empty());
-        // The keys survive a checkpoint's JSON; the death from before the checkpoint, too old
-        // now, is forgotten (its time alone keeps it from being told).
+        // The keys survive a checkpoint's JSON; the death from just before the checkpoint is
+        // kept (within the status lag its key, not its time, keeps it from being told again).
         let json = serde_json::to_string(&exits.told()).unwrap();
         let back: Vec<(DeathKey, SystemTime)> = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.len(), 1);
+        assert_eq!(back.len(), 2);
         assert!(exits.observe(&told, at("2026-11-24T11:00:02Z")).is_empty());
+        // A death the kubelet reported only after the checkpoint, though it ended just before,
+        // is told after the restart; one older than the lag is history.
+        let mut exits = Exits::resume(at("2026-11-24T10:00:05Z"), Vec::new());
+        let mut late = oom_killed("2026-11-24T10:00:04Z");
+        late["containerID"] = serde_json::json!("containerd://late");
+        assert_eq!(
+            exits.observe(&pod(late), at("2026-11-24T10:05:00Z")).len(),
+            1
+        );
+        let mut old = oom_killed("2026-11-24T09:58:00Z");
+        old["containerID"] = serde_json::json!("containerd://old");
+        assert!(exits
+            .observe(&pod(old), at("2026-11-24T10:05:00Z"))
+            .is_empty());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use super::exits::Exits;
+use super::exits::{DeathKey, Exits};
 pub use crate::model::strip_runtime_prefix;
 use crate::model::{Detected, ShmReading};
 
@@ -152,7 +152,7 @@ pub async fn list_once(client: Client, node: &str) -> Result<Vec<Pod>, kube::Err
 }
 
 /// Where `serve` hands the deaths the Pods' statuses record (the scan thread's queue).
-pub type OnDeaths = Box<dyn Fn(Vec<Detected>) + Send + Sync>;
+pub type OnDeaths = Box<dyn Fn(Vec<(DeathKey, Detected)>) + Send + Sync>;
 
 /// A reflector over this node's Pods, driven by a task on the runtime.
 pub struct PodWatcher {
@@ -183,11 +183,14 @@ impl PodCache {
 impl PodWatcher {
     /// Starts watching Pods with `spec.nodeName=<node>`. Never waits for the API server: until
     /// the first list is in, [`PodWatcher::index`] is `None`. Each container death a Pod's
-    /// status newly records (`exits.rs`) goes to `on_deaths` as the watch delivers it.
+    /// status newly records (`exits.rs`) goes to `on_deaths` as the watch delivers it;
+    /// `exits` is `Exits::new(now)`, or resumed from the last checkpoint (deaths while the agent
+    /// was down told, those told before not again).
     pub fn spawn(
         client: Client,
         node: &str,
         runtime: &tokio::runtime::Handle,
+        mut exits: Exits,
         on_deaths: OnDeaths,
     ) -> PodWatcher {
         let api: Api<Pod> = Api::all(client);
@@ -204,7 +207,6 @@ impl PodWatcher {
                     }
                 };
                 let mut logged = false;
-                let mut exits = Exits::new(SystemTime::now());
                 let stream = watcher(api, config)
                     .default_backoff()
                     .modify(|pod| pod.managed_fields_mut().clear())

@@ -85,6 +85,13 @@ macro_rules! finding_kinds {
                     $(EventReason::$other => stringify!($other),)*
                 }
             }
+
+            /// The reason named `name` (as [`EventReason::as_str`] says it), if there is one.
+            pub fn from_name(name: &str) -> Option<EventReason> {
+                $(if name == stringify!($own) { return Some(EventReason::$own); })*
+                $(if name == stringify!($other) { return Some(EventReason::$other); })*
+                None
+            }
         }
     };
     (@reasons [$($own:ident)*] $others:tt $kind:ident own $($rest:tt)*) => {

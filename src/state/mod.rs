@@ -232,14 +232,28 @@ pub struct StoreSender {
 }
 
 impl StoreSender {
-    fn send(&self, r: Record) {
-        let Some(tx) = &self.tx else { return };
+    /// False: not sent (no store, or its queue full: counted).
+    fn send(&self, r: Record) -> bool {
+        let Some(tx) = &self.tx else { return false };
         match tx.try_send(r) {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.dropped.inc();
+                false
             }
         }
+    }
+
+    /// Failures told (each with its `found_late`) and the checkpoints that pass them (the
+    /// follower's positions, the Events planned for them), as one record: committed in one
+    /// transaction, all or none. False: not sent (counted as dropped).
+    pub fn told(&self, failures: &[Failure], puts: Vec<(String, Value)>) -> bool {
+        let now = SystemTime::now();
+        let rows = failures
+            .iter()
+            .map(|f| history::FailureRow::new(f, f.found_late, now))
+            .collect();
+        self.send(Record::Told(rows, puts))
     }
 
     /// A failure told (`found_late`: it happened while the agent was down).

@@ -31,6 +31,9 @@ pub enum Record {
     Finding(FindingRow),
     /// A checkpoint: last write wins.
     Put(String, Value),
+    /// Failures told and the checkpoints that pass them: added to the batch as one, so one
+    /// transaction commits all of them or none.
+    Told(Vec<FailureRow>, Vec<(String, Value)>),
     /// Commit what is waiting now, then answer.
     Flush(SyncSender<()>),
     /// Commit what is waiting and end (the store closes; senders may remain elsewhere).
@@ -90,6 +93,10 @@ impl Writer {
                 Ok(Record::Failure(r)) => add(&mut batch, |b| b.failures.push(r)),
                 Ok(Record::Finding(r)) => add(&mut batch, |b| b.findings.push(r)),
                 Ok(Record::Put(k, v)) => add(&mut batch, |b| drop(b.puts.insert(k, v))),
+                Ok(Record::Told(failures, puts)) => add(&mut batch, |b| {
+                    b.failures.extend(failures);
+                    b.puts.extend(puts);
+                }),
                 Ok(Record::Flush(ack)) => {
                     self.commit(&mut batch, &mut broken);
                     last_commit = Instant::now();

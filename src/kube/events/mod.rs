@@ -25,11 +25,16 @@ mod publisher;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-pub use planner::EventPlanner;
+pub use planner::{EventPlanner, OpenSeries, Resend};
 pub use publisher::{spawn_publisher, EventQueue, PublishSettings};
 
 pub use super::podresources::GpuHolders;
 use crate::model::EventReason;
+
+/// The state store's key of the open failure series (written with the failures told).
+pub const SERIES_KEY: &str = "event_series";
+/// The state store's key of the series counts the API server confirmed, by Event name.
+pub const CONFIRMED_KEY: &str = "event_confirmed";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {

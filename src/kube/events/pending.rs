@@ -226,6 +226,25 @@ impl Pending {
         pushed
     }
 
+    /// A stored series sent again after a restart: created with `assigned` occurrences, or,
+    /// when the API server had confirmed `confirmed` of them, its series set to `assigned`.
+    pub fn resume(&mut self, spec: EventSpec, assigned: i32, confirmed: i32) -> Pushed {
+        let id = spec.id;
+        if confirmed > 0 {
+            let created = Created {
+                namespace: spec.regarding.namespace.clone().unwrap_or_default(),
+                name: spec.name.clone(),
+                count: confirmed,
+            };
+            self.created.insert(id, created);
+        }
+        let pushed = self.publish(Box::new(spec));
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.occurrences = assigned.saturating_sub(confirmed).max(1);
+        }
+        pushed
+    }
+
     /// The pending series update to drop for room: of an Event already created (its update can
     /// wait for its next repeat), on the target holding the most pending entries (the first in
     /// turn order among equals), its newest such. None when every pending entry is a first
@@ -630,6 +649,22 @@ mod tests {
             namespace: "ml".into(),
         });
         assert_eq!(deliver_all(&mut p), vec![(2, create(1))]);
+    }
+
+    #[test]
+    fn a_resumed_series_is_created_whole_or_set_to_its_assigned_count() {
+        let mut p = Pending::new(8);
+        p.resume(*spec(1, "a", "n"), 3, 0);
+        p.resume(*spec(2, "b", "n"), 5, 4);
+        let mut calls = deliver_all(&mut p);
+        calls.sort_by_key(|(id, _)| *id);
+        assert_eq!(calls, vec![(1, create(3)), (2, update("b", 2, 5))]);
+        // The next failure on either counts one more.
+        publish(&mut p, 1, "a");
+        publish(&mut p, 2, "b");
+        let mut calls = deliver_all(&mut p);
+        calls.sort_by_key(|(id, _)| *id);
+        assert_eq!(calls, vec![(1, update("a", 1, 4)), (2, update("b", 2, 6))]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! Event with a series, not one Event per scan.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
@@ -58,7 +58,34 @@ pub struct EventPlanner {
     xid_counts: HashMap<(u32, u64), u64>,
     /// Workload failures: told once, not lasting; a repeat within [`FAILURE_LASTS`] updates
     /// the series at once.
-    failures: HashMap<ConditionKey, Active>,
+    failures: HashMap<ConditionKey, Series>,
+}
+
+/// A workload failure's open Event series.
+struct Series {
+    id: u64,
+    name: String,
+    regarding: ObjectReference,
+    note: String,
+    /// The occurrences it counts: one per failure told.
+    count: i32,
+    last_sent: Instant,
+    /// The same moment on the wall clock, which a restart can carry over.
+    last_wall: SystemTime,
+}
+
+/// A workload failure's open Event series as the state store keeps it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OpenSeries {
+    pub name: String,
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    pub reason: String,
+    pub note: String,
+    /// The series count assigned: the failures told on it.
+    pub count: i32,
+    pub last_sent: SystemTime,
 }
 
 impl EventPlanner {
@@ -66,7 +93,8 @@ impl EventPlanner {
     pub fn new(node: &str, heartbeat: Duration) -> EventPlanner {
         let run = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+            // Milliseconds: a run killed and started again within a second names anew.
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         EventPlanner {
             node: node.to_string(),
             heartbeat,
@@ -196,6 +224,7 @@ impl EventPlanner {
     pub fn plan_failures(&mut self, failures: &[Failure], now: Instant) -> Vec<EventMsg> {
         let mut out = Vec::new();
         self.expire_failures(now, &mut out);
+        let wall = SystemTime::now();
         for f in failures {
             let Some(reason) = f.kind.event_reason() else {
                 continue;
@@ -211,30 +240,31 @@ impl EventPlanner {
             };
             let regarding = pod_ref(namespace, name, uid);
             let key = (Target::Pod(uid.to_string()), reason, None);
-            let (id, name) = match self.failures.get_mut(&key) {
-                Some(a) => {
-                    a.last_sent = now;
-                    (a.id, a.name.clone())
+            let note = truncate(f.message.clone());
+            let series = match self.failures.get_mut(&key) {
+                Some(s) => {
+                    s.count = s.count.saturating_add(1);
+                    s.note = note;
+                    s.regarding = regarding;
+                    s
                 }
                 None => {
                     let (id, name) = self.new_occurrence(&regarding);
-                    let active = Active {
+                    let s = Series {
                         id,
-                        name: name.clone(),
+                        name,
+                        regarding,
+                        note,
+                        count: 1,
                         last_sent: now,
+                        last_wall: wall,
                     };
-                    self.failures.insert(key, active);
-                    (id, name)
+                    self.failures.entry(key).or_insert(s)
                 }
             };
-            out.push(EventMsg::Publish(Box::new(EventSpec {
-                id,
-                name,
-                regarding,
-                reason,
-                type_: EventType::Warning,
-                note: truncate(f.message.clone()),
-            })));
+            series.last_sent = now;
+            series.last_wall = wall;
+            out.push(EventMsg::Publish(Box::new(series.spec(reason))));
         }
         out
     }
@@ -326,6 +356,70 @@ impl EventPlanner {
         again
     }
 
+    /// The open failure series, for the state store (with the failures told on them).
+    pub fn open_series(&self) -> Vec<OpenSeries> {
+        let mut out: Vec<OpenSeries> = self
+            .failures
+            .iter()
+            .map(|((_, reason, _), s)| OpenSeries {
+                name: s.name.clone(),
+                namespace: s.regarding.namespace.clone().unwrap_or_default(),
+                pod: s.regarding.name.clone().unwrap_or_default(),
+                uid: s.regarding.uid.clone().unwrap_or_default(),
+                reason: reason.as_str().to_string(),
+                note: s.note.clone(),
+                count: s.count,
+                last_sent: s.last_wall,
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Goes on with the series a stored run left open (`wall`/`now`: the same moment on both
+    /// clocks): a failure on the same Pod with the same reason updates that Event. Returns what
+    /// the API server may not have yet: each series whose assigned count exceeds the count
+    /// it confirmed (`confirmed`, by Event name), to be sent again idempotently.
+    pub fn resume_failures(
+        &mut self,
+        saved: Vec<OpenSeries>,
+        confirmed: &HashMap<String, i32>,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Vec<Resend> {
+        let mut out = Vec::new();
+        for o in saved {
+            let Some(reason) = EventReason::from_name(&o.reason) else {
+                continue;
+            };
+            let age = wall.duration_since(o.last_sent).unwrap_or_default();
+            self.next_id += 1;
+            let series = Series {
+                id: self.next_id,
+                name: o.name,
+                regarding: pod_ref(&o.namespace, &o.pod, &o.uid),
+                note: o.note,
+                count: o.count.max(1),
+                last_sent: now.checked_sub(age).unwrap_or(now),
+                last_wall: o.last_sent,
+            };
+            let done = confirmed.get(&series.name).copied().unwrap_or(0);
+            if series.count > done {
+                out.push(Resend {
+                    spec: series.spec(reason),
+                    assigned: series.count,
+                    confirmed: done,
+                });
+            }
+            // Past its time the series is not gone on with (its Event, if owed, is still sent).
+            if age < FAILURE_LASTS {
+                self.failures
+                    .insert((Target::Pod(o.uid), reason, None), series);
+            }
+        }
+        out
+    }
+
     fn new_occurrence(&mut self, regarding: &ObjectReference) -> (u64, String) {
         self.next_id += 1;
         let base = regarding.name.as_deref().unwrap_or("shmlink");
@@ -381,6 +475,30 @@ impl EventPlanner {
             }
         }
         out
+    }
+}
+
+/// A stored series' Event to send again: created with its whole count (or that count set, when
+/// it exists), never counting a failure twice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resend {
+    pub spec: EventSpec,
+    /// The series count assigned.
+    pub assigned: i32,
+    /// The count the API server confirmed (0: its creation was not confirmed).
+    pub confirmed: i32,
+}
+
+impl Series {
+    fn spec(&self, reason: EventReason) -> EventSpec {
+        EventSpec {
+            id: self.id,
+            name: self.name.clone(),
+            regarding: self.regarding.clone(),
+            reason,
+            type_: EventType::Warning,
+            note: self.note.clone(),
+        }
     }
 }
 

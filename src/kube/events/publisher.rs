@@ -2,8 +2,9 @@
 //! round robin by the object an Event regards, bounded); the task takes one call at a time,
 //! rate-limited, retried with backoff while the API server is away.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
@@ -14,14 +15,53 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use super::pending::{Call, CallKind, Finished, Pending};
-use super::{EventMsg, EventType};
+use super::planner::{Resend, FAILURE_LASTS};
+use super::{EventMsg, EventType, CONFIRMED_KEY};
 use crate::metrics::Metrics;
+use crate::state::StoreSender;
 
 /// What the queues and the task share.
 struct Shared {
     pending: Mutex<Pending>,
     /// Something was sent, or the last queue was dropped.
     wake: Notify,
+    /// With a state store: the series counts the API server confirmed, kept there.
+    kept: Mutex<Option<Confirmed>>,
+}
+
+/// The series count each Event has on the API server as far as its answers said, by name, and
+/// when (forgotten some time after a failure series would have ended).
+struct Confirmed {
+    store: StoreSender,
+    counts: HashMap<String, (i32, Instant)>,
+}
+
+impl Confirmed {
+    /// A call's answer: the count it set, put to the store (coalesced there).
+    fn note(&mut self, call: &Call, finished: &Finished) {
+        let count = match (&call.kind, finished) {
+            (CallKind::Create { count }, Finished::Created { .. }) => *count,
+            (CallKind::Update { count, .. }, Finished::Updated) => *count,
+            (_, Finished::Gone) => {
+                self.counts.remove(&call.spec.name);
+                return;
+            }
+            _ => return,
+        };
+        let now = Instant::now();
+        self.counts.insert(call.spec.name.clone(), (count, now));
+        self.counts
+            .retain(|_, (_, at)| now.duration_since(*at) < FAILURE_LASTS * 2);
+        let kept: HashMap<&str, i32> = self
+            .counts
+            .iter()
+            .map(|(name, (n, _))| (name.as_str(), *n))
+            .collect();
+        self.store.put(
+            CONFIRMED_KEY,
+            serde_json::to_value(kept).unwrap_or_default(),
+        );
+    }
 }
 
 impl Shared {
@@ -66,6 +106,34 @@ impl EventQueue {
             }
         }
         self.metrics.kube_events_dropped.inc_by(dropped as u64);
+        shared.wake.notify_one();
+    }
+
+    /// Keeps the counts the API server confirms in the state store, starting from those it
+    /// held (`confirmed`, by Event name).
+    pub fn keep_confirmed(&self, store: StoreSender, confirmed: &HashMap<String, i32>) {
+        let now = Instant::now();
+        let counts = confirmed
+            .iter()
+            .map(|(name, n)| (name.clone(), (*n, now)))
+            .collect();
+        *lock(&self.sender.0.kept) = Some(Confirmed { store, counts });
+    }
+
+    /// Stored series whose Events the API server may not have: sent again, idempotently.
+    pub fn resend(&self, resend: Vec<Resend>) {
+        if resend.is_empty() {
+            return;
+        }
+        let shared = &self.sender.0;
+        {
+            let mut pending = shared.pending();
+            for r in resend {
+                if pending.resume(r.spec, r.assigned, r.confirmed).dropped() {
+                    self.metrics.kube_events_dropped.inc();
+                }
+            }
+        }
         shared.wake.notify_one();
     }
 
@@ -118,6 +186,7 @@ pub fn spawn_publisher(
     let shared = Arc::new(Shared {
         pending: Mutex::new(Pending::new(settings.capacity)),
         wake: Notify::new(),
+        kept: Mutex::new(None),
     });
     runtime.spawn(publish_loop(
         client,
@@ -250,6 +319,9 @@ impl Publisher {
         if finished != Finished::Gone {
             self.metrics.count_kube_event(call.spec.reason.as_str());
         }
+        if let Some(kept) = lock(&self.shared.kept).as_mut() {
+            kept.note(call, &finished);
+        }
         self.shared.pending().finish(finished);
     }
 
@@ -331,12 +403,29 @@ async fn publish_one(client: &Client, node: &str, node_uid: Option<&str>, call: 
     };
     let api: Api<K8sEvent> = Api::namespaced(client.clone(), &namespace);
     match api.create(&PostParams::default(), &event).await {
-        // 409: an earlier try was created though its answer was lost (with the occurrences
-        // merged by then; the next update counts every one).
         Ok(_) => Outcome::Done(Finished::Created { namespace }),
-        Err(kube::Error::Api(s)) if s.code == 409 => Outcome::Done(Finished::Created { namespace }),
+        // 409: an earlier try (or run, killed before it knew) created it with fewer
+        // occurrences, perhaps: its series is set to this count, never added to.
+        Err(kube::Error::Api(s)) if s.code == 409 => match event.series {
+            Some(series) => {
+                let patch = serde_json::json!({ "series": series });
+                match api
+                    .patch(&spec.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => Outcome::Done(Finished::Created { namespace }),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done(Finished::Gone),
+                    Err(e) => classify(e),
+                }
+            }
+            None => Outcome::Done(Finished::Created { namespace }),
+        },
         Err(e) => classify(e),
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn classify(e: kube::Error) -> Outcome {

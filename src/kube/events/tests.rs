@@ -397,3 +397,65 @@ fn a_failure_without_a_pod_is_no_event() {
     f.pod_uid = None;
     assert_eq!(p.plan_failures(&[f], Instant::now()), vec![]);
 }
+
+#[test]
+fn open_failure_series_go_on_after_a_restart_and_unconfirmed_ones_are_sent_again() {
+    use std::collections::HashMap;
+    use std::time::SystemTime;
+    let t0 = Instant::now();
+    let shm = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", UID);
+    let crash = fixtures::failure(FindingKind::GpuJobCrashed, "ml", "trainer-0", UID);
+    let mut first = EventPlanner::new("node-a", HEARTBEAT);
+    first.plan_failures(&[shm.clone(), shm.clone()], t0);
+    first.plan_failures(std::slice::from_ref(&crash), t0);
+    // Stored with the failures, read back as JSON.
+    let json = serde_json::to_string(&first.open_series()).unwrap();
+    let saved: Vec<OpenSeries> = serde_json::from_str(&json).unwrap();
+    let counts: Vec<(&str, i32)> = saved.iter().map(|s| (s.reason.as_str(), s.count)).collect();
+    assert_eq!(
+        counts.iter().copied().collect::<HashMap<_, _>>(),
+        HashMap::from([("ShmAllocationFailed", 2), ("GpuJobCrashed", 1)])
+    );
+    let shm_name = saved
+        .iter()
+        .find(|s| s.reason == "ShmAllocationFailed")
+        .unwrap()
+        .name
+        .clone();
+    let crash_name = saved
+        .iter()
+        .find(|s| s.reason == "GpuJobCrashed")
+        .unwrap()
+        .name
+        .clone();
+
+    // The API server had confirmed the crash's Event and one of the two shm failures.
+    let confirmed = HashMap::from([(shm_name.clone(), 1), (crash_name, 1)]);
+    let mut second = EventPlanner::new("node-a", HEARTBEAT);
+    let resend = second.resume_failures(saved.clone(), &confirmed, t0, SystemTime::now());
+    assert_eq!(resend.len(), 1, "{resend:?}");
+    assert_eq!(resend[0].spec.name, shm_name);
+    assert_eq!((resend[0].assigned, resend[0].confirmed), (2, 1));
+    assert_eq!(resend[0].spec.reason, EventReason::ShmAllocationFailed);
+    // A death after the restart on the same Pod and reason: the same Event, counted on.
+    let next = second.plan_failures(std::slice::from_ref(&shm), t0 + Duration::from_secs(1));
+    let EventMsg::Publish(spec) = &next[0] else {
+        unreachable!()
+    };
+    assert_eq!(spec.name, shm_name);
+    assert_eq!(spec.id, resend[0].spec.id);
+    let counted = second.open_series();
+    assert_eq!(
+        counted.iter().find(|s| s.name == shm_name).unwrap().count,
+        3
+    );
+
+    // Nothing confirmed: every series is sent again whole. Stale series are sent, not resumed.
+    let mut third = EventPlanner::new("node-a", HEARTBEAT);
+    let later = SystemTime::now() + super::planner::FAILURE_LASTS * 2;
+    let resend = third.resume_failures(saved, &HashMap::new(), t0, later);
+    assert_eq!(resend.len(), 2);
+    assert!(third.open_series().is_empty());
+    third.plan_failures(&[shm], t0);
+    assert_ne!(third.open_series()[0].name, shm_name, "a new series");
+}
