@@ -79,8 +79,9 @@ struct Stop {
     at: Instant,
     aim: Aim,
     graceful: bool,
-    /// The log of the serve stopped.
-    log: PathBuf,
+    /// The log of the serve stopped, read at once (the file is named by the port, which a
+    /// later serve may get again).
+    log: String,
 }
 
 /// What the test shares across its threads.
@@ -257,13 +258,14 @@ fn stop_and_start(
             "serve stopped by itself: {}",
             agent.log_text()
         );
-        let (at, log) = (Instant::now(), agent.log.clone());
+        let (at, path) = (Instant::now(), agent.log.clone());
         if p.graceful {
             let status = agent.terminate();
             assert!(status.success(), "serve on SIGTERM: {status}");
         } else {
             drop(agent); // SIGKILL
         }
+        let log = std::fs::read_to_string(path).unwrap_or_default();
         let graceful = p.graceful;
         stops.push(Stop {
             at,
@@ -375,7 +377,7 @@ fn said(w: &World, s: &Stop, at: Instant) -> String {
 
 /// What went wrong with one death: the stops either side of it, which serve told it (each
 /// serve's log names the container in a line per telling) and the Events.
-fn explain(w: &World, d: &Death, stops: &[Stop], last_log: &Path) {
+fn explain(w: &World, d: &Death, stops: &[Stop], last_log: &str) {
     let before = stops.iter().rfind(|s| s.at < d.known_at);
     let after = stops.iter().find(|s| s.at >= d.known_at);
     let show = |s: Option<&Stop>| s.map_or("none".into(), |s| said(w, s, d.known_at));
@@ -388,10 +390,9 @@ fn explain(w: &World, d: &Death, stops: &[Stop], last_log: &Path) {
         show(after)
     );
     let container = format!("container {NS}/{}/", d.pod);
-    let logs = stops.iter().map(|s| (s.log.as_path(), Some(s)));
+    let logs = stops.iter().map(|s| (s.log.as_str(), Some(s)));
     for (i, (log, stopped)) in logs.chain([(last_log, None)]).enumerate() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        for line in text.lines().filter(|l| l.contains(&container)) {
+        for line in log.lines().filter(|l| l.contains(&container)) {
             let late = line.contains("Found when the agent started again");
             println!(
                 "CHAOS   told by serve #{i} (then {}){}: {}",
@@ -413,19 +414,20 @@ fn explain(w: &World, d: &Death, stops: &[Stop], last_log: &Path) {
 }
 
 /// How many serves told `d` in their log (each names the container in a line per telling).
-fn tellers(d: &Death, stops: &[Stop], last_log: &Path) -> usize {
+fn tellers(d: &Death, stops: &[Stop], last_log: &str) -> usize {
     let container = format!("container {NS}/{}/", d.pod);
-    let logs = stops.iter().map(|s| s.log.as_path()).chain([last_log]);
-    logs.filter(|log| std::fs::read_to_string(log).is_ok_and(|text| text.contains(&container)))
-        .count()
+    let logs = stops.iter().map(|s| s.log.as_str()).chain([last_log]);
+    logs.filter(|log| log.contains(&container)).count()
 }
 
-/// The window a death told `events` times fell in, as the serves' logs show it.
-fn window(events: u64, tellers: usize) -> &'static str {
-    match (events, tellers) {
-        (0, 0) => "lost: read by no serve (it happened while serve was down or starting)",
-        (0, _) => "lost: told in a serve's log, stopped before its Event went out",
-        (_, 0 | 1) => "doubled: by one serve",
+/// The window a death told `events` times (`stored` in history) fell in, as the serves' logs
+/// show it.
+fn window(events: u64, stored: u64, tellers: usize) -> &'static str {
+    match (events, stored, tellers) {
+        (0, 1.., _) => "lost: stored in history, its Event never went out",
+        (0, 0, 0) => "lost: read by no serve (it happened while serve was down or starting)",
+        (0, 0, _) => "lost: told in a serve's log, stopped before it was stored",
+        (_, _, 0 | 1) => "doubled: by one serve",
         _ => "doubled: told again by the next serve",
     }
 }
@@ -457,7 +459,7 @@ struct Run {
     deaths: Vec<Death>,
     stops: Vec<Stop>,
     /// The last serve's log.
-    last_log: PathBuf,
+    last_log: String,
     killed_for: Duration,
     took: Duration,
 }
@@ -492,8 +494,9 @@ fn run(w: &World, plan: &Plan) -> Run {
     deaths.extend(more);
     agent.wait_ready();
     until_quiet(w, &deaths);
-    let last_log = agent.log.clone();
+    let path = agent.log.clone();
     assert!(agent.terminate().success());
+    let last_log = std::fs::read_to_string(path).unwrap_or_default();
     Run {
         deaths,
         stops,
@@ -526,13 +529,13 @@ fn print_stops(plan: &Plan, r: &Run) {
 }
 
 /// The windows the deaths whose Events are wrong fell in, by kind.
-fn print_windows(w: &World, r: &Run, wrong: &[&Death]) {
+fn print_windows(w: &World, r: &Run, wrong: &[&Death], stored: &BTreeMap<String, u64>) {
     let mut windows = BTreeMap::<(Kind, &str), usize>::new();
     for d in wrong {
         let told = tellers(d, &r.stops, &r.last_log);
-        *windows
-            .entry((d.kind, window(occurrences(&w.api, &d.pod), told)))
-            .or_default() += 1;
+        let kept = stored.get(&d.uid).copied().unwrap_or(0);
+        let at = window(occurrences(&w.api, &d.pod), kept, told);
+        *windows.entry((d.kind, at)).or_default() += 1;
     }
     for ((kind, window), n) in &windows {
         println!("CHAOS window {kind:?} {window}: {n}");
@@ -564,7 +567,7 @@ fn deaths_are_told_once_while_serve_is_killed_and_rolled() {
     print_stops(&plan, &r);
     print_tally("Events", &events);
     print_tally("history", &kept);
-    print_windows(&w, &r, &wrong);
+    print_windows(&w, &r, &wrong, &stored);
     let mut seen = std::collections::HashSet::new();
     for d in wrong.iter().chain(&wrong_kept) {
         if seen.insert(&d.pod) {
