@@ -504,11 +504,16 @@ fn in_kube_mode_each_death_is_one_event_occurrence_across_kills() {
         oom[0]
     );
     // 4. A death after the restart counts on the same Event.
+    let died = std::time::Instant::now();
     append(&log, &bus_line(3));
     assert!(
         common::wait_until(Duration::from_secs(10), || counted() == ((1, 3), 1, 1)),
         "{:?}",
         counted()
+    );
+    println!(
+        "a death after the restart to its Event's series on the API server: {:?}",
+        died.elapsed()
     );
     std::thread::sleep(Duration::from_millis(1500));
     drop(third); // SIGKILL

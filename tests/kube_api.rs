@@ -616,3 +616,77 @@ async fn a_flooding_pod_does_not_crowd_out_1000_other_pods_first_events() {
     queue.send(more);
     assert_eq!(queue.remembered(), PODS + 1 - 2 * (PODS / 10));
 }
+
+/// After a restart, a stored series the API server may lack is sent again: an Event the last
+/// run created (its confirmation lost with it) meets 409 and gets its series set to the stored
+/// count, one Event; one it never created is created with that count; counts are set, not
+/// added, so a second resend changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_failure_series_is_created_whole_or_set_never_added() {
+    use shmlink::kube::events::Resend;
+    let api = FakeApi::start();
+    let spec = |name: &str| EventSpec {
+        id: 1,
+        name: name.into(),
+        regarding: shmlink::kube::events::pod_ref("ml", "trainer-0", UID_1),
+        reason: shmlink::model::EventReason::ShmAllocationFailed,
+        type_: shmlink::kube::events::EventType::Warning,
+        note: "the DataLoader ran out of /dev/shm".into(),
+    };
+    // The last run created one Event (count 1) and was killed before it knew.
+    let (before, _) = publisher(&api, fast());
+    before.send(vec![EventMsg::Publish(Box::new(spec(
+        "trainer-0.shmlink.a.1",
+    )))]);
+    eventually("the first run's Event", || {
+        (api.events_about("trainer-0").len() == 1).then_some(())
+    })
+    .await;
+    drop(before);
+
+    let resend = || {
+        vec![
+            Resend {
+                spec: spec("trainer-0.shmlink.a.1"),
+                assigned: 3,
+                confirmed: 0,
+            },
+            Resend {
+                spec: EventSpec {
+                    id: 2,
+                    ..spec("trainer-0.shmlink.a.2")
+                },
+                assigned: 2,
+                confirmed: 0,
+            },
+        ]
+    };
+    let counts = || {
+        let mut c: Vec<(String, i64)> = api
+            .events_about("trainer-0")
+            .iter()
+            .map(|e| {
+                (
+                    e["metadata"]["name"].as_str().unwrap().to_string(),
+                    e["series"]["count"].as_i64().unwrap_or(1),
+                )
+            })
+            .collect();
+        c.sort();
+        c
+    };
+    let want = vec![
+        ("trainer-0.shmlink.a.1".to_string(), 3),
+        ("trainer-0.shmlink.a.2".to_string(), 2),
+    ];
+    for run in 0..2 {
+        let (after, _) = publisher(&api, fast());
+        after.resend(resend());
+        eventually(&format!("resend {run}"), || {
+            (counts() == want).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(counts(), want, "resend {run}");
+    }
+}

@@ -706,3 +706,30 @@ fn a_told_record_is_committed_whole_even_when_killed() {
     assert!(deaths > 10, "{deaths}");
     assert_eq!(deaths, pos);
 }
+
+/// What serve's scan thread waits before a failure's Event goes out: its Told record committed
+/// (the writer commits at once when asked). Printed: the round trips measured here.
+#[test]
+fn a_told_commit_is_waited_for_briefly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = StateMetrics::default();
+    let store = open(tmp.path(), &me(), &m).unwrap();
+    let tx = store.sender();
+    let mut waits = Vec::new();
+    for i in 0..50 {
+        let f = failure("ml", &format!("p{i}"), SystemTime::now());
+        let started = std::time::Instant::now();
+        assert!(tx.told(&[f], vec![("checkpoint".into(), json!({"i": i}))]));
+        assert!(tx.flush(Duration::from_secs(1)), "commit {i} not confirmed");
+        waits.push(started.elapsed());
+    }
+    waits.sort();
+    println!(
+        "told + commit: median {:?}, max {:?} over {} deaths",
+        waits[waits.len() / 2],
+        waits[waits.len() - 1],
+        waits.len()
+    );
+    assert_eq!(count(tmp.path(), "failures"), 50);
+    assert_eq!(m.commits.get(), 50, "one transaction per Told record");
+}

@@ -148,8 +148,9 @@ impl KubeView {
         self.planner.plan_failures(failures, Instant::now())
     }
 
+    /// Failure Events (their confirmed counts kept, with a store).
     pub(super) fn publish(&self, msgs: Vec<EventMsg>) {
-        self.queue.send(msgs);
+        self.queue.send_kept(msgs);
     }
 
     /// The open failure series, as stored with the failures told.

@@ -101,15 +101,11 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
     let (deaths_tx, deaths_rx) = mpsc::channel();
     let (resume, kube_resume) = resume::resumes(store.as_ref());
-    let kube = k8s::connect(kube.mode).await?.map(|client| {
-        KubeView::spawn(
-            client,
-            &kube,
-            (interval, &metrics, &runtime),
-            deaths_tx,
-            kube_resume,
-        )
-    });
+    let (client, on) = (
+        k8s::connect(kube.mode).await?,
+        (interval, &metrics, &runtime),
+    );
+    let kube = client.map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
 
     let stop = Arc::new(AtomicBool::new(false));
     let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;

@@ -59,6 +59,11 @@ impl Node {
 
     /// A follower of the node's log and kernel log, resuming from its checkpoint if saved.
     fn follower(&self) -> Follower {
+        self.follower_after(false)
+    }
+
+    /// The same, the store saying the node rebooted since (or not).
+    fn follower_after(&self, boot_changed: bool) -> Follower {
         let sources = Sources {
             pod_log_root: Some(self.tmp.path().join("pods")),
             docker_root: None,
@@ -80,7 +85,7 @@ impl Node {
                 saved: std::fs::read(self.checkpoint())
                     .ok()
                     .and_then(|b| Checkpoint::from_stored(&serde_json::from_slice(&b).unwrap())),
-                boot_changed: false,
+                boot_changed,
             }),
         };
         Follower::new(f)
@@ -247,4 +252,113 @@ fn an_oom_report_cut_by_a_restart_is_read_whole_after_it() {
     assert!(told[0].kind.is_oom_kill(), "{told:#?}");
     drop(second);
     assert_eq!(said(&rounds(&node, &mut node.follower())), []);
+}
+
+#[test]
+fn after_a_reboot_the_kernel_log_is_read_on_by_time_not_by_sequence() {
+    let Some(boot) = crate::kernel_log::resume::boot_id(Path::new("/proc")) else {
+        return; // no boot ID to match: the sequence number is never trusted anyway
+    };
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    let now = SystemTime::now();
+    let usec_now =
+        u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros()).unwrap();
+    // A crash a second ago, numbered below the stored position of "this" boot.
+    append(&node.kmsg(), &crash(5, usec_now - 1_000_000, 505));
+    let mut c = Checkpoint::new(now - Duration::from_secs(60));
+    c.kmsg = Some(KmsgCheckpoint {
+        boot_id: boot,
+        seq: Some(10),
+        usec: usec_now,
+        at: now - Duration::from_secs(60),
+    });
+    std::fs::write(node.checkpoint(), c.to_stored().to_string()).unwrap();
+    // The same boot: read on after sequence 10, the crash is history.
+    assert_eq!(said(&rounds(&node, &mut node.follower_after(false))), []);
+    // The store says another boot: the ring's numbers began again; read on from its time.
+    std::fs::write(node.checkpoint(), c.to_stored().to_string()).unwrap();
+    let told = said(&rounds(&node, &mut node.follower_after(true)));
+    assert_eq!(told, [("python3[505]: segfault a".to_string(), true)]);
+}
+
+/// One of serve's rounds: read, tell, hand on; what was handed on (failures' evidence starts,
+/// whether a checkpoint went with them).
+fn one_round(f: &mut Follower) -> Vec<(Vec<String>, bool)> {
+    let handed = std::cell::RefCell::new(Vec::new());
+    let deliver = |x: Followed| {
+        if let Followed::Told {
+            failures,
+            checkpoint,
+        } = x
+        {
+            let said = failures
+                .iter()
+                .map(|f| f.evidence.chars().take(12).collect())
+                .collect();
+            handed.borrow_mut().push((said, checkpoint.is_some()));
+        }
+        true
+    };
+    let candidates = f.f.pipeline.candidates();
+    if let Some(logs) = f.logs.as_mut() {
+        let pipeline = &mut f.f.pipeline;
+        logs.poll_each(
+            |text| candidates.is_candidate(text),
+            |line| pipeline.log_line(&line),
+        );
+    }
+    f.read_kernel_log();
+    f.tell();
+    assert!(f.hand_on(&deliver));
+    handed.into_inner()
+}
+
+#[test]
+fn failures_told_while_an_oom_kill_is_held_wait_for_the_checkpoint_that_passes_both() {
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    append(&node.log(), &cri("epoch 1", SystemTime::now()));
+    append(&node.kmsg(), "6,1,1000,-;boot noise\n");
+    let memcg = "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/c1";
+    let t = u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros())
+        .unwrap()
+        + 60_000_000;
+    let deaths = || {
+        append(&node.log(), &cri(BUS, SystemTime::now()));
+        append(
+            &node.kmsg(),
+            &format!(
+                "4,2,{t},-;x invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+                 6,3,{t},-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=a,\
+                 task_memcg={memcg},oom_memcg={memcg},task=x,pid=9,uid=0\n\
+                 3,4,{t},-;Out of memory: Killed process 9 (x) total-vm:8kB, anon-rss:4kB, \
+                 file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:1000\n"
+            ),
+        );
+    };
+    // With a store: the first round's checkpoint (nothing told) goes alone.
+    let mut f = node.follower();
+    assert_eq!(one_round(&mut f), [(vec![], true)]);
+    deaths();
+    // The bus error is told, the OOM kill held a round: nothing handed on yet...
+    assert_eq!(one_round(&mut f), []);
+    // ...then both, with the checkpoint past them, in one hand-over.
+    let handed = one_round(&mut f);
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    assert_eq!(handed[0].0.len(), 2, "{handed:?}");
+    assert!(handed[0].1, "the checkpoint goes with them");
+    drop(f);
+
+    // Without a store: told at once, no checkpoint.
+    let mut f = node.follower();
+    f.saver = None;
+    deaths();
+    let handed = one_round(&mut f);
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    assert_eq!((handed[0].0.len(), handed[0].1), (1, false), "{handed:?}");
 }

@@ -29,16 +29,30 @@ struct Shared {
     kept: Mutex<Option<Confirmed>>,
 }
 
-/// The series count each Event has on the API server as far as its answers said, by name, and
-/// when (forgotten some time after a failure series would have ended).
+/// The series count each failure Event has on the API server as far as its answers said, by
+/// name, and when (forgotten some time after a failure series would have ended).
 struct Confirmed {
     store: StoreSender,
     counts: HashMap<String, (i32, Instant)>,
+    /// The failure Events' names (only theirs are kept: a condition's Event is not resumed).
+    wanted: HashMap<String, Instant>,
 }
 
 impl Confirmed {
+    fn want<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        let now = Instant::now();
+        for name in names {
+            self.wanted.insert(name.to_string(), now);
+        }
+        self.wanted
+            .retain(|_, at| now.duration_since(*at) < FAILURE_LASTS * 2);
+    }
+
     /// A call's answer: the count it set, put to the store (coalesced there).
     fn note(&mut self, call: &Call, finished: &Finished) {
+        if !self.wanted.contains_key(&call.spec.name) {
+            return;
+        }
         let count = match (&call.kind, finished) {
             (CallKind::Create { count }, Finished::Created { .. }) => *count,
             (CallKind::Update { count, .. }, Finished::Updated) => *count,
@@ -117,7 +131,24 @@ impl EventQueue {
             .iter()
             .map(|(name, n)| (name.clone(), (*n, now)))
             .collect();
-        *lock(&self.sender.0.kept) = Some(Confirmed { store, counts });
+        let wanted = confirmed.keys().map(|n| (n.clone(), now)).collect();
+        *lock(&self.sender.0.kept) = Some(Confirmed {
+            store,
+            counts,
+            wanted,
+        });
+    }
+
+    /// [`EventQueue::send`] for failure Events: the counts the API server confirms of them are
+    /// kept (with a store).
+    pub fn send_kept(&self, msgs: Vec<EventMsg>) {
+        if let Some(kept) = lock(&self.sender.0.kept).as_mut() {
+            kept.want(msgs.iter().filter_map(|m| match m {
+                EventMsg::Publish(spec) => Some(spec.name.as_str()),
+                EventMsg::Ended(_) => None,
+            }));
+        }
+        self.send(msgs);
     }
 
     /// Stored series whose Events the API server may not have: sent again, idempotently.
@@ -126,6 +157,9 @@ impl EventQueue {
             return;
         }
         let shared = &self.sender.0;
+        if let Some(kept) = lock(&shared.kept).as_mut() {
+            kept.want(resend.iter().map(|r| r.spec.name.as_str()));
+        }
         {
             let mut pending = shared.pending();
             for r in resend {
@@ -407,19 +441,27 @@ async fn publish_one(client: &Client, node: &str, node_uid: Option<&str>, call: 
         // 409: an earlier try (or run, killed before it knew) created it with fewer
         // occurrences, perhaps: its series is set to this count, never added to.
         Err(kube::Error::Api(s)) if s.code == 409 => match event.series {
-            Some(series) => {
-                let patch = serde_json::json!({ "series": series });
-                match api
-                    .patch(&spec.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => Outcome::Done(Finished::Created { namespace }),
-                    Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done(Finished::Gone),
-                    Err(e) => classify(e),
-                }
-            }
+            Some(series) => set_series(&api, &spec.name, series, namespace).await,
             None => Outcome::Done(Finished::Created { namespace }),
         },
+        Err(e) => classify(e),
+    }
+}
+
+/// The Event that exists (409 on its create) gets the series it was to be created with.
+async fn set_series(
+    api: &Api<K8sEvent>,
+    name: &str,
+    series: EventSeries,
+    namespace: String,
+) -> Outcome {
+    let patch = serde_json::json!({ "series": series });
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Outcome::Done(Finished::Created { namespace }),
+        Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done(Finished::Gone),
         Err(e) => classify(e),
     }
 }
