@@ -1,8 +1,43 @@
 //! A real crash in a library named `libnccl.so.2`, for the kernel to log: the program and the
-//! library are built here with the host's gcc.
+//! library are built here with the host's gcc. And a real SIGBUS as a container's whole life.
 
 use std::path::Path;
 use std::process::Command;
+
+use super::{ro_bind, Container, ContainerSpec};
+
+/// A mapped file truncated under the process, then touched: the kernel's SIGBUS. /dev/shm
+/// stays empty, so it is no /dev/shm death.
+const TRUNCATED_MAP: &str = r#"
+import mmap, os, time
+fd = os.open("/tmp/data", os.O_RDWR | os.O_CREAT)
+os.ftruncate(fd, 1 << 20)
+m = mmap.mmap(fd, 1 << 20)
+time.sleep(0.3)
+os.ftruncate(fd, 0)
+m[4096] = 1
+"#;
+
+/// A Pod's container whose main process (the host's `python`, with /usr and the libraries bound
+/// read-only) dies of a real SIGBUS moments after it starts: exit status 135.
+pub fn sigbus_container(pod_uid: &str, id: &str, python: &Path) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(pod_uid.to_string()),
+        id: Some(id.to_string()),
+        args: vec![
+            python.to_string_lossy().into_owned(),
+            "-c".into(),
+            TRUNCATED_MAP.into(),
+        ],
+        memory_limit: Some(512 << 20),
+        extra_mounts: vec![
+            ro_bind("/usr", "/usr"),
+            ro_bind("/lib", "/lib"),
+            ro_bind("/lib64", "/lib64"),
+        ],
+        ..ContainerSpec::default()
+    })
+}
 
 /// A program with no libc that calls into `libnccl.so.2`, which dereferences NULL: the kernel
 /// logs `crash[PID]: segfault at 0 ... in libnccl.so.2[...]`. Everything it needs (the
@@ -59,4 +94,19 @@ pub fn build_crashing_nccl(dir: &Path) -> bool {
     )
     .unwrap();
     true
+}
+
+/// Debian's interpreter, for [`sigbus_container`]. Missing: a failure under
+/// `SHMLINK_E2E=require`, else SKIPPED on stderr and None (a pyenv shim on PATH would not run
+/// inside the busybox root, so PATH is not searched).
+pub fn host_python() -> Option<std::path::PathBuf> {
+    let python = Path::new("/usr/bin/python3");
+    if python.exists() {
+        return Some(python.to_path_buf());
+    }
+    if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
+        panic!("{} is missing (apt-get install python3)", python.display());
+    }
+    eprintln!("SKIPPED: /usr/bin/python3 is missing (apt-get install python3); no real SIGBUS");
+    None
 }

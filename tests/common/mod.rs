@@ -14,6 +14,7 @@ pub mod binary;
 pub mod containerd;
 pub mod crash;
 pub mod docker;
+pub mod dying;
 pub mod fake_cuda;
 pub mod fake_nvml;
 pub mod fuse;
@@ -21,6 +22,7 @@ pub mod kube_api;
 pub mod oom;
 pub mod pod_resources;
 pub mod promtext;
+pub mod rng;
 pub mod runc;
 
 // The harness's names where the tests look for them; each test binary uses a few.

@@ -30,3 +30,19 @@ fn in_the_limit(pod_uid: &str, id: &str, dd: &str, shm: Shm) -> Container {
         ..ContainerSpec::default()
     })
 }
+
+/// The container's main process is the one killed (`dd` as its init, its 200 MiB buffer
+/// in the 64 MiB cgroup): the container ends with it, exit status 137, as kubelet's
+/// `OOMKilled` records.
+pub fn main_process_past_the_limit(pod_uid: &str, id: &str) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: Some(pod_uid.to_string()),
+        id: Some(id.to_string()),
+        args: ["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
+        memory_limit: Some(LIMIT as i64),
+        ..ContainerSpec::default()
+    })
+}

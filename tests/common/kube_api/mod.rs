@@ -237,6 +237,13 @@ pub fn restarted(mut pod: Value, container: &str, terminated: Value, new_id: &st
     pod
 }
 
+/// kubelet's `terminated` record of container `id` that ended now with `exit_code` (`reason`),
+/// for [`restarted`].
+pub fn terminated_now(id: &str, exit_code: i32, reason: &str) -> Value {
+    json!({"exitCode": exit_code, "reason": reason,
+           "containerID": format!("containerd://{id}"), "finishedAt": finished_now()})
+}
+
 /// `finishedAt` as kubelet writes it (whole seconds): now.
 pub fn finished_now() -> String {
     let now = std::time::SystemTime::now()
