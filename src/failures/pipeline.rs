@@ -120,7 +120,7 @@ impl Pipeline {
     /// is the same death, not a second one.
     pub fn resume_told(&mut self, told: &[Failure]) {
         for f in told {
-            self.same.is_new(f);
+            self.same.told_before(f);
         }
     }
 
@@ -535,6 +535,9 @@ mod tests {
         fresh.resumed(at(102));
         fresh.exits([oom_kill(FailureSource::PodStatus, 101)]);
         assert_eq!(told(&mut fresh).len(), 1);
+        // The kernel's own record read again (its position was not saved past it) neither.
+        p.exits([oom_kill(FailureSource::Kernel, 100)]);
+        assert!(told(&mut p).is_empty(), "a record read again is no news");
         // A later kill of the same container is another death.
         p.exits([oom_kill(FailureSource::PodStatus, 400)]);
         assert_eq!(told(&mut p).len(), 1);

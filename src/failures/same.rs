@@ -135,11 +135,14 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
     told
 }
 
-/// Two accounts of one failure from the same source read twice (the store and the log).
+/// Two accounts of one failure from the same source read twice (the store and the log, or a
+/// log read again after a restart): the same kind, of the same container or host process (and
+/// the same PID where both name one: two kills the kernel reports are two), moments apart.
 fn same_account(a: &Failure, b: &Failure) -> bool {
     let placed = a.container_id.is_some() || a.pod_uid.is_some();
     a.kind == b.kind
         && within(parse_rfc3339(&a.at), parse_rfc3339(&b.at), FAULT_LINES)
+        && (a.pid.is_none() || b.pid.is_none() || a.pid == b.pid)
         && if placed {
             same_container(
                 a.container_id.as_deref(),
@@ -162,11 +165,27 @@ fn ids_differ(a: Option<&str>, b: Option<&str>) -> bool {
 pub struct SameDeath {
     told: VecDeque<Told>,
     words: VecDeque<Failure>,
+    /// Failures told before a restart: one read again (a position saved before it) is no news.
+    before: VecDeque<Failure>,
 }
 
 impl SameDeath {
-    /// Whether `f` is news: not a death another source already told. Remembers it when it is.
+    /// A failure told before the agent restarted (the state store's): the same account read
+    /// again, or the same death from another source, is not told again.
+    pub fn told_before(&mut self, f: &Failure) {
+        self.is_new(f);
+        self.before.push_back(f.clone());
+        while self.before.len() > KEPT {
+            self.before.pop_front();
+        }
+    }
+
+    /// Whether `f` is news: not a death another source already told, nor a failure told
+    /// before the restart read again. Remembers it when it is.
     pub fn is_new(&mut self, f: &Failure) -> bool {
+        if self.before.iter().any(|b| same_account(b, f)) {
+            return false;
+        }
         let Some(death) = death(f) else { return true };
         let told = Told::of(f, death);
         let repeat = self.told.iter().any(|t| {
@@ -671,6 +690,37 @@ mod stored_tests {
             "2026-11-27T10:05:00.000Z",
         );
         f.found_late = true;
+        f.pid = Some(7104);
+        f.pid_in_container = Some(12);
+        f.memory = Some(crate::model::MemorySplit {
+            limit_bytes: Some(64 << 20),
+            usage_bytes: Some(64 << 20),
+            shm_bytes: Some(1 << 20),
+            anon_bytes: None,
+            source: crate::model::MemorySource::KernelLog,
+        });
+        f.shm = Some(crate::model::ShmThen {
+            size_bytes: Some(64 << 20),
+            used_bytes: Some(1 << 20),
+            peak_bytes: None,
+            memory_limit_bytes: Some(64 << 20),
+            runtime_default: true,
+            host_ipc: false,
+        });
+        f.gpus = vec![0, 7];
+        f.gpus_from = Some(crate::model::GpusFrom::PodResources);
+        f.gpu_pairs = vec![crate::model::PairThen {
+            gpu: 0,
+            peer_gpu: 7,
+            status: crate::model::PairStatus::Down,
+            reasons: vec!["nvlink_down".into()],
+            since: Some("2026-11-27T10:00:00Z".into()),
+        }];
+        f.told_by_workload = Some("DataLoader worker (pid 12) is killed by signal".into());
+        // As the store writes it: with found_late beside the fields.
+        let row = crate::state::history::FailureRow::new(&f, true, SystemTime::now());
+        let back: Failure = serde_json::from_str(&row.json).unwrap();
+        assert_eq!(back, f);
         let json = serde_json::to_value(&f).unwrap();
         let back: Failure = serde_json::from_value(json).unwrap();
         assert_eq!(back, f);

@@ -179,8 +179,14 @@ impl Store {
         })
     }
 
+    /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Its directory (`--state-dir`), as [`read_history`] takes it.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(&self.path)
     }
 
     /// The store was written during another boot: kernel-log positions are not to be trusted.
