@@ -43,16 +43,32 @@ returns without checking anything. Run as root for the full suite.
 ############################################################################
 MSG
 fi
-# What an operator installs: kustomize builds, schemas, promtool rules and unit tests, Dockerfile.
-# As a normal user, a missing tool is reported SKIPPED instead of failing.
-if [ "$(id -u)" = 0 ]; then
-  scripts/test-deploy.sh
-else
-  SHMLINK_DEPLOY_SKIP_MISSING=1 scripts/test-deploy.sh
-fi
 # Builds the fake NVML libraries too: the GPU tests load them by path.
 cargo build --workspace
-cargo test --workspace
+cargo test --workspace --no-run -q
+# The chaos test (tests/e2e_chaos.rs, ~2 min, mostly waiting for serve to restart) runs beside
+# the deploy checks, which need little of the machine, and not beside the other e2e tests.
+chaos=deaths_are_told_once_while_serve_is_killed_and_rolled
+chaos_log=$(mktemp /tmp/shmlink-chaos.XXXXXX)
+cargo test -q --test e2e_chaos -- --nocapture "$chaos" >"$chaos_log" 2>&1 &
+chaos_pid=$!
+# What an operator installs: kustomize builds, schemas, promtool rules and unit tests, Dockerfile.
+# As a normal user, a missing tool is reported SKIPPED instead of failing.
+deploy_rc=0
+if [ "$(id -u)" = 0 ]; then
+  scripts/test-deploy.sh || deploy_rc=$?
+else
+  SHMLINK_DEPLOY_SKIP_MISSING=1 scripts/test-deploy.sh || deploy_rc=$?
+fi
+chaos_rc=0
+wait "$chaos_pid" || chaos_rc=$?
+echo "== tests/e2e_chaos.rs"
+grep -E '^CHAOS [a-z]|SKIPPED|test result|panicked' "$chaos_log" || cat "$chaos_log"
+if [ "$chaos_rc" != 0 ]; then cat "$chaos_log"; fi
+rm -f "$chaos_log"
+[ "$deploy_rc" = 0 ] || exit "$deploy_rc"
+[ "$chaos_rc" = 0 ] || exit "$chaos_rc"
+cargo test --workspace -- --skip "$chaos"
 # The shm scenarios again, in a qemu VM (TCG) on a pure cgroup v2 hierarchy in kubelet's
 # systemd-driver layout (scripts/vm/): this machine's own hierarchy is v1 (hybrid). qemu is not
 # installed (Debian's would conflict with a newer qemu-utils some machines hold): where none is
