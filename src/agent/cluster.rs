@@ -133,6 +133,7 @@ impl KubeView {
         ClusterCaches {
             pods: self.pods.cache(),
             gpu_holders: self.gpu_holders.clone(),
+            sync_wait: self.pod_cache_wait,
         }
     }
 

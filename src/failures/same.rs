@@ -136,11 +136,13 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
 }
 
 /// Two accounts of one failure from the same source read twice (the store and the log, or a
-/// log read again after a restart): the same kind, of the same container or host process (and
-/// the same PID where both name one: two kills the kernel reports are two), moments apart.
+/// log read again after a restart): the same kind and words, of the same container or host
+/// process (and the same PID where both name one: two kills the kernel reports are two),
+/// moments apart.
 fn same_account(a: &Failure, b: &Failure) -> bool {
     let placed = a.container_id.is_some() || a.pod_uid.is_some();
     a.kind == b.kind
+        && a.evidence == b.evidence
         && within(parse_rfc3339(&a.at), parse_rfc3339(&b.at), FAULT_LINES)
         && (a.pid.is_none() || b.pid.is_none() || a.pid == b.pid)
         && if placed {

@@ -106,6 +106,9 @@ pub enum Followed {
 pub struct ClusterCaches {
     pub pods: PodCache,
     pub gpu_holders: PodResourcesWatcher,
+    /// How long failures wait at start for the Pod cache to sync (`--pod-cache-wait`): one
+    /// told before has no Pod name, so no Event, and is then told (a restart's store holds it).
+    pub sync_wait: Duration,
 }
 
 /// What `serve`'s follower reads and where it reads what was known.
@@ -173,6 +176,8 @@ struct Follower {
     /// Failures told, waiting (at most [`TOLD_WAIT`]) for a checkpoint to go with.
     unsent: Vec<Failure>,
     unsent_since: Option<Instant>,
+    /// When it started, until the Pod cache first synced (awaited from then, boundedly).
+    started: Option<Instant>,
     /// Pod-status deaths fed to the pipeline, with their finish times (for the checkpoint).
     pod_told: HashMap<DeathKey, SystemTime>,
 }
@@ -243,6 +248,7 @@ impl Follower {
             told: false,
             unsent: Vec::new(),
             unsent_since: None,
+            started: Some(Instant::now()),
             pod_told: saved
                 .as_ref()
                 .map(|c| c.pod_exits.iter().cloned().collect())
@@ -394,6 +400,15 @@ impl Follower {
     fn tell(&mut self) {
         if !self.f.pipeline.has_pending() {
             return;
+        }
+        // Deaths read before the Pod cache first synced (a restart reading on from its
+        // checkpoint) wait for the Pods' names, boundedly: their Events need them.
+        if let (Some(c), Some(started)) = (&self.f.cluster, self.started) {
+            if c.pods.is_synced() || started.elapsed() >= c.sync_wait {
+                self.started = None;
+            } else {
+                return;
+            }
         }
         let last = self.f.snapshot.load_full();
         let cluster = self.f.cluster.as_ref();
