@@ -265,7 +265,8 @@ fn stop_and_start(
         } else {
             drop(agent); // SIGKILL
         }
-        let log = std::fs::read_to_string(path).unwrap_or_default();
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(path); // a run leaves no hundreds of them behind
         let graceful = p.graceful;
         stops.push(Stop {
             at,
@@ -496,7 +497,8 @@ fn run(w: &World, plan: &Plan) -> Run {
     until_quiet(w, &deaths);
     let path = agent.log.clone();
     assert!(agent.terminate().success());
-    let last_log = std::fs::read_to_string(path).unwrap_or_default();
+    let last_log = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(path);
     Run {
         deaths,
         stops,
