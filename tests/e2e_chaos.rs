@@ -192,25 +192,31 @@ fn wal_mark(state: &Path) -> Option<(u64, SystemTime)> {
     Some((m.len(), m.modified().ok()?))
 }
 
-/// Waits (up to 3 s) for what `aim` aims at; serve is running.
-fn take_aim(w: &World, aim: Aim, rng: &mut SplitMix, known: &Receiver<Instant>) {
+/// Waits (up to 3 s) for what `aim` aims at; serve is running. Returns the aim taken (Random
+/// when what it waited for did not come).
+fn take_aim(w: &World, aim: Aim, rng: &mut SplitMix, known: &Receiver<Instant>) -> Aim {
     match aim {
         Aim::Random => std::thread::sleep(rng.millis(100, 2500)),
         Aim::Starting => std::thread::sleep(rng.millis(0, 300)),
         Aim::AfterDeath => {
             while known.try_recv().is_ok() {}
-            if known.recv_timeout(Duration::from_secs(3)).is_ok() {
-                std::thread::sleep(rng.millis(0, 300));
+            if known.recv_timeout(Duration::from_secs(3)).is_err() {
+                return Aim::Random; // no death came: counted as what it was
             }
+            std::thread::sleep(rng.millis(0, 300));
         }
         Aim::StoreWrite => {
             let before = wal_mark(&w.state);
             let deadline = Instant::now() + Duration::from_secs(3);
-            while wal_mark(&w.state) == before && Instant::now() < deadline {
+            while wal_mark(&w.state) == before {
+                if Instant::now() >= deadline {
+                    return Aim::Random;
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
     }
+    aim
 }
 
 /// One phase: `deaths` deaths numbered from `first`, from `seed`, while serve is stopped at
@@ -252,7 +258,7 @@ fn stop_and_start(
         if aim != Aim::Starting {
             agent.wait_ready();
         }
-        take_aim(w, aim, rng, known);
+        let aim = take_aim(w, aim, rng, known);
         assert!(
             agent.is_running(),
             "serve stopped by itself: {}",
@@ -265,7 +271,8 @@ fn stop_and_start(
         } else {
             drop(agent); // SIGKILL
         }
-        let log = std::fs::read_to_string(path).unwrap_or_default();
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(path); // a run leaves no hundreds of them behind
         let graceful = p.graceful;
         stops.push(Stop {
             at,
@@ -496,7 +503,8 @@ fn run(w: &World, plan: &Plan) -> Run {
     until_quiet(w, &deaths);
     let path = agent.log.clone();
     assert!(agent.terminate().success());
-    let last_log = std::fs::read_to_string(path).unwrap_or_default();
+    let last_log = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(path);
     Run {
         deaths,
         stops,
