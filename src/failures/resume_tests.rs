@@ -93,6 +93,20 @@ impl Node {
     }
 }
 
+/// One poll's reading of the logs and the kernel log, and the telling after it.
+fn read_and_tell(f: &mut Follower) {
+    let candidates = f.f.pipeline.candidates();
+    if let Some(logs) = f.logs.as_mut() {
+        let pipeline = &mut f.f.pipeline;
+        logs.poll_each(
+            |text| candidates.is_candidate(text),
+            |line| pipeline.log_line(&line),
+        );
+    }
+    f.read_kernel_log();
+    f.tell();
+}
+
 /// A few of serve's rounds: read, tell, hand on (the checkpoint kept as the store would).
 /// What was told.
 fn rounds(node: &Node, f: &mut Follower) -> Vec<Failure> {
@@ -111,16 +125,7 @@ fn rounds(node: &Node, f: &mut Follower) -> Vec<Failure> {
         true
     };
     for _ in 0..3 {
-        let candidates = f.f.pipeline.candidates();
-        if let Some(logs) = f.logs.as_mut() {
-            let pipeline = &mut f.f.pipeline;
-            logs.poll_each(
-                |text| candidates.is_candidate(text),
-                |line| pipeline.log_line(&line),
-            );
-        }
-        f.read_kernel_log();
-        f.tell();
+        read_and_tell(f);
         // A checkpoint is due after telling, or every 2 s: the test's rounds are quicker.
         f.told = true;
         assert!(f.hand_on(&deliver));
@@ -303,16 +308,7 @@ fn one_round(f: &mut Follower) -> Vec<(Vec<String>, bool)> {
         }
         true
     };
-    let candidates = f.f.pipeline.candidates();
-    if let Some(logs) = f.logs.as_mut() {
-        let pipeline = &mut f.f.pipeline;
-        logs.poll_each(
-            |text| candidates.is_candidate(text),
-            |line| pipeline.log_line(&line),
-        );
-    }
-    f.read_kernel_log();
-    f.tell();
+    read_and_tell(f);
     assert!(f.hand_on(&deliver));
     handed.into_inner()
 }
