@@ -8,7 +8,6 @@
 //! The serialising and restoring is pure; `Holds` and [`resume`] are the glue.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +17,7 @@ use super::cluster::KubeView;
 use crate::gpu::pairs::{CarriedWindow, FailingSince};
 use crate::gpu::xid::HeldAges;
 use crate::model::{LinkErrors, Snapshot};
-use crate::scan::Scanner;
+use crate::scan::{ScanSettings, Scanner};
 use crate::state::{Store, StoreSender};
 
 pub const PAIRS_KEY: &str = "gpu/pairs";
@@ -278,12 +277,12 @@ impl Holds {
 /// not parse is said once and left.
 pub(super) fn resume(
     store: Option<&Store>,
-    proc_root: &Path,
+    scan: &ScanSettings,
     scanner: &mut Scanner,
     kube: Option<&mut KubeView>,
 ) -> Option<Holds> {
     let store = store?;
-    let boot_id = crate::state::boot_id(proc_root);
+    let boot_id = crate::state::boot_id(&scan.host.proc_root);
     resume_from(store, &boot_id, scanner, kube);
     Some(Holds::new(store.sender(), boot_id))
 }

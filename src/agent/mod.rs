@@ -106,12 +106,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let mut kube = k8s::connect(kube.mode)
         .await?
         .map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
-    let holds = holds::resume(
-        store.as_ref(),
-        &scan.host.proc_root,
-        &mut scanner,
-        kube.as_mut(),
-    );
+    let holds = holds::resume(store.as_ref(), &scan, &mut scanner, kube.as_mut());
     let stop = Arc::new(AtomicBool::new(false));
     let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
     let follower = spawn_follower(
