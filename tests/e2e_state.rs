@@ -151,3 +151,108 @@ fn a_death_told_by_serve_is_in_history_and_over_http_after_a_restart() {
     assert_eq!(code, 2);
     assert!(stderr.contains("no history to read"), "{stderr}");
 }
+
+/// A day of stored failures, one every 10 minutes (the newest 5 minutes ago), three Pods in two
+/// namespaces, written through the store as serve writes them: `/api/v1/failures` and
+/// `shmlink history --json` give the same answers for each window and filter, and the table
+/// lists them. The failures carry their own times (the clock the test controls); serve's "now"
+/// is the machine's.
+#[test]
+fn a_day_of_history_is_the_same_over_http_and_from_the_cli() {
+    use shmlink::model::FindingKind;
+    use shmlink::state::{Identity, Options, StateMetrics, Store};
+    use std::time::{Duration, SystemTime};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let identity = Identity {
+        node: "node-day".into(),
+        boot_id: shmlink::state::boot_id(std::path::Path::new("/proc")),
+    };
+    let store = Store::open(
+        &state,
+        &identity,
+        Options::default(),
+        &StateMetrics::default(),
+    )
+    .unwrap();
+    let tx = store.sender();
+    let now = SystemTime::now();
+    for i in 0..144u64 {
+        let (ns, pod) = [("ml", "train-0"), ("ml", "train-1"), ("infer", "vllm-0")][i as usize % 3];
+        let mut f = shmlink::fixtures::failure(FindingKind::ShmAllocationFailed, ns, pod, "u");
+        let at = now - Duration::from_secs(300 + i * 600);
+        f.at = humantime::format_rfc3339_millis(at).to_string();
+        tx.failure(&f, i % 10 == 0);
+    }
+    assert!(tx.flush(Duration::from_secs(10)));
+    drop(tx);
+    drop(store);
+
+    let state_arg = state.to_str().unwrap();
+    let agent = Agent::start(
+        &[
+            "--no-gpu",
+            "--state-dir",
+            state_arg,
+            "--node-name",
+            "node-day",
+        ],
+        &[],
+    );
+    agent.wait_ready();
+    let cases: [(&str, &[&str], usize); 5] = [
+        ("since=1h", &["--since", "1h"], 6),
+        ("since=24h", &["--since", "24h"], 144),
+        (
+            "since=24h&namespace=ml",
+            &["--since", "24h", "--namespace", "ml"],
+            96,
+        ),
+        (
+            "since=24h&pod=vllm-0",
+            &["--since", "24h", "--pod", "vllm-0"],
+            48,
+        ),
+        (
+            "since=3h&namespace=ml&pod=train-1",
+            &["--since", "3h", "--namespace", "ml", "--pod", "train-1"],
+            6,
+        ),
+    ];
+    for (query, args, want) in cases {
+        let (status, text) =
+            common::agent::get(agent.addr, &format!("/api/v1/failures?{query}")).unwrap();
+        assert_eq!(status, 200, "{query}: {text}");
+        let served: Value = serde_json::from_str(&text).unwrap();
+        let mut cli_args = vec!["--json"];
+        cli_args.extend_from_slice(args);
+        let (code, listed, stderr) = history(state_arg, &cli_args);
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(served, listed, "{query}: the endpoint and the CLI differ");
+        let failures = served["failures"].as_array().unwrap();
+        assert_eq!(failures.len(), want, "{query}");
+        let times: Vec<&str> = failures.iter().map(|f| f["at"].as_str().unwrap()).collect();
+        assert!(
+            times.windows(2).all(|w| w[0] <= w[1]),
+            "{query}: oldest first"
+        );
+        let late = failures.iter().filter(|f| f["found_late"] == true).count();
+        assert!(
+            late <= want.div_ceil(10) + 1,
+            "{query}: found_late as stored"
+        );
+    }
+    assert!(agent.terminate().success());
+    let table = Command::new(common::shmlink_bin())
+        .args(["history", "--state-dir", state_arg, "--since", "1h"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    println!("{table}");
+    assert_eq!(
+        table.matches("/trainer  shm_allocation_failed").count(),
+        6,
+        "{table}"
+    );
+}
