@@ -237,11 +237,10 @@ fn a_day_of_history_is_the_same_over_http_and_from_the_cli() {
             times.windows(2).all(|w| w[0] <= w[1]),
             "{query}: oldest first"
         );
-        let late = failures.iter().filter(|f| f["found_late"] == true).count();
-        assert!(
-            late <= want.div_ceil(10) + 1,
-            "{query}: found_late as stored"
-        );
+        if query == "since=24h" {
+            let late = failures.iter().filter(|f| f["found_late"] == true).count();
+            assert_eq!(late, 15, "found_late as stored: every tenth");
+        }
     }
     assert!(agent.terminate().success());
     let table = Command::new(common::shmlink_bin())
