@@ -347,6 +347,37 @@ fn a_flood_is_committed_in_few_transactions() {
     assert_eq!(count(tmp.path(), "checkpoints"), 300);
 }
 
+/// A flood fills the writer's queue: history rows are dropped (counted), but a death and the
+/// position past it (a Told record) wait for room and are stored.
+#[test]
+fn a_told_record_waits_for_room_in_a_full_queue() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = StateMetrics::default();
+    let store = open(tmp.path(), &me(), &m).unwrap();
+    let tx = store.sender();
+    let finding = Finding::new(
+        FindingKind::GpuXid,
+        Subject::Gpu(3),
+        "XID 79 on GPU 3".into(),
+    );
+    for _ in 0..40_000 {
+        tx.finding(&finding, FindingEvent::Began, SystemTime::now());
+    }
+    assert!(m.dropped.get() > 0, "the queue was full");
+    let dropped = m.dropped.get();
+    let death = failure("ml", "after-the-flood", SystemTime::now());
+    assert!(
+        tx.told(&[death], vec![("checkpoint".into(), json!({"offset": 42}))]),
+        "waited for room"
+    );
+    assert_eq!(m.dropped.get(), dropped, "not dropped");
+    assert!(tx.flush(Duration::from_secs(20)));
+    drop(tx);
+    drop(store);
+    let h = state::read_history(tmp.path(), &state::Filter::default()).unwrap();
+    assert!(h.failures.iter().any(|f| f["pod"] == "after-the-flood"));
+}
+
 /// A day of failures, one every 10 minutes, two namespaces; the clock is the test's.
 #[test]
 fn history_over_a_day_filters_by_time_namespace_and_pod_and_prunes_oldest_first() {

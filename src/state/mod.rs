@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -30,6 +30,10 @@ pub use open::{Reset, Unavailable};
 use writer::{Clock, Record, Writer};
 
 use crate::model::{Failure, Finding};
+
+/// How long a [`StoreSender::told`] record waits for room in a full queue: past the writer's
+/// longest gap between two commits with a full batch.
+pub const TOLD_WAIT: Duration = Duration::from_secs(2);
 
 /// Who the store belongs to: a store of another node is not this one's, and after another
 /// boot the kernel log's positions mean nothing.
@@ -256,14 +260,31 @@ impl StoreSender {
 
     /// Failures told (each with its `found_late`) and the checkpoints that pass them (the
     /// follower's positions, the Events planned for them), as one record: committed in one
-    /// transaction, all or none. False: not sent (counted as dropped).
+    /// transaction, all or none. Unlike the other records it waits for room in a full queue,
+    /// at most [`TOLD_WAIT`]: dropped, its deaths would have Events but no stored position
+    /// past them, and a kill then would tell them again. False: not sent (counted as dropped).
     pub fn told(&self, failures: &[Failure], puts: Vec<(String, Value)>) -> bool {
+        let Some(tx) = &self.tx else { return false };
         let now = SystemTime::now();
         let rows = failures
             .iter()
             .map(|f| history::FailureRow::new(f, f.found_late, now))
             .collect();
-        self.send(Record::Told(rows, puts))
+        let mut record = Record::Told(rows, puts);
+        let deadline = Instant::now() + TOLD_WAIT;
+        loop {
+            match tx.try_send(record) {
+                Ok(()) => return true,
+                Err(TrySendError::Full(r)) if Instant::now() < deadline => {
+                    record = r;
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => {
+                    self.dropped.inc();
+                    return false;
+                }
+            }
+        }
     }
 
     /// A failure told (`found_late`: it happened while the agent was down).
