@@ -94,6 +94,16 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
         Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             Vec::new()
         }
+        Err(Unavailable::Dir { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            tracing::warn!(
+                "the failures serve stored in {} are left out: this user may not read them \
+                 (run as root)",
+                dir.display()
+            );
+            Vec::new()
+        }
         Err(e) => {
             tracing::warn!("{e}; the failures serve stored are left out");
             Vec::new()

@@ -232,8 +232,9 @@ echo "@@BEGIN check-stderr"; cat /tmp/check.err; echo "@@END check-stderr"
 
 # serve, scraped from inside, then a process that crashes in libnccl.so.2 told by /dev/kmsg.
 ip link set lo up
+# --state-dir none: the VM's root is the host's, whose /var/lib/shmlink is not the test's.
 shmlink serve --no-gpu --kube off --listen 127.0.0.1:9477 --interval 1s --kmsg /dev/kmsg \
-  --pod-log-root /nonexistent > /tmp/serve.log 2>&1 &
+  --pod-log-root /nonexistent --state-dir none > /tmp/serve.log 2>&1 &
 serve_pid=$!
 i=0
 until wget -q -O /tmp/readyz http://127.0.0.1:9477/readyz 2>/dev/null; do
