@@ -85,12 +85,8 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
         limit: STORED_MAX,
         ..Filter::default()
     };
-    match state::read_history(dir, &filter) {
-        Ok(h) => h
-            .failures
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect(),
+    match state::read_failures(dir, &filter) {
+        Ok(failures) => failures,
         Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             Vec::new()
         }

@@ -50,21 +50,8 @@ fn told_lately(store: &Store) -> Vec<Failure> {
         limit: 1024,
         ..Filter::default()
     };
-    match state::read_history(store.dir(), &filter) {
-        Ok(h) => {
-            let rows = h.failures.len();
-            let told: Vec<Failure> = h
-                .failures
-                .into_iter()
-                .filter_map(|v| serde_json::from_value(v).ok())
-                .collect();
-            if told.len() < rows {
-                tracing::warn!(
-                    rows,
-                    read = told.len(),
-                    "some stored failures do not read as this agent writes them"
-                );
-            }
+    match state::read_failures(store.dir(), &filter) {
+        Ok(told) => {
             tracing::info!(
                 failures = told.len(),
                 "the failures told in the last 10 minutes are remembered as told"

@@ -325,6 +325,25 @@ fn read_checkpoints(conn: &rusqlite::Connection) -> rusqlite::Result<BTreeMap<St
         .collect())
 }
 
+/// The stored failures `filter` asks for, as failures again (for `check` and a restart); a
+/// row that does not read as this agent writes it is left out, said once.
+pub fn read_failures(dir: &Path, filter: &Filter) -> Result<Vec<Failure>, Unavailable> {
+    let rows = read_history(dir, filter)?.failures;
+    let count = rows.len();
+    let failures: Vec<Failure> = rows
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
+    if failures.len() < count {
+        tracing::warn!(
+            rows = count,
+            read = failures.len(),
+            "some stored failures do not read as this agent writes them"
+        );
+    }
+    Ok(failures)
+}
+
 /// Reads the history of the store in `dir`, read-only (for `history` and the HTTP endpoint).
 pub fn read_history(dir: &Path, filter: &Filter) -> Result<History, Unavailable> {
     let conn = open::open_read_only(dir)?;
