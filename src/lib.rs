@@ -3,6 +3,7 @@
 //! One scan builds an immutable [`model::Snapshot`]; `check` prints it, `serve` keeps the last
 //! one behind an `Arc` and serves `/metrics` from it. See ARCHITECTURE.md for the flow.
 
+pub mod admit;
 pub mod agent;
 pub mod beneath;
 pub mod cgroup;
