@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes every parser with cargo fuzz (libFuzzer): `scripts/fuzz.sh [--dev] [SECONDS_PER_TARGET]`
-# (default 15). `--dev` (what CI runs) builds without optimizations: cargo fuzz's release build
+# Fuzzes every parser with cargo fuzz (libFuzzer): `scripts/fuzz.sh [--dev] [--build-only]
+# [SECONDS_PER_TARGET]` (default 15). `--build-only` builds the targets and stops: CI builds them
+# in the background while the tests run, then fuzzes. `--dev` (what CI runs) builds without optimizations: cargo fuzz's release build
 # uses one codegen unit and took 8-13 minutes of a cold CI run, for a 15-second smoke per target
 # where executions per second matter less than finishing; a long local run leaves it out. Seeds come from fuzz/corpus/<target>/seed-* (copied from
 # tests/fixtures and the fake NVML presets); what a run learns stays in fuzz/corpus (ignored by
@@ -11,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 build=()
 if [ "${1:-}" = --dev ]; then build=(--dev); shift; fi
+build_only=
+if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 secs="${1:-15}"
 if ! command -v cargo-fuzz >/dev/null; then
   if [ "$(id -u)" = 0 ] || [ -n "${CI:-}" ]; then
@@ -22,6 +25,7 @@ if ! command -v cargo-fuzz >/dev/null; then
 fi
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build "${build[@]}"
+[ -z "$build_only" ] || exit 0
 targets=$(cargo fuzz list)
 printf '%-18s %12s %8s\n' target executions seconds
 for t in $targets; do
