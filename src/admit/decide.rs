@@ -210,7 +210,7 @@ pub fn warn_text(c: &Container<'_>, size: &Size) -> String {
         )
     } else {
         format!(
-            "shmlink: container {:?} gets the runtime's 64Mi /dev/shm, less than the {s} this Pod asks for. Fix: mount an emptyDir (medium: Memory, sizeLimit: {s}) at /dev/shm and add {s} to its memory limit",
+            "shmlink: container {:?} gets the runtime's 64Mi /dev/shm, less than the {s} this Pod needs. Fix: mount an emptyDir (medium: Memory, sizeLimit: {s}) at /dev/shm and add {s} to its memory limit",
             c.name
         )
     }
