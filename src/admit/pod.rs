@@ -44,6 +44,10 @@ pub fn containers(pod: &Value) -> Vec<Container<'_>> {
             .pointer(&format!("/spec/{list}"))
             .and_then(Value::as_array);
         for (index, value) in items.into_iter().flatten().enumerate() {
+            // Not a container: nothing to read, and no path a patch could add under.
+            if !value.is_object() {
+                continue;
+            }
             let role = match list {
                 "containers" => Role::Regular,
                 _ if value.get("restartPolicy").and_then(Value::as_str) == Some("Always") => {
@@ -215,6 +219,27 @@ mod tests {
 
     fn pod(containers: Value, init: Value) -> Value {
         json!({"spec": {"containers": containers, "initContainers": init}})
+    }
+
+    #[test]
+    fn containers_keep_their_index_and_skip_what_is_not_one() {
+        let p = pod(
+            json!([{"name": "a"}, "junk", {"name": "c"}]),
+            json!([{"name": "i"}, {"name": "s", "restartPolicy": "Always"}]),
+        );
+        let got: Vec<_> = containers(&p)
+            .iter()
+            .map(|c| (c.list, c.index, c.name, c.role))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("initContainers", 0, "i", Role::Init),
+                ("initContainers", 1, "s", Role::Sidecar),
+                ("containers", 0, "a", Role::Regular),
+                ("containers", 2, "c", Role::Regular),
+            ]
+        );
     }
 
     #[test]

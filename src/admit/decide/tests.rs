@@ -124,3 +124,17 @@ fn the_annotation_without_gpus_mounts_in_every_regular_container() {
     );
     assert!(d.warnings[1].ends_with("memory limit 1Gi -> 1536Mi: tmpfs pages count against it"));
 }
+
+#[test]
+fn what_is_not_a_container_gets_no_patch() {
+    let mut p = pod(json!(["junk", {"name": "a"}, 7]));
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "1Gi"});
+    let d = decide(&p, Mode::Mutate);
+    assert_eq!(
+        paths(&d),
+        ["/spec/volumes", "/spec/containers/1/volumeMounts"]
+    );
+    let mut after = p.clone();
+    json_patch::patch(&mut after, &d.patch).unwrap();
+    assert_eq!(after["spec"]["containers"][0], json!("junk"));
+}
