@@ -154,10 +154,16 @@ fn every_fixture_in_both_modes() {
             (Mode::Warn, warn, &want_warn),
             (Mode::Mutate, mutate, &want_mutate),
         ] {
+            let started = Instant::now();
             let (a, body) = run(&review, mode);
+            let took = started.elapsed();
             let patch = patch_of(&body);
             let warnings = warnings_of(&body);
-            println!("== {name} ({mode}): {} — {}", a.outcome.as_str(), a.summary);
+            println!(
+                "== {name} ({mode}): {} — {} [{took:?}]",
+                a.outcome.as_str(),
+                a.summary
+            );
             if let Some(p) = &patch {
                 println!("patch: {}", serde_json::to_string(p).unwrap());
             }
