@@ -33,6 +33,10 @@ if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  # tests/admission_pods.rs: every patched Pod validated against Kubernetes' own schema (pip, as
+  # scripts/test-deploy.sh installs it)
+  command -v kubernetes-validate >/dev/null ||
+    { echo "== installing kubernetes-validate (pip)"; python3 -m pip install -q kubernetes-validate; }
   export SHMLINK_E2E=require
 else
   cat >&2 <<'MSG'

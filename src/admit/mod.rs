@@ -79,4 +79,7 @@ impl Outcome {
     }
 }
 
+pub mod decide;
+pub mod pod;
 pub mod review;
+pub mod view;

@@ -2,6 +2,10 @@
 
 use serde_json::{json, Value};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+
+use super::decide::{decide, Decision};
 use super::{Mode, Outcome};
 
 /// The answer to one request, with what the server logs and counts.
@@ -21,34 +25,140 @@ pub struct Answer {
 }
 
 /// Answers one request body in `mode`.
+///
+/// kube-core's admission types are not used: their response writes `patch` as an array of
+/// numbers where the API documents base64, and their request type fails as a whole on an object
+/// it cannot read, losing the uid needed to let that Pod through.
 pub fn answer(body: &[u8], mode: Mode) -> Answer {
     let review: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return refuse(mode, format!("the body is not JSON: {e}")),
     };
-    let Some(request) = review.get("request") else {
-        return refuse(mode, "an AdmissionReview without a request".to_string());
+    let Some(request) = review.get("request").filter(|r| r.is_object()) else {
+        return refuse(mode, "not an AdmissionReview: no request".to_string());
     };
-    let Some(uid) = request.get("uid").and_then(Value::as_str) else {
+    let Some(uid) = request
+        .get("uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+    else {
         return refuse(mode, "an AdmissionReview request without a uid".to_string());
     };
-    // TODO(issue 39): the Pod decision (decide.rs) goes here.
-    allow(uid, mode, Outcome::NotPod, None, "passed unchanged".to_string())
+    let reply = Reply {
+        api_version: review
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .filter(|v| v.starts_with("admission.k8s.io/"))
+            .unwrap_or("admission.k8s.io/v1"),
+        uid,
+        mode,
+    };
+    if !is_pod_create(request) {
+        let what = format!(
+            "{} {}{} passed unchanged",
+            text_at(request, "/operation"),
+            text_at(request, "/resource/resource"),
+            request
+                .get("subResource")
+                .and_then(Value::as_str)
+                .map_or(String::new(), |s| format!("/{s}"))
+        );
+        return reply.allow(
+            Outcome::NotPod,
+            None,
+            Decision::quiet(Outcome::NotPod, what),
+        );
+    }
+    let pod = request.get("object").unwrap_or(&Value::Null);
+    let name = pod_name(request, pod);
+    if let Err(why) = readable(pod) {
+        let warning = format!("shmlink: could not read the Pod ({why}); admitted unchanged");
+        let decision = Decision {
+            warnings: vec![warning],
+            ..Decision::quiet(Outcome::Error, format!("unreadable Pod: {why}"))
+        };
+        return reply.allow(Outcome::Error, Some(name), decision);
+    }
+    let decision = decide(pod, mode);
+    reply.allow(decision.outcome, Some(name), decision)
 }
 
-fn allow(uid: &str, mode: Mode, outcome: Outcome, pod: Option<String>, summary: String) -> Answer {
-    let body = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": {"uid": uid, "allowed": true},
-    });
-    Answer {
-        status: 200,
-        body: serde_json::to_vec(&body).unwrap_or_default(),
-        mode,
-        outcome,
-        pod,
-        summary,
+/// A Pod CREATE: the only request the webhook changes anything for.
+fn is_pod_create(request: &Value) -> bool {
+    let kind_group = request
+        .pointer("/kind/group")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let sub = request
+        .get("subResource")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    text_at(request, "/kind/kind") == "Pod"
+        && kind_group.is_empty()
+        && text_at(request, "/resource/resource") == "pods"
+        && sub.is_empty()
+        && text_at(request, "/operation") == "CREATE"
+}
+
+fn text_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// What the decision needs to hold: an object with a spec whose containers are a list.
+fn readable(pod: &Value) -> Result<(), &'static str> {
+    let spec = pod.as_object().ok_or("no object")?.get("spec");
+    let spec = spec.and_then(Value::as_object).ok_or("no spec")?;
+    match spec.get("containers") {
+        Some(Value::Array(_)) => Ok(()),
+        _ => Err("spec.containers is not a list"),
+    }
+}
+
+/// `namespace/name`, or `namespace/generateName*` for a controller's Pod not yet named.
+fn pod_name(request: &Value, pod: &Value) -> String {
+    let namespace = request
+        .get("namespace")
+        .and_then(Value::as_str)
+        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str))
+        .unwrap_or("");
+    let name = match pod.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ => format!("{}*", text_at(pod, "/metadata/generateName")),
+    };
+    format!("{namespace}/{name}")
+}
+
+/// The parts of the answer every allowed request shares.
+struct Reply<'a> {
+    api_version: &'a str,
+    uid: &'a str,
+    mode: Mode,
+}
+
+impl Reply<'_> {
+    fn allow(&self, outcome: Outcome, pod: Option<String>, decision: Decision) -> Answer {
+        let mut response = json!({"uid": self.uid, "allowed": true});
+        if !decision.patch.is_empty() {
+            let patch = serde_json::to_vec(&decision.patch).unwrap_or_default();
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] = json!(BASE64.encode(patch));
+        }
+        if !decision.warnings.is_empty() {
+            response["warnings"] = json!(decision.warnings);
+        }
+        let body = json!({
+            "apiVersion": self.api_version,
+            "kind": "AdmissionReview",
+            "response": response,
+        });
+        Answer {
+            status: 200,
+            body: serde_json::to_vec(&body).unwrap_or_default(),
+            mode: self.mode,
+            outcome,
+            pod,
+            summary: decision.summary,
+        }
     }
 }
 
@@ -62,3 +172,6 @@ fn refuse(mode: Mode, why: String) -> Answer {
         summary: why,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::units::{human_bytes, GIB};
+use crate::units::{human_bytes, GIB, MIB};
 
 /// Below this much effective /dev/shm a container that sees GPUs gets a warning when no need
 /// was given: PyTorch DataLoader workers hand every batch over through /dev/shm and NCCL puts
@@ -84,6 +84,16 @@ pub fn nccl_bytes(gpus: usize) -> u64 {
     }
 }
 
+/// The /dev/shm a container with `gpus` GPUs and no need given should have: at least
+/// [`DEFAULT_GPU_SHM_BYTES`], and room for NCCL's SHM segments among its GPUs, rounded up to a
+/// whole MiB. Preflight's GPU default and the admission webhook's size, so both ask for the same.
+pub fn gpu_default_bytes(gpus: usize) -> u64 {
+    DEFAULT_GPU_SHM_BYTES
+        .max(nccl_bytes(gpus))
+        .div_ceil(MIB)
+        .saturating_mul(MIB)
+}
+
 /// The need for `spec` with `gpus` GPUs visible; `None` when nothing is asked and no GPU seen.
 pub fn need(spec: NeedSpec, gpus: usize) -> Option<Need> {
     let base = |source, bytes, enforced| Need {
@@ -121,7 +131,7 @@ pub fn need(spec: NeedSpec, gpus: usize) -> Option<Need> {
             })
         }
         NeedSpec::Unspecified if gpus > 0 => {
-            Some(base(NeedSource::GpuDefault, DEFAULT_GPU_SHM_BYTES, false))
+            Some(base(NeedSource::GpuDefault, gpu_default_bytes(gpus), false))
         }
         NeedSpec::Unspecified => None,
     }
@@ -152,7 +162,7 @@ pub(super) fn need_words(need: &Need) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::units::{parse_size, MIB};
+    use crate::units::parse_size;
 
     /// Issue 37: `need 1.0 GiB (a GPU workload (no need given; ...))` had parentheses in
     /// parentheses.
@@ -161,6 +171,18 @@ mod tests {
         let words = need_words(&need(NeedSpec::Unspecified, 2).unwrap());
         assert_eq!(words, "a GPU workload with no need given");
         assert!(!words.contains('('));
+    }
+
+    #[test]
+    fn the_gpu_default_is_a_gib_or_nccls_segments_in_whole_mib() {
+        assert_eq!(gpu_default_bytes(0), GIB);
+        assert_eq!(gpu_default_bytes(1), GIB);
+        assert_eq!(gpu_default_bytes(8), GIB, "56 segments are 515 MiB");
+        assert_eq!(gpu_default_bytes(11), GIB, "110 segments are 1011 MiB");
+        // 132 x 9,637,888 = 1,272,201,216 bytes = 1213.3 MiB.
+        assert_eq!(gpu_default_bytes(12), 1214 * MIB);
+        assert_eq!(gpu_default_bytes(16), 2206 * MIB);
+        assert_eq!(need(NeedSpec::Unspecified, 16).unwrap().bytes, 2206 * MIB);
     }
 
     #[test]

@@ -1,0 +1,140 @@
+use super::*;
+use crate::units::{GIB, MIB};
+
+fn gpu(name: &str, n: &str, memory: Option<&str>) -> Value {
+    let mut limits = json!({"nvidia.com/gpu": n});
+    if let Some(m) = memory {
+        limits["memory"] = json!(m);
+    }
+    json!({"name": name, "resources": {"limits": limits}})
+}
+
+fn pod(containers: Value) -> Value {
+    json!({"metadata": {"name": "p"}, "spec": {"containers": containers}})
+}
+
+fn paths(d: &Decision) -> Vec<String> {
+    d.patch.iter().map(|op| op.path().to_string()).collect()
+}
+
+#[test]
+fn the_size_is_the_gpu_default_or_the_annotation() {
+    let mut w = Vec::new();
+    assert_eq!(size(&pod(json!([gpu("t", "8", None)])), &mut w).text, "1Gi");
+    let big = size(&pod(json!([gpu("t", "16", None)])), &mut w);
+    assert_eq!((big.bytes, big.text.as_str()), (2206 * MIB, "2206Mi"));
+    let mut p = pod(json!([gpu("t", "8", None)]));
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "1.5Gi"});
+    assert_eq!(
+        size(&p, &mut w),
+        Size {
+            bytes: 3 * GIB / 2,
+            text: "1.5Gi".into()
+        }
+    );
+    assert!(w.is_empty());
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "lots"});
+    assert_eq!(size(&p, &mut w).text, "1Gi");
+    assert_eq!(w.len(), 1);
+    assert!(
+        w[0].contains("\"lots\" is not a Kubernetes quantity"),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn warn_mode_says_the_shared_text_and_patches_nothing() {
+    let d = decide(&pod(json!([gpu("trainer", "8", Some("32Gi"))])), Mode::Warn);
+    assert_eq!(d.outcome, Outcome::Warned);
+    assert!(d.patch.is_empty());
+    assert_eq!(d.warnings, vec!["shmlink: container \"trainer\" uses GPUs and gets the runtime's 64Mi /dev/shm: DataLoader workers die with \"Bus error\", NCCL fails. Fix: mount an emptyDir (medium: Memory, sizeLimit: 1Gi) at /dev/shm and add 1Gi to its memory limit".to_string()]);
+}
+
+#[test]
+fn mutate_mode_mounts_and_raises_the_limit() {
+    let d = decide(
+        &pod(json!([gpu("trainer", "8", Some("32Gi")), {"name": "log"}])),
+        Mode::Mutate,
+    );
+    assert_eq!(d.outcome, Outcome::Mutated);
+    assert_eq!(
+        paths(&d),
+        [
+            "/spec/volumes",
+            "/spec/containers/0/volumeMounts",
+            "/spec/containers/0/resources/limits/memory"
+        ]
+    );
+    assert_eq!(d.warnings, vec!["shmlink: mounted emptyDir \"shmlink-dshm\" (medium: Memory, sizeLimit: 1Gi) at /dev/shm in \"trainer\"; memory limit 32Gi -> 33Gi: tmpfs pages count against it".to_string()]);
+}
+
+#[test]
+fn nothing_is_done_where_nothing_should_be() {
+    let g = pod(json!([gpu("t", "1", None)]));
+    let mut host = g.clone();
+    host["spec"]["hostIPC"] = json!(true);
+    assert_eq!(decide(&host, Mode::Mutate).outcome, Outcome::HostIpc);
+    let mut off = g.clone();
+    off["metadata"]["annotations"] = json!({"shmlink.io/admission": "off"});
+    assert_eq!(decide(&off, Mode::Mutate).outcome, Outcome::OptedOut);
+    assert_eq!(decide(&g, Mode::Off).outcome, Outcome::OptedOut);
+    assert_eq!(
+        decide(&pod(json!([{"name": "web"}])), Mode::Mutate).outcome,
+        Outcome::NoGpu
+    );
+    // A tiny annotation the runtime's 64Mi already holds: preflight passes, so nothing.
+    let mut small = g.clone();
+    small["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "32Mi"});
+    assert_eq!(decide(&small, Mode::Mutate).outcome, Outcome::Fit);
+}
+
+#[test]
+fn an_existing_small_memory_mount_is_warned_about_in_both_modes() {
+    let mut p = pod(
+        json!([{"name": "t", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm/"}],
+        "resources": {"limits": {"nvidia.com/gpu": "8", "memory": "32Gi"}}}]),
+    );
+    p["spec"]["volumes"] =
+        json!([{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}}]);
+    for mode in [Mode::Warn, Mode::Mutate] {
+        let d = decide(&p, mode);
+        assert_eq!(d.outcome, Outcome::Warned);
+        assert!(d.patch.is_empty());
+        assert_eq!(d.warnings, vec!["shmlink: container \"t\" uses GPUs; its emptyDir \"dshm\" at /dev/shm has sizeLimit 256Mi, below the 1Gi it needs: raise sizeLimit to 1Gi and add 1Gi to its memory limit".to_string()]);
+    }
+    p["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = json!("2Gi");
+    assert_eq!(decide(&p, Mode::Mutate).outcome, Outcome::Fit);
+}
+
+#[test]
+fn the_annotation_without_gpus_mounts_in_every_regular_container() {
+    let mut p =
+        pod(json!([{"name": "a"}, {"name": "b", "resources": {"limits": {"memory": "1Gi"}}}]));
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "512Mi"});
+    p["spec"]["initContainers"] = json!([{"name": "setup"}]);
+    let d = decide(&p, Mode::Mutate);
+    assert_eq!(
+        paths(&d),
+        [
+            "/spec/volumes",
+            "/spec/containers/0/volumeMounts",
+            "/spec/containers/1/volumeMounts",
+            "/spec/containers/1/resources/limits/memory"
+        ]
+    );
+    assert!(d.warnings[1].ends_with("memory limit 1Gi -> 1536Mi: tmpfs pages count against it"));
+}
+
+#[test]
+fn what_is_not_a_container_gets_no_patch() {
+    let mut p = pod(json!(["junk", {"name": "a"}, 7]));
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "1Gi"});
+    let d = decide(&p, Mode::Mutate);
+    assert_eq!(
+        paths(&d),
+        ["/spec/volumes", "/spec/containers/1/volumeMounts"]
+    );
+    let mut after = p.clone();
+    json_patch::patch(&mut after, &d.patch).unwrap();
+    assert_eq!(after["spec"]["containers"][0], json!("junk"));
+}
