@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The admission CEL, evaluated by a real CEL implementation (cel-python, PyPI `cel-python`)
+against Pods as they reach admission:
+  - the webhook's matchConditions (deploy/components/admission/webhook.yaml): which Pods are
+    sent to `shmlink admit` at all; the three webhooks carry the same ones;
+  - the ValidatingAdmissionPolicy (deploy/components/admission-policy/policy.yaml): its
+    matchConditions, its variables in order, and each failing validation's messageExpression,
+    which must be the shared warning text, one per container, exactly.
+The Pods: deploy/components/admission-policy/testdata/*.json, and tests/fixtures/admission/*.json
+(the server's fixtures) where they exist: those listed in testdata/expected.yaml are asserted,
+the rest must evaluate without a CEL error. Then the size formula against its definition for
+g = 1..64 GPUs. What this cannot check: the namespace selectors (no CEL) and Kubernetes' type
+checker (the policy uses no extension library, so plain CEL is what runs).
+
+    scripts/deploy/admission_cel.py [WEBHOOK_BUILD.yaml POLICY_BUILD.yaml]
+"""
+import glob
+import json
+import os
+import sys
+from importlib.metadata import version
+
+import yaml
+
+from deploycheck import arg, build, check, load
+
+try:
+    import celpy
+except ImportError:
+    sys.exit("FAIL: cel-python is not installed (python3 -m pip install cel-python)")
+
+TESTDATA = "deploy/components/admission-policy/testdata"
+SERVER_FIXTURES = "tests/fixtures/admission"
+# The shared design's warning (docs/admission.md), word for word.
+TEMPLATE = ('shmlink: container "{name}" uses GPUs and gets the runtime\'s 64Mi /dev/shm: DataLoader workers die'
+            ' with "Bus error", NCCL fails. Fix: mount an emptyDir (medium: Memory, sizeLimit: {size}) at /dev/shm'
+            ' and add {size} to its memory limit')
+ENV = celpy.Environment()
+PROGRAMS = {}
+
+
+class CelError(Exception):
+    pass
+
+
+def evaluate(expr, activation):
+    """One expression's value as plain Python; a CEL error (celpy returns or raises it) raises CelError."""
+    if expr not in PROGRAMS:
+        PROGRAMS[expr] = ENV.program(ENV.compile(expr))
+    try:
+        value = PROGRAMS[expr].evaluate(activation)
+    except celpy.CELEvalError as e:
+        raise CelError(f"{expr[:80]}...: {e}") from e
+    if isinstance(value, celpy.CELEvalError):
+        raise CelError(f"{expr[:80]}...: {value}")
+    return plain(value)
+
+
+def plain(v):
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, str):
+        return str(v)
+    return v
+
+
+def sent(webhook, pod):
+    obj = {"object": celpy.json_to_cel(pod)}
+    return all(evaluate(c["expression"], obj) for c in webhook["matchConditions"])
+
+
+def policy_warnings(policy, pod):
+    """The warnings the policy gives for POD in order; None when its matchConditions skip it."""
+    spec = policy["spec"]
+    obj = celpy.json_to_cel(pod)
+    if not all(evaluate(c["expression"], {"object": obj}) for c in spec["matchConditions"]):
+        return None
+    variables = {}
+    for v in spec["variables"]:
+        value = evaluate(v["expression"], {"object": obj, "variables": celpy.json_to_cel(variables)})
+        variables[v["name"]] = value
+    activation = {"object": obj, "variables": celpy.json_to_cel(variables)}
+    return [evaluate(v["messageExpression"], activation)
+            for v in spec["validations"] if not evaluate(v["expression"], activation)]
+
+
+def pod_of(path):
+    doc = json.load(open(path))
+    if doc.get("kind") == "AdmissionReview":
+        req = doc.get("request") or {}
+        if (req.get("kind") or {}).get("kind") != "Pod" or not isinstance(req.get("object"), dict):
+            return None
+        return req["object"]
+    return doc if doc.get("kind") == "Pod" else None
+
+
+def size_of(g):
+    mib = -(-max(1 << 30, 9_637_888 * g * (g - 1)) // (1 << 20))
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def main():
+    docs = load(arg(1)) if arg(1) else build("deploy/overlays/admission")
+    docs += load(arg(2)) if arg(2) else build("deploy/overlays/admission-policy")
+    mwc = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    hooks = mwc["webhooks"]
+    check(all(h["matchConditions"] == hooks[0]["matchConditions"] for h in hooks), "the webhooks' matchConditions differ")
+    expected = yaml.safe_load(open(f"{TESTDATA}/expected.yaml"))
+    check(expected["template"] == TEMPLATE, f"expected.yaml's template is not the shared warning:\n{expected['template']}")
+    cases = {os.path.basename(p)[:-5]: p for p in sorted(glob.glob(f"{TESTDATA}/*.json"))}
+    check(set(expected["pods"]) <= set(cases), f"expectations without a Pod: {set(expected['pods']) - set(cases)}")
+    server = {}
+    for p in sorted(glob.glob(f"{SERVER_FIXTURES}/*.json")):
+        server["server:" + os.path.basename(p)[:-5]] = p
+    asserted = unasserted = 0
+    for name, path in {**cases, **server}.items():
+        pod = pod_of(path)
+        if pod is None:
+            continue
+        try:
+            got = {"sent": sent(hooks[0], pod), "warnings": policy_warnings(policy, pod)}
+        except CelError as e:
+            sys.exit(f"FAIL: {name}: CEL error: {e}")
+        want = expected["pods"].get(name.removeprefix("server:"))
+        if want is None:
+            check(not name.startswith(TESTDATA), f"{name}: no expectation in expected.yaml")
+            print(f"   {name}: sent={got['sent']}, {len(got['warnings'] or [])} warning(s) (no expectation)")
+            unasserted += 1
+            continue
+        if want["warnings"] is not None:
+            want = {**want, "warnings": [TEMPLATE.format(name=n, size=s) for n, s in want["warnings"]]}
+        check(got == want, f"{name}:\n  got  {got}\n  want {want}")
+        asserted += 1
+        for w in got["warnings"] or []:
+            print(f"   {name}: {w[:60]}... sizeLimit: {w.split('sizeLimit: ')[1].split(')')[0]}")
+    check(asserted >= len(expected["pods"]), f"only {asserted} Pods asserted")
+    # The size: the CEL's arithmetic against its definition, one container of g GPUs each.
+    base = json.loads(json.dumps(pod_of(cases["pytorch-8gpu"])))
+    for g in list(range(1, 65)):
+        for key in ("limits", "requests"):
+            base["spec"]["containers"][0]["resources"][key]["nvidia.com/gpu"] = str(g)
+        got = policy_warnings(policy, base)
+        check(got == [TEMPLATE.format(name="trainer", size=size_of(g))], f"g={g}: {got}")
+    # Ten bare GPU containers: eight warnings, then how many more.
+    many = json.loads(json.dumps(pod_of(cases["pytorch-8gpu"])))
+    many["spec"]["containers"] = [{**many["spec"]["containers"][0], "name": f"w{i}"} for i in range(10)]
+    got = policy_warnings(policy, many)
+    check(got[:8] == [TEMPLATE.format(name=f"w{i}", size="1Gi") for i in range(8)]
+          and got[8:] == ["shmlink: 2 more containers use GPUs and get the runtime's 64Mi /dev/shm"], f"ten containers: {got}")
+    print(f"   {asserted} Pods asserted (webhook matchConditions and the policy's exact warnings),"
+          f" {unasserted} more evaluated; sizes right for 1..64 GPUs and ten containers (cel-python {version('cel-python')})")
+
+
+main()
