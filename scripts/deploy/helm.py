@@ -47,6 +47,7 @@ TWINS = [
     ("kube-rbac-proxy", {**NS, **PO, "kubeRbacProxy": {"enabled": True}}, "deploy/overlays/kube-rbac-proxy"),
     ("admission", {**NS, "admission": {"enabled": True}}, "deploy/overlays/admission"),
     ("admission-policy", {**NS, "admissionPolicy": {"enabled": True}}, "deploy/overlays/admission-policy"),
+    ("admission-prometheus-operator", {**NS, **PO, "admission": {"enabled": True}}, "deploy/overlays/admission-prometheus-operator"),
 ]
 COMPONENTS = ["kernelLog", "deathTrace", "docker", "gpuFaultTaint", "prometheusOperator",
               "grafanaDashboards", "kubeRbacProxy", "admission", "admissionPolicy"]
@@ -248,7 +249,7 @@ def other_release(chart):
         check(ns in (None, "gpu-ops"), f"{d['kind']} {d['metadata']['name']} in namespace {ns}")
         for s in d.get("subjects", []):
             check((s["name"], s["namespace"]) == ("agents-shmlink", "gpu-ops"), f"binding subject {s}")
-    sm = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "agents-shmlink")
     check(sm["spec"]["namespaceSelector"]["matchNames"] == ["gpu-ops"], "ServiceMonitor namespaceSelector")
     print(f"   release agents in gpu-ops: {len(docs)} objects named by the release, all in gpu-ops")
 
