@@ -6,6 +6,10 @@
 #     does not know, against the Prometheus Operator's CRD schemas (the npm package
 #     @kubernetes-models/prometheus-operator), field by field here, and their rules by promtool;
 #   - the PrometheusRule carries exactly the groups of deploy/prometheus/shmlink.rules.yml;
+#   - the admission webhook and policy (deploy/components/admission, admission-policy) keep the
+#     shared design; their cert-manager objects validate against cert-manager's CRD schemas
+#     (@kubernetes-models/cert-manager); their CEL (the webhook's matchConditions, the policy's
+#     warnings) is evaluated by cel-python against Pod fixtures, messages asserted exactly;
 #   - the DaemonSet keeps its contract (capabilities, mounts, args, probes, RBAC); the
 #     NetworkPolicy admits only the scraper on 9477; the grafana-dashboard and kube-rbac-proxy
 #     overlays do what they say;
@@ -22,7 +26,8 @@
 # Each check is a file of its own in scripts/deploy/ that runs alone (its first lines say how);
 # this script installs the tools, builds every kustomize directory once and runs them all.
 # As root it installs what is missing (apt: prometheus, prometheus-alertmanager, kubectl, nodejs, npm; pip:
-# kubernetes-validate, dockerfile-parse, helm-python-sdk; npm, under target/: @kubernetes-models/prometheus-operator);
+# kubernetes-validate, dockerfile-parse, helm-python-sdk, cel-python; npm, under target/:
+# @kubernetes-models/prometheus-operator and cert-manager);
 # otherwise a missing tool is an error unless SHMLINK_DEPLOY_SKIP_MISSING=1, where it says loudly
 # what it skipped.
 #
@@ -57,9 +62,9 @@ if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
   fi
   # Debian's prometheus package starts its service on install; these checks need none.
-  command -v kubernetes-validate >/dev/null && python3 -c 'import dockerfile_parse, helm_python' 2>/dev/null ||
-    { echo "== installing kubernetes-validate dockerfile-parse helm-python-sdk (pip)"
-      python3 -m pip install -q kubernetes-validate dockerfile-parse helm-python-sdk; }
+  command -v kubernetes-validate >/dev/null && python3 -c 'import dockerfile_parse, helm_python, celpy' 2>/dev/null ||
+    { echo "== installing kubernetes-validate dockerfile-parse helm-python-sdk cel-python (pip)"
+      python3 -m pip install -q kubernetes-validate dockerfile-parse helm-python-sdk cel-python; }
 fi
 python3 -c 'import yaml' # PyYAML: every check below reads YAML
 
@@ -125,8 +130,23 @@ if need kubectl; then
   echo "== the kube-rbac-proxy overlay: the agent on loopback, TLS and authorization on 9477"
   python3 $checks/kube_rbac_proxy.py "$out/deploy_overlays_kube-rbac-proxy.core.yaml" "$out/deploy_overlays_kube-rbac-proxy.crs.yaml"
 
+  echo "== the admission webhook (deploy/overlays/admission) and policy (deploy/overlays/admission-policy) keep the shared design"
+  python3 $checks/admission.py "$out/deploy_overlays_admission.core.yaml" "$out/deploy_overlays_admission.cert-manager.yaml"
+  python3 $checks/admission.py --policy "$out/deploy_overlays_admission-policy.core.yaml"
+
+  if python3 -c 'import celpy' 2>/dev/null; then
+    echo "== the admission CEL (webhook matchConditions, the policy's warnings) by cel-python, against Pod fixtures"
+    python3 $checks/admission_cel.py "$out/deploy_overlays_admission.core.yaml" "$out/deploy_overlays_admission-policy.core.yaml"
+  else
+    skipped+=(cel-python)
+  fi
+
   for dir in "${builds[@]}"; do
     name=$(echo "$dir" | tr / _)
+    if grep -q kind "$out/$name.cert-manager.yaml" && need node && need npm; then
+      echo "== cert-manager objects of $dir against cert-manager's CRD schemas"
+      $checks/crd-schemas.sh "$dir" "$out/$name.cert-manager.yaml"
+    fi
     [ -s "$out/$name.crs.yaml" ] && grep -q kind "$out/$name.crs.yaml" || continue
     echo "== custom resources of $dir: ServiceMonitor and PrometheusRule"
     python3 $checks/custom_resources.py "$dir" "$out/$name.crs.yaml" "$out/$name.core.yaml" "$out/rule-groups.yml"
@@ -156,6 +176,10 @@ elif need kubectl; then
     if grep -q kind "$crs" && need node && need npm; then
       echo "== the chart's custom resources ($case) against the Prometheus Operator's CRD schemas"
       $checks/crd-schemas.sh "charts/shmlink ($case)" "$crs"
+    fi
+    if grep -q kind "$out/$case.cert-manager.yaml" && need node && need npm; then
+      echo "== the chart's cert-manager objects ($case) against cert-manager's CRD schemas"
+      $checks/crd-schemas.sh "charts/shmlink ($case)" "$out/$case.cert-manager.yaml"
     fi
   done
 fi

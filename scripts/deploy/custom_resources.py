@@ -14,7 +14,12 @@ import yaml
 from deploycheck import RUNBOOK_BASE, arg, check, core, custom_resources, runbook_base_value
 
 directory = sys.argv[1]
-crs = {d["kind"]: d for d in custom_resources(arg(2), directory)}
+ADMISSION = "shmlink-admission"
+all_crs = custom_resources(arg(2), directory)
+# The admission webhook's ServiceMonitor (deploy/components/admission/servicemonitor) is checked
+# on its own, below; the rest concerns the agent's.
+admission_sms = [d for d in all_crs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith(ADMISSION)]
+crs = {d["kind"]: d for d in all_crs if d not in admission_sms}
 core_docs = core(arg(3), directory)
 check(set(crs) == {"ServiceMonitor", "PrometheusRule"}, f"custom resources {sorted(crs)}")
 for d in crs.values():
@@ -25,7 +30,7 @@ sm = crs["ServiceMonitor"]["spec"]
 check(set(sm) <= {"jobLabel", "selector", "namespaceSelector", "endpoints", "targetLabels", "podTargetLabels"}, f"ServiceMonitor spec fields {sorted(sm)}")
 check(isinstance(sm["selector"].get("matchLabels"), dict), "ServiceMonitor spec.selector (required)")
 check(sm["endpoints"], "ServiceMonitor endpoints")
-svc = next(d for d in core_docs if d["kind"] == "Service")
+svc = next(d for d in core_docs if d["kind"] == "Service" and not d["metadata"]["name"].endswith(ADMISSION))
 check(sm["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items(), "ServiceMonitor selects the Service")
 check(sm["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]], "ServiceMonitor namespaceSelector")
 check(sm["jobLabel"] in svc["metadata"]["labels"], "jobLabel is a label of the Service")
@@ -51,6 +56,16 @@ for g in plain:
         if "runbook_url" in r.get("annotations", {}):
             r["annotations"]["runbook_url"] = base + r["annotations"]["runbook_url"][len(RUNBOOK_BASE):]
 check(pr["groups"] == plain, "the PrometheusRule's groups differ from deploy/prometheus/shmlink.rules.yml: run scripts/test-deploy.sh --write-rule")
+for asm in admission_sms:
+    asvc = next(d for d in core_docs if d["kind"] == "Service" and d["metadata"]["name"].endswith(ADMISSION))
+    spec = asm["spec"]
+    check(spec["selector"]["matchLabels"].items() <= asvc["metadata"]["labels"].items(), "the admission ServiceMonitor selects its Service")
+    check(spec["namespaceSelector"]["matchNames"] == [asvc["metadata"]["namespace"]], "admission ServiceMonitor namespaceSelector")
+    # The job is the label's value, which the ShmlinkAdmission* alerts select (job=~".*shmlink-admission.*").
+    check(ADMISSION in asvc["metadata"]["labels"][spec["jobLabel"]], "admission ServiceMonitor jobLabel")
+    check([ep["port"] for ep in spec["endpoints"]] == ["metrics"]
+          and "metrics" in {p["name"] for p in asvc["spec"]["ports"]}, "admission ServiceMonitor scrapes the metrics port")
 if arg(4):
     yaml.safe_dump({"groups": pr["groups"]}, open(arg(4), "w"), sort_keys=False)
-print(f"   ok ({len(pr['groups'])} groups, the same as the plain rules)")
+print(f"   ok ({len(pr['groups'])} groups, the same as the plain rules)"
+      + (f"; the admission ServiceMonitor scrapes its Service's metrics port" if admission_sms else ""))

@@ -16,6 +16,9 @@ sys.argv[1:] = [os.path.abspath(a) for a in sys.argv[1:]]
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 CR_GROUP = "monitoring.coreos.com/"
+# cert-manager's kinds (the admission component's serving certificate): checked against
+# cert-manager's CRD schemas, never Kubernetes' own.
+CERT_MANAGER_GROUP = "cert-manager.io/"
 
 # The runbooks' base URL the plain rules link (`<base>/<alert>.md`), and the placeholder for it in
 # the overlay's generated prometheusrule.yaml, which kustomize replaces with the value of
@@ -44,6 +47,15 @@ def is_custom_resource(doc):
     return doc["apiVersion"].startswith(CR_GROUP)
 
 
+def is_cert_manager(doc):
+    return doc["apiVersion"].startswith(CERT_MANAGER_GROUP)
+
+
+def is_core(doc):
+    """What Kubernetes' own schema knows."""
+    return not is_custom_resource(doc) and not is_cert_manager(doc)
+
+
 def build(directory):
     out = subprocess.run(["kubectl", "kustomize", directory], check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
@@ -53,7 +65,7 @@ def core(path_or_none, directory):
     """The core objects: from the file scripts/test-deploy.sh wrote, else built here."""
     if path_or_none:
         return load(path_or_none)
-    return [d for d in build(directory) if not is_custom_resource(d)]
+    return [d for d in build(directory) if is_core(d)]
 
 
 def custom_resources(path_or_none, directory):

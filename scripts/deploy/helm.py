@@ -21,10 +21,11 @@ import difflib
 import os
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
-from deploycheck import arg, build, check, daemonset, is_custom_resource, load
+from deploycheck import arg, build, check, daemonset, is_cert_manager, is_core, is_custom_resource, load
 
 try:
     import helm_python as helm
@@ -44,9 +45,12 @@ TWINS = [
     ("prometheus-operator", {**NS, **PO}, "deploy/overlays/prometheus-operator"),
     ("grafana-dashboard", {**NS, **PO, "grafanaDashboards": {"enabled": True}}, "deploy/overlays/grafana-dashboard"),
     ("kube-rbac-proxy", {**NS, **PO, "kubeRbacProxy": {"enabled": True}}, "deploy/overlays/kube-rbac-proxy"),
+    ("admission", {**NS, "admission": {"enabled": True}}, "deploy/overlays/admission"),
+    ("admission-policy", {**NS, "admissionPolicy": {"enabled": True}}, "deploy/overlays/admission-policy"),
+    ("admission-prometheus-operator", {**NS, **PO, "admission": {"enabled": True}}, "deploy/overlays/admission-prometheus-operator"),
 ]
 COMPONENTS = ["kernelLog", "deathTrace", "docker", "gpuFaultTaint", "prometheusOperator",
-              "grafanaDashboards", "kubeRbacProxy"]
+              "grafanaDashboards", "kubeRbacProxy", "admission", "admissionPolicy"]
 EVERYTHING = {
     **{c: {"enabled": True} for c in COMPONENTS},
     "image": {"repository": "registry.example/gpu/shmlink", "digest": "sha256:" + "ab" * 32},
@@ -81,6 +85,10 @@ INVALID = [
     ({"prometheusOperator": {"interval": "15 seconds"}}, "/prometheusOperator/interval"),
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ({"runbookBaseUrl": "docs/runbooks"}, "/runbookBaseUrl"),
+    ({"admission": {"mode": "off"}}, "/admission/mode"),
+    ({"admission": {"enabled": True, "certManager": {"enabled": False}, "caBundle": "QUJD"}}, "/admission/tls/secretName"),
+    ({"admission": {"enabled": True, "certManager": {"enabled": False}, "tls": {"secretName": "tls"}}}, "/admission/caBundle"),
+    ({"admission": {"replicas": 0}}, "/admission/replicas"),
 ]
 # Lists the API server merges by `name`: kustomize's patches move the entries they merge, so
 # their order is not compared. An empty list is what the API server keeps as absent.
@@ -153,13 +161,31 @@ def kustomized(directory):
     return build(directory)
 
 
-def write(case, docs):
-    if not OUT:
+def write(case, docs, out=None):
+    out = out or OUT
+    if not out:
         return
-    core = [d for d in docs if not is_custom_resource(d)]
-    crs = [d for d in docs if is_custom_resource(d)]
-    yaml.safe_dump_all(core, open(os.path.join(OUT, f"helm_{case}.core.yaml"), "w"), sort_keys=False)
-    yaml.safe_dump_all(crs, open(os.path.join(OUT, f"helm_{case}.crs.yaml"), "w"), sort_keys=False)
+    for suffix, which in (("core", is_core), ("crs", is_custom_resource), ("cert-manager", is_cert_manager)):
+        yaml.safe_dump_all([d for d in docs if which(d)], open(os.path.join(out, f"helm_{case}.{suffix}.yaml"), "w"),
+                           sort_keys=False)
+
+
+def admission(chart):
+    """The webhook without cert-manager (the user's Secret and CA), in mutate mode with three
+    replicas: the same design (scripts/deploy/admission.py), the Secret and caBundle given."""
+    ca = "TFMwdExTMUNSVWRKVGlCRFJWSlVTVVpKUTBGVVJTMHRMUzB0Q2c9PQ=="
+    values = {"admission": {"enabled": True, "mode": "mutate", "replicas": 3, "certManager": {"enabled": False},
+                            "tls": {"secretName": "webhook-tls"}, "caBundle": ca}}
+    docs, _ = render(chart, values)
+    check(not [d for d in docs if is_cert_manager(d)], "cert-manager objects with certManager.enabled=false")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = OUT or tmp
+        write("admission-own-tls", docs, out)
+        subprocess.run([sys.executable, "scripts/deploy/admission.py", os.path.join(out, "helm_admission-own-tls.core.yaml"),
+                        "--mode", "mutate", "--replicas", "3", "--ca-bundle", ca], check=True)
+    secret = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"]
+    check(secret == {"secretName": "webhook-tls"}, f"the given Secret: {secret}")
+    print("   admission without cert-manager: the given Secret and caBundle, --mode mutate, 3 replicas")
 
 
 def same_as_kustomize(chart, case, values, directory, drop=()):
@@ -207,12 +233,23 @@ def other_release(chart):
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     check(("DaemonSet", "agents-shmlink") in names and ("ClusterRole", "agents-shmlink-gpu-fault-taint") in names,
           f"names do not follow the release: {sorted(names)}")
+    mwc = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    cert = next(d for d in docs if d["kind"] == "Certificate")
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    check(mwc["metadata"]["name"] == "agents-shmlink-admission"
+          and all(h["clientConfig"]["service"]["name"] == "agents-shmlink-admission"
+                  and h["clientConfig"]["service"]["namespace"] == "gpu-ops" for h in mwc["webhooks"])
+          and mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "gpu-ops/agents-shmlink-admission-tls"
+          and cert["metadata"]["name"] == "agents-shmlink-admission-tls"
+          and "agents-shmlink-admission.gpu-ops.svc" in cert["spec"]["dnsNames"]
+          and binding["spec"]["policyName"] == binding["metadata"]["name"] == "agents-shmlink-dev-shm"
+          and ("ValidatingAdmissionPolicy", "agents-shmlink-dev-shm") in names, "admission names do not follow the release")
     for d in docs:
         ns = d["metadata"].get("namespace")
         check(ns in (None, "gpu-ops"), f"{d['kind']} {d['metadata']['name']} in namespace {ns}")
         for s in d.get("subjects", []):
             check((s["name"], s["namespace"]) == ("agents-shmlink", "gpu-ops"), f"binding subject {s}")
-    sm = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "agents-shmlink")
     check(sm["spec"]["namespaceSelector"]["matchNames"] == ["gpu-ops"], "ServiceMonitor namespaceSelector")
     print(f"   release agents in gpu-ops: {len(docs)} objects named by the release, all in gpu-ops")
 
@@ -287,6 +324,7 @@ def main():
         refuses(chart)
         other_release(chart)
         everything(chart)
+        admission(chart)
         no_state(chart)
     print("   ok")
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Copies what the chart serves from files of the repository into charts/shmlink/files/ (Helm
 reads only files inside the chart): the plain alert rules (deploy/prometheus/shmlink.rules.yml)
-and the Grafana dashboards (dashboards/*.json), byte for byte. With --check it changes nothing
+the Grafana dashboards (dashboards/*.json), and the admission webhook's configuration and policy
+(deploy/components/admission/webhook.yaml, admission-policy/policy.yaml: their CEL in one
+place), byte for byte. With --check it changes nothing
 and fails when a copy differs, is missing or is left over (scripts/deploy/helm.py runs that).
 
     scripts/deploy/helm_files.py [--check]
@@ -12,7 +14,11 @@ import sys
 
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 FILES = "charts/shmlink/files"
-wanted = {"deploy/prometheus/shmlink.rules.yml": f"{FILES}/shmlink.rules.yml"}
+wanted = {
+    "deploy/prometheus/shmlink.rules.yml": f"{FILES}/shmlink.rules.yml",
+    "deploy/components/admission/webhook.yaml": f"{FILES}/admission/webhook.yaml",
+    "deploy/components/admission-policy/policy.yaml": f"{FILES}/admission/policy.yaml",
+}
 for path in sorted(glob.glob("dashboards/*.json")):
     wanted[path] = f"{FILES}/dashboards/{os.path.basename(path)}"
 check = sys.argv[1:] == ["--check"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `kubectl kustomize DIR` into OUT/<DIR with / as _>.yaml, split into .core.yaml (Kubernetes'
-# own kinds) and .crs.yaml (the Prometheus Operator's); prints what each holds. A build that
-# fails is a failure.
+# own kinds), .crs.yaml (the Prometheus Operator's) and .cert-manager.yaml (cert-manager's);
+# prints what each holds. A build that fails is a failure.
 #
 #   scripts/deploy/kustomize.sh DIR [OUT]      e.g. scripts/deploy/kustomize.sh deploy/base /tmp/b
 set -euo pipefail

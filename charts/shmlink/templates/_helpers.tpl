@@ -63,3 +63,31 @@ app.kubernetes.io/part-of: shmlink
   name: {{ include "shmlink.serviceAccountName" . }}
   namespace: {{ .Release.Namespace }}
 {{- end -}}
+
+{{/* The admission webhook's object names: <fullname>-admission (release shmlink: the names of
+deploy/components/admission). */}}
+{{- define "shmlink.admission.name" -}}
+{{- printf "%s-admission" (include "shmlink.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "shmlink.admission.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "shmlink.name" . }}-admission
+{{- end -}}
+
+{{/* The labels of the admission objects, as deploy/components/admission sets them. */}}
+{{- define "shmlink.admission.labels" -}}
+{{ include "shmlink.admission.selectorLabels" . }}
+app.kubernetes.io/part-of: shmlink
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The Secret the webhook serves: cert-manager's Certificate's, else the one given. */}}
+{{- define "shmlink.admission.secretName" -}}
+{{- if .Values.admission.certManager.enabled -}}
+{{- include "shmlink.admission.name" . }}-tls
+{{- else -}}
+{{- required "admission.tls.secretName: the Secret (tls.crt, tls.key) the webhook serves, needed with admission.certManager.enabled=false" .Values.admission.tls.secretName -}}
+{{- end -}}
+{{- end -}}
