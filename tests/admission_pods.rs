@@ -567,3 +567,51 @@ fn mutate_somewhere(rng: &mut Rng, root: &mut Value) {
         _ => *at = replacement,
     }
 }
+
+/// The ValidatingAdmissionPolicy (deploy/components/admission-policy) is the webhook's warning
+/// for clusters that run no server: for each Pod of its test data, `shmlink admit` in warn mode
+/// gives the very warnings that scripts/deploy/admission_cel.py asserts the policy's CEL gives
+/// (testdata/expected.json), and none where the policy gives none.
+#[test]
+fn the_webhook_warns_as_the_policy_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/components/admission-policy/testdata");
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let template = expected["template"].as_str().unwrap();
+    let pods = expected["pods"].as_object().unwrap();
+    assert!(pods.len() >= 10, "{} Pods", pods.len());
+    for (name, want) in pods {
+        let review: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap())
+                .unwrap();
+        let (a, body) = run(&review, Mode::Warn);
+        assert_eq!(a.status, 200, "{name}");
+        // The policy speaks only of containers that use GPUs; the webhook may say more (an
+        // annotation it cannot read).
+        let gpu_warnings: Vec<String> = warnings_of(&body)
+            .into_iter()
+            .filter(|w| w.contains(" uses GPUs and gets the runtime's 64Mi /dev/shm"))
+            .collect();
+        let policy: Vec<String> = want["warnings"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .map(|w| {
+                        template
+                            .replace("{name}", w[0].as_str().unwrap())
+                            .replace("{size}", w[1].as_str().unwrap())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!("{name}: {} ({} warning(s))", a.outcome.as_str(), gpu_warnings.len());
+        assert_eq!(gpu_warnings, policy, "{name}");
+        if want["warnings"].is_null() {
+            assert!(
+                matches!(a.outcome, Outcome::HostIpc | Outcome::OptedOut),
+                "{name}: the policy skips it, the webhook said {}",
+                a.outcome.as_str()
+            );
+        }
+    }
+}
