@@ -574,7 +574,8 @@ fn mutate_somewhere(rng: &mut Rng, root: &mut Value) {
 /// (testdata/expected.json), and none where the policy gives none.
 #[test]
 fn the_webhook_warns_as_the_policy_does() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/components/admission-policy/testdata");
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/components/admission-policy/testdata");
     let expected: Value =
         serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
     let template = expected["template"].as_str().unwrap();
@@ -604,7 +605,11 @@ fn the_webhook_warns_as_the_policy_does() {
                     .collect()
             })
             .unwrap_or_default();
-        println!("{name}: {} ({} warning(s))", a.outcome.as_str(), gpu_warnings.len());
+        println!(
+            "{name}: {} ({} warning(s))",
+            a.outcome.as_str(),
+            gpu_warnings.len()
+        );
         assert_eq!(gpu_warnings, policy, "{name}");
         if want["warnings"].is_null() {
             assert!(

@@ -7,10 +7,10 @@ use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use serde_json::{json, Value};
 
 use super::pod::{self, Container, Role};
-use super::view::{is_short, pod_gpus, shm_short, view_of};
+use super::view::{is_short, shm_short, view_of, PodNeed};
 use super::{Mode, Outcome};
-use crate::preflight::need::gpu_default_bytes;
-use crate::units::{k8s_quantity, k8s_quantity_exact, parse_quantity_bytes};
+use crate::preflight::need::{gpu_default_bytes, need, NeedSpec};
+use crate::units::{k8s_quantity, k8s_quantity_exact, parse_quantity_bytes, MIB};
 
 /// What the webhook does to one Pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,10 +43,22 @@ pub struct Size {
     pub text: String,
 }
 
-/// The size: the annotation when set and valid (its own text), else the GPU default for the
-/// Pod's largest GPU count. An invalid annotation is a warning.
+/// The size: the annotation when set and valid (its own text), else what a `shmlink preflight`
+/// the Pod runs asks for (`--min-shm`, the sizing helper), else the GPU default for the Pod's
+/// largest GPU count. An invalid annotation is a warning.
 pub fn size(pod: &Value, warnings: &mut Vec<String>) -> Size {
-    let bytes = gpu_default_bytes(pod_gpus(pod).min(1 << 16) as usize);
+    size_for(pod, &PodNeed::of(pod), warnings)
+}
+
+fn size_for(pod: &Value, need_of: &PodNeed, warnings: &mut Vec<String>) -> Size {
+    let gpus = need_of.gpus.min(1 << 16) as usize;
+    // What a preflight the Pod runs will ask for (the annotation, read below, overrides it).
+    let bytes = match need_of.spec {
+        NeedSpec::Unspecified => gpu_default_bytes(gpus),
+        spec => need(spec, gpus).map_or(gpu_default_bytes(gpus), |n| {
+            n.bytes.div_ceil(MIB).max(1) * MIB
+        }),
+    };
     let computed = Size {
         bytes,
         text: k8s_quantity(bytes),
@@ -98,10 +110,11 @@ pub fn decide(pod: &Value, mode: Mode) -> Decision {
         return Decision::quiet(Outcome::Fit, "already has shmlink-dshm (reinvocation)");
     }
     let mut warnings = Vec::new();
-    let size = size(pod, &mut warnings);
+    let need = PodNeed::of(pod);
+    let size = size_for(pod, &need, &mut warnings);
     let mut short = Vec::new();
     for c in targets {
-        let view = view_of(pod, &c);
+        let view = view_of(pod, &c, &need);
         if !is_short(&view) {
             continue;
         }

@@ -123,6 +123,13 @@ pub fn memory_empty_dir_limit(volume: &Value) -> Option<Option<&str>> {
 /// Whether the container runs `shmlink preflight` (its command and args, as words or in one
 /// shell line): it must see the /dev/shm of the container it checks for.
 pub fn runs_preflight(container: &Value) -> bool {
+    preflight_options(container).is_some()
+}
+
+/// The options a container passes to `shmlink preflight` (the words after `preflight`, up to a
+/// shell separator), plus `--min-shm` from its `SHMLINK_MIN_SHM` env when the words have none;
+/// `None` when it does not run preflight.
+pub fn preflight_options(container: &Value) -> Option<Vec<String>> {
     let words: Vec<&str> = ["command", "args"]
         .iter()
         .filter_map(|k| container.get(k)?.as_array())
@@ -130,7 +137,27 @@ pub fn runs_preflight(container: &Value) -> bool {
         .filter_map(Value::as_str)
         .flat_map(str::split_whitespace)
         .collect();
-    words.iter().any(|w| w.ends_with("shmlink")) && words.contains(&"preflight")
+    let at = words
+        .windows(2)
+        .position(|w| w[0].ends_with("shmlink") && w[1] == "preflight")?;
+    let mut options: Vec<String> = words[at + 2..]
+        .iter()
+        .take_while(|w| !matches!(**w, "&&" | "||" | ";" | "|" | "&"))
+        .map(|w| w.trim_end_matches(';').to_string())
+        .collect();
+    let env_min = container
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|e| e.get("name").and_then(Value::as_str) == Some("SHMLINK_MIN_SHM"))
+        .and_then(|e| e.get("value")?.as_str());
+    if let Some(min) = env_min {
+        if !options.iter().any(|o| o.starts_with("--min-shm")) {
+            options.extend(["--min-shm".to_string(), min.to_string()]);
+        }
+    }
+    Some(options)
 }
 
 /// `resources.{which}.memory` of a container (or of `spec.resources`): its text.

@@ -2,12 +2,14 @@
 //! spec instead of measured. The webhook's decision is this judgement, so a Pod it lets through
 //! unchanged is one preflight would pass, and a Pod it patches is one preflight then passes.
 
+use clap::Parser as _;
 use serde_json::Value;
 
 use super::pod::{self, Container};
 use crate::cgroup::CgroupVersion;
+use crate::cli::{Cli, Command};
 use crate::preflight::gpus::{SelectorSource, VisibleGpu};
-use crate::preflight::need::NeedSpec;
+use crate::preflight::need::{spec_of, NeedSpec};
 use crate::preflight::observe::{ipc_verdict, GpuObs, MemObs, NvmlState, RunsIn, ShmObs, ShmState};
 use crate::preflight::verdict::{judge, ProblemKind, Report};
 use crate::units::{parse_quantity_bytes, MIB};
@@ -15,30 +17,87 @@ use crate::units::{parse_quantity_bytes, MIB};
 /// What a container runtime mounts at /dev/shm when nothing else is (containerd, CRI-O, Docker).
 pub const RUNTIME_SHM_BYTES: u64 = 64 * MIB;
 
+/// What the whole Pod says, reckoned once per decision (a Pod may have thousands of
+/// containers): its stated need and its largest GPU count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodNeed {
+    pub spec: NeedSpec,
+    pub gpus: u64,
+}
+
+impl PodNeed {
+    pub fn of(pod: &Value) -> PodNeed {
+        PodNeed {
+            spec: need_spec(pod),
+            gpus: pod_gpus(pod),
+        }
+    }
+}
+
 /// Preflight's report for `container` of `pod` at its start: /dev/shm as the spec makes it (the
 /// runtime's 64Mi tmpfs, or the memory emptyDir's sizeLimit), the memory limit (the container's
 /// and the Pod-level one, the tighter), its GPUs (a container without any checks for the Pod's
-/// GPU containers: their count), and the size annotation as `--min-shm`.
+/// GPU containers: their count), and the Pod's stated need ([`need_spec`]).
 pub fn preflight_view(pod: &Value, container: &Value) -> Report {
-    let min_shm = pod::annotation(pod, pod::SIZE_ANNOTATION)
-        .and_then(|s| parse_quantity_bytes(s).ok())
-        .filter(|&b| b > 0);
-    let spec = min_shm.map_or(NeedSpec::Unspecified, NeedSpec::MinShm);
+    judged(pod, container, &PodNeed::of(pod))
+}
+
+fn judged(pod: &Value, container: &Value, need: &PodNeed) -> Report {
     let own = pod::gpus(container);
-    let gpus = if own > 0 { own } else { pod_gpus(pod) };
+    let gpus = if own > 0 { own } else { need.gpus };
     judge(
         RunsIn::Kubernetes,
         shm_obs(pod, container),
         memory_obs(pod, container),
         ipc_verdict(None, None),
         gpu_obs(gpus),
-        spec,
+        need.spec,
     )
 }
 
+/// What the Pod says it needs, as preflight's need: the size annotation as `--min-shm`, else
+/// the options of a `shmlink preflight` one of its containers runs, read by preflight's own
+/// command line (so the webhook sizes /dev/shm for exactly what that preflight will ask), else
+/// nothing said (the GPU default).
+pub fn need_spec(pod: &Value) -> NeedSpec {
+    let annotated = pod::annotation(pod, pod::SIZE_ANNOTATION)
+        .and_then(|s| parse_quantity_bytes(s).ok())
+        .filter(|&b| b > 0);
+    if let Some(bytes) = annotated {
+        return NeedSpec::MinShm(bytes);
+    }
+    pod::containers(pod)
+        .iter()
+        .filter_map(|c| pod::preflight_options(c.value))
+        .find_map(|options| preflight_spec(&options))
+        .unwrap_or(NeedSpec::Unspecified)
+}
+
+/// Preflight's need from its options; `None` when they do not parse (preflight would exit 2).
+fn preflight_spec(options: &[String]) -> Option<NeedSpec> {
+    let words = ["shmlink", "preflight"]
+        .into_iter()
+        .map(str::to_string)
+        .chain(options.iter().cloned());
+    let Ok(Cli {
+        command: Command::Preflight(args),
+    }) = Cli::try_parse_from(words)
+    else {
+        return None;
+    };
+    let spec = spec_of(
+        args.min_shm.as_deref(),
+        args.dataloader_workers,
+        args.batch_bytes.as_deref(),
+        args.prefetch_factor,
+    )
+    .ok()?;
+    (spec != NeedSpec::Unspecified).then_some(spec)
+}
+
 /// The same, for one container of [`pod::containers`].
-pub fn view_of(pod: &Value, c: &Container<'_>) -> Report {
-    preflight_view(pod, c.value)
+pub fn view_of(pod: &Value, c: &Container<'_>, need: &PodNeed) -> Report {
+    judged(pod, c.value, need)
 }
 
 /// The largest GPU count of any container of the Pod.

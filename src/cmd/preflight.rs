@@ -5,22 +5,18 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use shmlink::cli::{LogFormat, PreflightArgs};
-use shmlink::preflight::need::NeedSpec;
+use shmlink::preflight::need;
 use shmlink::preflight::{self, render};
-use shmlink::units::parse_size;
 
 /// `shmlink preflight`: bad sizes are a one-line error (exit 2, through `main`).
 pub fn run(args: PreflightArgs) -> anyhow::Result<ExitCode> {
     super::init_logging(LogFormat::Text, args.common.log_level, "error")?;
-    let need = match (&args.min_shm, args.dataloader_workers, &args.batch_bytes) {
-        (Some(min), _, _) => NeedSpec::MinShm(parse_size("--min-shm", min)?),
-        (None, Some(workers), Some(batch)) => NeedSpec::Sizing {
-            workers,
-            prefetch_factor: args.prefetch_factor,
-            batch_bytes: parse_size("--batch-bytes", batch)?,
-        },
-        _ => NeedSpec::Unspecified,
-    };
+    let need = need::spec_of(
+        args.min_shm.as_deref(),
+        args.dataloader_workers,
+        args.batch_bytes.as_deref(),
+        args.prefetch_factor,
+    )?;
     let roots = preflight::Roots {
         proc_root: args.common.host.proc_root.clone(),
         cgroup_root: args.common.host.cgroup_root.clone(),

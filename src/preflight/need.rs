@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::units::{human_bytes, GIB, MIB};
+use crate::units::{human_bytes, parse_size, SizeError, GIB, MIB};
 
 /// Below this much effective /dev/shm a container that sees GPUs gets a warning when no need
 /// was given: PyTorch DataLoader workers hand every batch over through /dev/shm and NCCL puts
@@ -72,6 +72,26 @@ pub struct Need {
     /// [`NCCL_SHM_SEGMENT_BYTES`] x GPUs x (GPUs - 1), when more than one GPU is visible.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nccl_bytes: Option<u64>,
+}
+
+/// The need as preflight's options state it (`--min-shm`, else the sizing helper's three), in
+/// one place for `preflight` itself and for the admission webhook, which reads the options of a
+/// preflight init container from the Pod spec.
+pub fn spec_of(
+    min_shm: Option<&str>,
+    workers: Option<u64>,
+    batch_bytes: Option<&str>,
+    prefetch_factor: u64,
+) -> Result<NeedSpec, SizeError> {
+    Ok(match (min_shm, workers, batch_bytes) {
+        (Some(min), _, _) => NeedSpec::MinShm(parse_size("--min-shm", min)?),
+        (None, Some(workers), Some(batch)) => NeedSpec::Sizing {
+            workers,
+            prefetch_factor,
+            batch_bytes: parse_size("--batch-bytes", batch)?,
+        },
+        _ => NeedSpec::Unspecified,
+    })
 }
 
 /// NCCL's SHM segments for `gpus` local ranks: one per ordered pair (see the constant).

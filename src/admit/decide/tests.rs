@@ -42,6 +42,61 @@ fn the_size_is_the_gpu_default_or_the_annotation() {
     );
 }
 
+/// A preflight init container states the need; the webhook sizes /dev/shm for exactly that,
+/// read by preflight's own command line, and the patched container then passes it.
+#[test]
+fn the_size_is_what_a_preflight_the_pod_runs_asks_for() {
+    let check = |words: Value, env: Option<&str>| {
+        let mut init = json!({"name": "check", "command": words});
+        if let Some(v) = env {
+            init["env"] = json!([{"name": "SHMLINK_MIN_SHM", "value": v}]);
+        }
+        let mut p = pod(json!([gpu("t", "8", Some("64Gi"))]));
+        p["spec"]["initContainers"] = json!([init]);
+        p
+    };
+    let mut w = Vec::new();
+    let p = check(json!(["/shmlink", "preflight", "--min-shm", "8Gi"]), None);
+    assert_eq!(size(&p, &mut w).text, "8Gi");
+    // workers x prefetch x batch + NCCL's segments for 8 GPUs: 8 x 2 x 256Mi + 540,121,... bytes
+    let p = check(
+        json!([
+            "sh",
+            "-c",
+            "shmlink preflight --dataloader-workers 8 --batch-bytes 256Mi && echo ok"
+        ]),
+        None,
+    );
+    let s = size(&p, &mut w);
+    assert_eq!(
+        s.bytes,
+        (8 * 2 * 256 * MIB + 9_637_888 * 56).div_ceil(MIB) * MIB
+    );
+    assert_eq!(
+        size(&check(json!(["shmlink", "preflight"]), Some("3Gi")), &mut w).text,
+        "3Gi"
+    );
+    // Options preflight would refuse say nothing: the GPU default.
+    let p = check(json!(["shmlink", "preflight", "--min-shm", "lots"]), None);
+    assert_eq!(size(&p, &mut w).text, "1Gi");
+    // The annotation overrides what preflight asks.
+    let mut p = check(json!(["shmlink", "preflight", "--min-shm", "8Gi"]), None);
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "2Gi"});
+    assert_eq!(size(&p, &mut w).text, "2Gi");
+    assert!(w.is_empty(), "{w:?}");
+    // Mutated, the preflight container and the GPU container both pass an 8Gi need.
+    let p = check(json!(["/shmlink", "preflight", "--min-shm", "8Gi"]), None);
+    let d = decide(&p, Mode::Mutate);
+    assert_eq!(d.outcome, Outcome::Mutated);
+    let mut after = p.clone();
+    json_patch::patch(&mut after, &d.patch).unwrap();
+    for c in ["initContainers", "containers"] {
+        let report = crate::admit::view::preflight_view(&after, &after["spec"][c][0]);
+        assert!(report.problems.is_empty(), "{c}: {:?}", report.problems);
+        assert_eq!(report.need.unwrap().bytes, 8 * GIB);
+    }
+}
+
 #[test]
 fn warn_mode_says_the_shared_text_and_patches_nothing() {
     let d = decide(&pod(json!([gpu("trainer", "8", Some("32Gi"))])), Mode::Warn);
