@@ -79,4 +79,7 @@ impl Outcome {
     }
 }
 
+pub mod metrics;
 pub mod review;
+pub mod server;
+pub mod tls;
