@@ -400,3 +400,91 @@ async fn connection<I>(
     served.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(limits.grace, served).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    fn app(metrics: &Arc<AdmissionMetrics>) -> Router {
+        webhook_router(Arc::new(AppState {
+            mode: Mode::Warn,
+            metrics: metrics.clone(),
+            body_timeout: Duration::from_millis(100),
+        }))
+    }
+
+    async fn call(app: Router, method: &str, path: &str, body: Body) -> (u16, String) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(body)
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn bodies_too_large_or_too_slow_are_json_errors_counted_in_the_routes_mode() {
+        let metrics = AdmissionMetrics::new();
+        let huge = Body::from(vec![b' '; MAX_BODY + 1]);
+        let (status, body) = call(app(&metrics), "POST", "/mutate/mutate", huge).await;
+        assert_eq!(status, 413);
+        let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(error["error"], "the request body is over 8388608 bytes");
+        // A body that never ends: the deadline answers, not the client.
+        let stalled =
+            Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>());
+        let (status, body) = call(app(&metrics), "POST", "/mutate", stalled).await;
+        assert_eq!(status, 408, "{body}");
+        // Exactly the limit is read and handed on (here: not JSON, so `answer` says 400).
+        let full = Body::from(vec![b' '; MAX_BODY]);
+        let (status, _) = call(app(&metrics), "POST", "/mutate/warn", full).await;
+        assert_eq!(status, 400);
+        let text = metrics.encode().unwrap();
+        for line in [
+            r#"shmlink_admission_decisions_total{mode="mutate",outcome="error"} 1"#,
+            r#"shmlink_admission_decisions_total{mode="warn",outcome="error"} 2"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_post_reviews_and_get_health() {
+        let metrics = AdmissionMetrics::new();
+        assert_eq!(
+            call(app(&metrics), "GET", "/mutate", Body::empty()).await.0,
+            405
+        );
+        assert_eq!(
+            call(app(&metrics), "PUT", "/mutate/warn", Body::empty())
+                .await
+                .0,
+            405
+        );
+        assert_eq!(
+            call(app(&metrics), "POST", "/healthz", Body::empty())
+                .await
+                .0,
+            405
+        );
+        assert_eq!(
+            call(app(&metrics), "POST", "/mutate/off", Body::empty())
+                .await
+                .0,
+            404
+        );
+        assert_eq!(
+            call(app(&metrics), "GET", "/healthz", Body::empty()).await,
+            (200, "ok\n".into())
+        );
+        assert!(
+            !metrics.encode().unwrap().contains("outcome="),
+            "nothing decided"
+        );
+    }
+}
