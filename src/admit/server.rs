@@ -60,7 +60,8 @@ pub struct AdmitSettings {
 pub struct Limits {
     /// Connections served at once (both listeners each); more wait in the listen backlog.
     pub max_connections: usize,
-    /// A TLS handshake, a request head (and an idle keep-alive), a request body: each at most.
+    /// A TLS handshake, a request head (and an HTTP/1.1 keep-alive idle), a request body: each
+    /// at most.
     pub handshake_timeout: Duration,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
@@ -75,7 +76,11 @@ impl Default for Limits {
             // they meet.
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(10),
-            header_timeout: Duration::from_secs(30),
+            // Also how long an HTTP/1.1 connection may idle between requests: longer than the
+            // API server's (Go's) 90 s idle timeout, so the client closes first and never sends
+            // on a connection the server is closing (the request would fail, the Pod go
+            // unjudged).
+            header_timeout: Duration::from_secs(120),
             // The API server gives up on a webhook after timeoutSeconds (3 s, at most 30 s).
             body_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(10),
