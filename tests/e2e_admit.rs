@@ -36,9 +36,10 @@ struct Admit {
 }
 
 impl Admit {
-    fn start(cert: &Path, key: &Path, log: &Path) -> Admit {
+    fn start(cert: &Path, key: &Path, log: &Path, extra: &[&str]) -> Admit {
         let (https, metrics) = (free_addr(), free_addr());
         let child = admit_command(cert, key, https, metrics, log)
+            .args(extra)
             .spawn()
             .unwrap();
         let mut admit = Admit {
@@ -62,14 +63,19 @@ impl Admit {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// `/metrics` over plain HTTP.
-    async fn metrics(&self) -> String {
+    /// A GET on the plain HTTP port: the whole answer, status line first.
+    async fn plain_get(&self, path: &str) -> String {
         let mut tcp = tokio::net::TcpStream::connect(self.metrics).await.unwrap();
-        tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let request = format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
+        tcp.write_all(request.as_bytes()).await.unwrap();
         let mut text = String::new();
         tcp.read_to_string(&mut text).await.unwrap();
+        text
+    }
+
+    /// `/metrics` over plain HTTP.
+    async fn metrics(&self) -> String {
+        let text = self.plain_get("/metrics").await;
         assert!(text.starts_with("HTTP/1.0 200"), "{text}");
         text
     }
@@ -140,10 +146,14 @@ fn admit_command(
 
 /// A CA, a leaf valid until 2031, written as a Secret volume; and a running server on it.
 fn setup(dir: &Path) -> (TestCa, Leaf, SecretVolume, Admit) {
+    setup_with(dir, &[])
+}
+
+fn setup_with(dir: &Path, extra: &[&str]) -> (TestCa, Leaf, SecretVolume, Admit) {
     let ca = TestCa::new();
     let leaf = ca.leaf((2031, 5, 17));
     let volume = SecretVolume::new(dir, &leaf.cert_pem, &leaf.key_pem);
-    let admit = Admit::start(&volume.cert(), &volume.key(), &dir.join("admit.log"));
+    let admit = Admit::start(&volume.cert(), &volume.key(), &dir.join("admit.log"), extra);
     (ca, leaf, volume, admit)
 }
 
@@ -186,6 +196,11 @@ async fn answers_health_and_reviews_over_http1_and_http2_and_counts_them() {
             assert!(review["response"].get("patch").is_none(), "{review}");
         }
     }
+    let health = admit.plain_get("/healthz").await;
+    assert!(
+        health.starts_with("HTTP/1.0 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
     // /mutate is the server's --mode (warn by default); the other two their own.
     let warn = r#"shmlink_admission_decisions_total{mode="warn",outcome="not_pod"}"#;
     let mutate = r#"shmlink_admission_decisions_total{mode="mutate",outcome="not_pod"}"#;
@@ -213,6 +228,24 @@ async fn answers_health_and_reviews_over_http1_and_http2_and_counts_them() {
             .all(|l| l.contains("micros=") && l.contains("INFO")),
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_mutate_is_what_post_mutate_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _, _, admit) = setup_with(dir.path(), &["--mode", "mutate"]);
+    let mut client = Client::connect(admit.https, &ca.pem, Http::Two)
+        .await
+        .unwrap();
+    let reply = client
+        .request("POST", "/mutate", configmap_review("m"))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    let mutate = r#"shmlink_admission_decisions_total{mode="mutate",outcome="not_pod"}"#;
+    let warn = r#"shmlink_admission_decisions_total{mode="warn",outcome="not_pod"}"#;
+    assert_eq!(admit.series(mutate).await, 1.0);
+    assert_eq!(admit.series(warn).await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -435,10 +468,19 @@ fn a_pair_that_does_not_load_at_start_is_one_line_and_exit_2() {
     let key = dir.path().join("tls.key");
     std::fs::write(&cert, &a.cert_pem).unwrap();
     std::fs::write(&key, &b.key_pem).unwrap();
+    std::fs::write(dir.path().join("good.key"), &a.key_pem).unwrap();
+    let good = dir.path().join("good.key");
     let missing = dir.path().join("missing.key");
-    for (key, says) in [(&key, "does not go with"), (&missing, "missing.key")] {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap();
+    let cases = [
+        (&key, free_addr(), "does not go with"),
+        (&missing, free_addr(), "missing.key"),
+        (&good, busy, "listening on"),
+    ];
+    for (key, https, says) in cases {
         let log = dir.path().join("start.log");
-        let out = admit_command(&cert, key, free_addr(), free_addr(), &log)
+        let out = admit_command(&cert, key, https, free_addr(), &log)
             .output()
             .unwrap();
         let stderr = std::fs::read_to_string(&log).unwrap();
