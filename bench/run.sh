@@ -19,14 +19,19 @@
 #   bench/run.sh state [--containers N] [--seconds S] [--lines-per-sec L] [--death-every D]
 #       the state store's cost in serve: CPU, commits, rows, disk writes and fsyncs with and
 #       without --state-dir, N containers' logs (release build)
+#   bench/run.sh admission [--smoke] [--rate R] [--seconds S] [--connections C] [--http 2|1]
+#       shmlink admit (release build) under an open loop of 8-GPU PyTorch Pod reviews over
+#       HTTPS keep-alive: latency from the intended send time (p50/p90/p99/max), errors, the
+#       server's CPU and RSS; --smoke: 3 s
 #   bench/run.sh parsers [criterion options]      the parser micro-benchmarks (cargo bench)
 #   bench/run.sh fleet [NODES] [CONTAINERS_PER_NODE]
 #       the dashboard's fleet queries and recording rules on a synthetic big cluster
 #   bench/run.sh footprint [SECONDS] [INTERVAL] [shmlink serve options ...]
 #       serve's scan time, RSS and CPU against whatever containers run (release build)
 #   bench/run.sh --smoke
-#       what CI runs: the parser benchmarks once each, then `containers --smoke` (N = 20, debug
-#       build); fails on harness errors, never on timing; not as root it says SKIPPED
+#       what CI runs: the parser benchmarks once each, `admission` for 3 s, then
+#       `containers --smoke` (N = 20; debug builds); fails on harness errors, never on timing;
+#       not as root it says SKIPPED
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,11 +46,20 @@ case "$suite" in
   deaths) exec bench/failures/deaths.sh "$@" ;;
   state) cargo build -q --release --bin shmlink && exec python3 bench/state/cost.py "$@" ;;
   death-trace) exec python3 bench/death_trace/race.py "$@" ;;
+  admission)
+    profile=release
+    if [ "${1:-}" = --smoke ]; then shift; set -- --seconds 3 "$@"; fi
+    cargo build -q --$profile --bin shmlink --example admission_bench
+    exec target/$profile/examples/admission_bench --shmlink target/$profile/shmlink "$@"
+    ;;
   parsers) exec cargo bench --bench parsers -- "$@" ;;
   --smoke)
     [ $# -eq 0 ] || { usage >&2; exit 2; }
     echo "== parser micro-benchmarks, once each (cargo test --bench parsers)"
     cargo test -q --bench parsers
+    echo "== admission webhook, 3 s (debug build)"
+    cargo build -q --bin shmlink --example admission_bench
+    target/debug/examples/admission_bench --shmlink target/debug/shmlink --seconds 3
     exec bench/containers/run.sh --smoke
     ;;
   -h | --help) usage ;;

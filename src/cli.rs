@@ -40,6 +40,9 @@ pub enum Command {
     /// The failures and findings serve stored on this node (--state-dir), oldest first.
     /// Exit status: 0, or 2 when there is no store to read.
     History(HistoryArgs),
+    /// The admission webhook (HTTPS): GPU Pods get the /dev/shm they need (mutate) or a
+    /// warning (warn). Exit status: 0 after SIGTERM, 2 it could not start.
+    Admit(AdmitArgs),
     /// The probe's worker process (run by `probe` and `serve`, not by people).
     #[command(name = "probe-worker", hide = true)]
     ProbeWorker(ProbeWorkerArgs),
@@ -226,6 +229,35 @@ pub struct ServeArgs {
     pub tracefs: Option<PathBuf>,
 }
 
+#[derive(Debug, Args)]
+pub struct AdmitArgs {
+    /// Address to serve the webhook on (HTTPS).
+    #[arg(long, env = "SHMLINK_ADMIT_LISTEN", default_value = "0.0.0.0:8443", value_parser = parse_listen)]
+    pub listen: SocketAddr,
+    /// The serving certificate (PEM, leaf first), read again when it changes.
+    #[arg(long, env = "SHMLINK_ADMIT_TLS_CERT_FILE", value_name = "FILE")]
+    pub tls_cert_file: PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, env = "SHMLINK_ADMIT_TLS_KEY_FILE", value_name = "FILE")]
+    pub tls_key_file: PathBuf,
+    /// What `POST /mutate` does (/mutate/warn and /mutate/mutate are fixed): warn or mutate.
+    #[arg(long, env = "SHMLINK_ADMIT_MODE", value_enum, default_value = "warn")]
+    pub mode: AdmitMode,
+    /// Plain HTTP /metrics and /healthz, or `off`.
+    #[arg(long, env = "SHMLINK_ADMIT_METRICS_LISTEN", value_name = "ADDR|off", default_value = "0.0.0.0:9479", value_parser = parse_optional_listen)]
+    pub metrics_listen: ListenOrOff,
+    /// How often the certificate and key files are read again (by content: a Secret volume's
+    /// symlink swap counts).
+    #[arg(long, env = "SHMLINK_ADMIT_TLS_RELOAD_INTERVAL", value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
+    pub tls_reload_interval: Duration,
+    /// Log format.
+    #[arg(long, env = "SHMLINK_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log level (default info: one line per decision). SHMLINK_LOG takes a full filter.
+    #[arg(long, env = "SHMLINK_LOG_LEVEL", value_enum)]
+    pub log_level: Option<LogLevel>,
+}
+
 /// Where serve keeps its state (and `history` reads it).
 #[derive(Debug, Args)]
 pub struct StateArgs {
@@ -357,6 +389,13 @@ pub enum DeathTraceMode {
     On,
 }
 
+/// `admit --mode`: `off` is a namespace's label, not a server's (it would answer nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AdmitMode {
+    Warn,
+    Mutate,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KubeMode {
     /// In-cluster config, else $KUBECONFIG / ~/.kube/config, else off.
@@ -462,6 +501,19 @@ fn listen_addr(
         .or(found.first())
         .copied()
         .ok_or_else(|| format!("{host:?} resolves to no address"))
+}
+
+/// An address to listen on, or none (`off`). A type of its own: clap takes a bare `Option`
+/// as an option that may be left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenOrOff(pub Option<SocketAddr>);
+
+/// `--metrics-listen`: an address as `--listen` takes it, or `off`.
+fn parse_optional_listen(s: &str) -> Result<ListenOrOff, String> {
+    match s.trim() {
+        "off" => Ok(ListenOrOff(None)),
+        s => parse_listen(s).map(|a| ListenOrOff(Some(a))),
+    }
 }
 
 fn parse_ratio(s: &str) -> Result<f64, String> {

@@ -17,6 +17,7 @@ fn main() -> ExitCode {
         Command::Preflight(args) => cmd::preflight::run(args),
         Command::Probe(args) => cmd::probe::run(args),
         Command::History(args) => cmd::history::run(args),
+        Command::Admit(args) => cmd::admit::run(args),
         Command::ProbeWorker(args) => cmd::probe::worker(args),
     };
     ran.unwrap_or_else(|e| {

@@ -80,6 +80,9 @@ impl Outcome {
 }
 
 pub mod decide;
+pub mod metrics;
 pub mod pod;
 pub mod review;
+pub mod server;
+pub mod tls;
 pub mod view;

@@ -2,6 +2,7 @@
 //! into the library. What several commands share (the host's roots, the scan, the failure
 //! sources, the probe's options, logging) is turned here.
 
+pub mod admit;
 pub mod check;
 pub mod history;
 pub mod preflight;
@@ -111,4 +112,24 @@ fn init_logging(
         LogFormat::Json => builder.json().init(),
     }
     Ok(())
+}
+
+/// SIGTERM (Kubernetes) or SIGINT (a terminal), said in the log.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
 }
