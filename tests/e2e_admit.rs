@@ -16,7 +16,9 @@ use base64::Engine;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use admit_tls::{pod_review, served_cert, Client, Http, Leaf, SecretVolume, TestCa};
+use admit_tls::{served_cert, Client, Http, Leaf, SecretVolume, TestCa};
+use shmlink::admit::review::answer;
+use shmlink::admit::{Mode, Outcome};
 
 const RELOAD: Duration = Duration::from_millis(300);
 
@@ -493,47 +495,73 @@ fn a_pair_that_does_not_load_at_start_is_one_line_and_exit_2() {
     }
 }
 
-/// The 8-GPU PyTorch Pod of the decision's fixtures, when it is there: answered in mutate mode with the volume.
+/// Every real Pod of tests/fixtures/admission over HTTPS (HTTP/2, as the API server speaks), on
+/// each route: the server is only the transport, so each answer is byte for byte what the
+/// decision gives in that route's mode (`/mutate` the server's `--mode`, here warn); the
+/// 8-GPU Pod's patch, applied, mounts the volume; every answer is counted by mode and outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pytorch_fixture_is_answered_with_its_volume_when_present() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission/pytorch-8gpu.json");
-    let Ok(text) = std::fs::read_to_string(&fixture) else {
-        // Written with the Pod decision (issue 39); once it is in, a run that requires every
-        // e2e test fails without it.
-        if std::env::var("SHMLINK_E2E").as_deref() == Ok("require") {
-            panic!("{} is missing", fixture.display());
-        }
-        eprintln!("SKIPPED: {} is not there yet", fixture.display());
-        return;
-    };
-    let value: Value = serde_json::from_str(&text).unwrap();
-    let review = match value["kind"].as_str() {
-        Some("Pod") => pod_review("pytorch", value),
-        _ => value,
-    };
+async fn every_real_pod_is_answered_as_the_decision_says_on_each_route() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission");
+    let mut reviews: Vec<(String, Vec<u8>)> = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    reviews.sort();
+    assert!(reviews.len() >= 10, "{} fixtures", reviews.len());
     let dir = tempfile::tempdir().unwrap();
     let (ca, _, _, admit) = setup(dir.path());
     let mut client = Client::connect(admit.https, &ca.pem, Http::Two)
         .await
         .unwrap();
-    let body = serde_json::to_vec(&review).unwrap();
-    let reply = client
-        .request("POST", "/mutate/mutate", body)
-        .await
-        .unwrap();
-    assert_eq!(reply.status, 200, "{reply:?}");
-    let response = &reply.json()["response"];
-    assert_eq!(response["allowed"], true);
-    assert_eq!(response["patchType"], "JSONPatch", "{response}");
-    let patch = response["patch"].as_str().unwrap();
-    let patch = base64::engine::general_purpose::STANDARD
-        .decode(patch)
-        .unwrap();
-    let patch = String::from_utf8(patch).unwrap();
-    assert!(patch.contains("shmlink-dshm"), "{patch}");
-    let mutated = r#"shmlink_admission_decisions_total{mode="mutate",outcome="mutated"}"#;
-    assert_eq!(admit.series(mutated).await, 1.0);
+    let mut mutated = 0.0;
+    for (name, body) in &reviews {
+        for (path, mode) in [
+            ("/mutate", Mode::Warn),
+            ("/mutate/warn", Mode::Warn),
+            ("/mutate/mutate", Mode::Mutate),
+        ] {
+            let reply = client.request("POST", path, body.clone()).await.unwrap();
+            let want = answer(body, mode);
+            assert_eq!(reply.status, want.status, "{name} {path}");
+            assert_eq!(
+                String::from_utf8_lossy(&reply.body),
+                String::from_utf8_lossy(&want.body),
+                "{name} {path}"
+            );
+            if want.outcome == Outcome::Mutated {
+                mutated += 1.0;
+            }
+            if name == "pytorch-8gpu" && mode == Mode::Mutate {
+                let response = &reply.json()["response"];
+                let patch = base64::engine::general_purpose::STANDARD
+                    .decode(response["patch"].as_str().unwrap())
+                    .unwrap();
+                let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+                let mut pod: Value =
+                    serde_json::from_slice::<Value>(body).unwrap()["request"]["object"].clone();
+                json_patch::patch(&mut pod, &patch).unwrap();
+                let mounts = &pod["spec"]["containers"][0]["volumeMounts"];
+                assert!(
+                    mounts
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|m| m["mountPath"] == "/dev/shm" && m["name"] == "shmlink-dshm"),
+                    "{mounts}"
+                );
+            }
+        }
+    }
+    assert!(mutated >= 5.0, "{mutated} mutated");
+    let series = r#"shmlink_admission_decisions_total{mode="mutate",outcome="mutated"}"#;
+    assert_eq!(admit.series(series).await, mutated);
+    let warned = r#"shmlink_admission_decisions_total{mode="warn",outcome="warned"}"#;
+    assert!(admit.series(warned).await >= 2.0 * 5.0);
 }
 
 /// What arrives until the other end closes (with or without TLS's close_notify).

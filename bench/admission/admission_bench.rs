@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admit_tls::{pod_review, Client, Http, SecretVolume, TestCa};
+use admit_tls::{Client, Http, SecretVolume, TestCa};
 use hyper::body::Bytes;
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -141,7 +141,12 @@ async fn run(o: &Options, addr: SocketAddr, ca: &str, server: &Child) -> serde_j
             Err(e) => panic!("the server never answered: {e}"),
         }
     }
-    let body = Bytes::from(serde_json::to_vec(&pod_review("uid-0", pytorch_pod())).unwrap());
+    // The real 8-GPU PyTorch Pod of the decision's tests, as it reaches admission.
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/admission/pytorch-8gpu.json"
+    );
+    let body = Bytes::from(std::fs::read(fixture).expect("the pytorch-8gpu fixture"));
     // HTTP/2 multiplexes: every connection is free to take any request at any time.
     let permits = match o.http {
         Http::Two => tokio::sync::Semaphore::MAX_PERMITS,
@@ -265,88 +270,4 @@ fn status_kib(pid: u32, key: &str) -> f64 {
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-/// A training worker as a PyTorchJob's operator creates it, after the API server's defaults and
-/// the service account's token volume: one container with 8 GPUs, an init container, the
-/// usual env, mounts, tolerations and affinity (about 4 KB of JSON in its review).
-fn pytorch_pod() -> serde_json::Value {
-    let env: Vec<_> = [
-        ("MASTER_ADDR", "llama-ft-master-0"),
-        ("MASTER_PORT", "23456"),
-        ("WORLD_SIZE", "32"),
-        ("RANK", "8"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("NCCL_DEBUG", "WARN"),
-        ("NCCL_IB_HCA", "mlx5_0,mlx5_1,mlx5_2,mlx5_3"),
-        ("NCCL_SOCKET_IFNAME", "eth0"),
-        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        ("HF_HOME", "/cache/huggingface"),
-        ("WANDB_PROJECT", "llama-ft"),
-        ("OMP_NUM_THREADS", "12"),
-    ]
-    .iter()
-    .map(|(name, value)| json!({"name": name, "value": value}))
-    .collect();
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "llama-ft-worker-1", "namespace": "ml-training",
-            "labels": {"training.kubeflow.org/job-name": "llama-ft", "training.kubeflow.org/replica-type": "worker",
-                       "training.kubeflow.org/replica-index": "1", "app.kubernetes.io/part-of": "llama-ft"},
-            "annotations": {"sidecar.istio.io/inject": "false", "prometheus.io/scrape": "true"},
-            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama-ft",
-                                 "uid": "5f0c6a4e-3b1d-4c8e-9a57-2f1e0d9c8b7a", "controller": true, "blockOwnerDeletion": true}]
-        },
-        "spec": {
-            "restartPolicy": "OnFailure", "serviceAccountName": "training", "schedulerName": "default-scheduler",
-            "priorityClassName": "training-high", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-            "securityContext": {"fsGroup": 1000},
-            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-            "tolerations": [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
-            ],
-            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": "llama-ft"}}, "topologyKey": "kubernetes.io/hostname"}]}},
-            "initContainers": [{
-                "name": "wait-for-master", "image": "busybox:1.36", "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "until nslookup llama-ft-master-0; do sleep 2; done"],
-                "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
-                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"
-            }],
-            "containers": [{
-                "name": "pytorch", "image": "nvcr.io/nvidia/pytorch:24.08-py3", "imagePullPolicy": "IfNotPresent",
-                "command": ["torchrun"],
-                "args": ["--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=llama-ft-master-0:23456",
-                         "train.py", "--model", "meta-llama/Llama-3.1-8B", "--batch-size", "8", "--num-workers", "8", "--bf16"],
-                "workingDir": "/workspace", "env": env,
-                "ports": [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}],
-                "resources": {
-                    "requests": {"cpu": "96", "memory": "1600Gi", "nvidia.com/gpu": "8", "rdma/ib": "4"},
-                    "limits": {"cpu": "96", "memory": "1600Gi", "nvidia.com/gpu": "8", "rdma/ib": "4"}
-                },
-                "volumeMounts": [
-                    {"name": "dataset", "mountPath": "/data", "readOnly": true},
-                    {"name": "cache", "mountPath": "/cache"},
-                    {"name": "config", "mountPath": "/workspace/config"},
-                    {"name": "kube-api-access-7x2kq", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}
-                ],
-                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
-                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"
-            }],
-            "volumes": [
-                {"name": "dataset", "persistentVolumeClaim": {"claimName": "pile-dedup", "readOnly": true}},
-                {"name": "cache", "emptyDir": {}},
-                {"name": "config", "configMap": {"name": "llama-ft-config", "defaultMode": 420}},
-                {"name": "kube-api-access-7x2kq", "projected": {"defaultMode": 420, "sources": [
-                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
-                ]}}
-            ]
-        }
-    })
 }

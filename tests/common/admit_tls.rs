@@ -246,31 +246,3 @@ impl Client {
         })
     }
 }
-
-/// An AdmissionReview of a Pod CREATE (`pod` is the Pod's JSON).
-pub fn pod_review(uid: &str, pod: serde_json::Value) -> serde_json::Value {
-    let namespace = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_string();
-    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
-    serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": name,
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod,
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
-        }
-    })
-}
