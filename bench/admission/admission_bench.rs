@@ -129,7 +129,8 @@ fn scrape(addr: SocketAddr) -> String {
 
 type Pool = Arc<(tokio::sync::Semaphore, Mutex<Vec<Client>>)>;
 
-async fn run(o: &Options, addr: SocketAddr, ca: &str, server: &Child) -> serde_json::Value {
+/// `--connections` keep-alive connections, once the server answers (at most 20 s).
+async fn connect_all(o: &Options, addr: SocketAddr, ca: &str) -> Vec<Client> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut clients = Vec::new();
     while clients.len() < o.connections {
@@ -141,6 +142,11 @@ async fn run(o: &Options, addr: SocketAddr, ca: &str, server: &Child) -> serde_j
             Err(e) => panic!("the server never answered: {e}"),
         }
     }
+    clients
+}
+
+async fn run(o: &Options, addr: SocketAddr, ca: &str, server: &Child) -> serde_json::Value {
+    let clients = connect_all(o, addr, ca).await;
     // The real 8-GPU PyTorch Pod of the decision's tests, as it reaches admission.
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
