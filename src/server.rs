@@ -132,17 +132,8 @@ pub async fn run_with(
         };
         let stream = tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait, rather than spin.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            stream = accept(&listener) => stream,
         };
-        let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let mut closing = closing_rx.clone();
         connections.spawn(async move {
@@ -169,6 +160,43 @@ pub async fn run_with(
     })
     .await;
     Ok(())
+}
+
+/// The next connection (no Nagle: answers are small and whole). An error (out of file
+/// descriptors and the like) is logged and waited out, never spun on.
+pub async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                return stream;
+            }
+            Err(e) => {
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Resolves at SIGTERM or SIGINT (what `serve` and `admit` stop on).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

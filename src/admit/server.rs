@@ -340,17 +340,8 @@ async fn accept_loop(
         };
         let stream = tokio::select! {
             _ = closing.wait_for(|c| *c) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait, rather than spin.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            stream = crate::server::accept(&listener) => stream,
         };
-        let _ = stream.set_nodelay(true);
         let app = app.clone();
         let closing = closing.clone();
         let tls = tls.clone();

@@ -152,7 +152,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         health,
         history: store.as_ref().and(state_dir),
     });
-    let served = server::run(listener, state, shutdown_signal()).await;
+    let served = server::run(listener, state, server::shutdown_signal()).await;
 
     let _ = wake_tx.send(Wake::Stop);
     stop.store(true, Ordering::Relaxed);
@@ -287,22 +287,4 @@ fn spawn_follower(
     };
     let deliver = move |followed| wake.send(Wake::Followed(followed)).is_ok();
     sources::follow(follow, deliver, report).map_err(|e| AgentError::Thread("failures", e))
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-    }
 }

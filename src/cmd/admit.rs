@@ -27,6 +27,6 @@ pub fn run(args: AdmitArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(server::serve(settings, super::shutdown_signal()))?;
+    runtime.block_on(server::serve(settings, shmlink::server::shutdown_signal()))?;
     Ok(ExitCode::SUCCESS)
 }

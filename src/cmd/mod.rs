@@ -113,23 +113,3 @@ fn init_logging(
     }
     Ok(())
 }
-
-/// SIGTERM (Kubernetes) or SIGINT (a terminal), said in the log.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-    }
-}
