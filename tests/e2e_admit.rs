@@ -573,3 +573,30 @@ async fn read_until_closed(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> 
     }
     String::from_utf8_lossy(&all).into_owned()
 }
+
+/// An API server whose caBundle is not the served certificate's CA fails every handshake, and
+/// with failurePolicy Ignore admits every Pod unchecked: each failure is counted, the first is
+/// logged, and a client with the right CA is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_another_ca_is_counted_and_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _, _, admit) = setup(dir.path());
+    let stranger = TestCa::new();
+    for _ in 0..3 {
+        let refused = Client::connect(admit.https, &stranger.pem, Http::Two).await;
+        assert!(refused.is_err(), "a certificate of another CA was trusted");
+    }
+    let series = "shmlink_admission_tls_handshake_failures_total";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while admit.series(series).await < 3.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(admit.series(series).await, 3.0);
+    let log = admit.log_text();
+    assert_eq!(log.matches("TLS handshake failed").count(), 1, "{log}");
+    let mut client = Client::connect(admit.https, &ca.pem, Http::Two)
+        .await
+        .unwrap();
+    let reply = client.request("GET", "/healthz", Vec::new()).await.unwrap();
+    assert_eq!(reply.status, 200);
+}

@@ -31,6 +31,7 @@ pub struct AdmissionMetrics {
     decisions: Family<DecisionLabels, Counter>,
     duration: Histogram,
     reloads: Family<ReloadLabels, Counter>,
+    handshakes_failed: Counter,
     not_after: Gauge<i64, AtomicI64>,
 }
 
@@ -41,6 +42,7 @@ impl AdmissionMetrics {
             // 50 µs .. ~1.6 s: a decision is microseconds; the API server gives up at 3 s.
             duration: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             reloads: Family::default(),
+            handshakes_failed: Counter::default(),
             not_after: Gauge::default(),
             registry: Registry::default(),
         };
@@ -59,6 +61,13 @@ impl AdmissionMetrics {
             "shmlink_admission_tls_reloads",
             "Certificate and key pairs read again from disk after a change, by result",
             m.reloads.clone(),
+        );
+        registry.register(
+            "shmlink_admission_tls_handshake_failures",
+            "TLS handshakes that failed or timed out (a caBundle the API server holds that does \
+             not match the served certificate shows here, while failurePolicy Ignore admits \
+             every Pod unchecked)",
+            m.handshakes_failed.clone(),
         );
         registry.register(
             "shmlink_admission_tls_not_after_timestamp_seconds",
@@ -84,6 +93,11 @@ impl AdmissionMetrics {
     pub fn reloaded(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// Counts a failed handshake; the count so far.
+    pub fn handshake_failed(&self) -> u64 {
+        self.handshakes_failed.inc() + 1
     }
 
     pub fn serving_until(&self, not_after: i64) {
@@ -113,6 +127,7 @@ mod tests {
         m.decided(Mode::Warn, Outcome::NotPod, Duration::from_micros(80));
         m.decided(Mode::Mutate, Outcome::Error, Duration::from_micros(10));
         m.reloaded(true);
+        assert_eq!(m.handshake_failed(), 1);
         m.serving_until(1_936_742_400);
         let text = m.encode().unwrap();
         for line in [
@@ -121,6 +136,7 @@ mod tests {
             "shmlink_admission_duration_seconds_count 3",
             r#"shmlink_admission_tls_reloads_total{result="ok"} 1"#,
             r#"shmlink_admission_tls_reloads_total{result="error"} 0"#,
+            "shmlink_admission_tls_handshake_failures_total 1",
             "shmlink_admission_tls_not_after_timestamp_seconds 1936742400",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");

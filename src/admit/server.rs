@@ -144,7 +144,7 @@ pub async fn serve(
     let limits = settings.limits;
     let webhook = accept_loop(
         https,
-        Some(acceptor),
+        Some((acceptor, metrics.clone())),
         webhook_router(state),
         limits,
         closing.clone(),
@@ -325,7 +325,7 @@ async fn reload_loop(
 /// within the grace.
 async fn accept_loop(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<(TlsAcceptor, Arc<AdmissionMetrics>)>,
     app: Router,
     limits: Limits,
     mut closing: watch::Receiver<bool>,
@@ -349,12 +349,28 @@ async fn accept_loop(
             let _slot = slot;
             match tls {
                 None => connection(TokioIo::new(stream), app, limits, closing).await,
-                Some(acceptor) => {
+                Some((acceptor, metrics)) => {
                     let handshake =
                         tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream));
-                    // A failed handshake is the client's affair (a scanner, a wrong CA): not logged.
-                    if let Ok(Ok(stream)) = handshake.await {
-                        connection(TokioIo::new(stream), app, limits, closing).await;
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            connection(TokioIo::new(stream), app, limits, closing).await
+                        }
+                        // A port probe (connected, closed, said nothing) is no handshake.
+                        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+                        // A scanner, or an API server whose caBundle is not our CA: with
+                        // failurePolicy Ignore the latter admits every Pod unchecked, so say it
+                        // (the first, then every 1,000th) and count each.
+                        failed => {
+                            let n = metrics.handshake_failed();
+                            if n == 1 || n % 1000 == 0 {
+                                let why = match failed {
+                                    Ok(Err(e)) => e.to_string(),
+                                    _ => "timed out".to_string(),
+                                };
+                                tracing::warn!(failures = n, "TLS handshake failed: {why}");
+                            }
+                        }
                     }
                 }
             }
