@@ -242,6 +242,15 @@ pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
     }
     let cannot_open = |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::CannotOpen);
     let read = |conn: Connection| schema::read_meta(&conn).map(|m| (conn, m));
+    // No -wal: no writer has it open and every row is in the main file. SQLite would still
+    // create the -wal and -shm (read-write, as root) to read it, so `check` and `history`
+    // read it as immutable and leave the directory as they found it.
+    let mut wal = path.clone().into_os_string();
+    wal.push("-wal");
+    if fs::symlink_metadata(&wal).is_err() {
+        let (conn, meta) = immutable(&path).and_then(read).map_err(sqlite)?;
+        return checked(conn, meta, path);
+    }
     let (conn, meta) = match connect(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).and_then(read) {
         Ok(found) => found,
         // A WAL store on a read-only filesystem, closed (no -shm left), cannot make its -shm:
@@ -249,6 +258,11 @@ pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
         Err(e) if cannot_open(&e) => immutable(&path).and_then(read).map_err(sqlite)?,
         Err(e) => return Err(sqlite(e)),
     };
+    checked(conn, meta, path)
+}
+
+/// The store's connection, unless its schema is newer than this binary's or it has none.
+fn checked(conn: Connection, meta: Option<Meta>, path: PathBuf) -> Result<Connection, Unavailable> {
     match meta {
         Some(m) if m.schema_version > SCHEMA_VERSION => Err(Unavailable::Newer {
             path,
@@ -256,7 +270,10 @@ pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
             known: SCHEMA_VERSION,
         }),
         Some(_) => Ok(conn),
-        None => Err(sqlite(rusqlite::Error::QueryReturnedNoRows)),
+        None => Err(Unavailable::Sqlite {
+            path,
+            source: rusqlite::Error::QueryReturnedNoRows,
+        }),
     }
 }
 

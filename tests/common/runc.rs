@@ -117,6 +117,9 @@ impl Container {
             }
             None => (log.try_clone().unwrap().into(), log.into()),
         };
+        // Shared: runc makes the pod's parents, then the pod; no cleanup may remove an empty
+        // parent between the two (runc then fails with "no such file or directory").
+        let cgroups = cgroup_lock(rustix::fs::FlockOperation::LockShared);
         let out = Command::new("runc")
             .args(["--root", RUNC_ROOT, "run", "-d", "--bundle"])
             .arg(bundle.path())
@@ -126,6 +129,7 @@ impl Container {
             .stderr(stderr)
             .status()
             .expect("running runc");
+        drop(cgroups);
         assert!(
             out.success(),
             "runc run {id} failed: {}",
@@ -207,8 +211,17 @@ impl Drop for Container {
     }
 }
 
+/// A lock every test process shares on the kubelet-style cgroup parents: shared while runc
+/// creates a container in them, exclusive while empty ones are removed.
+fn cgroup_lock(how: rustix::fs::FlockOperation) -> Option<std::fs::File> {
+    let file = std::fs::File::create("/run/shmlink-test-cgroups.lock").ok()?;
+    rustix::fs::flock(&file, how).ok()?;
+    Some(file)
+}
+
 /// runc leaves the pod-level cgroups it created: remove them once empty, in every hierarchy.
 fn remove_empty_parents(cgroup: &str) {
+    let _cgroups = cgroup_lock(rustix::fs::FlockOperation::LockExclusive);
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
         return;
     };
