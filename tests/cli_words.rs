@@ -41,6 +41,8 @@ fn listen_takes_localhost_and_a_taken_port_is_said_once() {
     let port = taken.local_addr().unwrap().port();
     let out = shmlink()
         .args(["serve", "--no-gpu", "--kube", "off", "--death-trace", "off"])
+        // The host's /var/lib/shmlink is no test's: a store there is read by every `check`.
+        .args(["--state-dir", "none"])
         .args(["--listen", &format!("localhost:{port}")])
         .output()
         .unwrap();
@@ -105,7 +107,16 @@ fn check_groups_failures_and_says_how_long_ago() {
     }
     std::fs::write(dir.join("kmsg"), &kmsg).unwrap();
     let out = shmlink()
-        .args(["check", "--no-gpu", "--kube", "off", "--since", "1h"])
+        .args([
+            "check",
+            "--no-gpu",
+            "--kube",
+            "off",
+            "--since",
+            "1h",
+            "--state-dir",
+            "none",
+        ])
         .arg("--pod-log-root")
         .arg(&logs)
         .arg("--kmsg")

@@ -148,7 +148,7 @@ for n in $sizes; do
 
   echo "== N=$n: shmlink serve --interval $interval beside prometheus-node-exporter, ${serve_seconds} s"
   port=$(free_port)
-  "$shmlink" serve --no-gpu --kube off --listen "127.0.0.1:$port" --interval "$interval" 2>"$out/serve.log" &
+  "$shmlink" serve --no-gpu --kube off --state-dir none --listen "127.0.0.1:$port" --interval "$interval" 2>"$out/serve.log" &
   serve_pid=$!
   pids_to_kill+=("$serve_pid")
   ne_port=""

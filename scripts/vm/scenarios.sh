@@ -274,7 +274,7 @@ echo "@@BEGIN serve-log"; tail -n 40 /tmp/serve.log; echo "@@END serve-log"
 # The same without the kernel log: the container's memory.events counts the kill. A second
 # container, its process killed while the agent watches.
 shmlink serve --no-gpu --kube off --listen 127.0.0.1:9478 --interval 1s --kmsg off \
-  --pod-log-root /nonexistent > /tmp/serve2.log 2>&1 &
+  --pod-log-root /nonexistent --state-dir none > /tmp/serve2.log 2>&1 &
 serve_pid=$!
 i=0
 until wget -q -O /tmp/readyz http://127.0.0.1:9478/readyz 2>/dev/null; do
