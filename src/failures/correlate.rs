@@ -174,6 +174,12 @@ fn message(
         FindingKind::ImexChannelMissing => text::imex_channel_missing(&who, &at, said, runtime),
         FindingKind::GpuPeerAccessRefused => text::gpu_peer_access_refused(&who, &at, said, job),
         FindingKind::ShmFallback => text::shm_fallback(&who, &at, said, runtime),
+        FindingKind::ShmEvicted => text::shm_evicted(
+            &who,
+            &at,
+            crate::kube::evicted::parse_message(&d.evidence),
+            shm,
+        ),
         _ => text::shm_allocation_failed(
             &who,
             &at,

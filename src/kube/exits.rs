@@ -2,6 +2,8 @@
 //! `state.terminated` or `lastState.terminated` says `OOMKilled`, or exit status 135 / signal 7
 //! (SIGBUS). Pure: a Pod in, [`Detected`] out; [`Exits`] tells each death once.
 //!
+//! And kubelet's eviction of a Pod whose /dev/shm volume outgrew its `sizeLimit` (`evicted.rs`).
+//!
 //! Exit 137 without `OOMKilled` is not told: a SIGKILL comes from anyone (a failed liveness
 //! probe, preemption, a person), and naming it a memory death would blame the wrong thing.
 
@@ -63,6 +65,7 @@ pub fn deaths(pod: &Pod) -> Vec<(DeathKey, Detected)> {
             }
         }
     }
+    out.extend(super::evicted::shm_eviction(pod));
     out
 }
 

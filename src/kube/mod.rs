@@ -8,6 +8,7 @@
 
 pub mod conditions;
 pub mod events;
+pub mod evicted;
 pub mod exits;
 pub mod podresources;
 pub mod pods;

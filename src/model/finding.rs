@@ -156,6 +156,9 @@ finding_kinds! {
         ShmBusError = "shm_bus_error", reason: own, Critical;
         /// A container died of SIGBUS without /dev/shm being full.
         WorkloadBusError = "workload_bus_error", reason: own, Critical;
+        /// kubelet evicted the Pod: its /dev/shm volume (a memory emptyDir) outgrew the volume's
+        /// own `sizeLimit`.
+        ShmEvicted = "shm_evicted", reason: own, Critical;
         /// A process could not open a shared-memory segment another made: they do not share a
         /// /dev/shm (or IPC namespace), or it was removed under them.
         ShmNotShared = "shm_not_shared", reason: own, Critical;

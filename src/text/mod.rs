@@ -64,7 +64,9 @@ pub use probe::{
     probe_copy_error, probe_corrupted, probe_crashed, probe_hung, probe_peer_refused, probe_slow,
     probe_slow_among_like, probe_table, reason_probe,
 };
-pub use shm::{shm_full, shm_leftovers, shm_runtime_default, shm_unmeasured, SHM_FIX_KUBERNETES};
+pub use shm::{
+    shm_evicted, shm_full, shm_leftovers, shm_runtime_default, shm_unmeasured, SHM_FIX_KUBERNETES,
+};
 pub use when::{ago, parse_rfc3339, RECENT};
 
 use std::time::Duration;

@@ -118,6 +118,41 @@ pub fn shm_leftovers(r: &ShmReading, l: &Leftovers) -> String {
     )
 }
 
+/// `shm_evicted`: kubelet evicted the Pod because its /dev/shm volume outgrew the volume's own
+/// `sizeLimit` (`volume` and `limit` as kubelet's message names them, when it could be read).
+pub fn shm_evicted(
+    who: &str,
+    at: &str,
+    volume: Option<(&str, &str)>,
+    shm: Option<&crate::model::ShmThen>,
+) -> String {
+    let (name, limit) = volume.unwrap_or(("?", "?"));
+    let mut out = format!(
+        "kubelet evicted the Pod of container {who} at {at}: its /dev/shm volume \"{name}\" held \
+         more than the volume's sizeLimit {limit}, and every container of the Pod was killed"
+    );
+    let peak = shm.and_then(|s| s.peak_bytes.or(s.used_bytes));
+    if let Some(p) = peak {
+        out.push_str(&format!(
+            " (/dev/shm at the last scan: {} used)",
+            human_bytes(p)
+        ));
+    }
+    let want = crate::units::parse_size("sizeLimit", limit)
+        .ok()
+        .map(|l| l.max(peak.unwrap_or(0)).saturating_mul(2));
+    out.push_str(&format!(
+        ". Fix: raise sizeLimit of \"{name}\"{} and the memory limit of the containers that \
+         mount it by as much (tmpfs pages count against it); or find what fills /dev/shm: files \
+         a crashed run left there stay until the Pod is deleted.",
+        want.map_or(String::new(), |w| format!(
+            " to {}",
+            crate::units::k8s_quantity(w)
+        ))
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
