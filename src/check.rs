@@ -56,6 +56,9 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let mut snapshot = Scanner::for_check(&settings.scan)?
         .scan_with(pods.as_ref())
         .snapshot;
+    if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
+        crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
+    }
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
     read_back(&mut pipeline, &settings.sources, since);
@@ -105,6 +108,24 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
             Vec::new()
         }
     }
+}
+
+/// serve's ledger of the containers' NVLinks, so a failure's `gpu_links` says what serve's would
+/// (check alone has one sample: no baseline). None without it, said when unreadable.
+fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
+    let value = match state::read_checkpoint(dir, crate::model::JOB_LINKS_KEY) {
+        Ok(v) => v?,
+        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return None
+        }
+        Err(e) => {
+            tracing::warn!("{e}; failures carry no link deltas (gpu_links null)");
+            return None;
+        }
+    };
+    serde_json::from_value(value)
+        .ok()
+        .and_then(crate::model::JobLinks::restore)
 }
 
 /// `check`'s exit status: 2 when the scan was blind to everything (it could not run, in
