@@ -91,9 +91,15 @@ fn crash_in(report: &Value, id: &str) -> Option<Value> {
 
 fn assert_links(failure: &Value) {
     let links = &failure["gpu_links"];
-    assert_eq!(links["watched"], 36, "GPUs 5 and 7, 18 links each: {links:#}");
+    assert_eq!(
+        links["watched"], 36,
+        "GPUs 5 and 7, 18 links each: {links:#}"
+    );
     assert_eq!(links["unread"], 0, "{links:#}");
-    assert_eq!(links["since_start"], true, "serve ran before the job: {links:#}");
+    assert_eq!(
+        links["since_start"], true,
+        "serve ran before the job: {links:#}"
+    );
     let changed = links["changed"].as_array().unwrap();
     assert_eq!(changed.len(), 1, "{links:#}");
     let c = &changed[0];
@@ -202,9 +208,16 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     cmd.args(&args).envs(fake.env().iter().copied());
     let out = cmd.stdin(Stdio::null()).output().unwrap();
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("check printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "check printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     });
-    let told = crash_in(&report, &id)
-        .unwrap_or_else(|| panic!("check's failures have no gpu_links: {:#}", report["failures"]));
+    let told = crash_in(&report, &id).unwrap_or_else(|| {
+        panic!(
+            "check's failures have no gpu_links: {:#}",
+            report["failures"]
+        )
+    });
     assert_links(&told);
 }

@@ -26,7 +26,10 @@ impl Keeper {
         let ledger = match saved.map(|v| serde_json::from_value::<SavedJobLinks>(v.clone())) {
             None => JobLinks::default(),
             Some(Ok(saved)) => JobLinks::restore(saved).unwrap_or_else(|| {
-                tracing::warn!(key = JOB_LINKS_KEY, "ignoring a stored value: tables missing");
+                tracing::warn!(
+                    key = JOB_LINKS_KEY,
+                    "ignoring a stored value: tables missing"
+                );
                 JobLinks::default()
             }),
             Some(Err(e)) => {

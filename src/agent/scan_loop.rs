@@ -206,7 +206,8 @@ impl Between {
                 "first scan done"
             );
         }
-        self.job_links.after_scan(&mut out.snapshot, SystemTime::now());
+        self.job_links
+            .after_scan(&mut out.snapshot, SystemTime::now());
         self.ledger.fill(&mut out.snapshot);
         snapshot.store(Some(Arc::new(out.snapshot)));
     }

@@ -87,12 +87,19 @@ mod tests {
                 })
                 .collect();
         }
-        s.gpu_users.seen(4242, Some(1), Some("python3"), BTreeSet::from([0, 1]), at(0), || {
-            Some(UserContainer {
-                pod_uid: None,
-                container_id: "aaaa".into(),
-            })
-        });
+        s.gpu_users.seen(
+            4242,
+            Some(1),
+            Some("python3"),
+            BTreeSet::from([0, 1]),
+            at(0),
+            || {
+                Some(UserContainer {
+                    pod_uid: None,
+                    container_id: "aaaa".into(),
+                })
+            },
+        );
         s
     }
 
@@ -128,12 +135,18 @@ mod tests {
         feed(&mut ledger, &mut s, at(20), true);
         let f = crashed(&s);
         let links = f.gpu_links.clone().expect("a baseline");
-        assert_eq!((links.watched, links.unread, links.since_start), (4, 0, false));
+        assert_eq!(
+            (links.watched, links.unread, links.since_start),
+            (4, 0, false)
+        );
         assert_eq!(links.since, "2026-11-18T11:06:40Z");
         assert_eq!(links.changed.len(), 1);
         let c = &links.changed[0];
         assert_eq!((c.gpu, c.link, c.peer.as_str()), (1, 1, "gpu:0"));
-        assert_eq!((c.recovery, c.replay, c.went_down, c.came_up), (Some(2), Some(0), 1, 1));
+        assert_eq!(
+            (c.recovery, c.replay, c.went_down, c.came_up),
+            (Some(2), Some(0), 1, 1)
+        );
         assert!(
             f.message.ends_with(
                 " Its GPUs' 4 NVLinks while it ran (since 11:06:40 UTC, when the agent first \
@@ -145,7 +158,10 @@ mod tests {
         );
         let json = serde_json::to_value(&f).unwrap();
         assert_eq!(json["gpu_links"]["changed"][0]["recovery"], 2);
-        assert!(json["gpu_links"]["changed"][0].get("symbol").is_none(), "no NVLink5 here");
+        assert!(
+            json["gpu_links"]["changed"][0].get("symbol").is_none(),
+            "no NVLink5 here"
+        );
     }
 
     #[test]

@@ -366,9 +366,10 @@ impl JobLinks {
     /// Distinct tables held (the live totals, baselines and ends), for the memory figure.
     pub fn tables(&self) -> usize {
         let mut seen: Vec<*const LinkTable> = vec![Arc::as_ptr(&self.totals)];
-        let held = self.containers.values().flat_map(|w| {
-            std::iter::once(&w.baseline).chain(w.end.as_ref().map(|(_, t)| t))
-        });
+        let held = self
+            .containers
+            .values()
+            .flat_map(|w| std::iter::once(&w.baseline).chain(w.end.as_ref().map(|(_, t)| t)));
         for t in held {
             if !seen.contains(&Arc::as_ptr(t)) {
                 seen.push(Arc::as_ptr(t));
@@ -479,13 +480,7 @@ impl JobLinks {
         let tables: Vec<Arc<LinkTable>> = saved
             .tables
             .into_iter()
-            .map(|t| {
-                Arc::new(
-                    t.into_iter()
-                        .map(|s| ((s.uuid, s.link), s.total))
-                        .collect(),
-                )
-            })
+            .map(|t| Arc::new(t.into_iter().map(|s| ((s.uuid, s.link), s.total)).collect()))
             .collect();
         let mut containers = HashMap::new();
         for c in saved.containers {
@@ -654,14 +649,20 @@ mod tests {
     fn a_gpu_renumbered_keeps_its_counts_by_uuid() {
         let mut l = JobLinks::default();
         l.feed(
-            &[gpu(0, "GPU-a", vec![link(0, true, 1, 0)]), gpu(1, "GPU-b", vec![link(0, true, 0, 0)])],
+            &[
+                gpu(0, "GPU-a", vec![link(0, true, 1, 0)]),
+                gpu(1, "GPU-b", vec![link(0, true, 0, 0)]),
+            ],
             &running(&["c1"]),
             at(0),
             true,
         );
         // NVML numbers them the other way round now (a restart, a GPU reset).
         l.feed(
-            &[gpu(1, "GPU-a", vec![link(0, true, 4, 0)]), gpu(0, "GPU-b", vec![link(0, true, 0, 0)])],
+            &[
+                gpu(1, "GPU-a", vec![link(0, true, 4, 0)]),
+                gpu(0, "GPU-b", vec![link(0, true, 0, 0)]),
+            ],
             &running(&["c1"]),
             at(10),
             true,
@@ -675,7 +676,12 @@ mod tests {
     #[test]
     fn a_container_new_after_the_first_scan_counts_from_before_its_start() {
         let mut l = JobLinks::default();
-        l.feed(&[gpu(0, "GPU-a", vec![link(0, true, 0, 0)])], &running(&["old"]), at(0), true);
+        l.feed(
+            &[gpu(0, "GPU-a", vec![link(0, true, 0, 0)])],
+            &running(&["old"]),
+            at(0),
+            true,
+        );
         // The link recovered in the scan that first saw the new container: during its life.
         l.feed(
             &[gpu(0, "GPU-a", vec![link(0, true, 2, 0)])],
@@ -703,7 +709,10 @@ mod tests {
         l.feed(&sample(9), &running(&[]), at(20), true);
         let d = l.deltas("c1", &[0]).unwrap();
         assert_eq!(d.until, at(10));
-        assert_eq!(d.changed[0].delta.recovery, 1, "growth after it was gone is not its");
+        assert_eq!(
+            d.changed[0].delta.recovery, 1,
+            "growth after it was gone is not its"
+        );
         // Kept an hour after it went, then forgotten.
         l.feed(&sample(9), &running(&[]), at(20 + 3600), true);
         assert!(l.deltas("c1", &[0]).is_some());
@@ -714,7 +723,16 @@ mod tests {
     #[test]
     fn links_not_read_are_never_clean() {
         let mut l = JobLinks::default();
-        l.feed(&[gpu(0, "GPU-a", vec![link(0, true, 0, 0), link(1, true, 0, 0)])], &running(&["c1"]), at(0), true);
+        l.feed(
+            &[gpu(
+                0,
+                "GPU-a",
+                vec![link(0, true, 0, 0), link(1, true, 0, 0)],
+            )],
+            &running(&["c1"]),
+            at(0),
+            true,
+        );
         // NVML does not answer: no GPU at all.
         l.feed(&[], &running(&["c1"]), at(10), true);
         let d = l.deltas("c1", &[0]).unwrap();
@@ -722,7 +740,12 @@ mod tests {
         // A link whose counters fail to read, the other read.
         let mut unread = link(1, true, 0, 0);
         unread.errors = None;
-        l.feed(&[gpu(0, "GPU-a", vec![link(0, true, 0, 0), unread])], &running(&["c1"]), at(20), true);
+        l.feed(
+            &[gpu(0, "GPU-a", vec![link(0, true, 0, 0), unread])],
+            &running(&["c1"]),
+            at(20),
+            true,
+        );
         let d = l.deltas("c1", &[0]).unwrap();
         assert_eq!((d.watched, d.unread), (1, 1));
     }
@@ -741,8 +764,18 @@ mod tests {
                 ..Nvlink5Errors::default()
             }),
         };
-        l.feed(&[gpu(0, "GPU-b200", vec![n5(1)])], &running(&["c1"]), at(0), true);
-        l.feed(&[gpu(0, "GPU-b200", vec![n5(4)])], &running(&["c1"]), at(10), true);
+        l.feed(
+            &[gpu(0, "GPU-b200", vec![n5(1)])],
+            &running(&["c1"]),
+            at(0),
+            true,
+        );
+        l.feed(
+            &[gpu(0, "GPU-b200", vec![n5(4)])],
+            &running(&["c1"]),
+            at(10),
+            true,
+        );
         let c = &l.deltas("c1", &[0]).unwrap().changed[0];
         assert!(c.nvlink5 && !c.dl);
         assert_eq!((c.delta.recovery_events, c.delta.recovery), (3, 0));
@@ -752,7 +785,12 @@ mod tests {
     #[test]
     fn check_adds_no_baseline_of_its_own() {
         let mut l = JobLinks::default();
-        l.feed(&[gpu(0, "GPU-a", vec![link(0, true, 0, 0)])], &running(&["c1"]), at(0), false);
+        l.feed(
+            &[gpu(0, "GPU-a", vec![link(0, true, 0, 0)])],
+            &running(&["c1"]),
+            at(0),
+            false,
+        );
         assert!(l.deltas("c1", &[0]).is_none());
     }
 
@@ -765,17 +803,29 @@ mod tests {
         l.feed(&sample(2, true), &running(&["c2"]), at(20), true);
         let json = serde_json::to_value(l.save()).unwrap();
         let saved: SavedJobLinks = serde_json::from_value(json).unwrap();
-        assert!(saved.tables.len() <= 3, "tables shared, not one per container");
+        assert!(
+            saved.tables.len() <= 3,
+            "tables shared, not one per container"
+        );
         let mut back = JobLinks::restore(saved).unwrap();
         assert_eq!(back.deltas("c1", &[0]), l.deltas("c1", &[0]));
         // Counted on from the raw values saved: 2 -> 7 while the agent was down.
         back.feed(&sample(7, true), &running(&["c2", "c3"]), at(100), true);
         // c2 began after the scan at 0: the 2 before 10 are its too.
-        assert_eq!(back.deltas("c2", &[0]).unwrap().changed[0].delta.recovery, 2 + 5);
+        assert_eq!(
+            back.deltas("c2", &[0]).unwrap().changed[0].delta.recovery,
+            2 + 5
+        );
         let c3 = back.deltas("c3", &[0]).unwrap();
-        assert!(!c3.since_start, "started while the agent was down: first sight");
+        assert!(
+            !c3.since_start,
+            "started while the agent was down: first sight"
+        );
         assert!(c3.changed.is_empty());
-        assert_eq!(back.deltas("c1", &[0]).unwrap().changed[0].delta.recovery, 2);
+        assert_eq!(
+            back.deltas("c1", &[0]).unwrap().changed[0].delta.recovery,
+            2
+        );
     }
 
     /// The figure CONTRACT.md gives: 100 containers on an 8-GPU, 18-link board, each first seen
@@ -787,7 +837,11 @@ mod tests {
             (0..8)
                 .map(|g| {
                     let links = (0..18).map(|k| link(k, true, t, t)).collect();
-                    gpu(g, &format!("GPU-{g:08x}-0000-0000-0000-000000000000"), links)
+                    gpu(
+                        g,
+                        &format!("GPU-{g:08x}-0000-0000-0000-000000000000"),
+                        links,
+                    )
                 })
                 .collect()
         };
@@ -800,7 +854,8 @@ mod tests {
         // All gone in the next scan: each gets an end too.
         l.feed(&board(100), &HashSet::new(), at(100), true);
         let tables = l.tables();
-        let per_table = 144 * (std::mem::size_of::<(String, u32)>() + 44 + std::mem::size_of::<LinkTotal>() + 16);
+        let per_table = 144
+            * (std::mem::size_of::<(String, u32)>() + 44 + std::mem::size_of::<LinkTotal>() + 16);
         let bytes = tables * per_table;
         eprintln!("{tables} tables of 144 links, about {} KiB", bytes / 1024);
         assert!(tables <= 102, "{tables}");

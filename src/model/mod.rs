@@ -25,11 +25,11 @@ pub use gpu::{
     PairVerdict, PcieHop, PcieLink, Peer, ProbeStatus, RecoveryAction, Suspect, SuspectBy,
     TopologyLevel, Weight,
 };
+pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
 pub use job_links::{
     GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkCounts, LinkDeltas, LinkTable, SavedJobLinks,
     JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
 };
-pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

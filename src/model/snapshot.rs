@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::{
-    Blame, Blind, ContainerRef, JobLinks, Failure, Finding, FindingKind, GpuReading, GpuUsers, NvmlState,
-    PairProbe, PairVerdict, Severity, ShmReading, Sight,
+    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, JobLinks,
+    NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
 /// XID errors of one kind on one GPU.
