@@ -49,18 +49,22 @@ fn crashing(pod_uid: &str, id: &str, nccl: &Path) -> Container {
     })
 }
 
-/// Writes `config` and waits until a scan has read GPU 7's link 3 as `up`.
+/// Writes `config` and waits until a scan has read GPU 7's link 3 as it says (up or down, and
+/// its recovery count).
 fn link_now(agent: &Agent, fake: &FakeNvml, config: &Value, up: bool) {
     fake.write(config);
     let want = if up { 1.0 } else { 0.0 };
+    let recovery = config["gpus"][7]["links"][3]["errors"]["recovery"]
+        .as_f64()
+        .unwrap();
     agent.wait_for_metrics("GPU 7's link 3 read", |b| {
-        sample(b, "shmlink_nvlink_up", &[("gpu", "7"), ("link", "3")]) == Some(want)
+        let link = [("gpu", "7"), ("link", "3")];
+        sample(b, "shmlink_nvlink_up", &link) == Some(want)
             && sample(
                 b,
                 "shmlink_nvlink_errors_total",
                 &[("gpu", "7"), ("link", "3"), ("type", "recovery")],
-            )
-            .is_some_and(|v| v >= 2.0 || !up)
+            ) == Some(recovery)
     });
 }
 
@@ -114,21 +118,8 @@ fn assert_links(failure: &Value) {
     );
 }
 
-#[test]
-fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
-    let nccl = tempfile::tempdir().unwrap();
-    if !(common::e2e_available()
-        && common::kmsg_readable()
-        && common::crash::build_crashing_nccl(nccl.path()))
-    {
-        return;
-    }
-    let state = tempfile::tempdir().unwrap();
-    let state_dir = state.path().to_str().unwrap();
-    let api = FakeApi::start();
-    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
-    let fake = FakeNvml::new(&board(None, 0, true));
+/// `serve` with the fake NVML and the fake API server, its store in `state_dir`.
+fn serve(fake: &FakeNvml, api: &FakeApi, state_dir: &str) -> Agent {
     let (lib, kubeconfig) = (fake_nvml::lib(), api.kubeconfig_path());
     let mut env = fake.env().to_vec();
     env.push(("KUBECONFIG", kubeconfig.as_os_str()));
@@ -148,22 +139,23 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
         &env,
     );
     agent.wait_ready();
-    let worker = crashing(&uid, &id, nccl.path());
-    fake.write(&board(Some(worker.pid), 0, true));
+    agent
+}
+
+fn seen_on_5_and_7(agent: &Agent, id: &str) {
     agent.wait_for_metrics("the job on GPUs 5 and 7", |b| {
         ["5", "7"].iter().all(|g| {
             sample(
                 b,
                 "shmlink_gpu_container_info",
-                &[("container_id", &id), ("gpu", g)],
+                &[("container_id", id), ("gpu", g)],
             ) == Some(1.0)
         })
     });
-    // While it runs: link 3 of GPU 7 recovers twice and drops, then comes back.
-    link_now(&agent, &fake, &board(Some(worker.pid), 2, false), false);
-    link_now(&agent, &fake, &board(Some(worker.pid), 2, true), true);
-    std::fs::write(nccl.path().join("go"), "").unwrap();
+}
 
+/// The GpuJobCrashed Events about the Pod, once there is one.
+fn crash_events(api: &FakeApi) -> Vec<Value> {
     let mut found = Vec::new();
     assert!(
         common::wait_until(Duration::from_secs(20), || {
@@ -177,6 +169,35 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
         "no GpuJobCrashed Event; the server holds: {:#?}",
         api.events()
     );
+    found
+}
+
+fn prerequisites(nccl: &Path) -> bool {
+    common::e2e_available() && common::kmsg_readable() && common::crash::build_crashing_nccl(nccl)
+}
+
+#[test]
+fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
+    let nccl = tempfile::tempdir().unwrap();
+    if !prerequisites(nccl.path()) {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap();
+    let api = FakeApi::start();
+    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
+    let fake = FakeNvml::new(&board(None, 0, true));
+    let agent = serve(&fake, &api, state_dir);
+    let worker = crashing(&uid, &id, nccl.path());
+    fake.write(&board(Some(worker.pid), 0, true));
+    seen_on_5_and_7(&agent, &id);
+    // While it runs: link 3 of GPU 7 recovers twice and drops, then comes back.
+    link_now(&agent, &fake, &board(Some(worker.pid), 2, false), false);
+    link_now(&agent, &fake, &board(Some(worker.pid), 2, true), true);
+    std::fs::write(nccl.path().join("go"), "").unwrap();
+
+    let found = crash_events(&api);
     let note = found[0]["note"].as_str().unwrap();
     println!("Event note ({} bytes): {note}", note.len());
     for part in [
@@ -200,6 +221,7 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     );
     assert_links(&crash_in(&history, &id).unwrap());
     drop(agent);
+    let lib = fake_nvml::lib();
     let nvml = ["--nvml-lib", lib.to_str().unwrap()];
     let mut args = vec!["check", "--json", "--kube", "off", "--state-dir", state_dir];
     args.extend(["--kmsg", "/dev/kmsg", "--since", "10m"]);
@@ -220,4 +242,39 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
         )
     });
     assert_links(&told);
+}
+
+/// A job that started before serve restarted keeps its baseline: the recoveries before the
+/// restart, while serve was down (counted at its first scan) and after it are all the job's.
+#[test]
+fn a_job_keeps_its_baseline_across_a_restart_of_serve() {
+    let nccl = tempfile::tempdir().unwrap();
+    if !prerequisites(nccl.path()) {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap();
+    let api = FakeApi::start();
+    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
+    let fake = FakeNvml::new(&board(None, 0, true));
+    let first = serve(&fake, &api, state_dir);
+    let worker = crashing(&uid, &id, nccl.path());
+    fake.write(&board(Some(worker.pid), 0, true));
+    seen_on_5_and_7(&first, &id);
+    link_now(&first, &fake, &board(Some(worker.pid), 1, true), true);
+    assert!(first.terminate().success());
+    fake.write(&board(Some(worker.pid), 2, true));
+    let second = serve(&fake, &api, state_dir);
+    seen_on_5_and_7(&second, &id);
+    link_now(&second, &fake, &board(Some(worker.pid), 3, true), true);
+    std::fs::write(nccl.path().join("go"), "").unwrap();
+    let found = crash_events(&api);
+    let note = found[0]["note"].as_str().unwrap();
+    println!("Event note after a restart: {note}");
+    assert!(
+        note.contains(", before it started, to ")
+            && note.contains("GPU 7 link 3 (to an NVSwitch) recovery +3; the rest clean."),
+        "{note}"
+    );
 }

@@ -171,7 +171,11 @@ mod tests {
         let none = job_links(&links(vec![], 0, 36));
         assert!(!none.contains("clean"), "{none}");
         assert!(none.contains("nothing known"), "{none}");
-        assert_eq!(job_links(&links(vec![], 0, 0)), "", "no NVLink listed: nothing said");
+        assert_eq!(
+            job_links(&links(vec![], 0, 0)),
+            "",
+            "no NVLink listed: nothing said"
+        );
     }
 
     #[test]
