@@ -11,12 +11,15 @@ use crate::model::{
 };
 use crate::state::{Store, StoreSender};
 
+/// Each container and whether it is gone: a change is saved at once.
+type Shape = Vec<(String, bool)>;
+
 /// The ledger and what was last saved of it.
 pub(super) struct Keeper {
     ledger: JobLinks,
     store: Option<StoreSender>,
     /// The containers (and whether each is gone) and the totals last saved, and when.
-    saved: Option<(Vec<(String, bool)>, Arc<LinkTable>, Instant)>,
+    saved: Option<(Shape, Arc<LinkTable>, Instant)>,
 }
 
 impl Keeper {
@@ -55,7 +58,7 @@ impl Keeper {
     pub(super) fn after_scan(&mut self, snapshot: &mut Snapshot, now: SystemTime) {
         feed(&mut self.ledger, snapshot, now, true);
         let Some(store) = &self.store else { return };
-        let mut shape: Vec<(String, bool)> = self
+        let mut shape: Shape = self
             .ledger
             .containers
             .iter()
