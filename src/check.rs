@@ -56,6 +56,9 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let mut snapshot = Scanner::for_check(&settings.scan)?
         .scan_with(pods.as_ref())
         .snapshot;
+    if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
+        crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
+    }
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
     read_back(&mut pipeline, &settings.sources, since);
@@ -105,6 +108,24 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
             Vec::new()
         }
     }
+}
+
+/// serve's ledger of the containers' NVLinks, so a failure's `gpu_links` says what serve's would
+/// (check alone has one sample: no baseline). None without it, said when unreadable.
+fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
+    let value = match state::read_checkpoint(dir, crate::model::JOB_LINKS_KEY) {
+        Ok(v) => v?,
+        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return None
+        }
+        Err(e) => {
+            tracing::warn!("{e}; failures carry no link deltas (gpu_links null)");
+            return None;
+        }
+    };
+    serde_json::from_value(value)
+        .ok()
+        .and_then(crate::model::JobLinks::restore)
 }
 
 /// `check`'s exit status: 2 when the scan was blind to everything (it could not run, in
@@ -168,6 +189,59 @@ mod tests {
             },
             ..Snapshot::default()
         }
+    }
+
+    #[test]
+    fn check_takes_up_serves_job_links_from_its_store() {
+        use crate::model::{GpuReading, JobLinks, LinkErrors, LinkReading, Peer, JOB_LINKS_KEY};
+        use crate::state::{Identity, Options, StateMetrics, Store};
+        use std::collections::HashSet;
+        let sample = |recovery| {
+            [GpuReading {
+                uuid: "GPU-a".into(),
+                links: vec![LinkReading {
+                    link: 0,
+                    active: true,
+                    peer: Peer::Switch,
+                    errors: Some(LinkErrors {
+                        recovery,
+                        ..LinkErrors::default()
+                    }),
+                    nvlink5: None,
+                }],
+                ..GpuReading::default()
+            }]
+        };
+        let running: HashSet<String> = ["c1".to_string()].into();
+        let mut serves = JobLinks::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        serves.feed(&sample(0), &running, t0, true);
+        serves.feed(&sample(3), &running, t0 + Duration::from_secs(10), true);
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(serve_job_links(tmp.path()).is_none(), "no store: null");
+        let me = Identity {
+            node: "n".into(),
+            boot_id: "b".into(),
+        };
+        let store = Store::open(
+            tmp.path(),
+            &me,
+            Options::default(),
+            &StateMetrics::default(),
+        )
+        .unwrap();
+        store
+            .sender()
+            .put(JOB_LINKS_KEY, serde_json::to_value(serves.save()).unwrap());
+        drop(store);
+        let mut back = serve_job_links(tmp.path()).expect("serve's ledger");
+        assert_eq!(back.deltas("c1", &[0]), serves.deltas("c1", &[0]));
+        // check's own sample adds what grew since, and no baseline of its own.
+        let now: HashSet<String> = ["c1".to_string(), "c2".to_string()].into();
+        back.feed(&sample(5), &now, t0 + Duration::from_secs(20), false);
+        let d = back.deltas("c1", &[0]).unwrap();
+        assert_eq!(d.changed[0].delta.recovery, 5);
+        assert!(back.deltas("c2", &[0]).is_none());
     }
 
     #[test]

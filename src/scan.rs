@@ -293,6 +293,7 @@ impl Scanner {
                 gpu_pairs: gpu.pairs,
                 gpu_blame: gpu.blame,
                 gpu_users: gpu.users,
+                job_links: Default::default(),
                 gpu_probes: gpu.probes,
                 xids: gpu
                     .xids

@@ -40,6 +40,7 @@ fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
         gpus: Vec::new(),
         gpus_from: None,
         gpu_pairs: Vec::new(),
+        gpu_links: None,
         memory: None,
         pid_in_container: None,
         told_by_workload: None,

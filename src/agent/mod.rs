@@ -8,6 +8,7 @@ mod changes;
 mod cluster;
 mod death_trace;
 mod holds;
+mod job_links;
 mod resume;
 mod scan_loop;
 
@@ -135,6 +136,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             .as_ref()
             .map(|s| (s.sender(), FindingChanges::default())),
         holds,
+        job_links: job_links::Keeper::resume(store.as_ref()),
         slow_commits: 0,
     };
     let scan_thread = thread::Builder::new()

@@ -39,6 +39,8 @@ pub(super) struct Between {
     pub(super) store: Option<(StoreSender, FindingChanges)>,
     /// What a restart takes up again (pairs failing since, held XIDs), saved as it changes.
     pub(super) holds: Option<Holds>,
+    /// What each NVLink did while each container ran (a failure's `gpu_links`).
+    pub(super) job_links: super::job_links::Keeper,
     /// Failures whose commit was not confirmed in time (said once).
     pub(super) slow_commits: u64,
 }
@@ -204,6 +206,8 @@ impl Between {
                 "first scan done"
             );
         }
+        self.job_links
+            .after_scan(&mut out.snapshot, SystemTime::now());
         self.ledger.fill(&mut out.snapshot);
         snapshot.store(Some(Arc::new(out.snapshot)));
     }

@@ -76,7 +76,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
     };
     let runtime = runtime_of(d, &id, reading);
-    let message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
+    let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
+    let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
+    message.extend(gpu_links.as_ref().map(text::job_links));
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
@@ -93,6 +95,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         gpus,
         gpus_from,
         gpu_pairs,
+        gpu_links,
         memory,
         pid_in_container: d.pid_in_container,
         told_by_workload: None,

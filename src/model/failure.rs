@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerRef, FindingKind, PairStatus};
+use super::{ContainerRef, FindingKind, GpuLinks, PairStatus};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -293,6 +293,10 @@ pub struct Failure {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpus_from: Option<GpusFrom>,
     pub gpu_pairs: Vec<PairThen>,
+    /// What each link of those GPUs did between the job's start (or the agent's first sight
+    /// of it) and its death; null without a baseline (docs/CONTRACT.md, "A job's links").
+    #[serde(default)]
+    pub gpu_links: Option<GpuLinks>,
     /// Deaths of memory only (OOM kills, bus errors); absent for the others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemorySplit>,

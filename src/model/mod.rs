@@ -6,6 +6,7 @@ mod failure;
 mod finding;
 mod gpu;
 mod gpu_users;
+mod job_links;
 mod shm;
 mod sight;
 mod snapshot;
@@ -25,6 +26,10 @@ pub use gpu::{
     TopologyLevel, Weight,
 };
 pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
+pub use job_links::{
+    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkCounts, LinkDeltas, LinkTable, SavedJobLinks,
+    JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
+};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

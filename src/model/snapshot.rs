@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::{
-    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, NvmlState,
-    PairProbe, PairVerdict, Severity, ShmReading, Sight,
+    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, JobLinks,
+    NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
 /// XID errors of one kind on one GPU.
@@ -36,6 +36,10 @@ pub struct Snapshot {
     /// Which processes (and containers) used which GPUs lately.
     #[serde(skip)]
     pub gpu_users: GpuUsers,
+    /// What each NVLink did while each container ran (serve's ledger; `check`'s only from
+    /// serve's checkpoint): a failure's `gpu_links`.
+    #[serde(skip)]
+    pub job_links: std::sync::Arc<JobLinks>,
     /// The pair probe's last results (`serve --p2p-probe-interval`).
     #[serde(skip)]
     pub gpu_probes: Vec<PairProbe>,

@@ -352,3 +352,14 @@ pub fn read_history(dir: &Path, filter: &Filter) -> Result<History, Unavailable>
         source,
     })
 }
+
+/// One checkpoint of the store in `dir`, read-only (`check` takes serve's `job_links`).
+pub fn read_checkpoint(dir: &Path, key: &str) -> Result<Option<Value>, Unavailable> {
+    let conn = open::open_read_only(dir)?;
+    read_checkpoints(&conn)
+        .map(|mut all| all.remove(key))
+        .map_err(|source| Unavailable::Sqlite {
+            path: dir.join(open::FILE),
+            source,
+        })
+}
