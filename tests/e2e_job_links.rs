@@ -242,6 +242,15 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
         )
     });
     assert_links(&told);
+    // One crash, one failure: check's own account (the process gone, so unplaced) and serve's
+    // stored one (placed) are the same.
+    let accounts = report["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == told["kind"] && f["pid"] == told["pid"])
+        .count();
+    assert_eq!(accounts, 1, "{:#}", report["failures"]);
 }
 
 /// A job that started before serve restarted keeps its baseline: the recoveries before the

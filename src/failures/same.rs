@@ -126,6 +126,12 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
     }
     let own = told.len();
     for s in stored {
+        // serve placed what check, reading after the process was gone, could not: the same
+        // account, better told (its container, GPUs and link deltas).
+        if let Some(i) = told[..own].iter().position(|t| placed_later(t, &s)) {
+            told[i] = s;
+            continue;
+        }
         let read_again = told[..own].iter().any(|t| same_account(t, &s));
         if !read_again && same.is_new(&s) {
             told.push(s);
@@ -155,6 +161,23 @@ fn same_account(a: &Failure, b: &Failure) -> bool {
         } else {
             b.container_id.is_none() && b.pod_uid.is_none() && a.pid == b.pid
         }
+}
+
+/// `stored` is `unplaced`'s account (the same kind, line, moment and PID) that serve placed in a
+/// container while the process was still there.
+fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
+    unplaced.container_id.is_none()
+        && unplaced.pod_uid.is_none()
+        && (stored.container_id.is_some() || stored.pod_uid.is_some())
+        && unplaced.pid.is_some()
+        && unplaced.pid == stored.pid
+        && unplaced.kind == stored.kind
+        && unplaced.evidence == stored.evidence
+        && within(
+            parse_rfc3339(&unplaced.at),
+            parse_rfc3339(&stored.at),
+            FAULT_LINES,
+        )
 }
 
 /// Both IDs known and different: two instances of the container (a restart), two deaths.
@@ -679,7 +702,17 @@ mod stored_tests {
         host.pid = Some(7);
         let mut other_pid = host.clone();
         other_pid.pid = Some(8);
-        let merged = with_stored(vec![host.clone()], vec![host.clone(), other_pid]);
+        let merged = with_stored(vec![host.clone()], vec![host.clone(), other_pid.clone()]);
+        assert_eq!(merged.len(), 2);
+        // check read the crash after its process was gone; serve had placed it: one failure,
+        // serve's, with its container.
+        let mut placed = host.clone();
+        placed.container_id = Some("c9".into());
+        placed.pod_uid = Some("u-9".into());
+        let merged = with_stored(vec![host.clone()], vec![placed.clone()]);
+        assert_eq!(merged, vec![placed.clone()]);
+        // Another PID is another crash, placed or not.
+        let merged = with_stored(vec![other_pid], vec![placed]);
         assert_eq!(merged.len(), 2);
     }
 
