@@ -68,6 +68,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         pairs: &gpu_pairs,
         culprits: &culprits,
         node_culprits: &node_culprits,
+        evidence: gpu_evidence(&gpus, known.snapshot),
     };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
@@ -100,6 +101,39 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         message,
         found_late: false,
     })
+}
+
+/// XIDs that report GPU memory ECC trouble (NVIDIA's catalogue): double-bit errors, row
+/// remapping, contained and uncontained memory errors, ECC unrecovered.
+const ECC_XIDS: &[u64] = &[48, 63, 64, 92, 94, 95, 140];
+
+/// What the last scan knew of the job's GPUs (all the node's when they are not known) beyond
+/// their pairs: recent ECC XIDs (the `gpu_xid` findings) and fabric state.
+fn gpu_evidence(gpus: &[u32], snapshot: Option<&Snapshot>) -> text::GpuEvidence {
+    let Some(s) = snapshot.filter(|s| s.nvml_up) else {
+        return text::GpuEvidence::default();
+    };
+    let ours = |g: u32| gpus.is_empty() || gpus.contains(&g);
+    let mut out = text::GpuEvidence {
+        nvml: true,
+        ..Default::default()
+    };
+    for f in &s.findings {
+        if let (FindingKind::GpuXid, Subject::Xid { gpu, xid }) = (f.kind, &f.subject) {
+            if ours(*gpu) && ECC_XIDS.contains(xid) {
+                let what = crate::gpu::xid::catalogue::lookup(*xid).map_or("", |e| e.what);
+                out.ecc_xids.push((*gpu, *xid, what));
+            }
+        }
+    }
+    for g in s.gpus.iter().filter(|g| ours(g.index)) {
+        match g.fabric.as_ref().map(|f| (f, text::fabric_problem(f))) {
+            Some((_, Some(problem))) => out.fabric.push((g.index, problem)),
+            Some((_, None)) => out.fabric_ok.push(g.index),
+            None => {}
+        }
+    }
+    out
 }
 
 /// The pairs among the job's GPUs, as the last scan judged them.
@@ -174,6 +208,14 @@ fn message(
         FindingKind::ImexChannelMissing => text::imex_channel_missing(&who, &at, said, runtime),
         FindingKind::GpuPeerAccessRefused => text::gpu_peer_access_refused(&who, &at, said, job),
         FindingKind::ShmFallback => text::shm_fallback(&who, &at, said, runtime),
+        FindingKind::GpuTooManyPeers => text::gpu_too_many_peers(&who, &at, said, job),
+        FindingKind::GpuEccUncorrectable => text::gpu_ecc_uncorrectable(&who, &at, said, job),
+        FindingKind::GpuFabricNotReady => text::gpu_fabric_not_ready(&who, &at, said, job),
+        FindingKind::GpuPeerMappingFailed => text::gpu_peer_mapping_failed(&who, &at, said, job),
+        FindingKind::CudaIpcInvalidDevice => text::cuda_ipc_invalid_device(&who, &at, said, job),
+        FindingKind::IommuNotPassthrough => text::iommu_not_passthrough(&who, &at, said),
+        FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),
+        FindingKind::NcclRanksDead => text::nccl_ranks_dead(&who, &at, said),
         _ => text::shm_allocation_failed(
             &who,
             &at,

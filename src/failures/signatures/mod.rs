@@ -28,6 +28,7 @@ pub struct LogMatch {
 }
 
 /// One known text.
+#[derive(Clone, Copy)]
 pub struct Signature {
     /// Stable name, reported in [`LogMatch::signature`].
     pub id: &'static str,
@@ -40,10 +41,35 @@ pub struct Signature {
     pub source: &'static str,
 }
 
+mod gpu_table;
 mod table;
 
-pub use table::SIGNATURES;
+use gpu_table::*;
 use table::*;
+
+/// Every known text: /dev/shm's that say their cause, the GPUs', then the generic ones and the
+/// judged (`table.rs`, `gpu_table.rs`). The order is the priority when one line matches
+/// several rows.
+pub const SIGNATURES: &[Signature] = &ALL;
+const ALL: [Signature; SHM.len() + GPU.len() + GENERIC.len()] = joined([SHM, GPU, GENERIC]);
+
+/// The tables one after the other, at compile time (a row count that does not add up fails the
+/// build).
+const fn joined<const N: usize>(parts: [&[Signature]; 3]) -> [Signature; N] {
+    let mut out = [parts[0][0]; N];
+    let (mut n, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            out[n] = parts[p][i];
+            n += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    assert!(n == N);
+    out
+}
 
 /// The matcher over [`SIGNATURES`], built once and shared.
 #[derive(Debug, Clone)]
@@ -161,6 +187,9 @@ fn verify(
 ) -> Option<(FindingKind, Option<(u32, u32)>)> {
     let rest = line.get(end..)?;
     let on_shm = || *names_shm.get_or_init(|| line.contains("/dev/shm"));
+    if SAID.contains(&sig.id) && !said_as_failure(line, end - sig.needle.len(), end) {
+        return None;
+    }
     let kind = match sig.id {
         // Docker's json-file driver writes `<` as \u003c.
         TORCH_SHM_WRITE => {
@@ -229,9 +258,50 @@ fn verify(
                 .then_some(sig.kind),
             None => Some(sig.kind),
         },
+        UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
+        NCCL_NVLS_CUDA => rest.contains("NCCL WARN Cuda failure").then_some(sig.kind),
+        // 205 is also graphics interop's: only NCCL's or a peer mapping's.
+        CUDA_MAP_FAILED | CUDA_MAP_FAILED_NAME => ["NCCL", "ncclMemAlloc", "PeerAccess"]
+            .iter()
+            .any(|w| line.contains(w))
+            .then_some(sig.kind),
+        // Any wrong device number says this; only CUDA IPC's is ours (else `context.rs`).
+        CUDA_IPC_INVALID_DEVICE => ["IpcOpenMemHandle", "IPC handle"]
+            .iter()
+            .any(|w| line.contains(w))
+            .then_some(sig.kind),
         _ => Some(sig.kind),
     }?;
     Some((kind, None))
+}
+
+/// Whether the GPU text at `start..end` is a program's failure, not a quote of it: not after
+/// `grep` (a search), not NCCL's INFO (a CUDA call NCCL ignores and goes on from), not followed
+/// by a retry, and when quoted, quoted as NCCL quotes CUDA's string (`Cuda failure 711 '...'`,
+/// `CUDA error 802 '...'`), not as help text quotes an error.
+fn said_as_failure(line: &str, start: usize, end: usize) -> bool {
+    let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
+        return false;
+    };
+    if before.contains("grep ") || before.contains("NCCL INFO") {
+        return false;
+    }
+    if rest.to_ascii_lowercase().contains("retrying") {
+        return false;
+    }
+    let quote = |c: char| matches!(c, '\'' | '"' | '`');
+    let (Some(open), Some(close)) = (before.chars().next_back(), rest.chars().next()) else {
+        return true;
+    };
+    if !(quote(open) && quote(close)) {
+        return true;
+    }
+    // NCCL's CUCHECK / CUDACHECK and its NVLS line: `Cuda failure 711 '`, `CUDA error 401 '`.
+    let said = before[..before.len() - open.len_utf8()]
+        .trim_end()
+        .trim_end_matches(|c: char| c.is_ascii_digit())
+        .trim_end();
+    said.ends_with("Cuda failure") || said.ends_with("CUDA error")
 }
 
 /// The errnos that decide a row's kind.
@@ -429,6 +499,57 @@ mod tests {
             .match_line("RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.")
             .unwrap();
         assert!(!torch.judged);
+    }
+
+    #[test]
+    fn gpu_texts_are_their_kinds_and_quotes_searches_and_retries_of_them_are_nothing() {
+        use FindingKind::*;
+        for (line, want) in [
+            (
+                "RuntimeError: CUDA error: peer mapping resources exhausted",
+                GpuTooManyPeers,
+            ),
+            (
+                "failed call to cuDevicePrimaryCtxRetain: CUDA_ERROR_ECC_UNCORRECTABLE: \
+                 uncorrectable ECC error encountered",
+                GpuEccUncorrectable,
+            ),
+            (
+                "  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized",
+                GpuFabricNotReady,
+            ),
+            // CUDA 802 inside NCCL's NVLS line: the fabric manager's, said more precisely.
+            (
+                "NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 \
+                 : CUDA error 802 'system not yet initialized'.",
+                GpuFabricNotReady,
+            ),
+            (
+                "Unable to enable peer access: code=205(cudaErrorMapBufferObjectFailed) \
+                 cudaDeviceEnablePeerAccess(1, 0)",
+                GpuPeerMappingFailed,
+            ),
+            (
+                "RuntimeError: cudaIpcOpenMemHandle failed: invalid device ordinal",
+                CudaIpcInvalidDevice,
+            ),
+        ] {
+            assert_eq!(kind(line), Some(want), "{line}");
+        }
+        for line in [
+            // A search, help text quoting it, NCCL's ignored call, a retry, any device number,
+            // graphics interop's 205.
+            "$ grep 'peer mapping resources exhausted' nccl.log",
+            "Tip: 'uncorrectable ECC error encountered' means the GPU memory is bad",
+            "node-1:77:77 [0] NCCL INFO misc/cudawrap.cc:90 Cuda failure 802 'system not yet \
+             initialized'",
+            "cuMulticastBindMem returned 802 (system not yet initialized), retrying (1/5)",
+            "RuntimeError: CUDA error: invalid device ordinal",
+            "cudaGraphicsMapResources failed: mapping of buffer object failed",
+            "node-1:77:77 [0] NCCL INFO transport/nvls.cc:409 -> 1",
+        ] {
+            assert_eq!(Signatures::new().match_line(line), None, "{line}");
+        }
     }
 
     #[test]
