@@ -141,7 +141,8 @@ pub fn nvls_multicast_failed(who: &str, at: &str, evidence: &str, job: &JobGpus<
     let mut out = format!(
         "NCCL in {who} could not set up NVLink SHARP (NVLS) multicast memory at {at}: \
          {evidence}. The NVSwitches make multicast groups through the fabric manager: the \
-         node's fabric manager or NVSwitches, not the job's code"
+         fabric manager (restarted under running jobs, or failing), the NVSwitches, or a \
+         container without /dev/nvidia-caps, not the job's code"
     );
     out.push_str(&used(job));
     out.push_str(&fabric_said(known));

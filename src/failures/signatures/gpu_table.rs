@@ -11,6 +11,7 @@ use crate::model::FindingKind;
 // Ids of rows that need more than their needle (see `verify`).
 pub(super) const CUDA_TOO_MANY_PEERS: &str = "cuda-too-many-peers";
 pub(super) const CUDA_TOO_MANY_PEERS_NAME: &str = "cuda-too-many-peers-name";
+pub(super) const CU_TOO_MANY_PEERS: &str = "cuda-too-many-peers-cu-name";
 pub(super) const CUDA_ECC: &str = "cuda-ecc-uncorrectable";
 pub(super) const CUDA_NOT_READY: &str = "cuda-system-not-ready";
 pub(super) const CUDA_NOT_READY_NAME: &str = "cuda-system-not-ready-name";
@@ -24,6 +25,7 @@ pub(super) const RCCL_IOMMU: &str = "rccl-iommu-not-pt";
 pub(super) const SAID: &[&str] = &[
     CUDA_TOO_MANY_PEERS,
     CUDA_TOO_MANY_PEERS_NAME,
+    CU_TOO_MANY_PEERS,
     CUDA_ECC,
     CUDA_NOT_READY,
     CUDA_NOT_READY_NAME,
@@ -57,6 +59,16 @@ pub(super) const GPU: &[Signature] = &[
                   \"cudaDeviceEnablePeerAccess(j, 0)\"",
         source: "CUDA's enum name for 711, as cuda-samples' checkCudaErrors prints it (without \
                  the string)",
+    },
+    Signature {
+        id: CU_TOO_MANY_PEERS,
+        kind: FindingKind::GpuTooManyPeers,
+        needle: "CUDA_ERROR_TOO_MANY_PEERS",
+        fixture: "W tensorflow/core/common_runtime/gpu/gpu_device.cc:918] Unable to enable peer \
+                  access between device ordinals 9 and 8, status: Internal: failed to enable \
+                  peer access from 0x8270570 to 0x7ba7860: CUDA_ERROR_TOO_MANY_PEERS",
+        source: "CUDA's CUresult name for 711, as TensorFlow's StreamExecutor prints it (alone \
+                 before its string was added)",
     },
     Signature {
         id: CUDA_ECC,

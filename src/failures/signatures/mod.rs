@@ -259,6 +259,12 @@ fn verify(
             None => Some(sig.kind),
         },
         UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
+        // RCCL warns of `amd_iommu=on` and others with the same words.
+        RCCL_IOMMU => line
+            .get(..end - sig.needle.len())?
+            .trim_end()
+            .ends_with("iommu=pt\"")
+            .then_some(sig.kind),
         NCCL_NVLS_CUDA => rest.contains("NCCL WARN Cuda failure").then_some(sig.kind),
         // 205 is also graphics interop's: only NCCL's or a peer mapping's.
         CUDA_MAP_FAILED | CUDA_MAP_FAILED_NAME => ["NCCL", "ncclMemAlloc", "PeerAccess"]
@@ -277,8 +283,8 @@ fn verify(
 
 /// Whether the GPU text at `start..end` is a program's failure, not a quote of it: not after
 /// `grep` (a search), not NCCL's INFO (a CUDA call NCCL ignores and goes on from), not followed
-/// by a retry, and when quoted, quoted as NCCL quotes CUDA's string (`Cuda failure 711 '...'`,
-/// `CUDA error 802 '...'`), not as help text quotes an error.
+/// by a retry, and when inside quotes, quoted as NCCL quotes CUDA's string (`Cuda failure 711
+/// '...'`, `CUDA error 802 '...'`), not as help text quotes an error (`` `Error 802: ...` ``).
 fn said_as_failure(line: &str, start: usize, end: usize) -> bool {
     let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
         return false;
@@ -289,19 +295,31 @@ fn said_as_failure(line: &str, start: usize, end: usize) -> bool {
     if rest.to_ascii_lowercase().contains("retrying") {
         return false;
     }
-    let quote = |c: char| matches!(c, '\'' | '"' | '`');
-    let (Some(open), Some(close)) = (before.chars().next_back(), rest.chars().next()) else {
-        return true;
+    ['\'', '"', '`'].iter().all(|&q| {
+        // Inside a quote: an odd count of the mark before the text, and one after it.
+        let opened = before.matches(q).count() % 2 == 1 && rest.contains(q);
+        !opened || before.rfind(q).is_some_and(|at| nccl_quotes(&before[..at]))
+    })
+}
+
+/// Whether a quote opening after `head` is a CUDA error string quoted by NCCL (`Cuda failure
+/// 711 '`, `CUDA error 401 '`) or nccl-tests (`Test CUDA failure common.cu:941 '`).
+fn nccl_quotes(head: &str) -> bool {
+    let head = head.trim_end();
+    // The number or the file:line between the words and the quote.
+    let said = match head.rsplit_once(' ') {
+        Some((said, last))
+            if last.bytes().all(|b| {
+                b.is_ascii_digit() || b == b':' || b == b'.' || b.is_ascii_alphabetic()
+            }) && last.bytes().any(|b| b.is_ascii_digit()) =>
+        {
+            said.trim_end()
+        }
+        _ => head,
     };
-    if !(quote(open) && quote(close)) {
-        return true;
-    }
-    // NCCL's CUCHECK / CUDACHECK and its NVLS line: `Cuda failure 711 '`, `CUDA error 401 '`.
-    let said = before[..before.len() - open.len_utf8()]
-        .trim_end()
-        .trim_end_matches(|c: char| c.is_ascii_digit())
-        .trim_end();
-    said.ends_with("Cuda failure") || said.ends_with("CUDA error")
+    ["Cuda failure", "CUDA failure", "CUDA error"]
+        .iter()
+        .any(|w| said.ends_with(w))
 }
 
 /// The errnos that decide a row's kind.
@@ -546,6 +564,9 @@ mod tests {
             "cuMulticastBindMem returned 802 (system not yet initialized), retrying (1/5)",
             "RuntimeError: CUDA error: invalid device ordinal",
             "cudaGraphicsMapResources failed: mapping of buffer object failed",
+            "For `Error 802: system not yet initialized`, install `nvidia-fabricmanager`.",
+            "init.cc:120 NCCL WARN Missing \"amd_iommu=on\" from kernel command line which can \
+             lead to system instablity or hang!",
             "node-1:77:77 [0] NCCL INFO transport/nvls.cc:409 -> 1",
         ] {
             assert_eq!(Signatures::new().match_line(line), None, "{line}");
