@@ -68,7 +68,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         pairs: &gpu_pairs,
         culprits: &culprits,
         node_culprits: &node_culprits,
-        evidence: gpu_evidence(&gpus, known.snapshot),
+        evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
     };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
@@ -101,39 +101,6 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         message,
         found_late: false,
     })
-}
-
-/// XIDs that report GPU memory ECC trouble (NVIDIA's catalogue): double-bit errors, row
-/// remapping, contained and uncontained memory errors, ECC unrecovered.
-const ECC_XIDS: &[u64] = &[48, 63, 64, 92, 94, 95, 140];
-
-/// What the last scan knew of the job's GPUs (all the node's when they are not known) beyond
-/// their pairs: recent ECC XIDs (the `gpu_xid` findings) and fabric state.
-fn gpu_evidence(gpus: &[u32], snapshot: Option<&Snapshot>) -> text::GpuEvidence {
-    let Some(s) = snapshot.filter(|s| s.nvml_up) else {
-        return text::GpuEvidence::default();
-    };
-    let ours = |g: u32| gpus.is_empty() || gpus.contains(&g);
-    let mut out = text::GpuEvidence {
-        nvml: true,
-        ..Default::default()
-    };
-    for f in &s.findings {
-        if let (FindingKind::GpuXid, Subject::Xid { gpu, xid }) = (f.kind, &f.subject) {
-            if ours(*gpu) && ECC_XIDS.contains(xid) {
-                let what = crate::gpu::xid::catalogue::lookup(*xid).map_or("", |e| e.what);
-                out.ecc_xids.push((*gpu, *xid, what));
-            }
-        }
-    }
-    for g in s.gpus.iter().filter(|g| ours(g.index)) {
-        match g.fabric.as_ref().map(|f| (f, text::fabric_problem(f))) {
-            Some((_, Some(problem))) => out.fabric.push((g.index, problem)),
-            Some((_, None)) => out.fabric_ok.push(g.index),
-            None => {}
-        }
-    }
-    out
 }
 
 /// The pairs among the job's GPUs, as the last scan judged them.
@@ -1144,6 +1111,68 @@ mod tests {
             "{}",
             f.message
         );
+    }
+
+    #[test]
+    fn a_gpu_failure_in_the_jobs_words_names_the_gpu_nvml_has_evidence_against() {
+        use crate::model::{FabricInfo, FabricState, Finding, Subject};
+        let mut s = board(&[]);
+        s.nvml_up = true;
+        // An ECC XID on the job's GPU 7 and on GPU 2, which the job does not hold.
+        for gpu in [7, 2] {
+            s.findings.push(Finding::new(
+                FindingKind::GpuXid,
+                Subject::Xid { gpu, xid: 48 },
+                String::new(),
+            ));
+        }
+        s.gpus[6].fabric = Some(FabricInfo {
+            state: FabricState::NotStarted,
+            status: "success".into(),
+            degraded_bandwidth: None,
+            route_unhealthy: None,
+        });
+        let holders = holders();
+        let known = Known {
+            snapshot: Some(&s),
+            pods: None,
+            holders: &holders,
+            rules: DeathRules::default(),
+        };
+        let mut d = detected(FindingKind::GpuEccUncorrectable, trainer());
+        d.evidence = "[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated \
+                      with exception: CUDA error: uncorrectable ECC error encountered"
+            .into();
+        let f = correlate(&d, known).expect("told");
+        assert_eq!(f.kind, FindingKind::GpuEccUncorrectable);
+        assert_eq!(f.gpus, vec![6, 7]);
+        for part in [
+            "its Pod holds GPUs 6 and 7",
+            "The bad one: GPU 7 (GPU 7: XID 48, Double Bit ECC Error)",
+            "`nvidia-smi -r -i 7`",
+        ] {
+            assert!(f.message.contains(part), "{part:?} not in {}", f.message);
+        }
+        assert!(!f.message.contains("GPU 2"), "{}", f.message);
+
+        let mut d = detected(FindingKind::GpuFabricNotReady, trainer());
+        d.evidence = "Error 802: system not yet initialized".into();
+        let f = correlate(&d, known).expect("told");
+        assert!(
+            f.message
+                .contains("NVML agrees: GPU 6: its fabric registration has not started"),
+            "{}",
+            f.message
+        );
+        // Without NVML nothing is claimed of the GPUs.
+        let mut blind = s.clone();
+        blind.nvml_up = false;
+        let known = Known {
+            snapshot: Some(&blind),
+            ..known
+        };
+        let f = correlate(&d, known).expect("told");
+        assert!(f.message.contains("not known (no NVML)"), "{}", f.message);
     }
 
     #[test]

@@ -137,7 +137,11 @@ impl Signatures {
             let Some(sig) = SIGNATURES.get(row) else {
                 continue;
             };
-            if let Some((kind, gpus)) = verify(sig, line, m.end(), &names_shm) {
+            let verified = match verify_gpu(sig, line, m.end()) {
+                Some(gpu) => gpu.map(|kind| (kind, None)),
+                None => verify(sig, line, m.end(), &names_shm),
+            };
+            if let Some((kind, gpus)) = verified {
                 let guessed =
                     sig.id == NCCL_SHM_CREATE && line.get(m.end()..).and_then(errno).is_none();
                 best = Some((
@@ -187,18 +191,14 @@ fn verify(
 ) -> Option<(FindingKind, Option<(u32, u32)>)> {
     let rest = line.get(end..)?;
     let on_shm = || *names_shm.get_or_init(|| line.contains("/dev/shm"));
-    if SAID.contains(&sig.id) && !said_as_failure(line, end - sig.needle.len(), end) {
-        return None;
-    }
     let kind = match sig.id {
         // Docker's json-file driver writes `<` as \u003c.
         TORCH_SHM_WRITE => {
             (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(sig.kind)
         }
         NCCL_P2P_DISABLED => return gpu_pair(rest).map(|g| (sig.kind, Some(g))),
-        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM => {
-            on_shm().then_some(sig.kind)
-        }
+        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM
+        | UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
         // Only the errnos that say which; an old line without one says nothing sure.
         TORCH_OPEN_SHM => match errno(rest)? {
             Errno::NoFiles => Some(FindingKind::FdLimitReached),
@@ -258,27 +258,36 @@ fn verify(
                 .then_some(sig.kind),
             None => Some(sig.kind),
         },
-        UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
-        // RCCL warns of `amd_iommu=on` and others with the same words.
-        RCCL_IOMMU => line
-            .get(..end - sig.needle.len())?
-            .trim_end()
-            .ends_with("iommu=pt\"")
-            .then_some(sig.kind),
-        NCCL_NVLS_CUDA => rest.contains("NCCL WARN Cuda failure").then_some(sig.kind),
-        // 205 is also graphics interop's: only NCCL's or a peer mapping's.
-        CUDA_MAP_FAILED | CUDA_MAP_FAILED_NAME => ["NCCL", "ncclMemAlloc", "PeerAccess"]
-            .iter()
-            .any(|w| line.contains(w))
-            .then_some(sig.kind),
-        // Any wrong device number says this; only CUDA IPC's is ours (else `context.rs`).
-        CUDA_IPC_INVALID_DEVICE => ["IpcOpenMemHandle", "IPC handle"]
-            .iter()
-            .any(|w| line.contains(w))
-            .then_some(sig.kind),
         _ => Some(sig.kind),
     }?;
     Some((kind, None))
+}
+
+/// `verify` of the GPU rows (`gpu_table.rs`): None for another row, else whether the line is
+/// the failure (its kind) or only looks like it.
+fn verify_gpu(sig: &Signature, line: &str, end: usize) -> Option<Option<FindingKind>> {
+    if !SAID.contains(&sig.id) {
+        return None;
+    }
+    let start = end - sig.needle.len();
+    let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
+        return Some(None);
+    };
+    if !said_as_failure(line, start, end) {
+        return Some(None);
+    }
+    let any = |words: &[&str]| words.iter().any(|w| line.contains(w));
+    let told = match sig.id {
+        // RCCL warns of `amd_iommu=on` and others with the same words.
+        RCCL_IOMMU => before.trim_end().ends_with("iommu=pt\""),
+        NCCL_NVLS_CUDA => rest.contains("NCCL WARN Cuda failure"),
+        // 205 is also graphics interop's: only NCCL's or a peer mapping's.
+        CUDA_MAP_FAILED | CUDA_MAP_FAILED_NAME => any(&["NCCL", "ncclMemAlloc", "PeerAccess"]),
+        // Any wrong device number says this; only CUDA IPC's is ours (else `context.rs`).
+        CUDA_IPC_INVALID_DEVICE => any(&["IpcOpenMemHandle", "IPC handle"]),
+        _ => true,
+    };
+    Some(told.then_some(sig.kind))
 }
 
 /// Whether the GPU text at `start..end` is a program's failure, not a quote of it: not after

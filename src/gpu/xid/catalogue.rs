@@ -105,8 +105,11 @@ const TABLE: &[(u64, &str, XidAction)] = &[
     (141, "CUDA Fast Path Error", Ignore),
     (142, "NVENC3 Error", ContactVendor),
     (143, "GPU Initialization Error", ResetGpu),
-    // 144-150: WORKFLOW_NVLINK5_ERR. The workflow's text is not in the catalogue's table; these
-    // are taken as needing a reset like the other NVLink XIDs (74, 136, 155): unverified.
+    // 144-150 (B100, GB200; R565+): both buckets WORKFLOW_NVLINK5_ERR. The catalogue's sub-code
+    // table decides by the unit and error status the kernel line prints (`144, SAW_MVB Nonfatal
+    // XC0 i0 Link 0 (0x00000001 0x00000008 ...)`): its Fatal rows need RESET_GPU, its
+    // Non-fatal rows IGNORE or XID_154_EVAL (the recovery action XID 154 and NVML then report).
+    // An NVML event carries no sub-code, so a count is taken as its worst case: a reset.
     (144, "NVLink: SAW Error", ResetGpu),
     (145, "NVLink: RLW Error", ResetGpu),
     (146, "NVLink: TLW Error", ResetGpu),
