@@ -49,7 +49,7 @@ const UNSEEN: &str = "unseen.tsv";
 fn read(files: &[std::path::PathBuf]) -> Vec<Excerpt> {
     let mut out = Vec::new();
     for file in files {
-        for (n, row) in std::fs::read_to_string(&file).unwrap().lines().enumerate() {
+        for (n, row) in std::fs::read_to_string(file).unwrap().lines().enumerate() {
             if row.starts_with('#') || row.trim().is_empty() {
                 continue;
             }
