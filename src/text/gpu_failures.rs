@@ -131,7 +131,9 @@ pub fn iommu_not_passthrough(who: &str, at: &str, evidence: &str) -> String {
     format!(
         "RCCL in {who} says the node's IOMMU is not in passthrough mode at {at}: {evidence}. \
          With the IOMMU translating, P2P between AMD GPUs can hang the job or the node. Fix: \
-         add iommu=pt to the node's kernel command line and reboot it."
+         add iommu=pt to the node's kernel command line and reboot it (not needed where the \
+         kernel's default is already passthrough, CONFIG_IOMMU_DEFAULT_PASSTHROUGH=y, nor in a \
+         VM, where RCCL warns regardless)."
     )
 }
 
