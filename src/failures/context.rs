@@ -4,6 +4,10 @@
 //! - Python prints `[Errno 38] Function not implemented` (or EACCES, ENOENT) for many calls;
 //!   after the traceback line that makes a semaphore (`_multiprocessing.SemLock(`) it says that
 //!   POSIX semaphores have no /dev/shm: `shm_unavailable`, told with the line that decided.
+//! - PyTorch prints `CUDA error: invalid device ordinal` for any device number a process does
+//!   not have; after the traceback line that opens another process's CUDA tensor
+//!   (`rebuild_cuda_tensor`, `_new_shared_cuda(`: cudaIpcOpenMemHandle) it is CUDA IPC between
+//!   processes that do not see the same GPUs: `cuda_ipc_invalid_device`.
 //! - NCCL up to 2.11 prints `Error while creating shared memory segment` without an errno; a
 //!   full /dev/shm is its usual cause, but when a line of the same container just said which
 //!   call failed and why (told already), it is the same failure, not a second one.
@@ -23,27 +27,45 @@ const ORIGINS: usize = 4096;
 /// Bytes kept of a hint line.
 const HINT_MAX: usize = 256;
 
-/// Lines that say nothing alone but decide the next ones.
-const HINTS: &[&str] = &["_multiprocessing.SemLock("];
-/// Generic lines a hint decides, and what they then are.
-const DECIDED: &[(&str, FindingKind)] = &[
+/// Lines that say nothing alone but decide the next ones: each hint, and the generic lines it
+/// decides with what they then are.
+type Rule = (
+    &'static [&'static str],
+    &'static [(&'static str, FindingKind)],
+);
+const RULES: &[Rule] = &[
     (
-        "[Errno 38] Function not implemented",
-        FindingKind::ShmUnavailable,
+        &["_multiprocessing.SemLock("],
+        &[
+            (
+                "[Errno 38] Function not implemented",
+                FindingKind::ShmUnavailable,
+            ),
+            ("[Errno 13] Permission denied", FindingKind::ShmUnavailable),
+            (
+                "[Errno 2] No such file or directory",
+                FindingKind::ShmUnavailable,
+            ),
+        ],
     ),
-    ("[Errno 13] Permission denied", FindingKind::ShmUnavailable),
     (
-        "[Errno 2] No such file or directory",
-        FindingKind::ShmUnavailable,
+        &["rebuild_cuda_tensor", "_new_shared_cuda("],
+        &[("invalid device ordinal", FindingKind::CudaIpcInvalidDevice)],
     ),
 ];
 
 /// What a hint or a line a hint decides holds: the recogniser's filter looks for these.
-pub const NEEDLES: &[&str] = &["SemLock(", "[Errno "];
+pub const NEEDLES: &[&str] = &[
+    "SemLock(",
+    "[Errno ",
+    "rebuild_cuda_tensor",
+    "_new_shared_cuda(",
+];
 
 #[derive(Default, Clone)]
 struct Recent {
-    hint: Option<(String, SystemTime)>,
+    /// The last hint: its line, when, and which rule it is of.
+    hint: Option<(String, SystemTime, usize)>,
     failure: Option<SystemTime>,
 }
 
@@ -72,14 +94,18 @@ impl Window {
         text: &str,
         at: SystemTime,
     ) -> Option<(FindingKind, String)> {
-        if HINTS.iter().any(|h| text.contains(h)) {
+        if let Some(rule) = RULES
+            .iter()
+            .position(|(hints, _)| hints.iter().any(|h| text.contains(h)))
+        {
             let hint = crate::model::cut(text.trim(), HINT_MAX);
-            self.of(origin).hint = Some((hint, at));
+            self.of(origin).hint = Some((hint, at, rule));
             return None;
         }
-        let (_, kind) = DECIDED.iter().find(|(needle, _)| text.contains(needle))?;
         let recent = self.recent.get_mut(origin)?;
-        let (hint, when) = recent.hint.take()?;
+        let (_, decided) = RULES.get(recent.hint.as_ref()?.2)?;
+        let (_, kind) = decided.iter().find(|(needle, _)| text.contains(needle))?;
+        let (hint, when, _) = recent.hint.take()?;
         within(when, at).then_some((*kind, hint))
     }
 
@@ -127,6 +153,27 @@ mod tests {
         );
         // Used once: the same errno again says nothing.
         assert_eq!(w.unmatched(&pod("a"), ENOSYS, t(2)), None);
+    }
+
+    #[test]
+    fn opening_a_cuda_tensor_decides_an_invalid_device_ordinal_and_nothing_else() {
+        const REBUILD: &str = "    storage = storage_cls._new_shared_cuda(";
+        const ORDINAL: &str = "RuntimeError: CUDA error: invalid device ordinal";
+        let mut w = Window::default();
+        assert_eq!(w.unmatched(&pod("a"), ORDINAL, t(0)), None, "alone");
+        assert_eq!(w.unmatched(&pod("a"), REBUILD, t(0)), None);
+        // Its hint decides no errno of the semaphore's rule.
+        assert_eq!(w.unmatched(&pod("a"), ENOSYS, t(1)), None);
+        assert_eq!(
+            w.unmatched(&pod("a"), ORDINAL, t(1)),
+            Some((
+                FindingKind::CudaIpcInvalidDevice,
+                REBUILD.trim().to_string()
+            ))
+        );
+        // Nor does the semaphore's hint decide a device number.
+        w.unmatched(&pod("a"), SEMLOCK, t(2));
+        assert_eq!(w.unmatched(&pod("a"), ORDINAL, t(3)), None);
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         pairs: &gpu_pairs,
         culprits: &culprits,
         node_culprits: &node_culprits,
+        evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
     };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
@@ -183,6 +184,14 @@ fn message(
             crate::kube::evicted::parse_message(&d.evidence),
             shm,
         ),
+        FindingKind::GpuTooManyPeers => text::gpu_too_many_peers(&who, &at, said, job),
+        FindingKind::GpuEccUncorrectable => text::gpu_ecc_uncorrectable(&who, &at, said, job),
+        FindingKind::GpuFabricNotReady => text::gpu_fabric_not_ready(&who, &at, said, job),
+        FindingKind::GpuPeerMappingFailed => text::gpu_peer_mapping_failed(&who, &at, said, job),
+        FindingKind::CudaIpcInvalidDevice => text::cuda_ipc_invalid_device(&who, &at, said, job),
+        FindingKind::IommuNotPassthrough => text::iommu_not_passthrough(&who, &at, said),
+        FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),
+        FindingKind::NcclRanksDead => text::nccl_ranks_dead(&who, &at, said),
         _ => text::shm_allocation_failed(
             &who,
             &at,
@@ -1111,6 +1120,68 @@ mod tests {
             "{}",
             f.message
         );
+    }
+
+    #[test]
+    fn a_gpu_failure_in_the_jobs_words_names_the_gpu_nvml_has_evidence_against() {
+        use crate::model::{FabricInfo, FabricState, Finding, Subject};
+        let mut s = board(&[]);
+        s.nvml_up = true;
+        // An ECC XID on the job's GPU 7 and on GPU 2, which the job does not hold.
+        for gpu in [7, 2] {
+            s.findings.push(Finding::new(
+                FindingKind::GpuXid,
+                Subject::Xid { gpu, xid: 48 },
+                String::new(),
+            ));
+        }
+        s.gpus[6].fabric = Some(FabricInfo {
+            state: FabricState::NotStarted,
+            status: "success".into(),
+            degraded_bandwidth: None,
+            route_unhealthy: None,
+        });
+        let holders = holders();
+        let known = Known {
+            snapshot: Some(&s),
+            pods: None,
+            holders: &holders,
+            rules: DeathRules::default(),
+        };
+        let mut d = detected(FindingKind::GpuEccUncorrectable, trainer());
+        d.evidence = "[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated \
+                      with exception: CUDA error: uncorrectable ECC error encountered"
+            .into();
+        let f = correlate(&d, known).expect("told");
+        assert_eq!(f.kind, FindingKind::GpuEccUncorrectable);
+        assert_eq!(f.gpus, vec![6, 7]);
+        for part in [
+            "its Pod holds GPUs 6 and 7",
+            "The bad one: GPU 7 (GPU 7: XID 48, Double Bit ECC Error)",
+            "`nvidia-smi -r -i 7`",
+        ] {
+            assert!(f.message.contains(part), "{part:?} not in {}", f.message);
+        }
+        assert!(!f.message.contains("GPU 2"), "{}", f.message);
+
+        let mut d = detected(FindingKind::GpuFabricNotReady, trainer());
+        d.evidence = "Error 802: system not yet initialized".into();
+        let f = correlate(&d, known).expect("told");
+        assert!(
+            f.message
+                .contains("NVML agrees: GPU 6: its fabric registration has not started"),
+            "{}",
+            f.message
+        );
+        // Without NVML nothing is claimed of the GPUs.
+        let mut blind = s.clone();
+        blind.nvml_up = false;
+        let known = Known {
+            snapshot: Some(&blind),
+            ..known
+        };
+        let f = correlate(&d, known).expect("told");
+        assert!(f.message.contains("not known (no NVML)"), "{}", f.message);
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod crash;
 pub mod dataloader;
 pub mod detect;
 pub mod docker_exits;
+mod gpu_evidence;
 pub mod job_links;
 pub mod ledger;
 pub mod oom;

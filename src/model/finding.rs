@@ -172,6 +172,27 @@ finding_kinds! {
         ImexChannelMissing = "imex_channel_missing", reason: own, Critical;
         /// CUDA refused peer access between two GPUs.
         GpuPeerAccessRefused = "gpu_peer_access_refused", reason: own, Critical;
+        /// CUDA ran out of peer mappings: a process mapped more peers than the driver allows
+        /// (CUDA 711), a topology or NCCL setting, not a broken link.
+        GpuTooManyPeers = "gpu_too_many_peers", reason: own, Critical;
+        /// CUDA met an uncorrectable ECC error (CUDA 214): a bad GPU.
+        GpuEccUncorrectable = "gpu_ecc_uncorrectable", reason: own, Critical;
+        /// CUDA says the system is not yet initialized (CUDA 802): on NVSwitch systems the fabric
+        /// manager is not running or the fabric not trained.
+        GpuFabricNotReady = "gpu_fabric_not_ready", reason: own, Critical;
+        /// Mapping GPU memory into another GPU's address space failed (CUDA 205), as NCCL's
+        /// ncclMemAlloc grants its peers access.
+        GpuPeerMappingFailed = "gpu_peer_mapping_failed", reason: own, Critical;
+        /// CUDA IPC between processes that do not see the same devices (CUDA 101 on
+        /// cudaIpcOpenMemHandle).
+        CudaIpcInvalidDevice = "cuda_ipc_invalid_device", reason: own, Critical;
+        /// RCCL says the kernel's IOMMU is not in passthrough mode: AMD GPUs' P2P can hang.
+        IommuNotPassthrough = "iommu_not_passthrough", reason: own, Warning;
+        /// NCCL could not set up NVLink SHARP (NVLS) multicast memory: the fabric manager or the
+        /// NVSwitches.
+        NvlsMulticastFailed = "nvls_multicast_failed", reason: own, Critical;
+        /// NCCL's RAS says processes of the job are dead (unreachable).
+        NcclRanksDead = "nccl_ranks_dead", reason: own, Critical;
         /// The workload goes on with less shared memory than it wanted (Ray's object store in
         /// /tmp): slower, not dead.
         ShmFallback = "shm_fallback", reason: own, Warning;
@@ -387,6 +408,14 @@ mod tests {
             FindingKind::CudaIpcDenied,
             FindingKind::ImexChannelMissing,
             FindingKind::GpuPeerAccessRefused,
+            FindingKind::GpuTooManyPeers,
+            FindingKind::GpuEccUncorrectable,
+            FindingKind::GpuFabricNotReady,
+            FindingKind::GpuPeerMappingFailed,
+            FindingKind::CudaIpcInvalidDevice,
+            FindingKind::IommuNotPassthrough,
+            FindingKind::NvlsMulticastFailed,
+            FindingKind::NcclRanksDead,
             FindingKind::ShmFallback,
             FindingKind::ShmLeftoverSegments,
             FindingKind::GpuPcieDegraded,

@@ -132,6 +132,8 @@ pub struct JobGpus<'a> {
     /// The GPUs of the node the pair judge blames (not "either end"), said when the job's own
     /// GPUs are not known.
     pub node_culprits: &'a [Suspect],
+    /// Their recent ECC XIDs and fabric state (`gpu_failures.rs`).
+    pub evidence: super::GpuEvidence,
 }
 
 /// `GPU 5`, `GPUs 5 and 7`, `GPUs 1, 5 and 7`.

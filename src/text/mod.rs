@@ -5,6 +5,7 @@
 //!
 //! - `shm.rs`: a container's /dev/shm; `gpu.rs`: GPUs, links, pairs, XIDs, NVML;
 //! - `pairs.rs`: the reasons a GPU pair is not ok;
+//! - `gpu_failures.rs`: GPU failures in the job's own words (CUDA, NCCL, RCCL);
 //! - `failures.rs`: why a workload died; `ipc.rs`: what else failed its IPC (a /dev/shm not
 //!   shared or missing, descriptors, CUDA IPC, IMEX, peer access, fallbacks);
 //! - `conditions.rs`: the Node's conditions, reasons too;
@@ -17,6 +18,7 @@ mod blind;
 mod conditions;
 mod failures;
 mod gpu;
+mod gpu_failures;
 mod ipc;
 mod job_links;
 mod pairs;
@@ -41,6 +43,10 @@ pub use gpu::{
     gpu_pcie_errors, gpu_recovery_action, link_errors, nvml_load_failed, nvml_not_loading,
     nvml_unavailable, pair_fails, pcie_acs_enabled, reason_acs, xid, xid_advice,
     DEV_NVIDIA0_EXISTS,
+};
+pub use gpu_failures::{
+    cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_peer_mapping_failed,
+    gpu_too_many_peers, iommu_not_passthrough, nccl_ranks_dead, nvls_multicast_failed, GpuEvidence,
 };
 pub use ipc::{
     cuda_ipc_denied, fd_limit_reached, gpu_peer_access_refused, imex_channel_missing, shm_fallback,

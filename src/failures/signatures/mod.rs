@@ -28,6 +28,7 @@ pub struct LogMatch {
 }
 
 /// One known text.
+#[derive(Clone, Copy)]
 pub struct Signature {
     /// Stable name, reported in [`LogMatch::signature`].
     pub id: &'static str,
@@ -40,10 +41,35 @@ pub struct Signature {
     pub source: &'static str,
 }
 
+mod gpu_table;
 mod table;
 
-pub use table::SIGNATURES;
+use gpu_table::*;
 use table::*;
+
+/// Every known text: /dev/shm's that say their cause, the GPUs', then the generic ones and the
+/// judged (`table.rs`, `gpu_table.rs`). The order is the priority when one line matches
+/// several rows.
+pub const SIGNATURES: &[Signature] = &ALL;
+const ALL: [Signature; SHM.len() + GPU.len() + GENERIC.len()] = joined([SHM, GPU, GENERIC]);
+
+/// The tables one after the other, at compile time (a row count that does not add up fails the
+/// build).
+const fn joined<const N: usize>(parts: [&[Signature]; 3]) -> [Signature; N] {
+    let mut out = [parts[0][0]; N];
+    let (mut n, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            out[n] = parts[p][i];
+            n += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    assert!(n == N);
+    out
+}
 
 /// The matcher over [`SIGNATURES`], built once and shared.
 #[derive(Debug, Clone)]
@@ -111,7 +137,11 @@ impl Signatures {
             let Some(sig) = SIGNATURES.get(row) else {
                 continue;
             };
-            if let Some((kind, gpus)) = verify(sig, line, m.end(), &names_shm) {
+            let verified = match verify_gpu(sig, line, m.end()) {
+                Some(gpu) => gpu.map(|kind| (kind, None)),
+                None => verify(sig, line, m.end(), &names_shm),
+            };
+            if let Some((kind, gpus)) = verified {
                 let guessed =
                     sig.id == NCCL_SHM_CREATE && line.get(m.end()..).and_then(errno).is_none();
                 best = Some((
@@ -167,9 +197,8 @@ fn verify(
             (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(sig.kind)
         }
         NCCL_P2P_DISABLED => return gpu_pair(rest).map(|g| (sig.kind, Some(g))),
-        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM => {
-            on_shm().then_some(sig.kind)
-        }
+        ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM
+        | UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
         // Only the errnos that say which; an old line without one says nothing sure.
         TORCH_OPEN_SHM => match errno(rest)? {
             Errno::NoFiles => Some(FindingKind::FdLimitReached),
@@ -232,6 +261,74 @@ fn verify(
         _ => Some(sig.kind),
     }?;
     Some((kind, None))
+}
+
+/// `verify` of the GPU rows (`gpu_table.rs`): None for another row, else whether the line is
+/// the failure (its kind) or only looks like it.
+fn verify_gpu(sig: &Signature, line: &str, end: usize) -> Option<Option<FindingKind>> {
+    if !SAID.contains(&sig.id) {
+        return None;
+    }
+    let start = end - sig.needle.len();
+    let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
+        return Some(None);
+    };
+    if !said_as_failure(line, start, end) {
+        return Some(None);
+    }
+    let any = |words: &[&str]| words.iter().any(|w| line.contains(w));
+    let told = match sig.id {
+        // RCCL warns of `amd_iommu=on` and others with the same words.
+        RCCL_IOMMU => before.trim_end().ends_with("iommu=pt\""),
+        NCCL_NVLS_CUDA => rest.contains("NCCL WARN Cuda failure"),
+        // 205 is also graphics interop's: only NCCL's or a peer mapping's.
+        CUDA_MAP_FAILED | CUDA_MAP_FAILED_NAME => any(&["NCCL", "ncclMemAlloc", "PeerAccess"]),
+        // Any wrong device number says this; only CUDA IPC's is ours (else `context.rs`).
+        CUDA_IPC_INVALID_DEVICE => any(&["IpcOpenMemHandle", "IPC handle"]),
+        _ => true,
+    };
+    Some(told.then_some(sig.kind))
+}
+
+/// Whether the GPU text at `start..end` is a program's failure, not a quote of it: not after
+/// `grep` (a search), not NCCL's INFO (a CUDA call NCCL ignores and goes on from), not followed
+/// by a retry, and when inside quotes, quoted as NCCL quotes CUDA's string (`Cuda failure 711
+/// '...'`, `CUDA error 802 '...'`), not as help text quotes an error (`` `Error 802: ...` ``).
+fn said_as_failure(line: &str, start: usize, end: usize) -> bool {
+    let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
+        return false;
+    };
+    if before.contains("grep ") || before.contains("NCCL INFO") {
+        return false;
+    }
+    if rest.to_ascii_lowercase().contains("retrying") {
+        return false;
+    }
+    ['\'', '"', '`'].iter().all(|&q| {
+        // Inside a quote: an odd count of the mark before the text, and one after it.
+        let opened = before.matches(q).count() % 2 == 1 && rest.contains(q);
+        !opened || before.rfind(q).is_some_and(|at| nccl_quotes(&before[..at]))
+    })
+}
+
+/// Whether a quote opening after `head` is a CUDA error string quoted by NCCL (`Cuda failure
+/// 711 '`, `CUDA error 401 '`) or nccl-tests (`Test CUDA failure common.cu:941 '`).
+fn nccl_quotes(head: &str) -> bool {
+    let head = head.trim_end();
+    // The number or the file:line between the words and the quote.
+    let said = match head.rsplit_once(' ') {
+        Some((said, last))
+            if last.bytes().all(|b| {
+                b.is_ascii_digit() || b == b':' || b == b'.' || b.is_ascii_alphabetic()
+            }) && last.bytes().any(|b| b.is_ascii_digit()) =>
+        {
+            said.trim_end()
+        }
+        _ => head,
+    };
+    ["Cuda failure", "CUDA failure", "CUDA error"]
+        .iter()
+        .any(|w| said.ends_with(w))
 }
 
 /// The errnos that decide a row's kind.
@@ -429,6 +526,60 @@ mod tests {
             .match_line("RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error.")
             .unwrap();
         assert!(!torch.judged);
+    }
+
+    #[test]
+    fn gpu_texts_are_their_kinds_and_quotes_searches_and_retries_of_them_are_nothing() {
+        use FindingKind::*;
+        for (line, want) in [
+            (
+                "RuntimeError: CUDA error: peer mapping resources exhausted",
+                GpuTooManyPeers,
+            ),
+            (
+                "failed call to cuDevicePrimaryCtxRetain: CUDA_ERROR_ECC_UNCORRECTABLE: \
+                 uncorrectable ECC error encountered",
+                GpuEccUncorrectable,
+            ),
+            (
+                "  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized",
+                GpuFabricNotReady,
+            ),
+            // CUDA 802 inside NCCL's NVLS line: the fabric manager's, said more precisely.
+            (
+                "NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 \
+                 : CUDA error 802 'system not yet initialized'.",
+                GpuFabricNotReady,
+            ),
+            (
+                "Unable to enable peer access: code=205(cudaErrorMapBufferObjectFailed) \
+                 cudaDeviceEnablePeerAccess(1, 0)",
+                GpuPeerMappingFailed,
+            ),
+            (
+                "RuntimeError: cudaIpcOpenMemHandle failed: invalid device ordinal",
+                CudaIpcInvalidDevice,
+            ),
+        ] {
+            assert_eq!(kind(line), Some(want), "{line}");
+        }
+        for line in [
+            // A search, help text quoting it, NCCL's ignored call, a retry, any device number,
+            // graphics interop's 205.
+            "$ grep 'peer mapping resources exhausted' nccl.log",
+            "Tip: 'uncorrectable ECC error encountered' means the GPU memory is bad",
+            "node-1:77:77 [0] NCCL INFO misc/cudawrap.cc:90 Cuda failure 802 'system not yet \
+             initialized'",
+            "cuMulticastBindMem returned 802 (system not yet initialized), retrying (1/5)",
+            "RuntimeError: CUDA error: invalid device ordinal",
+            "cudaGraphicsMapResources failed: mapping of buffer object failed",
+            "For `Error 802: system not yet initialized`, install `nvidia-fabricmanager`.",
+            "init.cc:120 NCCL WARN Missing \"amd_iommu=on\" from kernel command line which can \
+             lead to system instablity or hang!",
+            "node-1:77:77 [0] NCCL INFO transport/nvls.cc:409 -> 1",
+        ] {
+            assert_eq!(Signatures::new().match_line(line), None, "{line}");
+        }
     }
 
     #[test]

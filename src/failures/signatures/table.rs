@@ -30,6 +30,7 @@ pub(super) const SHELL_BUS_ERROR: &str = "shell-bus-error";
 pub(super) const DEEPSPEED_EXIT_SIGBUS: &str = "deepspeed-exit-sigbus";
 pub(super) const CHROMIUM_OOM: &str = "chromium-out-of-memory";
 pub(super) const PUPPETEER_PAGE_CRASHED: &str = "puppeteer-page-crashed";
+pub(super) const UCX_POSIX_NO_SPACE: &str = "ucx-posix-no-space";
 
 /// Rows whose line names a fault but not its cause: told only when the container's /dev/shm
 /// was full then (`correlate`), as the row's kind; else nothing, so help text that says "Bus
@@ -48,11 +49,11 @@ pub(super) const JUDGED: &[&str] = &[
     CHROMIUM_OOM,
     PUPPETEER_PAGE_CRASHED,
     "chromedriver-page-crash",
+    "sglang-scheduler-sigbus",
 ];
 
-/// Every known text. The order is the priority when one line matches several rows: specific
-/// texts first, the generic ENOSPC last.
-pub const SIGNATURES: &[Signature] = &[
+/// The /dev/shm texts that say their cause: first of all rows (`SIGNATURES`).
+pub(super) const SHM: &[Signature] = &[
     Signature {
         id: "torch-shm-fallocate",
         kind: FindingKind::ShmAllocationFailed,
@@ -400,53 +401,20 @@ pub const SIGNATURES: &[Signature] = &[
         source: "Chromium base/memory/platform_shared_memory_region_posix.cc Create",
     },
     Signature {
-        id: "nccl-peer-with-device",
-        kind: FindingKind::GpuPeerAccessRefused,
-        needle: "failed to peer with device",
-        fixture: "node-2:3127:3180 [1] transport/p2p.cc:118 NCCL WARN failed to peer with device \
-                  0(=3000): 217 peer access is not supported between these two devices",
-        source: "NCCL src/transport/p2p.cc p2pMap: cudaDeviceEnablePeerAccess failed",
+        id: UCX_POSIX_NO_SPACE,
+        kind: FindingKind::ShmAllocationFailed,
+        needle: "Not enough memory to write total of ",
+        fixture: "[1700000000.123456] [gpu-3:4242:0]       mm_posix.c:206  UCX  ERROR Not enough \
+                  memory to write total of 4292720 bytes. Please check that /dev/shm or the \
+                  directory you specified has more available memory.",
+        source: "UCX src/uct/sm/mm/posix/mm_posix.c uct_posix_test_mem (1.9+): writing its \
+                 segment failed with ENOSPC; only the line that names /dev/shm",
     },
-    Signature {
-        id: "nccl-peer-access",
-        kind: FindingKind::GpuPeerAccessRefused,
-        needle: "peer access is not supported between these two devices",
-        fixture: "node-2:3127:3180 [0] transport/p2p.cc:273 NCCL WARN failed to open CUDA IPC \
-                  handle : 217 peer access is not supported between these two devices",
-        source: "CUDA's text for cudaErrorPeerAccessUnsupported (217), as NCCL src/transport/\
-                 p2p.cc and shm.cc and CUDA programs print it",
-    },
-    Signature {
-        id: "nccl-mnnvl-imex",
-        kind: FindingKind::ImexChannelMissing,
-        needle: "Check the IMEX",
-        fixture: "gb200-07:4021:4102 [0] mnnvl.cc:90 NCCL WARN MNNVL (cliqueSize 72) is \
-                  available but not working on this system. Check the IMEX channel \
-                  configuration (/dev/nvidia-caps-imex-channels). Set NCCL_MNNVL_ENABLE=0 to \
-                  ignore this issue.",
-        source: "NCCL src/mnnvl.cc ncclMnnvlCheck (2.25+): FABRIC handles do not work: no IMEX \
-                 channel in the container, or its service down",
-    },
-    Signature {
-        id: "nccl-mnnvl-unsupported",
-        kind: FindingKind::ImexChannelMissing,
-        needle: "MNNVL is not supported on this system",
-        fixture: "gb200-07:4021:4102 [0] init.cc:1115 NCCL WARN MNNVL is not supported on this \
-                  system",
-        source: "NCCL src/init.cc initTransportsRank (2.20-2.24) with NCCL_MNNVL_ENABLE=1",
-    },
-    Signature {
-        id: NCCL_P2P_DISABLED,
-        kind: FindingKind::NcclP2pDisabled,
-        needle: "P2P is disabled between NVLINK connected GPUs",
-        fixture: "node-000:8639:8745 [1] graph/paths.cc:314 NCCL WARN P2P is disabled between \
-                  NVLINK connected GPUs 1 and 3. This should not be the case given their \
-                  connectivity, and is probably due to a hardware issue. If you still want to \
-                  proceed, you can set NCCL_IGNORE_DISABLED_P2P=1.",
-        source: "NCCL src/graph/paths.cc ncclTopoCheckP2p: NVML says P2P is not OK between two \
-                 NVLink-connected GPUs (NVML indices); NCCL then fails with an unhandled CUDA \
-                 error",
-    },
+];
+
+/// The generic texts (an errno on a line that names /dev/shm), then the judged rows: after every
+/// specific row, so that any row that says the cause wins on its line.
+pub(super) const GENERIC: &[Signature] = &[
     Signature {
         id: ENOSPC_DEV_SHM,
         kind: FindingKind::ShmAllocationFailed,
@@ -589,5 +557,15 @@ pub const SIGNATURES: &[Signature] = &[
         source: "ChromeDriver chrome/test/chromedriver (kTabCrashed): the renderer died under \
                  Selenium; a full /dev/shm is the known cause in containers \
                  (SeleniumHQ/docker-selenium#589, elgalu/docker-selenium#20)",
+    },
+    Signature {
+        id: "sglang-scheduler-sigbus",
+        kind: FindingKind::ShmBusError,
+        needle: "scheduler died during initialization (exit code: -7)",
+        fixture: "RuntimeError: Rank 0 scheduler died during initialization (exit code: -7). If \
+                  exit code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T \
+                  | grep -i oom` to check.",
+        source: "sglang python/sglang/srt/entrypoints/engine.py _scheduler_died_error: a \
+                 scheduler process ended by signal 7 (SIGBUS) while it started",
     },
 ];

@@ -105,8 +105,11 @@ const TABLE: &[(u64, &str, XidAction)] = &[
     (141, "CUDA Fast Path Error", Ignore),
     (142, "NVENC3 Error", ContactVendor),
     (143, "GPU Initialization Error", ResetGpu),
-    // 144-150: WORKFLOW_NVLINK5_ERR. The workflow's text is not in the catalogue's table; these
-    // are taken as needing a reset like the other NVLink XIDs (74, 136, 155): unverified.
+    // 144-150 (B100, GB200; R565+): both buckets WORKFLOW_NVLINK5_ERR. The catalogue's sub-code
+    // table decides by the unit and error status the kernel line prints (`144, SAW_MVB Nonfatal
+    // XC0 i0 Link 0 (0x00000001 0x00000008 ...)`): its Fatal rows need RESET_GPU, its
+    // Non-fatal rows IGNORE or XID_154_EVAL (the recovery action XID 154 and NVML then report).
+    // An NVML event carries no sub-code, so a count is taken as its worst case: a reset.
     (144, "NVLink: SAW Error", ResetGpu),
     (145, "NVLink: RLW Error", ResetGpu),
     (146, "NVLink: TLW Error", ResetGpu),
@@ -138,6 +141,52 @@ pub fn lookup(xid: u64) -> Option<XidEntry> {
         })
 }
 
+/// An NVLink 5 XID (144-150) as the kernel line's sub-code says it: `145, RLW_REMAP Nonfatal XC0
+/// i0 Link 3 (0x00000004 0x00000040 ...)`: the unit, whether the driver called it fatal, the
+/// link, and the error status the catalogue's "XID 144-150 Decode" tab keys on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nvlink5<'a> {
+    pub unit: &'a str,
+    pub fatal: bool,
+    pub error_status: Option<u32>,
+    /// What the decode tab calls for: its fatal rows RESET_GPU, its non-fatal rows IGNORE or
+    /// XID_154_EVAL (then XID 154 and NVML's recovery action say what to do).
+    pub action: XidAction,
+}
+
+/// The sub-code of an XID 144-150 line's text (after `<xid>, `); None for another XID or a
+/// text in another shape.
+pub fn nvlink5(xid: u64, text: &str) -> Option<Nvlink5<'_>> {
+    if !(144..=150).contains(&xid) {
+        return None;
+    }
+    let mut words = text.split_whitespace();
+    let unit = words.next()?;
+    // `Link Fatal` (NETIR) is fatal too.
+    let severity = match words.next()? {
+        "Link" => words.next()?,
+        word => word,
+    };
+    let fatal = match severity {
+        "Fatal" => true,
+        "Nonfatal" | "Non-fatal" => false,
+        _ => return None,
+    };
+    let error_status = text
+        .split_once('(')
+        .and_then(|(_, regs)| regs.split_whitespace().nth(1))
+        .and_then(|r| {
+            u32::from_str_radix(r.trim_end_matches(')').trim_start_matches("0x"), 16).ok()
+        });
+    let action = if fatal { ResetGpu } else { Ignore };
+    Some(Nvlink5 {
+        unit,
+        fatal,
+        error_status,
+        action,
+    })
+}
+
 /// Whether `xid` makes `GpuFault` True.
 pub fn is_fatal(xid: u64) -> bool {
     lookup(xid).is_some_and(|e| e.action.is_fatal())
@@ -146,6 +195,34 @@ pub fn is_fatal(xid: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvlink5_sub_codes_say_fatal_or_not_as_the_kernel_line_does() {
+        // In the shape the catalogue gives the driver's line.
+        let saw = nvlink5(
+            144,
+            "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000)",
+        )
+        .unwrap();
+        assert_eq!(
+            (saw.unit, saw.fatal, saw.error_status, saw.action),
+            ("SAW_MVB", false, Some(8), Ignore)
+        );
+        let netir = nvlink5(
+            149,
+            "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000)",
+        )
+        .unwrap();
+        assert_eq!((netir.fatal, netir.action), (true, ResetGpu));
+        assert!(netir.action.is_fatal() && !saw.action.is_fatal());
+        assert_eq!(
+            nvlink5(74, "SAW_MVB Fatal XC0"),
+            None,
+            "not an NVLink 5 XID"
+        );
+        assert_eq!(nvlink5(145, "pid=1, something else"), None);
+        assert_eq!(nvlink5(145, ""), None);
+    }
 
     #[test]
     fn the_table_is_sorted_without_duplicates() {

@@ -129,6 +129,23 @@ pub struct KernelXids {
 impl KernelXids {
     /// The (PCI address, XID) to count for this record, if any.
     pub fn observe(&mut self, event: KernelGpu, at: Instant) -> Option<(String, u64)> {
+        if let KernelGpu::Xid { xid, text, .. } = &event {
+            // NVML's event of the same XID carries no sub-code: say what the line decides.
+            if let Some(sub) = super::catalogue::nvlink5(*xid, text) {
+                tracing::info!(
+                    xid,
+                    unit = sub.unit,
+                    fatal = sub.fatal,
+                    "XID {xid} {}: {} (NVIDIA's decode of NVLink 5 XIDs)",
+                    sub.unit,
+                    if sub.fatal {
+                        "fatal, a GPU reset is needed"
+                    } else {
+                        "non-fatal, no reset unless XID 154 asks for one"
+                    }
+                );
+            }
+        }
         let (pci, xid, from_bus_line) = match event {
             KernelGpu::Xid { pci, xid, .. } if xid != FELL_OFF_BUS => return Some((pci, xid)),
             KernelGpu::Xid { pci, .. } => (pci, FELL_OFF_BUS, false),
