@@ -53,9 +53,12 @@ pub enum CheckError {
 pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let listed = pods_once(settings.kube, &settings.scan.node)?;
     let pods = listed.as_deref().map(|p| PodIndex::new(p.iter()));
-    let mut snapshot = Scanner::for_check(&settings.scan)?
-        .scan_with(pods.as_ref())
-        .snapshot;
+    let mut scanner = Scanner::for_check(&settings.scan)?;
+    // serve's link counters over the days, judged with this scan's sample as serve would.
+    if let Some(dir) = settings.state_dir.as_deref() {
+        scanner.resume_link_samples(stored_links(dir));
+    }
+    let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
     read_back(&mut pipeline, &settings.sources, since);
@@ -102,6 +105,20 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
         }
         Err(e) => {
             tracing::warn!("{e}; the failures serve stored are left out");
+            Vec::new()
+        }
+    }
+}
+
+/// The link counters serve stored; none where there is no store or it cannot be read (said).
+fn stored_links(dir: &Path) -> Vec<crate::model::LinkSample> {
+    match state::read_link_samples(dir) {
+        Ok(rows) => rows,
+        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!("{e}; the link counters serve stored are left out");
             Vec::new()
         }
     }

@@ -97,6 +97,9 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let (store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot).await;
+    if let Some(s) = &store {
+        scanner.resume_link_samples(s.link_samples().to_vec());
+    }
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();

@@ -6,6 +6,7 @@ mod failure;
 mod finding;
 mod gpu;
 mod gpu_users;
+mod link_trend;
 mod shm;
 mod sight;
 mod snapshot;
@@ -25,6 +26,7 @@ pub use gpu::{
     TopologyLevel, Weight,
 };
 pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
+pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

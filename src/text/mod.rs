@@ -18,6 +18,7 @@ mod conditions;
 mod failures;
 mod gpu;
 mod ipc;
+mod links;
 mod pairs;
 mod preflight;
 mod probe;
@@ -45,6 +46,7 @@ pub use ipc::{
     cuda_ipc_denied, fd_limit_reached, gpu_peer_access_refused, imex_channel_missing, shm_fallback,
     shm_not_shared, shm_unavailable,
 };
+pub use links::link_errors_growing;
 pub use pairs::{
     fabric_problem, growth, growth_at_rate, link_growth, p2p_failing, reason_ber,
     reason_counter_growth, reason_crc_rate, reason_fabric, reason_gpu_lost, reason_link_inactive,
