@@ -3,6 +3,10 @@
 //! counter growing three times a day from the third day, another link with one burst. The store
 //! is closed and opened again half way (a restart); at the end serve's keeper and check's
 //! (the store read read-only, its one sample appended) must both find that link and only it.
+//! The last test runs the real `serve` and `check` on six days of rows a controlled clock wrote
+//! (serve's own clock is the machine's: the days are dated back from now instead).
+
+mod common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -90,11 +94,9 @@ fn open(dir: &Path, clock: &Arc<AtomicI64>) -> Store {
 }
 
 fn rows(dir: &Path) -> i64 {
-    let c = Connection::open_with_flags(
-        dir.join("state.sqlite3"),
-        OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
+    let c =
+        Connection::open_with_flags(dir.join("state.sqlite3"), OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
     c.query_row("SELECT count(*) FROM link_counters", [], |r| r.get(0))
         .unwrap()
 }
@@ -244,4 +246,169 @@ fn a_store_of_before_the_link_table_gets_it_and_keeps_its_schema() {
         .query_row("SELECT schema_version FROM meta", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, 1);
+}
+
+/// The preset's GPU 3, link 14: six days of hourly rows with its recoveries growing three a
+/// day, dated back from now, then the real `serve` (the fake NVML one more recovery on) and
+/// `check` judge them with their own live sample.
+#[test]
+fn serve_and_check_find_the_stored_days_with_their_live_sample() {
+    use common::agent::{sample, Agent};
+    use common::fake_nvml::{self, FakeNvml};
+    use std::process::{Command, Stdio};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut config = fake_nvml::preset("nvswitch-8");
+    let uuids: Vec<String> = config["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
+        .collect();
+    let now = state_now();
+    // Hour 0 is six days ago; the last row is 61 minutes old, so serve keeps its first sample.
+    let first = now - 6 * D - 61 * 60 * 1000;
+    let recoveries = |h: i64| (24..=h).filter(|x| [3, 11, 19].contains(&(x % 24))).count() as u64;
+    let preset_board = |h: i64| -> Vec<GpuReading> {
+        let mut b = board(h);
+        for (g, r) in b.iter_mut().zip(&uuids) {
+            r.clone_into(&mut g.uuid);
+            for l in &mut g.links {
+                l.errors = Some(LinkErrors {
+                    recovery: if (g.index, l.link) == BAD {
+                        505 + recoveries(h)
+                    } else {
+                        0
+                    },
+                    ..LinkErrors::default()
+                });
+            }
+        }
+        b
+    };
+    let node = Identity {
+        node: "node-trend".into(),
+        boot_id: state::boot_id(Path::new("/proc")),
+    };
+    let clock = Arc::new(AtomicI64::new(first));
+    {
+        let c = clock.clone();
+        let options = Options {
+            clock: Arc::new(move || at(c.load(Ordering::SeqCst))),
+            ..Options::default()
+        };
+        let store = Store::open(dir, &node, options, &StateMetrics::default()).unwrap();
+        let mut keeper = TrendKeeper::new(TrendRules::default());
+        for h in 0..=6 * 24 {
+            clock.store(first + h * H, Ordering::SeqCst);
+            let o = keeper.observe(&preset_board(h), at(first + h * H));
+            store.sender().link_samples(o.to_store);
+        }
+        assert!(store.flush(Duration::from_secs(10)));
+    }
+    let stored_rows = rows(dir);
+    assert_eq!(stored_rows, 8 * 18 * (6 * 24 + 1));
+    let last_count = 505 + recoveries(6 * 24);
+    config["gpus"][3]["links"][14]["errors"]["recovery"] = serde_json::json!(last_count + 1);
+    let fake = FakeNvml::new(&config);
+    let lib = fake_nvml::lib();
+    let since_s = (first + 24 * H + 3 * H) / 1000;
+    let dir_s = dir.to_str().unwrap();
+
+    let agent = Agent::start(
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--state-dir",
+            dir_s,
+            "--node-name",
+            "node-trend",
+        ],
+        &fake.env(),
+    );
+    agent.wait_ready();
+    let labels = [("gpu", "3"), ("link", "14"), ("counter", "recovery")];
+    let body = agent.wait_for_metrics("the growing link's since", |b| {
+        sample(
+            b,
+            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
+            &labels,
+        )
+        .is_some()
+    });
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
+            &labels
+        ),
+        Some(since_s as f64)
+    );
+    let rate = sample(&body, "shmlink_gpu_nvlink_error_growth_per_hour", &labels).unwrap();
+    assert!(rate > 0.1 && rate < 0.2, "16 over 6 days: {rate}");
+    let growing = body
+        .lines()
+        .filter(|l| l.starts_with("shmlink_gpu_nvlink_errors_growing_since"))
+        .count();
+    assert_eq!(growing, 1, "{body}");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || agent
+            .log_text()
+            .contains("finding began: NVLink errors on GPU 3 grow a little every day")),
+        "{}",
+        agent.log_text()
+    );
+    assert!(agent.terminate().success());
+    assert_eq!(
+        rows(dir),
+        stored_rows + 8 * 18,
+        "serve stored its first sample (the last row was over an hour old) and no more"
+    );
+
+    let out = Command::new(common::shmlink_bin())
+        .args(["check", "--json", "--nvml-lib", lib.to_str().unwrap()])
+        .args(["--state-dir", dir_s, "--node-name", "node-trend"])
+        .args([
+            "--kmsg",
+            "off",
+            "--pod-log-root",
+            "off",
+            "--docker-root",
+            "off",
+        ])
+        .envs(fake.env())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let found: Vec<&serde_json::Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "gpu_link_errors_growing")
+        .collect();
+    assert_eq!(found.len(), 1, "{report}");
+    assert_eq!(found[0]["subject"], "GPU 3");
+    assert_eq!(found[0]["severity"], "warning");
+    let since = humantime::format_rfc3339_seconds(at(since_s * 1000)).to_string();
+    let message = found[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "NVLink 14 (to the NVSwitch) recovery grew by 16 on 5 days since {since}"
+        )),
+        "{message}"
+    );
+    assert_eq!(rows(dir), stored_rows + 8 * 18, "check wrote nothing");
+}
+
+fn state_now() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
 }
