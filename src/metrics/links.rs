@@ -38,8 +38,15 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> f
     )?;
     for t in trends {
         let Some(g) = t.growing else { continue };
-        let secs = g.since.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        gauge(&mut since, &labels(t), i64::try_from(secs).unwrap_or(i64::MAX))?;
+        let secs = g
+            .since
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        gauge(
+            &mut since,
+            &labels(t),
+            i64::try_from(secs).unwrap_or(i64::MAX),
+        )?;
     }
     Ok(())
 }
