@@ -82,7 +82,7 @@ impl StateMetrics {
         );
         registry.register(
             "shmlink_state_rows_written",
-            "History rows and checkpoints written to the state store",
+            "History rows, link counter rows and checkpoints written to the state store",
             self.rows_written.clone(),
         );
         registry.register(
