@@ -266,54 +266,14 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
         .iter()
         .map(|g| g["uuid"].as_str().unwrap().to_string())
         .collect();
-    let now = state_now();
-    // Hour 0 is six days ago; the last row is 61 minutes old, so serve keeps its first sample.
-    let first = now - 6 * D - 61 * 60 * 1000;
-    let recoveries = |h: i64| (24..=h).filter(|x| [3, 11, 19].contains(&(x % 24))).count() as u64;
-    let preset_board = |h: i64| -> Vec<GpuReading> {
-        let mut b = board(h);
-        for (g, r) in b.iter_mut().zip(&uuids) {
-            r.clone_into(&mut g.uuid);
-            for l in &mut g.links {
-                l.errors = Some(LinkErrors {
-                    recovery: if (g.index, l.link) == BAD {
-                        505 + recoveries(h)
-                    } else {
-                        0
-                    },
-                    ..LinkErrors::default()
-                });
-            }
-        }
-        b
-    };
-    let node = Identity {
-        node: "node-trend".into(),
-        boot_id: state::boot_id(Path::new("/proc")),
-    };
-    let clock = Arc::new(AtomicI64::new(first));
-    {
-        let c = clock.clone();
-        let options = Options {
-            clock: Arc::new(move || at(c.load(Ordering::SeqCst))),
-            ..Options::default()
-        };
-        let store = Store::open(dir, &node, options, &StateMetrics::default()).unwrap();
-        let mut keeper = TrendKeeper::new(TrendRules::default());
-        for h in 0..=6 * 24 {
-            clock.store(first + h * H, Ordering::SeqCst);
-            let o = keeper.observe(&preset_board(h), at(first + h * H));
-            store.sender().link_samples(o.to_store);
-        }
-        assert!(store.flush(Duration::from_secs(10)));
-    }
+    let seeded = common::link_days::seed(dir, "node-trend", &uuids, 18, BAD.0, BAD.1);
     let stored_rows = rows(dir);
+    assert_eq!(stored_rows, seeded.rows);
     assert_eq!(stored_rows, 8 * 18 * (6 * 24 + 1));
-    let last_count = 505 + recoveries(6 * 24);
-    config["gpus"][3]["links"][14]["errors"]["recovery"] = serde_json::json!(last_count + 1);
+    config["gpus"][3]["links"][14]["errors"]["recovery"] = serde_json::json!(seeded.last_count + 1);
     let fake = FakeNvml::new(&config);
     let lib = fake_nvml::lib();
-    let since_s = (first + 24 * H + 3 * H) / 1000;
+    let since_s = seeded.since_s;
     let dir_s = dir.to_str().unwrap();
 
     let agent = Agent::start(
@@ -401,14 +361,4 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
         "{message}"
     );
     assert_eq!(rows(dir), stored_rows + 8 * 18, "check wrote nothing");
-}
-
-fn state_now() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
 }
