@@ -96,9 +96,9 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
-    let (store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot).await;
-    if let Some(s) = &store {
-        scanner.resume_link_samples(s.link_samples().to_vec());
+    let (mut store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot).await;
+    if let Some(s) = store.as_mut() {
+        scanner.resume_link_samples(s.take_link_samples());
     }
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();

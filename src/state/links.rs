@@ -35,10 +35,16 @@ pub(super) fn insert(tx: &Transaction<'_>, s: &LinkSample) -> rusqlite::Result<(
     Ok(())
 }
 
-/// Drops rows older than [`LINK_KEEP`] at `now`, then the oldest past [`LINK_ROWS_MAX`].
+/// Drops rows older than [`LINK_KEEP`] at `now` and those over a day ahead of it (written
+/// while the clock was wrong, they would hold back the hourly rows), then the oldest past
+/// [`LINK_ROWS_MAX`].
 pub(super) fn prune(conn: &Connection, now: SystemTime) -> rusqlite::Result<usize> {
     let cutoff = unix_ms(now.checked_sub(LINK_KEEP).unwrap_or(SystemTime::UNIX_EPOCH));
-    let old = conn.execute("DELETE FROM link_counters WHERE at_ms < ?1", [cutoff])?;
+    let ahead = unix_ms(now).saturating_add(24 * 3600 * 1000);
+    let old = conn.execute(
+        "DELETE FROM link_counters WHERE at_ms < ?1 OR at_ms > ?2",
+        [cutoff, ahead],
+    )?;
     let excess = conn.execute(
         "DELETE FROM link_counters WHERE rowid IN (
              SELECT rowid FROM link_counters ORDER BY at_ms DESC LIMIT -1 OFFSET ?1)",

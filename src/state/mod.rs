@@ -224,9 +224,10 @@ impl Store {
             .map(|(k, v)| (k.as_str(), v))
     }
 
-    /// The link counter samples as stored when the store was opened, oldest first.
-    pub fn link_samples(&self) -> &[LinkSample] {
-        &self.link_samples
+    /// The link counter samples as stored when the store was opened, oldest first; taken once
+    /// (the trend keeper holds them from then on).
+    pub fn take_link_samples(&mut self) -> Vec<LinkSample> {
+        std::mem::take(&mut self.link_samples)
     }
 
     /// A handle to send records with, for another thread.

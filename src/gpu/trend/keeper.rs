@@ -1,5 +1,10 @@
 //! The samples kept per link (by GPU UUID), thinned to one per [`TrendRules::every`] and
 //! bounded by [`TrendRules::keep`], and each scan's judgement of them.
+//!
+//! In memory a run of equal samples keeps only its first and last: the rule sees rises between
+//! consecutive samples and the span from the first to the last, and neither changes when the
+//! middle of a flat run goes. A board of flat links (most links, most days) then holds two
+//! samples a link, not 240 (the store keeps every hourly row).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::SystemTime;
@@ -24,7 +29,32 @@ pub struct Observed {
 #[derive(Debug, Clone, Default)]
 pub struct TrendKeeper {
     rules: TrendRules,
-    links: BTreeMap<(String, u32), VecDeque<LinkSample>>,
+    links: BTreeMap<(String, u32), VecDeque<Kept>>,
+}
+
+/// One kept sample of a link (its key is the map's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Kept {
+    at_ms: i64,
+    counts: [Option<u64>; 10],
+}
+
+impl Kept {
+    fn of(s: &LinkSample) -> Kept {
+        Kept {
+            at_ms: s.at_ms,
+            counts: s.counts,
+        }
+    }
+}
+
+/// Appends `s`; the middle of three equal samples goes.
+fn push(kept: &mut VecDeque<Kept>, s: Kept) {
+    let n = kept.len();
+    if n >= 2 && kept[n - 1].counts == s.counts && kept[n - 2].counts == s.counts {
+        kept.pop_back();
+    }
+    kept.push_back(s);
 }
 
 impl TrendKeeper {
@@ -42,7 +72,7 @@ impl TrendKeeper {
         for s in stored {
             let kept = self.links.entry((s.gpu.clone(), s.link)).or_default();
             if kept.back().is_none_or(|last| s.at_ms > last.at_ms) {
-                kept.push_back(s);
+                push(kept, Kept::of(&s));
             }
             if kept.len() > max {
                 kept.pop_front();
@@ -72,7 +102,7 @@ impl TrendKeeper {
                 .back()
                 .is_none_or(|last| now_ms - last.at_ms >= every_ms)
             {
-                kept.push_back(s.clone());
+                push(kept, Kept::of(s));
                 to_store.push(s.clone());
             }
         }
@@ -86,16 +116,31 @@ impl TrendKeeper {
         }
     }
 
+    /// Drops what is past `keep` (a flat run reaching past it starts at its edge instead, as
+    /// the hourly samples within it would) and what is dated after now (a clock set back).
     fn prune(&mut self, now_ms: i64) {
         let keep_ms = i64::try_from(self.rules.keep.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms.saturating_sub(keep_ms);
         let max = self.rules.max_per_link();
         self.links.retain(|_, kept| {
-            while kept
-                .front()
-                .is_some_and(|s| s.at_ms < now_ms.saturating_sub(keep_ms))
-                || kept.len() > max
-            {
+            while kept.back().is_some_and(|s| s.at_ms > now_ms) {
+                kept.pop_back();
+            }
+            while kept.len() > max {
                 kept.pop_front();
+            }
+            while let Some(front) = kept.front().copied().filter(|s| s.at_ms < cutoff) {
+                kept.pop_front();
+                if kept
+                    .front()
+                    .is_some_and(|next| next.counts == front.counts && next.at_ms > cutoff)
+                {
+                    kept.push_front(Kept {
+                        at_ms: cutoff,
+                        ..front
+                    });
+                    break;
+                }
             }
             !kept.is_empty()
         });
@@ -119,14 +164,15 @@ impl TrendKeeper {
             let Some(&(index, peer)) = where_now.get(&(s.gpu.as_str(), s.link)) else {
                 continue;
             };
+            let now = Kept::of(s);
             let series = kept.iter().chain(
                 // This scan's sample, where it was not kept.
-                (kept.back().map(|k| k.at_ms) != Some(s.at_ms)).then_some(s),
+                (kept.back().map(|k| k.at_ms) != Some(s.at_ms)).then_some(&now),
             );
             for c in LinkCounter::ALL {
                 let values: Vec<(i64, u64)> = series
                     .clone()
-                    .filter_map(|x| Some((x.at_ms, x.count(c)?)))
+                    .filter_map(|x| Some((x.at_ms, x.counts[c.index()]?)))
                     .collect();
                 let t = judge_counter(&values, now_ms, &self.rules);
                 if t.growth == 0 {

@@ -186,7 +186,8 @@ fn one_sample_per_link_per_hour_is_kept_and_a_restart_judges_the_same() {
     }
     // Two links, one row each per hour: 6 days of hours and the first.
     assert_eq!(stored.len(), 2 * (6 * 24 + 1));
-    assert_eq!(keeper.len(), stored.len());
+    // In memory the ends of each flat run: the flat link's two, the rising one's six runs.
+    assert_eq!(keeper.len(), 2 + 6 * 2);
     let mut again = TrendKeeper::new(rules);
     again.resume(stored);
     let resumed = again.observe(&[gpu(0, "GPU-a", rises(0))], at(NOW + 1000));
@@ -202,8 +203,63 @@ fn one_sample_per_link_per_hour_is_kept_and_a_restart_judges_the_same() {
 fn samples_past_the_keep_are_dropped() {
     let rules = TrendRules::default();
     let mut keeper = TrendKeeper::new(rules);
+    let mut stored = 0;
     for h in (0..=12 * 24).rev() {
-        keeper.observe(&[gpu(0, "GPU-a", 0)], at(NOW - h * H));
+        stored += keeper
+            .observe(&[gpu(0, "GPU-a", 0)], at(NOW - h * H))
+            .to_store
+            .len();
     }
-    assert_eq!(keeper.len(), 2 * (10 * 24 + 1));
+    assert_eq!(stored, 2 * (12 * 24 + 1), "every hour stored");
+    assert_eq!(keeper.len(), 2 * 2, "a flat run's two ends in memory");
+}
+
+/// Hourly counts with rises, a burst and a reset over 12 days: what the keeper (flat runs
+/// compacted, the oldest past `keep` dropped) makes of them is what the rule makes of every
+/// hourly sample within `keep`.
+#[test]
+fn compacting_flat_runs_changes_no_judgement() {
+    let rules = TrendRules::default();
+    let value = |h: i64| -> u64 {
+        let rises = daily_rises(&[11, 9, 5, 4, 2, 1, 0])(h);
+        let burst = if h <= 8 * 24 { 30 } else { 0 };
+        // A driver reload 3 days back: the counter starts over.
+        if h <= 3 * 24 {
+            rises - 4
+        } else {
+            rises + burst + 7
+        }
+    };
+    let mut keeper = TrendKeeper::new(rules);
+    let mut raw = Vec::new();
+    for h in (0..=12 * 24).rev() {
+        let now = NOW - h * H;
+        raw.push((now, value(h)));
+        let got = keeper.observe(&[gpu(0, "GPU-a", value(h))], at(now));
+        let cutoff = now - rules.keep.as_millis() as i64;
+        let within: Vec<(i64, u64)> = raw.iter().copied().filter(|&(t, _)| t >= cutoff).collect();
+        let want = judge_counter(&within, now, &rules);
+        let trend = got.trends.iter().find(|t| t.link == 3);
+        assert_eq!(
+            trend.map(|t| (t.per_hour, t.growing)),
+            (want.growth > 0).then_some((want.per_hour, want.steady)),
+            "at {h} h before the end"
+        );
+    }
+    assert!(keeper.len() < 40, "{}", keeper.len());
+}
+
+#[test]
+fn a_clock_set_back_does_not_hold_back_the_hourly_samples() {
+    let mut keeper = TrendKeeper::new(TrendRules::default());
+    let first = keeper.observe(&[gpu(0, "GPU-a", 3)], at(NOW));
+    assert_eq!(
+        first.to_store.len(),
+        2,
+        "the first sample of each link is kept"
+    );
+    // The clock was a day ahead and is corrected: the next hour's sample is kept again.
+    let back = keeper.observe(&[gpu(0, "GPU-a", 3)], at(NOW - D + H));
+    assert_eq!(back.to_store.len(), 2);
+    assert_eq!(keeper.len(), 2, "the samples dated after now are gone");
 }
