@@ -98,6 +98,10 @@ impl TrendKeeper {
         let mut to_store = Vec::new();
         for s in &samples {
             let kept = self.links.entry((s.gpu.clone(), s.link)).or_default();
+            // Dated after now: the clock was set back; they would hold back the hourly samples.
+            while kept.back().is_some_and(|k| k.at_ms > now_ms) {
+                kept.pop_back();
+            }
             if kept
                 .back()
                 .is_none_or(|last| now_ms - last.at_ms >= every_ms)
@@ -117,7 +121,8 @@ impl TrendKeeper {
     }
 
     /// Drops what is past `keep` (a flat run reaching past it starts at its edge instead, as
-    /// the hourly samples within it would) and what is dated after now (a clock set back).
+    /// the hourly samples within it would) and what is dated after now (a clock set back) of
+    /// links not sampled now.
     fn prune(&mut self, now_ms: i64) {
         let keep_ms = i64::try_from(self.rules.keep.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms.saturating_sub(keep_ms);
