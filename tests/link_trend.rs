@@ -314,6 +314,26 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
         .filter(|l| l.starts_with("shmlink_gpu_nvlink_errors_growing_since"))
         .count();
     assert_eq!(growing, 1, "{body}");
+    // Two more recoveries while serve runs (the fake NVML's config rewritten): the next scan's
+    // sample is judged with the days at once, the rate rises and the since stays.
+    config["gpus"][3]["links"][14]["errors"]["recovery"] = serde_json::json!(seeded.last_count + 3);
+    fake.write(&config);
+    let body = agent.wait_for_metrics("the rate after two more recoveries", |b| {
+        sample(b, "shmlink_gpu_nvlink_error_growth_per_hour", &labels).is_some_and(|r| r > rate)
+    });
+    let faster = sample(&body, "shmlink_gpu_nvlink_error_growth_per_hour", &labels).unwrap();
+    assert!(
+        (faster / rate - 18.0 / 16.0).abs() < 0.01,
+        "{rate} -> {faster}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
+            &labels
+        ),
+        Some(since_s as f64)
+    );
     assert!(
         common::wait_until(Duration::from_secs(10), || agent
             .log_text()
@@ -358,7 +378,7 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
     let message = found[0]["message"].as_str().unwrap();
     assert!(
         message.contains(&format!(
-            "NVLink 14 (to the NVSwitch) recovery grew by 16 on 5 days since {since}"
+            "NVLink 14 (to the NVSwitch) recovery grew by 18 on 5 days since {since}"
         )),
         "{message}"
     );
