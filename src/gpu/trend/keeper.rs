@@ -194,7 +194,7 @@ impl TrendKeeper {
                 });
             }
         }
-        trends.sort_by(|a, b| (a.gpu, a.link, a.counter).cmp(&(b.gpu, b.link, b.counter)));
+        trends.sort_by_key(|t| (t.gpu, t.link, t.counter));
         trends
     }
 }
