@@ -53,9 +53,12 @@ pub enum CheckError {
 pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let listed = pods_once(settings.kube, &settings.scan.node)?;
     let pods = listed.as_deref().map(|p| PodIndex::new(p.iter()));
-    let mut snapshot = Scanner::for_check(&settings.scan)?
-        .scan_with(pods.as_ref())
-        .snapshot;
+    let mut scanner = Scanner::for_check(&settings.scan)?;
+    // serve's link counters over the days, judged with this scan's sample as serve would.
+    if let Some(dir) = settings.state_dir.as_deref() {
+        scanner.resume_link_samples(stored_links(dir));
+    }
+    let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
     if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
         crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
     }
@@ -126,6 +129,20 @@ fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
     serde_json::from_value(value)
         .ok()
         .and_then(crate::model::JobLinks::restore)
+}
+
+/// The link counters serve stored; none where there is no store or it cannot be read (said).
+fn stored_links(dir: &Path) -> Vec<crate::model::LinkSample> {
+    match state::read_link_samples(dir) {
+        Ok(rows) => rows,
+        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!("{e}; the link counters serve stored are left out");
+            Vec::new()
+        }
+    }
 }
 
 /// `check`'s exit status: 2 when the scan was blind to everything (it could not run, in

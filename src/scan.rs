@@ -8,9 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::docker_records::DockerNames;
 use crate::gpu::collector::GpuCollector;
 use crate::gpu::pairs::PairRules;
+use crate::gpu::trend::{TrendKeeper, TrendRules};
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
-use crate::model::{CollectorName, CollectorRun, ShmReading, Snapshot, XidCount};
+use crate::model::{CollectorName, CollectorRun, LinkSample, ShmReading, Snapshot, XidCount};
 use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget, MAX_YOUNG, YOUNG};
 use crate::shm::status::{shm_findings_by, Thresholds};
@@ -46,6 +47,8 @@ pub struct ServeScan {
 pub struct ScanOutput {
     pub snapshot: Snapshot,
     pub runs: Vec<CollectorRun>,
+    /// The link samples kept this scan (`gpu::trend`), for `serve`'s store.
+    pub link_samples: Vec<LinkSample>,
 }
 
 pub struct Scanner {
@@ -63,6 +66,8 @@ pub struct Scanner {
     /// When each container's process started, as its first scan read it (young ones are
     /// watched whatever they use).
     started: HashMap<String, SystemTime>,
+    /// Each link's error counters over days, judged for slow growth.
+    links: TrendKeeper,
 }
 
 impl Scanner {
@@ -82,6 +87,7 @@ impl Scanner {
             peaks: None,
             previous_used: HashMap::new(),
             started: HashMap::new(),
+            links: TrendKeeper::new(TrendRules::default()),
         })
     }
 
@@ -151,6 +157,12 @@ impl Scanner {
         now: std::time::Instant,
     ) {
         self.gpu.resume_windows(carried, since_save, now);
+    }
+
+    /// Takes up the link samples kept before (the state store's), so a restart or `check`
+    /// judges the same days.
+    pub fn resume_link_samples(&mut self, stored: Vec<LinkSample>) {
+        self.links.resume(stored);
     }
 
     /// Names plain Docker containers from Docker's own records under `docker_root`.
@@ -275,6 +287,8 @@ impl Scanner {
             errors: gpu.errors,
         };
         findings.extend(gpu.findings);
+        let links = self.links.observe(&gpu.gpus, SystemTime::now());
+        findings.extend(links.findings);
         // Worst first, so a person (and `check`'s exit status) sees what matters at the top.
         findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
         ScanOutput {
@@ -310,8 +324,10 @@ impl Scanner {
                 sight,
                 driver_gpus: gpu.driver_gpus,
                 taken_at: Some(std::time::SystemTime::now()),
+                link_trends: links.trends,
             },
             runs: vec![shm_run, gpu_run],
+            link_samples: links.to_store,
         }
     }
 }

@@ -334,6 +334,17 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
         link["nvlink5"] = json!({"recovery_successful": 3, "symbol_errors": 12,
                                  "effective_ber": 1e-15, "symbol_ber": 2e-13});
     }
+    // Six days of GPU 3's link 14 wearing out, stored as serve would have stored them (by a
+    // clock of the test's own), and one more recovery now: the slow links' panel has its row.
+    let state_dir = dir.path().join("state");
+    let uuids: Vec<String> = nvml["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
+        .collect();
+    let seeded = common::link_days::seed(&state_dir, NODE, &uuids, 18, 3, 14);
+    nvml["gpus"][3]["links"][14]["errors"]["recovery"] = json!(seeded.last_count + 1);
     let fake = FakeNvml::new(&nvml);
     let lib = fake_nvml::lib();
     let kubeconfig = api.kubeconfig_path();
@@ -351,6 +362,8 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
             dir.path().join("sys").to_str().unwrap(),
             "--pod-log-root",
             pod_logs.to_str().unwrap(),
+            "--state-dir",
+            state_dir.to_str().unwrap(),
         ],
         &env,
     );
@@ -579,6 +592,14 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
             let fleet_row = result
                 .iter()
                 .find(|s| s["metric"]["node"] == NODE && s["metric"]["cluster"] == CLUSTER);
+            if title.starts_with("NVLinks wearing out") {
+                assert!(
+                    result
+                        .iter()
+                        .any(|s| s["metric"]["gpu"] == "3" && s["metric"]["link"] == "14"),
+                    "panel {title:?} lacks GPU 3's link 14: {result:?}"
+                );
+            }
             if title.starts_with("Unhealthy GPU pairs by node") {
                 assert_eq!(fleet_row.unwrap()["value"][1], "0", "{result:?}");
             }

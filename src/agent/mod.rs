@@ -97,7 +97,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
-    let (store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot).await;
+    let (store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot, &mut scanner).await;
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
@@ -164,11 +164,12 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
 }
 
 /// The state store, opened (and checked) on a blocking thread; None without one (the reasons
-/// are said by the store, once).
+/// are said by the store, once). The scanner takes up the link counters it kept.
 async fn open_store(
     dir: Option<&std::path::Path>,
     scan: &ScanSettings,
     snapshot: &SharedSnapshot,
+    scanner: &mut Scanner,
 ) -> (Option<state::Store>, Arc<Metrics>) {
     let mut metrics = Metrics::new(snapshot.clone());
     let Some(dir) = dir else {
@@ -183,12 +184,15 @@ async fn open_store(
         boot_id: state::boot_id(&scan.host.proc_root),
     };
     let dir = dir.to_path_buf();
-    let store = tokio::task::spawn_blocking(move || {
+    let mut store = tokio::task::spawn_blocking(move || {
         state::Store::open(&dir, &identity, state::Options::default(), &state_metrics).ok()
     })
     .await
     .ok()
     .flatten();
+    if let Some(s) = store.as_mut() {
+        scanner.resume_link_samples(s.take_link_samples());
+    }
     (store, Arc::new(metrics))
 }
 

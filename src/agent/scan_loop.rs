@@ -190,6 +190,7 @@ impl Between {
         }
         self.tell_blind(&out.snapshot);
         if let Some((store, changes)) = self.store.as_mut() {
+            store.link_samples(std::mem::take(&mut out.link_samples));
             let changed = changes.update(&out.snapshot.findings);
             let now = SystemTime::now();
             for f in &changed.began {

@@ -3,11 +3,13 @@
 //!
 //! Nothing here scans: a scrape only reads the snapshot the scan thread last stored. This file
 //! holds the registry, [`Metrics`] and the snapshot collector; each family is defined in the one
-//! file of its concern: `shm`, `blind`, `failures`, `gpu`, `self_metrics`.
+//! file of its concern: `shm`, `blind`, `failures`, `gpu`, `links`,
+//! `self_metrics`.
 
 mod blind;
 mod failures;
 mod gpu;
+mod links;
 mod self_metrics;
 mod shm;
 #[cfg(test)]

@@ -61,7 +61,32 @@ fn rich_snapshot() -> Snapshot {
         },
     ];
     s.taken_at = Some(UNIX_EPOCH + Duration::from_millis(1_795_000_000_250));
+    s.link_trends = link_trends();
     s
+}
+
+/// GPU 0's link 1: recoveries growing steadily for five days; its replays grew once.
+fn link_trends() -> Vec<crate::model::LinkTrend> {
+    use crate::model::{LinkCounter, LinkTrend, Peer, SteadyGrowth};
+    let trend = |counter, per_hour, growing| LinkTrend {
+        gpu: 0,
+        uuid: "GPU-0".into(),
+        link: 1,
+        peer: Peer::Gpu(1),
+        counter,
+        per_hour,
+        growing,
+    };
+    let steady = SteadyGrowth {
+        since: UNIX_EPOCH + Duration::from_secs(1_794_568_000),
+        growth: 12,
+        days: 5,
+        per_day: 2.4,
+    };
+    vec![
+        trend(LinkCounter::Replay, 0.25, None),
+        trend(LinkCounter::Recovery, 0.1, Some(steady)),
+    ]
 }
 
 /// Named (the trainer's, in a Pod, with a memory limit and a peak), unlimited (host IPC),

@@ -199,6 +199,9 @@ finding_kinds! {
         /// A young container's /dev/shm held files written before it started (a crashed run's
         /// segments in a Pod's memory emptyDir).
         ShmLeftoverSegments = "shm_leftover_segments", reason: own, Warning;
+        /// An NVLink error counter that grew a little on most of the last days, steadily: a
+        /// link wearing out, found before it fails.
+        GpuLinkErrorsGrowing = "gpu_link_errors_growing", reason: own, Warning;
     }
     other_reasons {
         /// A degraded pair (`gpu_pair_degraded`).

@@ -7,6 +7,7 @@ mod finding;
 mod gpu;
 mod gpu_users;
 mod job_links;
+mod link_trend;
 mod shm;
 mod sight;
 mod snapshot;
@@ -30,6 +31,7 @@ pub use job_links::{
     GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkCounts, LinkDeltas, LinkTable, SavedJobLinks,
     JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
 };
+pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

@@ -5,9 +5,11 @@
 //! - `open.rs`: opening, and what is done with a corrupt, foreign, newer or unwritable store;
 //! - `schema.rs`: the tables and the meta row;
 //! - `writer.rs`: the one writer thread, batched and bounded;
-//! - `history.rs`: the history's rows, pruning and reading back.
+//! - `history.rs`: the history's rows, pruning and reading back;
+//! - `links.rs`: each NVLink's error counters, hourly over days (`gpu::trend`).
 
 pub mod history;
+pub mod links;
 pub mod open;
 pub mod schema;
 pub mod writer;
@@ -29,7 +31,7 @@ pub use history::{Filter, FindingEvent, History, Retention};
 pub use open::{Reset, Unavailable};
 use writer::{Clock, Record, Writer};
 
-use crate::model::{Failure, Finding};
+use crate::model::{Failure, Finding, LinkSample};
 
 /// How long a [`StoreSender::told`] record waits for room in a full queue: past the writer's
 /// longest gap between two commits with a full batch.
@@ -80,7 +82,7 @@ impl StateMetrics {
         );
         registry.register(
             "shmlink_state_rows_written",
-            "History rows and checkpoints written to the state store",
+            "History rows, link counter rows and checkpoints written to the state store",
             self.rows_written.clone(),
         );
         registry.register(
@@ -98,6 +100,8 @@ pub struct Store {
     path: PathBuf,
     boot_changed: bool,
     checkpoints: BTreeMap<String, Value>,
+    /// The link counter rows as stored when the store was opened.
+    link_samples: Vec<LinkSample>,
     metrics: StateMetrics,
 }
 
@@ -157,6 +161,14 @@ impl Store {
             );
         }
         let checkpoints = read_checkpoints(&opened.conn).unwrap_or_default();
+        // A store of before the link table gets it now; failing that, the writes fail later
+        // (said then) and the rest of the store is still used.
+        let link_samples = schema::add_tables(&opened.conn)
+            .and_then(|()| links::read(&opened.conn))
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "the stored link counters could not be read");
+                Vec::new()
+            });
         let (tx, rx) = mpsc::sync_channel(writer::CHANNEL);
         let writer = Writer {
             conn: opened.conn,
@@ -179,6 +191,7 @@ impl Store {
             path: opened.path,
             boot_changed: opened.boot_changed,
             checkpoints,
+            link_samples,
             metrics: metrics.clone(),
         })
     }
@@ -209,6 +222,12 @@ impl Store {
             .range(prefix.to_string()..)
             .take_while(move |(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The link counter samples as stored when the store was opened, oldest first; taken once
+    /// (the trend keeper holds them from then on).
+    pub fn take_link_samples(&mut self) -> Vec<LinkSample> {
+        std::mem::take(&mut self.link_samples)
     }
 
     /// A handle to send records with, for another thread.
@@ -301,6 +320,13 @@ impl StoreSender {
         self.send(Record::Finding(history::FindingRow::new(f, event, at)));
     }
 
+    /// Link counter samples (at most one per link per hour: the trend keeper's choice).
+    pub fn link_samples(&self, rows: Vec<LinkSample>) {
+        if !rows.is_empty() {
+            self.send(Record::LinkSamples(rows));
+        }
+    }
+
     /// A checkpoint, committed with (never before) the records sent before it.
     pub fn put(&self, key: &str, value: Value) {
         self.send(Record::Put(key.to_string(), value));
@@ -342,6 +368,15 @@ pub fn read_failures(dir: &Path, filter: &Filter) -> Result<Vec<Failure>, Unavai
         );
     }
     Ok(failures)
+}
+
+/// The link counter samples of the store in `dir`, read-only (for `check`), oldest first.
+pub fn read_link_samples(dir: &Path) -> Result<Vec<LinkSample>, Unavailable> {
+    let conn = open::open_read_only(dir)?;
+    links::read(&conn).map_err(|source| Unavailable::Sqlite {
+        path: dir.join(open::FILE),
+        source,
+    })
 }
 
 /// Reads the history of the store in `dir`, read-only (for `history` and the HTTP endpoint).

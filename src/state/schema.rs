@@ -40,6 +40,37 @@ CREATE TABLE IF NOT EXISTS findings (
 CREATE INDEX IF NOT EXISTS findings_at ON findings (at_ms);
 ";
 
+/// Tables added since schema 1 without changing [`SCHEMA_VERSION`]: created on every open, of
+/// new and existing stores alike. A binary that predates one never reads it and leaves its rows
+/// alone, so a rollback and a return keep working on the same file.
+///
+/// `link_counters`: each NVLink's error counters, one row per link per hour (`gpu::trend`),
+/// by GPU UUID; a count the link does not answer is NULL.
+const ADDED_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS link_counters (
+    at_ms INTEGER NOT NULL,
+    gpu TEXT NOT NULL,
+    link INTEGER NOT NULL,
+    replay INTEGER,
+    recovery INTEGER,
+    crc_flit INTEGER,
+    crc_data INTEGER,
+    ecc_data INTEGER,
+    recovery_successful INTEGER,
+    recovery_failed INTEGER,
+    recovery_events INTEGER,
+    symbol INTEGER,
+    effective INTEGER,
+    PRIMARY KEY (gpu, link, at_ms)
+);
+CREATE INDEX IF NOT EXISTS link_counters_at ON link_counters (at_ms);
+";
+
+/// Creates the tables added since schema 1 where they are missing.
+pub fn add_tables(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(ADDED_TABLES)
+}
+
 /// The `meta` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Meta {
@@ -78,6 +109,7 @@ pub fn read_meta(conn: &Connection) -> rusqlite::Result<Option<Meta>> {
 pub fn create(conn: &mut Connection, meta: &Meta) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     tx.execute_batch(TABLES)?;
+    tx.execute_batch(ADDED_TABLES)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta (id, schema_version, node, created_ms, boot_id)
          VALUES (1, ?1, ?2, ?3, ?4)",

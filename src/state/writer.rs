@@ -15,7 +15,9 @@ use rusqlite::{Connection, ErrorCode};
 use serde_json::Value;
 
 use super::history::{self, FailureRow, FindingRow, Retention};
+use super::links;
 use super::StateMetrics;
+use crate::model::LinkSample;
 
 pub const QUIET_GAP: Duration = Duration::from_secs(1);
 pub const DEATH_GAP: Duration = Duration::from_millis(100);
@@ -36,6 +38,8 @@ pub enum Record {
     /// Failures told and the checkpoints that pass them: added to the batch as one, so one
     /// transaction commits all of them or none.
     Told(Vec<FailureRow>, Vec<(String, Value)>),
+    /// Link counter samples (`link_counters`), one per link.
+    LinkSamples(Vec<LinkSample>),
     /// Commit what is waiting now, then answer.
     Flush(SyncSender<()>),
     /// Commit what is waiting and end (the store closes; senders may remain elsewhere).
@@ -50,6 +54,7 @@ struct Batch {
     failures: Vec<FailureRow>,
     findings: Vec<FindingRow>,
     puts: BTreeMap<String, Value>,
+    links: Vec<LinkSample>,
     records: usize,
 }
 
@@ -103,6 +108,7 @@ impl Writer {
                     b.failures.extend(failures);
                     b.puts.extend(puts);
                 }),
+                Ok(Record::LinkSamples(rows)) => add(&mut batch, |b| b.links.extend(rows)),
                 Ok(Record::Flush(ack)) => {
                     self.commit(&mut batch, &mut broken);
                     last_commit = Instant::now();
@@ -141,7 +147,7 @@ impl Writer {
             self.metrics.dropped.inc_by(b.records as u64);
             return;
         }
-        let rows = (b.failures.len() + b.findings.len() + b.puts.len()) as u64;
+        let rows = (b.failures.len() + b.findings.len() + b.puts.len() + b.links.len()) as u64;
         match write(&mut self.conn, &b) {
             Ok(()) => {
                 self.metrics.commits.inc();
@@ -159,7 +165,10 @@ impl Writer {
     }
 
     fn prune(&mut self, broken: &mut Broken) {
-        match history::prune(&self.conn, &self.retention, (self.clock)()) {
+        let now = (self.clock)();
+        let pruned = history::prune(&self.conn, &self.retention, now)
+            .and_then(|n| Ok(n + links::prune(&self.conn, now)?));
+        match pruned {
             Ok(0) => {}
             Ok(n) => tracing::debug!(rows = n, "pruned the oldest history"),
             Err(e) => self.broke(&e, broken),
@@ -207,6 +216,9 @@ fn write(conn: &mut Connection, b: &Batch) -> rusqlite::Result<()> {
     }
     for r in &b.findings {
         history::insert_finding(&tx, r)?;
+    }
+    for r in &b.links {
+        links::insert(&tx, r)?;
     }
     {
         let mut put = tx.prepare_cached(

@@ -19,6 +19,7 @@ pub mod fake_cuda;
 pub mod fake_nvml;
 pub mod fuse;
 pub mod kube_api;
+pub mod link_days;
 pub mod oom;
 pub mod pod_resources;
 pub mod promtext;

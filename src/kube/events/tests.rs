@@ -459,3 +459,43 @@ fn open_failure_series_go_on_after_a_restart_and_unconfirmed_ones_are_sent_again
     third.plan_failures(&[shm], t0);
     assert_ne!(third.open_series()[0].name, shm_name, "a new series");
 }
+
+#[test]
+fn a_link_wearing_out_is_a_warning_on_the_node_and_the_pod_holding_its_gpu() {
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let pods = pods();
+    let note = "NVLink errors on GPU 7 grow a little every day: NVLink 14 ...";
+    let growing = Finding::new(
+        FindingKind::GpuLinkErrorsGrowing,
+        Subject::Gpu(7),
+        note.into(),
+    );
+    let msgs = p.plan(
+        &snapshot(vec![], vec![growing]),
+        Some(&pods),
+        &holders(),
+        Instant::now(),
+    );
+    let specs: Vec<_> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            EventMsg::Publish(e) => Some(e),
+            EventMsg::Ended(_) => None,
+        })
+        .collect();
+    let who: Vec<_> = specs
+        .iter()
+        .map(|e| (e.reason.as_str(), e.regarding.kind.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        who,
+        vec![
+            ("GpuLinkErrorsGrowing", "Node"),
+            ("GpuLinkErrorsGrowing", "Pod")
+        ]
+    );
+    for e in specs {
+        assert_eq!(e.type_, EventType::Warning);
+        assert!(e.note.contains(note), "{}", e.note);
+    }
+}
