@@ -23,14 +23,14 @@ struct Excerpt {
     url: String,
 }
 
-/// The corpus's rows: every `*.tsv` but `unseen.tsv`.
+/// The corpus's rows: every `*.tsv` but the held-out sets.
 fn corpus() -> Vec<Excerpt> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/field");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "tsv"))
-        .filter(|p| !p.ends_with(UNSEEN))
+        .filter(|p| !p.ends_with(UNSEEN) && !p.ends_with(UNSEEN2))
         .collect();
     files.sort();
     read(&files)
@@ -38,13 +38,16 @@ fn corpus() -> Vec<Excerpt> {
 
 /// Rows from threads found after the rows of `signatures` were written, none of them used to
 /// write one: measured apart.
-fn unseen() -> Vec<Excerpt> {
+fn unseen(file: &str) -> Vec<Excerpt> {
     read(&[Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/field")
-        .join(UNSEEN)])
+        .join(file)])
 }
 
 const UNSEEN: &str = "unseen.tsv";
+/// The second held-out set, collected once the first had been used to change rows; measured as
+/// the recogniser stood, no row changed for it (its misses are listed at its top).
+const UNSEEN2: &str = "unseen2.tsv";
 
 fn read(files: &[std::path::PathBuf]) -> Vec<Excerpt> {
     let mut out = Vec::new();
@@ -126,12 +129,25 @@ struct Tally {
 }
 
 /// Which set a line is measured in: the corpus split in two halves by its thread, or the rows
-/// added from threads not read while the rows of `signatures` were written (`unseen.tsv`).
+/// added from threads not read while the rows of `signatures` were written (`unseen.tsv`, and
+/// `unseen2.tsv` once the first had been used to change rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Set {
     A,
     B,
     Unseen,
+    Unseen2,
+}
+
+impl Set {
+    fn name(self) -> &'static str {
+        match self {
+            Set::A => "A",
+            Set::B => "B",
+            Set::Unseen => "unseen",
+            Set::Unseen2 => "unseen 2",
+        }
+    }
 }
 
 /// A thread's URL without its comment anchor, so that one thread's lines fall in one half.
@@ -252,8 +268,32 @@ impl Measure {
 
 /// Recall measured per set (CRI and Docker alike) less a small margin: a regression fails.
 /// Measured: A 97.2% (72 lines), B 100% (56), unseen 100% (12; 75% when first measured, before
-/// two rows were changed for its misses: see unseen.tsv).
-const FLOORS: [(Set, f64); 3] = [(Set::A, 0.95), (Set::B, 0.97), (Set::Unseen, 0.90)];
+/// two rows were changed for its misses: see unseen.tsv), unseen 2 90.0% (18 of 20, measured
+/// once with nothing changed; its floor is that figure, not raised).
+const FLOORS: [(Set, f64); 4] = [
+    (Set::A, 0.95),
+    (Set::B, 0.97),
+    (Set::Unseen, 0.90),
+    (Set::Unseen2, 0.90),
+];
+
+/// False positives measured on a held-out set and kept as measured (no row or label changed
+/// after the first run): joblib's sem_open warning, word for word the real one, that a module
+/// name clash made up (joblib#127). Any other false positive fails.
+const MEASURED_FALSE_POSITIVES: [(Set, &str); 1] =
+    [(Set::Unseen2, "(https://github.com/joblib/joblib/pull/127)")];
+
+/// The false positives of `set` not among those measured and kept.
+fn new_false_positives(set: Set, m: &Measure) -> usize {
+    m.false_positives
+        .iter()
+        .filter(|fp| {
+            !MEASURED_FALSE_POSITIVES
+                .iter()
+                .any(|(s, url)| *s == set && fp.ends_with(url))
+        })
+        .count()
+}
 
 #[test]
 fn the_field_corpus_is_told_as_labelled() {
@@ -273,9 +313,11 @@ fn the_field_corpus_is_told_as_labelled() {
     let sets: Vec<Set> = excerpts
         .iter()
         .map(|e| half(&e.url))
-        .chain(unseen().iter().map(|_| Set::Unseen))
+        .chain(unseen(UNSEEN).iter().map(|_| Set::Unseen))
+        .chain(unseen(UNSEEN2).iter().map(|_| Set::Unseen2))
         .collect();
-    excerpts.extend(unseen());
+    excerpts.extend(unseen(UNSEEN));
+    excerpts.extend(unseen(UNSEEN2));
     let threads = |set: Set| {
         let mut t: Vec<&str> = excerpts
             .iter()
@@ -297,15 +339,16 @@ fn the_field_corpus_is_told_as_labelled() {
             for ((e, t), s) in excerpts.iter().zip(&told).zip(&sets) {
                 if *s == set {
                     m.add(e, t);
-                    if set != Set::Unseen {
+                    if matches!(set, Set::A | Set::B) {
                         both.add(e, t);
                     }
                 }
             }
-            m.print(&format!("{log}, {set:?} ({} threads)", threads(set)));
-            if !m.false_positives.is_empty() || m.recall() < floor {
+            m.print(&format!("{log}, {} ({} threads)", set.name(), threads(set)));
+            if new_false_positives(set, &m) > 0 || m.recall() < floor {
                 failures.push(format!(
-                    "{log} {set:?}: recall {:.1}% (floor {:.0}%), {} false positives",
+                    "{log} {}: recall {:.1}% (floor {:.0}%), {} false positives",
+                    set.name(),
                     100.0 * m.recall(),
                     100.0 * floor,
                     m.false_positives.len()
