@@ -80,6 +80,10 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
     message.extend(gpu_links.as_ref().map(text::job_links));
+    message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
+        &gpus,
+        known.snapshot,
+    )));
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,

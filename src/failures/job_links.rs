@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::model::{GpuLinkDelta, GpuLinks, JobLinks, Snapshot};
+use crate::model::{GpuLinkDelta, GpuLinks, JobLinks, LinkTrend, Snapshot};
 
 use super::correlate::rfc3339;
 
@@ -28,6 +28,17 @@ pub fn gpu_links(
         unread: d.unread,
         changed: d.changed.iter().map(GpuLinkDelta::from).collect(),
     })
+}
+
+/// The steadily growing link counters (`gpu::trend`) of the job's `gpus`, as the last scan
+/// judged them.
+pub fn wearing<'a>(gpus: &[u32], snapshot: Option<&'a Snapshot>) -> Vec<&'a LinkTrend> {
+    snapshot
+        .map(|s| s.link_trends.iter())
+        .into_iter()
+        .flatten()
+        .filter(|t| t.growing.is_some() && gpus.contains(&t.gpu))
+        .collect()
 }
 
 /// The containers a scan saw running: those it measured and those NVML listed on a GPU.
@@ -171,5 +182,39 @@ mod tests {
         assert_eq!(f.gpu_links, None);
         assert!(!f.message.contains("NVLink"), "{}", f.message);
         assert!(serde_json::to_value(&f).unwrap()["gpu_links"].is_null());
+    }
+
+    #[test]
+    fn a_failure_on_a_gpu_whose_link_wears_out_says_so() {
+        let mut s = board(0, true);
+        let trend = |gpu, growing| crate::model::LinkTrend {
+            gpu,
+            uuid: format!("GPU-{gpu}"),
+            link: 1,
+            peer: Peer::Gpu(0),
+            counter: crate::model::LinkCounter::Recovery,
+            per_hour: 0.1,
+            growing,
+        };
+        let steady = crate::model::SteadyGrowth {
+            since: at(0) - Duration::from_secs(5 * 86_400),
+            growth: 12,
+            days: 5,
+            per_day: 2.4,
+        };
+        // GPU 1's link wears out; a rate without steady growth is not told.
+        s.link_trends = vec![trend(1, Some(steady)), trend(0, None)];
+        let f = crashed(&s);
+        assert!(
+            f.message.ends_with(
+                " A link of its GPUs has been wearing out for days (GPU 1 NVLink 1 recovery +2.4 \
+                 a day since 2026-11-13T11:06:40Z): a hardware ticket, whatever killed this run."
+            ),
+            "{}",
+            f.message
+        );
+        // Not its GPU: nothing said.
+        s.link_trends = vec![trend(5, Some(steady))];
+        assert!(!crashed(&s).message.contains("wearing"));
     }
 }

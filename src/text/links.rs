@@ -37,6 +37,38 @@ pub fn link_errors_growing(gpu: u32, links: &[&LinkTrend]) -> String {
     )
 }
 
+/// On a failure: the job's GPUs whose links wear out (`links`: each with `growing` set), in one
+/// short sentence ("" when none), so a death on such a link is not blamed on the code alone.
+pub fn wearing_links_of_job(links: &[&LinkTrend]) -> String {
+    let parts: Vec<String> = links
+        .iter()
+        .take(NAMED_MAX)
+        .filter_map(|t| {
+            let g = t.growing?;
+            Some(format!(
+                "GPU {} NVLink {} {} +{} a day since {}",
+                t.gpu,
+                t.link,
+                t.counter.as_str(),
+                rate(g.per_day),
+                humantime::format_rfc3339_seconds(g.since),
+            ))
+        })
+        .collect();
+    if parts.is_empty() {
+        return String::new();
+    }
+    let more = match links.len().saturating_sub(NAMED_MAX) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        " A link of its GPUs has been wearing out for days ({}{more}): a hardware ticket, whatever \
+         killed this run.",
+        parts.join("; ")
+    )
+}
+
 fn peer(p: &Peer) -> String {
     match p {
         Peer::Gpu(i) => format!("to GPU {i}"),
@@ -93,5 +125,30 @@ mod tests {
             "{m}"
         );
         assert!(m.len() < 600, "fits an Event note with room: {}", m.len());
+    }
+
+    #[test]
+    fn a_jobs_wearing_links_are_one_short_sentence_and_none_says_nothing() {
+        let t = LinkTrend {
+            gpu: 7,
+            uuid: "GPU-h".into(),
+            link: 14,
+            peer: Peer::Switch,
+            counter: LinkCounter::Recovery,
+            per_hour: 0.1,
+            growing: Some(SteadyGrowth {
+                since: UNIX_EPOCH + Duration::from_secs(1_788_566_400),
+                growth: 15,
+                days: 5,
+                per_day: 3.0,
+            }),
+        };
+        let said = wearing_links_of_job(&[&t]);
+        assert_eq!(
+            said,
+            " A link of its GPUs has been wearing out for days (GPU 7 NVLink 14 recovery +3.0 a \
+             day since 2026-09-05T00:00:00Z): a hardware ticket, whatever killed this run."
+        );
+        assert_eq!(wearing_links_of_job(&[]), "");
     }
 }

@@ -54,7 +54,7 @@ pub use ipc::{
     shm_not_shared, shm_unavailable,
 };
 pub use job_links::job_links;
-pub use links::link_errors_growing;
+pub use links::{link_errors_growing, wearing_links_of_job};
 pub use pairs::{
     fabric_problem, growth, growth_at_rate, link_growth, p2p_failing, reason_ber,
     reason_counter_growth, reason_crc_rate, reason_fabric, reason_gpu_lost, reason_link_inactive,
