@@ -54,14 +54,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
-    let node_culprits: Vec<crate::model::Suspect> = known
-        .snapshot
-        .map(|s| s.gpu_blame.suspects.iter())
-        .into_iter()
-        .flatten()
-        .filter(|s| s.by != crate::model::SuspectBy::EitherEnd)
-        .cloned()
-        .collect();
+    let node_culprits = node_culprits(known.snapshot);
     let job = text::JobGpus {
         gpus: &gpus,
         from: gpus_from,
@@ -108,6 +101,17 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         message,
         found_late: false,
     })
+}
+
+/// The GPUs the node's blame names as culprits by more than being at either end of a pair.
+fn node_culprits(snapshot: Option<&Snapshot>) -> Vec<crate::model::Suspect> {
+    snapshot
+        .map(|s| s.gpu_blame.suspects.iter())
+        .into_iter()
+        .flatten()
+        .filter(|s| s.by != crate::model::SuspectBy::EitherEnd)
+        .cloned()
+        .collect()
 }
 
 /// The pairs among the job's GPUs, as the last scan judged them.
