@@ -1,7 +1,6 @@
 //! Pure: a detected failure + what the last scan knew -> the failure as a person is told it.
 
 use std::collections::BTreeSet;
-use std::time::SystemTime;
 
 use super::detect::shm_share_at_least;
 use crate::kube::podresources::GpuHolders;
@@ -589,12 +588,7 @@ fn held_gpus(namespace: &str, pod: &str, holders: &GpuHolders, s: &Snapshot) -> 
     out.into_iter().collect()
 }
 
-/// RFC 3339 in UTC, as the Events API and `check --json` write times.
-pub fn rfc3339(t: SystemTime) -> String {
-    k8s_openapi::jiff::Timestamp::try_from(t)
-        .map(|ts| ts.to_string())
-        .unwrap_or_default()
-}
+pub use crate::model::rfc3339;
 
 #[cfg(test)]
 mod tests {
@@ -1025,7 +1019,8 @@ mod tests {
             (6, 7, PairStatus::Down),
             (5, 6, PairStatus::Ok),
         ]);
-        let since = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        let since =
+            std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
         for p in &mut s.gpu_pairs {
             if p.status != PairStatus::Ok {
                 p.since = Some(since);

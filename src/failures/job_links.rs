@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use crate::model::{GpuLinkDelta, GpuLinks, JobLinks, LinkTrend, Snapshot};
 
-use super::correlate::rfc3339;
+use crate::model::rfc3339;
 
 /// None when the container or its GPUs are not known, or the ledger has no baseline for it
 /// (check without serve's checkpoint; a container gone before serve saw it).

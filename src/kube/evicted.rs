@@ -10,14 +10,14 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::exits::DeathKey;
 use crate::model::{Detected, FailureSource, FindingKind, Who};
 
 /// The eviction's text up to the volume's name, and between the name and the limit.
 const HEAD: &str = "Usage of EmptyDir volume \"";
 const MIDDLE: &str = "\" exceeds the limit \"";
 
-/// The instance part of an eviction's [`DeathKey`]: a Pod is evicted once (Failed is final).
+/// The instance part of an eviction's death key (`exits::DeathKey`): a Pod is evicted once
+/// (Failed is final).
 pub const EVICTION: &str = "evicted";
 
 /// The volume and the limit kubelet's message names, if it is the emptyDir eviction's.
@@ -30,7 +30,7 @@ pub fn parse_message(message: &str) -> Option<(&str, &str)> {
 
 /// The Pod's eviction for its /dev/shm volume's size limit, as a failure of the (first)
 /// container that mounts the volume at /dev/shm; None for any other Pod.
-pub fn shm_eviction(pod: &Pod) -> Option<(DeathKey, Detected)> {
+pub fn shm_eviction(pod: &Pod) -> Option<Detected> {
     let uid = pod.metadata.uid.clone()?;
     let status = pod.status.as_ref()?;
     if status.reason.as_deref() != Some("Evicted") {
@@ -40,11 +40,6 @@ pub fn shm_eviction(pod: &Pod) -> Option<(DeathKey, Detected)> {
     let (volume, _limit) = parse_message(message)?;
     let container = shm_mounter(pod, volume)?;
     let at = evicted_at(pod)?;
-    let key = DeathKey {
-        pod_uid: uid.clone(),
-        container: container.clone(),
-        instance: EVICTION.to_string(),
-    };
     let who = Who::Pod {
         namespace: pod.namespace().unwrap_or_default(),
         pod: pod.name_any(),
@@ -53,14 +48,13 @@ pub fn shm_eviction(pod: &Pod) -> Option<(DeathKey, Detected)> {
         container_id: None,
     };
     let evidence = format!("status.message of the Pod (Evicted): {}", message.trim());
-    let d = Detected::new(
+    Some(Detected::new(
         who,
         FindingKind::ShmEvicted,
         at,
         FailureSource::PodStatus,
         &evidence,
-    );
-    Some((key, d))
+    ))
 }
 
 /// The first container (init containers first, as they ran) that mounts `volume` at /dev/shm.
@@ -153,9 +147,7 @@ mod tests {
             "Usage of EmptyDir volume \"dshm\" exceeds the limit \"1Gi\". ",
             "/dev/shm",
         );
-        let (key, d) = shm_eviction(&pod).expect("told");
-        assert_eq!(key.instance, EVICTION);
-        assert_eq!(key.container, "trainer");
+        let d = shm_eviction(&pod).expect("told");
         assert_eq!(d.kind, FindingKind::ShmEvicted);
         assert_eq!(d.source, FailureSource::PodStatus);
         // The container's own end, not the later condition change.

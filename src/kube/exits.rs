@@ -65,7 +65,18 @@ pub fn deaths(pod: &Pod) -> Vec<(DeathKey, Detected)> {
             }
         }
     }
-    out.extend(super::evicted::shm_eviction(pod));
+    out.extend(super::evicted::shm_eviction(pod).map(|d| {
+        let container = match &d.who {
+            Who::Pod { container, .. } => container.clone(),
+            _ => String::new(),
+        };
+        let key = DeathKey {
+            pod_uid: uid.clone(),
+            container,
+            instance: super::evicted::EVICTION.to_string(),
+        };
+        (key, d)
+    }));
     out
 }
 
@@ -367,5 +378,38 @@ mod tests {
         let mut p = pod(oom_killed("2026-11-24T10:00:00Z"));
         p.status = None;
         assert!(deaths(&p).is_empty());
+    }
+
+    #[test]
+    fn an_eviction_for_the_dev_shm_volume_is_one_death_keyed_by_its_pod() {
+        let evicted: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0", "namespace": "ml", "uid": UID},
+            "spec": {"volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                     "containers": [{"name": "trainer",
+                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]},
+            "status": {"phase": "Failed", "reason": "Evicted",
+                "message": "Usage of EmptyDir volume \"dshm\" exceeds the limit \"1Gi\". ",
+                "conditions": [{"type": "Ready", "status": "False",
+                                "lastTransitionTime": "2026-11-24T10:00:03Z"}]}
+        }))
+        .unwrap();
+        let found = deaths(&evicted);
+        assert_eq!(found.len(), 1);
+        let (key, d) = &found[0];
+        assert_eq!(
+            key,
+            &DeathKey {
+                pod_uid: UID.into(),
+                container: "trainer".into(),
+                instance: crate::kube::evicted::EVICTION.into(),
+            }
+        );
+        assert_eq!(d.kind, FindingKind::ShmEvicted);
+        // Told once.
+        let mut exits = Exits::new(at("2026-11-24T09:00:00Z"));
+        assert_eq!(exits.observe(&evicted, at("2026-11-24T10:00:05Z")).len(), 1);
+        assert!(exits
+            .observe(&evicted, at("2026-11-24T10:00:10Z"))
+            .is_empty());
     }
 }

@@ -67,6 +67,14 @@ pub fn prefix_within(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// `t` in RFC 3339 (UTC, the digits of the fraction it has), as the JSON and the Events say a
+/// moment; "" for a time RFC 3339 cannot hold.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t)
+        .map(|ts| ts.to_string())
+        .unwrap_or_default()
+}
+
 /// An RFC 3339 time (a failure's `at`, CRI's and Docker's timestamps, any fraction and offset)
 /// as a time; None when it is not one.
 pub fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
