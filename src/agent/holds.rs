@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::cluster::KubeView;
 use crate::gpu::pairs::{CarriedWindow, FailingSince};
 use crate::gpu::xid::HeldAges;
-use crate::model::{LinkErrors, Snapshot};
+use crate::model::{from_unix_ms, unix_ms, LinkErrors, Snapshot};
 use crate::scan::{ScanSettings, Scanner};
 use crate::state::{Store, StoreSender};
 
@@ -40,7 +40,7 @@ struct SavedPairs {
 struct SavedPair {
     gpu: String,
     peer_gpu: String,
-    since_ms: u64,
+    since_ms: i64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -54,16 +54,7 @@ struct SavedXids {
 struct SavedXid {
     gpu: u32,
     xid: u64,
-    seen_ms: Vec<u64>,
-}
-
-fn ms(t: SystemTime) -> u64 {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn time(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
+    seen_ms: Vec<i64>,
 }
 
 /// The failing pairs of a snapshot and their `since`, keyed as the pair judge keys them.
@@ -92,7 +83,7 @@ pub fn save_pairs(boot_id: &str, pairs: &PairsSince) -> Value {
             .map(|((gpu, peer_gpu), &since)| SavedPair {
                 gpu: gpu.clone(),
                 peer_gpu: peer_gpu.clone(),
-                since_ms: ms(since),
+                since_ms: unix_ms(since),
             })
             .collect(),
     };
@@ -111,7 +102,7 @@ pub fn restore_pairs(
     }
     let mut out = HashMap::new();
     for p in saved.pairs {
-        let since = time(p.since_ms);
+        let since = from_unix_ms(p.since_ms);
         out.insert((p.peer_gpu.clone(), p.gpu.clone()), since);
         out.insert((p.gpu, p.peer_gpu), since);
     }
@@ -130,7 +121,7 @@ pub fn save_xids(boot_id: &str, held: &[HeldAges], clock: SystemTime) -> Value {
                 seen_ms: h
                     .ages
                     .iter()
-                    .map(|a| ms(clock.checked_sub(*a).unwrap_or(UNIX_EPOCH)))
+                    .map(|a| unix_ms(clock.checked_sub(*a).unwrap_or(UNIX_EPOCH)))
                     .collect(),
             })
             .collect(),
@@ -159,7 +150,7 @@ pub fn restore_xids(
                 ages: h
                     .seen_ms
                     .into_iter()
-                    .map(|t| clock.duration_since(time(t)).unwrap_or_default())
+                    .map(|t| clock.duration_since(from_unix_ms(t)).unwrap_or_default())
                     .collect(),
             })
             .collect(),
@@ -169,14 +160,14 @@ pub fn restore_xids(
 #[derive(Debug, Serialize, Deserialize)]
 struct SavedWindows {
     boot_id: String,
-    saved_ms: u64,
+    saved_ms: i64,
     windows: Windows,
 }
 
 pub fn save_windows(boot_id: &str, windows: &Windows, clock: SystemTime) -> Value {
     let saved = SavedWindows {
         boot_id: boot_id.to_string(),
-        saved_ms: ms(clock),
+        saved_ms: unix_ms(clock),
         windows: windows.clone(),
     };
     serde_json::to_value(saved).unwrap_or(Value::Null)
@@ -194,7 +185,7 @@ pub fn restore_windows(
         return Ok(None);
     }
     let ago = clock
-        .duration_since(time(saved.saved_ms))
+        .duration_since(from_unix_ms(saved.saved_ms))
         .unwrap_or_default();
     Ok(Some((saved.windows, ago)))
 }

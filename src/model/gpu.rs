@@ -44,6 +44,20 @@ pub struct LinkErrors {
     pub ecc_data: u64,
 }
 
+impl LinkErrors {
+    /// [replay, recovery, crc_flit, crc_data, ecc_data]: the order the link ledgers and the
+    /// trend's counters list them in.
+    pub fn values(&self) -> [u64; 5] {
+        [
+            self.replay,
+            self.recovery,
+            self.crc_flit,
+            self.crc_data,
+            self.ecc_data,
+        ]
+    }
+}
+
 /// A bit error rate as NVML packs it in NVML_FI_DEV_NVLINK_COUNT_{EFFECTIVE,SYMBOL}_BER: bits
 /// 0-7 the exponent, bits 8-11 the mantissa (nvml.h, "NVLink Effective BER", macro
 /// NVML_NVLINK_ERROR_COUNTER_BER_GET, NVML 13.3 as copied in NVIDIA/go-nvml gen/nvml/nvml.h); the
@@ -103,6 +117,20 @@ pub struct LinkReading {
     pub errors: Option<LinkErrors>,
     /// The NVLink5 counters; None on GPUs without them.
     pub nvlink5: Option<Nvlink5Errors>,
+}
+
+impl Nvlink5Errors {
+    /// [recovery_successful, recovery_failed, recovery_events, symbol, effective] (the BERs are
+    /// rates, not counts).
+    pub fn counts(&self) -> [u64; 5] {
+        [
+            self.recovery_successful,
+            self.recovery_failed,
+            self.recovery_events,
+            self.symbol,
+            self.effective,
+        ]
+    }
 }
 
 /// `errors` in the JSON carries whichever counters the link has (both on a GPU that answers

@@ -10,11 +10,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{GpuReading, LinkReading};
+use super::{from_unix_ms, unix_ms, GpuReading};
 
 /// The state store's checkpoint key of serve's ledger (`check` reads it too).
 pub const JOB_LINKS_KEY: &str = "job_links";
@@ -170,23 +170,6 @@ pub struct LinkDeltas {
     pub changed: Vec<LinkChange>,
 }
 
-fn dl_raw(r: &LinkReading) -> Option<[u64; 5]> {
-    r.errors
-        .map(|e| [e.replay, e.recovery, e.crc_flit, e.crc_data, e.ecc_data])
-}
-
-fn nvlink5_raw(r: &LinkReading) -> Option<[u64; 5]> {
-    r.nvlink5.map(|n| {
-        [
-            n.recovery_successful,
-            n.recovery_failed,
-            n.recovery_events,
-            n.symbol,
-            n.effective,
-        ]
-    })
-}
-
 /// The increase of each counter since `before`; a counter lower than before was reset and
 /// counts from 0.
 fn increase(now: [u64; 5], before: Option<[u64; 5]>) -> [u64; 5] {
@@ -254,7 +237,7 @@ impl JobLinks {
         for g in gpus.iter().filter(|g| !g.uuid.is_empty() && !g.lost) {
             for r in &g.links {
                 let key = (g.uuid.clone(), r.link);
-                let (dl, n5) = (dl_raw(r), nvlink5_raw(r));
+                let (dl, n5) = (r.errors.map(|e| e.values()), r.nvlink5.map(|n| n.counts()));
                 let last = self.last.get(&key);
                 let t = next.entry(key.clone()).or_default();
                 let c = &mut t.counts;
@@ -382,7 +365,7 @@ impl JobLinks {
 /// The ledger as a checkpoint stores it: each table once, the containers naming them.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SavedJobLinks {
-    pub sampled_ms: Option<u64>,
+    pub sampled_ms: Option<i64>,
     pub last: Vec<SavedLast>,
     pub tables: Vec<Vec<SavedTotal>>,
     /// Which of `tables` the live totals are.
@@ -409,20 +392,11 @@ pub struct SavedTotal {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SavedWatch {
     pub id: String,
-    pub since_ms: u64,
+    pub since_ms: i64,
     pub since_start: bool,
     pub baseline: usize,
-    pub end: Option<(u64, usize)>,
-    pub gone_ms: Option<u64>,
-}
-
-fn ms(t: SystemTime) -> u64 {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn time(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
+    pub end: Option<(i64, usize)>,
+    pub gone_ms: Option<i64>,
 }
 
 impl JobLinks {
@@ -440,11 +414,11 @@ impl JobLinks {
         for (id, w) in &self.containers {
             containers.push(SavedWatch {
                 id: id.clone(),
-                since_ms: ms(w.since),
+                since_ms: unix_ms(w.since),
                 since_start: w.since_start,
                 baseline: index(&w.baseline),
-                end: w.end.as_ref().map(|(at, t)| (ms(*at), index(t))),
-                gone_ms: w.gone_at.map(ms),
+                end: w.end.as_ref().map(|(at, t)| (unix_ms(*at), index(t))),
+                gone_ms: w.gone_at.map(unix_ms),
             });
         }
         containers.sort_by(|a, b| a.id.cmp(&b.id));
@@ -458,7 +432,7 @@ impl JobLinks {
                 .collect()
         };
         SavedJobLinks {
-            sampled_ms: self.sampled_at.map(ms),
+            sampled_ms: self.sampled_at.map(unix_ms),
             last: self
                 .last
                 .iter()
@@ -485,17 +459,17 @@ impl JobLinks {
         let mut containers = HashMap::new();
         for c in saved.containers {
             let end = match c.end {
-                Some((at, i)) => Some((time(at), Arc::clone(tables.get(i)?))),
+                Some((at, i)) => Some((from_unix_ms(at), Arc::clone(tables.get(i)?))),
                 None => None,
             };
             containers.insert(
                 c.id,
                 Watch {
-                    since: time(c.since_ms),
+                    since: from_unix_ms(c.since_ms),
                     since_start: c.since_start,
                     baseline: Arc::clone(tables.get(c.baseline)?),
                     end,
-                    gone_at: c.gone_ms.map(time),
+                    gone_at: c.gone_ms.map(from_unix_ms),
                 },
             );
         }
@@ -506,7 +480,7 @@ impl JobLinks {
                 .into_iter()
                 .map(|s| ((s.uuid, s.link), s.last))
                 .collect(),
-            sampled_at: saved.sampled_ms.map(time),
+            sampled_at: saved.sampled_ms.map(from_unix_ms),
             fed_here: false,
             containers,
         })
@@ -585,7 +559,8 @@ impl From<&LinkChange> for GpuLinkDelta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{LinkErrors, Nvlink5Errors, Peer};
+    use crate::model::{LinkErrors, LinkReading, Nvlink5Errors, Peer};
+    use std::time::UNIX_EPOCH;
 
     fn at(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)

@@ -78,20 +78,12 @@ impl LinkSample {
             for l in &g.links {
                 let mut counts = [None; 10];
                 if let Some(e) = l.errors {
-                    let dl = [e.replay, e.recovery, e.crc_flit, e.crc_data, e.ecc_data];
-                    for (slot, v) in counts.iter_mut().zip(dl) {
+                    for (slot, v) in counts.iter_mut().zip(e.values()) {
                         *slot = Some(v);
                     }
                 }
                 if let Some(e) = l.nvlink5 {
-                    let n5 = [
-                        e.recovery_successful,
-                        e.recovery_failed,
-                        e.recovery_events,
-                        e.symbol,
-                        e.effective,
-                    ];
-                    for (slot, v) in counts[5..].iter_mut().zip(n5) {
+                    for (slot, v) in counts[5..].iter_mut().zip(e.counts()) {
                         *slot = Some(v);
                     }
                 }

@@ -67,6 +67,18 @@ pub fn prefix_within(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// Unix milliseconds of `t` (0 before 1970): how the state store and the checkpoints keep a
+/// moment.
+pub fn unix_ms(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The moment [`unix_ms`] kept (1970 for a negative one).
+pub fn from_unix_ms(ms: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
 /// `t` in RFC 3339 (UTC, the digits of the fraction it has), as the JSON and the Events say a
 /// moment; "" for a time RFC 3339 cannot hold.
 pub fn rfc3339(t: std::time::SystemTime) -> String {

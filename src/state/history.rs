@@ -1,13 +1,13 @@
 //! History: the failures told and the findings as they began and ended, as rows; how they are
 //! written (in the writer's transaction), pruned (oldest first) and read back (filters, bounded).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use rusqlite::{params, Connection, Transaction};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::model::{Failure, Finding, Subject};
+use crate::model::{unix_ms, Failure, Finding, Subject};
 
 /// How much history is kept: the last `max_age`, and at most `max_rows` rows and `max_bytes`
 /// of JSON in each of the two tables; the oldest go first.
@@ -105,11 +105,6 @@ impl FindingRow {
             json: value.to_string(),
         }
     }
-}
-
-pub fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn rfc3339(t: SystemTime) -> String {

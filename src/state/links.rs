@@ -6,8 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use rusqlite::{params, Connection, Transaction};
 
-use super::history::unix_ms;
-use crate::model::LinkSample;
+use crate::model::{unix_ms, LinkSample};
 
 /// How long link rows are kept: 10 days (`gpu::trend::TrendRules::keep`), so the week judged
 /// is whole after a few days of the agent down.

@@ -216,7 +216,7 @@ fn create(path: &Path, identity: &Identity) -> rusqlite::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
     let mut conn = connect(path, flags)?;
     set_modes(&conn)?;
-    let created_ms = super::history::unix_ms(SystemTime::now());
+    let created_ms = crate::model::unix_ms(SystemTime::now());
     schema::create(
         &mut conn,
         &Meta {

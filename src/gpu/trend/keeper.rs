@@ -9,9 +9,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::SystemTime;
 
-use super::{judge_counter, unix_ms, TrendRules};
+use super::{judge_counter, TrendRules};
 use crate::model::{
-    Finding, FindingKind, GpuReading, LinkCounter, LinkSample, LinkTrend, Peer, Subject,
+    unix_ms, Finding, FindingKind, GpuReading, LinkCounter, LinkSample, LinkTrend, Peer, Subject,
 };
 use crate::text;
 

@@ -28,7 +28,7 @@ mod tests;
 pub use keeper::{Observed, TrendKeeper};
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::model::SteadyGrowth;
 
@@ -145,15 +145,9 @@ fn steady(rises: &[(i64, u64)], now_ms: i64, rules: &TrendRules) -> Option<Stead
         return None;
     }
     Some(SteadyGrowth {
-        since: UNIX_EPOCH + Duration::from_millis(u64::try_from(since_ms).unwrap_or(0)),
+        since: crate::model::from_unix_ms(since_ms),
         growth,
         days: run_days,
         per_day: growth as f64 / (hours / 24.0).max(1.0),
     })
-}
-
-/// Unix milliseconds of `t` (0 before 1970).
-pub fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

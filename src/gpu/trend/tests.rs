@@ -36,7 +36,7 @@ fn steady_slow_growth_is_found_with_its_rate_and_since() {
     assert_eq!(s.growth, 5);
     assert_eq!(s.days, 5);
     assert_eq!(
-        super::unix_ms(s.since),
+        crate::model::unix_ms(s.since),
         NOW - 5 * D - 15 * H,
         "the first rise"
     );
@@ -95,7 +95,7 @@ fn a_reset_in_the_middle_keeps_the_growth_before_it() {
     );
     let s = t.steady.expect("steady across the reset");
     assert_eq!(s.days, 6);
-    assert_eq!(super::unix_ms(s.since), NOW - 6 * D - 15 * H);
+    assert_eq!(crate::model::unix_ms(s.since), NOW - 6 * D - 15 * H);
 }
 
 #[test]
