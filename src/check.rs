@@ -91,24 +91,30 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
         limit: STORED_MAX,
         ..Filter::default()
     };
-    match state::read_failures(dir, &filter) {
-        Ok(failures) => failures,
+    serves(dir, "the failures", state::read_failures(dir, &filter)).unwrap_or_default()
+}
+
+/// What serve stored in `dir`, as `read` gave it; None where there is no store (serve never ran
+/// here with one) or it cannot be read (said, naming `what`).
+fn serves<T>(dir: &Path, what: &str, read: Result<T, Unavailable>) -> Option<T> {
+    match read {
+        Ok(v) => Some(v),
         Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            Vec::new()
+            None
         }
         Err(Unavailable::Dir { source, .. })
             if source.kind() == std::io::ErrorKind::PermissionDenied =>
         {
             tracing::warn!(
-                "the failures serve stored in {} are left out: this user may not read them \
-                 (run as root)",
+                "{what} serve stored in {} are left out: this user may not read them (run as \
+                 root)",
                 dir.display()
             );
-            Vec::new()
+            None
         }
         Err(e) => {
-            tracing::warn!("{e}; the failures serve stored are left out");
-            Vec::new()
+            tracing::warn!("{e}; {what} serve stored are left out");
+            None
         }
     }
 }
@@ -116,16 +122,8 @@ fn stored(dir: &Path, since: SystemTime) -> Vec<Failure> {
 /// serve's ledger of the containers' NVLinks, so a failure's `gpu_links` says what serve's would
 /// (check alone has one sample: no baseline). None without it, said when unreadable.
 fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
-    let value = match state::read_checkpoint(dir, crate::model::JOB_LINKS_KEY) {
-        Ok(v) => v?,
-        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return None
-        }
-        Err(e) => {
-            tracing::warn!("{e}; failures carry no link deltas (gpu_links null)");
-            return None;
-        }
-    };
+    let read = state::read_checkpoint(dir, crate::model::JOB_LINKS_KEY);
+    let value = serves(dir, "the NVLink baselines (gpu_links)", read)??;
     serde_json::from_value(value)
         .ok()
         .and_then(crate::model::JobLinks::restore)
@@ -133,16 +131,7 @@ fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
 
 /// The link counters serve stored; none where there is no store or it cannot be read (said).
 fn stored_links(dir: &Path) -> Vec<crate::model::LinkSample> {
-    match state::read_link_samples(dir) {
-        Ok(rows) => rows,
-        Err(Unavailable::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            Vec::new()
-        }
-        Err(e) => {
-            tracing::warn!("{e}; the link counters serve stored are left out");
-            Vec::new()
-        }
-    }
+    serves(dir, "the link counters", state::read_link_samples(dir)).unwrap_or_default()
 }
 
 /// `check`'s exit status: 2 when the scan was blind to everything (it could not run, in

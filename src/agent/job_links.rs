@@ -25,20 +25,16 @@ pub(super) struct Keeper {
 impl Keeper {
     /// The ledger the last run saved, else a new one.
     pub(super) fn resume(store: Option<&Store>) -> Keeper {
-        let saved = store.and_then(|s| s.get(JOB_LINKS_KEY));
-        let ledger = match saved.map(|v| serde_json::from_value::<SavedJobLinks>(v.clone())) {
+        let saved = store.and_then(|s| super::resume::stored::<SavedJobLinks>(s, JOB_LINKS_KEY));
+        let ledger = match saved {
             None => JobLinks::default(),
-            Some(Ok(saved)) => JobLinks::restore(saved).unwrap_or_else(|| {
+            Some(saved) => JobLinks::restore(saved).unwrap_or_else(|| {
                 tracing::warn!(
                     key = JOB_LINKS_KEY,
                     "ignoring a stored value: tables missing"
                 );
                 JobLinks::default()
             }),
-            Some(Err(e)) => {
-                tracing::warn!(key = JOB_LINKS_KEY, "ignoring a stored value: {e}");
-                JobLinks::default()
-            }
         };
         if !ledger.containers.is_empty() {
             tracing::info!(

@@ -75,7 +75,7 @@ fn fresh_kube() -> KubeResume {
 }
 
 /// A stored value of `key`; None (said) when it does not read as this agent writes it.
-fn stored<T: DeserializeOwned>(store: &Store, key: &str) -> Option<T> {
+pub(super) fn stored<T: DeserializeOwned>(store: &Store, key: &str) -> Option<T> {
     let value = store.get(key)?;
     T::deserialize(value)
         .map_err(|e| tracing::warn!(key, "stored state not readable ({e}); not resumed"))
