@@ -273,7 +273,7 @@ fn verify_gpu(sig: &Signature, line: &str, end: usize) -> Option<Option<FindingK
     let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
         return Some(None);
     };
-    if !said_as_failure(line, start, end) {
+    if !said_as_failure(before, rest) {
         return Some(None);
     }
     let any = |words: &[&str]| words.iter().any(|w| line.contains(w));
@@ -290,14 +290,12 @@ fn verify_gpu(sig: &Signature, line: &str, end: usize) -> Option<Option<FindingK
     Some(told.then_some(sig.kind))
 }
 
-/// Whether the GPU text at `start..end` is a program's failure, not a quote of it: not after
-/// `grep` (a search), not NCCL's INFO (a CUDA call NCCL ignores and goes on from), not followed
-/// by a retry, and when inside quotes, quoted as NCCL quotes CUDA's string (`Cuda failure 711
-/// '...'`, `CUDA error 802 '...'`), not as help text quotes an error (`` `Error 802: ...` ``).
-fn said_as_failure(line: &str, start: usize, end: usize) -> bool {
-    let (Some(before), Some(rest)) = (line.get(..start), line.get(end..)) else {
-        return false;
-    };
+/// Whether the GPU text between `before` and `rest` is a program's failure, not a quote of it:
+/// not after `grep` (a search), not NCCL's INFO (a CUDA call NCCL ignores and goes on from), not
+/// followed by a retry, and when inside quotes, quoted as NCCL quotes CUDA's string (`Cuda
+/// failure 711 '...'`, `CUDA error 802 '...'`), not as help text quotes an error (`` `Error 802:
+/// ...` ``).
+fn said_as_failure(before: &str, rest: &str) -> bool {
     if before.contains("grep ") || before.contains("NCCL INFO") {
         return false;
     }
