@@ -292,6 +292,70 @@ fn a_process_whose_root_is_gone_mid_scan_drops_out_silently() {
     assert_eq!(scan.errors, 0);
 }
 
+/// A new container that gets a gone container's mount namespace number and, for a FUSE, the
+/// gone one's root mount ID (the kernel reuses both, lowest first) is checked afresh: the trust
+/// found for the gone one's root is not its.
+#[test]
+fn a_reused_namespace_number_and_mount_id_do_not_carry_trust_to_a_new_container() {
+    let host = FakeHost::v2();
+    let mnt = HOST_MNT + 90;
+    let gone = host.process(900, mnt, HOST_MNT + 91);
+    let pod = "/kubepods/pod55555555-6666-7777-8888-999999999999";
+    host.cgroup_dir(&format!("{pod}/gone"), &[900], None, 0);
+    let mut scanner = ShmScanner::new(&host.paths()).unwrap();
+    let first = scanner.scan();
+    assert_eq!(first.readings.len(), 1, "{:#?}", first.readings);
+    assert_eq!(first.readings[0].error, None, "{:#?}", first.readings);
+
+    // The container goes; the next, in the same namespace number, has its root on the mount ID
+    // the gone one's root had, and that mount is a FUSE by its mountinfo.
+    fs::remove_dir_all(host.memory_root().join(&pod[1..]).join("gone")).unwrap();
+    let root = host.process(901, mnt, HOST_MNT + 91);
+    let root_mount = rustix::fs::statx(
+        rustix::fs::CWD,
+        &root,
+        rustix::fs::AtFlags::empty(),
+        rustix::fs::StatxFlags::MNT_ID,
+    )
+    .unwrap()
+    .stx_mnt_id;
+    let gone_mount = rustix::fs::statx(
+        rustix::fs::CWD,
+        &gone,
+        rustix::fs::AtFlags::empty(),
+        rustix::fs::StatxFlags::MNT_ID,
+    )
+    .unwrap()
+    .stx_mnt_id;
+    assert_eq!(root_mount, gone_mount, "both fake roots are on one mount");
+    let mountinfo: String = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let sep = fields.iter().position(|f| *f == "-").unwrap();
+            if fields[0] == root_mount.to_string() {
+                let mut f = fields.clone();
+                f[sep + 1] = "fuse";
+                f.join(" ") + "\n"
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    fs::write(host.proc().join("901/mountinfo"), mountinfo).unwrap();
+    host.cgroup_dir(&format!("{pod}/next"), &[901], None, 0);
+
+    let second = scanner.scan();
+    assert_eq!(ids(&second), ["next"]);
+    let error = second.readings[0].error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("the container's / is a fuse mount, not a local file system"),
+        "{:#?}",
+        second.readings
+    );
+}
+
 #[test]
 fn pid_1_unreadable_falls_back_to_the_agents_namespaces() {
     let host = FakeHost::v2();

@@ -105,7 +105,7 @@ impl ShmScanner {
             &mut self.files,
             &mountinfo,
             root,
-            self.trusted.entry(mnt).or_default(),
+            self.trusted.entry((mnt, pid)).or_default(),
         );
         let (fd, id) = match walked {
             Ok(Ok(opened)) => opened,

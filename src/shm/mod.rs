@@ -61,9 +61,10 @@ pub struct ShmScanner {
     read_oom_kills: bool,
     host_ns: HostNamespaces,
     memcg: MemcgReader,
-    mounts: HashMap<NsId, CachedMount>,
-    /// The root and /dev mounts found trusted to look in, per mount namespace.
-    trusted: HashMap<NsId, trusted::Trusted>,
+    /// The /dev/shm mount last seen by each measured process in its mount namespace.
+    mounts: HashMap<Viewer, CachedMount>,
+    /// The root and /dev mounts found trusted to look in, by each measured process.
+    trusted: HashMap<Viewer, trusted::Trusted>,
     logged: HashSet<String>,
     files: FileReader,
     /// A reused buffer for /proc paths.
@@ -80,6 +81,14 @@ pub struct ShmScanner {
     hung: HashSet<String>,
     sandboxes: sandbox::SandboxShm,
 }
+
+/// Whose view of the mounts a cached mount or trust describes: a mount namespace as one process
+/// sees it. The kernel hands out mount IDs and namespace inode numbers lowest-free, so a
+/// container that starts as another goes often gets the gone one's namespace number and, for one
+/// of its mounts, the gone one's root mount ID: keyed by the namespace alone, a FUSE at that ID
+/// would have been trusted as the gone container's overlay and looked in. PIDs are handed out in
+/// turn, not lowest-free, so the three do not meet again by chance.
+pub(super) type Viewer = (NsId, i32);
 
 /// Processes remembered at most (then forgotten all at once and read again).
 const STARTS: usize = 16_384;
@@ -183,7 +192,7 @@ impl ShmScanner {
             return out;
         }
         self.memcg.start_scan();
-        let mut live_ns = HashSet::new();
+        let mut live: HashSet<Viewer> = HashSet::new();
         let Some(root) = self.open_cgroup(None, "", &mut out) else {
             return out;
         };
@@ -196,7 +205,7 @@ impl ShmScanner {
             let mut inner = outer;
             match self.first_process(&dir, &rel, &mut out) {
                 Some((pid, mnt)) if mnt != self.host_ns.mnt && Some(mnt) != outer => {
-                    live_ns.insert(mnt);
+                    live.insert((mnt, pid));
                     let dirs = [dir.as_fd(), parent.as_fd()];
                     if let Some(reading) = self.measure(pid, mnt, &rel, dirs, &mut out) {
                         // A cgroup made inside a container is that container's (cgroup::path),
@@ -216,8 +225,8 @@ impl ShmScanner {
             drop(parent);
             self.push_children(&Rc::new(dir), &rel, inner, &mut stack, &mut out);
         }
-        self.mounts.retain(|ns, _| live_ns.contains(ns));
-        self.trusted.retain(|ns, _| live_ns.contains(ns));
+        self.mounts.retain(|v, _| live.contains(v));
+        self.trusted.retain(|v, _| live.contains(v));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         out.sight.measured = out.readings.iter().filter(|r| r.mounted.is_some()).count() as u64;
         out.sandboxes = self.sandboxes.scan(&out.readings, &mut out.errors);

@@ -1,5 +1,6 @@
-//! The mountinfo line of a container's /dev/shm, cached per mount namespace: mountinfo, the
-//! most expensive file of a scan, is read again only when the mount at /dev/shm changes.
+//! The mountinfo line of a container's /dev/shm, cached per process and mount namespace
+//! (`super::Viewer`): mountinfo, the most expensive file of a scan, is read again only when the
+//! mount at /dev/shm changes.
 
 use std::io;
 use std::path::Path;
@@ -15,7 +16,7 @@ use crate::procfs::mountinfo::{self, MountEntry};
 const MOUNTINFO_MAX: usize = 4 << 20;
 const MOUNTINFO_LINE_MAX: usize = 16 << 10;
 
-/// The /dev/shm mount last seen in a mount namespace, so mountinfo is re-read only when the
+/// The /dev/shm mount last seen by a process in its mount namespace, so mountinfo is re-read only when the
 /// mount at /dev/shm changes (its mount ID differs), not on every scan.
 #[derive(Debug, Clone)]
 pub(super) struct CachedMount {
@@ -90,7 +91,7 @@ impl ShmScanner {
         rel: &str,
         out: &mut ShmScan,
     ) -> Option<Result<Option<MountEntry>, String>> {
-        if let Some(cached) = self.mounts.get(&mnt) {
+        if let Some(cached) = self.mounts.get(&(mnt, pid)) {
             if cached.mount_id == id.mount_id {
                 return Some(Ok(cached.entry.clone()));
             }
@@ -121,7 +122,7 @@ impl ShmScanner {
             mount_id: id.mount_id,
             entry: entry.clone(),
         };
-        self.mounts.insert(mnt, cached);
+        self.mounts.insert((mnt, pid), cached);
         Some(Ok(entry))
     }
 }

@@ -9,8 +9,9 @@
 //! each lookup the directory's mount is told without a call to its file system (a statx that
 //! does not sync, [`statfs::identify`]) and its type taken from the process's mountinfo, and
 //! a type not on the short list below is never looked in: the container is "not measured",
-//! with the type, as a foreign /dev/shm is. The mount IDs found trusted are kept (per mount
-//! namespace by the scan), so mountinfo is read again only when a mount changes.
+//! with the type, as a foreign /dev/shm is. The mount IDs found trusted are kept (per
+//! process and mount namespace by the scan, `super::Viewer`), so mountinfo is read again only
+//! when a mount changes.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
