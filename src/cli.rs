@@ -212,6 +212,16 @@ pub struct ServeArgs {
     /// `patch` on nodes (deploy/components/gpu-fault-taint).
     #[arg(long, env = "SHMLINK_TAINT_ON_GPU_FAULT")]
     pub taint_on_gpu_fault: bool,
+    /// A DRA DeviceTaintRule for each GPU the agent blames (the pair judge's culprit, a lost
+    /// GPU, a fatal XID), selecting just that GPU's device, with this effect; lifted once the
+    /// GPU has been healthy for --gpu-fault-hold. Needs deploy/components/gpu-device-taint.
+    #[arg(
+        long,
+        env = "SHMLINK_GPU_DEVICE_TAINT",
+        value_enum,
+        default_value = "off"
+    )]
+    pub gpu_device_taint: DeviceTaintMode,
     /// How long the first scan, and so /readyz, waits for this node's Pod cache to sync (then
     /// it goes on without pod names and says so); 0s does not wait.
     #[arg(long, env = "SHMLINK_POD_CACHE_WAIT", default_value = "10s", value_parser = parse_wait)]
@@ -403,6 +413,21 @@ pub enum KubeMode {
     Off,
     /// Fail at start when the API server is unreachable.
     On,
+}
+
+/// `--gpu-device-taint`: off, or the rules' effect as the API spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceTaintMode {
+    Off,
+    /// Visible only: nothing changes for the device's users (a dry run).
+    #[value(name = "None")]
+    None,
+    /// No new claim gets the device.
+    #[value(name = "NoSchedule")]
+    NoSchedule,
+    /// As NoSchedule, and Pods using the device are evicted unless they tolerate the taint.
+    #[value(name = "NoExecute")]
+    NoExecute,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

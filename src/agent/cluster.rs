@@ -13,6 +13,9 @@ use crate::cli::KubeMode;
 use crate::failures::sources::ClusterCaches;
 use crate::gpu::xid::HeldAges;
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
+use crate::kube::device_taint::{
+    spawn_device_taints, DeviceTaintFeed, DeviceTaintSettings, Effect,
+};
 use crate::kube::events::{
     spawn_publisher, EventMsg, EventPlanner, EventQueue, OpenSeries, PublishSettings, SERIES_KEY,
 };
@@ -48,6 +51,8 @@ pub struct KubeSettings {
     /// How often unchanged Node conditions are written again.
     pub condition_heartbeat: Duration,
     pub taint_on_gpu_fault: bool,
+    /// The effect of the DeviceTaintRules for blamed GPUs; None: no rules.
+    pub gpu_device_taint: Option<Effect>,
     /// How long the first scan (and so `/readyz`) waits for the Pod cache.
     pub pod_cache_wait: Duration,
 }
@@ -59,6 +64,7 @@ pub(super) struct KubeView {
     planner: EventPlanner,
     queue: EventQueue,
     conditions: ConditionFeed,
+    device_taints: Option<DeviceTaintFeed>,
     pub(super) pod_cache_wait: Duration,
 }
 
@@ -76,6 +82,13 @@ impl KubeView {
         let on_deaths = Box::new(move |found| {
             let _ = deaths.send(found);
         });
+        let queue = spawn_publisher(
+            client.clone(),
+            settings.node.clone(),
+            metrics.clone(),
+            PublishSettings::default(),
+            runtime,
+        );
         let mut view = KubeView {
             pods: PodWatcher::spawn(
                 client.clone(),
@@ -91,13 +104,16 @@ impl KubeView {
                 runtime,
             ),
             planner: EventPlanner::new(&settings.node, settings.event_heartbeat),
-            queue: spawn_publisher(
-                client.clone(),
-                settings.node.clone(),
-                metrics.clone(),
-                PublishSettings::default(),
-                runtime,
-            ),
+            device_taints: settings.gpu_device_taint.map(|effect| {
+                spawn_device_taints(
+                    client.clone(),
+                    settings.node.clone(),
+                    DeviceTaintSettings::new(effect, settings.gpu_fault_hold),
+                    (metrics.device_taints.clone(), Some(queue.clone())),
+                    runtime,
+                )
+            }),
+            queue,
             conditions: spawn_writer(
                 client,
                 settings.node.clone(),
@@ -142,6 +158,9 @@ impl KubeView {
         let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
         self.queue.send(msgs);
         self.conditions.update(snapshot, Instant::now());
+        if let Some(d) = self.device_taints.as_mut() {
+            d.update(snapshot, &self.conditions.held_xids(), Instant::now());
+        }
     }
 
     /// The fatal XIDs holding `GpuFault`, for a restart to carry.

@@ -81,6 +81,20 @@ pub enum AgentError {
     DeathTrace(crate::death_trace::Refused),
 }
 
+/// `--gpu-device-taint`'s effect; None when off.
+pub fn device_taint_effect(
+    mode: crate::cli::DeviceTaintMode,
+) -> Option<crate::kube::device_taint::Effect> {
+    use crate::cli::DeviceTaintMode as M;
+    use crate::kube::device_taint::Effect;
+    match mode {
+        M::Off => None,
+        M::None => Some(Effect::None),
+        M::NoSchedule => Some(Effect::NoSchedule),
+        M::NoExecute => Some(Effect::NoExecute),
+    }
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let ServeSettings {
@@ -97,7 +111,14 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
     let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
-    let (store, metrics) = open_store(state_dir.as_deref(), &scan, &snapshot, &mut scanner).await;
+    let taints = kube.gpu_device_taint.is_some();
+    let (store, metrics) = open_store(
+        state_dir.as_deref(),
+        (&scan, taints),
+        &snapshot,
+        &mut scanner,
+    )
+    .await;
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
@@ -167,11 +188,14 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
 /// are said by the store, once). The scanner takes up the link counters it kept.
 async fn open_store(
     dir: Option<&std::path::Path>,
-    scan: &ScanSettings,
+    (scan, device_taints): (&ScanSettings, bool),
     snapshot: &SharedSnapshot,
     scanner: &mut Scanner,
 ) -> (Option<state::Store>, Arc<Metrics>) {
     let mut metrics = Metrics::new(snapshot.clone());
+    if device_taints {
+        metrics.register_device_taints();
+    }
     let Some(dir) = dir else {
         tracing::info!("--state-dir none: no state kept across restarts");
         return (None, Arc::new(metrics));

@@ -22,6 +22,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             gpu_fault_hold: args.gpu_fault_hold,
             condition_heartbeat: args.condition_heartbeat,
             taint_on_gpu_fault: args.taint_on_gpu_fault,
+            gpu_device_taint: agent::device_taint_effect(args.gpu_device_taint),
             pod_cache_wait: args.pod_cache_wait,
         },
         death_trace: DeathTraceSettings {

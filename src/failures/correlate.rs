@@ -105,12 +105,8 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.
 fn node_culprits(snapshot: Option<&Snapshot>) -> Vec<crate::model::Suspect> {
     snapshot
-        .map(|s| s.gpu_blame.suspects.iter())
-        .into_iter()
-        .flatten()
-        .filter(|s| s.by != crate::model::SuspectBy::EitherEnd)
-        .cloned()
-        .collect()
+        .map(|s| s.gpu_blame.culprits().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// The pairs among the job's GPUs, as the last scan judged them.

@@ -7,6 +7,7 @@
 //! conditions through a watch channel (the latest state wins).
 
 pub mod conditions;
+pub mod device_taint;
 pub mod events;
 pub mod evicted;
 pub mod exits;

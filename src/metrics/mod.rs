@@ -7,6 +7,7 @@
 //! `self_metrics`.
 
 mod blind;
+mod device_taint;
 mod failures;
 mod gpu;
 mod links;
@@ -30,6 +31,7 @@ use prometheus_client::registry::Registry;
 
 use crate::model::Snapshot;
 
+pub use device_taint::DeviceTaintMetrics;
 use failures::SourceMetrics;
 use self_metrics::SelfMetrics;
 
@@ -51,6 +53,8 @@ pub struct Metrics {
     /// Node condition (and taint) writes the API server accepted, and those that failed.
     pub node_condition_writes: Counter,
     pub node_condition_write_errors: Counter,
+    /// The DeviceTaintRules' series, exported once [`Metrics::register_device_taints`] is called.
+    pub device_taints: DeviceTaintMetrics,
     sources: SourceMetrics,
 }
 
@@ -66,6 +70,7 @@ impl Metrics {
             kube_events_dropped: own.kube_events_dropped.clone(),
             node_condition_writes: own.node_condition_writes.clone(),
             node_condition_write_errors: own.node_condition_write_errors.clone(),
+            device_taints: DeviceTaintMetrics::default(),
             own,
             sources,
         }
@@ -74,6 +79,12 @@ impl Metrics {
     /// Families owned elsewhere (the state store's), registered before the Metrics is shared.
     pub fn register_more(&mut self, register: impl FnOnce(&mut Registry)) {
         register(&mut self.registry);
+    }
+
+    /// Exports the DeviceTaintRules' series (serve --gpu-device-taint on).
+    pub fn register_device_taints(&mut self) {
+        let handles = self.device_taints.clone();
+        handles.register(&mut self.registry);
     }
 
     /// The OpenMetrics text of everything.

@@ -208,6 +208,10 @@ finding_kinds! {
         GpuLinkDegraded,
         /// A GPU link condition ended with no other left on its subject.
         GpuLinkRecovered,
+        /// A DeviceTaintRule of the agent took a GPU out (made, or its effect changed).
+        GpuDeviceTainted,
+        /// A DeviceTaintRule of the agent was lifted: its GPU was healthy for the hold.
+        GpuDeviceTaintLifted,
     }
 }
 

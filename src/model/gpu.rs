@@ -487,6 +487,17 @@ pub struct Blame {
     pub node_wide: bool,
 }
 
+impl Blame {
+    /// The GPUs it names as culprits: not "either end" of pairs that share no GPU (those are
+    /// told pair by pair), nor any when every GPU fails (`suspects` is empty then: the node's
+    /// fault). Every command that names a GPU to take out takes these.
+    pub fn culprits(&self) -> impl Iterator<Item = &Suspect> {
+        self.suspects
+            .iter()
+            .filter(|s| s.by != SuspectBy::EitherEnd)
+    }
+}
+
 /// One GPU the failing pairs point at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Suspect {

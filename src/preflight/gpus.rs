@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::{Blame, PairStatus, PairVerdict, Suspect, SuspectBy};
+use crate::model::{Blame, PairStatus, PairVerdict, Suspect};
 
 /// Which GPUs the workload will use, as its environment says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -148,12 +148,7 @@ pub fn visible_pairs(all: &[PairVerdict], visible: &[VisibleGpu]) -> Vec<PairVer
 /// The GPUs the pair judge's blame names as culprits: not "either end" of pairs that share no
 /// GPU (those are told pair by pair), nor any when every GPU fails (the node's fault).
 pub fn culprits(blame: &Blame) -> Vec<Suspect> {
-    blame
-        .suspects
-        .iter()
-        .filter(|s| s.by != SuspectBy::EitherEnd)
-        .cloned()
-        .collect()
+    blame.culprits().cloned().collect()
 }
 
 /// GPUs to avoid so that no pair among the rest fails: repeatedly drop the GPU in the most

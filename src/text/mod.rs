@@ -16,6 +16,7 @@
 
 mod blind;
 mod conditions;
+mod device_taint;
 mod failures;
 mod gpu;
 mod gpu_failures;
@@ -32,6 +33,10 @@ pub use blind::{blind, no_findings_but_blind, no_gpus_because};
 pub use conditions::{
     fault_gpu_lost, gpu_fault, gpu_health_unknown, no_gpu_fault, no_gpus, pairs_failing,
     pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
+};
+pub use device_taint::{
+    no_slice_device, no_taint_api, taint_culprit, taint_description, taint_gpu_lost, taint_lifted,
+    taint_made, taint_recovery_action, taint_xid,
 };
 pub use failures::{
     gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,

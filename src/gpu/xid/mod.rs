@@ -16,4 +16,4 @@ pub mod recent;
 
 pub use counts::XidCounts;
 pub use nvml_events::spawn;
-pub use recent::{FatalXids, HeldAges, RecentXids, XID_LASTS};
+pub use recent::{FatalXids, HeldAges, HeldXid, RecentXids, XID_LASTS};

@@ -31,6 +31,11 @@ impl ConditionJudge {
         self.xids.ages(now)
     }
 
+    /// The fatal XIDs held now (the GPUs a device taint takes out).
+    pub fn held_xids(&self) -> Vec<crate::gpu::xid::HeldXid> {
+        self.xids.held()
+    }
+
     /// Holds again what a restart carried ([`FatalXids::resume`]).
     pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
         self.xids.resume(held, now);

@@ -68,6 +68,11 @@ impl ConditionFeed {
         self.judge.held_ages(now)
     }
 
+    /// The fatal XIDs held now.
+    pub fn held_xids(&self) -> Vec<crate::gpu::xid::HeldXid> {
+        self.judge.held_xids()
+    }
+
     /// Holds again the fatal XIDs a restart carried, before the first snapshot is decided.
     pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
         self.judge.resume_held(held, now);
