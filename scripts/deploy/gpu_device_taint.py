@@ -95,12 +95,15 @@ def rbac(docs, base):
           "the base role lost nodes get (the rule's owner reference needs the Node's UID)")
 
 
+def key(d):
+    return d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]
+
+
 def same_but(docs, base, effect):
     """DOCS is BASE plus the two RBAC objects, the DaemonSet with ENV=EFFECT once more."""
     env = [e for e in agent_env(docs) if e["name"] == ENV]
     check(env == [{"name": ENV, "value": effect}], f"{ENV} {env}, not {effect!r} once")
     check(not [e for e in agent_env(base) if e["name"] == ENV], f"the base sets {ENV}")
-    key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
     added = sorted(key(d) for d in docs if key(d) not in {key(b) for b in base})
     check(added == [("ClusterRole", "", NAME), ("ClusterRoleBinding", "", NAME)], f"objects added: {added}")
     rest = {key(d): (without_env(d) if d["kind"] == "DaemonSet" else d) for d in docs if key(d) not in set(added)}
