@@ -12,7 +12,11 @@
 #     warnings) is evaluated by cel-python against Pod fixtures, messages asserted exactly;
 #   - the DaemonSet keeps its contract (capabilities, mounts, args, probes, RBAC); the
 #     NetworkPolicy admits only the scraper on 9477; the grafana-dashboard and kube-rbac-proxy
-#     overlays do what they say;
+#     overlays do what they say; the gpu-device-taint component adds its variable and exactly
+#     its RBAC, and the patch its comment shows picks the effect (built from temporary
+#     kustomizations, validated like the rest);
+#   - the DRA fixtures (tests/fixtures/dra) validate strictly against Kubernetes 1.37's schema,
+#     the only one with DeviceTaintRule v1; a kind without a schema fails, here and above;
 #   - every alert links docs/runbooks/<alert>.md, and that file exists; the overlay's runbook_url
 #     base is one value (runbook-base-url.yaml); the runbooks' `shmlink check` commands carry the
 #     DaemonSet's roots;
@@ -115,6 +119,14 @@ if need kubectl; then
   echo "== the docker component adds --docker-root and Docker's directory (type Directory), nothing else"
   python3 $checks/docker_component.py "$out/deploy_base.core.yaml" "$out/deploy_examples_docker.core.yaml"
 
+  echo "== the gpu-device-taint component adds SHMLINK_GPU_DEVICE_TAINT=None and exactly its RBAC; its comment's patch sets the effect"
+  python3 $checks/gpu_device_taint.py "$out/deploy_base.core.yaml" "$out"
+  if need kubernetes-validate; then
+    for core in "$out"/gpu-device-taint*.core.yaml; do
+      $checks/validate-core.sh "deploy/components/gpu-device-taint ($(basename "$core" .core.yaml))" "$core"
+    done
+  fi
+
   echo "== every runbook's \`kubectl exec ... shmlink check\` carries the DaemonSet's path options"
   python3 $checks/runbook_commands.py "$out/deploy_base.core.yaml"
 
@@ -159,6 +171,12 @@ if need kubectl; then
       promtool check rules "$out/rule-groups.yml"
     fi
   done
+fi
+
+# --- DRA fixtures ------------------------------------------------------------------------------
+if need kubernetes-validate; then
+  echo "== the DRA fixtures (tests/fixtures/dra) strictly against Kubernetes 1.37's schema (DeviceTaintRule v1 is 1.37's)"
+  python3 $checks/dra_fixtures.py
 fi
 
 # --- the Helm chart ----------------------------------------------------------------------------

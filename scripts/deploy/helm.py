@@ -26,6 +26,7 @@ import tempfile
 import yaml
 
 from deploycheck import arg, build, check, daemonset, is_cert_manager, is_core, is_custom_resource, load
+from gpu_device_taint import EFFECTS as DEVICE_TAINT_EFFECTS, example as device_taint_example
 
 try:
     import helm_python as helm
@@ -49,7 +50,11 @@ TWINS = [
     ("admission-policy", {**NS, "admissionPolicy": {"enabled": True}}, "deploy/overlays/admission-policy"),
     ("admission-prometheus-operator", {**NS, **PO, "admission": {"enabled": True}}, "deploy/overlays/admission-prometheus-operator"),
 ]
-COMPONENTS = ["kernelLog", "deathTrace", "docker", "gpuFaultTaint", "prometheusOperator",
+# gpuDeviceTaint's twins are kustomizations gpu_device_taint.py writes (base + component, and + the
+# patch its comment shows for each other effect): no deploy/examples directory holds them.
+DEVICE_TAINT = [(effect, {**NS, "gpuDeviceTaint": {"enabled": True, **({"effect": effect} if effect else {})}})
+                for effect in (None, *DEVICE_TAINT_EFFECTS)]
+COMPONENTS = ["kernelLog", "deathTrace", "docker", "gpuFaultTaint", "gpuDeviceTaint", "prometheusOperator",
               "grafanaDashboards", "kubeRbacProxy", "admission", "admissionPolicy"]
 EVERYTHING = {
     **{c: {"enabled": True} for c in COMPONENTS},
@@ -89,6 +94,8 @@ INVALID = [
     ({"admission": {"enabled": True, "certManager": {"enabled": False}, "caBundle": "QUJD"}}, "/admission/tls/secretName"),
     ({"admission": {"enabled": True, "certManager": {"enabled": False}, "tls": {"secretName": "tls"}}}, "/admission/caBundle"),
     ({"admission": {"replicas": 0}}, "/admission/replicas"),
+    ({"gpuDeviceTaint": {"enabled": True, "effect": "NoSchedul"}}, "/gpuDeviceTaint/effect"),
+    ({"gpuDeviceTaint": {"effect": "off"}}, "/gpuDeviceTaint/effect"),
 ]
 # Lists the API server merges by `name`: kustomize's patches move the entries they merge, so
 # their order is not compared. An empty list is what the API server keeps as absent.
@@ -188,13 +195,14 @@ def admission(chart):
     print("   admission without cert-manager: the given Secret and caBundle, --mode mutate, 3 replicas")
 
 
-def same_as_kustomize(chart, case, values, directory, drop=()):
+def same_as_kustomize(chart, case, values, directory, drop=(), label=None):
     docs, _ = render(chart, values)
     write(case, docs)
     built = [d for d in kustomized(directory) if d["kind"] not in drop]
     diff = differences(docs, built)
-    check(not diff, f"helm {case} differs from kubectl kustomize {directory}:\n" + "\n".join(diff))
-    print(f"   {case}: the same {len(docs)} objects as kubectl kustomize {directory}"
+    label = label or directory
+    check(not diff, f"helm {case} differs from kubectl kustomize {label}:\n" + "\n".join(diff))
+    print(f"   {case}: the same {len(docs)} objects as kubectl kustomize {label}"
           + (f" (but its {', '.join(drop)})" if drop else ""))
     return docs
 
@@ -231,7 +239,8 @@ def other_release(chart):
     docs, _ = render(chart, {**EVERYTHING, "grafanaDashboards": {"enabled": True}}, "agents", "gpu-ops")
     write("other-release", docs)
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    check(("DaemonSet", "agents-shmlink") in names and ("ClusterRole", "agents-shmlink-gpu-fault-taint") in names,
+    check(("DaemonSet", "agents-shmlink") in names and ("ClusterRole", "agents-shmlink-gpu-fault-taint") in names
+          and ("ClusterRoleBinding", "agents-shmlink-gpu-device-taint") in names,
           f"names do not follow the release: {sorted(names)}")
     mwc = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
     cert = next(d for d in docs if d["kind"] == "Certificate")
@@ -269,7 +278,8 @@ def everything(chart):
     check(caps == ["SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG", "PERFMON"], f"capabilities {caps}")
     env = {e["name"]: e.get("value") for e in agent["env"]}
     check(env["SHMLINK_KMSG"] == "syslog" and env["SHMLINK_DEATH_TRACE"] == "on"
-          and env["SHMLINK_TAINT_ON_GPU_FAULT"] == "true" and env["SHMLINK_LISTEN"] == "127.0.0.1:9479"
+          and env["SHMLINK_TAINT_ON_GPU_FAULT"] == "true" and env["SHMLINK_GPU_DEVICE_TAINT"] == "None"
+          and env["SHMLINK_LISTEN"] == "127.0.0.1:9479"
           and env["SHMLINK_LOG"] == "debug", f"env {env}")
     vols = {v["name"]: v["hostPath"] for v in pod["volumes"]}
     check(vols["nvidia-lib"] == {"path": "/usr/lib/x86_64-linux-gnu", "type": "Directory"}, f"{vols}")
@@ -321,6 +331,12 @@ def main():
               "the defaults compare equal to the kernel-log example: the comparison sees nothing")
         for case, values, directory in TWINS:
             same_as_kustomize(chart, case, values, directory)
+        with tempfile.TemporaryDirectory() as tmp:
+            for effect, values in DEVICE_TAINT:
+                case = "gpu-device-taint" + (f"-{effect}" if effect else "")
+                how = " and its comment's patch to " + effect if effect else ""
+                same_as_kustomize(chart, case, values, device_taint_example(tmp, effect),
+                                  label=f"of deploy/base with deploy/components/gpu-device-taint{how}")
         refuses(chart)
         other_release(chart)
         everything(chart)

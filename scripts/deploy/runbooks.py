@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Every alert has a severity and a runbook_url naming docs/runbooks/<alert>.md, which exists,
 is titled by the alert, says its severity and has the three sections; the index lists them all.
+The few pages for an Event that no alert pages on (EVENTS) are held to the same shape, saying
+the Event's type, and listed in the index's own table; any other page without an alert fails.
 
     scripts/deploy/runbooks.py
 """
@@ -11,6 +13,9 @@ import yaml
 from deploycheck import RUNBOOK_BASE, check
 
 BASE = RUNBOOK_BASE + "/"
+# Event reason -> its type: the agent's own actions an operator must be able to read and undo,
+# where the GPU behind them already pages under its own alert.
+EVENTS = {"GpuDeviceTainted": "Warning"}
 groups = yaml.safe_load(open("deploy/prometheus/shmlink.rules.yml"))["groups"]
 alerts = [r for g in groups for r in g["rules"] if "alert" in r]
 names = [r["alert"] for r in alerts]
@@ -28,9 +33,19 @@ for r in alerts:
     for section in ("## What it means", "## Confirm", "## What to do"):
         check(section in text, f"{path}: no {section!r}")
 pages = {f[:-3] for f in os.listdir("docs/runbooks") if f.endswith(".md") and f != "README.md"}
-check(pages == set(names), f"runbooks without an alert: {sorted(pages - set(names))}")
+check(not set(EVENTS) & set(names), f"an Event page that is an alert too: {sorted(set(EVENTS) & set(names))}")
+check(pages == set(names) | set(EVENTS), f"runbooks without an alert: {sorted(pages - set(names) - set(EVENTS))};"
+      f" missing: {sorted(set(EVENTS) - pages)}")
 index = open("docs/runbooks/README.md").read()
+for reason, kind in EVENTS.items():
+    text = open(f"docs/runbooks/{reason}.md").read()
+    check(text.startswith(f"# {reason}\n") and f"**Event** {kind}" in text, f"{reason}.md: title or **Event** {kind}")
+    for section in ("## What it means", "## Confirm", "## What to do"):
+        check(section in text, f"{reason}.md: no {section!r}")
+    check(f"| `{reason}` | {kind} | [{reason}.md]({reason}.md) |" in index,
+          f"docs/runbooks/README.md does not list the Event {reason} as {kind}")
 for r in alerts:
     check(f"| `{r['alert']}` | {r['labels']['severity']} | [{r['alert']}.md]({r['alert']}.md) |" in index,
           f"docs/runbooks/README.md does not list {r['alert']} as {r['labels']['severity']}")
-print(f"   ok ({len(alerts)} alerts, {sum(r['labels']['severity'] == 'critical' for r in alerts)} critical)")
+print(f"   ok ({len(alerts)} alerts, {sum(r['labels']['severity'] == 'critical' for r in alerts)} critical;"
+      f" {len(EVENTS)} Event page(s))")
