@@ -1,7 +1,7 @@
 //! Pure: the agent's rules, named and built, and the plan that brings what the API server holds
 //! to what is wanted. Only rules with both of the agent's labels for this node are ever planned
 //! on (the caller lists by them and [`Stored::parse`] checks again); a rule is compared on its
-//! selector, key, value, effect and description only, never on `timeAdded` (the server sets it,
+//! selector, key, value and effect only, never on `timeAdded` (the server sets it,
 //! and resets it when the effect changes), so an unchanged rule costs no write.
 
 use serde_json::{json, Value};
@@ -119,11 +119,12 @@ pub struct Desired {
 }
 
 impl Desired {
+    /// The description is not compared: it is refreshed with a change of the rule, so a
+    /// restarted agent, whose judge has just begun to count "since", rewrites nothing.
     fn matches(&self, s: &Stored) -> bool {
         s.selector.as_ref() == Some(&self.device)
             && s.value == self.value
             && s.effect == self.effect.as_str()
-            && s.description == self.description
     }
 
     /// The object to create (`apiVersion` is the caller's); `owner`: the Node's name and UID.

@@ -28,6 +28,9 @@ pub struct DeviceTaintSettings {
     pub hold: Duration,
     /// The rules are brought to what is wanted again this often when nothing changed.
     pub resync: Duration,
+    /// Where no DeviceTaintRule is served, the cluster is asked again this often (an upgrade,
+    /// or the API switched on).
+    pub rediscover: Duration,
     pub backoff_start: Duration,
     pub backoff_max: Duration,
     /// One pass that takes longer is abandoned and retried.
@@ -40,6 +43,7 @@ impl DeviceTaintSettings {
             effect,
             hold,
             resync: Duration::from_secs(300),
+            rediscover: Duration::from_secs(600),
             backoff_start: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             request_timeout: Duration::from_secs(30),
@@ -108,7 +112,7 @@ struct Keeper {
     metrics: DeviceTaintMetrics,
     events: Option<EventQueue>,
     api: Option<DraApi>,
-    /// When discovery last found no API (asked again after `resync`).
+    /// When discovery last found no API (asked again after `rediscover`).
     asked_at: Option<Instant>,
     node_uid: Option<String>,
     started: Instant,
@@ -221,14 +225,14 @@ impl Keeper {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// The served API, discovered once (and again after `resync` while there is none).
+    /// The served API, discovered once (and again after `rediscover` while there is none).
     async fn api(&mut self) -> Result<Option<DraApi>, String> {
         if let Some(api) = &self.api {
             return Ok(Some(api.clone()));
         }
         if self
             .asked_at
-            .is_some_and(|t| t.elapsed() < self.settings.resync)
+            .is_some_and(|t| t.elapsed() < self.settings.rediscover)
         {
             return Ok(None);
         }

@@ -2,7 +2,8 @@
 //! real `kube` client: Pod list and watch (with resource versions, watches the test can end, and
 //! 410 Gone for expired versions), Node get and patch (the object and its `status` subresource,
 //! with the API server's strategic-merge semantics: `status.conditions` merged by `type`),
-//! `/version`, and events.k8s.io/v1 Event create and merge-patch. It records every request. It
+//! `/version`, events.k8s.io/v1 Event create and merge-patch, and resource.k8s.io's
+//! ResourceSlices and DeviceTaintRules (`dra`: discovery per release, the rules' semantics). It records every request. It
 //! runs on a thread and runtime of its own, so sync and async tests alike can use it, and it can
 //! be stopped and started again on the same port (the API server going away).
 //!
@@ -12,6 +13,7 @@
 //! `nodes` (get, patch), `events`; `routing` takes a request to them, `patch` holds the merge
 //! semantics.
 
+mod dra;
 pub mod events;
 mod nodes;
 mod patch;
@@ -28,6 +30,8 @@ use axum::body::{Body, Bytes};
 use axum::http::Request;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
+
+pub use dra::Dra;
 
 /// One request the server received.
 #[derive(Debug, Clone)]
@@ -68,6 +72,8 @@ struct State {
     behaviour: Option<Behaviour>,
     /// Wakes the requests `Hang` holds.
     release: Arc<tokio::sync::Notify>,
+    /// resource.k8s.io: what is served, ResourceSlices, DeviceTaintRules.
+    dra: dra::DraState,
 }
 
 /// The fake API server.

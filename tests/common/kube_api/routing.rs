@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{events, nodes, pods, Behaviour, Recorded, State};
+use super::{dra, events, nodes, pods, Behaviour, Recorded, State};
 
 /// Every request the server gets.
 pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Response<Body> {
@@ -75,6 +75,15 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
         }
         (&Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", ns, "events", name]) => {
             events::patch(&mut lock(), ns, name, &body)
+        }
+        (_, ["apis", "resource.k8s.io", rest @ ..]) => {
+            match dra::route(&mut lock(), &method, rest, &query, body) {
+                Some(answer) => answer,
+                None => respond(
+                    StatusCode::NOT_FOUND,
+                    &status_body(404, "NotFound", &format!("{method} {path}: not served")),
+                ),
+            }
         }
         _ => respond(
             StatusCode::NOT_FOUND,

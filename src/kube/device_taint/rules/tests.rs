@@ -102,13 +102,17 @@ fn a_wanted_gpu_gets_one_rule_that_selects_its_device_and_an_unchanged_one_costs
     let stored = [Stored::parse(&held, NODE).unwrap()];
     let p = plan(&w, &index(), &stored, (NODE, Effect::None), |_| false);
     assert_eq!(p, Plan::default());
+    // A new description alone (a restarted agent's "since") is no write either.
+    let mut later = w.clone();
+    later[0].description = "GPU 7 is bad since later".into();
+    let p = plan(&later, &index(), &stored, (NODE, Effect::None), |_| false);
+    assert_eq!(p, Plan::default());
 }
 
 #[test]
 fn a_new_effect_or_value_is_an_update_that_keeps_time_added_and_resource_version() {
     let stored = [Stored::parse(&fixture_rule(), NODE).unwrap()];
     let mut w = wanted(7, GPU7, "nvlink-down");
-    w.description = stored[0].description.clone();
     let p = plan(
         &[w.clone()],
         &index(),
