@@ -218,7 +218,7 @@ async fn a_flapping_link_keeps_one_rule_and_it_is_lifted_once_healthy_past_the_h
         k.scan(&board(if bad { &[7] } else { &[] }));
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    assert_eq!(api.rules(), [made.clone()]);
+    assert_eq!(api.rules(), std::slice::from_ref(&made));
     assert_eq!(api.rule_writes(), ["POST devicetaintrules"]);
     let healthy_since = Instant::now();
     // Scans go on finding it healthy.

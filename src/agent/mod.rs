@@ -110,15 +110,8 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let (mut scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
-    let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
-    let taints = kube.gpu_device_taint.is_some();
-    let (store, metrics) = open_store(
-        state_dir.as_deref(),
-        (&scan, taints),
-        &snapshot,
-        &mut scanner,
-    )
-    .await;
+    let on = (&scan, kube.gpu_device_taint.is_some());
+    let (store, metrics, snapshot) = open_store(state_dir.as_deref(), on, &mut scanner).await;
     let health = Arc::new(Health::new(interval));
     let runtime = tokio::runtime::Handle::current();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>();
@@ -185,20 +178,21 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
 }
 
 /// The state store, opened (and checked) on a blocking thread; None without one (the reasons
-/// are said by the store, once). The scanner takes up the link counters it kept.
+/// are said by the store, once). The scanner takes up the link counters it kept. With the
+/// metrics (their families, the device taints' too when on) and the snapshot they export.
 async fn open_store(
     dir: Option<&std::path::Path>,
     (scan, device_taints): (&ScanSettings, bool),
-    snapshot: &SharedSnapshot,
     scanner: &mut Scanner,
-) -> (Option<state::Store>, Arc<Metrics>) {
+) -> (Option<state::Store>, Arc<Metrics>, SharedSnapshot) {
+    let snapshot: SharedSnapshot = Arc::new(ArcSwapOption::empty());
     let mut metrics = Metrics::new(snapshot.clone());
     if device_taints {
         metrics.register_device_taints();
     }
     let Some(dir) = dir else {
         tracing::info!("--state-dir none: no state kept across restarts");
-        return (None, Arc::new(metrics));
+        return (None, Arc::new(metrics), snapshot);
     };
     // Only with a store asked for: `none` has no series to say.
     let state_metrics = state::StateMetrics::default();
@@ -217,7 +211,7 @@ async fn open_store(
     if let Some(s) = store.as_mut() {
         scanner.resume_link_samples(s.take_link_samples());
     }
-    (store, Arc::new(metrics))
+    (store, Arc::new(metrics), snapshot)
 }
 
 /// How long stopping waits for the threads: a kubelet sends SIGKILL 30 s after SIGTERM (by

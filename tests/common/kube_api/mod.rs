@@ -31,6 +31,7 @@ use axum::http::Request;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
+#[allow(unused_imports)] // not every test binary that shares this module uses it
 pub use dra::Dra;
 
 /// One request the server received.

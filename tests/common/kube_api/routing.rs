@@ -77,23 +77,21 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
             events::patch(&mut lock(), ns, name, &body)
         }
         (_, ["apis", "resource.k8s.io", rest @ ..]) => {
-            match dra::route(&mut lock(), &method, rest, &query, body) {
-                Some(answer) => answer,
-                None => respond(
-                    StatusCode::NOT_FOUND,
-                    &status_body(404, "NotFound", &format!("{method} {path}: not served")),
-                ),
-            }
+            dra::route(&mut lock(), &method, rest, &query, body).unwrap_or_else(not_served)
         }
-        _ => respond(
-            StatusCode::NOT_FOUND,
-            &status_body(
-                404,
-                "NotFound",
-                &format!("{method} {path}: not served by the fake"),
-            ),
-        ),
+        _ => not_served(),
     }
+}
+
+fn not_served() -> Response<Body> {
+    respond(
+        StatusCode::NOT_FOUND,
+        &status_body(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
+    )
 }
 
 pub(super) fn status_body(code: u16, reason: &str, message: &str) -> Value {
