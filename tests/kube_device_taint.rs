@@ -429,3 +429,53 @@ async fn the_fake_refuses_what_the_api_server_refuses() {
     let after = rules.replace("r1", &pp, &obj).await.unwrap();
     assert_eq!(after.metadata.generation, Some(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_gpu_and_a_held_xid_take_their_gpus_out_too() {
+    let api = api(Dra::RulesV1, true);
+    let mut k = Keeper::start(&api, Effect::None, Duration::from_secs(3600));
+    let mut s = board(&[]);
+    s.gpus[5].lost = true;
+    let held = [shmlink::gpu::xid::HeldXid {
+        action: shmlink::model::XidAction::ResetGpu,
+        gpu: 2,
+        xid: 48,
+        times: 1,
+    }];
+    k.feed.update(&s, &held, Instant::now());
+    eventually("two rules", &api, || api.rules().len() == 2).await;
+    let taints: Vec<(Value, Value)> = api
+        .rules()
+        .iter()
+        .map(|r| {
+            let t = &r["spec"];
+            (
+                t["deviceSelector"]["device"].clone(),
+                t["taint"]["value"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        taints,
+        [
+            (json!("gpu-2"), json!("xid-48")),
+            (json!("gpu-5"), json!("gpu-lost"))
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_that_fails_is_counted_and_the_rule_made_once_it_answers() {
+    let api = api(Dra::RulesV1, true);
+    api.set_behaviour(common::kube_api::Behaviour::Fail500);
+    let mut k = Keeper::start(&api, Effect::None, Duration::from_secs(3600));
+    k.scan(&board(&[7]));
+    let errors = || {
+        let text = k.metrics.encode().unwrap();
+        common::agent::sample(&text, "shmlink_gpu_device_taint_errors_total", &[]).unwrap_or(0.0)
+    };
+    eventually("errors counted", &api, || errors() >= 2.0).await;
+    assert!(api.rules().is_empty());
+    api.set_behaviour(common::kube_api::Behaviour::Normal);
+    eventually("the rule", &api, || api.rules().len() == 1).await;
+}
