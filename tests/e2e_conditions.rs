@@ -98,26 +98,7 @@ fn wait_scans(agent: &Agent, n: u32) {
 }
 
 fn start(api: &FakeApi, fake: &FakeNvml, extra: &[&str]) -> Agent {
-    let lib = fake_nvml::lib();
-    let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let mut args = vec![
-        "--kube",
-        "on",
-        "--node-name",
-        NODE,
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-    ];
-    // No kubelet here unless a test starts one.
-    if !extra.contains(&"--pod-resources-socket") {
-        args.extend_from_slice(&["--pod-resources-socket", "/nonexistent/kubelet.sock"]);
-    }
-    args.extend_from_slice(extra);
-    let agent = Agent::start(&args, &env);
-    agent.wait_ready();
-    agent
+    Agent::start_gpu_kube(&api.kubeconfig_path(), fake, NODE, extra)
 }
 
 /// A proc root whose driver lists `bus_ids`, and an empty cgroup v2 tree (no containers).

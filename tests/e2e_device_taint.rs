@@ -25,24 +25,7 @@ fn fixture(name: &str) -> Value {
 }
 
 fn start(api: &FakeApi, fake: &FakeNvml, extra: &[&str]) -> Agent {
-    let lib = fake_nvml::lib();
-    let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let mut args = vec![
-        "--kube",
-        "on",
-        "--node-name",
-        NODE,
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-        "--pod-resources-socket",
-        "/nonexistent/kubelet.sock",
-    ];
-    args.extend_from_slice(extra);
-    let agent = Agent::start(&args, &env);
-    agent.wait_ready();
-    agent
+    Agent::start_gpu_kube(&api.kubeconfig_path(), fake, NODE, extra)
 }
 
 fn set_links(nvml: &mut Value, gpu: usize, active: bool) {

@@ -67,6 +67,30 @@ impl Agent {
         Agent::start(&args, &[("KUBECONFIG", kubeconfig.as_os_str())])
     }
 
+    /// `serve` with Kubernetes on against the fake API server's `kubeconfig` as `node`, the
+    /// fake NVML `fake` (no kubelet unless `extra` names a pod-resources socket) and `extra`;
+    /// ready.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn start_gpu_kube(
+        kubeconfig: &std::path::Path,
+        fake: &super::fake_nvml::FakeNvml,
+        node: &str,
+        extra: &[&str],
+    ) -> Agent {
+        let lib = super::fake_nvml::lib();
+        let mut env = fake.env().to_vec();
+        env.push(("KUBECONFIG", kubeconfig.as_os_str()));
+        let mut args = vec!["--kube", "on", "--node-name", node];
+        args.extend_from_slice(&["--nvml-lib", lib.to_str().unwrap()]);
+        if !extra.contains(&"--pod-resources-socket") {
+            args.extend_from_slice(&["--pod-resources-socket", "/nonexistent/kubelet.sock"]);
+        }
+        args.extend_from_slice(extra);
+        let agent = Agent::start(&args, &env);
+        agent.wait_ready();
+        agent
+    }
+
     /// `start`, with the binary run by `wrapper` (e.g. `setpriv ... --`), which must exec it.
     pub fn start_under(wrapper: &[&str], extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
         let addr = super::free_local_addr();
