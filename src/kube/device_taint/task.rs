@@ -176,10 +176,13 @@ impl Keeper {
             return Ok(());
         };
         if self.node_uid.is_none() {
+            // The owner reference that deletes the rules with the Node: not made without it.
             let nodes: Api<Node> = Api::all(self.client.clone());
-            if let Ok(Some(n)) = nodes.get_opt(&self.node).await {
-                self.node_uid = n.metadata.uid;
-            }
+            let node = nodes
+                .get_opt(&self.node)
+                .await
+                .map_err(|e| format!("reading Node {}: {e}", self.node))?;
+            self.node_uid = node.and_then(|n| n.metadata.uid);
         }
         let stored = match api.own_rules(&self.node).await {
             Ok(s) => s,
