@@ -34,8 +34,13 @@ pub fn taint_culprit(gpu: u32, bad_pairs: usize, all: bool, down: bool) -> Strin
     }
 }
 
-/// The rule's description: why, and since when.
+/// The rule's description: why, and since when (to the second).
 pub fn taint_description(why: &str, since: SystemTime) -> String {
+    let secs = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let since = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
     format!("{why}; since {} (shmlink)", rfc3339(since))
 }
 
