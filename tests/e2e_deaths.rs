@@ -472,7 +472,15 @@ fn oom_scenario(kernel_log: bool) {
     );
     assert!(note.contains("of the 128.0 MiB memory limit"), "{note}");
     let by_status = note.contains("(Told by the Pod's status, OOMKilled;");
-    assert_eq!(by_status, !kernel_log, "{note}");
+    if kernel_log {
+        assert!(!by_status, "the kernel's report tells it: {note}");
+    } else {
+        // Without the kernel log two accounts race, both right: the Pod's status, or the
+        // memory cgroup's counter when a scan reads it in the moment between the kill of dd and
+        // the shell's exit (the cgroup has a process then).
+        let by_counter = note.contains("(Counted by the container's memory cgroup;");
+        assert!(by_status || by_counter, "{note}");
+    }
 
     // kubelet's OOMKilled is the kernel's kill told again: nothing more is published.
     std::thread::sleep(Duration::from_secs(1));

@@ -341,3 +341,86 @@ fn a_process_whose_root_is_a_hung_fuse_is_never_looked_in() {
     assert_never_asked(&[fuse]);
     drop(chrooted);
 }
+
+/// The mount ID of what is mounted at /dev/shm in `pid`'s mount namespace (the topmost).
+fn shm_mount_id(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    text.lines()
+        .filter(|l| l.split(' ').nth(4) == Some("/dev/shm"))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .next_back()
+}
+
+fn gpu_scans(agent: &Agent) -> f64 {
+    sample(
+        &agent.metrics(),
+        "shmlink_scan_duration_seconds_count",
+        &[("collector", "shm")],
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_asked() {
+    if !common::e2e_available() || !common::fuse::available() {
+        return;
+    }
+    // Young: watched between scans by the peak sampler too, which also keeps its tmpfs's ID.
+    let c = pod_container(&[]);
+    let agent = Agent::start(&["--interval", "200ms"], &[]);
+    agent.wait_ready();
+    let measured = |agent: &Agent| {
+        agent.wait_for_metrics("its /dev/shm measured", |b| {
+            sample(
+                b,
+                "shmlink_shm_size_bytes",
+                &[("container_id", c.id.as_str())],
+            )
+            .is_some()
+        });
+        // A few more scans and samples: the mount is in every cache.
+        let s0 = gpu_scans(agent);
+        assert!(common::wait_until(Duration::from_secs(10), || gpu_scans(
+            agent
+        ) >= s0
+            + 3.0));
+    };
+    measured(&agent);
+    // Its /dev/shm unmounted and a FUSE mounted there at once: the kernel hands the freed ID
+    // to the next mount. Another test's mount can take it first: then the tmpfs comes back,
+    // is measured, and the swap is made again.
+    let mut fuses = Vec::new();
+    let mut reused = false;
+    for _ in 0..3 {
+        let before = shm_mount_id(c.pid).expect("a /dev/shm");
+        fuses.push(HungFuse::replace(c.pid, "/dev/shm"));
+        if shm_mount_id(c.pid) == Some(before) {
+            reused = true;
+            break;
+        }
+        drop(fuses.pop());
+        common::fuse::mount_tmpfs(c.pid, "/dev/shm");
+        measured(&agent);
+    }
+    assert!(reused, "the FUSE never got the tmpfs's mount ID");
+    // Scans go on, and the container is no longer measured.
+    let s0 = gpu_scans(&agent);
+    agent.wait_for_metrics("scans go on without measuring the FUSE", |b| {
+        sample(
+            b,
+            "shmlink_scan_duration_seconds_count",
+            &[("collector", "shm")],
+        )
+        .is_some_and(|n| n >= s0 + 5.0)
+            && sample(
+                b,
+                "shmlink_shm_size_bytes",
+                &[("container_id", c.id.as_str())],
+            )
+            .is_none()
+    });
+    let reaped = stop(agent);
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
+    assert_never_asked(&fuses);
+}

@@ -5,7 +5,7 @@
 use std::io;
 use std::path::Path;
 
-use super::statfs::Identity;
+use super::statfs::{Identity, MountKey};
 use super::{is_vanished, ShmScan, ShmScanner};
 use crate::host::NsId;
 use crate::procfs::kfile::FileReader;
@@ -20,7 +20,8 @@ const MOUNTINFO_LINE_MAX: usize = 16 << 10;
 /// mount at /dev/shm changes (its mount ID differs), not on every scan.
 #[derive(Debug, Clone)]
 pub(super) struct CachedMount {
-    mount_id: u64,
+    /// The ID and birth time of the mount (`MountKey`): a new mount at a reused ID is read again.
+    key: MountKey,
     entry: Option<MountEntry>,
 }
 
@@ -92,7 +93,7 @@ impl ShmScanner {
         out: &mut ShmScan,
     ) -> Option<Result<Option<MountEntry>, String>> {
         if let Some(cached) = self.mounts.get(&(mnt, pid)) {
-            if cached.mount_id == id.mount_id {
+            if cached.key == id.key() {
                 return Some(Ok(cached.entry.clone()));
             }
         }
@@ -119,7 +120,7 @@ impl ShmScanner {
             }
         };
         let cached = CachedMount {
-            mount_id: id.mount_id,
+            key: id.key(),
             entry: entry.clone(),
         };
         self.mounts.insert((mnt, pid), cached);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::deadline::Measurer;
 use super::mounts::shm_line;
-use super::statfs::{self, OpenShmError};
+use super::statfs::{self, MountKey, OpenShmError};
 use super::trusted::{open_shm, Trusted};
 use crate::procfs::kfile::FileReader;
 
@@ -153,7 +153,7 @@ impl Drop for PeakSampler {
 /// A target as the thread holds it, with the tmpfs mount its first sample measured.
 struct Watched {
     target: PeakTarget,
-    mount_id: Option<u64>,
+    mount: Option<MountKey>,
 }
 
 /// The thread's side: the current set, and which problems were logged.
@@ -162,7 +162,7 @@ struct Worker {
     shared: Arc<Shared>,
     watched: Vec<Watched>,
     /// The tmpfs mount found per PID, kept across sets, so mountinfo is read once per container.
-    known: HashMap<i32, u64>,
+    known: HashMap<i32, MountKey>,
     measurer: Measurer,
     files: FileReader,
     /// The root and /dev mounts found trusted to look in, per PID.
@@ -174,7 +174,7 @@ struct Worker {
 enum Sample {
     Used {
         bytes: u64,
-        mount_id: Option<u64>,
+        mount: Option<MountKey>,
     },
     /// The process or its /dev/shm mount is gone, or it has no usage to read: stop sampling it.
     Gone,
@@ -246,7 +246,7 @@ impl Worker {
             .iter()
             .map(|t| Watched {
                 target: t.clone(),
-                mount_id: self.known.get(&t.pid).copied(),
+                mount: self.known.get(&t.pid).copied(),
             })
             .collect();
     }
@@ -255,18 +255,18 @@ impl Worker {
     fn sample_all(&mut self) -> Vec<(String, u64)> {
         let mut out = Vec::with_capacity(self.watched.len());
         let mut watched = std::mem::take(&mut self.watched);
-        watched.retain_mut(|w| match self.sample(&w.target, w.mount_id) {
+        watched.retain_mut(|w| match self.sample(&w.target, w.mount) {
             // Another mount than the first sample's: the PID now belongs to another process
             // (reused), or /dev/shm was replaced. Either way it is not the container watched.
-            Sample::Used { mount_id, .. }
-                if w.mount_id.is_some() && mount_id.is_some() && w.mount_id != mount_id =>
+            Sample::Used { mount, .. }
+                if w.mount.is_some() && mount.is_some() && w.mount != mount =>
             {
                 false
             }
-            Sample::Used { bytes, mount_id } => {
-                w.mount_id = w.mount_id.or(mount_id);
-                if let Some(id) = w.mount_id {
-                    self.known.insert(w.target.pid, id);
+            Sample::Used { bytes, mount } => {
+                w.mount = w.mount.or(mount);
+                if let Some(key) = w.mount {
+                    self.known.insert(w.target.pid, key);
                 }
                 out.push((w.target.container_id.clone(), bytes));
                 true
@@ -279,10 +279,10 @@ impl Worker {
 
     /// Opens, measures and closes one container's /dev/shm. An error drops the target until the
     /// next `watch`, so a lasting fault counts once per scan, not once per sample.
-    fn sample(&mut self, target: &PeakTarget, tmpfs: Option<u64>) -> Sample {
+    fn sample(&mut self, target: &PeakTarget, tmpfs: Option<MountKey>) -> Sample {
         let measured = self.measure(target.pid, tmpfs);
         match measured {
-            Ok(Some((bytes, mount_id))) => Sample::Used { bytes, mount_id },
+            Ok(Some((bytes, mount))) => Sample::Used { bytes, mount },
             // Moving: the container's mounts changed while read (set up or torn down); the
             // next watch tries again.
             Ok(None) | Err(OpenShmError::Absent(_) | OpenShmError::Moving(_)) => Sample::Gone,
@@ -312,8 +312,8 @@ impl Worker {
     fn measure(
         &mut self,
         pid: i32,
-        tmpfs: Option<u64>,
-    ) -> Result<Option<(u64, Option<u64>)>, OpenShmError> {
+        tmpfs: Option<MountKey>,
+    ) -> Result<Option<(u64, Option<MountKey>)>, OpenShmError> {
         let root = statfs::open_container_root(&self.proc_root, pid)?;
         let mountinfo = self.proc_root.join(pid.to_string()).join("mountinfo");
         let trusted = self.trusted.entry(pid).or_default();
@@ -336,9 +336,9 @@ impl Worker {
             return Ok(None);
         }
         match tmpfs {
-            Some(known) if known == id.mount_id => {}
+            Some(known) if known == id.key() => {}
             // Not the mount the first sample measured: the caller drops the target.
-            Some(_) => return Ok(Some((0, Some(id.mount_id)))),
+            Some(_) => return Ok(Some((0, Some(id.key())))),
             None => {
                 let (entry, _) =
                     shm_line(&mut self.files, &mountinfo, id.mount_id).map_err(statfs::classify)?;
@@ -349,7 +349,7 @@ impl Worker {
         }
         let stat = statfs::measure_tmpfs(&shm, id).map_err(OpenShmError::Io)?;
         drop(shm);
-        Ok(stat.used_bytes().map(|used| (used, stat.mount_id)))
+        Ok(stat.used_bytes().map(|used| (used, Some(id.key()))))
     }
 }
 

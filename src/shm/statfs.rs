@@ -180,6 +180,28 @@ pub struct Identity {
     pub is_dir: Option<bool>,
     /// Whether the handle is a symlink (opened as itself, never followed); `None` without statx.
     pub is_symlink: Option<bool>,
+    /// When the handle's inode was made (statx's btime), where the file system keeps one.
+    pub born: Option<(i64, u32)>,
+}
+
+/// A mount told apart without asking its file system: its ID, and when the inode the handle is
+/// on was made. The kernel hands a freed mount ID to the next mount at once (lowest first), so
+/// a cache keyed by the ID alone would take a FUSE a container mounted where its tmpfs was for
+/// that tmpfs, and ask it. A tmpfs keeps a birth time; a FUSE, not asked, has none; and a new
+/// tmpfs in the old one's place has another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MountKey {
+    pub id: u64,
+    pub born: Option<(i64, u32)>,
+}
+
+impl Identity {
+    pub fn key(&self) -> MountKey {
+        MountKey {
+            id: self.mount_id,
+            born: self.born,
+        }
+    }
 }
 
 /// The only file system whose statfs and directory listing are asked: tmpfs answers from
@@ -204,7 +226,8 @@ pub fn identify(shm: &OwnedFd) -> io::Result<Identity> {
             shm,
             "",
             AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
-            StatxFlags::MNT_ID | StatxFlags::TYPE,
+            // STATX_DONT_SYNC: the birth time too comes from the cached inode, never asked.
+            StatxFlags::MNT_ID | StatxFlags::TYPE | StatxFlags::BTIME,
         )
     };
     match stx {
@@ -217,11 +240,15 @@ pub fn identify(shm: &OwnedFd) -> io::Result<Identity> {
             let kind = StatxFlags::from_bits_retain(stx.stx_mask)
                 .contains(StatxFlags::TYPE)
                 .then(|| FileType::from_raw_mode(u32::from(stx.stx_mode)));
+            let born = StatxFlags::from_bits_retain(stx.stx_mask)
+                .contains(StatxFlags::BTIME)
+                .then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec));
             Ok(Identity {
                 mount_id: stx.stx_mnt_id,
                 is_mount_root: root,
                 is_dir: kind.map(|k| k == FileType::Directory),
                 is_symlink: kind.map(|k| k == FileType::Symlink),
+                born,
             })
         }
         // Kernels before 4.11 have no statx (and seccomp may refuse it): decided once. Before
@@ -248,6 +275,7 @@ fn fdinfo_mount_id(fd: &OwnedFd) -> io::Result<Identity> {
             is_mount_root: None,
             is_dir: None,
             is_symlink: None,
+            born: None,
         })
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "fdinfo has no mnt_id"))
 }

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use super::deadline::{Measurer, Unanswered};
 use super::mounts::type_of;
-use super::statfs::{self, Identity, OpenShmError};
+use super::statfs::{self, Identity, MountKey, OpenShmError};
 use crate::procfs::kfile::FileReader;
 
 /// File systems a container's root may be on and still be looked in: the local ones container
@@ -36,11 +36,12 @@ pub const ROOT_TYPES: &[&str] = &[
 /// directory of the root's mount is as trusted as the root.
 pub const DEV_TYPES: &[&str] = &["tmpfs", "devtmpfs"];
 
-/// The mount IDs of a root and a /dev already found trusted.
+/// The root and /dev mounts already found trusted (their [`MountKey`]s: an ID alone is handed
+/// to the next mount once freed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Trusted {
-    root: Option<u64>,
-    dev: Option<u64>,
+    root: Option<MountKey>,
+    dev: Option<MountKey>,
 }
 
 /// Pure: whether a lookup may be made in a directory at `dir` ("/" or "/dev") on a mount of
@@ -65,27 +66,28 @@ pub fn open_shm(
     root: OwnedFd,
     trusted: &mut Trusted,
 ) -> Result<Result<(OwnedFd, Identity), OpenShmError>, Unanswered> {
-    let root_id = match statfs::identify(&root) {
-        Ok(id) => id.mount_id,
+    let root_key = match statfs::identify(&root) {
+        Ok(id) => id.key(),
         Err(e) => return Ok(Err(OpenShmError::Io(e))),
     };
-    if trusted.root != Some(root_id) {
+    let root_id = root_key.id;
+    if trusted.root != Some(root_key) {
         *trusted = Trusted::default();
         if let Err(e) = check(files, mountinfo, root_id, "/") {
             return Ok(Err(e));
         }
-        trusted.root = Some(root_id);
+        trusted.root = Some(root_key);
     }
     let (dev, dev_id) = match measurer.open_child(root, "dev")? {
         Ok(opened) => opened,
         Err(e) => return Ok(Err(e)),
     };
     let dev_mount = dev_id.mount_id;
-    if dev_mount != root_id && trusted.dev != Some(dev_mount) {
+    if dev_mount != root_id && trusted.dev != Some(dev_id.key()) {
         if let Err(e) = check(files, mountinfo, dev_mount, "/dev") {
             return Ok(Err(e));
         }
-        trusted.dev = Some(dev_mount);
+        trusted.dev = Some(dev_id.key());
     }
     measurer.open_child(dev, "shm")
 }
@@ -176,13 +178,30 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(shm.is_mount_root, Some(true), "the host's /dev/shm");
-        assert_eq!(trusted.root, Some(root_id));
+        let root_key = statfs::identify(&slash()).unwrap().key();
+        assert_eq!(trusted.root, Some(root_key));
         // Trusted mounts are not looked up again: a mountinfo that says nothing still passes.
         let empty = dir.path().join("empty");
         std::fs::write(&empty, "").unwrap();
         assert!(open_shm(&mut m, &mut files, &empty, slash(), &mut trusted)
             .unwrap()
             .is_ok());
+        // The same mount ID born at another time is another mount (the ID was handed on):
+        // looked up in mountinfo again, which says nothing of it, so not looked in.
+        let mut reused = Trusted {
+            root: Some(MountKey {
+                born: Some((1, 0)),
+                ..root_key
+            }),
+            dev: None,
+        };
+        assert_ne!(reused.root, Some(root_key));
+        assert!(
+            open_shm(&mut m, &mut files, &empty, slash(), &mut reused)
+                .unwrap()
+                .is_err(),
+            "a reused ID is checked again"
+        );
 
         let fuse_root = mountinfo_with(dir.path(), root_id, "fuse");
         match open_shm(

@@ -46,22 +46,36 @@ impl HungFuse {
     /// Mounts the hung file system (a directory at its root) at the directory `mount_point` in
     /// the mount namespace of `pid`, and waits until the server answered INIT.
     pub fn mount(pid: i32, mount_point: &str) -> HungFuse {
-        HungFuse::mount_as(pid, mount_point, "40000", false)
+        HungFuse::mount_as(pid, mount_point, "40000", false, false)
+    }
+
+    /// As [`HungFuse::mount`], after unmounting what is at `mount_point`, in one go (what a
+    /// container allowed to mount can do to its own /dev/shm): the kernel hands the freed mount
+    /// ID to the next mount, so the FUSE usually gets it.
+    #[allow(dead_code)] // not every test binary that shares this module uses it
+    pub fn replace(pid: i32, mount_point: &str) -> HungFuse {
+        HungFuse::mount_as(pid, mount_point, "40000", false, true)
     }
 
     /// As [`HungFuse::mount`], but FUSE_ACCESS is answered ENOSYS (recorded all the same): the
     /// kernel then asks it no more, and a test process can chroot into the mount (chroot's
     /// permission check is an ACCESS request) with nothing else ever answered.
     pub fn mount_chrootable(pid: i32, mount_point: &str) -> HungFuse {
-        HungFuse::mount_as(pid, mount_point, "40000", true)
+        HungFuse::mount_as(pid, mount_point, "40000", true, false)
     }
 
     /// As [`HungFuse::mount`], over the regular file `path` (a file at its root).
     pub fn mount_over_file(pid: i32, path: &str) -> HungFuse {
-        HungFuse::mount_as(pid, path, "100000", false)
+        HungFuse::mount_as(pid, path, "100000", false, false)
     }
 
-    fn mount_as(pid: i32, mount_point: &str, rootmode: &str, answer_access: bool) -> HungFuse {
+    fn mount_as(
+        pid: i32,
+        mount_point: &str,
+        rootmode: &str,
+        answer_access: bool,
+        replace: bool,
+    ) -> HungFuse {
         let fuse = rustix::fs::open(
             "/dev/fuse",
             rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
@@ -88,7 +102,10 @@ impl HungFuse {
                 CString::new(mount_point).unwrap(),
             );
             move || {
-                // SAFETY: a plain mount(2) with NUL-terminated strings, in the forked child.
+                // SAFETY: umount2 and mount(2) with NUL-terminated strings, in the forked child.
+                if replace && unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+                    return false;
+                }
                 let rc = unsafe {
                     libc::mount(
                         c"hung".as_ptr(),
@@ -262,6 +279,24 @@ fn in_namespace(pid: i32, f: impl Fn() -> bool + Send + Sync + 'static) -> std::
         return Err(std::io::Error::other(format!("busybox true: {status}")));
     }
     Ok(())
+}
+
+/// Mounts a 64 MiB tmpfs at `mount_point` in the mount namespace of `pid` (a container's
+/// /dev/shm as runtimes make it).
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn mount_tmpfs(pid: i32, mount_point: &str) {
+    let target = CString::new(mount_point).unwrap();
+    // SAFETY: mount(2) with NUL-terminated strings, in the forked child.
+    in_namespace(pid, move || unsafe {
+        libc::mount(
+            c"shm".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            c"size=65536k".as_ptr().cast(),
+        ) == 0
+    })
+    .unwrap_or_else(|e| panic!("mounting a tmpfs at {mount_point} of {pid}: {e}"));
 }
 
 /// Whether FUSE can be mounted here (a /dev/fuse), else a skip (a failure under
