@@ -285,6 +285,12 @@ async fn rules_of_others_are_never_updated_nor_deleted() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     settle().await;
     assert_eq!(api.rules(), before, "every rule as it was");
+    // The 409 was looked into: a rule of that name, not the agent's.
+    assert!(
+        api.requests().iter().any(|r| r.method == "GET"
+            && r.path == "/apis/resource.k8s.io/v1/devicetaintrules/shmlink-gpu-node-7-gpu-7"),
+        "whose rule it is, asked"
+    );
     let writes = api.rule_writes();
     assert!(
         writes.iter().all(|w| w == "POST devicetaintrules"),

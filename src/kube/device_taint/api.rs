@@ -85,7 +85,15 @@ impl DraApi {
             .collect())
     }
 
-    /// Creates `object` (no apiVersion yet); the stored rule back.
+    /// Whether the rule named `name` is the agent's for `node`; false when it cannot be read.
+    pub(super) async fn is_ours(&self, name: &str, node: &str) -> bool {
+        match self.rules.get_opt(name).await {
+            Ok(Some(o)) => to_json(&o).is_some_and(|v| Stored::parse(&v, node).is_some()),
+            _ => false,
+        }
+    }
+
+    /// Creates `object` (no apiVersion yet).
     pub(super) async fn create(&self, mut object: Value) -> Result<(), kube::Error> {
         object["apiVersion"] = Value::String(self.rules_version.clone());
         let object = from_json(object)?;

@@ -295,9 +295,12 @@ impl Keeper {
                     );
                     Ok(())
                 }
-                // Not in our list, yet there: a rule of that name is someone else's.
+                // Not in our list, yet there: ours if a pass's answer was lost (the next pass
+                // finds it), else someone else's, left alone.
                 Err(e) if is_conflict(&e) => {
-                    self.say_once(format!("foreign {}", d.name), || foreign(&d.name));
+                    if !api.is_ours(&d.name, &self.node).await {
+                        self.say_once(format!("foreign {}", d.name), || foreign(&d.name));
+                    }
                     Ok(())
                 }
                 Err(e) => Err(format!("creating DeviceTaintRule {}: {e}", d.name)),
