@@ -120,11 +120,10 @@ impl ShmScanner {
             Ok(Some(entry)) => entry,
             // Without statx, mountinfo alone tells whether something is mounted at /dev/shm.
             Ok(None) if id.is_mount_root.is_none() => return Some(Ok(Look::NotMounted)),
-            Ok(None) => {
-                return Some(Ok(Look::Unmeasured(
-                    "a mount is at /dev/shm but mountinfo has no line for it".into(),
-                )))
-            }
+            // A mount is at /dev/shm but mountinfo, read after, has no line for it: the
+            // container's mounts changed in between (set up or torn down), as `trusted` finds
+            // of a root or /dev: looked at again from its root as it is now (`stat_shm`).
+            Ok(None) => return Some(Err(OpenShmError::Moving("/dev/shm"))),
             Err(e) => return Some(Ok(Look::Unmeasured(format!("reading mountinfo: {e}")))),
         };
         if !statfs::is_measured_type(&entry.fs_type) {

@@ -75,8 +75,8 @@ pub enum OpenShmError {
         crate::model::printable(.fs_type)
     )]
     Untrusted { dir: &'static str, fs_type: String },
-    /// The mount of the container's root or /dev is in no line of its mountinfo: its mounts
-    /// changed between the two reads (a runtime setting a container up or tearing it down).
+    /// The mount of the container's root, /dev or /dev/shm is in no line of its mountinfo: its
+    /// mounts changed between the two reads (a runtime setting a container up or tearing it down).
     #[error("the mount of the container's {0} is not in any line of its mountinfo (its mounts changed while read)")]
     Moving(&'static str),
     #[error(transparent)]
