@@ -351,7 +351,7 @@ fn shm_mount_id(pid: i32) -> Option<u64> {
         .next_back()
 }
 
-fn gpu_scans(agent: &Agent) -> f64 {
+fn shm_scans(agent: &Agent) -> f64 {
     sample(
         &agent.metrics(),
         "shmlink_scan_duration_seconds_count",
@@ -379,8 +379,8 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
             .is_some()
         });
         // A few more scans and samples: the mount is in every cache.
-        let s0 = gpu_scans(agent);
-        assert!(common::wait_until(Duration::from_secs(10), || gpu_scans(
+        let s0 = shm_scans(agent);
+        assert!(common::wait_until(Duration::from_secs(10), || shm_scans(
             agent
         ) >= s0
             + 3.0));
@@ -404,7 +404,7 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
     }
     assert!(reused, "the FUSE never got the tmpfs's mount ID");
     // Scans go on, and the container is no longer measured.
-    let s0 = gpu_scans(&agent);
+    let s0 = shm_scans(&agent);
     agent.wait_for_metrics("scans go on without measuring the FUSE", |b| {
         sample(
             b,

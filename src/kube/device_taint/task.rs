@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::api::{discover, is_absent, is_conflict, DraApi};
 use super::judge::{blamed, TaintJudge, Wanted};
-use super::rules::{plan, Action, Stored};
+use super::rules::{plan, Action, Desired, Stored};
 use super::slices::SliceIndex;
 use super::Effect;
 use crate::gpu::xid::HeldXid;
@@ -281,18 +281,7 @@ impl Keeper {
             Action::Create(d) => match api.create(d.object(&self.node, owner)).await {
                 Ok(()) => {
                     in_force.insert(d.name.clone(), d.effect.as_str().into());
-                    let note = text::taint_made(
-                        &d.name,
-                        &d.device.to_string(),
-                        d.effect.as_str(),
-                        &d.description,
-                    );
-                    self.event(
-                        EventReason::GpuDeviceTainted,
-                        EventType::Warning,
-                        &d.name,
-                        note,
-                    );
+                    self.tainted(&d);
                     Ok(())
                 }
                 // Not in our list, yet there: ours if a pass's answer was lost (the next pass
@@ -315,14 +304,7 @@ impl Keeper {
                     Ok(()) => {
                         in_force.insert(desired.name.clone(), desired.effect.as_str().into());
                         if effect_changed {
-                            let note = text::taint_made(
-                                &desired.name,
-                                &desired.device.to_string(),
-                                desired.effect.as_str(),
-                                &desired.description,
-                            );
-                            let reason = EventReason::GpuDeviceTainted;
-                            self.event(reason, EventType::Warning, &desired.name, note);
+                            self.tainted(&desired);
                         }
                         Ok(())
                     }
@@ -331,6 +313,14 @@ impl Keeper {
             }
             Action::Delete(stored) => self.lift(api, &stored, in_force).await,
         }
+    }
+
+    /// The Event of a rule made, or of its new effect.
+    fn tainted(&mut self, d: &Desired) {
+        let device = d.device.to_string();
+        let note = text::taint_made(&d.name, &device, d.effect.as_str(), &d.description);
+        let reason = EventReason::GpuDeviceTainted;
+        self.event(reason, EventType::Warning, &d.name, note);
     }
 
     async fn lift(
