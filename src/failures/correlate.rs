@@ -2,12 +2,13 @@
 
 use std::collections::BTreeSet;
 
+use super::bus::{self, shm_was_full};
 use super::detect::shm_share_at_least;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
-    Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
-    PairStatus, PairThen, ShmThen, Who,
+    Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySplit, PairStatus,
+    PairThen, ShmThen, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -63,13 +64,24 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
     };
     let (kind, memory) = match d.kind {
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            bus_error_judged(d, reading, known.rules.bus_error_shm_ratio)
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => {
+            let at_moment = at_death.is_some();
+            bus::judged(d, reading, at_moment, known.rules.bus_error_shm_ratio)
         }
         _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
     };
     let runtime = runtime_of(d, &id, reading);
-    let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
+    let then = Then {
+        shm: shm.as_ref(),
+        memory: memory.as_ref(),
+        read_at: known
+            .snapshot
+            .and_then(|s| s.taken_at)
+            .filter(|_| at_death.is_none()),
+    };
+    let mut message = message(d, kind, &id, runtime, &then, &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
     message.extend(gpu_links.as_ref().map(text::job_links));
     message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
@@ -127,16 +139,24 @@ fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
         .collect()
 }
 
+/// What was known of the container when it died: its /dev/shm and memory, and when the scan
+/// that read it ran (none when the reading is the moment's).
+struct Then<'a> {
+    shm: Option<&'a ShmThen>,
+    memory: Option<&'a MemorySplit>,
+    read_at: Option<std::time::SystemTime>,
+}
+
 /// What a person is told of the failure, judged `kind`: the words are `text`'s.
 fn message(
     d: &Detected,
     kind: FindingKind,
     id: &Identity,
     runtime: text::Runtime,
-    shm: Option<&ShmThen>,
-    memory: Option<&MemorySplit>,
+    then: &Then<'_>,
     job: &text::JobGpus<'_>,
 ) -> String {
+    let (shm, memory) = (then.shm, then.memory);
     let at = rfc3339(d.at);
     let who = id.name();
     // The line is quoted into a sentence that ends with its own full stop.
@@ -165,13 +185,21 @@ fn message(
                 (None, _) => d.evidence.clone(),
             }
         }
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            let exit = bus_exit(d);
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => {
+            let exit = bus::exit_words(d);
             match (kind, shm) {
                 (FindingKind::ShmBusError, Some(s)) => {
                     text::shm_bus_error(&who, &at, &exit, s, runtime)
                 }
-                _ => text::workload_bus_error(&who, &at, &exit, shm),
+                (FindingKind::WorkloadBusError, _) => {
+                    text::workload_bus_error(&who, &at, &exit, shm)
+                }
+                _ => {
+                    let age = then.read_at.map(|r| text::reading_age(d.at, r));
+                    text::bus_error_unmeasured(&who, &at, &exit, shm, age.as_deref(), runtime)
+                }
             }
         }
         FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, said, runtime),
@@ -226,30 +254,6 @@ fn runtime_of(d: &Detected, id: &Identity, reading: Option<&ShmReading>) -> text
     }
 }
 
-/// How a SIGBUS death ended, SIGBUS said once: `SIGBUS, exit status 135`, `SIGBUS; its log
-/// said "..."`. kubelet's reason `Error` says nothing an exit status does not.
-fn bus_exit(d: &Detected) -> String {
-    match (&d.exit, d.source) {
-        (Some(e), _) => {
-            let mut parts = vec!["SIGBUS".to_string()];
-            if let Some(c) = e.code {
-                parts.push(format!("exit status {c}"));
-            }
-            if let Some(r) = e
-                .reason
-                .as_deref()
-                .filter(|r| !r.is_empty() && *r != "Error")
-            {
-                parts.push(format!("reason {r}"));
-            }
-            parts.join(", ")
-        }
-        (None, FailureSource::Log) => format!("SIGBUS; its log said \"{}\"", d.evidence),
-        (None, FailureSource::Tracepoint) => format!("SIGBUS: {}", d.evidence),
-        (None, _) => "SIGBUS".into(),
-    }
-}
-
 /// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
 /// out.
 fn is_browser(signature: &str) -> bool {
@@ -274,23 +278,6 @@ fn at_death(d: &Detected, scanned: Option<&ShmReading>) -> Option<ShmReading> {
         memory_shmem_bytes: now.memory_shmem_bytes,
         ..scan.clone()
     })
-}
-
-/// Whether the container's /dev/shm was at `ratio` of its effective limit or more at its last
-/// reading or peak.
-fn shm_was_full(reading: Option<&ShmReading>, ratio: f64) -> bool {
-    let Some(r) = reading else {
-        return false;
-    };
-    let Some(peak) = r.used_peak_bytes.or(r.used_bytes) else {
-        return false;
-    };
-    let limit = r
-        .used_bytes
-        .zip(r.available_bytes)
-        .and_then(|(u, a)| u.checked_add(a))
-        .or(r.size_bytes);
-    limit.is_some_and(|l| l > 0 && peak as f64 >= ratio * l as f64)
 }
 
 /// An OOM kill whose report said nothing of shmem (a system-wide OOM has no cgroup stats) is
@@ -321,41 +308,6 @@ fn oom_judged_with_reading(
         FindingKind::WorkloadOomKilled
     };
     (kind, Some(m))
-}
-
-/// A SIGBUS death: a /dev/shm failure when the container's /dev/shm was at `ratio` of its
-/// effective limit or more at its last reading or peak; the split says what was known.
-fn bus_error_judged(
-    d: &Detected,
-    reading: Option<&ShmReading>,
-    ratio: f64,
-) -> (FindingKind, Option<MemorySplit>) {
-    let peak = reading.and_then(|r| r.used_peak_bytes.or(r.used_bytes));
-    let full = shm_was_full(reading, ratio);
-    let memory = MemorySplit {
-        limit_bytes: reading.and_then(|r| r.memory_limit_bytes),
-        usage_bytes: None,
-        shm_bytes: peak,
-        anon_bytes: None,
-        source: memory_source(d.source),
-    };
-    let kind = if full {
-        FindingKind::ShmBusError
-    } else {
-        FindingKind::WorkloadBusError
-    };
-    (kind, Some(memory))
-}
-
-/// Where a split the source did not give comes from.
-fn memory_source(source: FailureSource) -> MemorySource {
-    match source {
-        FailureSource::Docker => MemorySource::Docker,
-        FailureSource::MemoryCgroup => MemorySource::MemoryCgroup,
-        FailureSource::Kernel => MemorySource::KernelLog,
-        FailureSource::Tracepoint => MemorySource::Tracepoint,
-        FailureSource::PodStatus | FailureSource::Log => MemorySource::PodStatus,
-    }
 }
 
 /// The finding `check` reports for a failure: about its container, or the node when the
@@ -942,13 +894,14 @@ mod tests {
             signal: None,
             reason: Some("Error".into()),
         });
-        let told = |peak: u64| {
+        let told = |d: &Detected, peak: u64| {
             let mut r = fixtures::shm_reading("dead", 64 * MIB, 10 * MIB);
             r.used_peak_bytes = Some(peak);
             r.memory_limit_bytes = Some(256 * MIB);
-            let s = fixtures::scanned("node", vec![r], None);
+            let mut s = fixtures::scanned("node", vec![r], None);
+            s.taken_at = Some(d.at - Duration::from_secs(4));
             correlate(
-                &d,
+                d,
                 Known {
                     snapshot: Some(&s),
                     pods: None,
@@ -959,7 +912,7 @@ mod tests {
             .expect("told")
         };
         // 0.9 of the 64 MiB is 57.6 MiB.
-        let full = told(58 * MIB);
+        let full = told(&d, 58 * MIB);
         assert_eq!(full.kind, FindingKind::ShmBusError, "{}", full.message);
         let m = full.memory.unwrap();
         assert_eq!(
@@ -972,14 +925,33 @@ mod tests {
             "{}",
             full.message
         );
-        let half = told(32 * MIB);
-        assert_eq!(half.kind, FindingKind::WorkloadBusError);
+        // Half full at a scan: not the workload's without a reading at the moment.
+        let half = told(&d, 32 * MIB);
+        assert_eq!(half.kind, FindingKind::BusErrorUnmeasured, "{}", half.message);
         assert!(
-            half.message
-                .contains("its /dev/shm was not full: it peaked at 32.0 MiB of 64.0 MiB"),
+            half.message.contains(
+                "its /dev/shm was not read at that moment, so whether it ran out is not known \
+                 (its last reading (4 s before it died): 10.0 MiB used of 64.0 MiB, peak 32.0 MiB)"
+            ),
             "{}",
             half.message
         );
+        assert!(half.message.contains("sizeLimit: 1Gi"), "{}", half.message);
+        // Read at the moment, half full: the workload's.
+        let mut moment = fixtures::shm_reading("dead", 64 * MIB, 32 * MIB);
+        moment.memory_limit_bytes = Some(256 * MIB);
+        d.at_death = Some(Box::new(moment));
+        let half = told(&d, 10 * MIB);
+        assert_eq!(half.kind, FindingKind::WorkloadBusError, "{}", half.message);
+        assert!(
+            half.message.contains(
+                "its /dev/shm, read the moment it died, was not full: it peaked at 32.0 MiB of \
+                 64.0 MiB"
+            ),
+            "{}",
+            half.message
+        );
+        d.at_death = None;
         // Never measured: not blamed on /dev/shm, and said so.
         let unmeasured = correlate(
             &d,
@@ -991,11 +963,9 @@ mod tests {
             },
         )
         .expect("told");
-        assert_eq!(unmeasured.kind, FindingKind::WorkloadBusError);
+        assert_eq!(unmeasured.kind, FindingKind::BusErrorUnmeasured);
         assert!(
-            unmeasured
-                .message
-                .contains("was not measured before it died"),
+            unmeasured.message.contains("it was never measured"),
             "{}",
             unmeasured.message
         );
@@ -1382,6 +1352,6 @@ mod tests {
         // Another Pod's sandbox is not this one's.
         s.sandbox_shm[0].pod_uid = Some("another".into());
         let told = known(&s);
-        assert_eq!(told.kind, FindingKind::WorkloadBusError, "{}", told.message);
+        assert_eq!(told.kind, FindingKind::BusErrorUnmeasured, "{}", told.message);
     }
 }

@@ -38,7 +38,9 @@ enum Death {
 fn death(f: &Failure) -> Option<Death> {
     match f.kind {
         FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => Some(Death::Oom),
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => Some(Death::Bus),
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => Some(Death::Bus),
         // PyTorch's "killed by signal: Bus error", a shell's "Bus error (core dumped)".
         FindingKind::ShmAllocationFailed
             if f.evidence.to_ascii_lowercase().contains("bus error") =>

@@ -156,6 +156,9 @@ finding_kinds! {
         ShmBusError = "shm_bus_error", reason: own, Critical;
         /// A container died of SIGBUS without /dev/shm being full.
         WorkloadBusError = "workload_bus_error", reason: own, Critical;
+        /// A container died of SIGBUS and its /dev/shm was not read at the moment (no
+        /// tracepoint's reading): neither /dev/shm nor the workload can be named.
+        BusErrorUnmeasured = "bus_error_unmeasured", reason: own, Critical;
         /// kubelet evicted the Pod: its /dev/shm volume (a memory emptyDir) outgrew the volume's
         /// own `sizeLimit`.
         ShmEvicted = "shm_evicted", reason: own, Critical;
@@ -409,6 +412,7 @@ mod tests {
             FindingKind::WorkloadOomKilled,
             FindingKind::ShmBusError,
             FindingKind::WorkloadBusError,
+            FindingKind::BusErrorUnmeasured,
             FindingKind::ShmNotShared,
             FindingKind::ShmUnavailable,
             FindingKind::FdLimitReached,
