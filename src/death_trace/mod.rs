@@ -15,6 +15,7 @@
 //! assumed offsets.
 
 mod format;
+mod locate;
 mod moment;
 mod ring;
 mod sample;
@@ -54,7 +55,7 @@ pub struct TraceSettings {
 /// Why the tracepoints could not be opened: what a person does about it.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    #[error("tracefs: {0}")]
+    #[error("{0}")]
     Tracefs(io::Error),
     #[error(
         "perf_event_open: {0} (needs CAP_PERFMON or CAP_SYS_ADMIN, a kernel with \
@@ -78,6 +79,8 @@ pub struct TraceCounts {
 pub struct Tracer {
     pub counts: Arc<TraceCounts>,
     pub handle: JoinHandle<()>,
+    /// Where the tracepoints' formats were read.
+    pub source: locate::Source,
 }
 
 /// Opens both tracepoints on every online CPU and starts the reader thread; every death goes
@@ -90,9 +93,12 @@ pub fn start<F>(
 where
     F: Fn(TracedDeath) -> bool + Send + 'static,
 {
-    let dir =
-        tracefs::find(&settings.sys_root, settings.tracefs.as_deref()).map_err(Refused::Tracefs)?;
-    let formats = tracefs::formats(&dir).map_err(Refused::Tracefs)?;
+    let (formats, source) = locate::locate(
+        &settings.sys_root,
+        settings.tracefs.as_deref(),
+        &settings.proc_root,
+    )
+    .map_err(Refused::Tracefs)?;
     let cpus = tracefs::online_cpus(&settings.sys_root)
         .or_else(|_| tracefs::online_cpus(std::path::Path::new("/sys")))
         .map_err(Refused::Tracefs)?;
@@ -118,7 +124,11 @@ where
         .name("death-trace".into())
         .spawn(move || reader.run(&deliver, &stop))
         .map_err(Refused::Perf)?;
-    Ok(Tracer { counts, handle })
+    Ok(Tracer {
+        counts,
+        handle,
+        source,
+    })
 }
 
 /// The reading races the dying process's exit: on a node whose CPUs are busy, a reader that waits

@@ -114,6 +114,10 @@ finding_kinds! {
         /// unknown, which must not pass for healthy.
         // The agent's own trouble, counted in shmlink_scan_errors_total: not the Pod's.
         ShmUnmeasured = "shm_unmeasured", reason: none, Warning;
+        /// `serve`'s tracepoints of deaths are off where `auto` asked for them (no tracefs it
+        /// could find or mount, no CAP_PERFMON): a fast death is judged by the scans' readings.
+        // The agent's own trouble, on the node: not an Event.
+        DeathTraceOff = "death_trace_off", reason: none, Warning;
         /// NVML reports the GPU lost (fell off the bus).
         // A lost GPU takes its pairs' links down with it, so it is told as `GpuLinkDown`.
         GpuLost = "gpu_lost", reason: GpuLinkDown, Critical;
@@ -394,6 +398,7 @@ mod tests {
     fn kinds_serialize_as_their_contract_names() {
         for kind in [
             FindingKind::ShmNearlyFull,
+            FindingKind::DeathTraceOff,
             FindingKind::ShmExhausted,
             FindingKind::ShmRuntimeDefault,
             FindingKind::GpuLost,

@@ -29,7 +29,7 @@ mod probe;
 mod shm;
 mod when;
 
-pub use blind::{blind, no_findings_but_blind, no_gpus_because};
+pub use blind::{blind, death_trace_off, no_findings_but_blind, no_gpus_because};
 pub use conditions::{
     fault_gpu_lost, gpu_fault, gpu_health_unknown, no_gpu_fault, no_gpus, pairs_failing,
     pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
