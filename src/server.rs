@@ -330,9 +330,21 @@ mod tests {
             Err("first scan not finished\n".to_string())
         );
         let mut s = Snapshot::default();
-        assert_eq!(readiness(Some(&s)), Ok(()));
+        assert_eq!(readiness(Some(&s)), Ok(String::new()));
         s.blind = vec![Blind::SomeContainersUnreadable];
-        assert_eq!(readiness(Some(&s)), Ok(()), "partly blind is still ready");
+        assert_eq!(
+            readiness(Some(&s)),
+            Ok(String::new()),
+            "partly blind is still ready"
+        );
+        // The moment of death unread: ready, and said.
+        let off = crate::text::death_trace_off("no tracefs");
+        s.findings.push(crate::model::Finding::new(
+            crate::model::FindingKind::DeathTraceOff,
+            crate::model::Subject::Node,
+            off.clone(),
+        ));
+        assert_eq!(readiness(Some(&s)), Ok(format!("{off}\n")));
         s.blind = vec![Blind::NoProcesses, Blind::NoCgroups];
         let why = readiness(Some(&s)).unwrap_err();
         assert!(why.contains("blind (no_processes)"), "{why}");
