@@ -74,7 +74,9 @@ fn from_mount_tables(proc_root: &Path) -> Option<PathBuf> {
     let host = read_table(&proc_root.join("1/mountinfo"));
     let host_root = proc_root.join("1/root");
     let mine = tracing_dirs(&own).into_iter();
-    let hosts = tracing_dirs(&host).into_iter().map(|p| beneath(&host_root, &p));
+    let hosts = tracing_dirs(&host)
+        .into_iter()
+        .map(|p| beneath(&host_root, &p));
     mine.chain(hosts).find(|d| d.join(HAS_SIGNAL).exists())
 }
 
@@ -135,7 +137,8 @@ fn private_mount(targets: &[PathBuf]) -> io::Result<Formats> {
             .iter()
             .find(|t| t.is_dir())
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no directory to mount on"))?;
-        let flags = MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+        let flags =
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
         mount("nodev", target, "tracefs", flags, None)?;
         formats(target)
     };
@@ -167,7 +170,10 @@ garbage line
             ]
         );
         assert_eq!(
-            beneath(Path::new("/host/proc/1/root"), Path::new("/sys/kernel/tracing")),
+            beneath(
+                Path::new("/host/proc/1/root"),
+                Path::new("/sys/kernel/tracing")
+            ),
             PathBuf::from("/host/proc/1/root/sys/kernel/tracing")
         );
     }

@@ -927,7 +927,12 @@ mod tests {
         );
         // Half full at a scan: not the workload's without a reading at the moment.
         let half = told(&d, 32 * MIB);
-        assert_eq!(half.kind, FindingKind::BusErrorUnmeasured, "{}", half.message);
+        assert_eq!(
+            half.kind,
+            FindingKind::BusErrorUnmeasured,
+            "{}",
+            half.message
+        );
         assert!(
             half.message.contains(
                 "its /dev/shm was not read at that moment, so whether it ran out is not known \
@@ -1352,6 +1357,11 @@ mod tests {
         // Another Pod's sandbox is not this one's.
         s.sandbox_shm[0].pod_uid = Some("another".into());
         let told = known(&s);
-        assert_eq!(told.kind, FindingKind::BusErrorUnmeasured, "{}", told.message);
+        assert_eq!(
+            told.kind,
+            FindingKind::BusErrorUnmeasured,
+            "{}",
+            told.message
+        );
     }
 }
