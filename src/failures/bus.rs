@@ -14,12 +14,18 @@ pub fn judged(
     ratio: f64,
 ) -> (FindingKind, Option<MemorySplit>) {
     let peak = reading.and_then(|r| r.used_peak_bytes.or(r.used_bytes));
+    // Read at the moment, the numbers are the moment's whoever told the death: what `check`
+    // knows a stored account by when it merges (`same::with_stored`).
     let memory = MemorySplit {
         limit_bytes: reading.and_then(|r| r.memory_limit_bytes),
         usage_bytes: None,
         shm_bytes: peak,
         anon_bytes: None,
-        source: memory_source(d.source),
+        source: if at_moment {
+            MemorySource::Tracepoint
+        } else {
+            memory_source(d.source)
+        },
     };
     let kind = if shm_was_full(reading, ratio) {
         FindingKind::ShmBusError
