@@ -292,7 +292,7 @@ fn without_the_capabilities_it_says_so_exports_0_and_serves_on() {
     assert_eq!(up(&agent), 0.0, "{}", agent.log_text());
     let log = agent.log_text();
     assert_eq!(
-        log.matches("death trace off").count(),
+        log.matches("death_trace: death trace off").count(),
         1,
         "said once: {log}"
     );
@@ -566,7 +566,7 @@ fn as_installed_the_fast_death_on_the_64_mib_default_is_shm_bus_error_and_check_
 /// A wrapper that runs `serve` in mount and PID namespaces of its own whose mount table lists
 /// no tracefs nor debugfs (unmounted there, the host's untouched): tracefs is nowhere to be
 /// found, as on a host that mounts none, whatever other tests mount meanwhile.
-const NO_TRACEFS: &str = r#"for m in $(awk '$9=="tracefs"||$9=="debugfs"{print $5}' /proc/self/mountinfo | sort -r); do umount -l "$m"; done; exec "$@""#;
+const NO_TRACEFS: &str = r#"for m in $(awk '{for (i = 7; i < NF; i++) if ($i == "-") { if ($(i+1) == "tracefs" || $(i+1) == "debugfs") print $5; break }}' /proc/self/mountinfo | sort -r); do umount -l "$m"; done; exec "$@""#;
 
 fn without_tracefs(then: &[&str]) -> Vec<String> {
     let mut w: Vec<String> = [
