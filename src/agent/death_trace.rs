@@ -92,6 +92,7 @@ fn log_moment(d: &TracedDeath) {
     let cause = match d.cause {
         TracedCause::BusFault { .. } => "sigbus",
         TracedCause::OomVictim { .. } => "oom_victim",
+        TracedCause::Fatal { .. } => "fatal_signal",
     };
     tracing::debug!(
         pid = d.pid,

@@ -67,6 +67,9 @@ impl MomentReader {
     /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
     pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
         let (pid, comm, cause) = match event {
+            Event::Signal { sig, pid, comm, .. } if sig != crate::model::SIGBUS => {
+                (pid, comm, TracedCause::Fatal { sig })
+            }
             Event::Signal {
                 code, pid, comm, ..
             } => (pid, comm, TracedCause::BusFault { code }),
@@ -93,6 +96,23 @@ impl MomentReader {
         } else {
             self.cgroup_file_of(pid)
         };
+        let start_of = |r: &Self| crate::procfs::stat::start_ticks_of(&r.proc_root, pid);
+        if matches!(cause, TracedCause::Fatal { .. }) {
+            // A crash's place is all it needs: no /dev/shm, no memory.
+            let start = start_of(self);
+            let (mono, real) = clocks_now();
+            return TracedDeath {
+                pid,
+                comm,
+                at: wall_time(time_ns, mono, real),
+                cause,
+                cgroup_file,
+                reading: None,
+                memory: None,
+                read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+                start,
+            };
+        }
         let rel = cgroup_file
             .as_deref()
             .and_then(memory_cgroup)
@@ -113,6 +133,8 @@ impl MomentReader {
         } else {
             self.read_shm(pid, rel.as_deref(), identity, limits)
         };
+        // After the race-sensitive reading.
+        let start = start_of(self);
         let (mono, real) = clocks_now();
         TracedDeath {
             pid,
@@ -123,6 +145,7 @@ impl MomentReader {
             reading,
             memory,
             read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+            start,
         }
     }
 }

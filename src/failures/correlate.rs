@@ -396,12 +396,15 @@ fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     }
 }
 
-/// The process a kernel line names, as NVML's history is asked of it.
+/// The process a kernel line names, as NVML's history is asked of it: only where its start is
+/// known (read with the line, or at the fatal signal's moment by the death trace). A command
+/// alone is a guess another Pod's process can make true, by taking the PID of one NVML listed
+/// and crashing under the same name: such a crash is told unplaced, without GPUs.
 fn crasher(d: &Detected) -> Option<Crasher<'_>> {
     Some(Crasher {
         pid: u32::try_from(d.pid?).ok()?,
         comm: d.comm.as_deref(),
-        start: d.pid_start,
+        start: Some(d.pid_start?),
         at: d.at,
     })
 }
@@ -1032,6 +1035,13 @@ mod tests {
             holders: &GpuHolders::new(),
             rules: DeathRules::default(),
         };
+        // Its start unknown (reaped before the line was read, no death trace): its command
+        // alone is a guess another Pod's process could make true. Unplaced, without GPUs.
+        let f = correlate(&d, known).expect("told");
+        assert_eq!(f.container_id, None, "{}", f.message);
+        assert!(f.gpus.is_empty(), "{}", f.message);
+        // Its start read at the moment (the death trace): NVML's own process.
+        d.pid_start = Some(1);
         let f = correlate(&d, known).expect("told");
         assert_eq!(f.container_id.as_deref(), Some("aaaa"));
         assert_eq!(f.pod.as_deref(), Some("trainer-0"), "named by its reading");
@@ -1063,6 +1073,7 @@ mod tests {
         // start where it was read, is not NVML's process's: neither placed nor its GPUs.
         let mut other = d.clone();
         other.comm = Some("bash".into());
+        other.pid_start = None;
         let mut later = d.clone();
         later.pid_start = Some(2);
         for reused in [other, later] {
