@@ -71,12 +71,16 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Option<Detected> {
     Some(d)
 }
 
+/// SIGKILL on Linux.
+const SIGKILL: i32 = 9;
+
 /// How far apart the kernel's crash line and the fatal signal's tracepoint may be stamped (the
 /// line is printed as the signal is sent; the kernel log's clock is converted).
 const CRASH_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Whose process a fatal signal went to, read at that moment.
 struct Placed {
+    sig: i32,
     pid: i32,
     comm: String,
     at: SystemTime,
@@ -111,7 +115,11 @@ impl TracedReadings {
             .cgroup_file
             .as_deref()
             .map_or(Who::Process, who_of_cgroup_file);
+        let TracedCause::Fatal { sig } = t.cause else {
+            return;
+        };
         self.placed.push_back(Placed {
+            sig,
             pid: t.pid,
             comm: crate::model::printable(&t.comm),
             at: t.at,
@@ -124,16 +132,25 @@ impl TracedReadings {
     }
 
     /// The kernel's word of a crash, placed by the fatal signal's tracepoint of the same PID
-    /// and command moments apart: the process that had the PID then, whichever has it now.
+    /// and command nearest in time: the process that had the PID then, whichever has it now.
+    /// A SIGKILL places no crash: another sends it (the previous holder of a PID killed moments
+    /// before a crash under the same name is not the crasher), and the line is the fault's own.
     pub fn place(&self, d: &mut Detected) {
         if d.source != FailureSource::Kernel || d.kind != FindingKind::GpuJobCrashed {
             return;
         }
         let Some(pid) = d.pid else { return };
-        let found = self.placed.iter().rev().find(|p| {
-            let apart = p.at.duration_since(d.at).unwrap_or_else(|e| e.duration());
-            p.pid == pid && d.comm.as_deref() == Some(p.comm.as_str()) && apart <= CRASH_SLACK
-        });
+        let apart = |p: &Placed| p.at.duration_since(d.at).unwrap_or_else(|e| e.duration());
+        let found = self
+            .placed
+            .iter()
+            .filter(|p| {
+                p.pid == pid
+                    && p.sig != SIGKILL
+                    && d.comm.as_deref() == Some(p.comm.as_str())
+                    && apart(p) <= CRASH_SLACK
+            })
+            .min_by_key(|p| apart(p));
         if let Some(p) = found {
             d.who = p.who.clone();
             d.pid_start = p.start;
@@ -232,6 +249,11 @@ mod tests {
     #[test]
     fn a_crash_line_is_placed_by_the_fatal_signal_of_its_pid_and_command_at_that_moment() {
         let mut readings = TracedReadings::default();
+        // The PID's previous holder, killed a moment before, in another Pod.
+        let mut killed = traced(TracedCause::Fatal { sig: 9 }, None);
+        killed.cgroup_file = Some("0::/kubepods/podvictim/victim\n".into());
+        killed.at -= Duration::from_millis(100);
+        readings.remember_place(&killed);
         let t = traced(TracedCause::Fatal { sig: 11 }, None);
         assert_eq!(detected(&t, 0.5), None, "no failure alone");
         readings.remember_place(&t);
@@ -262,6 +284,13 @@ mod tests {
             readings.place(&mut d);
             assert_eq!(d.who, Who::Process);
         }
+        // The SIGSEGV's moment unread (the process gone): the SIGKILL of the PID's previous
+        // holder does not place it.
+        let mut readings = TracedReadings::default();
+        readings.remember_place(&killed);
+        let mut d = crash("python3", 300);
+        readings.place(&mut d);
+        assert_eq!(d.who, Who::Process);
     }
 
     #[test]
