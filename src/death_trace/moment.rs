@@ -99,19 +99,8 @@ impl MomentReader {
         let start_of = |r: &Self| crate::procfs::stat::start_ticks_of(&r.proc_root, pid);
         if matches!(cause, TracedCause::Fatal { .. }) {
             // A crash's place is all it needs: no /dev/shm, no memory.
-            let start = start_of(self);
-            let (mono, real) = clocks_now();
-            return TracedDeath {
-                pid,
-                comm,
-                at: wall_time(time_ns, mono, real),
-                cause,
-                cgroup_file,
-                reading: None,
-                memory: None,
-                read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
-                start,
-            };
+            let placed = (pid, comm, cause, cgroup_file);
+            return told(placed, None, None, start_of(self), time_ns);
         }
         let rel = cgroup_file
             .as_deref()
@@ -135,18 +124,13 @@ impl MomentReader {
         };
         // After the race-sensitive reading.
         let start = start_of(self);
-        let (mono, real) = clocks_now();
-        TracedDeath {
-            pid,
-            comm,
-            at: wall_time(time_ns, mono, real),
-            cause,
-            cgroup_file,
+        told(
+            (pid, comm, cause, cgroup_file),
             reading,
             memory,
-            read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
             start,
-        }
+            time_ns,
+        )
     }
 }
 
@@ -219,6 +203,28 @@ fn members(cgroup_procs: &str, pid: i32) -> Vec<i32> {
         .filter(|&p| p != pid && p > 0)
         .take(MEMBERS)
         .collect()
+}
+
+/// The traced death as read now: its process, the reading, the memory and its start.
+fn told(
+    (pid, comm, cause, cgroup_file): (i32, String, TracedCause, Option<String>),
+    reading: Option<ShmReading>,
+    memory: Option<MemorySplit>,
+    start: Option<u64>,
+    time_ns: u64,
+) -> TracedDeath {
+    let (mono, real) = clocks_now();
+    TracedDeath {
+        pid,
+        comm,
+        at: wall_time(time_ns, mono, real),
+        cause,
+        cgroup_file,
+        reading,
+        memory,
+        read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+        start,
+    }
 }
 
 /// Pure: whether a `/proc/PID/cgroup` puts the memory cgroup at the root (or has none).

@@ -43,14 +43,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
     }
-    let shm = reading.map(|r| ShmThen {
-        size_bytes: r.size_bytes,
-        used_bytes: r.used_bytes,
-        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
-        memory_limit_bytes: r.memory_limit_bytes,
-        runtime_default: on_runtime_default(r),
-        host_ipc: r.host_ipc,
-    });
+    let shm = reading.map(shm_then);
     let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
@@ -63,23 +56,16 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         node_culprits: &node_culprits,
         evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
     };
-    let (kind, memory) = match d.kind {
-        FindingKind::ShmBusError
-        | FindingKind::WorkloadBusError
-        | FindingKind::BusErrorUnmeasured => {
-            let at_moment = at_death.is_some();
-            bus::judged(d, reading, at_moment, known.rules.bus_error_shm_ratio)
-        }
-        _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
-    };
+    let (kind, memory) = judged(d, reading, at_death.is_some(), known.rules);
     let runtime = runtime_of(d, &id, reading);
+    // When the scan read it, for a reading not the moment's.
+    let read_at = known.snapshot.and_then(|s| s.taken_at);
+    let read_at = read_at.filter(|_| at_death.is_none());
+    let (shm_then, memory_then) = (shm.as_ref(), memory.as_ref());
     let then = Then {
-        shm: shm.as_ref(),
-        memory: memory.as_ref(),
-        read_at: known
-            .snapshot
-            .and_then(|s| s.taken_at)
-            .filter(|_| at_death.is_none()),
+        shm: shm_then,
+        memory: memory_then,
+        read_at,
     };
     let mut message = message(d, kind, &id, runtime, &then, &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
@@ -112,6 +98,36 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         message,
         found_late: false,
     })
+}
+
+/// A death of memory judged by `reading` (`at_moment`: the moment's); any other failure as
+/// detected.
+fn judged(
+    d: &Detected,
+    reading: Option<&ShmReading>,
+    at_moment: bool,
+    rules: DeathRules,
+) -> (FindingKind, Option<MemorySplit>) {
+    match d.kind {
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => {
+            bus::judged(d, reading, at_moment, rules.bus_error_shm_ratio)
+        }
+        _ => oom_judged_with_reading(d, reading, rules.oom_shm_share),
+    }
+}
+
+/// A reading as a failure tells it.
+fn shm_then(r: &ShmReading) -> ShmThen {
+    ShmThen {
+        size_bytes: r.size_bytes,
+        used_bytes: r.used_bytes,
+        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
+        memory_limit_bytes: r.memory_limit_bytes,
+        runtime_default: on_runtime_default(r),
+        host_ipc: r.host_ipc,
+    }
 }
 
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.
@@ -187,21 +203,7 @@ fn message(
         }
         FindingKind::ShmBusError
         | FindingKind::WorkloadBusError
-        | FindingKind::BusErrorUnmeasured => {
-            let exit = bus::exit_words(d);
-            match (kind, shm) {
-                (FindingKind::ShmBusError, Some(s)) => {
-                    text::shm_bus_error(&who, &at, &exit, s, runtime)
-                }
-                (FindingKind::WorkloadBusError, _) => {
-                    text::workload_bus_error(&who, &at, &exit, shm)
-                }
-                _ => {
-                    let age = then.read_at.map(|r| text::reading_age(d.at, r));
-                    text::bus_error_unmeasured(&who, &at, &exit, shm, age.as_deref(), runtime)
-                }
-            }
-        }
+        | FindingKind::BusErrorUnmeasured => bus_message(d, kind, (&who, &at), then, runtime),
         FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, said, runtime),
         FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, said, runtime),
         FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, said),
@@ -231,6 +233,25 @@ fn message(
             runtime,
             d.signature.is_some_and(is_browser),
         ),
+    }
+}
+
+/// A SIGBUS death's words, by its judged kind.
+fn bus_message(
+    d: &Detected,
+    kind: FindingKind,
+    (who, at): (&str, &str),
+    then: &Then<'_>,
+    runtime: text::Runtime,
+) -> String {
+    let exit = bus::exit_words(d);
+    match (kind, then.shm) {
+        (FindingKind::ShmBusError, Some(s)) => text::shm_bus_error(who, at, &exit, s, runtime),
+        (FindingKind::WorkloadBusError, shm) => text::workload_bus_error(who, at, &exit, shm),
+        (_, shm) => {
+            let age = then.read_at.map(|r| text::reading_age(d.at, r));
+            text::bus_error_unmeasured(who, at, &exit, shm, age.as_deref(), runtime)
+        }
     }
 }
 
