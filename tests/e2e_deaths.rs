@@ -96,6 +96,9 @@ for i in range(60, 100):
 /// Another SIGBUS: a mapped file truncated under the process. /dev/shm stays empty.
 const TRUNCATED_MAP: &str = r#"
 import mmap, os, time
+# A job's memory, as a real one holds: its exit takes the milliseconds freeing it takes, so the
+# death trace reads its /dev/shm at the moment (an empty process is gone in microseconds).
+hold = b"\1" * (256 << 20)
 fd = os.open("/tmp/data", os.O_RDWR | os.O_CREAT)
 os.ftruncate(fd, 1 << 20)
 m = mmap.mmap(fd, 1 << 20)
