@@ -113,9 +113,6 @@ if need kubectl; then
   echo "== the kernel-log component adds CAP_SYSLOG and SHMLINK_KMSG=syslog, nothing else"
   python3 $checks/kernel_log.py "$out/deploy_base.core.yaml" "$out/deploy_examples_kernel-log.core.yaml"
 
-  echo "== the death-trace component adds CAP_PERFMON, tracefs read-only and its env, nothing else"
-  python3 $checks/death_trace.py "$out/deploy_base.core.yaml" "$out/deploy_examples_death-trace.core.yaml"
-
   echo "== the docker component adds --docker-root and Docker's directory (type Directory), nothing else"
   python3 $checks/docker_component.py "$out/deploy_base.core.yaml" "$out/deploy_examples_docker.core.yaml"
 

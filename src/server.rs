@@ -219,7 +219,7 @@ async fn healthz(State(state): State<Arc<AppState>>) -> (StatusCode, &'static st
 
 async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, String) {
     match readiness(state.snapshot.load().as_deref()) {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Ok(detail) => (StatusCode::OK, format!("ready\n{detail}")),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
@@ -281,7 +281,9 @@ pub fn failures_filter(query: &str, now: SystemTime) -> Result<Filter, String> {
 
 /// Ready once a scan finished that could see: an agent blind to every container (wrong
 /// --proc-root, no cgroups, no permission) is not ready, with the reasons as the body.
-fn readiness(snapshot: Option<&Snapshot>) -> Result<(), String> {
+/// Ready: what the agent does not see though ready (`death_trace_off`), one line each; not
+/// ready: why.
+fn readiness(snapshot: Option<&Snapshot>) -> Result<String, String> {
     let Some(snapshot) = snapshot else {
         return Err("first scan not finished\n".into());
     };
@@ -291,7 +293,11 @@ fn readiness(snapshot: Option<&Snapshot>) -> Result<(), String> {
         why.push('\n');
     }
     if why.is_empty() {
-        Ok(())
+        let off = snapshot
+            .findings
+            .iter()
+            .filter(|f| f.kind == crate::model::FindingKind::DeathTraceOff);
+        Ok(off.map(|f| format!("{}\n", f.message)).collect())
     } else {
         Err(why)
     }
@@ -324,9 +330,21 @@ mod tests {
             Err("first scan not finished\n".to_string())
         );
         let mut s = Snapshot::default();
-        assert_eq!(readiness(Some(&s)), Ok(()));
+        assert_eq!(readiness(Some(&s)), Ok(String::new()));
         s.blind = vec![Blind::SomeContainersUnreadable];
-        assert_eq!(readiness(Some(&s)), Ok(()), "partly blind is still ready");
+        assert_eq!(
+            readiness(Some(&s)),
+            Ok(String::new()),
+            "partly blind is still ready"
+        );
+        // The moment of death unread: ready, and said.
+        let off = crate::text::death_trace_off("no tracefs");
+        s.findings.push(crate::model::Finding::new(
+            crate::model::FindingKind::DeathTraceOff,
+            crate::model::Subject::Node,
+            off.clone(),
+        ));
+        assert_eq!(readiness(Some(&s)), Ok(format!("{off}\n")));
         s.blind = vec![Blind::NoProcesses, Blind::NoCgroups];
         let why = readiness(Some(&s)).unwrap_err();
         assert!(why.contains("blind (no_processes)"), "{why}");

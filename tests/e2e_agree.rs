@@ -249,9 +249,9 @@ fn check_and_serve_tell_the_same_failures_of_the_same_containers_logs_and_kernel
         "shm_allocation_failed",
         "shm_oom_killed",
         "workload_oom_killed",
-        "workload_bus_error",
+        "bus_error_unmeasured",
         "shm_allocation_failed",
-        "workload_bus_error",
+        "bus_error_unmeasured",
     ];
     let mut by_serve = BTreeSet::new();
     let all_told = common::wait_until(Duration::from_secs(40), || {

@@ -292,7 +292,7 @@ fn without_the_capabilities_it_says_so_exports_0_and_serves_on() {
     assert_eq!(up(&agent), 0.0, "{}", agent.log_text());
     let log = agent.log_text();
     assert_eq!(
-        log.matches("death trace off").count(),
+        log.matches("death_trace: death trace off").count(),
         1,
         "said once: {log}"
     );
@@ -458,5 +458,210 @@ fn a_forked_workers_fault_is_placed_in_its_container() {
     assert!(
         !log.contains("an unknown process died"),
         "the worker was not placed: {log}"
+    );
+}
+
+/// The failures `check --json` told of container `id`, as (kind, memory.source).
+fn checked(args: &[&str], id: &str) -> Vec<(String, String)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+        .args([
+            "check", "--json", "--no-gpu", "--kube", "off", "--kmsg", "off",
+        ])
+        .args(["--pod-log-root", "off", "--since", "5m"])
+        .args(args)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["container_id"] == id)
+        .map(|f| {
+            let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+            (s(&f["kind"]), s(&f["memory"]["source"]))
+        })
+        .collect()
+}
+
+/// The acceptance of the moment of death by default: a container on Docker's default 64 MiB
+/// /dev/shm that fills it and dies of SIGBUS within two seconds. `serve` as installed (no
+/// `--death-trace`, no `--tracefs`; this machine boots with no tracefs mounted) tells it
+/// `shm_bus_error`; `check --since` reading that serve's store agrees, though its own reading of
+/// Docker's record alone cannot tell (`bus_error_unmeasured`); a `serve` with the tracepoints
+/// off and no scan in the death's second tells it `bus_error_unmeasured`, never
+/// `workload_bus_error`.
+#[test]
+fn as_installed_the_fast_death_on_the_64_mib_default_is_shm_bus_error_and_check_agrees() {
+    use common::docker::{Dockerd, IMAGE};
+    if !common::e2e_available() || !Path::new(PYTHON).exists() {
+        assert_ne!(std::env::var("SHMLINK_E2E").as_deref(), Ok("require"));
+        return;
+    }
+    let Some(d) = Dockerd::start() else { return };
+    let root = d.data_root();
+    let root = root.to_str().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap();
+    let installed = Agent::start_as_installed(
+        &[],
+        &["--no-gpu", "--docker-root", root, "--state-dir", state_dir],
+    );
+    // Its scans far apart: none between the container's start and its death (a scan, or the
+    // peak sampler, that saw /dev/shm full would rightly say shm_bus_error).
+    let off = Agent::start(
+        &["--no-gpu", "--docker-root", root, "--interval", "60s"],
+        &[],
+    );
+    installed.wait_ready();
+    off.wait_ready();
+    assert_eq!(up(&installed), 1.0, "{}", installed.log_text());
+    assert!(
+        installed.log_text().contains("death trace on ("),
+        "{}",
+        installed.log_text()
+    );
+    let id = d.run(&[
+        "--name",
+        "fastbus-default",
+        "-v",
+        "/usr:/usr:ro",
+        "-v",
+        "/lib:/lib:ro",
+        "-v",
+        "/lib64:/lib64:ro",
+        IMAGE,
+        PYTHON,
+        "-c",
+        FAST_DEATH,
+    ]);
+    assert_eq!(d.wait(&id), 135, "{}", d.log());
+    installed.wait_for_metrics("the traced shm_bus_error", |b| {
+        failures(b, "shm_bus_error", &id) >= 1.0
+    });
+    off.wait_for_metrics("Docker's record, unmeasured", |b| {
+        failures(b, "bus_error_unmeasured", &id) >= 1.0
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let body = installed.metrics();
+    assert_eq!(
+        all_failures(&body, &id),
+        1.0,
+        "one death, one failure: {body}"
+    );
+    let body = off.metrics();
+    assert_eq!(failures(&body, "workload_bus_error", &id), 0.0, "{body}");
+    assert_eq!(all_failures(&body, &id), 1.0, "{body}");
+    let note = off
+        .log_text()
+        .lines()
+        .find(|l| l.contains("bus_error_unmeasured") && l.contains("fastbus-default"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no bus_error_unmeasured line: {}", off.log_text()));
+    assert!(note.contains("was not read at that moment"), "{note}");
+    assert!(note.contains("--shm-size="), "the fix: {note}");
+    // check alone re-judges Docker's record: it cannot tell.
+    let alone = checked(&["--docker-root", root, "--state-dir", "none"], &id);
+    assert_eq!(alone, [("bus_error_unmeasured".into(), "docker".into())]);
+    // With serve's store: the account read at the moment stands.
+    let merged = checked(&["--docker-root", root, "--state-dir", state_dir], &id);
+    assert_eq!(merged, [("shm_bus_error".into(), "tracepoint".into())]);
+}
+
+/// A wrapper that runs `serve` in mount and PID namespaces of its own whose mount table lists
+/// no tracefs nor debugfs (unmounted there, the host's untouched): tracefs is nowhere to be
+/// found, as on a host that mounts none, whatever other tests mount meanwhile.
+const NO_TRACEFS: &str = r#"for m in $(awk '{for (i = 7; i < NF; i++) if ($i == "-") { if ($(i+1) == "tracefs" || $(i+1) == "debugfs") print $5; break }}' /proc/self/mountinfo | sort -r); do umount -l "$m"; done; exec "$@""#;
+
+fn without_tracefs(then: &[&str]) -> Vec<String> {
+    let mut w: Vec<String> = [
+        "unshare",
+        "--mount",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        NO_TRACEFS,
+        "sh",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    w.extend(then.iter().map(|s| s.to_string()));
+    w
+}
+
+/// The mount table of the `serve` a [`without_tracefs`] wrapper started (its only child).
+fn mounts_of_child(wrapper_pid: u32) -> String {
+    let children =
+        std::fs::read_to_string(format!("/proc/{wrapper_pid}/task/{wrapper_pid}/children"))
+            .unwrap_or_default();
+    let child = children.split_whitespace().next().expect("serve started");
+    std::fs::read_to_string(format!("/proc/{child}/mountinfo")).unwrap()
+}
+
+#[test]
+fn with_no_tracefs_mounted_serve_mounts_a_private_one_and_leaves_none() {
+    if !common::e2e_available() {
+        return;
+    }
+    let wrapper = without_tracefs(&[]);
+    let w: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let agent = Agent::start_as_installed(&w, &["--no-gpu", "--log-level", "debug"]);
+    agent.wait_ready();
+    assert_eq!(up(&agent), 1.0, "{}", agent.log_text());
+    assert!(
+        agent
+            .log_text()
+            .contains("death trace on (a private tracefs of its own"),
+        "{}",
+        agent.log_text()
+    );
+    // The private mount went with the thread that read it: serve's own table has none.
+    let table = mounts_of_child(agent.pid());
+    assert!(!table.contains(" - tracefs "), "{table}");
+    let (status, body) = common::agent::get(agent.addr, "/readyz").unwrap();
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+}
+
+#[test]
+fn where_it_may_not_mount_one_it_says_so_in_a_finding_and_in_readyz() {
+    if !common::e2e_available() {
+        return;
+    }
+    let Some(setpriv) = common::tool("setpriv", "util-linux") else {
+        return;
+    };
+    let setpriv = setpriv.to_str().unwrap().to_string();
+    let wrapper = without_tracefs(&[&setpriv, "--bounding-set", "-perfmon,-sys_admin", "--"]);
+    let w: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let agent = Agent::start_as_installed(&w, &["--no-gpu"]);
+    agent.wait_ready();
+    assert_eq!(up(&agent), 0.0, "{}", agent.log_text());
+    let (status, body) = common::agent::get(agent.addr, "/readyz").unwrap();
+    assert_eq!(status, 200, "still ready: {body}");
+    assert!(
+        body.starts_with("ready\ndeath trace off: no tracefs"),
+        "{body}"
+    );
+    assert!(body.contains("bus_error_unmeasured"), "{body}");
+    // Said once at start, and kept as a finding of the node (logged as it began).
+    let log = agent.log_text();
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains("death trace off: no tracefs"))
+            .count(),
+        2,
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("finding began") && l.contains("death_trace_off")),
+        "{log}"
     );
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The base DaemonSet, RBAC and Service keep their contract: least-privilege ClusterRole, hostPID,
-node-critical, the capability set (SYS_PTRACE, DAC_READ_SEARCH; no kernel log), read-only host
+node-critical, the capability set (SYS_PTRACE, DAC_READ_SEARCH, PERFMON for the death trace; no kernel log), read-only host
 mounts (every hostPath `Directory`, none of Docker's: deploy/components/docker) but the state
 store's (`/var/lib/shmlink`, writable, `DirectoryOrCreate`), port 9477,
 probes, a headless Service that selects the agents.
@@ -36,7 +36,7 @@ sc = c["securityContext"]
 check(sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
       and sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0, f"securityContext {sc}")
 check(sc["capabilities"]["drop"] == ["ALL"], "drop ALL")
-check(set(sc["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH"}, "capabilities beyond the contract")
+check(sorted(sc["capabilities"].get("add", [])) == ["DAC_READ_SEARCH", "PERFMON", "SYS_PTRACE"], "capabilities beyond or short of the contract")
 # The kernel log needs CAP_SYSLOG: off here, on with deploy/components/kernel-log.
 check(env["SHMLINK_KMSG"]["value"] == "off", "the base does not read the kernel log")
 check(sc["seccompProfile"]["type"] == "RuntimeDefault", "seccomp")

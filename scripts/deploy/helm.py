@@ -40,7 +40,6 @@ PO = {"prometheusOperator": {"enabled": True}}
 # (case, values, the kustomize directory that builds the same objects)
 TWINS = [
     ("kernel-log", {**NS, "kernelLog": {"enabled": True}}, "deploy/examples/kernel-log"),
-    ("death-trace", {**NS, "deathTrace": {"enabled": True}}, "deploy/examples/death-trace"),
     ("docker", {**NS, "docker": {"enabled": True}}, "deploy/examples/docker"),
     ("gpu-fault-taint", {**NS, "gpuFaultTaint": {"enabled": True}}, "deploy/examples/gpu-fault-taint"),
     ("prometheus-operator", {**NS, **PO}, "deploy/overlays/prometheus-operator"),
@@ -54,7 +53,7 @@ TWINS = [
 # patch its comment shows for each other effect): no deploy/examples directory holds them.
 DEVICE_TAINT = [(effect, {**NS, "gpuDeviceTaint": {"enabled": True, **({"effect": effect} if effect else {})}})
                 for effect in (None, *DEVICE_TAINT_EFFECTS)]
-COMPONENTS = ["kernelLog", "deathTrace", "docker", "gpuFaultTaint", "gpuDeviceTaint", "prometheusOperator",
+COMPONENTS = ["kernelLog", "docker", "gpuFaultTaint", "gpuDeviceTaint", "prometheusOperator",
               "grafanaDashboards", "kubeRbacProxy", "admission", "admissionPolicy"]
 EVERYTHING = {
     **{c: {"enabled": True} for c in COMPONENTS},
@@ -77,7 +76,8 @@ EVERYTHING = {
 # Each refused, the message naming where.
 INVALID = [
     ({"kernelLog": {"enabled": "yes"}}, "/kernelLog/enabled"),
-    ({"deathTrace": {"enabled": True, "mode": "on"}}, "/deathTrace"),
+    ({"deathTrace": {"mode": "sometimes"}}, "/deathTrace/mode"),
+    ({"deathTrace": {"enabled": True}}, "/deathTrace"),
     ({"unknownComponent": {"enabled": True}}, "unknownComponent"),
     ({"image": {"repository": "shmlink", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"tolerations": [{"operator": "Exists", "effect": "NoSchedul"}]}, "/tolerations/0/effect"),
@@ -275,9 +275,9 @@ def everything(chart):
                                  "/host/nvidia/libnvidia-ml.so.1", "--state-dir", "/data/shmlink",
                                  "--interval", "10s"], f"args {agent['args']}")
     caps = agent["securityContext"]["capabilities"]["add"]
-    check(caps == ["SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG", "PERFMON"], f"capabilities {caps}")
+    check(caps == ["SYS_PTRACE", "DAC_READ_SEARCH", "PERFMON", "SYSLOG"], f"capabilities {caps}")
     env = {e["name"]: e.get("value") for e in agent["env"]}
-    check(env["SHMLINK_KMSG"] == "syslog" and env["SHMLINK_DEATH_TRACE"] == "on"
+    check(env["SHMLINK_KMSG"] == "syslog" and "SHMLINK_DEATH_TRACE" not in env
           and env["SHMLINK_TAINT_ON_GPU_FAULT"] == "true" and env["SHMLINK_GPU_DEVICE_TAINT"] == "None"
           and env["SHMLINK_LISTEN"] == "127.0.0.1:9479"
           and env["SHMLINK_LOG"] == "debug", f"env {env}")

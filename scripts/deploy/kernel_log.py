@@ -14,7 +14,7 @@ base = daemonset(core(arg(1), "deploy/base"))
 with_log = daemonset(core(arg(2), "deploy/examples/kernel-log"))
 (c,) = with_log["spec"]["template"]["spec"]["containers"]
 caps = c["securityContext"]["capabilities"]["add"]
-if sorted(caps) != sorted(["SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG"]):
+if sorted(caps) != sorted(["SYS_PTRACE", "DAC_READ_SEARCH", "PERFMON", "SYSLOG"]):
     sys.exit(f"FAIL: capabilities {caps}")
 env = {e["name"]: e.get("value") for e in c["env"]}
 if env["SHMLINK_KMSG"] != "syslog":

@@ -33,7 +33,7 @@ for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")
     check(any(a.startswith("--ignore-paths=") and path in a for a in args), f"{path} needs a token through the proxy")
 sc = proxy["securityContext"]
 check(sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"], f"proxy securityContext {sc}")
-check(set(agent["securityContext"]["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH"}, "agent capabilities")
+check(set(agent["securityContext"]["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH", "PERFMON"}, "agent capabilities")
 roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
 rules = sorted((r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in roles["shmlink-kube-rbac-proxy"]["rules"])
 check(rules == [("authentication.k8s.io", "tokenreviews", ("create",)), ("authorization.k8s.io", "subjectaccessreviews", ("create",))], f"proxy rules {rules}")

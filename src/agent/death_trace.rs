@@ -1,6 +1,7 @@
 //! `serve --death-trace`: starts the kernel's tracepoints of deaths (`crate::death_trace`) and
 //! hands what they tell to the failure follower; where the kernel or the capabilities refuse,
-//! says so once, exports `shmlink_death_trace_up 0` and goes on with the scans' readings.
+//! says so once, exports `shmlink_death_trace_up 0`, keeps the finding `death_trace_off` in
+//! every scan (and so `/readyz`'s body) and goes on with the scans' readings.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -13,7 +14,7 @@ use crate::death_trace::{self, TraceSettings};
 use crate::failures::Sources;
 use crate::host::HostPaths;
 use crate::metrics::Metrics;
-use crate::model::{TracedCause, TracedDeath};
+use crate::model::{Finding, FindingKind, Subject, TracedCause, TracedDeath};
 
 #[derive(Debug, Clone)]
 pub struct DeathTraceSettings {
@@ -22,7 +23,22 @@ pub struct DeathTraceSettings {
     pub tracefs: Option<PathBuf>,
 }
 
-type Started = (Option<JoinHandle<()>>, Option<mpsc::Receiver<TracedDeath>>);
+/// The reader, its channel, and the finding every scan carries while `auto` found it refused.
+pub(super) struct Started {
+    pub handle: Option<JoinHandle<()>>,
+    pub deaths: Option<mpsc::Receiver<TracedDeath>>,
+    pub off: Option<Finding>,
+}
+
+impl Started {
+    fn none(off: Option<Finding>) -> Started {
+        Started {
+            handle: None,
+            deaths: None,
+            off,
+        }
+    }
+}
 
 pub(super) fn start(
     s: &DeathTraceSettings,
@@ -33,7 +49,7 @@ pub(super) fn start(
 ) -> Result<Started, AgentError> {
     metrics.set_death_trace_up(false);
     if s.mode == DeathTraceMode::Off {
-        return Ok((None, None));
+        return Ok(Started::none(None));
     }
     let settings = TraceSettings {
         sys_root: s.sys_root.clone(),
@@ -51,18 +67,22 @@ pub(super) fn start(
         Ok(tracer) => {
             metrics.set_death_trace_up(true);
             tracing::info!(
-                "death trace on: SIGBUS faults and OOM victims from the kernel's tracepoints, \
-                 each container's /dev/shm read the moment it dies"
+                "death trace on ({}): SIGBUS faults and OOM victims from the kernel's \
+                 tracepoints, each container's /dev/shm read the moment it dies",
+                tracer.source
             );
-            Ok((Some(tracer.handle), Some(rx)))
+            Ok(Started {
+                handle: Some(tracer.handle),
+                deaths: Some(rx),
+                off: None,
+            })
         }
         Err(e) if s.mode == DeathTraceMode::On => Err(AgentError::DeathTrace(e)),
         Err(e) => {
-            tracing::warn!(
-                "death trace off: {e}; a SIGBUS death is judged by the last scan's reading of \
-                 its /dev/shm (and the peak sampler's), which a death between two scans misses"
-            );
-            Ok((None, None))
+            let said = crate::text::death_trace_off(&e.to_string());
+            tracing::warn!("{said}");
+            let finding = Finding::new(FindingKind::DeathTraceOff, Subject::Node, said);
+            Ok(Started::none(Some(finding)))
         }
     }
 }
@@ -72,6 +92,7 @@ fn log_moment(d: &TracedDeath) {
     let cause = match d.cause {
         TracedCause::BusFault { .. } => "sigbus",
         TracedCause::OomVictim { .. } => "oom_victim",
+        TracedCause::Fatal { .. } => "fatal_signal",
     };
     tracing::debug!(
         pid = d.pid,

@@ -97,16 +97,9 @@ pub fn device_taint_effect(
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
-    let ServeSettings {
-        scan,
-        listen,
-        interval,
-        kube,
-        sources,
-        probe,
-        death_trace,
-        state_dir,
-    } = settings;
+    #[rustfmt::skip]
+    let ServeSettings { scan, listen, interval, kube, sources, probe, death_trace, state_dir } =
+        settings;
     let (mut scanner, pipeline) = scanner_and_pipeline(&scan, &sources)?;
     // Bound first: a serve that cannot listen exits without touching the state store.
     let listener = bind(listen, interval).await?;
@@ -122,8 +115,8 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         .await?
         .map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
     let holds = holds::resume(store.as_ref(), &scan, &mut scanner, kube.as_mut());
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tracer, traced) = death_trace::start(&death_trace, &scan.host, &sources, &stop, &metrics)?;
+    let (stop, host) = (Arc::new(AtomicBool::new(false)), &scan.host);
+    let traced = death_trace::start(&death_trace, host, &sources, &stop, &metrics)?;
     let follower = spawn_follower(
         Follow {
             sources,
@@ -131,7 +124,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             snapshot: snapshot.clone(),
             cluster: kube.as_ref().map(KubeView::caches),
             exits: deaths_rx,
-            traced,
+            traced: traced.deaths,
             stop: stop.clone(),
             resume,
         },
@@ -152,6 +145,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
         holds,
         job_links: job_links::Keeper::resume(store.as_ref()),
         slow_commits: 0,
+        death_trace_off: traced.off,
     };
     let scan_thread = thread::Builder::new()
         .name("scan".into())
@@ -160,7 +154,7 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
             move || scan_loop(between, interval, &snapshot, &metrics, &health, &wake_rx)
         })
         .map_err(|e| AgentError::Thread("scan", e))?;
-    let threads = [Some(scan_thread), prober, Some(follower), tracer];
+    let threads = [Some(scan_thread), prober, Some(follower), traced.handle];
 
     let state = Arc::new(AppState {
         metrics,

@@ -43,6 +43,8 @@ pub(super) struct Between {
     pub(super) job_links: super::job_links::Keeper,
     /// Failures whose commit was not confirmed in time (said once).
     pub(super) slow_commits: u64,
+    /// `death_trace_off`, in every scan while the tracepoints `auto` asked for are refused.
+    pub(super) death_trace_off: Option<crate::model::Finding>,
 }
 
 /// How long a failure's Event waits for its commit (the writer commits at once when asked).
@@ -171,6 +173,7 @@ impl Between {
         }
         let began = Instant::now();
         let mut out = self.scanner.scan_with(pods.as_ref());
+        out.snapshot.findings.extend(self.death_trace_off.clone());
         metrics.record_scan(&out.runs);
         // The kernel log's GPUs fallen off the bus, against what NVML just said of them.
         let counts = self.scanner.xid_counts();

@@ -1,5 +1,7 @@
-//! The moment of death, from the kernel's tracepoints: `signal:signal_generate` (SIGBUS only,
-//! filtered in the kernel; its `code` tells a page fault from a `kill`) and `oom:mark_victim`.
+//! The moment of death, from the kernel's tracepoints: `signal:signal_generate` (the fatal
+//! signals SIGBUS, SIGSEGV, SIGABRT and SIGKILL, filtered in the kernel; SIGBUS's `code` tells a
+//! page fault from a `kill`; the others only place a crash the kernel log tells) and
+//! `oom:mark_victim`.
 //! When one fires, the reader thread reads the dying process's /dev/shm and memory cgroup at
 //! once (`moment.rs`), while its mounts still stand, and hands the [`TracedDeath`] on; the
 //! failure pipeline judges the death by that reading instead of the last scan's.
@@ -15,6 +17,7 @@
 //! assumed offsets.
 
 mod format;
+mod locate;
 mod moment;
 mod ring;
 mod sample;
@@ -28,7 +31,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::cgroup::CgroupVersion;
-use crate::model::{TracedDeath, SIGBUS};
+use crate::model::{TracedDeath, FATAL_SIGNALS, SIGBUS};
 use moment::MomentReader;
 use ring::Ring;
 use sample::{is_fault_code, parse_record, Event, Formats, Record};
@@ -54,7 +57,7 @@ pub struct TraceSettings {
 /// Why the tracepoints could not be opened: what a person does about it.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    #[error("tracefs: {0}")]
+    #[error("{0}")]
     Tracefs(io::Error),
     #[error(
         "perf_event_open: {0} (needs CAP_PERFMON or CAP_SYS_ADMIN, a kernel with \
@@ -78,6 +81,8 @@ pub struct TraceCounts {
 pub struct Tracer {
     pub counts: Arc<TraceCounts>,
     pub handle: JoinHandle<()>,
+    /// Where the tracepoints' formats were read.
+    pub source: locate::Source,
 }
 
 /// Opens both tracepoints on every online CPU and starts the reader thread; every death goes
@@ -90,13 +95,20 @@ pub fn start<F>(
 where
     F: Fn(TracedDeath) -> bool + Send + 'static,
 {
-    let dir =
-        tracefs::find(&settings.sys_root, settings.tracefs.as_deref()).map_err(Refused::Tracefs)?;
-    let formats = tracefs::formats(&dir).map_err(Refused::Tracefs)?;
+    let (formats, source) = locate::locate(
+        &settings.sys_root,
+        settings.tracefs.as_deref(),
+        &settings.proc_root,
+    )
+    .map_err(Refused::Tracefs)?;
     let cpus = tracefs::online_cpus(&settings.sys_root)
         .or_else(|_| tracefs::online_cpus(std::path::Path::new("/sys")))
         .map_err(Refused::Tracefs)?;
-    let filter = format!("sig == {SIGBUS}");
+    let filter = FATAL_SIGNALS
+        .iter()
+        .map(|s| format!("sig == {s}"))
+        .collect::<Vec<_>>()
+        .join(" || ");
     let mut rings = Vec::with_capacity(cpus.len() * 2);
     for &cpu in &cpus {
         rings.push(Ring::open(formats.signal_id, cpu, Some(&filter)).map_err(Refused::Perf)?);
@@ -118,7 +130,11 @@ where
         .name("death-trace".into())
         .spawn(move || reader.run(&deliver, &stop))
         .map_err(Refused::Perf)?;
-    Ok(Tracer { counts, handle })
+    Ok(Tracer {
+        counts,
+        handle,
+        source,
+    })
 }
 
 /// The reading races the dying process's exit: on a node whose CPUs are busy, a reader that waits
@@ -175,10 +191,12 @@ impl Reader {
         }
     }
 
-    /// A SIGBUS from a fault, or an OOM victim; a `kill -BUS` is counted, not told.
+    /// A SIGBUS from a fault, another fatal signal (to place a crash), or an OOM victim; a
+    /// `kill -BUS` is counted, not told.
     fn wanted(&self, event: &Event) -> bool {
         match event {
             Event::Signal { sig, code, .. } if *sig == SIGBUS && is_fault_code(*code) => true,
+            Event::Signal { sig, .. } if *sig != SIGBUS => true,
             Event::Signal { code, pid, .. } => {
                 self.counts.kills.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(

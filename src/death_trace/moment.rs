@@ -9,7 +9,7 @@ use crate::cgroup::memory::{parse_memory_stat, parse_usage, MemcgReader};
 use crate::cgroup::proc::{identity_of_process, memory_cgroup};
 use crate::cgroup::CgroupVersion;
 use crate::host::{read_ns, NsId};
-use crate::model::{MemorySource, MemorySplit, TracedCause, TracedDeath};
+use crate::model::{MemorySource, MemorySplit, ShmReading, TracedCause, TracedDeath};
 use crate::procfs::stat::parent_pid;
 use crate::shm::at_death::measure_pid;
 use crate::shm::deadline::Measurer;
@@ -67,6 +67,9 @@ impl MomentReader {
     /// The death `event` tells, fired at `time_ns` (monotonic clock), and the reading now.
     pub fn read(&mut self, event: Event, time_ns: u64) -> TracedDeath {
         let (pid, comm, cause) = match event {
+            Event::Signal { sig, pid, comm, .. } if sig != crate::model::SIGBUS => {
+                (pid, comm, TracedCause::Fatal { sig })
+            }
             Event::Signal {
                 code, pid, comm, ..
             } => (pid, comm, TracedCause::BusFault { code }),
@@ -93,6 +96,12 @@ impl MomentReader {
         } else {
             self.cgroup_file_of(pid)
         };
+        let start_of = |r: &Self| crate::procfs::stat::start_ticks_of(&r.proc_root, pid);
+        if matches!(cause, TracedCause::Fatal { .. }) {
+            // A crash's place is all it needs: no /dev/shm, no memory.
+            let placed = (pid, comm, cause, cgroup_file);
+            return told(placed, None, None, start_of(self), time_ns);
+        }
         let rel = cgroup_file
             .as_deref()
             .and_then(memory_cgroup)
@@ -108,29 +117,113 @@ impl MomentReader {
             _ => (Default::default(), None),
         };
         let identity = cgroup_file.as_deref().and_then(identity_of_process);
-        let reading = (!on_host)
-            .then(|| {
-                measure_pid(
-                    &mut self.measurer,
-                    &self.proc_root,
-                    pid,
-                    rel.as_deref().unwrap_or(""),
-                    identity,
-                    limits,
-                )
-            })
-            .flatten();
-        let (mono, real) = clocks_now();
-        TracedDeath {
-            pid,
-            comm,
-            at: wall_time(time_ns, mono, real),
-            cause,
-            cgroup_file,
+        let reading = if on_host {
+            None
+        } else {
+            self.read_shm(pid, rel.as_deref(), identity, limits)
+        };
+        // After the race-sensitive reading.
+        let start = start_of(self);
+        told(
+            (pid, comm, cause, cgroup_file),
             reading,
             memory,
-            read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+            start,
+            time_ns,
+        )
+    }
+}
+
+impl MomentReader {
+    /// The container's /dev/shm through `pid`, else, where `pid` has already let go of its
+    /// mounts (a small process is gone in microseconds), through another live process of its
+    /// cgroup (its parent, a sibling): they share its mount namespace, and so its /dev/shm.
+    fn read_shm(
+        &mut self,
+        pid: i32,
+        rel: Option<&str>,
+        identity: Option<crate::cgroup::path::CgroupIdentity>,
+        limits: crate::cgroup::memory::MemoryReading,
+    ) -> Option<ShmReading> {
+        let rel_or_root = rel.unwrap_or("");
+        let own = measure_pid(
+            &mut self.measurer,
+            &self.proc_root,
+            pid,
+            rel_or_root,
+            identity.clone(),
+            limits.clone(),
+        );
+        if own.as_ref().is_some_and(|r| r.used_bytes.is_some()) {
+            return own;
         }
+        let (Some((root, _)), Some(rel)) = (&self.hierarchy, rel.filter(|r| *r != "/")) else {
+            return own;
+        };
+        for other in cgroup_members(root, rel, pid) {
+            if self.on_the_host(other) {
+                continue;
+            }
+            let r = measure_pid(
+                &mut self.measurer,
+                &self.proc_root,
+                other,
+                rel,
+                identity.clone(),
+                limits.clone(),
+            );
+            if r.as_ref().is_some_and(|r| r.used_bytes.is_some()) {
+                return r;
+            }
+        }
+        own
+    }
+}
+
+/// Members of a cgroup read at most for a reading through another process.
+const MEMBERS: usize = 16;
+
+/// The processes of the memory cgroup `rel` under `root` but `pid`, at most [`MEMBERS`].
+fn cgroup_members(root: &Path, rel: &str, pid: i32) -> Vec<i32> {
+    if rel.split('/').any(|c| c == "..") {
+        return Vec::new();
+    }
+    let path = root.join(rel.trim_start_matches('/')).join("cgroup.procs");
+    let Ok(text) = crate::procfs::kfile::read_attribute_text(&path) else {
+        return Vec::new();
+    };
+    members(&text, pid)
+}
+
+/// Pure: the PIDs of a `cgroup.procs` but `pid`, at most [`MEMBERS`].
+fn members(cgroup_procs: &str, pid: i32) -> Vec<i32> {
+    cgroup_procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .filter(|&p| p != pid && p > 0)
+        .take(MEMBERS)
+        .collect()
+}
+
+/// The traced death as read now: its process, the reading, the memory and its start.
+fn told(
+    (pid, comm, cause, cgroup_file): (i32, String, TracedCause, Option<String>),
+    reading: Option<ShmReading>,
+    memory: Option<MemorySplit>,
+    start: Option<u64>,
+    time_ns: u64,
+) -> TracedDeath {
+    let (mono, real) = clocks_now();
+    TracedDeath {
+        pid,
+        comm,
+        at: wall_time(time_ns, mono, real),
+        cause,
+        cgroup_file,
+        reading,
+        memory,
+        read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+        start,
     }
 }
 
@@ -229,6 +322,14 @@ mod tests {
             memory_now(root.path(), CgroupVersion::V2, "/../etc", None),
             None
         );
+    }
+
+    #[test]
+    fn the_other_members_of_its_cgroup_are_asked_in_order_but_itself() {
+        assert_eq!(members("12\n7\n\nx\n-3\n9\n", 7), [12, 9]);
+        let many: String = (1..100).map(|p| format!("{p}\n")).collect();
+        assert_eq!(members(&many, 1).len(), MEMBERS);
+        assert!(cgroup_members(Path::new("/sys/fs/cgroup"), "/../x", 1).is_empty());
     }
 
     #[test]

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use super::format::parse_format;
 use super::sample::Formats;
 
+/// The file that tells a tracing directory holds the tracepoints.
+pub const HAS_SIGNAL: &str = "events/signal/signal_generate/id";
+
 /// Where tracefs is mounted under `sys_root` (`/sys`): the first of these that holds the
 /// tracepoints, unless `explicit` names a mount.
 pub fn find(sys_root: &Path, explicit: Option<&Path>) -> io::Result<PathBuf> {
@@ -19,7 +22,7 @@ pub fn find(sys_root: &Path, explicit: Option<&Path>) -> io::Result<PathBuf> {
     };
     candidates
         .into_iter()
-        .find(|dir| dir.join("events/signal/signal_generate/id").exists())
+        .find(|dir| dir.join(HAS_SIGNAL).exists())
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,

@@ -2,12 +2,13 @@
 
 use std::collections::BTreeSet;
 
+use super::bus::{self, shm_was_full};
 use super::detect::shm_share_at_least;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
-    Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
-    PairStatus, PairThen, ShmThen, Who,
+    Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySplit, PairStatus,
+    PairThen, ShmThen, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -42,14 +43,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
     }
-    let shm = reading.map(|r| ShmThen {
-        size_bytes: r.size_bytes,
-        used_bytes: r.used_bytes,
-        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
-        memory_limit_bytes: r.memory_limit_bytes,
-        runtime_default: on_runtime_default(r),
-        host_ipc: r.host_ipc,
-    });
+    let shm = reading.map(shm_then);
     let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
@@ -62,14 +56,18 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         node_culprits: &node_culprits,
         evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
     };
-    let (kind, memory) = match d.kind {
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            bus_error_judged(d, reading, known.rules.bus_error_shm_ratio)
-        }
-        _ => oom_judged_with_reading(d, reading, known.rules.oom_shm_share),
-    };
+    let (kind, memory) = judged(d, reading, at_death.is_some(), known.rules);
     let runtime = runtime_of(d, &id, reading);
-    let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
+    // When the scan read it, for a reading not the moment's.
+    let read_at = known.snapshot.and_then(|s| s.taken_at);
+    let read_at = read_at.filter(|_| at_death.is_none());
+    let (shm_then, memory_then) = (shm.as_ref(), memory.as_ref());
+    let then = Then {
+        shm: shm_then,
+        memory: memory_then,
+        read_at,
+    };
+    let mut message = message(d, kind, &id, runtime, &then, &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
     message.extend(gpu_links.as_ref().map(text::job_links));
     message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
@@ -102,6 +100,36 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     })
 }
 
+/// A death of memory judged by `reading` (`at_moment`: the moment's); any other failure as
+/// detected.
+fn judged(
+    d: &Detected,
+    reading: Option<&ShmReading>,
+    at_moment: bool,
+    rules: DeathRules,
+) -> (FindingKind, Option<MemorySplit>) {
+    match d.kind {
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => {
+            bus::judged(d, reading, at_moment, rules.bus_error_shm_ratio)
+        }
+        _ => oom_judged_with_reading(d, reading, rules.oom_shm_share),
+    }
+}
+
+/// A reading as a failure tells it.
+fn shm_then(r: &ShmReading) -> ShmThen {
+    ShmThen {
+        size_bytes: r.size_bytes,
+        used_bytes: r.used_bytes,
+        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
+        memory_limit_bytes: r.memory_limit_bytes,
+        runtime_default: on_runtime_default(r),
+        host_ipc: r.host_ipc,
+    }
+}
+
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.
 fn node_culprits(snapshot: Option<&Snapshot>) -> Vec<crate::model::Suspect> {
     snapshot
@@ -127,16 +155,24 @@ fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
         .collect()
 }
 
+/// What was known of the container when it died: its /dev/shm and memory, and when the scan
+/// that read it ran (none when the reading is the moment's).
+struct Then<'a> {
+    shm: Option<&'a ShmThen>,
+    memory: Option<&'a MemorySplit>,
+    read_at: Option<std::time::SystemTime>,
+}
+
 /// What a person is told of the failure, judged `kind`: the words are `text`'s.
 fn message(
     d: &Detected,
     kind: FindingKind,
     id: &Identity,
     runtime: text::Runtime,
-    shm: Option<&ShmThen>,
-    memory: Option<&MemorySplit>,
+    then: &Then<'_>,
     job: &text::JobGpus<'_>,
 ) -> String {
+    let (shm, memory) = (then.shm, then.memory);
     let at = rfc3339(d.at);
     let who = id.name();
     // The line is quoted into a sentence that ends with its own full stop.
@@ -165,15 +201,9 @@ fn message(
                 (None, _) => d.evidence.clone(),
             }
         }
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
-            let exit = bus_exit(d);
-            match (kind, shm) {
-                (FindingKind::ShmBusError, Some(s)) => {
-                    text::shm_bus_error(&who, &at, &exit, s, runtime)
-                }
-                _ => text::workload_bus_error(&who, &at, &exit, shm),
-            }
-        }
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => bus_message(d, kind, (&who, &at), then, runtime),
         FindingKind::ShmNotShared => text::shm_not_shared(&who, &at, said, runtime),
         FindingKind::ShmUnavailable => text::shm_unavailable(&who, &at, said, runtime),
         FindingKind::FdLimitReached => text::fd_limit_reached(&who, &at, said),
@@ -206,6 +236,25 @@ fn message(
     }
 }
 
+/// A SIGBUS death's words, by its judged kind.
+fn bus_message(
+    d: &Detected,
+    kind: FindingKind,
+    (who, at): (&str, &str),
+    then: &Then<'_>,
+    runtime: text::Runtime,
+) -> String {
+    let exit = bus::exit_words(d);
+    match (kind, then.shm) {
+        (FindingKind::ShmBusError, Some(s)) => text::shm_bus_error(who, at, &exit, s, runtime),
+        (FindingKind::WorkloadBusError, shm) => text::workload_bus_error(who, at, &exit, shm),
+        (_, shm) => {
+            let age = then.read_at.map(|r| text::reading_age(d.at, r));
+            text::bus_error_unmeasured(who, at, &exit, shm, age.as_deref(), runtime)
+        }
+    }
+}
+
 /// Where the container runs, for its fix: a Pod when anything names one (its UID in the cgroup
 /// path is enough: kubelet made it), Docker when Docker told it or its cgroup is Docker's, else
 /// a bare runtime (runc, containerd without Kubernetes).
@@ -223,30 +272,6 @@ fn runtime_of(d: &Detected, id: &Identity, reading: Option<&ShmReading>) -> text
         text::Runtime::Docker
     } else {
         text::Runtime::Other
-    }
-}
-
-/// How a SIGBUS death ended, SIGBUS said once: `SIGBUS, exit status 135`, `SIGBUS; its log
-/// said "..."`. kubelet's reason `Error` says nothing an exit status does not.
-fn bus_exit(d: &Detected) -> String {
-    match (&d.exit, d.source) {
-        (Some(e), _) => {
-            let mut parts = vec!["SIGBUS".to_string()];
-            if let Some(c) = e.code {
-                parts.push(format!("exit status {c}"));
-            }
-            if let Some(r) = e
-                .reason
-                .as_deref()
-                .filter(|r| !r.is_empty() && *r != "Error")
-            {
-                parts.push(format!("reason {r}"));
-            }
-            parts.join(", ")
-        }
-        (None, FailureSource::Log) => format!("SIGBUS; its log said \"{}\"", d.evidence),
-        (None, FailureSource::Tracepoint) => format!("SIGBUS: {}", d.evidence),
-        (None, _) => "SIGBUS".into(),
     }
 }
 
@@ -274,23 +299,6 @@ fn at_death(d: &Detected, scanned: Option<&ShmReading>) -> Option<ShmReading> {
         memory_shmem_bytes: now.memory_shmem_bytes,
         ..scan.clone()
     })
-}
-
-/// Whether the container's /dev/shm was at `ratio` of its effective limit or more at its last
-/// reading or peak.
-fn shm_was_full(reading: Option<&ShmReading>, ratio: f64) -> bool {
-    let Some(r) = reading else {
-        return false;
-    };
-    let Some(peak) = r.used_peak_bytes.or(r.used_bytes) else {
-        return false;
-    };
-    let limit = r
-        .used_bytes
-        .zip(r.available_bytes)
-        .and_then(|(u, a)| u.checked_add(a))
-        .or(r.size_bytes);
-    limit.is_some_and(|l| l > 0 && peak as f64 >= ratio * l as f64)
 }
 
 /// An OOM kill whose report said nothing of shmem (a system-wide OOM has no cgroup stats) is
@@ -321,41 +329,6 @@ fn oom_judged_with_reading(
         FindingKind::WorkloadOomKilled
     };
     (kind, Some(m))
-}
-
-/// A SIGBUS death: a /dev/shm failure when the container's /dev/shm was at `ratio` of its
-/// effective limit or more at its last reading or peak; the split says what was known.
-fn bus_error_judged(
-    d: &Detected,
-    reading: Option<&ShmReading>,
-    ratio: f64,
-) -> (FindingKind, Option<MemorySplit>) {
-    let peak = reading.and_then(|r| r.used_peak_bytes.or(r.used_bytes));
-    let full = shm_was_full(reading, ratio);
-    let memory = MemorySplit {
-        limit_bytes: reading.and_then(|r| r.memory_limit_bytes),
-        usage_bytes: None,
-        shm_bytes: peak,
-        anon_bytes: None,
-        source: memory_source(d.source),
-    };
-    let kind = if full {
-        FindingKind::ShmBusError
-    } else {
-        FindingKind::WorkloadBusError
-    };
-    (kind, Some(memory))
-}
-
-/// Where a split the source did not give comes from.
-fn memory_source(source: FailureSource) -> MemorySource {
-    match source {
-        FailureSource::Docker => MemorySource::Docker,
-        FailureSource::MemoryCgroup => MemorySource::MemoryCgroup,
-        FailureSource::Kernel => MemorySource::KernelLog,
-        FailureSource::Tracepoint => MemorySource::Tracepoint,
-        FailureSource::PodStatus | FailureSource::Log => MemorySource::PodStatus,
-    }
 }
 
 /// The finding `check` reports for a failure: about its container, or the node when the
@@ -444,12 +417,15 @@ fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
     }
 }
 
-/// The process a kernel line names, as NVML's history is asked of it.
+/// The process a kernel line names, as NVML's history is asked of it: only where its start is
+/// known (read with the line, or at the fatal signal's moment by the death trace). A command
+/// alone is a guess another Pod's process can make true, by taking the PID of one NVML listed
+/// and crashing under the same name: such a crash is told unplaced, without GPUs.
 fn crasher(d: &Detected) -> Option<Crasher<'_>> {
     Some(Crasher {
         pid: u32::try_from(d.pid?).ok()?,
         comm: d.comm.as_deref(),
-        start: d.pid_start,
+        start: Some(d.pid_start?),
         at: d.at,
     })
 }
@@ -942,13 +918,14 @@ mod tests {
             signal: None,
             reason: Some("Error".into()),
         });
-        let told = |peak: u64| {
+        let told = |d: &Detected, peak: u64| {
             let mut r = fixtures::shm_reading("dead", 64 * MIB, 10 * MIB);
             r.used_peak_bytes = Some(peak);
             r.memory_limit_bytes = Some(256 * MIB);
-            let s = fixtures::scanned("node", vec![r], None);
+            let mut s = fixtures::scanned("node", vec![r], None);
+            s.taken_at = Some(d.at - Duration::from_secs(4));
             correlate(
-                &d,
+                d,
                 Known {
                     snapshot: Some(&s),
                     pods: None,
@@ -959,7 +936,7 @@ mod tests {
             .expect("told")
         };
         // 0.9 of the 64 MiB is 57.6 MiB.
-        let full = told(58 * MIB);
+        let full = told(&d, 58 * MIB);
         assert_eq!(full.kind, FindingKind::ShmBusError, "{}", full.message);
         let m = full.memory.unwrap();
         assert_eq!(
@@ -972,14 +949,38 @@ mod tests {
             "{}",
             full.message
         );
-        let half = told(32 * MIB);
-        assert_eq!(half.kind, FindingKind::WorkloadBusError);
-        assert!(
-            half.message
-                .contains("its /dev/shm was not full: it peaked at 32.0 MiB of 64.0 MiB"),
+        // Half full at a scan: not the workload's without a reading at the moment.
+        let half = told(&d, 32 * MIB);
+        assert_eq!(
+            half.kind,
+            FindingKind::BusErrorUnmeasured,
             "{}",
             half.message
         );
+        assert!(
+            half.message.contains(
+                "its /dev/shm was not read at that moment, so whether it ran out is not known \
+                 (its last reading (4 s before it died): 10.0 MiB used of 64.0 MiB, peak 32.0 MiB)"
+            ),
+            "{}",
+            half.message
+        );
+        assert!(half.message.contains("sizeLimit: 1Gi"), "{}", half.message);
+        // Read at the moment, half full: the workload's.
+        let mut moment = fixtures::shm_reading("dead", 64 * MIB, 32 * MIB);
+        moment.memory_limit_bytes = Some(256 * MIB);
+        d.at_death = Some(Box::new(moment));
+        let half = told(&d, 10 * MIB);
+        assert_eq!(half.kind, FindingKind::WorkloadBusError, "{}", half.message);
+        assert!(
+            half.message.contains(
+                "its /dev/shm, read the moment it died, was not full: it peaked at 32.0 MiB of \
+                 64.0 MiB"
+            ),
+            "{}",
+            half.message
+        );
+        d.at_death = None;
         // Never measured: not blamed on /dev/shm, and said so.
         let unmeasured = correlate(
             &d,
@@ -991,11 +992,9 @@ mod tests {
             },
         )
         .expect("told");
-        assert_eq!(unmeasured.kind, FindingKind::WorkloadBusError);
+        assert_eq!(unmeasured.kind, FindingKind::BusErrorUnmeasured);
         assert!(
-            unmeasured
-                .message
-                .contains("was not measured before it died"),
+            unmeasured.message.contains("it was never measured"),
             "{}",
             unmeasured.message
         );
@@ -1057,6 +1056,13 @@ mod tests {
             holders: &GpuHolders::new(),
             rules: DeathRules::default(),
         };
+        // Its start unknown (reaped before the line was read, no death trace): its command
+        // alone is a guess another Pod's process could make true. Unplaced, without GPUs.
+        let f = correlate(&d, known).expect("told");
+        assert_eq!(f.container_id, None, "{}", f.message);
+        assert!(f.gpus.is_empty(), "{}", f.message);
+        // Its start read at the moment (the death trace): NVML's own process.
+        d.pid_start = Some(1);
         let f = correlate(&d, known).expect("told");
         assert_eq!(f.container_id.as_deref(), Some("aaaa"));
         assert_eq!(f.pod.as_deref(), Some("trainer-0"), "named by its reading");
@@ -1088,6 +1094,7 @@ mod tests {
         // start where it was read, is not NVML's process's: neither placed nor its GPUs.
         let mut other = d.clone();
         other.comm = Some("bash".into());
+        other.pid_start = None;
         let mut later = d.clone();
         later.pid_start = Some(2);
         for reused in [other, later] {
@@ -1382,6 +1389,11 @@ mod tests {
         // Another Pod's sandbox is not this one's.
         s.sandbox_shm[0].pod_uid = Some("another".into());
         let told = known(&s);
-        assert_eq!(told.kind, FindingKind::WorkloadBusError, "{}", told.message);
+        assert_eq!(
+            told.kind,
+            FindingKind::BusErrorUnmeasured,
+            "{}",
+            told.message
+        );
     }
 }

@@ -17,13 +17,15 @@
 //!   moment lent to the other accounts of that death;
 //! - merging: `same.rs` (one death told by two sources is told once), `recent.rs` (the
 //!   containers seen in the last minute: the dying one is often gone);
-//! - judging and wording (pure): `correlate.rs`: + the container's /dev/shm then, its Pod, its
+//! - judging and wording (pure): `bus.rs` (a SIGBUS death: /dev/shm's, the workload's, or
+//!   unmeasured without a reading at the moment), `correlate.rs`: + the container's /dev/shm then, its Pod, its
 //!   GPUs and their pairs -> [`Failure`](crate::model::Failure), with the message;
 //! - `ledger.rs`: what `serve` keeps and says of the failures told (recent, counts, its log).
 //!
 //! XIDs in the kernel log are the GPUs' concern: `gpu::xid::kernel`.
 
 pub mod attribute;
+mod bus;
 pub mod checkpoint;
 pub mod context;
 pub mod correlate;

@@ -167,7 +167,10 @@ impl Pipeline {
 
     /// A death the kernel's tracepoints told, with its reading at the moment (`death_trace`).
     pub fn traced(&mut self, death: &TracedDeath) {
-        let d = traced::detected(death, self.rules.oom_shm_share);
+        let Some(d) = traced::detected(death, self.rules.oom_shm_share) else {
+            self.traced.remember_place(death);
+            return;
+        };
         self.traced.remember(&d);
         self.account(d);
     }
@@ -229,6 +232,7 @@ impl Pipeline {
         // kernel's kill, kubelet's OOMKilled stamped in whole seconds), the first stays.
         accounts.sort_by_key(|d| (is_runtime_record(d), d.at));
         for d in &mut accounts {
+            self.traced.place(d);
             self.traced.lend(d);
         }
         if let Some(names) = self.docker.as_mut() {

@@ -38,7 +38,9 @@ enum Death {
 fn death(f: &Failure) -> Option<Death> {
     match f.kind {
         FindingKind::ShmOomKilled | FindingKind::WorkloadOomKilled => Some(Death::Oom),
-        FindingKind::ShmBusError | FindingKind::WorkloadBusError => Some(Death::Bus),
+        FindingKind::ShmBusError
+        | FindingKind::WorkloadBusError
+        | FindingKind::BusErrorUnmeasured => Some(Death::Bus),
         // PyTorch's "killed by signal: Bus error", a shell's "Bus error (core dumped)".
         FindingKind::ShmAllocationFailed
             if f.evidence.to_ascii_lowercase().contains("bus error") =>
@@ -118,7 +120,9 @@ fn same_container(
 /// `check`'s own failures with those `serve` stored over the same window (`--state-dir`): a
 /// stored one is added unless `check` read the same itself (the same death by [`SameDeath`]'s
 /// rule, or the same kind of the same container, or of the same host process, within
-/// [`FAULT_LINES`]). Oldest first.
+/// [`FAULT_LINES`]). Oldest first. The best-informed account of one death stands: serve's,
+/// judged by the reading taken the moment it died, over check's own later re-judgement of it
+/// (Docker's exit record or the Pod's status read after the container was gone).
 pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure> {
     let mut same = SameDeath::default();
     for f in &told {
@@ -128,7 +132,8 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
     for s in stored {
         // serve placed what check, reading after the process was gone, could not: the same
         // account, better told (its container, GPUs and link deltas).
-        if let Some(i) = told[..own].iter().position(|t| placed_later(t, &s)) {
+        let better = |t: &Failure| placed_later(t, &s) || read_at_the_moment(t, &s);
+        if let Some(i) = told[..own].iter().position(better) {
             told[i] = s;
             continue;
         }
@@ -178,6 +183,28 @@ fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
             parse_rfc3339(&stored.at),
             FAULT_LINES,
         )
+}
+
+/// `stored` is the same death as `own` (of its container, about the same time) judged by a
+/// reading taken at its moment (`memory.source` `tracepoint`), where `own` was not.
+fn read_at_the_moment(own: &Failure, stored: &Failure) -> bool {
+    let at_moment = |f: &Failure| {
+        f.memory
+            .is_some_and(|m| m.source == crate::model::MemorySource::Tracepoint)
+    };
+    let kind = death(own);
+    kind.is_some()
+        && kind == death(stored)
+        && at_moment(stored)
+        && !at_moment(own)
+        && (own.container_id.is_some() || own.pod_uid.is_some())
+        && same_container(
+            own.container_id.as_deref(),
+            own.pod_uid.as_deref(),
+            own.container.as_deref(),
+            stored,
+        )
+        && near(parse_rfc3339(&own.at), parse_rfc3339(&stored.at))
 }
 
 /// Both IDs known and different: two instances of the container (a restart), two deaths.
@@ -674,6 +701,46 @@ mod stored_tests {
             vec![gone.clone(), stored_line, runtime],
         );
         assert_eq!(merged, vec![gone, line, kill]);
+    }
+
+    #[test]
+    fn serves_account_read_at_the_moment_stands_over_checks_later_rejudgement() {
+        use crate::model::{MemorySource, MemorySplit};
+        let split = |source| MemorySplit {
+            limit_bytes: None,
+            usage_bytes: None,
+            shm_bytes: Some(64 << 20),
+            anon_bytes: None,
+            source,
+        };
+        // check read Docker's record after the container was gone: no reading at the moment.
+        let mut own = at(
+            FindingKind::BusErrorUnmeasured,
+            FailureSource::Docker,
+            Some("c1"),
+            "2026-11-27T10:00:01.000Z",
+        );
+        own.memory = Some(split(MemorySource::Docker));
+        // serve read /dev/shm the moment it died.
+        let mut stored = at(
+            FindingKind::ShmBusError,
+            FailureSource::Tracepoint,
+            Some("c1"),
+            "2026-11-27T10:00:00.300Z",
+        );
+        stored.memory = Some(split(MemorySource::Tracepoint));
+        let merged = with_stored(vec![own.clone()], vec![stored.clone()]);
+        assert_eq!(merged, vec![stored.clone()], "serve's stands");
+        // Not over another container's death, nor one minutes away, nor without the moment.
+        let mut other = stored.clone();
+        other.container_id = Some("c2".into());
+        assert_eq!(with_stored(vec![own.clone()], vec![other]).len(), 2);
+        let mut later = stored.clone();
+        later.at = "2026-11-27T10:05:00.000Z".into();
+        assert_eq!(with_stored(vec![own.clone()], vec![later]).len(), 2);
+        let mut unread = stored.clone();
+        unread.memory = Some(split(MemorySource::Docker));
+        assert_eq!(with_stored(vec![own.clone()], vec![unread]), vec![own]);
     }
 
     #[test]

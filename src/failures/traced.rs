@@ -17,8 +17,9 @@ use crate::model::{
 const KEPT: usize = 256;
 
 /// The account a traced death is: a SIGBUS fault judged later by its reading (`correlate`),
-/// an OOM victim by its memory cgroup's split at the moment (else the kernel's RSS counts).
-pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Detected {
+/// an OOM victim by its memory cgroup's split at the moment (else the kernel's RSS counts);
+/// none for another fatal signal, which only places the kernel's word of the crash.
+pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Option<Detected> {
     let who = t
         .cgroup_file
         .as_deref()
@@ -59,13 +60,32 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Detected {
             );
             (kind, Some(m), evidence)
         }
+        TracedCause::Fatal { .. } => return None,
     };
     let mut d = Detected::new(who, kind, t.at, FailureSource::Tracepoint, &evidence);
     d.pid = Some(t.pid);
     d.comm = Some(crate::model::printable(&t.comm)); // the process names itself
     d.memory = memory;
     d.at_death = t.reading.clone().map(Box::new);
-    d
+    d.pid_start = t.start;
+    Some(d)
+}
+
+/// SIGKILL on Linux.
+const SIGKILL: i32 = 9;
+
+/// How far apart the kernel's crash line and the fatal signal's tracepoint may be stamped (the
+/// line is printed as the signal is sent; the kernel log's clock is converted).
+const CRASH_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whose process a fatal signal went to, read at that moment.
+struct Placed {
+    sig: i32,
+    pid: i32,
+    comm: String,
+    at: SystemTime,
+    who: Who,
+    start: Option<u64>,
 }
 
 /// asm-generic/siginfo.h's names of SIGBUS's fault codes.
@@ -80,13 +100,64 @@ fn bus_code_name(code: i32) -> String {
     }
 }
 
-/// The readings traced deaths carried lately, by container.
+/// The readings traced deaths carried lately, by container, and whose process each fatal
+/// signal lately went to.
 #[derive(Default)]
 pub struct TracedReadings {
     kept: VecDeque<(String, Option<String>, SystemTime, ShmReading)>,
+    placed: VecDeque<Placed>,
 }
 
 impl TracedReadings {
+    /// A fatal signal's process, as the tracepoint's moment read it.
+    pub fn remember_place(&mut self, t: &TracedDeath) {
+        let who = t
+            .cgroup_file
+            .as_deref()
+            .map_or(Who::Process, who_of_cgroup_file);
+        let TracedCause::Fatal { sig } = t.cause else {
+            return;
+        };
+        self.placed.push_back(Placed {
+            sig,
+            pid: t.pid,
+            comm: crate::model::printable(&t.comm),
+            at: t.at,
+            who,
+            start: t.start,
+        });
+        while self.placed.len() > KEPT {
+            self.placed.pop_front();
+        }
+    }
+
+    /// The kernel's word of a crash, placed by the fatal signal's tracepoint of the same PID
+    /// and command nearest in time: the process that had the PID then, whichever has it now.
+    /// A SIGKILL places no crash: another sends it (the previous holder of a PID killed moments
+    /// before a crash under the same name is not the crasher), and the line is the fault's own.
+    pub fn place(&self, d: &mut Detected) {
+        if d.source != FailureSource::Kernel || d.kind != FindingKind::GpuJobCrashed {
+            return;
+        }
+        let Some(pid) = d.pid else { return };
+        let apart = |p: &Placed| p.at.duration_since(d.at).unwrap_or_else(|e| e.duration());
+        let found = self
+            .placed
+            .iter()
+            .filter(|p| {
+                p.pid == pid
+                    && p.sig != SIGKILL
+                    && d.comm.as_deref() == Some(p.comm.as_str())
+                    && apart(p) <= CRASH_SLACK
+            })
+            .min_by_key(|p| apart(p));
+        if let Some(p) = found {
+            d.who = p.who.clone();
+            d.pid_start = p.start;
+            d.pid_taken = false;
+        }
+    }
+
     pub fn remember(&mut self, d: &Detected) {
         let (Some(r), Some((cid, uid))) = (&d.at_death, ids(&d.who)) else {
             return;
@@ -171,12 +242,60 @@ mod tests {
             reading: Some(crate::fixtures::shm_reading(CID, 64 << 20, 64 << 20)),
             memory,
             read_after: Duration::from_micros(80),
+            start: Some(77),
         }
     }
 
     #[test]
+    fn a_crash_line_is_placed_by_the_fatal_signal_of_its_pid_and_command_at_that_moment() {
+        let mut readings = TracedReadings::default();
+        // The PID's previous holder, killed a moment before, in another Pod.
+        let mut killed = traced(TracedCause::Fatal { sig: 9 }, None);
+        killed.cgroup_file = Some("0::/kubepods/podvictim/victim\n".into());
+        killed.at -= Duration::from_millis(100);
+        readings.remember_place(&killed);
+        let t = traced(TracedCause::Fatal { sig: 11 }, None);
+        assert_eq!(detected(&t, 0.5), None, "no failure alone");
+        readings.remember_place(&t);
+        // Read later: the PID is another Pod's process now (or no one's).
+        let crash = |comm: &str, after: u64| {
+            let mut d = Detected::new(
+                Who::Process,
+                FindingKind::GpuJobCrashed,
+                t.at + Duration::from_millis(after),
+                FailureSource::Kernel,
+                "python3[4242]: segfault at 0 ip 0 sp 0 error 4 in libnccl.so.2",
+            );
+            d.pid = Some(4242);
+            d.comm = Some(comm.into());
+            d.pid_taken = true;
+            d
+        };
+        let mut d = crash("python3", 300);
+        readings.place(&mut d);
+        assert!(
+            matches!(&d.who, Who::Container { container_id, .. } if container_id == CID),
+            "{:?}",
+            d.who
+        );
+        assert_eq!((d.pid_start, d.pid_taken), (Some(77), false));
+        // Another command, or seconds apart: not that process.
+        for mut d in [crash("bash", 300), crash("python3", 5000)] {
+            readings.place(&mut d);
+            assert_eq!(d.who, Who::Process);
+        }
+        // The SIGSEGV's moment unread (the process gone): the SIGKILL of the PID's previous
+        // holder does not place it.
+        let mut readings = TracedReadings::default();
+        readings.remember_place(&killed);
+        let mut d = crash("python3", 300);
+        readings.place(&mut d);
+        assert_eq!(d.who, Who::Process);
+    }
+
+    #[test]
     fn a_traced_fault_is_placed_and_carries_its_reading() {
-        let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5);
+        let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5).unwrap();
         assert_eq!(d.source, FailureSource::Tracepoint);
         assert!(d.evidence.contains("BUS_ADRERR"), "{}", d.evidence);
         let Who::Container {
@@ -209,14 +328,18 @@ mod tests {
             shmem_rss: Some(900),
         };
         assert_eq!(
-            detected(&traced(rss.clone(), Some(split(800))), 0.5).kind,
+            detected(&traced(rss.clone(), Some(split(800))), 0.5)
+                .unwrap()
+                .kind,
             FindingKind::ShmOomKilled
         );
         assert_eq!(
-            detected(&traced(rss.clone(), Some(split(100))), 0.5).kind,
+            detected(&traced(rss.clone(), Some(split(100))), 0.5)
+                .unwrap()
+                .kind,
             FindingKind::WorkloadOomKilled
         );
-        let d = detected(&traced(rss, None), 0.5);
+        let d = detected(&traced(rss, None), 0.5).unwrap();
         assert_eq!(
             (d.kind, d.memory.unwrap().usage_bytes),
             (FindingKind::ShmOomKilled, Some(1000))
@@ -225,7 +348,7 @@ mod tests {
 
     #[test]
     fn the_reading_is_lent_to_the_same_containers_accounts_within_the_window() {
-        let t = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5);
+        let t = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5).unwrap();
         let mut kept = TracedReadings::default();
         kept.remember(&t);
         let exit = |who: Who, secs: u64| {

@@ -164,6 +164,10 @@ pub struct Exit {
 /// SIGBUS on Linux.
 pub const SIGBUS: i32 = 7;
 
+/// The signals the death trace places at their moment (x86-64 and arm64 numbers): SIGABRT,
+/// SIGBUS, SIGKILL, SIGSEGV.
+pub const FATAL_SIGNALS: [i32; 4] = [6, SIGBUS, 9, 11];
+
 impl Exit {
     /// Died of SIGBUS: exit status 135 (128 + 7) or signal 7.
     pub fn bus_error(&self) -> bool {

@@ -114,6 +114,10 @@ finding_kinds! {
         /// unknown, which must not pass for healthy.
         // The agent's own trouble, counted in shmlink_scan_errors_total: not the Pod's.
         ShmUnmeasured = "shm_unmeasured", reason: none, Warning;
+        /// `serve`'s tracepoints of deaths are off where `auto` asked for them (no tracefs it
+        /// could find or mount, no CAP_PERFMON): a fast death is judged by the scans' readings.
+        // The agent's own trouble, on the node: not an Event.
+        DeathTraceOff = "death_trace_off", reason: none, Warning;
         /// NVML reports the GPU lost (fell off the bus).
         // A lost GPU takes its pairs' links down with it, so it is told as `GpuLinkDown`.
         GpuLost = "gpu_lost", reason: GpuLinkDown, Critical;
@@ -156,6 +160,9 @@ finding_kinds! {
         ShmBusError = "shm_bus_error", reason: own, Critical;
         /// A container died of SIGBUS without /dev/shm being full.
         WorkloadBusError = "workload_bus_error", reason: own, Critical;
+        /// A container died of SIGBUS and its /dev/shm was not read at the moment (no
+        /// tracepoint's reading): neither /dev/shm nor the workload can be named.
+        BusErrorUnmeasured = "bus_error_unmeasured", reason: own, Critical;
         /// kubelet evicted the Pod: its /dev/shm volume (a memory emptyDir) outgrew the volume's
         /// own `sizeLimit`.
         ShmEvicted = "shm_evicted", reason: own, Critical;
@@ -391,6 +398,7 @@ mod tests {
     fn kinds_serialize_as_their_contract_names() {
         for kind in [
             FindingKind::ShmNearlyFull,
+            FindingKind::DeathTraceOff,
             FindingKind::ShmExhausted,
             FindingKind::ShmRuntimeDefault,
             FindingKind::GpuLost,
@@ -409,6 +417,7 @@ mod tests {
             FindingKind::WorkloadOomKilled,
             FindingKind::ShmBusError,
             FindingKind::WorkloadBusError,
+            FindingKind::BusErrorUnmeasured,
             FindingKind::ShmNotShared,
             FindingKind::ShmUnavailable,
             FindingKind::FdLimitReached,

@@ -17,7 +17,8 @@ mod xid;
 
 pub use failure::{
     printable, DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
-    MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, SHM_OOM_SHARE, SIGBUS,
+    MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS,
+    SHM_OOM_SHARE, SIGBUS,
 };
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
 pub use gpu::{

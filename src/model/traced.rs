@@ -18,6 +18,10 @@ pub enum TracedCause {
         file_rss: Option<u64>,
         shmem_rss: Option<u64>,
     },
+    /// `signal:signal_generate` of SIGSEGV, SIGABRT or SIGKILL: no failure alone, but whose
+    /// process it was at that moment, so the kernel's crash line (read later, its PID perhaps
+    /// another process's by then) is placed by it.
+    Fatal { sig: i32 },
 }
 
 /// One traced death and the reading taken for it.
@@ -37,4 +41,7 @@ pub struct TracedDeath {
     pub memory: Option<MemorySplit>,
     /// How long after the tracepoint the reading was taken.
     pub read_after: Duration,
+    /// The process's start (clock ticks after boot, `/proc/PID/stat`) read at the moment: NVML's
+    /// history of the PID is its own only with the same start.
+    pub start: Option<u64>,
 }

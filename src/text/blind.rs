@@ -6,6 +6,17 @@ use crate::model::{Blind, NvmlState, Sight};
 const PRIVILEGE: &str = "run as root, or with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (the \
                          DaemonSet's capabilities)";
 
+/// `death_trace_off`: why the moment of death is not read, what follows and what to do.
+pub fn death_trace_off(why: &str) -> String {
+    format!(
+        "death trace off: {why}. Fast deaths are judged by the scans: a SIGBUS death between two \
+         scans is told bus_error_unmeasured unless a scan saw its /dev/shm full, and a crash \
+         whose PID cannot be placed for certain is told unplaced (on the node). Fix: give the \
+         agent CAP_PERFMON and a tracefs (mounted on the host at /sys/kernel/tracing, or \
+         CAP_SYS_ADMIN to mount its own)"
+    )
+}
+
 /// One line per reason: what was not seen, why, and what to do.
 pub fn blind(reason: Blind, sight: &Sight) -> String {
     match reason {

@@ -398,22 +398,7 @@ pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, runtime: Ru
         .max(peak.unwrap_or(0))
         .saturating_mul(2)
         .max(1 << 30);
-    let fix = match runtime {
-        Runtime::Pod => format!(
-            "mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise the \
-             container's memory limit by as much (tmpfs pages count against it)",
-            k8s_quantity(want)
-        ),
-        Runtime::Docker => format!(
-            "docker run --shm-size={} (and --memory with room for it), or --ipc=host",
-            docker_size(want)
-        ),
-        Runtime::Other => format!(
-            "mount a tmpfs of {} at /dev/shm in the container, with a memory limit that has room \
-             for it (tmpfs pages count against it)",
-            human_bytes(want)
-        ),
-    };
+    let fix = shm_fix(want, runtime);
     format!(
         "container {who} died of a bus error ({exit}) at {at}, with /dev/shm full: its \
          /dev/shm ({}{size}) peaked at {} before it died. A process that maps more shared memory \
@@ -428,8 +413,81 @@ pub fn shm_bus_error(who: &str, at: &str, exit: &str, shm: &ShmThen, runtime: Ru
     )
 }
 
-/// `workload_bus_error`: a SIGBUS death without a full /dev/shm (or with it unmeasured): said
-/// with what was known, so nobody chases /dev/shm without cause.
+/// The fix of a /dev/shm too small for the workload: `want` bytes of it, where it runs.
+fn shm_fix(want: u64, runtime: Runtime) -> String {
+    match runtime {
+        Runtime::Pod => format!(
+            "mount an emptyDir with medium: Memory and sizeLimit: {} at /dev/shm, and raise the \
+             container's memory limit by as much (tmpfs pages count against it)",
+            k8s_quantity(want)
+        ),
+        Runtime::Docker => format!(
+            "docker run --shm-size={} (and --memory with room for it), or --ipc=host",
+            docker_size(want)
+        ),
+        Runtime::Other => format!(
+            "mount a tmpfs of {} at /dev/shm in the container, with a memory limit that has room \
+             for it (tmpfs pages count against it)",
+            human_bytes(want)
+        ),
+    }
+}
+
+/// How long before (or after) a death a reading was taken: `5 s before it died`.
+pub fn reading_age(died: std::time::SystemTime, read: std::time::SystemTime) -> String {
+    match died.duration_since(read) {
+        Ok(d) => format!("{} s before it died", d.as_secs()),
+        Err(e) => format!("{} s after it died", e.duration().as_secs()),
+    }
+}
+
+/// `bus_error_unmeasured`: a SIGBUS death whose /dev/shm was not read at the moment: neither
+/// cause can be named, so it says what is known (the last reading and its age, the runtime's
+/// 64 MiB default) and the fix of each.
+pub fn bus_error_unmeasured(
+    who: &str,
+    at: &str,
+    exit: &str,
+    shm: Option<&ShmThen>,
+    age: Option<&str>,
+    runtime: Runtime,
+) -> String {
+    let then = match shm {
+        Some(s) => format!(
+            "its last reading{}: {} used of {}{}",
+            age.map_or(String::new(), |a| format!(" ({a})")),
+            s.used_bytes.map_or("?".into(), human_bytes),
+            s.size_bytes.map_or("no size limit".into(), human_bytes),
+            s.peak_bytes
+                .map_or(String::new(), |p| format!(", peak {}", human_bytes(p))),
+        ),
+        None => "it was never measured (it ran between two scans, or only its record was read)"
+            .to_string(),
+    };
+    let default = if shm.is_some_and(|s| s.runtime_default) {
+        " It ran on the container runtime's default 64 MiB /dev/shm, which one DataLoader \
+         batch or NCCL's buffers fill in a moment."
+    } else {
+        ""
+    };
+    let want = shm
+        .and_then(|s| s.size_bytes)
+        .unwrap_or(0)
+        .saturating_mul(2)
+        .max(1 << 30);
+    format!(
+        "container {who} died of a bus error ({exit}) at {at}; its /dev/shm was not read at \
+         that moment, so whether it ran out is not known ({then}).{default} If it maps /dev/shm \
+         (a DataLoader, NCCL, multiprocessing.shared_memory): {}. Else a bus error is a \
+         memory-mapped file truncated under the process or a fault in native code: its last log \
+         lines and a core dump say which. The moment is read where serve's death trace is on \
+         (shmlink_death_trace_up 1).",
+        shm_fix(want, runtime)
+    )
+}
+
+/// `workload_bus_error`: a SIGBUS death whose /dev/shm was read at the moment and was not
+/// full: said with what was known, so nobody chases /dev/shm without cause.
 pub fn workload_bus_error(who: &str, at: &str, exit: &str, shm: Option<&ShmThen>) -> String {
     let then = match shm {
         Some(s) if s.host_ipc => format!(
@@ -439,7 +497,7 @@ pub fn workload_bus_error(who: &str, at: &str, exit: &str, shm: Option<&ShmThen>
                 .map_or("?".into(), human_bytes)
         ),
         Some(s) => format!(
-            "its /dev/shm was not full: it peaked at {} of {} before it died",
+            "its /dev/shm, read the moment it died, was not full: it peaked at {} of {}",
             s.peak_bytes
                 .or(s.used_bytes)
                 .map_or("?".into(), human_bytes),

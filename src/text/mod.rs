@@ -29,7 +29,7 @@ mod probe;
 mod shm;
 mod when;
 
-pub use blind::{blind, no_findings_but_blind, no_gpus_because};
+pub use blind::{blind, death_trace_off, no_findings_but_blind, no_gpus_because};
 pub use conditions::{
     fault_gpu_lost, gpu_fault, gpu_health_unknown, no_gpu_fault, no_gpus, pairs_failing,
     pairs_healthy, ConditionReason, CONDITION_MESSAGE_MAX,
@@ -39,9 +39,9 @@ pub use device_taint::{
     taint_made, taint_recovery_action, taint_xid,
 };
 pub use failures::{
-    gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,
-    shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error, workload_oom_killed,
-    JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
+    bus_error_unmeasured, gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, reading_age,
+    shm_allocation_failed, shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error,
+    workload_oom_killed, JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
 };
 pub use gpu::{
     all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,

@@ -47,6 +47,17 @@ pub fn sample(body: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> 
 }
 
 /// `shmlink serve` on a free loopback port, scanning every 200 ms; killed on drop.
+/// What the harness turns off unless a test names it: the machine's own logs are no test's
+/// business, the kernel's tracepoints see every process of the machine, nor is the machine's
+/// /var/lib/shmlink.
+const QUIET: [(&str, &str); 5] = [
+    ("--pod-log-root", "off"),
+    ("--docker-root", "off"),
+    ("--kmsg", "off"),
+    ("--death-trace", "off"),
+    ("--state-dir", "none"),
+];
+
 pub struct Agent {
     child: Child,
     pub addr: SocketAddr,
@@ -93,6 +104,27 @@ impl Agent {
 
     /// `start`, with the binary run by `wrapper` (e.g. `setpriv ... --`), which must exec it.
     pub fn start_under(wrapper: &[&str], extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
+        Agent::spawn(wrapper, extra, env, &QUIET)
+    }
+
+    /// `serve` as the default install runs it: the kernel's tracepoints of deaths as its
+    /// default (`auto`) leaves them, the test's roots, ports and sources otherwise.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn start_as_installed(wrapper: &[&str], extra: &[&str]) -> Agent {
+        let defaults: Vec<_> = QUIET
+            .iter()
+            .filter(|(o, _)| *o != "--death-trace")
+            .copied()
+            .collect();
+        Agent::spawn(wrapper, extra, &[], &defaults)
+    }
+
+    fn spawn(
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, &OsStr)],
+        defaults: &[(&str, &str)],
+    ) -> Agent {
         let addr = super::free_local_addr();
         let log = std::env::temp_dir().join(format!("shmlink-serve-{}.log", addr.port()));
         let mut command = match wrapper.split_first() {
@@ -119,18 +151,10 @@ impl Agent {
             })
             // The machine's own logs are no test's business unless it names a source.
             .args(
-                [
-                    ("--pod-log-root", "off"),
-                    ("--docker-root", "off"),
-                    ("--kmsg", "off"),
-                    // The kernel's tracepoints see every process of the machine.
-                    ("--death-trace", "off"),
-                    // Nor is the machine's /var/lib/shmlink.
-                    ("--state-dir", "none"),
-                ]
-                .iter()
-                .filter(|(option, _)| !extra.contains(option))
-                .flat_map(|(option, value)| [*option, *value]),
+                defaults
+                    .iter()
+                    .filter(|(option, _)| !extra.contains(option))
+                    .flat_map(|(option, value)| [*option, *value]),
             )
             .args(extra)
             .envs(env.iter().copied())

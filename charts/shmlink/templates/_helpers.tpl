@@ -49,11 +49,12 @@ app.kubernetes.io/part-of: shmlink
 {{- end -}}
 {{- end -}}
 
-{{/* The agent's capabilities: the base's two and what each enabled component adds. */}}
+{{/* The agent's capabilities: the base's (PERFMON unless the death trace is off) and what
+     each enabled component adds. */}}
 {{- define "shmlink.capabilities" -}}
 {{- $caps := list "SYS_PTRACE" "DAC_READ_SEARCH" -}}
+{{- if ne .Values.deathTrace.mode "off" }}{{ $caps = append $caps "PERFMON" }}{{ end -}}
 {{- if .Values.kernelLog.enabled }}{{ $caps = append $caps "SYSLOG" }}{{ end -}}
-{{- if .Values.deathTrace.enabled }}{{ $caps = append $caps "PERFMON" }}{{ end -}}
 {{- toYaml $caps -}}
 {{- end -}}
 
