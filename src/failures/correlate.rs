@@ -51,6 +51,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         host_ipc: r.host_ipc,
     });
     let (gpus, gpus_from) = gpus_used(d, &id, known);
+    let hang = (d.hang.as_ref()).map(|f| super::hang::judged(f, d.at, &gpus, known.snapshot));
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
     let node_culprits = node_culprits(known.snapshot);
@@ -61,6 +62,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         culprits: &culprits,
         node_culprits: &node_culprits,
         evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
+        hang: hang.as_ref(),
     };
     let (kind, memory) = match d.kind {
         FindingKind::ShmBusError | FindingKind::WorkloadBusError => {
@@ -98,6 +100,8 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         told_by_workload: None,
         worker_pids: d.worker_pids.clone(),
         message,
+        named_from: d.hang.as_ref().map(crate::model::HangFacts::named_from),
+        hang,
         found_late: false,
     })
 }
@@ -195,6 +199,7 @@ fn message(
         FindingKind::IommuNotPassthrough => text::iommu_not_passthrough(&who, &at, said),
         FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),
         FindingKind::NcclRanksDead => text::nccl_ranks_dead(&who, &at, said),
+        FindingKind::GpuCollectiveTimeout => text::gpu_collective_timeout(&who, &at, said, job),
         _ => text::shm_allocation_failed(
             &who,
             &at,

@@ -60,7 +60,14 @@ pub fn running(snapshot: &Snapshot) -> HashSet<String> {
 
 /// Feeds `ledger` the scan's GPU sample and hands the snapshot a copy (`baselines`: serve).
 pub fn feed(ledger: &mut JobLinks, snapshot: &mut Snapshot, now: SystemTime, baselines: bool) {
-    ledger.feed(&snapshot.gpus, &running(snapshot), now, baselines);
+    let running = running(snapshot);
+    ledger.feed_judged(
+        &snapshot.gpus,
+        &snapshot.gpu_pairs,
+        &running,
+        now,
+        baselines,
+    );
     snapshot.job_links = Arc::new(ledger.clone());
 }
 

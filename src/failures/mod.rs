@@ -19,6 +19,8 @@
 //!   containers seen in the last minute: the dying one is often gone);
 //! - judging and wording (pure): `correlate.rs`: + the container's /dev/shm then, its Pod, its
 //!   GPUs and their pairs -> [`Failure`](crate::model::Failure), with the message;
+//! - `hang/`: a collective that hung until a watchdog ended the job: the line's facts and what
+//!   the job's links did over the hang's window;
 //! - `ledger.rs`: what `serve` keeps and says of the failures told (recent, counts, its log).
 //!
 //! XIDs in the kernel log are the GPUs' concern: `gpu::xid::kernel`.
@@ -32,6 +34,7 @@ pub mod dataloader;
 pub mod detect;
 pub mod docker_exits;
 mod gpu_evidence;
+pub mod hang;
 pub mod job_links;
 pub mod ledger;
 pub mod oom;

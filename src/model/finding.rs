@@ -193,6 +193,9 @@ finding_kinds! {
         NvlsMulticastFailed = "nvls_multicast_failed", reason: own, Critical;
         /// NCCL's RAS says processes of the job are dead (unreachable).
         NcclRanksDead = "nccl_ranks_dead", reason: own, Critical;
+        /// A collective hung until a watchdog ended the job (PyTorch's NCCL watchdog, XLA's
+        /// rendezvous, Horovod's stall inspector).
+        GpuCollectiveTimeout = "gpu_collective_timeout", reason: own, Critical;
         /// The workload goes on with less shared memory than it wanted (Ray's object store in
         /// /tmp): slower, not dead.
         ShmFallback = "shm_fallback", reason: own, Warning;
@@ -423,6 +426,7 @@ mod tests {
             FindingKind::IommuNotPassthrough,
             FindingKind::NvlsMulticastFailed,
             FindingKind::NcclRanksDead,
+            FindingKind::GpuCollectiveTimeout,
             FindingKind::ShmFallback,
             FindingKind::ShmLeftoverSegments,
             FindingKind::GpuPcieDegraded,

@@ -226,6 +226,7 @@ mod tests {
             culprits: &[],
             node_culprits: &[],
             evidence,
+            hang: None,
         }
     }
 

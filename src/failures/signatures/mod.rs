@@ -266,6 +266,11 @@ fn verify(
 /// `verify` of the GPU rows (`gpu_table.rs`): None for another row, else whether the line is
 /// the failure (its kind) or only looks like it.
 fn verify_gpu(sig: &Signature, line: &str, end: usize) -> Option<Option<FindingKind>> {
+    if sig.kind == FindingKind::GpuCollectiveTimeout {
+        // A hang's line is one only when its facts read (`failures/hang/parse.rs`).
+        let told = crate::failures::hang::parse::facts(sig.id, line).is_some();
+        return Some(told.then_some(sig.kind));
+    }
     if !SAID.contains(&sig.id) {
         return None;
     }
