@@ -73,7 +73,13 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let runtime = runtime_of(d, &id, reading);
     let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
-    message.extend(gpu_links.as_ref().map(text::job_links));
+    // A hang's message says what the links did over its window: the whole run's is JSON only.
+    message.extend(
+        gpu_links
+            .as_ref()
+            .filter(|_| hang.is_none())
+            .map(text::job_links),
+    );
     message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
         &gpus,
         known.snapshot,

@@ -143,7 +143,10 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
     for s in stored {
         // serve placed what check, reading after the process was gone, could not: the same
         // account, better told (its container, GPUs and link deltas).
-        if let Some(i) = told[..own].iter().position(|t| placed_later(t, &s)) {
+        if let Some(i) = told[..own]
+            .iter()
+            .position(|t| placed_later(t, &s) || knew_its_gpus(t, &s))
+        {
             told[i] = s;
             continue;
         }
@@ -193,6 +196,20 @@ fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
             parse_rfc3339(&stored.at),
             FAULT_LINES,
         )
+}
+
+/// `stored` is `own`'s failure (the same account, or for a hang the same hang) told by serve
+/// while NVML still listed its process: the GPUs it used, which `check`, reading after the
+/// process was gone, cannot know, and so what their links did.
+fn knew_its_gpus(own: &Failure, stored: &Failure) -> bool {
+    let same = match death(own) {
+        Some(Death::Hang) => {
+            let (a, b) = (Told::of(own, Death::Hang), Told::of(stored, Death::Hang));
+            a.same_container(stored) && one_hang(&a, &b)
+        }
+        _ => same_account(own, stored),
+    };
+    own.gpus.is_empty() && !stored.gpus.is_empty() && own.kind == stored.kind && same
 }
 
 /// Both IDs known and different: two instances of the container (a restart), two deaths.
@@ -801,6 +818,25 @@ mod stored_tests {
         // Another PID is another crash, placed or not.
         let merged = with_stored(vec![other_pid], vec![placed]);
         assert_eq!(merged.len(), 2);
+    }
+
+    #[test]
+    fn serves_account_that_knew_the_gpus_stands_for_checks_own() {
+        let own = at(
+            FindingKind::GpuCollectiveTimeout,
+            FailureSource::Log,
+            Some("c1"),
+            "2026-11-27T10:10:00.000Z",
+        );
+        let mut stored = own.clone();
+        stored.gpus = vec![5, 7];
+        stored.message = "... GPU 7's links went down ...".into();
+        assert_eq!(
+            with_stored(vec![own.clone()], vec![stored.clone()]),
+            vec![stored]
+        );
+        // Neither knew them: check's own stands, once.
+        assert_eq!(with_stored(vec![own.clone()], vec![own.clone()]), vec![own]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::link_history::{LinkHistory, PairNow, SavedHistory};
+use super::link_history::{LinkHistory, SavedHistory};
 use super::{from_unix_ms, unix_ms, GpuReading, PairVerdict};
 
 /// The state store's checkpoint key of serve's ledger (`check` reads it too).
@@ -215,7 +215,8 @@ impl JobLinks {
         let before = Arc::clone(&self.totals);
         let before_at = self.sampled_at;
         self.add_sample(gpus);
-        self.add_to_history(gpus, pairs, now);
+        let new_run = !self.fed_here;
+        (self.history).scan(now, (gpus, pairs), (&self.totals, &self.last), new_run);
         for (id, w) in &mut self.containers {
             if running.contains(id) {
                 // Back (a scan missed it): it runs on from the same baseline.
@@ -300,33 +301,6 @@ impl JobLinks {
         if next != *self.totals {
             self.totals = Arc::new(next);
         }
-    }
-
-    /// The sample, as the history keeps it (pairs by their GPUs' UUIDs).
-    fn add_to_history(&mut self, gpus: &[GpuReading], pairs: &[PairVerdict], now: SystemTime) {
-        let uuid = |i: u32| {
-            gpus.iter()
-                .find(|g| g.index == i && !g.uuid.is_empty())
-                .map(|g| g.uuid.clone())
-        };
-        let pairs = pairs
-            .iter()
-            .filter_map(|p| {
-                Some(PairNow {
-                    pair: (uuid(p.gpu)?, uuid(p.peer_gpu)?),
-                    status: p.status,
-                    reason: p.reasons.first().cloned(),
-                })
-            })
-            .collect();
-        let active = self
-            .last
-            .iter()
-            .map(|(k, l)| (k.clone(), l.active))
-            .collect();
-        let new_run = !self.fed_here;
-        self.history
-            .sample(now, &self.totals, &active, pairs, new_run);
     }
 
     /// Forgets containers gone longer than [`JOB_LINKS_KEEP_GONE`], and the longest gone past

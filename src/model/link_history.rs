@@ -14,7 +14,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{from_unix_ms, unix_ms, LinkCounts, LinkTable, PairStatus};
+use super::job_links::LinkLast;
+use super::{from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkTable, PairStatus, PairVerdict};
 
 /// How long marks are kept: past PyTorch's default collective timeout (10 minutes, 30 before
 /// 2.2) and the hour-long timeouts jobs with long checkpoints set.
@@ -79,6 +80,34 @@ pub struct LinkHistory {
 }
 
 impl LinkHistory {
+    /// A scan as the job links ledger took it: its GPUs and pair verdicts (pairs kept by their
+    /// GPUs' UUIDs: indices change), the ledger's totals and last states after it.
+    pub fn scan(
+        &mut self,
+        now: SystemTime,
+        (gpus, pairs): (&[GpuReading], &[PairVerdict]),
+        (totals, last): (&LinkTable, &BTreeMap<LinkKey, LinkLast>),
+        new_run: bool,
+    ) {
+        let uuid = |i: u32| {
+            gpus.iter()
+                .find(|g| g.index == i && !g.uuid.is_empty())
+                .map(|g| g.uuid.clone())
+        };
+        let pairs = pairs
+            .iter()
+            .filter_map(|p| {
+                Some(PairNow {
+                    pair: (uuid(p.gpu)?, uuid(p.peer_gpu)?),
+                    status: p.status,
+                    reason: p.reasons.first().cloned(),
+                })
+            })
+            .collect();
+        let active = last.iter().map(|(k, l)| (k.clone(), l.active)).collect();
+        self.sample(now, totals, &active, pairs, new_run);
+    }
+
     /// One scan at `now`: `totals` and `active` (the ledger's, after the sample), `pairs` as
     /// judged; `new_run`: the first sample of this process.
     pub fn sample(

@@ -132,48 +132,14 @@ fn links(h: &Hang, gpus: &[u32]) -> String {
 fn culprit(h: &Hang) -> String {
     let l = &h.links;
     let start = h.started.as_deref().and_then(parse_rfc3339);
-    let into = |at: &str| match (start, parse_rfc3339(at)) {
-        (Some(s), Some(t)) => t.duration_since(s).ok().map(span),
-        _ => None,
+    let into = |at: &str| -> Option<String> {
+        match (start, parse_rfc3339(at)) {
+            (Some(s), Some(t)) => t.duration_since(s).ok().map(span),
+            _ => None,
+        }
     };
     let mut said: Vec<String> = Vec::new();
-    let downs: Vec<_> = l
-        .events
-        .iter()
-        .filter(|e| e.went == LinkWent::Down)
-        .collect();
-    if let Some(first) = downs.first() {
-        let mut gpus: Vec<u32> = downs.iter().map(|e| e.gpu).collect();
-        gpus.dedup();
-        let whose = match gpus.as_slice() {
-            [g] => format!("GPU {g}'s links"),
-            _ => format!("the links of {}", gpus_named(&gpus)),
-        };
-        let when = into(&first.at).map_or(String::new(), |d| format!(" {d} into the hang"));
-        let named: Vec<String> = downs
-            .iter()
-            .take(NAMED)
-            .map(|e| {
-                format!(
-                    "GPU {} link {} to {} at {}",
-                    e.gpu,
-                    e.link,
-                    peer_name(&e.peer),
-                    clock(&e.at)
-                )
-            })
-            .collect();
-        let more = downs.len().saturating_sub(NAMED);
-        let more = if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        };
-        said.push(format!(
-            "{whose} went down{when} ({}{more})",
-            named.join(", ")
-        ));
-    }
+    said.extend(went_down(l, &into));
     if let Some(d) = l.down_at_start.first() {
         let since = d
             .since
@@ -211,6 +177,46 @@ fn culprit(h: &Hang) -> String {
         gpus_named(&l.gpus),
         resets.join(", ")
     )
+}
+
+/// `GPU 7's links went down 9 min into the hang (GPU 7 link 3 to an NVSwitch at 10:09:12
+/// UTC)`, when a link of the job's GPUs went down in the window.
+fn went_down(l: &HangLinks, into: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let downs: Vec<_> = l
+        .events
+        .iter()
+        .filter(|e| e.went == LinkWent::Down)
+        .collect();
+    let first = downs.first()?;
+    let mut gpus: Vec<u32> = downs.iter().map(|e| e.gpu).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    let whose = match gpus.as_slice() {
+        [g] => format!("GPU {g}'s links"),
+        _ => format!("the links of {}", gpus_named(&gpus)),
+    };
+    let when = into(&first.at).map_or(String::new(), |d| format!(" {d} into the hang"));
+    let named: Vec<String> = downs
+        .iter()
+        .take(NAMED)
+        .map(|e| {
+            format!(
+                "GPU {} link {} to {} at {}",
+                e.gpu,
+                e.link,
+                peer_name(&e.peer),
+                clock(&e.at)
+            )
+        })
+        .collect();
+    let more = match downs.len().saturating_sub(NAMED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Some(format!(
+        "{whose} went down{when} ({}{more})",
+        named.join(", ")
+    ))
 }
 
 /// `GPU 7 link 3 (to an NVSwitch) recovery +12` and degraded pairs, a few named.

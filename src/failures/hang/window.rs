@@ -62,56 +62,15 @@ pub fn links_over(window: Option<(SystemTime, SystemTime)>, asked: &Asked<'_>) -
     let mut out = unknown(watched, why_not);
     out.links = keys.len() as u32;
     for (key, (gpu, peer)) in &keys {
-        let Some(base) = h.mark_at(key, from) else {
+        let link = Link {
+            key,
+            gpu: *gpu,
+            peer,
+        };
+        if !link_over(&mut out, ledger, &link, (from, until)) {
             // Known only from later on (its older marks dropped): not watched whole.
             watched = Watched::Partly;
             why_not = why_not.or(Some(NotWatched::Gap));
-            continue;
-        };
-        let Some(last) = h.mark_at(key, until) else {
-            continue;
-        };
-        if !last.read {
-            out.unread += 1;
-        }
-        let delta = last.counts.since(&base.counts);
-        if !delta.is_zero() {
-            out.changed.push(GpuLinkDelta::from(&LinkChange {
-                gpu: *gpu,
-                link: key.1,
-                peer: peer.to_string(),
-                delta,
-                dl: ledger.totals.get(*key).is_some_and(|t| t.dl),
-                nvlink5: ledger.totals.get(*key).is_some_and(|t| t.nvlink5),
-            }));
-        }
-        if !base.active {
-            out.down_at_start.push(LinkDownAtStart {
-                gpu: *gpu,
-                link: key.1,
-                peer: peer.to_string(),
-                since: went_down_by(h, key, from).map(rfc3339),
-            });
-        }
-        let mut before = base;
-        for m in h.marks_within(key, from, until) {
-            let went = if m.counts.went_down > before.counts.went_down {
-                Some(LinkWent::Down)
-            } else if m.counts.came_up > before.counts.came_up {
-                Some(LinkWent::Up)
-            } else {
-                None
-            };
-            if let Some(went) = went {
-                out.events.push(LinkEvent {
-                    gpu: *gpu,
-                    link: key.1,
-                    peer: peer.to_string(),
-                    at: rfc3339(m.at),
-                    went,
-                });
-            }
-            before = *m;
         }
     }
     out.watched = watched;
@@ -123,6 +82,71 @@ pub fn links_over(window: Option<(SystemTime, SystemTime)>, asked: &Asked<'_>) -
     out.from = Some(rfc3339(from));
     out.until = Some(rfc3339(until));
     out
+}
+
+/// One link of the job, as the last sample named it.
+struct Link<'a> {
+    key: &'a LinkKey,
+    gpu: u32,
+    peer: &'a str,
+}
+
+/// What one link did over `(from, until)` into `out`; false when the ledger does not know it
+/// at `from`.
+fn link_over(
+    out: &mut HangLinks,
+    ledger: &JobLinks,
+    l: &Link<'_>,
+    (from, until): (SystemTime, SystemTime),
+) -> bool {
+    let h = &ledger.history;
+    let (Some(base), Some(last)) = (h.mark_at(l.key, from), h.mark_at(l.key, until)) else {
+        return false;
+    };
+    if !last.read {
+        out.unread += 1;
+    }
+    let delta = last.counts.since(&base.counts);
+    if !delta.is_zero() {
+        let total = ledger.totals.get(l.key);
+        out.changed.push(GpuLinkDelta::from(&LinkChange {
+            gpu: l.gpu,
+            link: l.key.1,
+            peer: l.peer.to_string(),
+            delta,
+            dl: total.is_some_and(|t| t.dl),
+            nvlink5: total.is_some_and(|t| t.nvlink5),
+        }));
+    }
+    if !base.active {
+        out.down_at_start.push(LinkDownAtStart {
+            gpu: l.gpu,
+            link: l.key.1,
+            peer: l.peer.to_string(),
+            since: went_down_by(h, l.key, from).map(rfc3339),
+        });
+    }
+    let mut before = base;
+    for m in h.marks_within(l.key, from, until) {
+        let went = if m.counts.went_down > before.counts.went_down {
+            Some(LinkWent::Down)
+        } else if m.counts.came_up > before.counts.came_up {
+            Some(LinkWent::Up)
+        } else {
+            None
+        };
+        if let Some(went) = went {
+            out.events.push(LinkEvent {
+                gpu: l.gpu,
+                link: l.key.1,
+                peer: l.peer.to_string(),
+                at: rfc3339(m.at),
+                went,
+            });
+        }
+        before = *m;
+    }
+    true
 }
 
 fn unknown(watched: Watched, why_not: Option<NotWatched>) -> HangLinks {
