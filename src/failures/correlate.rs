@@ -206,6 +206,9 @@ fn message(
         FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),
         FindingKind::NcclRanksDead => text::nccl_ranks_dead(&who, &at, said),
         FindingKind::GpuCollectiveTimeout => text::gpu_collective_timeout(&who, &at, said, job),
+        FindingKind::NcclP2pCheckFailed => {
+            text::nccl_p2p_check_failed(&who, &at, said, d.nccl_gpus, job)
+        }
         _ => text::shm_allocation_failed(
             &who,
             &at,

@@ -37,6 +37,7 @@ mod gpu_evidence;
 pub mod hang;
 pub mod job_links;
 pub mod ledger;
+pub mod nccl_diag;
 pub mod oom;
 pub mod oom_counters;
 pub mod pipeline;

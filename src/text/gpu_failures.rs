@@ -165,6 +165,42 @@ pub fn nccl_ranks_dead(who: &str, at: &str, evidence: &str) -> String {
     )
 }
 
+/// `nccl_p2p_check_failed`: NCCL's own P2P check (NCCL_RUN_DIAGNOSTICS) at communicator
+/// init; `pair`: the NVML devices NCCL named (in the process's view), when the line names them.
+pub fn nccl_p2p_check_failed(
+    who: &str,
+    at: &str,
+    evidence: &str,
+    pair: Option<(u32, u32)>,
+    job: &JobGpus<'_>,
+) -> String {
+    let which = match pair {
+        Some((a, b)) => format!(
+            "GPU {a} to GPU {b} (NVML's numbers in the job's own view, which in a container \
+             count only its GPUs)"
+        ),
+        None => "some of its GPU pairs".into(),
+    };
+    let probe = if job.gpus.len() >= 2 {
+        let gpus: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
+        format!("`shmlink probe --gpus {}`", gpus.join(","))
+    } else {
+        "`shmlink probe`".to_string()
+    };
+    let mut out = format!(
+        "NCCL's P2P check in {who} found peer accesses failing at {at}, {which}: {evidence}. \
+         A direct GPU-to-GPU path (NVLink or PCIe) that does not carry data correctly: the \
+         GPUs, their link or the driver, not the job's code; NCCL goes on, and the job may hang \
+         or compute on bad data"
+    );
+    out.push_str(&used(job));
+    out.push_str(&format!(
+        ". Fix: {probe} on the node names the pair; drain it and reset the GPU the probe and \
+         the pair judge blame; NCCL_P2P_DISABLE=1 runs through host memory (slower) meanwhile."
+    ));
+    out
+}
+
 /// `; it was using GPUs 0 and 1` / `; its Pod holds GPU 3`, or that they are not known.
 fn used(job: &JobGpus<'_>) -> String {
     use crate::model::GpusFrom;

@@ -10,6 +10,9 @@ use crate::failures::hang::parse::{
     HOROVOD_STALL, HOROVOD_STALL_NEEDLE, TORCH_WATCHDOG, TORCH_WATCHDOG_NEEDLE,
     TORCH_WATCHDOG_STUCK, TORCH_WATCHDOG_STUCK_NEEDLE, XLA_TERMINATION, XLA_TERMINATION_NEEDLE,
 };
+use crate::failures::nccl_diag::{
+    NCCL_DIAG_P2P, NCCL_DIAG_P2P_NEEDLE, NCCL_RAS_PEER_DEAD, NCCL_RAS_PEER_DEAD_NEEDLE,
+};
 use crate::model::FindingKind;
 
 // Ids of rows that need more than their needle (see `verify`).
@@ -164,9 +167,32 @@ pub(super) const GPU: &[Signature] = &[
         id: "nccl-ras-dead",
         kind: FindingKind::NcclRanksDead,
         needle: "considered dead (unreachable via the RAS network)",
-        fixture: "  2 job processes considered dead (unreachable via the RAS network)",
+        fixture: "  2 job processes are considered dead (unreachable via the RAS network)",
         source: "NCCL src/ras/client_support.cc (2.24+): the ncclras client's report of \
-                 processes of the job no RAS peer can reach",
+                 processes of the job no RAS peer can reach (`1 job process is`, `2 job \
+                 processes are`)",
+    },
+    Signature {
+        id: NCCL_RAS_PEER_DEAD,
+        kind: FindingKind::NcclRanksDead,
+        needle: NCCL_RAS_PEER_DEAD_NEEDLE,
+        fixture: "[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 \
+                  managing GPU 1",
+        source: "NCCL src/ras/client_support.cc (2.29+): the ncclras client's monitor mode \
+                 (`ncclras -m`), an event of the RAS network declaring a process dead, as text \
+                 or JSON (`\"event\": \"PEER_DEAD\"`)",
+    },
+    Signature {
+        id: NCCL_DIAG_P2P,
+        kind: FindingKind::NcclP2pCheckFailed,
+        needle: NCCL_DIAG_P2P_NEEDLE,
+        fixture: "node0:24563 NCCL DIAG [INFO] p2p: write mismatch srcRank=0 srcCudaDev=0 \
+                  srcNvmlDev=5 dstRank=1 dstCudaDev=1 dstNvmlDev=7 path=NVL \
+                  handle=CUMEM_POSIX_FD expected=0x00000000d1a60100 got=0x0000000000000000 \
+                  verify=0x0000000000000000; check the single-node NVLink topology",
+        source: "NCCL src/diagnostics/p2p.cc (2.31+, NCCL_RUN_DIAGNOSTICS=1): the P2P check's \
+                 failed edge (srcNvmlDev, dstNvmlDev) or its partial summary (`only 52/56 \
+                 GPU-to-GPU peer accesses passed verification`)",
     },
     Signature {
         id: TORCH_WATCHDOG,

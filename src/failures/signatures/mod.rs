@@ -6,6 +6,7 @@
 
 use std::cell::OnceCell;
 
+use crate::failures::nccl_diag;
 use crate::model::FindingKind;
 use aho_corasick::AhoCorasick;
 
@@ -197,6 +198,11 @@ fn verify(
             (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(sig.kind)
         }
         NCCL_P2P_DISABLED => return gpu_pair(rest).map(|g| (sig.kind, Some(g))),
+        nccl_diag::NCCL_DIAG_P2P => return nccl_diag::p2p_check(rest).map(|g| (sig.kind, g)),
+        nccl_diag::NCCL_RAS_PEER_DEAD => {
+            let before = line.get(..end - sig.needle.len())?;
+            nccl_diag::ras_peer_dead(before, rest).then_some(sig.kind)
+        }
         ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM
         | UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
         // Only the errnos that say which; an old line without one says nothing sure.
