@@ -133,4 +133,37 @@ mod tests {
         assert!(!ras_peer_dead("grep ", " ras.log"));
         assert!(!ras_peer_dead("RAS_", "_TIMEOUT"));
     }
+
+    #[test]
+    fn the_rows_tell_them_and_name_the_pair() {
+        use crate::failures::Signatures;
+        use crate::model::FindingKind;
+        let sigs = Signatures::new();
+        let m = sigs
+            .match_line(
+                "node0:24563 NCCL DIAG [INFO] p2p: read mismatch srcRank=1 srcCudaDev=1 \
+                 srcNvmlDev=7 dstRank=0 dstCudaDev=0 dstNvmlDev=5 path=NVL handle=DIRECT \
+                 expected=0x1 got=0x0; check the single-node NVLink topology",
+            )
+            .unwrap();
+        assert_eq!(
+            (m.kind, m.gpus),
+            (FindingKind::NcclP2pCheckFailed, Some((7, 5)))
+        );
+        for line in [
+            "  1 job process is considered dead (unreachable via the RAS network)",
+            "[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 managing GPU 1",
+            "  \"event\": \"PEER_DEAD\",",
+        ] {
+            let m = sigs.match_line(line).unwrap_or_else(|| panic!("{line}"));
+            assert_eq!(m.kind, FindingKind::NcclRanksDead, "{line}");
+        }
+        for line in [
+            "[2025-12-19 13:07:00] PEER_NEW: Process 1524345 on node 172.16.64.245 managing GPU 1",
+            "NCCL DIAG [OK]   p2p: all 56 directed GPU P2P edges verified",
+            "if event == PEER_DEAD: restart()",
+        ] {
+            assert_eq!(sigs.match_line(line), None, "{line}");
+        }
+    }
 }

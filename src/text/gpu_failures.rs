@@ -334,4 +334,26 @@ mod tests {
             assert!(m.len() < 900, "an Event note is cut at 1024 bytes: {m}");
         }
     }
+
+    #[test]
+    fn nccls_p2p_check_names_the_pair_and_the_probe() {
+        let gpus = [5, 7];
+        let m = nccl_p2p_check_failed(
+            "ml/llama-0/trainer",
+            "2026-11-24T10:00:00Z",
+            "node0:24563 NCCL DIAG [INFO] p2p: write mismatch srcRank=0 srcCudaDev=0 \
+             srcNvmlDev=5 dstRank=1 dstCudaDev=1 dstNvmlDev=7 path=NVL",
+            Some((5, 7)),
+            &job(&gpus),
+        );
+        println!("{m}");
+        for part in [
+            "NCCL's P2P check in ml/llama-0/trainer found peer accesses failing at \
+             2026-11-24T10:00:00Z, GPU 5 to GPU 7 (NVML's numbers in the job's own view",
+            "not the job's code; NCCL goes on, and the job may hang or compute on bad data; it was \
+             using GPUs 5 and 7. Fix: `shmlink probe --gpus 5,7` on the node names the pair",
+        ] {
+            assert!(m.contains(part), "{part:?} not in {m}");
+        }
+    }
 }
