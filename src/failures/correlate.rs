@@ -73,17 +73,12 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let runtime = runtime_of(d, &id, reading);
     let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
-    // A hang's message says what the links did over its window: the whole run's is JSON only.
-    message.extend(
-        gpu_links
-            .as_ref()
-            .filter(|_| hang.is_none())
-            .map(text::job_links),
-    );
-    message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
+    message.push_str(&super::job_links::said(
+        gpu_links.as_ref(),
+        hang.is_some(),
         &gpus,
         known.snapshot,
-    )));
+    ));
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
@@ -197,18 +192,7 @@ fn message(
             crate::kube::evicted::parse_message(&d.evidence),
             shm,
         ),
-        FindingKind::GpuTooManyPeers => text::gpu_too_many_peers(&who, &at, said, job),
-        FindingKind::GpuEccUncorrectable => text::gpu_ecc_uncorrectable(&who, &at, said, job),
-        FindingKind::GpuFabricNotReady => text::gpu_fabric_not_ready(&who, &at, said, job),
-        FindingKind::GpuPeerMappingFailed => text::gpu_peer_mapping_failed(&who, &at, said, job),
-        FindingKind::CudaIpcInvalidDevice => text::cuda_ipc_invalid_device(&who, &at, said, job),
-        FindingKind::IommuNotPassthrough => text::iommu_not_passthrough(&who, &at, said),
-        FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),
-        FindingKind::NcclRanksDead => text::nccl_ranks_dead(&who, &at, said),
-        FindingKind::GpuCollectiveTimeout => text::gpu_collective_timeout(&who, &at, said, job),
-        FindingKind::NcclP2pCheckFailed => {
-            text::nccl_p2p_check_failed(&who, &at, said, d.nccl_gpus, job)
-        }
+        k if text::in_gpu_words(k) => text::gpu_failure(k, (&who, &at, said), d.nccl_gpus, job),
         _ => text::shm_allocation_failed(
             &who,
             &at,

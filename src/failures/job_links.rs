@@ -30,6 +30,23 @@ pub fn gpu_links(
     })
 }
 
+/// What the message says of the links after its own words: what they did while the job ran
+/// (not for a hang, whose message says its window's instead: the whole run's is JSON only), and
+/// a link of its GPUs wearing out.
+pub fn said(
+    links: Option<&GpuLinks>,
+    hang: bool,
+    gpus: &[u32],
+    snapshot: Option<&Snapshot>,
+) -> String {
+    let mut out = links
+        .filter(|_| !hang)
+        .map(crate::text::job_links)
+        .unwrap_or_default();
+    out.push_str(&crate::text::wearing_links_of_job(&wearing(gpus, snapshot)));
+    out
+}
+
 /// The steadily growing link counters (`gpu::trend`) of the job's `gpus`, as the last scan
 /// judged them.
 pub fn wearing<'a>(gpus: &[u32], snapshot: Option<&'a Snapshot>) -> Vec<&'a LinkTrend> {

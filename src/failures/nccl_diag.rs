@@ -23,6 +23,24 @@ pub const NCCL_RAS_PEER_DEAD: &str = "nccl-ras-peer-dead";
 pub const NCCL_DIAG_P2P_NEEDLE: &str = "NCCL DIAG [INFO] p2p: ";
 pub const NCCL_RAS_PEER_DEAD_NEEDLE: &str = "PEER_DEAD";
 
+/// The verification of these rows (`row`: its id; its needle between `start` and `end` of
+/// `line`): None for another row; else None when the line only looks like it, or the pair it
+/// names.
+#[allow(clippy::option_option)]
+pub fn verified(
+    row: &str,
+    line: &str,
+    start: usize,
+    end: usize,
+) -> Option<Option<Option<(u32, u32)>>> {
+    let (before, rest) = (line.get(..start)?, line.get(end..)?);
+    match row {
+        NCCL_DIAG_P2P => Some(p2p_check(rest)),
+        NCCL_RAS_PEER_DEAD => Some(ras_peer_dead(before, rest).then_some(None)),
+        _ => None,
+    }
+}
+
 /// The P2P check's words for an edge that failed.
 const EDGE_FAILURES: [&str; 7] = [
     "write mismatch ",

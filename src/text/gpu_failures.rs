@@ -2,6 +2,7 @@
 //! used, what NVML knew of them then, and the fix for that kind.
 
 use super::failures::{gpu_context, gpus_named, JobGpus};
+use crate::model::FindingKind;
 
 /// What the last scan knew of the job's GPUs beyond its pairs, for the texts that can use it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,6 +15,46 @@ pub struct GpuEvidence {
     pub fabric: Vec<(u32, String)>,
     /// GPUs whose fabric state NVML reported healthy.
     pub fabric_ok: Vec<u32>,
+}
+
+/// Whether `kind` is a GPU failure in the job's words, worded by [`gpu_failure`].
+pub fn in_gpu_words(kind: FindingKind) -> bool {
+    use FindingKind::*;
+    matches!(
+        kind,
+        GpuTooManyPeers
+            | GpuEccUncorrectable
+            | GpuFabricNotReady
+            | GpuPeerMappingFailed
+            | CudaIpcInvalidDevice
+            | IommuNotPassthrough
+            | NvlsMulticastFailed
+            | NcclRanksDead
+            | GpuCollectiveTimeout
+            | NcclP2pCheckFailed
+    )
+}
+
+/// The message of such a failure: the job's words, its GPUs and what was known of them;
+/// `pair`: the GPUs NCCL named, where it did.
+pub fn gpu_failure(
+    kind: FindingKind,
+    (who, at, said): (&str, &str, &str),
+    pair: Option<(u32, u32)>,
+    job: &JobGpus<'_>,
+) -> String {
+    match kind {
+        FindingKind::GpuTooManyPeers => gpu_too_many_peers(who, at, said, job),
+        FindingKind::GpuEccUncorrectable => gpu_ecc_uncorrectable(who, at, said, job),
+        FindingKind::GpuFabricNotReady => gpu_fabric_not_ready(who, at, said, job),
+        FindingKind::GpuPeerMappingFailed => gpu_peer_mapping_failed(who, at, said, job),
+        FindingKind::CudaIpcInvalidDevice => cuda_ipc_invalid_device(who, at, said, job),
+        FindingKind::IommuNotPassthrough => iommu_not_passthrough(who, at, said),
+        FindingKind::NvlsMulticastFailed => nvls_multicast_failed(who, at, said, job),
+        FindingKind::NcclRanksDead => nccl_ranks_dead(who, at, said),
+        FindingKind::GpuCollectiveTimeout => super::gpu_collective_timeout(who, at, said, job),
+        _ => nccl_p2p_check_failed(who, at, said, pair, job),
+    }
 }
 
 /// `gpu_too_many_peers`: CUDA 711.

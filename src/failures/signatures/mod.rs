@@ -138,9 +138,14 @@ impl Signatures {
             let Some(sig) = SIGNATURES.get(row) else {
                 continue;
             };
-            let verified = match verify_gpu(sig, line, m.end()) {
-                Some(gpu) => gpu.map(|kind| (kind, None)),
-                None => verify(sig, line, m.end(), &names_shm),
+            let start = m.end() - sig.needle.len();
+            let verified = match (
+                nccl_diag::verified(sig.id, line, start, m.end()),
+                verify_gpu(sig, line, m.end()),
+            ) {
+                (Some(diag), _) => diag.map(|gpus| (sig.kind, gpus)),
+                (None, Some(gpu)) => gpu.map(|kind| (kind, None)),
+                (None, None) => verify(sig, line, m.end(), &names_shm),
             };
             if let Some((kind, gpus)) = verified {
                 let guessed =
@@ -198,11 +203,6 @@ fn verify(
             (rest.starts_with("</torch_") || rest.starts_with("\\u003c/torch_")).then_some(sig.kind)
         }
         NCCL_P2P_DISABLED => return gpu_pair(rest).map(|g| (sig.kind, Some(g))),
-        nccl_diag::NCCL_DIAG_P2P => return nccl_diag::p2p_check(rest).map(|g| (sig.kind, g)),
-        nccl_diag::NCCL_RAS_PEER_DEAD => {
-            let before = line.get(..end - sig.needle.len())?;
-            nccl_diag::ras_peer_dead(before, rest).then_some(sig.kind)
-        }
         ENOSPC_DEV_SHM | ENOSPC_DEV_SHM_GO | ENOSPC_CODE_DEV_SHM | EROFS_DEV_SHM
         | UCX_POSIX_NO_SPACE => on_shm().then_some(sig.kind),
         // Only the errnos that say which; an old line without one says nothing sure.
