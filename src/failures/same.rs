@@ -198,18 +198,20 @@ fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
         )
 }
 
-/// `stored` is `own`'s failure (the same account, or for a hang the same hang) told by serve
-/// while NVML still listed its process: the GPUs it used, which `check`, reading after the
-/// process was gone, cannot know, and so what their links did.
+/// `stored` is `own`'s failure told better by serve: the same account, told while NVML still
+/// listed its process (the GPUs it used, which `check`, reading after the process was gone,
+/// cannot know, and so what their links did); or the same hang, judged by serve over its window
+/// from a ledger sampled through its end, where `check`'s copy of the ledger (its checkpoint,
+/// written at most once a minute while counts move) may end before it.
 fn knew_its_gpus(own: &Failure, stored: &Failure) -> bool {
-    let same = match death(own) {
-        Some(Death::Hang) => {
-            let (a, b) = (Told::of(own, Death::Hang), Told::of(stored, Death::Hang));
-            a.same_container(stored) && one_hang(&a, &b)
-        }
-        _ => same_account(own, stored),
-    };
-    own.gpus.is_empty() && !stored.gpus.is_empty() && own.kind == stored.kind && same
+    if own.kind != stored.kind {
+        return false;
+    }
+    if death(own) == Some(Death::Hang) {
+        let (a, b) = (Told::of(own, Death::Hang), Told::of(stored, Death::Hang));
+        return a.same_container(stored) && one_hang(&a, &b) && !stored.gpus.is_empty();
+    }
+    own.gpus.is_empty() && !stored.gpus.is_empty() && same_account(own, stored)
 }
 
 /// Both IDs known and different: two instances of the container (a restart), two deaths.
@@ -836,7 +838,31 @@ mod stored_tests {
             vec![stored]
         );
         // Neither knew them: check's own stands, once.
-        assert_eq!(with_stored(vec![own.clone()], vec![own.clone()]), vec![own]);
+        assert_eq!(
+            with_stored(vec![own.clone()], vec![own.clone()]),
+            vec![own.clone()]
+        );
+        // A hang check placed on its GPUs too: serve's, judged over a ledger sampled through
+        // the hang's end, stands.
+        let mut placed = own.clone();
+        placed.gpus = vec![5, 7];
+        placed.message = "... not known clean ...".into();
+        let mut judged = placed.clone();
+        judged.message = "... GPU 7's links went down ...".into();
+        assert_eq!(
+            with_stored(vec![placed], vec![judged.clone()]),
+            vec![judged]
+        );
+        // Not so for other kinds: check's own account, GPUs known, stands.
+        let mut crash = own.clone();
+        crash.kind = FindingKind::GpuEccUncorrectable;
+        crash.gpus = vec![7];
+        let mut stored_crash = crash.clone();
+        stored_crash.message = "serve's".into();
+        assert_eq!(
+            with_stored(vec![crash.clone()], vec![stored_crash]),
+            vec![crash]
+        );
     }
 
     #[test]
