@@ -45,6 +45,8 @@ fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
         pid_in_container: None,
         told_by_workload: None,
         worker_pids: Vec::new(),
+        named_from: None,
+        hang: None,
         found_late: false,
         message: "the DataLoader ran out of /dev/shm".into(),
     }

@@ -45,6 +45,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     }
     let shm = reading.map(shm_then);
     let (gpus, gpus_from) = gpus_used(d, &id, known);
+    let hang = (d.hang.as_ref()).map(|f| super::hang::judged(f, d.at, &gpus, known.snapshot));
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
     let node_culprits = node_culprits(known.snapshot);
@@ -55,6 +56,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         culprits: &culprits,
         node_culprits: &node_culprits,
         evidence: super::gpu_evidence::gpu_evidence(&gpus, known.snapshot),
+        hang: hang.as_ref(),
     };
     let (kind, memory) = judged(d, reading, at_death.is_some(), known.rules);
     let runtime = runtime_of(d, &id, reading);
@@ -69,11 +71,12 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     };
     let mut message = message(d, kind, &id, runtime, &then, &job);
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
-    message.extend(gpu_links.as_ref().map(text::job_links));
-    message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
+    message.push_str(&super::job_links::said(
+        gpu_links.as_ref(),
+        hang.is_some(),
         &gpus,
         known.snapshot,
-    )));
+    ));
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
@@ -96,6 +99,8 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         told_by_workload: None,
         worker_pids: d.worker_pids.clone(),
         message,
+        named_from: d.hang.as_ref().map(crate::model::HangFacts::named_from),
+        hang,
         found_late: false,
     })
 }
@@ -217,14 +222,7 @@ fn message(
             crate::kube::evicted::parse_message(&d.evidence),
             shm,
         ),
-        FindingKind::GpuTooManyPeers => text::gpu_too_many_peers(&who, &at, said, job),
-        FindingKind::GpuEccUncorrectable => text::gpu_ecc_uncorrectable(&who, &at, said, job),
-        FindingKind::GpuFabricNotReady => text::gpu_fabric_not_ready(&who, &at, said, job),
-        FindingKind::GpuPeerMappingFailed => text::gpu_peer_mapping_failed(&who, &at, said, job),
-        FindingKind::CudaIpcInvalidDevice => text::cuda_ipc_invalid_device(&who, &at, said, job),
-        FindingKind::IommuNotPassthrough => text::iommu_not_passthrough(&who, &at, said),
-        FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),
-        FindingKind::NcclRanksDead => text::nccl_ranks_dead(&who, &at, said),
+        k if text::in_gpu_words(k) => text::gpu_failure(k, (&who, &at, said), d.nccl_gpus, job),
         _ => text::shm_allocation_failed(
             &who,
             &at,

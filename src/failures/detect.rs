@@ -116,6 +116,9 @@ impl Recogniser {
         d.nccl_gpus = m.gpus;
         d.signature = Some(m.signature);
         d.judged = m.judged;
+        if m.kind == FindingKind::GpuCollectiveTimeout {
+            d.hang = super::hang::parse::facts(m.signature, &line.text);
+        }
         Some(d)
     }
 

@@ -30,6 +30,23 @@ pub fn gpu_links(
     })
 }
 
+/// What the message says of the links after its own words: what they did while the job ran
+/// (not for a hang, whose message says its window's instead: the whole run's is JSON only), and
+/// a link of its GPUs wearing out.
+pub fn said(
+    links: Option<&GpuLinks>,
+    hang: bool,
+    gpus: &[u32],
+    snapshot: Option<&Snapshot>,
+) -> String {
+    let mut out = links
+        .filter(|_| !hang)
+        .map(crate::text::job_links)
+        .unwrap_or_default();
+    out.push_str(&crate::text::wearing_links_of_job(&wearing(gpus, snapshot)));
+    out
+}
+
 /// The steadily growing link counters (`gpu::trend`) of the job's `gpus`, as the last scan
 /// judged them.
 pub fn wearing<'a>(gpus: &[u32], snapshot: Option<&'a Snapshot>) -> Vec<&'a LinkTrend> {
@@ -60,7 +77,14 @@ pub fn running(snapshot: &Snapshot) -> HashSet<String> {
 
 /// Feeds `ledger` the scan's GPU sample and hands the snapshot a copy (`baselines`: serve).
 pub fn feed(ledger: &mut JobLinks, snapshot: &mut Snapshot, now: SystemTime, baselines: bool) {
-    ledger.feed(&snapshot.gpus, &running(snapshot), now, baselines);
+    let running = running(snapshot);
+    ledger.feed_judged(
+        &snapshot.gpus,
+        &snapshot.gpu_pairs,
+        &running,
+        now,
+        baselines,
+    );
     snapshot.job_links = Arc::new(ledger.clone());
 }
 

@@ -20,6 +20,8 @@
 //! - judging and wording (pure): `bus.rs` (a SIGBUS death: /dev/shm's, the workload's, or
 //!   unmeasured without a reading at the moment), `correlate.rs`: + the container's /dev/shm then, its Pod, its
 //!   GPUs and their pairs -> [`Failure`](crate::model::Failure), with the message;
+//! - `hang/`: a collective that hung until a watchdog ended the job: the line's facts and what
+//!   the job's links did over the hang's window;
 //! - `ledger.rs`: what `serve` keeps and says of the failures told (recent, counts, its log).
 //!
 //! XIDs in the kernel log are the GPUs' concern: `gpu::xid::kernel`.
@@ -34,8 +36,10 @@ pub mod dataloader;
 pub mod detect;
 pub mod docker_exits;
 mod gpu_evidence;
+pub mod hang;
 pub mod job_links;
 pub mod ledger;
+pub mod nccl_diag;
 pub mod oom;
 pub mod oom_counters;
 pub mod pipeline;

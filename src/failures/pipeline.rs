@@ -56,6 +56,10 @@ pub enum Mode {
     ReadBack { since: SystemTime },
 }
 
+/// How long `serve` holds a hang for the first scan after its line (see [`Pipeline::tell`]) at
+/// most: a stuck scan thread does not hold it back.
+pub const HANG_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A container's failures of one kind that `check` lists at most: the first and the newest (a
 /// container printing the same failure for an hour would otherwise hold millions).
 pub const KEPT_PER_KIND: usize = 64;
@@ -68,6 +72,8 @@ pub struct Pipeline {
     held_kills: Vec<Detected>,
     /// Whether a kill waits a round: following, with container logs to read.
     hold_kills: bool,
+    /// Hangs waiting for a scan after their line, since when (Follow).
+    held_hangs: Vec<(Detected, Instant)>,
     docker: Option<DockerNames>,
     same: SameDeath,
     recent: RecentReadings,
@@ -94,6 +100,7 @@ impl Pipeline {
                 Mode::ReadBack { .. } => Some(KEPT_PER_KIND),
             }),
             held_kills: Vec::new(),
+            held_hangs: Vec::new(),
             hold_kills: mode == Mode::Follow
                 && (settings.pod_log_root.is_some() || settings.docker_root.is_some()),
             docker: settings
@@ -206,7 +213,7 @@ impl Pipeline {
 
     /// Whether anything waits to be told.
     pub fn has_pending(&self) -> bool {
-        !self.accounts.is_empty() || !self.held_kills.is_empty()
+        !self.accounts.is_empty() || !self.held_kills.is_empty() || !self.held_hangs.is_empty()
     }
 
     /// Tells what came in since the last call: each account placed and judged with what was
@@ -227,6 +234,9 @@ impl Pipeline {
                 .partition(|d| is_kernel_oom_kill(d) || is_runtime_oom_record(d));
             accounts = std::mem::replace(&mut self.held_kills, kills);
             accounts.extend(rest);
+        }
+        if self.mode == Mode::Follow {
+            accounts = self.hangs_ready(accounts, snapshot);
         }
         // A runtime's record after the accounts with numbers: of two that tell one death (the
         // kernel's kill, kubelet's OOMKilled stamped in whole seconds), the first stays.
@@ -255,9 +265,41 @@ impl Pipeline {
         self.same.keep_new(failures)
     }
 
+    /// serve: a hang's window ends at its line, and the scans sample the links every
+    /// `--interval`: it waits (at most [`HANG_WAIT`]) until a scan after the line has fed the
+    /// ledger, so its window is judged whole, as `check` reading that ledger later judges it.
+    /// Without NVML's samples there is nothing to wait for.
+    fn hangs_ready(
+        &mut self,
+        accounts: Vec<Detected>,
+        snapshot: Option<&Snapshot>,
+    ) -> Vec<Detected> {
+        let sampled = snapshot.and_then(|s| s.job_links.sampled_at);
+        let now = Instant::now();
+        let waiting = std::mem::take(&mut self.held_hangs);
+        let mut ready = Vec::new();
+        for (d, since) in waiting
+            .into_iter()
+            .chain(accounts.into_iter().map(|d| (d, now)))
+        {
+            let early = sampled.is_some_and(|s| s < d.at);
+            if d.hang.is_some() && early && now.duration_since(since) < HANG_WAIT {
+                self.held_hangs.push((d, since));
+            } else {
+                ready.push(d);
+            }
+        }
+        ready
+    }
+
     /// What was recognised and not yet told (the field corpus measures recognition alone).
     pub fn take_accounts(&mut self) -> Vec<Detected> {
         let mut out = std::mem::take(&mut self.held_kills);
+        out.extend(
+            std::mem::take(&mut self.held_hangs)
+                .into_iter()
+                .map(|(d, _)| d),
+        );
         out.extend(self.accounts.take());
         out.sort_by_key(|d| d.at);
         out
@@ -573,6 +615,46 @@ mod tests {
         let mut p = Pipeline::new(&settings(), Mode::ReadBack { since: at(0) });
         p.exits([oom_kill(FailureSource::PodStatus, 99)]);
         assert!(!p.tell(None, None, &holders)[0].found_late);
+    }
+
+    #[test]
+    fn serve_holds_a_hang_until_a_scan_after_its_line_and_check_never() {
+        let hang = |secs| {
+            let mut d = Detected::new(
+                who("c1"),
+                FindingKind::GpuCollectiveTimeout,
+                at(secs),
+                FailureSource::Log,
+                "watchdog",
+            );
+            d.hang = crate::failures::hang::parse::facts(
+                crate::failures::hang::parse::XLA_TERMINATION,
+                "Termination timeout of 30 seconds exceeded. Exiting to ensure a consistent \
+                 program state.",
+            );
+            d
+        };
+        let scanned = |secs| {
+            let mut s = Snapshot::default();
+            let mut ledger = crate::model::JobLinks::default();
+            ledger.feed(&[], &std::collections::HashSet::new(), at(secs), true);
+            s.job_links = std::sync::Arc::new(ledger);
+            s
+        };
+        let holders = GpuHolders::new();
+        let mut p = Pipeline::new(&settings(), Mode::Follow);
+        p.exits([hang(100)]);
+        assert!(p.tell(Some(&scanned(99)), None, &holders).is_empty());
+        assert!(p.has_pending(), "held for the next scan");
+        assert_eq!(p.tell(Some(&scanned(101)), None, &holders).len(), 1);
+        assert!(!p.has_pending());
+        // Without NVML's samples there is nothing to wait for.
+        p.exits([hang(200)]);
+        assert_eq!(p.tell(Some(&Snapshot::default()), None, &holders).len(), 1);
+        // check has its ledger as it is.
+        let mut p = Pipeline::new(&settings(), Mode::ReadBack { since: at(0) });
+        p.exits([hang(300)]);
+        assert_eq!(p.tell(Some(&scanned(99)), None, &holders).len(), 1);
     }
 
     #[test]

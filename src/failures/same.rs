@@ -4,6 +4,10 @@
 //! the split); a later one of the same kind of death, from another source, about the same
 //! container, within [`WINDOW`], is the same death and is dropped.
 //!
+//! A hang is one death however many of its container's ranks print their watchdog's line (each
+//! twice: logged, then in `terminate`'s `what()`): two whose windows (the collective's start to
+//! its timeout) overlap are the same hang.
+//!
 //! PyTorch's word that a DataLoader worker was killed (`dataloader.rs`) is no failure alone: it is
 //! tied to the OOM kill of the same container within the window (and of that worker, where the
 //! killed process's PID in the container is known), and told with it. A word that comes after
@@ -33,6 +37,8 @@ const WORDS: usize = 256;
 enum Death {
     Oom,
     Bus,
+    /// A collective that hung until a watchdog ended the job.
+    Hang,
 }
 
 fn death(f: &Failure) -> Option<Death> {
@@ -41,6 +47,7 @@ fn death(f: &Failure) -> Option<Death> {
         FindingKind::ShmBusError
         | FindingKind::WorkloadBusError
         | FindingKind::BusErrorUnmeasured => Some(Death::Bus),
+        FindingKind::GpuCollectiveTimeout => Some(Death::Hang),
         // PyTorch's "killed by signal: Bus error", a shell's "Bus error (core dumped)".
         FindingKind::ShmAllocationFailed
             if f.evidence.to_ascii_lowercase().contains("bus error") =>
@@ -59,6 +66,8 @@ struct Told {
     pod_uid: Option<String>,
     container: Option<String>,
     pid_in_container: Option<i32>,
+    /// A hang's window: from the start of its collective to its timeout.
+    window: Option<(SystemTime, SystemTime)>,
 }
 
 impl Told {
@@ -71,6 +80,12 @@ impl Told {
             pod_uid: f.pod_uid.clone(),
             container: f.container.clone(),
             pid_in_container: f.pid_in_container,
+            window: f.hang.as_ref().and_then(|h| {
+                Some((
+                    parse_rfc3339(h.started.as_deref()?)?,
+                    parse_rfc3339(&h.timed_out)?,
+                ))
+            }),
         }
     }
 
@@ -132,7 +147,8 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
     for s in stored {
         // serve placed what check, reading after the process was gone, could not: the same
         // account, better told (its container, GPUs and link deltas).
-        let better = |t: &Failure| placed_later(t, &s) || read_at_the_moment(t, &s);
+        let better =
+            |t: &Failure| placed_later(t, &s) || read_at_the_moment(t, &s) || knew_its_gpus(t, &s);
         if let Some(i) = told[..own].iter().position(better) {
             told[i] = s;
             continue;
@@ -207,6 +223,22 @@ fn read_at_the_moment(own: &Failure, stored: &Failure) -> bool {
         && near(parse_rfc3339(&own.at), parse_rfc3339(&stored.at))
 }
 
+/// `stored` is `own`'s failure told better by serve: the same account, told while NVML still
+/// listed its process (the GPUs it used, which `check`, reading after the process was gone,
+/// cannot know, and so what their links did); or the same hang, judged by serve over its window
+/// from a ledger sampled through its end, where `check`'s copy of the ledger (its checkpoint,
+/// written at most once a minute while counts move) may end before it.
+fn knew_its_gpus(own: &Failure, stored: &Failure) -> bool {
+    if own.kind != stored.kind {
+        return false;
+    }
+    if death(own) == Some(Death::Hang) {
+        let (a, b) = (Told::of(own, Death::Hang), Told::of(stored, Death::Hang));
+        return a.same_container(stored) && one_hang(&a, &b) && !stored.gpus.is_empty();
+    }
+    own.gpus.is_empty() && !stored.gpus.is_empty() && same_account(own, stored)
+}
+
 /// Both IDs known and different: two instances of the container (a restart), two deaths.
 fn ids_differ(a: Option<&str>, b: Option<&str>) -> bool {
     matches!((a, b), (Some(a), Some(b)) if a != b)
@@ -243,8 +275,11 @@ impl SameDeath {
         let repeat = self.told.iter().any(|t| {
             t.death == death
                 && t.same_container(f)
-                && near(t.at, told.at)
-                && (t.source != f.source || one_faults_lines(t, &told))
+                && if death == Death::Hang {
+                    one_hang(t, &told)
+                } else {
+                    near(t.at, told.at) && (t.source != f.source || one_faults_lines(t, &told))
+                }
         });
         if repeat {
             return false;
@@ -301,6 +336,15 @@ fn one_faults_lines(earlier: &Told, line: &Told) -> bool {
     earlier.source == FailureSource::Log
         && line.source == FailureSource::Log
         && within(earlier.at, line.at, FAULT_LINES)
+}
+
+/// Two lines of one hang: their windows overlap (every rank waits in the same collective);
+/// without windows, moments apart.
+fn one_hang(a: &Told, b: &Told) -> bool {
+    match (a.window, b.window) {
+        (Some((a0, a1)), Some((b0, b1))) => a0 <= b1 && b0 <= a1,
+        _ => within(a.at, b.at, FAULT_LINES),
+    }
 }
 
 fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {
@@ -390,6 +434,66 @@ mod tests {
             "exit 135",
         );
         assert!(!same.is_new(&exit));
+    }
+
+    /// A rank's watchdog line: its window from `started` to `at`.
+    fn hang(id: &str, started: &str, at: &str, rank: u32) -> Failure {
+        let mut f = death_of(
+            FindingKind::GpuCollectiveTimeout,
+            FailureSource::Log,
+            Some(id),
+            at,
+            &format!("[Rank {rank}] Watchdog caught collective operation timeout: ..."),
+        );
+        f.hang = Some(crate::model::Hang {
+            said_by: crate::model::HangSaidBy::PytorchWatchdog,
+            op: Some("ALLREDUCE".into()),
+            seq: Some(7),
+            rank: Some(rank),
+            process_group: None,
+            timeout_ms: Some(600_000),
+            ran_for_ms: None,
+            started: Some(started.into()),
+            timed_out: at.into(),
+            links: crate::model::HangLinks {
+                verdict: crate::model::HangVerdict::Unknown,
+                gpus: Vec::new(),
+                watched: crate::model::Watched::No,
+                why_not: Some(crate::model::NotWatched::NoGpus),
+                from: None,
+                until: None,
+                links: 0,
+                unread: 0,
+                events: Vec::new(),
+                down_at_start: Vec::new(),
+                changed: Vec::new(),
+                pairs: Vec::new(),
+            },
+        });
+        f
+    }
+
+    #[test]
+    fn every_ranks_watchdog_line_of_one_hang_is_one_death_and_the_next_hang_another() {
+        let mut same = SameDeath::default();
+        // Rank 0 timed out first; rank 1, which entered the collective 40 s later, after it;
+        // each line again in terminate's what().
+        let r0 = hang("c1", "2026-11-24T10:00:00Z", "2026-11-24T10:10:00Z", 0);
+        let r1 = hang("c1", "2026-11-24T10:00:40Z", "2026-11-24T10:10:40Z", 1);
+        assert!(same.is_new(&r0));
+        assert!(!same.is_new(&r0.clone()), "what() repeats it");
+        assert!(!same.is_new(&r1), "another rank of the same hang");
+        // The restarted container hangs again: another death.
+        let again = hang("c2", "2026-11-24T10:12:00Z", "2026-11-24T10:22:00Z", 0);
+        assert!(same.is_new(&again));
+        // The same container hanging in a later collective (a job that caught the error and
+        // went on): its window does not overlap.
+        let later = hang("c2", "2026-11-24T10:23:00Z", "2026-11-24T10:33:00Z", 0);
+        assert!(same.is_new(&later));
+        // Another container of the Pod in the same hang is its own death.
+        let mut other = hang("c3", "2026-11-24T10:00:00Z", "2026-11-24T10:10:00Z", 4);
+        other.container = Some("rank4".into());
+        assert!(same.is_new(&other));
     }
 
     #[test]
@@ -781,6 +885,49 @@ mod stored_tests {
         // Another PID is another crash, placed or not.
         let merged = with_stored(vec![other_pid], vec![placed]);
         assert_eq!(merged.len(), 2);
+    }
+
+    #[test]
+    fn serves_account_that_knew_the_gpus_stands_for_checks_own() {
+        let own = at(
+            FindingKind::GpuCollectiveTimeout,
+            FailureSource::Log,
+            Some("c1"),
+            "2026-11-27T10:10:00.000Z",
+        );
+        let mut stored = own.clone();
+        stored.gpus = vec![5, 7];
+        stored.message = "... GPU 7's links went down ...".into();
+        assert_eq!(
+            with_stored(vec![own.clone()], vec![stored.clone()]),
+            vec![stored]
+        );
+        // Neither knew them: check's own stands, once.
+        assert_eq!(
+            with_stored(vec![own.clone()], vec![own.clone()]),
+            vec![own.clone()]
+        );
+        // A hang check placed on its GPUs too: serve's, judged over a ledger sampled through
+        // the hang's end, stands.
+        let mut placed = own.clone();
+        placed.gpus = vec![5, 7];
+        placed.message = "... not known clean ...".into();
+        let mut judged = placed.clone();
+        judged.message = "... GPU 7's links went down ...".into();
+        assert_eq!(
+            with_stored(vec![placed], vec![judged.clone()]),
+            vec![judged]
+        );
+        // Not so for other kinds: check's own account, GPUs known, stands.
+        let mut crash = own.clone();
+        crash.kind = FindingKind::GpuEccUncorrectable;
+        crash.gpus = vec![7];
+        let mut stored_crash = crash.clone();
+        stored_crash.message = "serve's".into();
+        assert_eq!(
+            with_stored(vec![crash.clone()], vec![stored_crash]),
+            vec![crash]
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerRef, FindingKind, GpuLinks, PairStatus};
+use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, PairStatus};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -96,6 +96,8 @@ pub struct Detected {
     /// Known to have happened while the agent was down, though `at` is later (an OOM kill the
     /// first scan after a restart counted: when it happened is not known).
     pub found_late: bool,
+    /// What a hang's line said (`gpu_collective_timeout`).
+    pub hang: Option<HangFacts>,
 }
 
 /// `text` with its control characters written `\x1b` (ESC, CR, C1 controls, ...): a line a
@@ -145,6 +147,7 @@ impl Detected {
             pid_start: None,
             at_death: None,
             found_late: false,
+            hang: None,
         }
     }
 }
@@ -315,6 +318,14 @@ pub struct Failure {
     #[serde(skip)]
     pub worker_pids: Vec<i32>,
     pub message: String,
+    /// The facts the failure was named from, as one line (a hang's: its operation, sequence
+    /// number, rank, what it ran for); null for a failure an exact text names.
+    #[serde(default)]
+    pub named_from: Option<String>,
+    /// A hung collective and what the links of its GPUs did over its window
+    /// (`gpu_collective_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang: Option<Hang>,
     /// Happened while the agent was down, told when it started again from its checkpoint
     /// (always false in `check`, which reads everything back).
     pub found_late: bool,

@@ -200,6 +200,12 @@ finding_kinds! {
         NvlsMulticastFailed = "nvls_multicast_failed", reason: own, Critical;
         /// NCCL's RAS says processes of the job are dead (unreachable).
         NcclRanksDead = "nccl_ranks_dead", reason: own, Critical;
+        /// A collective hung until a watchdog ended the job (PyTorch's NCCL watchdog, XLA's
+        /// rendezvous, Horovod's stall inspector).
+        GpuCollectiveTimeout = "gpu_collective_timeout", reason: own, Critical;
+        /// NCCL's own P2P check (NCCL_RUN_DIAGNOSTICS, 2.31+) found peer accesses between GPUs
+        /// that failed verification: NCCL goes on, the job may hang or compute on bad data.
+        NcclP2pCheckFailed = "nccl_p2p_check_failed", reason: own, Warning;
         /// The workload goes on with less shared memory than it wanted (Ray's object store in
         /// /tmp): slower, not dead.
         ShmFallback = "shm_fallback", reason: own, Warning;
@@ -432,6 +438,8 @@ mod tests {
             FindingKind::IommuNotPassthrough,
             FindingKind::NvlsMulticastFailed,
             FindingKind::NcclRanksDead,
+            FindingKind::GpuCollectiveTimeout,
+            FindingKind::NcclP2pCheckFailed,
             FindingKind::ShmFallback,
             FindingKind::ShmLeftoverSegments,
             FindingKind::GpuPcieDegraded,

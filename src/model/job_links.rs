@@ -14,7 +14,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{from_unix_ms, unix_ms, GpuReading};
+use super::link_history::{LinkHistory, SavedHistory};
+use super::{from_unix_ms, unix_ms, GpuReading, PairVerdict};
 
 /// The state store's checkpoint key of serve's ledger (`check` reads it too).
 pub const JOB_LINKS_KEY: &str = "job_links";
@@ -46,7 +47,8 @@ pub struct LinkCounts {
 }
 
 impl LinkCounts {
-    fn fields(&self) -> [u64; 12] {
+    /// The twelve counts in the order above (how checkpoints keep them).
+    pub fn to_array(&self) -> [u64; 12] {
         [
             self.replay,
             self.recovery,
@@ -63,7 +65,7 @@ impl LinkCounts {
         ]
     }
 
-    fn from_fields(f: [u64; 12]) -> LinkCounts {
+    pub fn from_array(f: [u64; 12]) -> LinkCounts {
         let [replay, recovery, crc_flit, crc_data, ecc_data, recovery_successful, recovery_failed, recovery_events, symbol, effective, went_down, came_up] =
             f;
         LinkCounts {
@@ -84,12 +86,12 @@ impl LinkCounts {
 
     /// `self` minus `before`, field by field (a field never goes back; 0 if it seems to).
     pub fn since(&self, before: &LinkCounts) -> LinkCounts {
-        let (a, b) = (self.fields(), before.fields());
-        LinkCounts::from_fields(std::array::from_fn(|i| a[i].saturating_sub(b[i])))
+        let (a, b) = (self.to_array(), before.to_array());
+        LinkCounts::from_array(std::array::from_fn(|i| a[i].saturating_sub(b[i])))
     }
 
     pub fn is_zero(&self) -> bool {
-        self.fields().iter().all(|&v| v == 0)
+        self.to_array().iter().all(|&v| v == 0)
     }
 }
 
@@ -144,6 +146,8 @@ pub struct JobLinks {
     /// A sample was fed in this process: a container new since then started after it.
     pub fed_here: bool,
     pub containers: HashMap<String, Watch>,
+    /// The links and pairs over time, for a window in the past (a hang's).
+    pub history: LinkHistory,
 }
 
 /// One link of a job's GPUs that did something while the job ran.
@@ -186,8 +190,7 @@ fn increase(now: [u64; 5], before: Option<[u64; 5]>) -> [u64; 5] {
 }
 
 impl JobLinks {
-    /// One scan's sample. `running`: the containers it saw; `baselines`: whether containers new
-    /// to the ledger get one (serve; `check` has one sample and no history).
+    /// One scan's sample, without pair verdicts ([`JobLinks::feed_judged`]).
     pub fn feed(
         &mut self,
         gpus: &[GpuReading],
@@ -195,9 +198,25 @@ impl JobLinks {
         now: SystemTime,
         baselines: bool,
     ) {
+        self.feed_judged(gpus, &[], running, now, baselines);
+    }
+
+    /// One scan's sample: its GPUs and pair verdicts. `running`: the containers it saw;
+    /// `baselines`: whether containers new to the ledger get one (serve; `check` has one sample
+    /// and no history).
+    pub fn feed_judged(
+        &mut self,
+        gpus: &[GpuReading],
+        pairs: &[PairVerdict],
+        running: &HashSet<String>,
+        now: SystemTime,
+        baselines: bool,
+    ) {
         let before = Arc::clone(&self.totals);
         let before_at = self.sampled_at;
         self.add_sample(gpus);
+        let new_run = !self.fed_here;
+        (self.history).scan(now, (gpus, pairs), (&self.totals, &self.last), new_run);
         for (id, w) in &mut self.containers {
             if running.contains(id) {
                 // Back (a scan missed it): it runs on from the same baseline.
@@ -371,6 +390,9 @@ pub struct SavedJobLinks {
     /// Which of `tables` the live totals are.
     pub totals: usize,
     pub containers: Vec<SavedWatch>,
+    /// The links and pairs over time (absent in a checkpoint from before it was kept).
+    #[serde(default)]
+    pub history: SavedHistory,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -445,6 +467,7 @@ impl JobLinks {
             tables: tables.iter().map(|t| table(t)).collect(),
             totals,
             containers,
+            history: self.history.save(),
         }
     }
 
@@ -483,6 +506,7 @@ impl JobLinks {
             sampled_at: saved.sampled_ms.map(from_unix_ms),
             fed_here: false,
             containers,
+            history: LinkHistory::restore(saved.history),
         })
     }
 }

@@ -6,7 +6,9 @@ mod failure;
 mod finding;
 mod gpu;
 mod gpu_users;
+mod hang;
 mod job_links;
+mod link_history;
 mod link_trend;
 mod shm;
 mod sight;
@@ -28,9 +30,17 @@ pub use gpu::{
     TopologyLevel, Weight,
 };
 pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
+pub use hang::{
+    Hang, HangFacts, HangLinks, HangSaidBy, HangVerdict, LinkDownAtStart, LinkEvent, LinkWent,
+    NotWatched, PairChange, Watched,
+};
 pub use job_links::{
     GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkCounts, LinkDeltas, LinkTable, SavedJobLinks,
     JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
+};
+pub use link_history::{
+    LinkHistory, LinkKey, Mark, PairKey, PairMark, PairNow, Run, SavedHistory, LINK_HISTORY_KEEP,
+    LINK_MARKS, LINK_RUNS, PAIR_MARKS,
 };
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use shm::{Leftovers, ShmReading, ShmStatus};

@@ -134,6 +134,8 @@ pub struct JobGpus<'a> {
     pub node_culprits: &'a [Suspect],
     /// Their recent ECC XIDs and fabric state (`gpu_failures.rs`).
     pub evidence: super::GpuEvidence,
+    /// A hang's collective and what their links did over its window (`hang.rs`).
+    pub hang: Option<&'a crate::model::Hang>,
 }
 
 /// `GPU 5`, `GPUs 5 and 7`, `GPUs 1, 5 and 7`.

@@ -2,6 +2,7 @@
 //! used, what NVML knew of them then, and the fix for that kind.
 
 use super::failures::{gpu_context, gpus_named, JobGpus};
+use crate::model::FindingKind;
 
 /// What the last scan knew of the job's GPUs beyond its pairs, for the texts that can use it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,6 +15,46 @@ pub struct GpuEvidence {
     pub fabric: Vec<(u32, String)>,
     /// GPUs whose fabric state NVML reported healthy.
     pub fabric_ok: Vec<u32>,
+}
+
+/// Whether `kind` is a GPU failure in the job's words, worded by [`gpu_failure`].
+pub fn in_gpu_words(kind: FindingKind) -> bool {
+    use FindingKind::*;
+    matches!(
+        kind,
+        GpuTooManyPeers
+            | GpuEccUncorrectable
+            | GpuFabricNotReady
+            | GpuPeerMappingFailed
+            | CudaIpcInvalidDevice
+            | IommuNotPassthrough
+            | NvlsMulticastFailed
+            | NcclRanksDead
+            | GpuCollectiveTimeout
+            | NcclP2pCheckFailed
+    )
+}
+
+/// The message of such a failure: the job's words, its GPUs and what was known of them;
+/// `pair`: the GPUs NCCL named, where it did.
+pub fn gpu_failure(
+    kind: FindingKind,
+    (who, at, said): (&str, &str, &str),
+    pair: Option<(u32, u32)>,
+    job: &JobGpus<'_>,
+) -> String {
+    match kind {
+        FindingKind::GpuTooManyPeers => gpu_too_many_peers(who, at, said, job),
+        FindingKind::GpuEccUncorrectable => gpu_ecc_uncorrectable(who, at, said, job),
+        FindingKind::GpuFabricNotReady => gpu_fabric_not_ready(who, at, said, job),
+        FindingKind::GpuPeerMappingFailed => gpu_peer_mapping_failed(who, at, said, job),
+        FindingKind::CudaIpcInvalidDevice => cuda_ipc_invalid_device(who, at, said, job),
+        FindingKind::IommuNotPassthrough => iommu_not_passthrough(who, at, said),
+        FindingKind::NvlsMulticastFailed => nvls_multicast_failed(who, at, said, job),
+        FindingKind::NcclRanksDead => nccl_ranks_dead(who, at, said),
+        FindingKind::GpuCollectiveTimeout => super::gpu_collective_timeout(who, at, said, job),
+        _ => nccl_p2p_check_failed(who, at, said, pair, job),
+    }
 }
 
 /// `gpu_too_many_peers`: CUDA 711.
@@ -165,6 +206,42 @@ pub fn nccl_ranks_dead(who: &str, at: &str, evidence: &str) -> String {
     )
 }
 
+/// `nccl_p2p_check_failed`: NCCL's own P2P check (NCCL_RUN_DIAGNOSTICS) at communicator
+/// init; `pair`: the NVML devices NCCL named (in the process's view), when the line names them.
+pub fn nccl_p2p_check_failed(
+    who: &str,
+    at: &str,
+    evidence: &str,
+    pair: Option<(u32, u32)>,
+    job: &JobGpus<'_>,
+) -> String {
+    let which = match pair {
+        Some((a, b)) => format!(
+            "GPU {a} to GPU {b} (NVML's numbers in the job's own view, which in a container \
+             count only its GPUs)"
+        ),
+        None => "some of its GPU pairs".into(),
+    };
+    let probe = if job.gpus.len() >= 2 {
+        let gpus: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
+        format!("`shmlink probe --gpus {}`", gpus.join(","))
+    } else {
+        "`shmlink probe`".to_string()
+    };
+    let mut out = format!(
+        "NCCL's P2P check in {who} found peer accesses failing at {at}, {which}: {evidence}. \
+         A direct GPU-to-GPU path (NVLink or PCIe) that does not carry data correctly: the \
+         GPUs, their link or the driver, not the job's code; NCCL goes on, and the job may hang \
+         or compute on bad data"
+    );
+    out.push_str(&used(job));
+    out.push_str(&format!(
+        ". Fix: {probe} on the node names the pair; drain it and reset the GPU the probe and \
+         the pair judge blame; NCCL_P2P_DISABLE=1 runs through host memory (slower) meanwhile."
+    ));
+    out
+}
+
 /// `; it was using GPUs 0 and 1` / `; its Pod holds GPU 3`, or that they are not known.
 fn used(job: &JobGpus<'_>) -> String {
     use crate::model::GpusFrom;
@@ -226,6 +303,7 @@ mod tests {
             culprits: &[],
             node_culprits: &[],
             evidence,
+            hang: None,
         }
     }
 
@@ -295,6 +373,28 @@ mod tests {
         ] {
             assert!(m.contains(fix) && m.contains("Fix: "), "{m}");
             assert!(m.len() < 900, "an Event note is cut at 1024 bytes: {m}");
+        }
+    }
+
+    #[test]
+    fn nccls_p2p_check_names_the_pair_and_the_probe() {
+        let gpus = [5, 7];
+        let m = nccl_p2p_check_failed(
+            "ml/llama-0/trainer",
+            "2026-11-24T10:00:00Z",
+            "node0:24563 NCCL DIAG [INFO] p2p: write mismatch srcRank=0 srcCudaDev=0 \
+             srcNvmlDev=5 dstRank=1 dstCudaDev=1 dstNvmlDev=7 path=NVL",
+            Some((5, 7)),
+            &job(&gpus),
+        );
+        println!("{m}");
+        for part in [
+            "NCCL's P2P check in ml/llama-0/trainer found peer accesses failing at \
+             2026-11-24T10:00:00Z, GPU 5 to GPU 7 (NVML's numbers in the job's own view",
+            "not the job's code; NCCL goes on, and the job may hang or compute on bad data; it was \
+             using GPUs 5 and 7. Fix: `shmlink probe --gpus 5,7` on the node names the pair",
+        ] {
+            assert!(m.contains(part), "{part:?} not in {m}");
         }
     }
 }

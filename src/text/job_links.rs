@@ -74,13 +74,17 @@ pub fn job_links(l: &GpuLinks) -> String {
     format!("{head}: {}{rest}{unread}.", parts.join("; "))
 }
 
-/// `GPU 7 link 3 (to GPU 0) recovery +2, down 1x, up 1x`.
-fn change(d: &GpuLinkDelta) -> String {
-    let peer = match d.peer.strip_prefix("gpu:") {
+/// `GPU 0`, `an NVSwitch`: a link's far end as the metrics' `peer` label spells it.
+pub(super) fn peer_name(peer: &str) -> String {
+    match peer.strip_prefix("gpu:") {
         Some(i) => format!("GPU {i}"),
-        None if d.peer == "switch" => "an NVSwitch".into(),
-        None => d.peer.clone(),
-    };
+        None if peer == "switch" => "an NVSwitch".into(),
+        None => peer.to_string(),
+    }
+}
+
+/// `recovery +2, down 1x, up 1x`: what a link's counters did.
+pub(super) fn counted(d: &GpuLinkDelta) -> Vec<String> {
     let counters = [
         ("replay", d.replay),
         ("recovery", d.recovery),
@@ -103,16 +107,22 @@ fn change(d: &GpuLinkDelta) -> String {
     if d.came_up > 0 {
         what.push(format!("up {}x", d.came_up));
     }
+    what
+}
+
+/// `GPU 7 link 3 (to GPU 0) recovery +2, down 1x, up 1x`.
+fn change(d: &GpuLinkDelta) -> String {
     format!(
-        "GPU {} link {} (to {peer}) {}",
+        "GPU {} link {} (to {}) {}",
         d.gpu,
         d.link,
-        what.join(", ")
+        peer_name(&d.peer),
+        counted(d).join(", ")
     )
 }
 
 /// `12:01:07 UTC` of an RFC 3339 time in UTC; the text as it is otherwise.
-fn clock(rfc3339: &str) -> String {
+pub(super) fn clock(rfc3339: &str) -> String {
     match rfc3339.get(11..19) {
         Some(hms) if rfc3339.as_bytes().get(10) == Some(&b'T') && rfc3339.ends_with('Z') => {
             format!("{hms} UTC")

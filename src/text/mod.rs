@@ -20,6 +20,7 @@ mod device_taint;
 mod failures;
 mod gpu;
 mod gpu_failures;
+mod hang;
 mod ipc;
 mod job_links;
 mod links;
@@ -51,9 +52,11 @@ pub use gpu::{
     DEV_NVIDIA0_EXISTS,
 };
 pub use gpu_failures::{
-    cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_peer_mapping_failed,
-    gpu_too_many_peers, iommu_not_passthrough, nccl_ranks_dead, nvls_multicast_failed, GpuEvidence,
+    cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_failure,
+    gpu_peer_mapping_failed, gpu_too_many_peers, in_gpu_words, iommu_not_passthrough,
+    nccl_p2p_check_failed, nccl_ranks_dead, nvls_multicast_failed, GpuEvidence,
 };
+pub use hang::{gpu_collective_timeout, span};
 pub use ipc::{
     cuda_ipc_denied, fd_limit_reached, gpu_peer_access_refused, imex_channel_missing, shm_fallback,
     shm_not_shared, shm_unavailable,

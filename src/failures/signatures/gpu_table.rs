@@ -6,6 +6,13 @@
 
 use super::table::NCCL_P2P_DISABLED;
 use super::Signature;
+use crate::failures::hang::parse::{
+    HOROVOD_STALL, HOROVOD_STALL_NEEDLE, TORCH_WATCHDOG, TORCH_WATCHDOG_NEEDLE,
+    TORCH_WATCHDOG_STUCK, TORCH_WATCHDOG_STUCK_NEEDLE, XLA_TERMINATION, XLA_TERMINATION_NEEDLE,
+};
+use crate::failures::nccl_diag::{
+    NCCL_DIAG_P2P, NCCL_DIAG_P2P_NEEDLE, NCCL_RAS_PEER_DEAD, NCCL_RAS_PEER_DEAD_NEEDLE,
+};
 use crate::model::FindingKind;
 
 // Ids of rows that need more than their needle (see `verify`).
@@ -160,9 +167,78 @@ pub(super) const GPU: &[Signature] = &[
         id: "nccl-ras-dead",
         kind: FindingKind::NcclRanksDead,
         needle: "considered dead (unreachable via the RAS network)",
-        fixture: "  2 job processes considered dead (unreachable via the RAS network)",
+        fixture: "  2 job processes are considered dead (unreachable via the RAS network)",
         source: "NCCL src/ras/client_support.cc (2.24+): the ncclras client's report of \
-                 processes of the job no RAS peer can reach",
+                 processes of the job no RAS peer can reach (`1 job process is`, `2 job \
+                 processes are`)",
+    },
+    Signature {
+        id: NCCL_RAS_PEER_DEAD,
+        kind: FindingKind::NcclRanksDead,
+        needle: NCCL_RAS_PEER_DEAD_NEEDLE,
+        fixture: "[2025-12-19 13:07:07] PEER_DEAD: Process 1524345 on node 172.16.64.245 \
+                  managing GPU 1",
+        source: "NCCL src/ras/client_support.cc (2.29+): the ncclras client's monitor mode \
+                 (`ncclras -m`), an event of the RAS network declaring a process dead, as text \
+                 or JSON (`\"event\": \"PEER_DEAD\"`)",
+    },
+    Signature {
+        id: NCCL_DIAG_P2P,
+        kind: FindingKind::NcclP2pCheckFailed,
+        needle: NCCL_DIAG_P2P_NEEDLE,
+        fixture: "node0:24563 NCCL DIAG [INFO] p2p: write mismatch srcRank=0 srcCudaDev=0 \
+                  srcNvmlDev=5 dstRank=1 dstCudaDev=1 dstNvmlDev=7 path=NVL \
+                  handle=CUMEM_POSIX_FD expected=0x00000000d1a60100 got=0x0000000000000000 \
+                  verify=0x0000000000000000; check the single-node NVLink topology",
+        source: "NCCL src/diagnostics/p2p.cc (2.31+, NCCL_RUN_DIAGNOSTICS=1): the P2P check's \
+                 failed edge (srcNvmlDev, dstNvmlDev) or its partial summary (`only 52/56 \
+                 GPU-to-GPU peer accesses passed verification`)",
+    },
+    Signature {
+        id: TORCH_WATCHDOG,
+        kind: FindingKind::GpuCollectiveTimeout,
+        needle: TORCH_WATCHDOG_NEEDLE,
+        fixture: "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog \
+                  caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, \
+                  NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600081 \
+                  milliseconds before timing out.",
+        source: "PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (1.7+): the NCCL \
+                 watchdog's timeout, `WorkNCCL(...)` as its operator<< prints it (1.7 OpType and \
+                 TensorShape, 1.8 SeqNum, 1.13 NumelIn/NumelOut), `ran for N milliseconds`; \
+                 then the process aborts (SIGABRT). Only with `WorkNCCL(` right after the text \
+                 (`failures/hang/parse.rs`)",
+    },
+    Signature {
+        id: TORCH_WATCHDOG_STUCK,
+        kind: FindingKind::GpuCollectiveTimeout,
+        needle: TORCH_WATCHDOG_STUCK_NEEDLE,
+        fixture: "[rank25]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 25] [PG 0 Rank 25] \
+                  ProcessGroupNCCL's watchdog got stuck for 600 seconds without making progress \
+                  in monitoring enqueued collectives. This typically indicates a NCCL/CUDA API \
+                  hang blocking the watchdog",
+        source: "PyTorch ProcessGroupNCCL.cpp's heartbeat monitor (2.2+, TORCH_NCCL_HEARTBEAT_\
+                 TIMEOUT_SEC): the watchdog itself hung in a NCCL or CUDA call; the process is \
+                 then killed",
+    },
+    Signature {
+        id: XLA_TERMINATION,
+        kind: FindingKind::GpuCollectiveTimeout,
+        needle: XLA_TERMINATION_NEEDLE,
+        fixture: "E0625 12:01:02.000000 1234 nccl_utils.cc:318] Termination timeout of 30 seconds \
+                  exceeded. Exiting to ensure a consistent program state.",
+        source: "XLA xla/service/gpu/nccl_utils.cc, later xla/service/rendezvous.cc (JAX, \
+                 TensorFlow): a collective's rendezvous waited past \
+                 --xla_gpu_nccl_termination_timeout_seconds; exit 42",
+    },
+    Signature {
+        id: HOROVOD_STALL,
+        kind: FindingKind::GpuCollectiveTimeout,
+        needle: HOROVOD_STALL_NEEDLE,
+        fixture: "[2021-02-02 21:19:07.345988: E horovod/common/stall_inspector.cc:117] One or \
+                  more rank (marked by \"!\") is stalled for longer than 300 seconds. Will \
+                  shutdown.",
+        source: "Horovod horovod/common/stall_inspector.cc with HOROVOD_STALL_SHUTDOWN_TIME_\
+                 SECONDS: ranks never submitted a collective's tensors; Horovod shuts down",
     },
     Signature {
         id: "nccl-peer-with-device",

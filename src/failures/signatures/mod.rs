@@ -6,6 +6,7 @@
 
 use std::cell::OnceCell;
 
+use crate::failures::nccl_diag;
 use crate::model::FindingKind;
 use aho_corasick::AhoCorasick;
 
@@ -137,9 +138,14 @@ impl Signatures {
             let Some(sig) = SIGNATURES.get(row) else {
                 continue;
             };
-            let verified = match verify_gpu(sig, line, m.end()) {
-                Some(gpu) => gpu.map(|kind| (kind, None)),
-                None => verify(sig, line, m.end(), &names_shm),
+            let start = m.end() - sig.needle.len();
+            let verified = match (
+                nccl_diag::verified(sig.id, line, start, m.end()),
+                verify_gpu(sig, line, m.end()),
+            ) {
+                (Some(diag), _) => diag.map(|gpus| (sig.kind, gpus)),
+                (None, Some(gpu)) => gpu.map(|kind| (kind, None)),
+                (None, None) => verify(sig, line, m.end(), &names_shm),
             };
             if let Some((kind, gpus)) = verified {
                 let guessed =
@@ -266,6 +272,11 @@ fn verify(
 /// `verify` of the GPU rows (`gpu_table.rs`): None for another row, else whether the line is
 /// the failure (its kind) or only looks like it.
 fn verify_gpu(sig: &Signature, line: &str, end: usize) -> Option<Option<FindingKind>> {
+    if sig.kind == FindingKind::GpuCollectiveTimeout {
+        // A hang's line is one only when its facts read (`failures/hang/parse.rs`).
+        let told = crate::failures::hang::parse::facts(sig.id, line).is_some();
+        return Some(told.then_some(sig.kind));
+    }
     if !SAID.contains(&sig.id) {
         return None;
     }
