@@ -450,25 +450,9 @@ async fn get_from(
         let chunked = head
             .to_ascii_lowercase()
             .contains("transfer-encoding: chunked");
-        Some((status, if chunked { dechunk(&body)? } else { body }))
+        Some((status, if chunked { common::agent::dechunk(&body)? } else { body }))
     };
     tokio::time::timeout(within, fetch).await.ok().flatten()
-}
-
-/// An HTTP/1.1 chunked body, joined.
-fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        raw = &raw[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(raw.get(..size)?);
-        raw = raw.get(size + 2..)?;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,11 +21,33 @@ pub fn get_from(from: Option<IpAddr>, addr: SocketAddr, path: &str) -> Option<(u
         &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
     )?;
     let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    // An answer written as it is read (`/api/v1/failures`) comes in chunks.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        String::from_utf8(dechunk(body.as_bytes())?).ok()?
+    } else {
+        body.to_string()
+    };
     Some((status, body))
+}
+
+/// An HTTP/1.1 chunked body, joined; None when it is cut short.
+pub fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
 }
 
 /// The status of a bodiless request with any method.
