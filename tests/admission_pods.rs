@@ -450,7 +450,12 @@ fn what_is_not_an_admission_review_is_refused_without_a_panic() {
     // Nested as deep in a field the decision never reads: skipped as it is parsed (no stack
     // taken), and the review answered for what it is (here no Pod CREATE).
     let a = answer(nested_pod.as_bytes(), Mode::Mutate);
-    assert_eq!((a.status, a.outcome), (200, Outcome::NotPod), "{}", a.summary);
+    assert_eq!(
+        (a.status, a.outcome),
+        (200, Outcome::NotPod),
+        "{}",
+        a.summary
+    );
 }
 
 /// A Pod of 10,000 GPU containers is not patched at any cost: read within its budget (or

@@ -365,9 +365,12 @@ async fn admit_answers_probes_and_reviews_while_one_client_holds_1100_connection
 // ---------------------------------------------------------------------------------------------
 // shmlink serve
 
-/// A store for node `bounded` with `n` failures and `n` findings of about 1.5 KiB each, made by
-/// the agent's own code and then filled by SQL (a real history takes days to grow this large).
+/// A store for node `bounded` with `n` failures and `n` findings of about 1.5 KiB each, one a
+/// second up to now: made by the agent's own code, the failures as it writes them, then filled
+/// by SQL (a real history takes days to grow this large).
 fn large_history(dir: &Path, n: usize) {
+    use shmlink::model::{Failure, FailureSource, FindingKind};
+    use shmlink::state::history::FailureRow;
     use shmlink::state::{self, Identity, Options, StateMetrics, Store};
     let identity = Identity {
         node: "bounded".into(),
@@ -376,31 +379,47 @@ fn large_history(dir: &Path, n: usize) {
     drop(Store::open(dir, &identity, Options::default(), &StateMetrics::default()).unwrap());
     let mut conn = rusqlite::Connection::open(dir.join("state.sqlite3")).unwrap();
     let tx = conn.transaction().unwrap();
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
     let evidence = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm). ".repeat(4);
     let message = "the DataLoader's workers ran out of /dev/shm: it was full (64 MiB of 64 MiB). Fix: mount an emptyDir (medium: Memory, sizeLimit: 8Gi) at /dev/shm and add 8Gi to the container's memory limit. ".repeat(4);
     for i in 0..n {
-        let at = now - 1000 * (n - i) as i64;
+        let at = SystemTime::now() - Duration::from_secs((n - i) as u64);
         let pod = format!("trainer-{}", i % 50);
-        let failure = json!({"namespace": "ml", "pod": pod, "container": "trainer",
-            "container_id": format!("{i:064x}"), "kind": "shm_allocation_failed",
-            "at": humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(at as u64)).to_string(),
-            "source": "log", "evidence": evidence, "message": message, "gpus": [0, 1, 2, 3],
-            "found_late": false});
+        let failure = Failure {
+            namespace: Some("ml".into()),
+            pod: Some(pod.clone()),
+            pod_uid: None,
+            container: Some("trainer".into()),
+            container_id: Some(format!("{i:064x}")),
+            image: None,
+            kind: FindingKind::ShmAllocationFailed,
+            at: humantime::format_rfc3339_millis(at).to_string(),
+            source: FailureSource::Log,
+            evidence: evidence.clone(),
+            pid: None,
+            shm: None,
+            gpus: vec![0, 1, 2, 3],
+            gpus_from: None,
+            gpu_pairs: Vec::new(),
+            gpu_links: None,
+            memory: None,
+            pid_in_container: None,
+            told_by_workload: None,
+            worker_pids: Vec::new(),
+            found_late: false,
+            message: message.clone(),
+        };
+        let row = FailureRow::new(&failure, false, at);
         tx.execute(
-            "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, 'ml', ?2, 'shm_allocation_failed', 0, ?3)",
-            rusqlite::params![at, pod, failure.to_string()],
+            "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, 'ml', ?2, ?3, 0, ?4)",
+            rusqlite::params![row.at_ms, pod, row.kind, row.json],
         )
         .unwrap();
         let finding = json!({"severity": "critical", "kind": "shm_nearly_full",
             "subject": format!("ml/{pod}/trainer"), "message": message, "event": "began",
-            "at": failure["at"]});
+            "at": failure.at});
         tx.execute(
             "INSERT INTO findings (at_ms, event, namespace, pod, kind, json) VALUES (?1, 'began', 'ml', ?2, 'shm_nearly_full', ?3)",
-            rusqlite::params![at, pod, finding.to_string()],
+            rusqlite::params![row.at_ms, pod, finding.to_string()],
         )
         .unwrap();
     }
@@ -450,7 +469,14 @@ async fn get_from(
         let chunked = head
             .to_ascii_lowercase()
             .contains("transfer-encoding: chunked");
-        Some((status, if chunked { common::agent::dechunk(&body)? } else { body }))
+        Some((
+            status,
+            if chunked {
+                common::agent::dechunk(&body)?
+            } else {
+                body
+            },
+        ))
     };
     tokio::time::timeout(within, fetch).await.ok().flatten()
 }

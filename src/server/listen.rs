@@ -89,6 +89,7 @@ impl Client {
     pub fn of(ip: IpAddr) -> Client {
         match ip {
             IpAddr::V4(v4) => Client(IpAddr::V4(v4)),
+            IpAddr::V6(v6) if v6.is_loopback() => Client(ip),
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
                 Some(v4) => Client(IpAddr::V4(v4)),
                 None => {
@@ -98,6 +99,16 @@ impl Client {
                 }
             },
         }
+    }
+}
+
+impl Client {
+    /// Whether shares per client apply: not to 127.0.0.1 and ::1, the Pod's own containers
+    /// (kube-rbac-proxy in front of the agent carries every outside client on one such
+    /// connection pool); only the totals bound them.
+    pub fn has_share(&self) -> bool {
+        !matches!(self.0, IpAddr::V4(v4) if v4 == std::net::Ipv4Addr::LOCALHOST)
+            && self.0 != IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
     }
 }
 
@@ -143,17 +154,20 @@ impl Gate {
         let l = &self.limits;
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let (all, clients) = &mut *held;
+        let shared = client.has_share();
         let mine = clients.entry(client).or_default();
-        let slot = if all.normal < l.max_connections && mine.normal < l.per_client {
+        let slot = if all.normal < l.max_connections && (!shared || mine.normal < l.per_client) {
             all.normal += 1;
             mine.normal += 1;
             Slot::Normal
-        } else if all.probe < l.probe_reserve && mine.probe < l.probe_reserve_per_client {
+        } else if all.probe < l.probe_reserve
+            && (!shared || mine.probe < l.probe_reserve_per_client)
+        {
             all.probe += 1;
             mine.probe += 1;
             Slot::Probe
         } else {
-            let why = if mine.normal >= l.per_client {
+            let why = if shared && mine.normal >= l.per_client {
                 Dropped::PerClient
             } else {
                 Dropped::Full

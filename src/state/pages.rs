@@ -272,7 +272,10 @@ mod tests {
     }
 
     fn read(path: &Path, filter: &Filter, rows: usize) -> String {
-        whole(&mut Pages::new(Connection::open(path).unwrap(), filter).unwrap(), rows)
+        whole(
+            &mut Pages::new(Connection::open(path).unwrap(), filter).unwrap(),
+            rows,
+        )
     }
 
     #[test]
@@ -291,7 +294,10 @@ mod tests {
             ..since(0)
         };
         // The newest four rows are e, x (not JSON: left out), d, c; the too long one is none.
-        let answers: Vec<String> = [1, 2, 100].iter().map(|&n| read(&path, &filter, n)).collect();
+        let answers: Vec<String> = [1, 2, 100]
+            .iter()
+            .map(|&n| read(&path, &filter, n))
+            .collect();
         assert_eq!(
             answers[0],
             r#"{"failures":[{"pod":"c"},{"pod":"d"},{"pod":"e"}],"findings":[],"truncated":true}"#

@@ -61,6 +61,22 @@ fn clients_are_counted_by_ipv4_address_or_ipv6_prefix() {
     assert_eq!(v6("2001:db8:1:2:aaaa::1"), v6("2001:db8:1:2:bbbb::9"));
     assert_ne!(v6("2001:db8:1:2::1"), v6("2001:db8:1:3::1"));
     assert_eq!(v6("::ffff:10.0.0.7"), client(7));
+    assert_eq!(v6("::1"), Client("::1".parse().unwrap()));
+}
+
+#[test]
+fn the_pods_own_loopback_has_no_share_only_the_totals() {
+    let gate = Gate::new(limits());
+    let local = Client::of(IpAddr::from([127, 0, 0, 1]));
+    assert!(!local.has_share() && !Client::of("::1".parse().unwrap()).has_share());
+    assert!(Client::of(IpAddr::from([127, 0, 0, 2])).has_share());
+    let held: Vec<Ticket> = (0..6).map(|_| gate.admit(local).unwrap()).collect();
+    let slots: Vec<Slot> = held.iter().map(|t| t.slot).collect();
+    assert_eq!(
+        slots,
+        [[Slot::Normal; 4].as_slice(), &[Slot::Probe; 2]].concat()
+    );
+    assert_eq!(gate.admit(local).unwrap_err(), Dropped::Full);
 }
 
 #[test]
