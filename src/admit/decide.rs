@@ -6,7 +6,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use serde_json::{json, Value};
 
-use super::pod::{self, Container, Role};
+use super::pod::{self, Container, Role, SizeAnnotation};
 use super::view::{is_short, preflight_need_spec, shm_short, view_of, PodNeed};
 use super::{Mode, Outcome};
 use crate::preflight::need::{gpu_default_bytes, need, NeedSpec};
@@ -64,7 +64,7 @@ fn size_for(pod: &Value, need_of: &PodNeed, warnings: &mut Vec<String>) -> Size 
     };
     match pod::shm_size(pod) {
         None => computed,
-        Some(Ok((bytes, text))) => {
+        Some(SizeAnnotation::Taken { bytes, text }) => {
             // Below what the Pod's own preflight asks, the mount would fail it.
             let asked = match preflight_need_spec(pod) {
                 NeedSpec::Unspecified => 0,
@@ -83,7 +83,7 @@ fn size_for(pod: &Value, need_of: &PodNeed, warnings: &mut Vec<String>) -> Size 
                 text: text.to_string(),
             }
         }
-        Some(Err((text, why))) => {
+        Some(SizeAnnotation::Refused { text, why }) => {
             let shown: String = text.chars().take(64).collect();
             warnings.push(format!(
                 "shmlink: annotation {}: {shown:?} {why}; using {}",

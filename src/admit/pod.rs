@@ -74,12 +74,21 @@ pub fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
         .and_then(Value::as_str)
 }
 
-/// The size annotation read: its bytes and text, or its text and why it is not taken.
-pub fn shm_size(pod: &Value) -> Option<Result<(u64, &str), (&str, String)>> {
+/// The size annotation, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SizeAnnotation<'a> {
+    /// Taken: its bytes and its own text.
+    Taken { bytes: u64, text: &'a str },
+    /// Not taken: its text and why (the words after it, `read_size`'s).
+    Refused { text: &'a str, why: String },
+}
+
+/// The size annotation of `pod`, when it has one.
+pub fn shm_size(pod: &Value) -> Option<SizeAnnotation<'_>> {
     let text = annotation(pod, SIZE_ANNOTATION)?;
     Some(match read_size(text) {
-        Ok(bytes) => Ok((bytes, text)),
-        Err(why) => Err((text, why)),
+        Ok(bytes) => SizeAnnotation::Taken { bytes, text },
+        Err(why) => SizeAnnotation::Refused { text, why },
     })
 }
 
@@ -354,7 +363,10 @@ mod tests {
         assert_eq!(refused("0"), "is not a Kubernetes quantity of bytes (zero)");
         assert!(refused("8gb").starts_with("is not a Kubernetes quantity of bytes"));
         let pod = json!({"metadata": {"annotations": {SIZE_ANNOTATION: "512m"}}});
-        assert!(matches!(shm_size(&pod), Some(Err(("512m", _)))));
+        assert!(matches!(
+            shm_size(&pod),
+            Some(SizeAnnotation::Refused { text: "512m", .. })
+        ));
         assert_eq!(shm_size(&json!({})), None);
     }
 

@@ -61,7 +61,7 @@ fn judged(pod: &Value, container: &Value, need: &PodNeed) -> Report {
 /// command line (so the webhook sizes /dev/shm for exactly what that preflight will ask), else
 /// nothing said (the GPU default).
 pub fn need_spec(pod: &Value) -> NeedSpec {
-    if let Some(Ok((bytes, _))) = pod::shm_size(pod) {
+    if let Some(pod::SizeAnnotation::Taken { bytes, .. }) = pod::shm_size(pod) {
         return NeedSpec::MinShm(bytes);
     }
     preflight_need_spec(pod)

@@ -62,7 +62,7 @@ fn a_milli_or_sub_mebibyte_annotation_is_warned_about_not_taken() {
         let d = decide(&p, Mode::Mutate);
         assert_eq!(d.outcome, Outcome::Mutated);
         let volume = d.patch.iter().find_map(|op| match op {
-            PatchOperation::Add(a) if a.path.to_string() == "/spec/volumes" => Some(a.value.clone()),
+            PatchOperation::Add(a) if a.path.as_str() == "/spec/volumes" => Some(a.value.clone()),
             _ => None,
         });
         assert_eq!(volume.unwrap()[0]["emptyDir"]["sizeLimit"], "1Gi");
