@@ -600,3 +600,80 @@ async fn a_client_with_another_ca_is_counted_and_logged() {
     let reply = client.request("GET", "/healthz", Vec::new()).await.unwrap();
     assert_eq!(reply.status, 200);
 }
+
+/// The listener's deadlines over real TLS, in process with short ones (the binary's are 5 s and
+/// 120 s): a connection that says nothing after its handshake is closed at its first request's
+/// deadline; an HTTP/2 connection idle after its answer is closed (GOAWAY) at the idle one; a
+/// request that arrived in time is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_idle_connections_are_closed_at_their_deadlines() {
+    use hyper::client::conn::http2;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use shmlink::admit::server::{serve, AdmitSettings, Limits};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let leaf = ca.leaf((2031, 5, 17));
+    let volume = SecretVolume::new(dir.path(), &leaf.cert_pem, &leaf.key_pem);
+    let mut limits = Limits::default();
+    limits.conns.first_request = Duration::from_millis(500);
+    limits.conns.idle_timeout = Duration::from_millis(800);
+    limits.conns.header_timeout = Duration::from_millis(800);
+    let addr = free_addr();
+    let settings = AdmitSettings {
+        listen: addr,
+        cert_file: volume.cert(),
+        key_file: volume.key(),
+        mode: Mode::Warn,
+        metrics_listen: None,
+        reload_interval: Duration::from_secs(60),
+        limits,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(settings, async {
+        let _ = stopped.await;
+    }));
+    let connector = admit_tls::connector(&ca.pem, Http::Two);
+    let mut tls = loop {
+        match admit_tls::tls_connect(addr, &connector).await {
+            Ok(tls) => break tls,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    // Said nothing after the handshake: closed at the first request's deadline.
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // One review over HTTP/2, then idle: answered, then closed.
+    let tls = admit_tls::tls_connect(addr, &connector).await.unwrap();
+    let (mut send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let request = hyper::Request::builder()
+        .method("POST")
+        .uri("https://shmlink-admission.shmlink.svc/mutate")
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+            configmap_review("idle"),
+        )))
+        .unwrap();
+    let answered = send.send_request(request).await.unwrap();
+    assert_eq!(answered.status(), 200);
+    drop(answered);
+    let idle = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the idle HTTP/2 connection was kept");
+    assert!(
+        idle.elapsed() >= Duration::from_millis(500),
+        "closed before its idle deadline: {:?}",
+        idle.elapsed()
+    );
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

@@ -1,18 +1,21 @@
 //! The HTTP endpoint under hostile or careless clients: slow request heads, idle connections,
-//! connections beyond the limit, methods and paths it does not serve, and clean shutdown with
-//! clients attached. In process, with short limits; no root needed.
+//! connections beyond a client's share and the limit (the probes still served), methods and
+//! paths it does not serve, and clean shutdown with clients attached. In process, with short
+//! limits; no root needed. (The attacks at full scale, in the DaemonSet's memory limit:
+//! tests/e2e_bounded.rs.)
 
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::agent::{get, sample, Agent};
+use common::agent::{connect_from, get, get_from, sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
 use shmlink::metrics::Metrics;
-use shmlink::server::{run_with, AppState, Health, Limits};
+use shmlink::server::listen::Limits;
+use shmlink::server::{limits as serve_limits, run_with, AppState, Health};
 use tokio::sync::oneshot;
 
 struct Server {
@@ -97,9 +100,15 @@ fn status_of(s: &mut TcpStream, request: &str) -> u16 {
 fn limits() -> Limits {
     Limits {
         max_connections: 4,
+        per_client: 4,
+        probe_reserve: 2,
+        probe_reserve_per_client: 1,
+        first_request: Duration::from_millis(500),
         header_timeout: Duration::from_millis(500),
-        connection_lifetime: Duration::from_secs(3),
+        idle_timeout: Duration::from_millis(500),
+        lifetime: Some(Duration::from_secs(3)),
         grace: Duration::from_millis(500),
+        ..serve_limits()
     }
 }
 
@@ -122,46 +131,88 @@ fn a_client_that_sends_nothing_or_half_a_head_is_dropped() {
 }
 
 #[test]
-fn connections_beyond_the_limit_wait_until_a_slot_frees() {
+fn past_every_slot_a_connection_is_served_the_probes_only_then_none_is() {
     let server = Server::start(Limits {
+        per_client: 2,
+        first_request: Duration::from_secs(30),
         header_timeout: Duration::from_secs(30),
         ..limits()
     });
-    // Four idle clients take every slot.
-    let idle: Vec<TcpStream> = (0..4).map(|_| connect(server.addr)).collect();
+    // Four idle clients on 127.0.0.1 take every slot: the Pod's own loopback (kube-rbac-proxy
+    // in front) has no share of its own, only the total bounds it.
+    let _idle: Vec<TcpStream> = (0..4).map(|_| connect(server.addr)).collect();
     std::thread::sleep(Duration::from_millis(200));
-    let mut waiting = connect(server.addr);
-    waiting
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    waiting
-        .set_read_timeout(Some(Duration::from_millis(700)))
-        .unwrap();
-    let mut buf = [0u8; 64];
-    let early = waiting.read(&mut buf);
-    assert!(
-        early.is_err(),
-        "answered while every slot was taken: {early:?}"
-    );
-    // One idle client leaves: the waiting one is served.
-    drop(idle);
-    waiting
-        .set_read_timeout(Some(Duration::from_secs(5)))
+    // Another client's next gets the probes' reserve: a probe is answered, anything else is
+    // 503, and the connection is closed after one answer.
+    let a = IpAddr::from([127, 0, 0, 5]);
+    let mut reserve = connect_from(a, server.addr).unwrap();
+    reserve
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     let mut raw = Vec::new();
-    waiting.read_to_end(&mut raw).unwrap();
+    reserve.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(
-        String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&raw)
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
     );
+    // (Each closed connection's place is given back as its task ends, a moment after.)
+    std::thread::sleep(Duration::from_millis(200));
+    let status = status_of(
+        &mut connect_from(a, server.addr).unwrap(),
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    );
+    assert_eq!(status, 503);
+    std::thread::sleep(Duration::from_millis(200));
+    // The reserve has one place per client: held, the same client's next is closed at once,
+    // unanswered; another client's is served.
+    let _held = connect_from(a, server.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut refused = connect_from(a, server.addr).unwrap();
+    refused
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = refused.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let took = time_until_closed(&mut refused);
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let other = IpAddr::from([127, 0, 0, 9]);
+    assert_eq!(
+        get_from(Some(other), server.addr, "/healthz").map(|(s, _)| s),
+        Some(200)
+    );
+}
+
+#[test]
+fn a_client_past_its_share_is_refused_while_others_are_served() {
+    let server = Server::start(Limits {
+        max_connections: 8,
+        per_client: 2,
+        probe_reserve: 0,
+        first_request: Duration::from_secs(30),
+        header_timeout: Duration::from_secs(30),
+        ..limits()
+    });
+    let greedy = IpAddr::from([127, 0, 0, 7]);
+    let _held: Vec<TcpStream> = (0..2)
+        .map(|_| connect_from(greedy, server.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut third = connect_from(greedy, server.addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let took = time_until_closed(&mut third);
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert_eq!(get(server.addr, "/healthz").map(|(s, _)| s), Some(200));
 }
 
 #[test]
 fn a_kept_alive_connection_is_closed_after_its_lifetime() {
     let server = Server::start(Limits {
         header_timeout: Duration::from_secs(30),
-        connection_lifetime: Duration::from_millis(800),
+        idle_timeout: Duration::from_secs(30),
+        lifetime: Some(Duration::from_millis(800)),
         ..limits()
     });
     let mut s = connect(server.addr);
@@ -214,8 +265,9 @@ fn only_get_and_head_on_the_known_paths() {
 #[test]
 fn shutdown_does_not_wait_for_idle_clients() {
     let mut server = Server::start(Limits {
+        first_request: Duration::from_secs(30),
         header_timeout: Duration::from_secs(30),
-        connection_lifetime: Duration::from_secs(300),
+        lifetime: Some(Duration::from_secs(300)),
         ..limits()
     });
     let _idle: Vec<TcpStream> = (0..3).map(|_| connect(server.addr)).collect();
@@ -225,7 +277,8 @@ fn shutdown_does_not_wait_for_idle_clients() {
 }
 
 /// `serve` itself (the binary, scanning every 200 ms, with the 8-GPU NVSwitch fake so /metrics
-/// is large) while 16 clients scrape as fast as they can: scans keep their pace.
+/// is large) while 16 clients (16 addresses) scrape as fast as they can: scans keep their
+/// pace.
 #[test]
 fn many_concurrent_scrapes_do_not_delay_scans() {
     let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
@@ -244,12 +297,13 @@ fn many_concurrent_scrapes_do_not_delay_scans() {
     let started = Instant::now();
     let run_for = Duration::from_secs(3);
     let addr = agent.addr;
-    let clients: Vec<_> = (0..16)
-        .map(|_| {
+    let clients: Vec<_> = (0..16u8)
+        .map(|i| {
             std::thread::spawn(move || {
                 let (mut ok, mut failed) = (0u32, 0u32);
+                let from = IpAddr::from([127, 0, 0, 100 + i]);
                 while started.elapsed() < run_for {
-                    match get(addr, "/metrics") {
+                    match get_from(Some(from), addr, "/metrics") {
                         Some((200, body)) if body.contains("shmlink_gpu_pair_healthy") => ok += 1,
                         _ => failed += 1,
                     }

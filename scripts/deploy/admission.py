@@ -6,6 +6,7 @@
     sideEffects None, 3 s, v1, reinvocation IfNeeded, Pod CREATE only; its caBundle from
     cert-manager (inject-ca-from naming the Certificate) or given (the Helm value);
   - the Service (443 -> the https port) selects the Deployment's Pods; the PDB keeps one;
+  - the NetworkPolicy admits only addresses (the API server's) on 8443 and the scraper on 9479;
   - the Deployment: `admit` with the serving Secret at /tls and --mode; restricted security
     context; HTTPS probes on /healthz; no API token; spread over nodes;
   - the Certificate: the Service's DNS names, ECDSA, rotationPolicy Always, renewBefore well
@@ -113,6 +114,28 @@ def service_and_pdb(docs, dep, a):
     return svc
 
 
+def network_policy(docs, dep, a):
+    """Only the API server, by ipBlock peers alone (no selector a Pod could match), on the
+    webhook's port; the scraper (a namespace AND Pod labels, neither empty) on the metrics port."""
+    np = next((d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == a.name), None)
+    check(np is not None, f"no NetworkPolicy {a.name}")
+    spec = np["spec"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    check(spec["podSelector"]["matchLabels"] and spec["podSelector"]["matchLabels"].items() <= labels.items(),
+          "the NetworkPolicy does not select the webhook's Pods")
+    check(spec["policyTypes"] == ["Ingress"], f"policyTypes {spec['policyTypes']}")
+    api, scrape = spec["ingress"]
+    check(api["ports"] == [{"port": 8443, "protocol": "TCP"}], f"the API server's ports {api['ports']}")
+    check(api["from"] and all(set(peer) == {"ipBlock"} and "except" not in peer["ipBlock"] for peer in api["from"]),
+          f"the webhook's port is open to more than addresses: {api['from']}")
+    check(all(not peer["ipBlock"]["cidr"].endswith("/0") for peer in api["from"]), "the webhook's port is open to every address")
+    (peer,) = scrape["from"]
+    check(set(peer) == {"namespaceSelector", "podSelector"}
+          and all(sel.get("matchLabels") for sel in peer.values()), f"the metrics port's peer {peer}")
+    check(scrape["ports"] == [{"port": 9479, "protocol": "TCP"}], f"the metrics port {scrape['ports']}")
+    return [peer["ipBlock"]["cidr"] for peer in api["from"]]
+
+
 def certificate_of(cm_docs, a, secret):
     cert = one(cm_docs, "Certificate")
     issuer = one(cm_docs, "Issuer")
@@ -158,10 +181,12 @@ def main():
         return
     dep, secret = deployment(docs, a)
     service_and_pdb(docs, dep, a)
+    api_server = network_policy(docs, dep, a)
     cert = certificate_of(load(a.cert_manager), a, secret) if a.cert_manager else None
     webhook(docs, a, cert)
     print(f"   {a.name}: 3 webhooks by namespace label, Ignore/3s; {a.replicas} restricted replicas in --mode {a.mode};"
-          + (" cert-manager's ECDSA certificate injected" if cert else " the given caBundle"))
+          + (" cert-manager's ECDSA certificate injected" if cert else " the given caBundle")
+          + f"; only {', '.join(api_server)} may call it")
 
 
 main()

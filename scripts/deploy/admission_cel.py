@@ -137,14 +137,27 @@ def quantity_bytes(text):
     return mantissa * 10**exp10 if exp10 >= 0 else -(-mantissa // 10**-exp10)
 
 
-# The annotation's text: the size shown when it is a quantity above zero; no warning at all when
-# it is at most 64Mi in the forms the policy reads (whole Mi, Ki, bytes, k, M).
-ANNOTATIONS = ["24Gi", "1.5Gi", "+2Gi", ".5Gi", "512Mi", "2G", "2e9", "1E3", "3Ti", "100000000", "65Mi",
+def size_bytes(text):
+    """The annotation as the webhook takes it (pod::read_size): a quantity of at least 1Mi, not
+    with a fraction-of-a-byte suffix (512m is 0.512 bytes, not 512 MiB); else None."""
+    n = quantity_bytes(text)
+    if n is None or text[-1:] in ("n", "u", "m") or n < 1 << 20:
+        return None
+    return n
+
+
+# The annotation's text: the size shown when the webhook takes it; no warning at all when it is
+# at most 64Mi in the forms the policy reads (whole Mi, Ki, bytes, k, M).
+ANNOTATIONS = ["24Gi", "1.5Gi", "+2Gi", ".5Gi", "512Mi", "2G", "2e9", "3Ti", "100000000", "65Mi",
                "64Mi", "64M", "67M", "68M", "65536Ki", "65537Ki", "67108864", "67108865", "1k", "67108k", "67109k",
                "lots", "8gb", "8g", "1 Gi", "-1Gi", "0", "0Gi", "0.0", "", "1Gix", "1e", "1e1234", "Gi", "1..5Gi",
-               "1" * 41, "500m"]
+               "1" * 41, "500m", "512m", "3u", "9n", "4096", "1048575", "1048576", "1023Ki", "1024Ki", "1048k",
+               "1049k", "1M", "2M", "1Mi"]
 # Small, yet warned about: forms the policy's expressions do not read (documented in policy.yaml).
-SMALL_BUT_WARNED = {"0.05Gi", "500m", "1E3"}
+SMALL_BUT_WARNED = {"0.05Gi"}
+# Below 1Mi in forms the policy's expressions do not read (an exponent, a decimal point): the
+# webhook warns with its own size, the policy with the annotation's text.
+TINY_SHOWN_AS_WRITTEN = {"1E3", "0.5Mi"}
 
 
 def reference(pod):
@@ -164,7 +177,7 @@ def reference(pod):
     if opted_out or spec.get("hostIPC"):
         return {"sent": sent, "warnings": None}
     text = notes.get("shmlink.io/shm-size", "")
-    n = quantity_bytes(text)
+    n = size_bytes(text)
     if n and n <= 64 << 20 and text not in SMALL_BUT_WARNED:
         return {"sent": sent, "warnings": []}
     g = max([gpus(c) for c in gpu] or [0])
@@ -176,12 +189,12 @@ def reference(pod):
 
 def annotations(policy, base):
     checked = 0
-    for text in ANNOTATIONS + sorted(SMALL_BUT_WARNED - set(ANNOTATIONS)):
+    for text in ANNOTATIONS + sorted((SMALL_BUT_WARNED | TINY_SHOWN_AS_WRITTEN) - set(ANNOTATIONS)):
         pod = json.loads(json.dumps(base))
         pod["metadata"]["annotations"] = {"shmlink.io/shm-size": text}
         got = policy_warnings(policy, pod)
-        n = quantity_bytes(text)
-        shown = text if n else "1Gi"
+        n = size_bytes(text)
+        shown = text if n or text in TINY_SHOWN_AS_WRITTEN else "1Gi"
         if n and n <= 64 << 20 and text not in SMALL_BUT_WARNED:
             check(got == [], f"annotation {text!r} ({n} bytes): {got}")
         else:

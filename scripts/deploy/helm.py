@@ -94,6 +94,8 @@ INVALID = [
     ({"admission": {"enabled": True, "certManager": {"enabled": False}, "caBundle": "QUJD"}}, "/admission/tls/secretName"),
     ({"admission": {"enabled": True, "certManager": {"enabled": False}, "tls": {"secretName": "tls"}}}, "/admission/caBundle"),
     ({"admission": {"replicas": 0}}, "/admission/replicas"),
+    ({"admission": {"networkPolicy": {"apiServer": []}}}, "/admission/networkPolicy/apiServer"),
+    ({"admission": {"networkPolicy": {"apiServer": ["10.0.0.10"]}}}, "/admission/networkPolicy/apiServer/0"),
     ({"gpuDeviceTaint": {"enabled": True, "effect": "NoSchedul"}}, "/gpuDeviceTaint/effect"),
     ({"gpuDeviceTaint": {"effect": "off"}}, "/gpuDeviceTaint/effect"),
 ]
@@ -181,9 +183,14 @@ def admission(chart):
     """The webhook without cert-manager (the user's Secret and CA), in mutate mode with three
     replicas: the same design (scripts/deploy/admission.py), the Secret and caBundle given."""
     ca = "TFMwdExTMUNSVWRKVGlCRFJWSlVTVVpKUTBGVVJTMHRMUzB0Q2c9PQ=="
+    api_server = ["10.0.0.10/32", "fd00::10/128"]
     values = {"admission": {"enabled": True, "mode": "mutate", "replicas": 3, "certManager": {"enabled": False},
-                            "tls": {"secretName": "webhook-tls"}, "caBundle": ca}}
+                            "tls": {"secretName": "webhook-tls"}, "caBundle": ca,
+                            "networkPolicy": {"apiServer": api_server}}}
     docs, _ = render(chart, values)
+    np = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-admission"))
+    cidrs = [peer["ipBlock"]["cidr"] for peer in np["spec"]["ingress"][0]["from"]]
+    check(cidrs == api_server, f"the API server's addresses given: {cidrs}")
     check(not [d for d in docs if is_cert_manager(d)], "cert-manager objects with certManager.enabled=false")
     with tempfile.TemporaryDirectory() as tmp:
         out = OUT or tmp
@@ -192,7 +199,11 @@ def admission(chart):
                         "--mode", "mutate", "--replicas", "3", "--ca-bundle", ca], check=True)
     secret = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"]
     check(secret == {"secretName": "webhook-tls"}, f"the given Secret: {secret}")
-    print("   admission without cert-manager: the given Secret and caBundle, --mode mutate, 3 replicas")
+    off, _ = render(chart, {"admission": {"enabled": True, "networkPolicy": {"enabled": False}}})
+    check(not [d for d in off if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-admission")],
+          "admission.networkPolicy.enabled=false still renders its NetworkPolicy")
+    print("   admission without cert-manager: the given Secret and caBundle, --mode mutate, 3 replicas,"
+          " the API server's addresses given; without its NetworkPolicy when asked")
 
 
 def same_as_kustomize(chart, case, values, directory, drop=(), label=None):

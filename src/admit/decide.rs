@@ -6,8 +6,8 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use serde_json::{json, Value};
 
-use super::pod::{self, Container, Role};
-use super::view::{is_short, shm_short, view_of, PodNeed};
+use super::pod::{self, Container, Role, SizeAnnotation};
+use super::view::{is_short, preflight_need_spec, shm_short, view_of, PodNeed};
 use super::{Mode, Outcome};
 use crate::preflight::need::{gpu_default_bytes, need, NeedSpec};
 use crate::units::{k8s_quantity, k8s_quantity_exact, parse_quantity_bytes, MIB};
@@ -43,9 +43,10 @@ pub struct Size {
     pub text: String,
 }
 
-/// The size: the annotation when set and valid (its own text), else what a `shmlink preflight`
-/// the Pod runs asks for (`--min-shm`, the sizing helper), else the GPU default for the Pod's
-/// largest GPU count. An invalid annotation is a warning.
+/// The size: the annotation when set and taken (`pod::read_size`: a quantity of at least 1Mi;
+/// its own text), else what a `shmlink preflight` the Pod runs asks for (`--min-shm`, the
+/// sizing helper), else the GPU default for the Pod's largest GPU count. An annotation not
+/// taken is a warning, and so is one below what the Pod's own preflight asks for.
 pub fn size(pod: &Value, warnings: &mut Vec<String>) -> Size {
     size_for(pod, &PodNeed::of(pod), warnings)
 }
@@ -55,53 +56,113 @@ fn size_for(pod: &Value, need_of: &PodNeed, warnings: &mut Vec<String>) -> Size 
     // What a preflight the Pod runs will ask for (the annotation, read below, overrides it).
     let bytes = match need_of.spec {
         NeedSpec::Unspecified => gpu_default_bytes(gpus),
-        spec => need(spec, gpus).map_or(gpu_default_bytes(gpus), |n| {
-            n.bytes.div_ceil(MIB).max(1) * MIB
-        }),
+        spec => need_bytes(spec, gpus),
     };
     let computed = Size {
         bytes,
         text: k8s_quantity(bytes),
     };
-    let Some(text) = pod::annotation(pod, pod::SIZE_ANNOTATION) else {
-        return computed;
-    };
-    match parse_quantity_bytes(text) {
-        Ok(bytes) if bytes > 0 => Size {
-            bytes,
-            text: text.to_string(),
-        },
-        Ok(_) => {
-            warnings.push(bad_annotation(text, "zero", &computed.text));
-            computed
+    match pod::shm_size(pod) {
+        None => computed,
+        Some(SizeAnnotation::Taken { bytes, text }) => {
+            // Below what the Pod's own preflight asks, the mount would fail it.
+            let asked = match preflight_need_spec(pod) {
+                NeedSpec::Unspecified => 0,
+                spec => need_bytes(spec, gpus),
+            };
+            if bytes < asked {
+                warnings.push(format!(
+                    "shmlink: annotation {}: {text:?} is below the {} the Pod's own `shmlink preflight` asks for: preflight will fail on it; raise the annotation to {}",
+                    pod::SIZE_ANNOTATION,
+                    k8s_quantity(asked),
+                    k8s_quantity(asked)
+                ));
+            }
+            Size {
+                bytes,
+                text: text.to_string(),
+            }
         }
-        Err(e) => {
-            warnings.push(bad_annotation(text, e.why, &computed.text));
+        Some(SizeAnnotation::Refused { text, why }) => {
+            let shown: String = text.chars().take(64).collect();
+            warnings.push(format!(
+                "shmlink: annotation {}: {shown:?} {why}; using {}",
+                pod::SIZE_ANNOTATION,
+                computed.text
+            ));
             computed
         }
     }
 }
 
-fn bad_annotation(text: &str, why: &str, used: &str) -> String {
-    let shown: String = text.chars().take(64).collect();
-    format!(
-        "shmlink: annotation {}: {shown:?} is not a Kubernetes quantity of bytes ({why}); using {used}",
-        pod::SIZE_ANNOTATION
-    )
+/// What preflight asks for `spec` with `gpus`, rounded up to a whole MiB (the GPU default
+/// where the spec does not read).
+fn need_bytes(spec: NeedSpec, gpus: usize) -> u64 {
+    need(spec, gpus).map_or(gpu_default_bytes(gpus), |n| {
+        n.bytes.div_ceil(MIB).max(1) * MIB
+    })
+}
+
+/// Containers judged at most: a Pod with more is admitted unchanged, with one warning (judging
+/// each costs a preflight verdict, and patching thousands an answer of megabytes).
+pub const MAX_CONTAINERS: usize = 128;
+
+/// What nothing is done for, whatever the containers: mode off, opted out, host IPC.
+fn left_alone(pod: &Value, mode: Mode) -> Option<Decision> {
+    if mode == Mode::Off {
+        return Some(Decision::quiet(Outcome::OptedOut, "mode off"));
+    }
+    if pod::annotation(pod, pod::ADMISSION_ANNOTATION) == Some("off") {
+        return Some(Decision::quiet(
+            Outcome::OptedOut,
+            "annotation shmlink.io/admission: off",
+        ));
+    }
+    if pod::host_ipc(pod) {
+        return Some(Decision::quiet(
+            Outcome::HostIpc,
+            "hostIPC: the node's /dev/shm",
+        ));
+    }
+    None
+}
+
+/// The decision for a Pod too large to read whole (`parse::BUDGET`), of which only the names,
+/// annotations and `containers` (init containers included) are known: left alone as any Pod
+/// is, else admitted unchanged with one warning.
+pub fn unjudged(pod: &Value, mode: Mode, containers: u64) -> Decision {
+    left_alone(pod, mode).unwrap_or_else(|| not_judged(containers))
+}
+
+/// One warning, no patch: the Pod is too large to judge.
+fn not_judged(containers: u64) -> Decision {
+    let what = if containers > MAX_CONTAINERS as u64 {
+        format!("has {containers} containers, more than the {MAX_CONTAINERS} the webhook judges")
+    } else {
+        format!(
+            "is larger than the webhook reads ({} MiB of the fields it looks at)",
+            super::parse::BUDGET >> 20
+        )
+    };
+    Decision {
+        outcome: Outcome::Warned,
+        patch: Vec::new(),
+        warnings: vec![format!(
+            "shmlink: this Pod {what}: admitted unchanged. Run `shmlink preflight` in its GPU containers to check their /dev/shm"
+        )],
+        summary: format!("not judged: the Pod {what}"),
+    }
 }
 
 /// The decision for `pod` in `mode`.
 pub fn decide(pod: &Value, mode: Mode) -> Decision {
-    if mode == Mode::Off {
-        return Decision::quiet(Outcome::OptedOut, "mode off");
-    }
-    if pod::annotation(pod, pod::ADMISSION_ANNOTATION) == Some("off") {
-        return Decision::quiet(Outcome::OptedOut, "annotation shmlink.io/admission: off");
-    }
-    if pod::host_ipc(pod) {
-        return Decision::quiet(Outcome::HostIpc, "hostIPC: the node's /dev/shm");
+    if let Some(quiet) = left_alone(pod, mode) {
+        return quiet;
     }
     let all = pod::containers(pod);
+    if all.len() > MAX_CONTAINERS {
+        return not_judged(all.len() as u64);
+    }
     let targets = targets(pod, &all);
     if targets.is_empty() {
         return Decision::quiet(Outcome::NoGpu, "no container uses GPUs");

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::{Mode, Outcome};
+use crate::metrics::http::HttpMetrics;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
@@ -33,6 +34,8 @@ pub struct AdmissionMetrics {
     reloads: Family<ReloadLabels, Counter>,
     handshakes_failed: Counter,
     not_after: Gauge<i64, AtomicI64>,
+    /// Both listeners' refusals and sheddings (`crate::server::listen`).
+    pub http: HttpMetrics,
 }
 
 impl AdmissionMetrics {
@@ -44,6 +47,7 @@ impl AdmissionMetrics {
             reloads: Family::default(),
             handshakes_failed: Counter::default(),
             not_after: Gauge::default(),
+            http: HttpMetrics::default(),
             registry: Registry::default(),
         };
         let registry = &mut m.registry;
@@ -74,6 +78,7 @@ impl AdmissionMetrics {
             "The served certificate's notAfter, in seconds since the epoch",
             m.not_after.clone(),
         );
+        m.http.register(registry);
         // Both reload results exist from the start: an alert on errors needs a series at 0.
         for result in ["ok", "error"] {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });

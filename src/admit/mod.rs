@@ -1,7 +1,8 @@
 //! Admission: a Pod that uses GPUs gets the /dev/shm preflight would ask for, before it runs.
 //!
 //! Pure: an AdmissionReview in, an AdmissionReview out (`review`), through one decision per Pod
-//! (`decide`) that is preflight's own judgement applied to the Pod spec. The HTTPS server that
+//! (`decide`) that is preflight's own judgement applied to the Pod spec; the body read into
+//! only what the decision looks at, in bounded memory (`parse`). The HTTPS server that
 //! carries it (`server`, `tls`) is the only I/O.
 
 use std::fmt;
@@ -81,6 +82,7 @@ impl Outcome {
 
 pub mod decide;
 pub mod metrics;
+pub mod parse;
 pub mod pod;
 pub mod review;
 pub mod server;

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::units::{parse_quantity_bytes, parse_quantity_scaled};
+use crate::units::{parse_quantity_bytes, parse_quantity_scaled, MIB};
 
 /// Pod annotation: the /dev/shm size to give, overriding the computed one.
 pub const SIZE_ANNOTATION: &str = "shmlink.io/shm-size";
@@ -72,6 +72,50 @@ pub fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
     pod.pointer("/metadata/annotations")
         .and_then(|a| a.get(key))
         .and_then(Value::as_str)
+}
+
+/// The size annotation, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SizeAnnotation<'a> {
+    /// Taken: its bytes and its own text.
+    Taken { bytes: u64, text: &'a str },
+    /// Not taken: its text and why (the words after it, `read_size`'s).
+    Refused { text: &'a str, why: String },
+}
+
+/// The size annotation of `pod`, when it has one.
+pub fn shm_size(pod: &Value) -> Option<SizeAnnotation<'_>> {
+    let text = annotation(pod, SIZE_ANNOTATION)?;
+    Some(match read_size(text) {
+        Ok(bytes) => SizeAnnotation::Taken { bytes, text },
+        Err(why) => SizeAnnotation::Refused { text, why },
+    })
+}
+
+/// Pure: a size annotation's bytes, or why it is not taken as one (the words after the text).
+/// A Kubernetes quantity of at least 1Mi: `512m` is 0.512 bytes to Kubernetes (milli), not
+/// Docker's 512 MiB, and a few KiB of /dev/shm is a unit left out, never what a GPU Pod means.
+pub fn read_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_quantity_bytes(text)
+        .map_err(|e| format!("is not a Kubernetes quantity of bytes ({})", e.why))?;
+    let fraction = [("m", "milli"), ("u", "micro"), ("n", "nano")]
+        .into_iter()
+        .find(|(suffix, _)| text.ends_with(suffix));
+    if let Some((suffix, name)) = fraction {
+        let number = text.trim_end_matches(suffix);
+        return Err(format!(
+            "is {number} {name}bytes to Kubernetes (`{suffix}` is {name}), not {number} MiB as Docker reads it: write {number}Mi"
+        ));
+    }
+    if bytes == 0 {
+        return Err("is not a Kubernetes quantity of bytes (zero)".to_string());
+    }
+    if bytes < MIB {
+        return Err(format!(
+            "is {bytes} bytes, less than 1Mi: a unit left out? (e.g. {text}Mi)"
+        ));
+    }
+    Ok(bytes)
 }
 
 pub fn host_ipc(pod: &Value) -> bool {
@@ -298,6 +342,32 @@ mod tests {
         assert!(shm_mount(&m("/dev")).is_some());
         assert!(shm_mount(&m("/dev/shm/x")).is_none());
         assert!(shm_mount(&m("/data")).is_none());
+    }
+
+    #[test]
+    fn a_size_annotation_is_a_quantity_of_at_least_a_mebibyte() {
+        assert_eq!(read_size("8Gi"), Ok(8 << 30));
+        assert_eq!(read_size("1Mi"), Ok(MIB));
+        assert_eq!(read_size("2e9"), Ok(2_000_000_000));
+        let refused = |t: &str| read_size(t).unwrap_err();
+        assert_eq!(
+            refused("512m"),
+            "is 512 millibytes to Kubernetes (`m` is milli), not 512 MiB as Docker reads it: write 512Mi"
+        );
+        assert!(refused("1500u").starts_with("is 1500 microbytes"));
+        assert_eq!(
+            refused("4096"),
+            "is 4096 bytes, less than 1Mi: a unit left out? (e.g. 4096Mi)"
+        );
+        assert!(refused("900Ki").starts_with("is 921600 bytes, less than 1Mi"));
+        assert_eq!(refused("0"), "is not a Kubernetes quantity of bytes (zero)");
+        assert!(refused("8gb").starts_with("is not a Kubernetes quantity of bytes"));
+        let pod = json!({"metadata": {"annotations": {SIZE_ANNOTATION: "512m"}}});
+        assert!(matches!(
+            shm_size(&pod),
+            Some(SizeAnnotation::Refused { text: "512m", .. })
+        ));
+        assert_eq!(shm_size(&json!({})), None);
     }
 
     #[test]

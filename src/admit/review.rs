@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
-use super::decide::{decide, Decision};
+use super::decide::{decide, unjudged, Decision};
+use super::parse::{self, ParseError};
 use super::{Mode, Outcome};
 
 /// The answer to one request, with what the server logs and counts.
@@ -30,9 +31,15 @@ pub struct Answer {
 /// numbers where the API documents base64, and their request type fails as a whole on an object
 /// it cannot read, losing the uid needed to let that Pod through.
 pub fn answer(body: &[u8], mode: Mode) -> Answer {
-    let review: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return refuse(mode, format!("the body is not JSON: {e}")),
+    // Only what the decision reads is kept (`parse`); a Pod whose kept part is still too large
+    // is read again for its names and container counts, and admitted unjudged.
+    let (review, too_large) = match parse::review(body) {
+        Ok(v) => (v, false),
+        Err(ParseError::TooLarge) => match parse::head(body) {
+            Ok(v) => (v, true),
+            Err(_) => return refuse(mode, "the request's names alone are too large".to_string()),
+        },
+        Err(ParseError::Json(e)) => return refuse(mode, format!("the body is not JSON: {e}")),
     };
     let Some(request) = review.get("request").filter(|r| r.is_object()) else {
         return refuse(mode, "not an AdmissionReview: no request".to_string());
@@ -71,6 +78,15 @@ pub fn answer(body: &[u8], mode: Mode) -> Answer {
     }
     let pod = request.get("object").unwrap_or(&Value::Null);
     let name = pod_name(request, pod);
+    if too_large {
+        let count = |list: &str| {
+            pod.pointer(&format!("/spec/{list}"))
+                .and_then(Value::as_u64)
+        };
+        let containers = count("containers").unwrap_or(0) + count("initContainers").unwrap_or(0);
+        let decision = unjudged(pod, mode, containers);
+        return reply.allow(decision.outcome, Some(name), decision);
+    }
     if let Err(why) = readable(pod) {
         let warning = format!("shmlink: could not read the Pod ({why}); admitted unchanged");
         let decision = Decision {

@@ -2,9 +2,10 @@
 //! `/metrics` over plain HTTP; the certificate read again every `--tls-reload-interval`.
 //!
 //! Every request body goes to `review::answer`, which alone decides; this file reads bodies
-//! (bounded in size and time), counts, logs and writes what `answer` says. Like `crate::server`
-//! the accept loop is our own: a bounded number of connections, deadlines for a TLS handshake,
-//! a request head and a body, so one client that stalls holds only its own connection.
+//! (bounded in size, in time, and in bytes held by all requests together), counts, logs and
+//! writes what `answer` says. What a client may hold of each listener (connections per client
+//! and in all, the probes' reserve, a first request's deadline, idle and slow connections
+//! closed) is `crate::server::listen`'s, shared with `serve`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,21 +13,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use http_body_util::BodyExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
+
+use crate::server::listen::{self, Handshake, Plain};
 
 use super::metrics::AdmissionMetrics;
 use super::review;
@@ -55,35 +53,55 @@ pub struct AdmitSettings {
     pub limits: Limits,
 }
 
-/// What one client may hold.
+/// Request bytes held at once by all requests being read or decided, together: past it a
+/// request waits (within its body deadline), then is answered 503.
+pub const BODY_BUDGET: usize = 16 << 20;
+
+/// Decisions of large bodies (on blocking threads) at once: each holds its body's parse.
+const DECIDING_AT_ONCE: usize = 2;
+
+/// What `admit` lets its clients hold.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Connections served at once (both listeners each); more wait in the listen backlog.
-    pub max_connections: usize,
-    /// A TLS handshake, a request head (and an HTTP/1.1 keep-alive idle), a request body: each
-    /// at most.
-    pub handshake_timeout: Duration,
-    pub header_timeout: Duration,
+    /// The webhook's HTTPS listener (the plain `/metrics` one takes the same, HTTP/1.1 only).
+    pub conns: listen::Limits,
+    /// A request body, read whole, at most.
     pub body_timeout: Duration,
-    /// After SIGTERM, how long the requests in flight may take.
-    pub grace: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            // The API servers hold a few connections each; this is room for many, not a limit
-            // they meet.
-            max_connections: 1024,
-            handshake_timeout: Duration::from_secs(10),
-            // Also how long an HTTP/1.1 connection may idle between requests: longer than the
-            // API server's (Go's) 90 s idle timeout, so the client closes first and never sends
-            // on a connection the server is closing (the request would fail, the Pod go
-            // unjudged).
-            header_timeout: Duration::from_secs(120),
-            // The API server gives up on a webhook after timeoutSeconds (3 s, at most 30 s).
+            conns: listen::Limits {
+                // The API servers hold a few connections each (HTTP/2 multiplexes reviews):
+                // room for many, not a limit they meet. A connection costs tens of KiB (TLS
+                // and HTTP/2 buffers), so this is also what keeps admit in its 64 MiB.
+                max_connections: 256,
+                // An API server behind one address (or a NAT of several) bursting on
+                // HTTP/1.1 opens one connection per review in flight.
+                per_client: 64,
+                probe_reserve: 16,
+                probe_reserve_per_client: 2,
+                probe_paths: &["/healthz"],
+                // A TLS handshake and the request head, from accept: the API server and the
+                // kubelet send both at once.
+                first_request: Duration::from_secs(5),
+                // Also how long an HTTP/1.1 connection may idle between requests: longer than
+                // the API server's (Go's) 90 s idle timeout, so the client closes first and
+                // never sends on a connection the server is closing (the request would fail,
+                // the Pod go unjudged).
+                header_timeout: Duration::from_secs(120),
+                idle_timeout: Duration::from_secs(120),
+                // The API server gives up on a webhook after timeoutSeconds (3 s, at most 30 s).
+                request_timeout: Duration::from_secs(30),
+                lifetime: None,
+                grace: Duration::from_secs(10),
+                h2_max_streams: 32,
+                h2_window: 64 << 10,
+                max_buf: 64 << 10,
+                http2: true,
+            },
             body_timeout: Duration::from_secs(10),
-            grace: Duration::from_secs(10),
         }
     }
 }
@@ -105,6 +123,9 @@ struct AppState {
     mode: Mode,
     metrics: Arc<AdmissionMetrics>,
     body_timeout: Duration,
+    /// [`BODY_BUDGET`] in KiB.
+    budget: Arc<Semaphore>,
+    deciding: Arc<Semaphore>,
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and finishes what is in flight.
@@ -140,18 +161,31 @@ pub async fn serve(
         mode: settings.mode,
         metrics: metrics.clone(),
         body_timeout: settings.limits.body_timeout,
+        budget: Arc::new(Semaphore::new(BODY_BUDGET >> 10)),
+        deciding: Arc::new(Semaphore::new(DECIDING_AT_ONCE)),
     });
-    let limits = settings.limits;
-    let webhook = accept_loop(
+    let limits = settings.limits.conns;
+    let tls = Tls {
+        acceptor,
+        metrics: metrics.clone(),
+    };
+    let http = metrics.http.clone();
+    let webhook = listen::serve(
         https,
-        Some((acceptor, metrics.clone())),
+        tls,
         webhook_router(state),
         limits,
+        http.clone(),
         closing.clone(),
     );
     let scrapes = async move {
         if let Some(listener) = plain {
-            accept_loop(listener, None, metrics_router(metrics), limits, closing).await;
+            let limits = listen::Limits {
+                http2: false,
+                ..limits
+            };
+            let app = metrics_router(metrics);
+            listen::serve(listener, Plain, app, limits, http, closing).await;
         }
     };
     let signal = async move {
@@ -206,9 +240,15 @@ async fn encode_metrics(State(metrics): State<Arc<AdmissionMetrics>>) -> Respons
 /// One AdmissionReview: read, answered by `review::answer`, counted, logged.
 async fn admission(State(state): State<Arc<AppState>>, mode: Mode, body: Body) -> Response {
     let started = Instant::now();
-    let answer = match read_body(body, state.body_timeout).await {
-        Ok(bytes) if bytes.len() > BLOCKING_BODY => {
-            match tokio::task::spawn_blocking(move || review::answer(&bytes, mode)).await {
+    let answer = match read_body(body, state.body_timeout, &state.budget).await {
+        Ok((bytes, held)) if bytes.len() > BLOCKING_BODY => {
+            let turn = state.deciding.clone().acquire_owned().await;
+            let decided = tokio::task::spawn_blocking(move || {
+                let answer = review::answer(&bytes, mode);
+                drop((bytes, held, turn));
+                answer
+            });
+            match decided.await {
                 Ok(answer) => answer,
                 Err(_) => refused(
                     mode,
@@ -217,7 +257,7 @@ async fn admission(State(state): State<Arc<AppState>>, mode: Mode, body: Body) -
                 ),
             }
         }
-        Ok(bytes) => review::answer(&bytes, mode),
+        Ok((bytes, _held)) => review::answer(&bytes, mode),
         Err(BodyError::TooLarge) => refused(
             mode,
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -227,6 +267,11 @@ async fn admission(State(state): State<Arc<AppState>>, mode: Mode, body: Body) -
             mode,
             StatusCode::REQUEST_TIMEOUT,
             "the request body did not arrive in time",
+        ),
+        Err(BodyError::Busy) => refused(
+            mode,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is busy reading other requests",
         ),
         Err(BodyError::Broken(why)) => refused(
             mode,
@@ -268,18 +313,60 @@ fn refused(mode: Mode, status: StatusCode, why: &str) -> review::Answer {
 enum BodyError {
     TooLarge,
     Slow,
+    Busy,
     Broken(String),
 }
 
-/// The whole body, at most [`MAX_BODY`] bytes and within `timeout`.
-async fn read_body(body: Body, timeout: Duration) -> Result<axum::body::Bytes, BodyError> {
-    let limited = Limited::new(body, MAX_BODY);
-    match tokio::time::timeout(timeout, limited.collect()).await {
-        Err(_) => Err(BodyError::Slow),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge),
-        Ok(Err(e)) => Err(BodyError::Broken(e.to_string())),
+/// The whole body, at most [`MAX_BODY`] bytes and within `timeout`, each piece charged to the
+/// `budget` (KiB) before it is kept; the charge is given back when the permit is dropped.
+async fn read_body(
+    mut body: Body,
+    timeout: Duration,
+    budget: &Arc<Semaphore>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut kib = 0u32;
+    let mut bytes = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(BodyError::Slow),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(BodyError::Broken(e.to_string())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let len = bytes.len() + data.len();
+        if len > MAX_BODY {
+            return Err(BodyError::TooLarge);
+        }
+        let need = len.div_ceil(1024) as u32 - kib;
+        if need > 0 {
+            let more = budget.clone().acquire_many_owned(need);
+            let Ok(Ok(more)) = tokio::time::timeout_at(deadline, more).await else {
+                return Err(BodyError::Busy);
+            };
+            kib += need;
+            match held.as_mut() {
+                Some(h) => h.merge(more),
+                None => held = Some(more),
+            }
+        }
+        if bytes.is_empty() {
+            bytes.reserve_exact(body_hint(&body).min(MAX_BODY).max(data.len()));
+        }
+        bytes.extend_from_slice(&data);
     }
+    Ok((Bytes::from(bytes), held))
+}
+
+/// What the body says it will be (its Content-Length), for one allocation of that size.
+fn body_hint(body: &Body) -> usize {
+    use hyper::body::Body as _;
+    let hint = body.size_hint();
+    usize::try_from(hint.exact().unwrap_or(hint.lower())).unwrap_or(0)
 }
 
 /// Every `interval`, the files read again off the runtime; a new pair is stored for the next
@@ -321,96 +408,32 @@ async fn reload_loop(
     }
 }
 
-/// Accepts until `closing` turns true, then lets each connection finish its requests in flight
-/// within the grace.
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<(TlsAcceptor, Arc<AdmissionMetrics>)>,
-    app: Router,
-    limits: Limits,
-    mut closing: watch::Receiver<bool>,
-) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let mut connections = JoinSet::new();
-    loop {
-        // A slot first, then accept: at the limit, new clients wait in the backlog.
-        let slot = tokio::select! {
-            _ = closing.wait_for(|c| *c) => break,
-            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-        };
-        let stream = tokio::select! {
-            _ = closing.wait_for(|c| *c) => break,
-            stream = crate::server::accept(&listener) => stream,
-        };
-        let app = app.clone();
-        let closing = closing.clone();
-        let tls = tls.clone();
-        connections.spawn(async move {
-            let _slot = slot;
-            match tls {
-                None => connection(TokioIo::new(stream), app, limits, closing).await,
-                Some((acceptor, metrics)) => {
-                    let handshake =
-                        tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream));
-                    match handshake.await {
-                        Ok(Ok(stream)) => {
-                            connection(TokioIo::new(stream), app, limits, closing).await
-                        }
-                        // A port probe (connected, closed, said nothing) is no handshake.
-                        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
-                        // A scanner, or an API server whose caBundle is not our CA: with
-                        // failurePolicy Ignore the latter admits every Pod unchecked, so say it
-                        // (the first, then every 1,000th) and count each.
-                        failed => {
-                            let n = metrics.handshake_failed();
-                            if n == 1 || n % 1000 == 0 {
-                                let why = match failed {
-                                    Ok(Err(e)) => e.to_string(),
-                                    _ => "timed out".to_string(),
-                                };
-                                tracing::warn!(failures = n, "TLS handshake failed: {why}");
-                            }
-                        }
-                    }
-                }
-            }
-        });
-        while connections.try_join_next().is_some() {}
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(limits.grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
+/// The webhook's TLS: a handshake under the connection's first deadline, its failures counted
+/// (a scanner, or an API server whose caBundle is not our CA: with failurePolicy Ignore the
+/// latter admits every Pod unchecked, so the first is logged, then every 1,000th).
+#[derive(Clone)]
+struct Tls {
+    acceptor: TlsAcceptor,
+    metrics: Arc<AdmissionMetrics>,
 }
 
-/// One connection, HTTP/2 or HTTP/1.1 (hyper tells them by the HTTP/2 preface, which is what
-/// ALPN's `h2` promises), until it ends or the server closes.
-async fn connection<I>(
-    io: TokioIo<I>,
-    app: Router,
-    limits: Limits,
-    mut closing: watch::Receiver<bool>,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(limits.header_timeout));
-    let served = builder.serve_connection(io, TowerToHyperService::new(app));
-    tokio::pin!(served);
-    tokio::select! {
-        _ = served.as_mut() => return,
-        _ = closing.wait_for(|c| *c) => {}
+impl Handshake for Tls {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+
+    async fn handshake(&self, tcp: TcpStream, deadline: tokio::time::Instant) -> Option<Self::Io> {
+        let failed = match tokio::time::timeout_at(deadline, self.acceptor.accept(tcp)).await {
+            Ok(Ok(stream)) => return Some(stream),
+            // A port probe (connected, closed, said nothing) is no handshake.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        let n = self.metrics.handshake_failed();
+        if n == 1 || n.is_multiple_of(1000) {
+            tracing::warn!(failures = n, "TLS handshake failed: {failed}");
+        }
+        None
     }
-    served.as_mut().graceful_shutdown();
-    let _ = tokio::time::timeout(limits.grace, served).await;
 }
 
 #[cfg(test)]
@@ -424,6 +447,8 @@ mod tests {
             mode: Mode::Warn,
             metrics: metrics.clone(),
             body_timeout: Duration::from_millis(100),
+            budget: Arc::new(Semaphore::new(BODY_BUDGET >> 10)),
+            deciding: Arc::new(Semaphore::new(DECIDING_AT_ONCE)),
         }))
     }
 

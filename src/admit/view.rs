@@ -55,17 +55,21 @@ fn judged(pod: &Value, container: &Value, need: &PodNeed) -> Report {
     )
 }
 
-/// What the Pod says it needs, as preflight's need: the size annotation as `--min-shm`, else
+/// What the Pod says it needs, as preflight's need: the size annotation (when `pod::read_size`
+/// takes it) as `--min-shm`, else
 /// the options of a `shmlink preflight` one of its containers runs, read by preflight's own
 /// command line (so the webhook sizes /dev/shm for exactly what that preflight will ask), else
 /// nothing said (the GPU default).
 pub fn need_spec(pod: &Value) -> NeedSpec {
-    let annotated = pod::annotation(pod, pod::SIZE_ANNOTATION)
-        .and_then(|s| parse_quantity_bytes(s).ok())
-        .filter(|&b| b > 0);
-    if let Some(bytes) = annotated {
+    if let Some(pod::SizeAnnotation::Taken { bytes, .. }) = pod::shm_size(pod) {
         return NeedSpec::MinShm(bytes);
     }
+    preflight_need_spec(pod)
+}
+
+/// What a `shmlink preflight` one of the Pod's containers runs asks for (its options, else its
+/// `SHMLINK_MIN_SHM`), whatever the annotation says.
+pub fn preflight_need_spec(pod: &Value) -> NeedSpec {
     pod::containers(pod)
         .iter()
         .filter_map(|c| pod::preflight_options(c.value))

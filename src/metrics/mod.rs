@@ -10,6 +10,7 @@ mod blind;
 mod device_taint;
 mod failures;
 mod gpu;
+pub mod http;
 mod links;
 mod self_metrics;
 mod shm;
@@ -55,6 +56,8 @@ pub struct Metrics {
     pub node_condition_write_errors: Counter,
     /// The DeviceTaintRules' series, exported once [`Metrics::register_device_taints`] is called.
     pub device_taints: DeviceTaintMetrics,
+    /// The HTTP listener's refusals and sheddings (`server::listen`).
+    pub http: http::HttpMetrics,
     sources: SourceMetrics,
 }
 
@@ -65,7 +68,10 @@ impl Metrics {
         let own = SelfMetrics::register(&mut registry);
         registry.register_collector(Box::new(SnapshotCollector { snapshot }));
         let sources = SourceMetrics::register(&mut registry);
+        let http = http::HttpMetrics::default();
+        http.register(&mut registry);
         Metrics {
+            http,
             registry,
             kube_events_dropped: own.kube_events_dropped.clone(),
             node_condition_writes: own.node_condition_writes.clone(),

@@ -1,5 +1,6 @@
 //! History: the failures told and the findings as they began and ended, as rows; how they are
-//! written (in the writer's transaction), pruned (oldest first) and read back (filters, bounded).
+//! written (in the writer's transaction), pruned (oldest first) and read back (filters, bounded:
+//! which rows and in what order is `pages.rs`).
 
 use std::time::{Duration, SystemTime};
 
@@ -7,6 +8,7 @@ use rusqlite::{params, Connection, Transaction};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::pages::Plan;
 use crate::model::{unix_ms, Failure, Finding, Subject};
 
 /// How much history is kept: the last `max_age`, and at most `max_rows` rows and `max_bytes`
@@ -201,31 +203,28 @@ pub fn query(conn: &Connection, filter: &Filter) -> rusqlite::Result<History> {
     })
 }
 
-fn select(conn: &Connection, table: &str, filter: &Filter) -> rusqlite::Result<(Vec<Value>, bool)> {
-    let since = filter.since.map_or(i64::MIN, unix_ms);
-    let limit = if filter.limit == 0 {
-        i64::MAX
-    } else {
-        i64::try_from(filter.limit)
-            .unwrap_or(i64::MAX)
-            .saturating_add(1)
-    };
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT json FROM {table} WHERE at_ms >= ?1
-           AND (?2 IS NULL OR namespace = ?2) AND (?3 IS NULL OR pod = ?3)
-         ORDER BY at_ms DESC, id DESC LIMIT ?4"
-    ))?;
-    let mut rows: Vec<Value> = stmt
-        .query_map(params![since, filter.namespace, filter.pod, limit], |r| {
-            r.get::<_, String>(0)
-        })?
-        // A row that no longer parses is left out rather than failing the whole answer.
-        .filter_map(|json| serde_json::from_str(&json.ok()?).ok())
-        .collect();
-    let cut = filter.limit != 0 && rows.len() > filter.limit;
-    rows.truncate(if cut { filter.limit } else { rows.len() });
-    rows.reverse();
-    Ok((rows, cut))
+fn select(
+    conn: &Connection,
+    table: &'static str,
+    filter: &Filter,
+) -> rusqlite::Result<(Vec<Value>, bool)> {
+    let plan = Plan::new(conn, table, filter)?;
+    let mut rows = Vec::new();
+    let mut after = None;
+    loop {
+        let page = plan.page(conn, after, 512, usize::MAX)?;
+        for (at, id, json) in page.rows {
+            after = Some((at, id));
+            // A row that no longer parses is left out rather than failing the whole answer.
+            if let Ok(v) = serde_json::from_str(&json) {
+                rows.push(v);
+            }
+        }
+        if !page.more {
+            break;
+        }
+    }
+    Ok((rows, plan.truncated))
 }
 
 /// `history`'s table for a person: one line per failure, then one per finding's change.

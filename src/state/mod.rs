@@ -6,11 +6,13 @@
 //! - `schema.rs`: the tables and the meta row;
 //! - `writer.rs`: the one writer thread, batched and bounded;
 //! - `history.rs`: the history's rows, pruning and reading back;
+//! - `pages.rs`: which rows a reading takes, a page at a time (`/api/v1/failures` streams them);
 //! - `links.rs`: each NVLink's error counters, hourly over days (`gpu::trend`).
 
 pub mod history;
 pub mod links;
 pub mod open;
+pub mod pages;
 pub mod schema;
 pub mod writer;
 
@@ -383,6 +385,16 @@ pub fn read_link_samples(dir: &Path) -> Result<Vec<LinkSample>, Unavailable> {
 pub fn read_history(dir: &Path, filter: &Filter) -> Result<History, Unavailable> {
     let conn = open::open_read_only(dir)?;
     history::query(&conn, filter).map_err(|source| Unavailable::Sqlite {
+        path: dir.join(open::FILE),
+        source,
+    })
+}
+
+/// The history of the store in `dir` as `/api/v1/failures` writes it, a page at a time
+/// (read-only; each page read where blocking is fine).
+pub fn read_history_pages(dir: &Path, filter: &Filter) -> Result<pages::Pages, Unavailable> {
+    let conn = open::open_read_only(dir)?;
+    pages::Pages::new(conn, filter).map_err(|source| Unavailable::Sqlite {
         path: dir.join(open::FILE),
         source,
     })

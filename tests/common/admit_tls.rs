@@ -149,7 +149,30 @@ pub async fn tls_connect(
     addr: SocketAddr,
     connector: &TlsConnector,
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
+    tls_connect_from(None, addr, connector).await
+}
+
+/// A TCP connection to `addr` from the loopback address `from` (127.0.0.x: another client as
+/// the server counts them), or from wherever the system picks.
+pub async fn tcp_from(
+    from: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let Some(ip) = from else {
+        return TcpStream::connect(addr).await;
+    };
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(ip, 0))?;
+    socket.connect(addr).await
+}
+
+/// [`tls_connect`] from the loopback address `from`.
+pub async fn tls_connect_from(
+    from: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    connector: &TlsConnector,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = tcp_from(from, addr).await?;
     tcp.set_nodelay(true)?;
     let name = ServerName::try_from("shmlink-admission.shmlink.svc").unwrap();
     connector.connect(name, tcp).await
@@ -188,7 +211,17 @@ impl Reply {
 
 impl Client {
     pub async fn connect(addr: SocketAddr, ca_pem: &str, http: Http) -> std::io::Result<Client> {
-        let tls = tls_connect(addr, &connector(ca_pem, http)).await?;
+        Client::connect_from(None, addr, ca_pem, http).await
+    }
+
+    /// [`Client::connect`] from the loopback address `from`.
+    pub async fn connect_from(
+        from: Option<std::net::IpAddr>,
+        addr: SocketAddr,
+        ca_pem: &str,
+        http: Http,
+    ) -> std::io::Result<Client> {
+        let tls = tls_connect_from(from, addr, &connector(ca_pem, http)).await?;
         let negotiated = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
         assert_eq!(negotiated.as_deref(), Some(http.alpn()), "ALPN");
         let io = TokioIo::new(tls);

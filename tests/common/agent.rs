@@ -2,23 +2,52 @@
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A GET over a plain socket: the tests need a status line and a body, nothing more.
 pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let raw = request(
+    get_from(None, addr, path)
+}
+
+/// [`get`] from the loopback address `from` (127.0.0.x: another client, as the server counts
+/// them).
+pub fn get_from(from: Option<IpAddr>, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let raw = request_from(
+        from,
         addr,
         &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
     )?;
     let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    // An answer written as it is read (`/api/v1/failures`) comes in chunks.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        String::from_utf8(dechunk(body.as_bytes())?).ok()?
+    } else {
+        body.to_string()
+    };
     Some((status, body))
+}
+
+/// An HTTP/1.1 chunked body, joined; None when it is cut short.
+pub fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
 }
 
 /// The status of a bodiless request with any method.
@@ -33,12 +62,37 @@ pub fn method(addr: SocketAddr, method: &str, path: &str) -> Option<u16> {
 }
 
 fn request(addr: SocketAddr, head: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    request_from(None, addr, head)
+}
+
+fn request_from(from: Option<IpAddr>, addr: SocketAddr, head: &str) -> Option<String> {
+    let mut s = match from {
+        None => TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?,
+        Some(ip) => connect_from(ip, addr).ok()?,
+    };
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     s.write_all(head.as_bytes()).ok()?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;
     Some(raw)
+}
+
+/// A blocking TCP connection to `addr` from the local address `from` (std cannot bind before
+/// it connects; tokio's socket can, on a runtime of its own for the moment).
+pub fn connect_from(from: IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let stream = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(from, 0))?;
+        let stream = tokio::time::timeout(Duration::from_secs(2), socket.connect(addr))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        stream.into_std()
+    })?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// The value of the one series of `metric` whose labels include every pair of `labels`.

@@ -20,6 +20,7 @@ pub mod fake_nvml;
 pub mod fuse;
 pub mod kube_api;
 pub mod link_days;
+pub mod memcg;
 pub mod oom;
 pub mod pod_resources;
 pub mod promtext;

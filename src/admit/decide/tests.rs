@@ -42,6 +42,34 @@ fn the_size_is_the_gpu_default_or_the_annotation() {
     );
 }
 
+/// Kubernetes reads `512m` as 0.512 bytes, and a few thousand bytes of /dev/shm is a unit left
+/// out: neither is taken, each is warned about, and the size is what the Pod would get without.
+#[test]
+fn a_milli_or_sub_mebibyte_annotation_is_warned_about_not_taken() {
+    for (text, why) in [
+        ("512m", "is 512 millibytes to Kubernetes (`m` is milli), not 512 MiB as Docker reads it: write 512Mi"),
+        ("4096", "is 4096 bytes, less than 1Mi: a unit left out? (e.g. 4096Mi)"),
+    ] {
+        let mut p = pod(json!([gpu("t", "8", Some("32Gi"))]));
+        p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": text});
+        let mut w = Vec::new();
+        assert_eq!(size(&p, &mut w).text, "1Gi");
+        assert_eq!(
+            w,
+            vec![format!("shmlink: annotation shmlink.io/shm-size: {text:?} {why}; using 1Gi")]
+        );
+        // Mutated, the Pod gets the GPU default, not a tmpfs of a byte.
+        let d = decide(&p, Mode::Mutate);
+        assert_eq!(d.outcome, Outcome::Mutated);
+        let volume = d.patch.iter().find_map(|op| match op {
+            PatchOperation::Add(a) if a.path.as_str() == "/spec/volumes" => Some(a.value.clone()),
+            _ => None,
+        });
+        assert_eq!(volume.unwrap()[0]["emptyDir"]["sizeLimit"], "1Gi");
+        assert!(d.warnings[0].contains(why), "{:?}", d.warnings);
+    }
+}
+
 /// A preflight init container states the need; the webhook sizes /dev/shm for exactly that,
 /// read by preflight's own command line, and the patched container then passes it.
 #[test]
@@ -79,10 +107,22 @@ fn the_size_is_what_a_preflight_the_pod_runs_asks_for() {
     // Options preflight would refuse say nothing: the GPU default.
     let p = check(json!(["shmlink", "preflight", "--min-shm", "lots"]), None);
     assert_eq!(size(&p, &mut w).text, "1Gi");
-    // The annotation overrides what preflight asks.
+    assert!(w.is_empty(), "{w:?}");
+    // The annotation overrides what preflight asks, and below it is warned about: the mount
+    // would fail that preflight. From its env too.
     let mut p = check(json!(["shmlink", "preflight", "--min-shm", "8Gi"]), None);
     p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "2Gi"});
     assert_eq!(size(&p, &mut w).text, "2Gi");
+    assert_eq!(w, vec!["shmlink: annotation shmlink.io/shm-size: \"2Gi\" is below the 8Gi the Pod's own `shmlink preflight` asks for: preflight will fail on it; raise the annotation to 8Gi".to_string()]);
+    let mut p = check(json!(["shmlink", "preflight"]), Some("3Gi"));
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "2Gi"});
+    w.clear();
+    assert_eq!(size(&p, &mut w).text, "2Gi");
+    assert!(w.len() == 1 && w[0].contains("below the 3Gi"), "{w:?}");
+    // At or above it: nothing to say.
+    p["metadata"]["annotations"] = json!({"shmlink.io/shm-size": "3Gi"});
+    w.clear();
+    assert_eq!(size(&p, &mut w).text, "3Gi");
     assert!(w.is_empty(), "{w:?}");
     // Mutated, the preflight container and the GPU container both pass an 8Gi need.
     let p = check(json!(["/shmlink", "preflight", "--min-shm", "8Gi"]), None);
@@ -192,4 +232,32 @@ fn what_is_not_a_container_gets_no_patch() {
     let mut after = p.clone();
     json_patch::patch(&mut after, &d.patch).unwrap();
     assert_eq!(after["spec"]["containers"][0], json!("junk"));
+}
+
+#[test]
+fn a_pod_of_more_containers_than_are_judged_gets_one_warning_and_no_patch() {
+    let many = |n: usize| -> Value {
+        (0..n)
+            .map(|i| gpu(&format!("c{i}"), "1", Some("8Gi")))
+            .collect()
+    };
+    let d = decide(&pod(many(MAX_CONTAINERS + 1)), Mode::Mutate);
+    assert_eq!(d.outcome, Outcome::Warned);
+    assert!(d.patch.is_empty());
+    assert_eq!(d.warnings, vec!["shmlink: this Pod has 129 containers, more than the 128 the webhook judges: admitted unchanged. Run `shmlink preflight` in its GPU containers to check their /dev/shm".to_string()]);
+    // As many as are judged: each is.
+    let d = decide(&pod(many(MAX_CONTAINERS)), Mode::Mutate);
+    assert_eq!(d.outcome, Outcome::Mutated);
+    assert_eq!(d.warnings.len(), MAX_CONTAINERS);
+    // Too large to read: left alone as any Pod would be, else the same one warning.
+    let host = json!({"spec": {"hostIPC": true}});
+    assert_eq!(
+        unjudged(&host, Mode::Mutate, 20_000).outcome,
+        Outcome::HostIpc
+    );
+    let d = unjudged(&json!({}), Mode::Warn, 3);
+    assert!(
+        d.warnings[0].contains("is larger than the webhook reads (2 MiB"),
+        "{d:?}"
+    );
 }

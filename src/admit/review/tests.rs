@@ -90,3 +90,28 @@ fn the_answer_speaks_the_requests_version_and_carries_a_base64_patch() {
     let ops: Value = serde_json::from_slice(&patch).unwrap();
     assert_eq!(ops[0]["path"], json!("/spec/volumes"));
 }
+
+/// A Pod whose kept part passes `parse::BUDGET` is read again for its names and counts only,
+/// and let through unchanged with the one warning that says why; opted out, it is left alone.
+#[test]
+fn a_pod_too_large_to_read_is_let_through_with_one_warning() {
+    let containers: Vec<Value> = (0..20_000)
+        .map(|i| json!({"name": format!("c{i}"), "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
+        .collect();
+    let mut object = json!({"metadata": {"name": "crowd"}, "spec": {"containers": containers}});
+    let a = answer(&review(pod_request(object.clone())), Mode::Mutate);
+    assert_eq!((a.status, a.outcome), (200, Outcome::Warned));
+    assert_eq!(a.pod.as_deref(), Some("ml/crowd"));
+    let response = &body(&a)["response"];
+    assert_eq!(response["uid"], "u-1");
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("patch").is_none(), "{response}");
+    assert_eq!(
+        response["warnings"],
+        json!(["shmlink: this Pod has 20000 containers, more than the 128 the webhook judges: admitted unchanged. Run `shmlink preflight` in its GPU containers to check their /dev/shm"])
+    );
+    object["metadata"]["annotations"] = json!({"shmlink.io/admission": "off"});
+    let a = answer(&review(pod_request(object)), Mode::Mutate);
+    assert_eq!(a.outcome, Outcome::OptedOut);
+    assert!(body(&a)["response"].get("warnings").is_none());
+}
