@@ -7,13 +7,17 @@ use rusqlite::{params, Connection, Transaction};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::model::{unix_ms, Failure, Finding, Subject};
+pub use super::prune::{prune, Pruned, PER_OWNER};
+use crate::model::{printable, unix_ms, Failure, Finding, Subject};
 
-/// How much history is kept: the last `max_age`, and at most `max_rows` rows and `max_bytes`
-/// of JSON in each of the two tables; the oldest go first.
+/// How much history is kept: the last `max_age`; at most `per_owner` rows of each kind per
+/// owner (a Pod, else a container or a finding's subject), its newest; and at most `max_rows`
+/// rows and `max_bytes` of JSON in each of the two tables, cut from the largest groups first
+/// (`prune.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Retention {
     pub max_age: Duration,
+    pub per_owner: u64,
     pub max_rows: u64,
     pub max_bytes: u64,
 }
@@ -24,6 +28,7 @@ impl Default for Retention {
     fn default() -> Self {
         Retention {
             max_age: Duration::from_secs(7 * 24 * 3600),
+            per_owner: super::prune::PER_OWNER,
             max_rows: 100_000,
             max_bytes: 64 << 20,
         }
@@ -140,35 +145,6 @@ pub(super) fn insert_finding(tx: &Transaction<'_>, r: &FindingRow) -> rusqlite::
     .map(drop)
 }
 
-/// Deletes what `keep` no longer keeps, oldest first; the rows deleted.
-pub fn prune(conn: &Connection, keep: &Retention, now: SystemTime) -> rusqlite::Result<usize> {
-    let oldest = unix_ms(now) - i64::try_from(keep.max_age.as_millis()).unwrap_or(i64::MAX);
-    let rows = i64::try_from(keep.max_rows).unwrap_or(i64::MAX);
-    let bytes = i64::try_from(keep.max_bytes).unwrap_or(i64::MAX);
-    let mut deleted = 0;
-    for table in ["failures", "findings"] {
-        deleted += conn.execute(&format!("DELETE FROM {table} WHERE at_ms < ?1"), [oldest])?;
-        // Rows beyond the newest `max_rows` (by insertion: ids only grow).
-        deleted += conn.execute(
-            &format!(
-                "DELETE FROM {table} WHERE id <= (SELECT id FROM {table}
-                 ORDER BY id DESC LIMIT 1 OFFSET ?1)"
-            ),
-            [rows],
-        )?;
-        // The oldest beyond `max_bytes` of JSON, counted from the newest.
-        deleted += conn.execute(
-            &format!(
-                "DELETE FROM {table} WHERE id <= (SELECT id FROM (SELECT id,
-                 SUM(length(json)) OVER (ORDER BY id DESC) AS acc FROM {table})
-                 WHERE acc > ?1 ORDER BY id DESC LIMIT 1)"
-            ),
-            [bytes],
-        )?;
-    }
-    Ok(deleted)
-}
-
 /// What a reader asks of the history.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
@@ -188,6 +164,9 @@ pub struct History {
     /// Set when `limit` cut older rows off.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// What pruning cut in the window, per owner and kind (`prune.rs`), newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pruned: Vec<Pruned>,
 }
 
 /// Reads the rows `filter` asks for.
@@ -198,6 +177,7 @@ pub fn query(conn: &Connection, filter: &Filter) -> rusqlite::Result<History> {
         failures,
         findings,
         truncated: cut_f || cut_g,
+        pruned: super::prune::read(conn, filter)?,
     })
 }
 
@@ -231,7 +211,7 @@ fn select(conn: &Connection, table: &str, filter: &Filter) -> rusqlite::Result<(
 /// `history`'s table for a person: one line per failure, then one per finding's change.
 pub fn render(h: &History) -> String {
     let mut out = String::new();
-    if h.failures.is_empty() && h.findings.is_empty() {
+    if h.failures.is_empty() && h.findings.is_empty() && h.pruned.is_empty() {
         return "nothing stored for this window\n".into();
     }
     let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
@@ -271,6 +251,17 @@ pub fn render(h: &History) -> String {
                 s(f, "message")
             ));
         }
+    }
+    for p in &h.pruned {
+        out.push_str(&format!(
+            "(and {} more {} of {} from {} to {}: the newest {} of each kind are kept per Pod)\n",
+            p.count,
+            printable(&p.kind),
+            printable(&p.owner),
+            p.first_at,
+            p.last_at,
+            super::prune::PER_OWNER
+        ));
     }
     if h.truncated {
         out.push_str("(older rows left out: narrow --since, --namespace or --pod)\n");
