@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use super::prune::{prune, Pruned, PER_OWNER};
-use crate::model::{printable, unix_ms, Failure, Finding, Subject};
+use crate::model::{printable, redact, unix_ms, Failure, Finding, Subject};
 
 /// How much history is kept: the last `max_age`; at most `per_owner` rows of each kind per
 /// owner (a Pod, else a container or a finding's subject), its newest; and at most `max_rows`
@@ -201,11 +201,25 @@ fn select(conn: &Connection, table: &str, filter: &Filter) -> rusqlite::Result<(
         })?
         // A row that no longer parses is left out rather than failing the whole answer.
         .filter_map(|json| serde_json::from_str(&json.ok()?).ok())
+        .map(scrubbed)
         .collect();
     let cut = filter.limit != 0 && rows.len() > filter.limit;
     rows.truncate(if cut { filter.limit } else { rows.len() });
     rows.reverse();
     Ok((rows, cut))
+}
+
+/// A row as it is served: the texts a workload's line reached redacted and written out again,
+/// for rows an older shmlink stored before it did so itself (a no-op for the others).
+fn scrubbed(mut row: Value) -> Value {
+    if let Value::Object(map) = &mut row {
+        for key in ["evidence", "message", "told_by_workload"] {
+            if let Some(Value::String(text)) = map.get_mut(key) {
+                *text = printable(&redact(text));
+            }
+        }
+    }
+    row
 }
 
 /// `history`'s table for a person: one line per failure, then one per finding's change.
@@ -214,7 +228,8 @@ pub fn render(h: &History) -> String {
     if h.failures.is_empty() && h.findings.is_empty() && h.pruned.is_empty() {
         return "nothing stored for this window\n".into();
     }
-    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    // Written out whatever the store holds: a terminal never gets a raw control character.
+    let s = |v: &Value, k: &str| printable(v.get(k).and_then(Value::as_str).unwrap_or("-"));
     if !h.failures.is_empty() {
         out.push_str("FAILURES\n");
         for f in &h.failures {
