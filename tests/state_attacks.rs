@@ -415,3 +415,45 @@ fn a_store_that_does_not_open_in_time_is_gone_without() {
     );
     assert_eq!(m.up.get(), 1);
 }
+
+/// A row an older agent stored with the line whole (a secret, a bidi override) is served
+/// redacted and written out by `history` and `/api/v1/failures`, which read the same way.
+#[test]
+fn a_row_an_older_agent_stored_whole_is_served_redacted() {
+    let tmp = tempfile::tempdir().unwrap();
+    drop(
+        Store::open(
+            tmp.path(),
+            &me(),
+            Options::default(),
+            &StateMetrics::default(),
+        )
+        .unwrap(),
+    );
+    let mut f = failure("old-0", FindingKind::ShmAllocationFailed, SystemTime::now());
+    f.evidence = "token=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln bus error \u{202e}exe".into();
+    f.message = format!("its log said \"{}\"", f.evidence);
+    let row = state::history::FailureRow::new(&f, false, SystemTime::now());
+    let c = Connection::open(db(tmp.path())).unwrap();
+    c.execute(
+        "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+        rusqlite::params![row.at_ms, row.namespace, row.pod, row.kind, row.json],
+    )
+    .unwrap();
+    drop(c);
+    let h = state::read_history(tmp.path(), &state::Filter::default()).unwrap();
+    let served = serde_json::to_string(&h).unwrap();
+    assert!(
+        !served.contains("eyJ") && !served.contains('\u{202e}'),
+        "{served}"
+    );
+    assert_eq!(
+        h.failures[0]["evidence"],
+        "token=<redacted> bus error \\u{202e}exe"
+    );
+    let text = state::history::render(&h);
+    assert!(
+        !text.contains("eyJ") && !text.contains('\u{202e}'),
+        "{text}"
+    );
+}
