@@ -3,7 +3,7 @@
 //! write, and a storm of one Pod's deaths that must not erase another Pod's history.
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -150,7 +150,7 @@ fn a_fifo_at_the_stores_name_never_blocks_the_open_nor_a_reader() {
     let dir = tmp.path();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &db(dir),
+        db(dir),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o600),
         0,
@@ -176,17 +176,7 @@ fn a_fifo_at_the_stores_name_never_blocks_the_open_nor_a_reader() {
     assert!(fs::symlink_metadata(&aside[0])
         .unwrap()
         .file_type()
-        .is_fifo_like());
-}
-
-trait FifoLike {
-    fn is_fifo_like(&self) -> bool;
-}
-
-impl FifoLike for fs::FileType {
-    fn is_fifo_like(&self) -> bool {
-        std::os::unix::fs::FileTypeExt::is_fifo(self)
-    }
+        .is_fifo());
 }
 
 #[test]

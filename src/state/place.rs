@@ -171,7 +171,7 @@ pub fn set_aside(path: &Path, prefix: &str, keep: usize) -> io::Result<PathBuf> 
             CWD,
             &from,
             CWD,
-            &with_suffix(&aside, suffix),
+            with_suffix(&aside, suffix),
             RenameFlags::NOREPLACE,
         ) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => {}
