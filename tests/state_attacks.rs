@@ -2,6 +2,8 @@
 //! symlink, a FIFO, another program's database, a hard link), a state directory others may
 //! write, and a storm of one Pod's deaths that must not erase another Pod's history.
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -446,4 +448,47 @@ fn a_row_an_older_agent_stored_whole_is_served_redacted() {
         !text.contains("eyJ") && !text.contains('\u{202e}'),
         "{text}"
     );
+}
+
+/// The red team's start against the release binary: a FIFO where `serve`'s store goes blocked its
+/// start for ever. `serve` starts, answers, and keeps a fresh store; the FIFO is set aside.
+#[test]
+fn serve_starts_with_a_fifo_where_its_store_goes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    fs::create_dir(&dir).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &db(&dir),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let agent = common::agent::Agent::start(
+        &[
+            "--no-gpu",
+            "--kmsg",
+            "off",
+            "--death-trace",
+            "off",
+            "--state-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    agent.wait_ready();
+    let body = agent.metrics();
+    let m = |name: &str, labels: &[(&str, &str)]| common::agent::sample(&body, name, labels);
+    assert_eq!(m("shmlink_state_up", &[]), Some(1.0), "{body}");
+    assert_eq!(
+        m("shmlink_state_resets_total", &[("reason", "not_regular")]),
+        Some(1.0)
+    );
+    assert!(asides(&dir, "not_regular").len() == 1);
+    assert!(fs::symlink_metadata(db(&dir))
+        .unwrap()
+        .file_type()
+        .is_file());
+    assert!(agent.terminate().success());
 }
