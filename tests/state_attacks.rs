@@ -459,7 +459,7 @@ fn serve_starts_with_a_fifo_where_its_store_goes() {
     fs::create_dir(&dir).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &db(&dir),
+        db(&dir),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o600),
         0,
