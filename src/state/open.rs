@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::place::{self, Found as OnDisk};
+use super::place::{self, By, Found as OnDisk};
 use super::schema::{self, Meta, SCHEMA_VERSION};
 use super::Identity;
 
@@ -166,7 +166,7 @@ const HEADER: &[u8; 16] = b"SQLite format 3\0";
 /// (permissions, a full disk) are not corruption: nothing moves.
 fn inspect(path: &Path) -> Found {
     let mut head = Vec::with_capacity(100);
-    match place::look(path) {
+    match place::look(path, By::Writer) {
         Err(e) => return Found::Error(io_error(e)),
         Ok(OnDisk::Other(what)) => return not_regular(path, what),
         Ok(OnDisk::Absent) => {}
@@ -176,7 +176,7 @@ fn inspect(path: &Path) -> Found {
             }
         }
     }
-    match place::odd_companion(path) {
+    match place::odd_companion(path, By::Writer) {
         Err(e) => return Found::Error(io_error(e)),
         Ok(Some((companion, what))) => return not_regular(&companion, what),
         Ok(None) => {}
@@ -252,7 +252,7 @@ fn set_modes(conn: &Connection) -> rusqlite::Result<()> {
 /// written. What was at the name is gone by now: nothing, an empty file (removed), or moved
 /// aside; so are companions that belong to no database.
 fn create(path: &Path, identity: &Identity) -> rusqlite::Result<Connection> {
-    if let Ok(OnDisk::File(f)) = place::look(path) {
+    if let Ok(OnDisk::File(f)) = place::look(path, By::Writer) {
         if f.metadata().map(|m| m.len()).unwrap_or(1) == 0 {
             fs::remove_file(path).map_err(io_error)?;
         }
@@ -294,8 +294,8 @@ pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
         source,
     };
     // Looked at first, as `open` does: a link is not followed, a FIFO not waited on.
-    let odd = match place::look(&path) {
-        Ok(OnDisk::File(_)) => place::odd_companion(&path),
+    let odd = match place::look(&path, By::Reader) {
+        Ok(OnDisk::File(_)) => place::odd_companion(&path, By::Reader),
         Ok(OnDisk::Absent) => {
             return Err(Unavailable::Dir {
                 path,

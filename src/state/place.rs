@@ -62,8 +62,16 @@ pub enum Found {
     Other(&'static str),
 }
 
+/// Who looks: the agent, which will write what it opens, or a reader (`history`, `check`, the
+/// HTTP endpoint), which only needs a regular file it can read whoever made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    Writer,
+    Reader,
+}
+
 /// Looks at `path` without following it, opening a device or blocking.
-pub fn look(path: &Path) -> io::Result<Found> {
+pub fn look(path: &Path, by: By) -> io::Result<Found> {
     let handle = match rustix::fs::open(
         path,
         OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -74,7 +82,7 @@ pub fn look(path: &Path) -> io::Result<Found> {
         Ok(fd) => fd,
     };
     let first = rustix::fs::fstat(&handle)?;
-    if let Some(what) = not_plain(&first) {
+    if let Some(what) = not_plain(&first, by) {
         return Ok(Found::Other(what));
     }
     // A regular file: opened by name once more, and the same one (or it was swapped meanwhile).
@@ -90,8 +98,9 @@ pub fn look(path: &Path) -> io::Result<Found> {
     Ok(Found::File(File::from(fd)))
 }
 
-/// Why a file's status is not that of a file the agent made, if it is not.
-fn not_plain(st: &rustix::fs::Stat) -> Option<&'static str> {
+/// Why a file's status is not that of a file the agent made, if it is not (for a reader: not a
+/// regular file).
+fn not_plain(st: &rustix::fs::Stat, by: By) -> Option<&'static str> {
     let what = match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => None,
         FileType::Symlink => Some("a symbolic link"),
@@ -102,7 +111,9 @@ fn not_plain(st: &rustix::fs::Stat) -> Option<&'static str> {
         FileType::Unknown => Some("not a regular file"),
     };
     what.or_else(|| {
-        if st.st_nlink != 1 {
+        if by == By::Reader {
+            None
+        } else if st.st_nlink != 1 {
             Some("a file with other hard links")
         } else if st.st_uid != rustix::process::geteuid().as_raw() {
             Some("another user's file")
@@ -114,10 +125,10 @@ fn not_plain(st: &rustix::fs::Stat) -> Option<&'static str> {
 
 /// The first of the store's companions (`-wal`, `-shm`, `-journal`) that is not a plain file of
 /// the agent's, and what it is.
-pub fn odd_companion(path: &Path) -> io::Result<Option<(PathBuf, &'static str)>> {
+pub fn odd_companion(path: &Path, by: By) -> io::Result<Option<(PathBuf, &'static str)>> {
     for suffix in COMPANIONS {
         let companion = with_suffix(path, suffix);
-        if let Found::Other(what) = look(&companion)? {
+        if let Found::Other(what) = look(&companion, by)? {
             return Ok(Some((companion, what)));
         }
     }
@@ -129,7 +140,7 @@ pub fn odd_companion(path: &Path) -> io::Result<Option<(PathBuf, &'static str)>>
 pub fn remove_orphans(path: &Path) {
     for suffix in COMPANIONS {
         let companion = with_suffix(path, suffix);
-        if let Ok(Found::File(_)) = look(&companion) {
+        if let Ok(Found::File(_)) = look(&companion, By::Writer) {
             let _ = fs::remove_file(&companion);
         }
     }
