@@ -314,6 +314,11 @@ impl Scanner {
                     .into_iter()
                     .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
                     .collect(),
+                xids_unconfirmed: gpu
+                    .xids_unconfirmed
+                    .into_iter()
+                    .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
+                    .collect(),
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),

@@ -41,7 +41,7 @@ const VARYING: [&str; 4] = [
     // When the pair judge first saw each failing pair fail (the agent's first scans).
     "shmlink_gpu_pair_failing_since_seconds",
     // When each failure happened: a kernel record's time is the machine's boot time plus its
-    // stamp (its message says that time too: masked by `mask_times`).
+    // stamp (a time in a label would be masked by `mask_times`).
     "shmlink_workload_failure_last_info",
 ];
 

@@ -38,6 +38,12 @@ roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
 rules = sorted((r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in roles["shmlink-kube-rbac-proxy"]["rules"])
 check(rules == [("authentication.k8s.io", "tokenreviews", ("create",)), ("authorization.k8s.io", "subjectaccessreviews", ("create",))], f"proxy rules {rules}")
 check(roles["shmlink-metrics-reader"]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}], "metrics-reader")
+# The stored failures hold what the Pods' logs said: behind the proxy like /metrics, never let
+# through without a token, readable only with a role of their own.
+check(roles["shmlink-failures-reader"]["rules"] == [{"nonResourceURLs": ["/api/v1/failures"], "verbs": ["get"]}], "failures-reader")
+for a in args:
+    if a.startswith(("--ignore-paths=", "--allow-paths=")):
+        check("/api" not in a and "*" not in a, f"/api/v1/failures passes the proxy unchecked: {a}")
 binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "shmlink-kube-rbac-proxy")
 check(binding["subjects"] == [{"kind": "ServiceAccount", "name": "shmlink", "namespace": "shmlink"}], "binding")
 (ep,) = crs["ServiceMonitor"]["spec"]["endpoints"]

@@ -171,8 +171,11 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     served.map_err(AgentError::Http)
 }
 
-/// The state store, opened (and checked) on a blocking thread; None without one (the reasons
-/// are said by the store, once). The scanner takes up the link counters it kept. With the
+/// How long the start waits for the state store before it goes on without one.
+pub const STORE_OPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// The state store, opened (and checked) off the runtime, waited for at most
+/// [`STORE_OPEN_WAIT`]; None without one (the reasons are said by the store, once). The scanner takes up the link counters it kept. With the
 /// metrics (their families, the device taints' too when on) and the snapshot they export.
 async fn open_store(
     dir: Option<&std::path::Path>,
@@ -197,7 +200,8 @@ async fn open_store(
     };
     let dir = dir.to_path_buf();
     let mut store = tokio::task::spawn_blocking(move || {
-        state::Store::open(&dir, &identity, state::Options::default(), &state_metrics).ok()
+        let options = state::Options::default();
+        state::Store::open_within(&dir, &identity, options, &state_metrics, STORE_OPEN_WAIT).ok()
     })
     .await
     .ok()

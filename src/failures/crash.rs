@@ -342,7 +342,14 @@ mod tests {
             let record = parse_record(r.as_bytes()).unwrap();
             assert_ne!(record.facility, 0, "{r}");
             assert_eq!(gpu_lib_crash(&record), None, "{r}");
-            assert_eq!(kernel_gpu(&record), None, "{r}");
+            // At most a lookalike: evidence, never an XID or a fall off the bus.
+            assert!(
+                matches!(
+                    kernel_gpu(&record),
+                    None | Some(crate::gpu::xid::kernel::KernelGpu::Lookalike { .. })
+                ),
+                "{r}"
+            );
             // The same text from the kernel, at the level it prints such lines, would count, as
             // a crash or as a GPU's XID: the facility tells them apart.
             let forged = KmsgRecord {
@@ -350,10 +357,9 @@ mod tests {
                 level: LEVEL_INFO,
                 ..record
             };
-            assert!(
-                gpu_lib_crash(&forged).is_some() || kernel_gpu(&forged).is_some(),
-                "{r}"
-            );
+            let xid = kernel_gpu(&forged)
+                .filter(|g| !matches!(g, crate::gpu::xid::kernel::KernelGpu::Lookalike { .. }));
+            assert!(gpu_lib_crash(&forged).is_some() || xid.is_some(), "{r}");
         }
     }
 

@@ -112,7 +112,8 @@ impl Recogniser {
         if !self.window.matched(&line.origin, line.at, m.guessed) {
             return None;
         }
-        let mut d = Detected::new(who, m.kind, line.at, FailureSource::Log, &line.text);
+        let (kind, at, span) = (m.kind, line.at, m.span.clone());
+        let mut d = Detected::matched(who, kind, at, FailureSource::Log, &line.text, span);
         d.nccl_gpus = m.gpus;
         d.signature = Some(m.signature);
         d.judged = m.judged;

@@ -25,6 +25,8 @@ pub struct GpuScan {
     pub pairs: Vec<PairVerdict>,
     /// XIDs since start per (GPU index, XID).
     pub xids: BTreeMap<(u32, u64), u64>,
+    /// What the kernel log told as XIDs without NVML's word, per (GPU index, XID).
+    pub xids_unconfirmed: BTreeMap<(u32, u64), u64>,
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at (the pair judge's word).
     pub blame: Blame,
@@ -305,6 +307,7 @@ impl Loaded {
             users: self.users.clone(),
             probes: sample.probes,
             xids,
+            xids_unconfirmed: self.xids.unconfirmed(),
             findings,
             nvml_up: true,
             nvml: NvmlState::default(),

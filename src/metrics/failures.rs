@@ -9,16 +9,13 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::model::SourceStats;
-use crate::model::{parse_rfc3339, prefix_within, ContainerRef, Failure, FindingKind};
+use crate::model::{parse_rfc3339, ContainerRef, Failure, FindingKind};
 
 use super::shm::container_labels;
 use super::{counter, gauge, register_counters, set_flag, FlagGauge, Metrics};
 
-/// The newest failures `shmlink_workload_failure_last_info` carries: a node's few, so that the
-/// message label cannot grow a series per failure without bound.
+/// The newest failures `shmlink_workload_failure_last_info` carries: a node's few.
 pub const LAST_FAILURES: usize = 10;
-/// A message label's most bytes (cut at a character boundary).
-const MESSAGE_MAX: usize = 200;
 
 /// What the failure watcher's sources (container logs, the kernel log) read.
 #[derive(Default)]
@@ -149,27 +146,29 @@ pub(super) fn encode(
 }
 
 /// `shmlink_workload_failure_last_info`: the newest [`LAST_FAILURES`] failures the agent keeps
-/// (newest first; one series per container, kind and message), each valued by when it happened
-/// (Unix seconds), so a dashboard can list what died lately and why.
+/// (newest first; one series per container and kind), each valued by when it happened (Unix
+/// seconds), so a dashboard can list what died lately and why. No text of the failure: its
+/// message holds the Pod's own words (its log line), and a metric is read beyond the Pod's
+/// namespace; the words are on the Pod's Event and in `history`.
 pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure]) -> fmt::Result {
     let mut metric = encoder.encode_descriptor(
         "shmlink_workload_failure_last_info",
-        "The newest failures told (at most 10 per agent), valued by when each happened (Unix \
-         time); message: what shmlink says of it",
+        "The newest failures told (at most 10 per agent, one per container and kind), valued by \
+         when each happened (Unix time); reason: the Pod's Event reason, where its words are",
         None,
         MetricType::Gauge,
     )?;
-    let mut written: Vec<(&str, FindingKind, &str)> = Vec::new();
+    let mut written: Vec<(ContainerRef, FindingKind)> = Vec::new();
     for f in failures.iter().rev().filter(|f| !f.is_workload_word()) {
         if written.len() == LAST_FAILURES {
             break;
         }
-        let id = f.container_id.as_deref().unwrap_or("");
-        let message = prefix_within(&f.message, MESSAGE_MAX);
-        if written.contains(&(id, f.kind, message)) {
+        let key = (f.container_ref(), f.kind);
+        if written.contains(&key) {
             continue;
         }
-        written.push((id, f.kind, message));
+        written.push(key);
+        let id = f.container_id.as_deref().unwrap_or("");
         let labels = [
             ("namespace", f.namespace.as_deref().unwrap_or("")),
             ("pod", f.pod.as_deref().unwrap_or("")),
@@ -177,7 +176,7 @@ pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure])
             ("container_id", id),
             ("pod_uid", f.pod_uid.as_deref().unwrap_or("")),
             ("kind", f.kind.as_str()),
-            ("message", message),
+            ("reason", f.kind.event_reason().map_or("", |r| r.as_str())),
         ];
         gauge(&mut metric, &labels, unix_seconds(&f.at))?;
     }
@@ -217,22 +216,23 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_failures_with_their_messages_valued_by_their_time() {
+    fn the_newest_failures_valued_by_their_time_carry_no_text_of_theirs() {
         let mut f = failure(FindingKind::ShmBusError, "ml", "trainer-0", "u0");
         f.container_id = Some("c0".into());
-        f.message = "trainer-0 died of SIGBUS: /dev/shm full".into();
+        f.message = "trainer-0 died of SIGBUS: its log said password=hunter2".into();
+        f.evidence = "password=hunter2 Bus error".into();
         assert_eq!(
             last_info(vec![f]),
             [
                 "shmlink_workload_failure_last_info{namespace=\"ml\",pod=\"trainer-0\",\
                  container=\"trainer\",container_id=\"c0\",pod_uid=\"u0\",kind=\"shm_bus_error\",\
-                 message=\"trainer-0 died of SIGBUS: /dev/shm full\"} 1795428902.0"
+                 reason=\"ShmBusError\"} 1795428902.0"
             ]
         );
     }
 
     #[test]
-    fn at_most_the_newest_ten_one_series_per_message_and_messages_cut() {
+    fn at_most_the_newest_ten_one_series_per_container_and_kind() {
         let mut all: Vec<_> = (0..15)
             .map(|i| {
                 failure(
@@ -243,9 +243,10 @@ mod tests {
                 )
             })
             .collect();
-        // The same container, kind and message again: one series.
-        all.push(all[14].clone());
-        all[13].message = "é".repeat(150);
+        // The same container and kind again, in other words: one series.
+        let mut again = all[14].clone();
+        again.message = "another death of the same kind".into();
+        all.push(again);
         // PyTorch's word of a worker's death is not a failure of its own.
         let mut word = failure(FindingKind::ShmBusError, "ml", "w", "u");
         word.worker_pids = vec![7];
@@ -255,8 +256,7 @@ mod tests {
         assert!(got[0].contains("pod=\"p14\""), "{}", got[0]);
         assert!(got[9].contains("pod=\"p5\""), "{}", got[9]);
         assert!(!got.iter().any(|l| l.contains("pod=\"w\"")));
-        let cut = format!("message=\"{}\"", "é".repeat(100));
-        assert!(got[1].contains(&cut), "{}", got[1]);
+        assert!(!got.iter().any(|l| l.contains("message=")));
         assert_eq!(super::unix_seconds("not a time"), 0.0);
     }
 }

@@ -27,6 +27,9 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_pairs(encoder, &snapshot.gpu_pairs)?;
         encode_blame(encoder, &snapshot.gpu_blame)?;
         encode_xids(encoder, &snapshot.xids)?;
+        if !snapshot.xids_unconfirmed.is_empty() {
+            encode_unconfirmed(encoder, &snapshot.xids_unconfirmed)?;
+        }
         encode_users(encoder, snapshot)?;
         encode_pcie(encoder, &snapshot.gpus)?;
         encode_probes(encoder, &snapshot.gpu_probes)?;
@@ -439,6 +442,27 @@ fn encode_xids(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Resul
     let mut metric = encoder.encode_descriptor(
         "shmlink_gpu_xid_errors",
         "XID errors since the agent started",
+        None,
+        MetricType::Counter,
+    )?;
+    for x in xids {
+        let (gpu, xid) = (x.gpu.to_string(), x.xid.to_string());
+        counter(
+            &mut metric,
+            &[("gpu", gpu.as_str()), ("xid", &xid)],
+            x.count,
+        )?;
+    }
+    Ok(())
+}
+
+/// `shmlink_gpu_xid_unconfirmed_total`: kernel log lines read as XIDs that NVML did not confirm
+/// (or that were not the driver's), never acted on.
+fn encode_unconfirmed(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_gpu_xid_unconfirmed",
+        "Kernel log lines read as XIDs without NVML's word (a fatal XID NVML did not confirm, a \
+         line not in the driver's shape, a netfilter LOG record, a process's write): not acted on",
         None,
         MetricType::Counter,
     )?;

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use super::evidence::{around, printable, redact};
 use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, PairStatus};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
@@ -59,7 +60,8 @@ pub struct Detected {
     pub kind: FindingKind,
     pub at: SystemTime,
     pub source: FailureSource,
-    /// The line that says it, at most [`EVIDENCE_MAX`] bytes.
+    /// What of the line says it ([`super::evidence`]): redacted, written out, at most
+    /// [`EVIDENCE_MAX`] bytes.
     pub evidence: String,
     /// The host PID and command of a crashing process (kernel).
     pub pid: Option<i32>,
@@ -100,25 +102,28 @@ pub struct Detected {
     pub hang: Option<HangFacts>,
 }
 
-/// `text` with its control characters written `\x1b` (ESC, CR, C1 controls, ...): a line a
-/// workload printed reaches terminals (`check`'s tables) and Event notes, where an escape
-/// sequence would redraw what a person reads.
-pub fn printable(text: &str) -> String {
-    if !text.chars().any(char::is_control) {
-        return text.to_string();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if c.is_control() {
-            out.push_str(&format!("\\x{:02x}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// Evidence as it is kept: secrets redacted, control and format characters written out, cut.
+fn kept(text: &str) -> String {
+    super::cut(&printable(&redact(text.trim())), EVIDENCE_MAX)
 }
 
 impl Detected {
+    /// A failure whose words were matched at `span` of `line`: the evidence is that part with
+    /// its bounded context ([`super::evidence::around`]), not the whole line. Every tier that
+    /// knows where its words are makes its failure here.
+    pub fn matched(
+        who: Who,
+        kind: FindingKind,
+        at: SystemTime,
+        source: FailureSource,
+        line: &str,
+        span: std::ops::Range<usize>,
+    ) -> Detected {
+        let mut d = Detected::new(who, kind, at, source, "");
+        d.evidence = kept(&around(line, span));
+        d
+    }
+
     /// A failure with only what every source knows; the rest is set by the source that knows it.
     pub fn new(
         who: Who,
@@ -132,7 +137,7 @@ impl Detected {
             kind,
             at,
             source,
-            evidence: super::cut(&printable(evidence.trim()), EVIDENCE_MAX),
+            evidence: kept(evidence),
             pid: None,
             comm: None,
             library: None,

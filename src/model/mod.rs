@@ -2,6 +2,7 @@
 //! that carries them. The bottom layer: nothing here imports any other module of the crate, so
 //! a source, a judge and an outlet can all speak in these terms without knowing each other.
 
+mod evidence;
 mod failure;
 mod finding;
 mod gpu;
@@ -17,8 +18,9 @@ mod stats;
 mod traced;
 mod xid;
 
+pub use evidence::{around, printable, redact, REDACTED};
 pub use failure::{
-    printable, DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
+    DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
     MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS,
     SHM_OOM_SHARE, SIGBUS,
 };

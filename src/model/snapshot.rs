@@ -45,6 +45,10 @@ pub struct Snapshot {
     pub gpu_probes: Vec<PairProbe>,
     /// XID errors since the agent started.
     pub xids: Vec<XidCount>,
+    /// Lines of the kernel log that read as XIDs without NVML's word (a fatal XID NVML did not
+    /// confirm, a lookalike): evidence, never an XID (`gpu::xid::kernel`).
+    #[serde(skip)]
+    pub xids_unconfirmed: Vec<XidCount>,
     pub findings: Vec<Finding>,
     /// What the workloads' logs and the kernel said recently.
     pub failures: Vec<Failure>,

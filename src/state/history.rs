@@ -8,14 +8,18 @@ use rusqlite::{params, Connection, Transaction};
 use serde::Serialize;
 use serde_json::Value;
 
+pub use super::prune::{prune, Pruned, PER_OWNER};
 use super::pages::Plan;
-use crate::model::{unix_ms, Failure, Finding, Subject};
+use crate::model::{printable, redact, unix_ms, Failure, Finding, Subject};
 
-/// How much history is kept: the last `max_age`, and at most `max_rows` rows and `max_bytes`
-/// of JSON in each of the two tables; the oldest go first.
+/// How much history is kept: the last `max_age`; at most `per_owner` rows of each kind per
+/// owner (a Pod, else a container or a finding's subject), its newest; and at most `max_rows`
+/// rows and `max_bytes` of JSON in each of the two tables, cut from the largest groups first
+/// (`prune.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Retention {
     pub max_age: Duration,
+    pub per_owner: u64,
     pub max_rows: u64,
     pub max_bytes: u64,
 }
@@ -26,6 +30,7 @@ impl Default for Retention {
     fn default() -> Self {
         Retention {
             max_age: Duration::from_secs(7 * 24 * 3600),
+            per_owner: super::prune::PER_OWNER,
             max_rows: 100_000,
             max_bytes: 64 << 20,
         }
@@ -142,35 +147,6 @@ pub(super) fn insert_finding(tx: &Transaction<'_>, r: &FindingRow) -> rusqlite::
     .map(drop)
 }
 
-/// Deletes what `keep` no longer keeps, oldest first; the rows deleted.
-pub fn prune(conn: &Connection, keep: &Retention, now: SystemTime) -> rusqlite::Result<usize> {
-    let oldest = unix_ms(now) - i64::try_from(keep.max_age.as_millis()).unwrap_or(i64::MAX);
-    let rows = i64::try_from(keep.max_rows).unwrap_or(i64::MAX);
-    let bytes = i64::try_from(keep.max_bytes).unwrap_or(i64::MAX);
-    let mut deleted = 0;
-    for table in ["failures", "findings"] {
-        deleted += conn.execute(&format!("DELETE FROM {table} WHERE at_ms < ?1"), [oldest])?;
-        // Rows beyond the newest `max_rows` (by insertion: ids only grow).
-        deleted += conn.execute(
-            &format!(
-                "DELETE FROM {table} WHERE id <= (SELECT id FROM {table}
-                 ORDER BY id DESC LIMIT 1 OFFSET ?1)"
-            ),
-            [rows],
-        )?;
-        // The oldest beyond `max_bytes` of JSON, counted from the newest.
-        deleted += conn.execute(
-            &format!(
-                "DELETE FROM {table} WHERE id <= (SELECT id FROM (SELECT id,
-                 SUM(length(json)) OVER (ORDER BY id DESC) AS acc FROM {table})
-                 WHERE acc > ?1 ORDER BY id DESC LIMIT 1)"
-            ),
-            [bytes],
-        )?;
-    }
-    Ok(deleted)
-}
-
 /// What a reader asks of the history.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
@@ -190,6 +166,9 @@ pub struct History {
     /// Set when `limit` cut older rows off.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// What pruning cut in the window, per owner and kind (`prune.rs`), newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pruned: Vec<Pruned>,
 }
 
 /// Reads the rows `filter` asks for.
@@ -200,6 +179,7 @@ pub fn query(conn: &Connection, filter: &Filter) -> rusqlite::Result<History> {
         failures,
         findings,
         truncated: cut_f || cut_g,
+        pruned: super::prune::read(conn, filter)?,
     })
 }
 
@@ -217,7 +197,7 @@ fn select(
             after = Some((at, id));
             // A row that no longer parses is left out rather than failing the whole answer.
             if let Ok(v) = serde_json::from_str(&json) {
-                rows.push(v);
+                rows.push(scrubbed(v));
             }
         }
         if !page.more {
@@ -227,13 +207,27 @@ fn select(
     Ok((rows, plan.truncated))
 }
 
+/// A row as it is served: the texts a workload's line reached redacted and written out again,
+/// for rows an older shmlink stored before it did so itself (a no-op for the others).
+pub fn scrubbed(mut row: Value) -> Value {
+    if let Value::Object(map) = &mut row {
+        for key in ["evidence", "message", "told_by_workload"] {
+            if let Some(Value::String(text)) = map.get_mut(key) {
+                *text = printable(&redact(text));
+            }
+        }
+    }
+    row
+}
+
 /// `history`'s table for a person: one line per failure, then one per finding's change.
 pub fn render(h: &History) -> String {
     let mut out = String::new();
-    if h.failures.is_empty() && h.findings.is_empty() {
+    if h.failures.is_empty() && h.findings.is_empty() && h.pruned.is_empty() {
         return "nothing stored for this window\n".into();
     }
-    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    // Written out whatever the store holds: a terminal never gets a raw control character.
+    let s = |v: &Value, k: &str| printable(v.get(k).and_then(Value::as_str).unwrap_or("-"));
     if !h.failures.is_empty() {
         out.push_str("FAILURES\n");
         for f in &h.failures {
@@ -270,6 +264,17 @@ pub fn render(h: &History) -> String {
                 s(f, "message")
             ));
         }
+    }
+    for p in &h.pruned {
+        out.push_str(&format!(
+            "(and {} more {} of {} from {} to {}: the newest {} of each kind are kept per Pod)\n",
+            p.count,
+            printable(&p.kind),
+            printable(&p.owner),
+            p.first_at,
+            p.last_at,
+            super::prune::PER_OWNER
+        ));
     }
     if h.truncated {
         out.push_str("(older rows left out: narrow --since, --namespace or --pod)\n");

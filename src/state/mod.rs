@@ -3,16 +3,20 @@
 //! resume from. Below the agent, the server and the commands; it knows only the model.
 //!
 //! - `open.rs`: opening, and what is done with a corrupt, foreign, newer or unwritable store;
+//! - `place.rs`: DIR and the store's names looked at without following a link or blocking;
 //! - `schema.rs`: the tables and the meta row;
 //! - `writer.rs`: the one writer thread, batched and bounded;
-//! - `history.rs`: the history's rows, pruning and reading back;
+//! - `history.rs`: the history's rows and reading them back;
 //! - `pages.rs`: which rows a reading takes, a page at a time (`/api/v1/failures` streams them);
+//! - `prune.rs`: pruning by age, per owner and kind, and under the caps, with counts of the cut;
 //! - `links.rs`: each NVLink's error counters, hourly over days (`gpu::trend`).
 
 pub mod history;
 pub mod links;
 pub mod open;
 pub mod pages;
+pub mod place;
+pub mod prune;
 pub mod schema;
 pub mod writer;
 
@@ -74,7 +78,7 @@ impl StateMetrics {
         );
         registry.register(
             "shmlink_state_resets",
-            "State stores moved aside and begun afresh, by reason (corrupt, foreign_node)",
+            "State stores moved aside and begun afresh, by reason (corrupt, foreign_node, not_regular, not_shmlink)",
             self.resets.clone(),
         );
         registry.register(
@@ -151,10 +155,7 @@ impl Store {
                 reason = why.as_str(),
                 aside = %aside.display(),
                 "the state store was {} and was moved aside; starting with an empty one",
-                match why {
-                    Reset::Corrupt => "corrupt",
-                    Reset::ForeignNode => "another node's",
-                }
+                why.said()
             );
         }
         if opened.boot_changed {
@@ -195,6 +196,46 @@ impl Store {
             checkpoints,
             link_samples,
             metrics: metrics.clone(),
+        })
+    }
+
+    /// [`Store::open`] on a thread of its own, waited for at most `wait`: a hung disk (or
+    /// anything else that holds an open) must not hold up the agent's start. Past `wait` the
+    /// agent goes on without a store (said, `shmlink_state_up 0`); a store that opens later is
+    /// closed at once.
+    pub fn open_within(
+        dir: &Path,
+        identity: &Identity,
+        options: Options,
+        metrics: &StateMetrics,
+        wait: Duration,
+    ) -> Result<Store, Unavailable> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let (dir_, identity, m) = (dir.to_path_buf(), identity.clone(), metrics.clone());
+        let spawned = thread::Builder::new()
+            .name("state-open".into())
+            .spawn(move || {
+                let opened = Store::open(&dir_, &identity, options, &m);
+                if let Err(mpsc::SendError(Ok(late))) = tx.send(opened) {
+                    drop(late);
+                    m.up.set(0);
+                    tracing::warn!("the state store opened too late and was closed");
+                }
+            });
+        if let Err(source) = spawned {
+            return Err(Unavailable::Dir {
+                path: dir.into(),
+                source,
+            });
+        }
+        rx.recv_timeout(wait).unwrap_or_else(|_| {
+            metrics.up.set(0);
+            let e = Unavailable::TimedOut {
+                path: dir.into(),
+                waited: wait,
+            };
+            tracing::error!("{e}; running without the state store (shmlink_state_up 0)");
+            Err(e)
         })
     }
 

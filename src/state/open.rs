@@ -1,15 +1,18 @@
-//! Opening the store and recovering from what can be found in its place: a corrupt or foreign
-//! file is moved aside (the agent starts fresh), a newer schema is left alone (the agent runs
-//! without a store), an unwritable place is said and gone without.
+//! Opening the store and recovering from what can be found in its place: a corrupt, foreign
+//! or not-a-regular-file store is moved aside (the agent starts fresh), a newer schema is left
+//! alone (the agent runs without a store), an unwritable place is said and gone without. What
+//! is there is looked at without following a link or blocking (`place.rs`) and read read-only
+//! until it is known to be this agent's: another program's database is never written.
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
+use super::place::{self, By, Found as OnDisk};
 use super::schema::{self, Meta, SCHEMA_VERSION};
 use super::Identity;
 
@@ -23,6 +26,11 @@ pub const KEEP_ASIDE: usize = 3;
 pub enum Reset {
     Corrupt,
     ForeignNode,
+    /// A symlink, FIFO, device, socket or directory at a store's name, or a file with other
+    /// links or of another user: nothing the agent made.
+    NotRegular,
+    /// An SQLite database without shmlink's `meta` row: another program's.
+    NotShmlink,
 }
 
 impl Reset {
@@ -30,6 +38,18 @@ impl Reset {
         match self {
             Reset::Corrupt => "corrupt",
             Reset::ForeignNode => "foreign_node",
+            Reset::NotRegular => "not_regular",
+            Reset::NotShmlink => "not_shmlink",
+        }
+    }
+
+    /// How the log says what was found.
+    pub fn said(self) -> &'static str {
+        match self {
+            Reset::Corrupt => "corrupt",
+            Reset::ForeignNode => "another node's",
+            Reset::NotRegular => "not a regular file of the agent's",
+            Reset::NotShmlink => "a database without shmlink's metadata",
         }
     }
 }
@@ -55,6 +75,13 @@ pub enum Unavailable {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("{path} is {what}, not a store the agent made: not read")]
+    NotRegular { path: PathBuf, what: &'static str },
+    #[error("the store in {path} did not open within {waited:?} (a slow or hung disk?)")]
+    TimedOut {
+        path: PathBuf,
+        waited: std::time::Duration,
+    },
 }
 
 /// A store opened read-write, and what was found there.
@@ -69,14 +96,10 @@ pub struct Opened {
 
 /// Opens (creating) `dir/state.sqlite3` for `identity`.
 pub fn open(dir: &Path, identity: &Identity) -> Result<Opened, Unavailable> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| Unavailable::Dir {
-            path: dir.into(),
-            source,
-        })?;
+    let dir = place::own_dir(dir).map_err(|source| Unavailable::Dir {
+        path: dir.into(),
+        source,
+    })?;
     let path = dir.join(FILE);
     let sqlite = |source| Unavailable::Sqlite {
         path: path.clone(),
@@ -86,35 +109,34 @@ pub fn open(dir: &Path, identity: &Identity) -> Result<Opened, Unavailable> {
     let found = match inspect(&path) {
         Found::Usable(conn, meta) => Some((conn, meta)),
         Found::Nothing => None,
-        Found::Corrupt => {
-            reset = Some((Reset::Corrupt, move_aside(&path, Reset::Corrupt)?));
+        Found::Aside(why) => {
+            reset = Some((why, move_aside(&path, why)?));
             None
         }
         Found::Error(e) => return Err(sqlite(e)),
     };
     let (conn, boot_changed) = match found {
-        Some((_, Some(meta))) if meta.schema_version > SCHEMA_VERSION => {
+        Some((_, meta)) if meta.schema_version > SCHEMA_VERSION => {
             return Err(Unavailable::Newer {
                 path,
                 found: meta.schema_version,
                 known: SCHEMA_VERSION,
             })
         }
-        Some((_, Some(meta))) if meta.node != identity.node => {
+        Some((conn, meta)) if meta.node != identity.node => {
+            drop(conn);
             reset = Some((Reset::ForeignNode, move_aside(&path, Reset::ForeignNode)?));
             (create(&path, identity).map_err(sqlite)?, false)
         }
-        Some((conn, Some(meta))) => {
+        Some((conn, meta)) => {
+            // Known to be this agent's now: opened for writing.
+            drop(conn);
+            let conn = connect(&path, OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(sqlite)?;
             let changed = meta.boot_id != identity.boot_id;
             if changed {
                 schema::set_boot_id(&conn, &identity.boot_id).map_err(sqlite)?;
             }
             (conn, changed)
-        }
-        // A file that never finished its creation holds nothing worth keeping.
-        Some((conn, None)) => {
-            drop(conn);
-            (create(&path, identity).map_err(sqlite)?, false)
         }
         None => (create(&path, identity).map_err(sqlite)?, false),
     };
@@ -128,46 +150,67 @@ pub fn open(dir: &Path, identity: &Identity) -> Result<Opened, Unavailable> {
 
 enum Found {
     Nothing,
-    Usable(Connection, Option<Meta>),
-    Corrupt,
+    /// This agent's store (read-only until then): its meta row.
+    Usable(Connection, Meta),
+    /// To be moved aside, and why.
+    Aside(Reset),
     Error(rusqlite::Error),
 }
 
 const HEADER: &[u8; 16] = b"SQLite format 3\0";
 
-/// What is at `path`: nothing (or an empty file), a store that passes `quick_check`, or one
-/// that does not. Other errors (permissions, a full disk) are not corruption: nothing moves.
+/// What is at `path`: nothing (or an empty file), a store that passes `quick_check` and has
+/// shmlink's meta row, or something to move aside (not a regular file, not a database, a
+/// database without the meta row). It is read through a read-only connection, so a database
+/// that is not this agent's is never written (not even a WAL checkpoint). Other errors
+/// (permissions, a full disk) are not corruption: nothing moves.
 fn inspect(path: &Path) -> Found {
     let mut head = Vec::with_capacity(100);
-    match fs::File::open(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Found::Nothing,
+    match place::look(path, By::Writer) {
         Err(e) => return Found::Error(io_error(e)),
-        Ok(f) => {
+        Ok(OnDisk::Other(what)) => return not_regular(path, what),
+        Ok(OnDisk::Absent) => {}
+        Ok(OnDisk::File(f)) => {
             if let Err(e) = f.take(100).read_to_end(&mut head) {
                 return Found::Error(io_error(e));
             }
         }
     }
+    match place::odd_companion(path, By::Writer) {
+        Err(e) => return Found::Error(io_error(e)),
+        Ok(Some((companion, what))) => return not_regular(&companion, what),
+        Ok(None) => {}
+    }
     if head.is_empty() {
         return Found::Nothing;
     }
     if head.len() < 100 || &head[..16] != HEADER {
-        return Found::Corrupt;
+        return Found::Aside(Reset::Corrupt);
     }
-    let conn = match connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE) {
+    let conn = match connect(path, OpenFlags::SQLITE_OPEN_READ_ONLY) {
         Ok(c) => c,
-        Err(e) if is_corrupt(&e) => return Found::Corrupt,
+        Err(e) if is_corrupt(&e) => return Found::Aside(Reset::Corrupt),
         Err(e) => return Found::Error(e),
     };
     let checked = conn
         .query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0))
         .and_then(|ok| Ok((ok, schema::read_meta(&conn)?)));
     match checked {
-        Ok((ok, meta)) if ok == "ok" => Found::Usable(conn, meta),
-        Ok(_) => Found::Corrupt,
-        Err(e) if is_corrupt(&e) => Found::Corrupt,
+        Ok((ok, Some(meta))) if ok == "ok" => Found::Usable(conn, meta),
+        Ok((ok, None)) if ok == "ok" => Found::Aside(Reset::NotShmlink),
+        Ok(_) => Found::Aside(Reset::Corrupt),
+        Err(e) if is_corrupt(&e) => Found::Aside(Reset::Corrupt),
+        // A `meta` table of other columns: another program's.
+        Err(e) if e.sqlite_error_code() == Some(ErrorCode::Unknown) => {
+            Found::Aside(Reset::NotShmlink)
+        }
         Err(e) => Found::Error(e),
     }
+}
+
+fn not_regular(path: &Path, what: &'static str) -> Found {
+    tracing::warn!(path = %path.display(), "{what} where the state store's file goes: moved aside");
+    Found::Aside(Reset::NotRegular)
 }
 
 fn io_error(e: std::io::Error) -> rusqlite::Error {
@@ -188,8 +231,10 @@ fn is_corrupt(e: &rusqlite::Error) -> bool {
 /// for the writer nor the writer for it. `synchronous=NORMAL`: in WAL mode commits are not
 /// fsync'd one by one, only at checkpoints, so a power loss can lose the last commits but never
 /// corrupts the file; a process crash loses nothing committed.
+/// `SQLITE_OPEN_NOFOLLOW`: no symlink anywhere in the path (DIR is resolved before).
 fn connect(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
-    let conn = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(std::time::Duration::from_secs(2))?;
     Ok(conn)
 }
@@ -202,19 +247,26 @@ fn set_modes(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "synchronous", "NORMAL")
 }
 
-/// A fresh store: the file made 0600 before SQLite opens it (its -wal and -shm files take the
-/// same mode), the tables and meta row written.
+/// A fresh store: the file made 0600 by this call (`O_EXCL`, never through a link) before
+/// SQLite opens it (its -wal and -shm files take the same mode), the tables and meta row
+/// written. What was at the name is gone by now: nothing, an empty file (removed), or moved
+/// aside; so are companions that belong to no database.
 fn create(path: &Path, identity: &Identity) -> rusqlite::Result<Connection> {
+    if let Ok(OnDisk::File(f)) = place::look(path, By::Writer) {
+        if f.metadata().map(|m| m.len()).unwrap_or(1) == 0 {
+            fs::remove_file(path).map_err(io_error)?;
+        }
+    }
+    place::remove_orphans(path);
     fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o600)))
         .map_err(io_error)?;
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
-    let mut conn = connect(path, flags)?;
+    let mut conn = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
     set_modes(&conn)?;
     let created_ms = crate::model::unix_ms(SystemTime::now());
     schema::create(
@@ -232,13 +284,31 @@ fn create(path: &Path, identity: &Identity) -> rusqlite::Result<Connection> {
 /// Opens an existing store read-only for `history` and the HTTP endpoint: never creates, never
 /// migrates; refuses a newer schema.
 pub fn open_read_only(dir: &Path) -> Result<Connection, Unavailable> {
+    let dir = fs::canonicalize(dir).map_err(|source| Unavailable::Dir {
+        path: dir.into(),
+        source,
+    })?;
     let path = dir.join(FILE);
     let sqlite = |source| Unavailable::Sqlite {
         path: path.clone(),
         source,
     };
-    if let Err(source) = fs::metadata(&path) {
-        return Err(Unavailable::Dir { path, source });
+    // Looked at first, as `open` does: a link is not followed, a FIFO not waited on.
+    let odd = match place::look(&path, By::Reader) {
+        Ok(OnDisk::File(_)) => place::odd_companion(&path, By::Reader),
+        Ok(OnDisk::Absent) => {
+            return Err(Unavailable::Dir {
+                path,
+                source: std::io::ErrorKind::NotFound.into(),
+            })
+        }
+        Ok(OnDisk::Other(what)) => Ok(Some((path.clone(), what))),
+        Err(e) => Err(e),
+    };
+    match odd {
+        Ok(None) => {}
+        Ok(Some((path, what))) => return Err(Unavailable::NotRegular { path, what }),
+        Err(source) => return Err(Unavailable::Dir { path, source }),
     }
     let cannot_open = |e: &rusqlite::Error| e.sqlite_error_code() == Some(ErrorCode::CannotOpen);
     let read = |conn: Connection| schema::read_meta(&conn).map(|m| (conn, m));
@@ -294,42 +364,13 @@ fn immutable(path: &Path) -> rusqlite::Result<Connection> {
     )
 }
 
-/// Renames the store (and its -wal and -shm) to `state.sqlite3.<reason>-<unix time>`, keeping
+/// Renames the store (and its companions) to `state.sqlite3.<reason>-<unix time>`, keeping
 /// the newest [`KEEP_ASIDE`] of that reason. Failing to move it is failing to open.
 fn move_aside(path: &Path, why: Reset) -> Result<PathBuf, Unavailable> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let prefix = format!("{FILE}.{}-", why.as_str());
-    let aside = path.with_file_name(format!("{prefix}{now}"));
-    fs::rename(path, &aside).map_err(|source| Unavailable::Dir {
-        path: path.into(),
-        source,
-    })?;
-    for suffix in ["-wal", "-shm"] {
-        let from = PathBuf::from(format!("{}{suffix}", path.display()));
-        let _ = fs::rename(&from, format!("{}{suffix}", aside.display()));
-    }
-    if let Some(dir) = path.parent() {
-        prune_aside(dir, &prefix);
-    }
-    Ok(aside)
-}
-
-fn prune_aside(dir: &Path, prefix: &str) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut stamps: Vec<u64> = entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter_map(|n| n.strip_prefix(prefix)?.parse().ok())
-        .collect();
-    stamps.sort_unstable();
-    stamps.dedup();
-    let excess = stamps.len().saturating_sub(KEEP_ASIDE);
-    for stamp in &stamps[..excess] {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = fs::remove_file(dir.join(format!("{prefix}{stamp}{suffix}")));
+    place::set_aside(path, &format!("{}-", why.as_str()), KEEP_ASIDE).map_err(|source| {
+        Unavailable::Dir {
+            path: path.into(),
+            source,
         }
-    }
+    })
 }

@@ -152,6 +152,8 @@ pub struct Pages {
     after: Option<(i64, i64)>,
     begun: bool,
     ended: bool,
+    /// What pruning cut in the window (`prune.rs`), written after the tables.
+    pruned: Vec<super::prune::Pruned>,
 }
 
 impl Pages {
@@ -163,7 +165,9 @@ impl Pages {
             .iter()
             .map(|table| Plan::new(&conn, table, filter))
             .collect::<rusqlite::Result<_>>()?;
+        let pruned = super::prune::read(&conn, filter)?;
         Ok(Pages {
+            pruned,
             conn,
             plans,
             table: 0,
@@ -197,13 +201,15 @@ impl Pages {
         };
         for (at, id, json) in page.rows.into_iter().take(room) {
             self.after = Some((at, id));
-            if serde_json::from_str::<serde::de::IgnoredAny>(&json).is_err() {
+            // A row that no longer parses is left out; one an older shmlink stored whole is
+            // redacted as it is served (`history::scrubbed`).
+            let Ok(row) = serde_json::from_str::<serde_json::Value>(&json) else {
                 continue;
-            }
+            };
             if self.written > 0 {
                 out.push(',');
             }
-            out.push_str(&json);
+            out.push_str(&super::history::scrubbed(row).to_string());
             self.written += 1;
         }
         let full = plan.limit() > 0 && self.written >= plan.limit();
@@ -217,6 +223,10 @@ impl Pages {
                 out.push(']');
                 if self.plans.iter().any(|p| p.truncated) {
                     out.push_str(",\"truncated\":true");
+                }
+                if !self.pruned.is_empty() {
+                    out.push_str(",\"pruned\":");
+                    out.push_str(&serde_json::to_string(&self.pruned).unwrap_or("[]".into()));
                 }
                 out.push('}');
                 self.ended = true;

@@ -45,7 +45,8 @@ CREATE INDEX IF NOT EXISTS findings_at ON findings (at_ms);
 /// alone, so a rollback and a return keep working on the same file.
 ///
 /// `link_counters`: each NVLink's error counters, one row per link per hour (`gpu::trend`),
-/// by GPU UUID; a count the link does not answer is NULL.
+/// by GPU UUID; a count the link does not answer is NULL. `pruned`: how many rows of each
+/// owner's kind pruning cut (`prune.rs`).
 const ADDED_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS link_counters (
     at_ms INTEGER NOT NULL,
@@ -64,6 +65,17 @@ CREATE TABLE IF NOT EXISTS link_counters (
     PRIMARY KEY (gpu, link, at_ms)
 );
 CREATE INDEX IF NOT EXISTS link_counters_at ON link_counters (at_ms);
+CREATE TABLE IF NOT EXISTS pruned (
+    tbl TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    kind TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    first_ms INTEGER NOT NULL,
+    last_ms INTEGER NOT NULL,
+    PRIMARY KEY (tbl, owner, kind)
+);
 ";
 
 /// Creates the tables added since schema 1 where they are missing.

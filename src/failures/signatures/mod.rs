@@ -26,6 +26,9 @@ pub struct LogMatch {
     /// The line names a fault, not its cause: told only when /dev/shm was full then
     /// (`table::JUDGED`).
     pub judged: bool,
+    /// Where in the line the row's words are (its needle): the evidence kept is that part
+    /// with its context (`model::around`).
+    pub span: std::ops::Range<usize>,
 }
 
 /// One known text.
@@ -158,6 +161,7 @@ impl Signatures {
                         gpus,
                         guessed,
                         judged: JUDGED.contains(&sig.id),
+                        span: m.start()..m.end(),
                     },
                 ));
             }

@@ -19,6 +19,8 @@ const MAX_TALLIES: usize = 256;
 struct Tallies {
     nvml: BTreeMap<(u32, u64), u64>,
     kernel: BTreeMap<(u32, u64), u64>,
+    /// What the kernel log told without NVML's word (`kernel.rs`): evidence, never an XID.
+    unconfirmed: BTreeMap<(u32, u64), u64>,
 }
 
 impl XidCounts {
@@ -44,8 +46,36 @@ impl XidCounts {
         }
     }
 
+    /// A fatal XID the kernel log told that NVML did not confirm, or a line that only reads
+    /// like one: counted apart (`shmlink_gpu_xid_unconfirmed_total`), never an XID.
+    pub fn record_unconfirmed(&self, gpu: u32, xid: u64) {
+        if super::catalogue::lookup(xid).is_none() {
+            return;
+        }
+        if let Ok(mut t) = self.counts.lock() {
+            bump(&mut t.unconfirmed, gpu, xid);
+        }
+    }
+
+    /// NVML's own tally of `xid` on `gpu`.
+    pub fn nvml_count(&self, gpu: u32, xid: u64) -> u64 {
+        self.counts
+            .lock()
+            .ok()
+            .and_then(|t| t.nvml.get(&(gpu, xid)).copied())
+            .unwrap_or(0)
+    }
+
     pub fn snapshot(&self) -> BTreeMap<(u32, u64), u64> {
         self.tallies()
+    }
+
+    /// The unconfirmed tallies ([`XidCounts::record_unconfirmed`]).
+    pub fn unconfirmed(&self) -> BTreeMap<(u32, u64), u64> {
+        self.counts
+            .lock()
+            .map(|t| t.unconfirmed.clone())
+            .unwrap_or_default()
     }
 
     fn tallies(&self) -> BTreeMap<(u32, u64), u64> {

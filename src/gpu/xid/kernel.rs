@@ -4,10 +4,16 @@
 //! counts once, and one that only the kernel saw (NVML's event thread not running, or behind)
 //! still counts. A GPU that "has fallen off the bus" is XID 79's condition: the driver prints
 //! that line beside its `Xid ... 79` line, so the two within [`SAME_EVENT`] are one XID 79.
-//! A GPU the kernel log says fell off the bus is counted once NVML, where it is loaded, finds it
-//! lost too: NVML answers for the device itself, the log only for whoever wrote the line.
+//!
+//! The kernel log is text others can shape: a process writes to /dev/kmsg (facility user), a
+//! netfilter LOG rule prints a prefix its owner chose (`NVRM: Xid (0000:18:00): 48, IN=eth0
+//! OUT= ...`, with `nf_log_all_netns` from any network namespace). So a line is an XID only in
+//! the driver's own shape, and a fatal one (a reset, a reboot: what flips `GpuFault`, sets the
+//! node taint and makes a DeviceTaintRule) counts only once NVML has its word for that GPU
+//! ([`Word`]); until then, and for lookalikes, it is evidence: logged and counted apart
+//! (`shmlink_gpu_xid_unconfirmed_total`), never acted on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::XidCounts;
@@ -19,6 +25,8 @@ use crate::model::GpuReading;
 pub const FELL_OFF_BUS: u64 = 79;
 /// An `Xid ... 79` line and a "fallen off the bus" line for one GPU this close are one event.
 pub const SAME_EVENT: Duration = Duration::from_secs(10);
+/// Fatal XIDs waiting for NVML's word, at most (a flood of lines cannot grow it).
+const PENDING_MAX: usize = 256;
 
 /// What the kernel said about a GPU, by its PCI address as the kernel prints it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,19 +41,44 @@ pub enum KernelGpu {
     },
     /// `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`
     FellOffBus { pci: String },
+    /// A line that reads like an XID but is not the driver's: written by a process, carrying a
+    /// netfilter LOG record's fields, or not in the driver's shape. Evidence only.
+    Lookalike {
+        pci: String,
+        xid: u64,
+        why: &'static str,
+    },
 }
 
-/// What a kernel-facility record says about a GPU, if anything: the driver's `NVRM: ` lines,
-/// in the driver's own shape only. A process can name itself `NVRM: GPU 18:0 ` (its comm, 15
-/// bytes) and crash in a file named `fallen off the bus`: the kernel's crash line then begins
-/// like a driver line, so a crash line (`comm[pid]: ...`) is never one, and the address must be
-/// whole (`0000:18:00.0`), as the driver prints it.
+/// What a record says about a GPU, if anything: the driver's `NVRM: ` lines, in the driver's
+/// own shape only. A process can name itself `NVRM: GPU 18:0 ` (its comm, 15 bytes) and crash
+/// in a file named `fallen off the bus`: the kernel's crash line then begins like a driver
+/// line, so a crash line (`comm[pid]: ...`) is never one, and the address must be whole
+/// (`0000:18:00.0`), as the driver prints it. An XID line that is not the driver's is a
+/// [`KernelGpu::Lookalike`].
 pub fn kernel_gpu(record: &KmsgRecord) -> Option<KernelGpu> {
-    if !record.is_kernel() || is_task_line(&record.message) {
+    if is_task_line(&record.message) {
         return None;
     }
     let nvrm = record.message.trim_start().strip_prefix("NVRM: ")?;
-    xid(nvrm).or_else(|| fell_off_bus(nvrm))
+    if !record.is_kernel() {
+        return lookalike(
+            nvrm,
+            "written to the kernel log by a process (not the kernel's facility)",
+        );
+    }
+    if netfilter_fields(&record.message) {
+        return lookalike(
+            nvrm,
+            "a netfilter LOG record (its prefix is any rule's owner's text)",
+        );
+    }
+    xid(nvrm).or_else(|| fell_off_bus(nvrm)).or_else(|| {
+        lookalike(
+            nvrm,
+            "not in the driver's shape (`Xid (PCI:dddd:bb:dd): N, `)",
+        )
+    })
 }
 
 /// The kernel's lines about a task: `comm[pid]: ` (a segfault, a trap, a general protection
@@ -60,20 +93,56 @@ fn is_task_line(message: &str) -> bool {
     })
 }
 
-/// `Xid (PCI:0000:3b:00): 79, <text>` (old drivers: no `PCI:`, no text).
+/// Whether `message` carries the fields netfilter's LOG target prints after its prefix
+/// (`IN=<if> OUT=<if> `, `nf_log_dump_packet_common`): the driver's lines never do.
+fn netfilter_fields(message: &str) -> bool {
+    message.match_indices("IN=").any(|(i, _)| {
+        let rest = &message[i + 3..];
+        let iface = rest.split(' ').next().unwrap_or("");
+        rest.get(iface.len()..)
+            .is_some_and(|r| r.starts_with(" OUT="))
+    })
+}
+
+/// `Xid (PCI:0000:3b:00): 79, <text>`, as the driver prints it (`krcReportXid`: `NVRM: Xid
+/// (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, [pid=%s, name=%s, ]%s`).
 fn xid(nvrm: &str) -> Option<KernelGpu> {
-    let rest = nvrm.strip_prefix("Xid (")?;
-    let (address, rest) = rest.split_once(')')?;
-    let pci = address.strip_prefix("PCI:").unwrap_or(address);
+    let (pci, xid, text) = xid_parts(nvrm)?;
+    let pci = pci.strip_prefix("PCI:")?;
+    // A MIG instance's attribution after the address.
+    let pci = pci.split(" GPU-I:").next().unwrap_or(pci);
+    if pci.matches(':').count() != 2 {
+        return None;
+    }
     pci_address(pci)?;
-    let (xid, rest) = leading_decimal::<u64>(rest.strip_prefix(": ")?)?;
-    let text = rest.strip_prefix(',').unwrap_or(rest).trim();
     let nvlink = xid == 74 || (144..=150).contains(&xid);
     Some(KernelGpu::Xid {
         pci: pci.to_owned(),
         xid,
         link: if nvlink { link_number(text) } else { None },
         text: text.to_owned(),
+    })
+}
+
+/// `Xid (<address>): <xid>[, <text>]`: the address as written, the XID, the text.
+fn xid_parts(nvrm: &str) -> Option<(&str, u64, &str)> {
+    let rest = nvrm.strip_prefix("Xid (")?;
+    let (address, rest) = rest.split_once(')')?;
+    let (xid, rest) = leading_decimal::<u64>(rest.strip_prefix(": ")?)?;
+    let text = rest.strip_prefix(',').unwrap_or(rest).trim();
+    Some((address, xid, text))
+}
+
+/// An XID line that is not the driver's, with the address and XID it names, if it names both.
+fn lookalike(nvrm: &str, why: &'static str) -> Option<KernelGpu> {
+    let (address, xid, _) = xid_parts(nvrm)?;
+    let pci = address.strip_prefix("PCI:").unwrap_or(address);
+    let pci = pci.split(' ').next().unwrap_or(pci);
+    pci_address(pci)?;
+    Some(KernelGpu::Lookalike {
+        pci: pci.to_owned(),
+        xid,
+        why,
     })
 }
 
@@ -124,10 +193,73 @@ pub struct KernelXids {
     last_79: BTreeMap<(u32, u8, u8), (Instant, bool)>,
     /// XID 79s on NVML's GPUs waiting for a scan begun after them to say the GPU is lost.
     unconfirmed: Vec<(u32, Instant)>,
+    /// Other fatal XIDs on NVML's GPUs waiting for NVML's word.
+    pending: Vec<Pending>,
+    /// Lookalikes already said at warn (per address and XID; the rest at debug).
+    said: BTreeSet<(String, u64)>,
+}
+
+/// A fatal XID the kernel log told on one of NVML's GPUs, waiting for NVML's word.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    gpu: u32,
+    xid: u64,
+    link: Option<u32>,
+    at: Instant,
+    /// NVML's own tally of this XID on this GPU when the line was read.
+    nvml_before: u64,
+}
+
+/// NVML's word for a fatal XID the kernel log told: what NVML itself says of that GPU, which no
+/// text in the kernel log can shape. Without one the line is evidence, not a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Word {
+    /// NVML delivered the same XID on that GPU (its event), since just before the line.
+    Event,
+    /// NVML's recovery action for the GPU asks for a reset, a reboot or a drain and reset.
+    RecoveryAction,
+    /// NVML finds the GPU lost, or lists it no more.
+    Lost,
+    /// An NVLink XID naming a link NVML reads inactive.
+    LinkDown(u32),
+}
+
+impl Word {
+    /// NVML's word on `gpu` (its reading, None if NVML lists it no more) for XID `xid` (naming
+    /// `link`), given NVML's own tally of it before the line and now; None: NVML says nothing.
+    pub fn of(
+        gpu: Option<&GpuReading>,
+        link: Option<u32>,
+        nvml_before: u64,
+        nvml_now: u64,
+    ) -> Option<Word> {
+        let Some(g) = gpu else {
+            return Some(Word::Lost);
+        };
+        if nvml_now > nvml_before {
+            Some(Word::Event)
+        } else if g.lost {
+            Some(Word::Lost)
+        } else if g.recovery_action.is_some_and(|a| a.is_fault()) {
+            Some(Word::RecoveryAction)
+        } else {
+            let down = link.filter(|l| g.links.iter().any(|r| r.link == *l && !r.active));
+            down.map(Word::LinkDown)
+        }
+    }
+
+    fn said(self) -> String {
+        match self {
+            Word::Event => "NVML delivered it too".into(),
+            Word::RecoveryAction => "NVML asks for a reset".into(),
+            Word::Lost => "NVML finds the GPU lost".into(),
+            Word::LinkDown(l) => format!("NVML reads its link {l} inactive"),
+        }
+    }
 }
 
 impl KernelXids {
-    /// The (PCI address, XID) to count for this record, if any.
+    /// The (PCI address, XID) to count for this record, if any (a lookalike: none).
     pub fn observe(&mut self, event: KernelGpu, at: Instant) -> Option<(String, u64)> {
         if let KernelGpu::Xid { xid, text, .. } = &event {
             // NVML's event of the same XID carries no sub-code: say what the line decides.
@@ -150,6 +282,7 @@ impl KernelXids {
             KernelGpu::Xid { pci, xid, .. } if xid != FELL_OFF_BUS => return Some((pci, xid)),
             KernelGpu::Xid { pci, .. } => (pci, FELL_OFF_BUS, false),
             KernelGpu::FellOffBus { pci } => (pci, FELL_OFF_BUS, true),
+            KernelGpu::Lookalike { .. } => return None,
         };
         let Some(device) = pci_address(&pci) else {
             return Some((pci, xid)); // no address to pair the lines by
@@ -168,6 +301,8 @@ impl KernelXids {
 
     /// Counts what the kernel said with NVML's tallies (one count), each XID on the GPU at its
     /// PCI address among `gpus` (the last snapshot's); an address none of them has is logged.
+    /// A fatal XID waits for NVML's word ([`KernelXids::confirm`]); a lookalike is counted
+    /// apart.
     pub fn count(
         &mut self,
         events: Vec<KernelGpu>,
@@ -176,6 +311,14 @@ impl KernelXids {
         now: Instant,
     ) {
         for event in events {
+            let link = match &event {
+                KernelGpu::Lookalike { pci, xid, why } => {
+                    self.lookalike(pci, *xid, why, gpus, counts);
+                    continue;
+                }
+                KernelGpu::Xid { link, .. } => *link,
+                KernelGpu::FellOffBus { .. } => None,
+            };
             let Some((pci, xid)) = self.observe(event, now) else {
                 continue;
             };
@@ -188,6 +331,19 @@ impl KernelXids {
                         gpu.index
                     );
                     self.unconfirmed.push((gpu.index, now));
+                }
+                Some(gpu) if xid != FELL_OFF_BUS && super::catalogue::is_fatal(xid) => {
+                    if self.pending.len() < PENDING_MAX {
+                        self.pending.push(Pending {
+                            gpu: gpu.index,
+                            xid,
+                            link,
+                            at: now,
+                            nvml_before: counts.nvml_count(gpu.index, xid),
+                        });
+                    } else {
+                        counts.record_unconfirmed(gpu.index, xid);
+                    }
                 }
                 Some(gpu) => {
                     tracing::warn!(
@@ -206,9 +362,37 @@ impl KernelXids {
         }
     }
 
+    /// A line that reads like an XID and is not the driver's: counted apart on the GPU at its
+    /// address, said once per address and XID.
+    fn lookalike(
+        &mut self,
+        pci: &str,
+        xid: u64,
+        why: &str,
+        gpus: &[GpuReading],
+        counts: &XidCounts,
+    ) {
+        let gpu = gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, pci));
+        if let Some(g) = gpu {
+            counts.record_unconfirmed(g.index, xid);
+        }
+        let first = self.said.len() < 64 && self.said.insert((pci.to_owned(), xid));
+        if first {
+            tracing::warn!(
+                xid,
+                pci,
+                "a kernel log line reads like XID {xid} on {pci} but is {why}: not counted as an \
+                 XID, not acted on (shmlink_gpu_xid_unconfirmed_total)"
+            );
+        } else {
+            tracing::debug!(xid, pci, "another XID lookalike: {why}");
+        }
+    }
+
     /// A scan that began at `scanned` read `gpus` from NVML: each XID 79 told before it is
     /// counted if NVML finds that GPU lost (or lists it no more), and dropped if NVML still
-    /// reaches it. Without NVML (`nvml_up` false) nothing is decided.
+    /// reaches it; each other fatal XID told before it is counted with NVML's [`Word`], else
+    /// counted as unconfirmed. Without NVML (`nvml_up` false) nothing is decided.
     pub fn confirm(
         &mut self,
         gpus: &[GpuReading],
@@ -219,6 +403,40 @@ impl KernelXids {
         if !nvml_up {
             return;
         }
+        self.pending.retain(|p| {
+            if p.at >= scanned {
+                return true; // NVML was read before the line: the next scan decides
+            }
+            let gpu = gpus.iter().find(|g| g.index == p.gpu);
+            let nvml_now = counts.nvml_count(p.gpu, p.xid);
+            match Word::of(gpu, p.link, p.nvml_before, nvml_now) {
+                Some(word) => {
+                    tracing::warn!(
+                        gpu = p.gpu,
+                        xid = p.xid,
+                        "the kernel log reports XID {} on GPU {}, and {}",
+                        p.xid,
+                        p.gpu,
+                        word.said()
+                    );
+                    counts.record_kernel(p.gpu, p.xid);
+                }
+                None => {
+                    tracing::warn!(
+                        gpu = p.gpu,
+                        xid = p.xid,
+                        "the kernel log reports XID {} on GPU {}, but NVML does not confirm it \
+                         (no XID event, recovery action, lost GPU or link down): counted as \
+                         unconfirmed, not acted on (a line a process or a netfilter LOG \
+                         prefix could write?)",
+                        p.xid,
+                        p.gpu
+                    );
+                    counts.record_unconfirmed(p.gpu, p.xid);
+                }
+            }
+            false
+        });
         self.unconfirmed.retain(|&(index, at)| {
             if at >= scanned {
                 return true; // NVML was read before the record: the next scan decides
@@ -309,14 +527,126 @@ mod tests {
                     "pid='<unknown>', name=<unknown>, NVLink 5 fatal error detected"
                 ),
                 xid_event("0000:03:00", 31, None, ""),
-                xid_event(
-                    "0000:03:00",
-                    13,
-                    None,
-                    "0001 00000000 0000b197 000001b0 00000000"
-                ),
+                // An old driver's form, without `PCI:`: the shape a netfilter prefix spells.
+                Some(KernelGpu::Lookalike {
+                    pci: "0000:03:00".into(),
+                    xid: 13,
+                    why: "not in the driver's shape (`Xid (PCI:dddd:bb:dd): N, `)"
+                }),
             ]
         );
+    }
+
+    #[test]
+    fn lines_a_netfilter_prefix_or_a_process_writes_are_lookalikes_and_a_mig_line_is_an_xid() {
+        let got = gpus(kmsg::FORGED_XID);
+        let why = |g: &Option<KernelGpu>| match g {
+            Some(KernelGpu::Lookalike { pci, xid: 48, why }) if pci == "0000:18:00" => *why,
+            other => panic!("{other:?}"),
+        };
+        assert!(why(&got[0]).contains("netfilter"), "{got:?}");
+        assert!(
+            why(&got[1]).contains("netfilter"),
+            "the driver's whole shape in a prefix"
+        );
+        assert!(why(&got[2]).contains("process"), "{got:?}");
+        assert_eq!(
+            got[3],
+            xid_event(
+                "0000:18:00",
+                94,
+                None,
+                "pid=7194, name=python3, Contained: CE User Channel (0x9). RST: No, D-RST: No"
+            )
+        );
+    }
+
+    /// The board the word tests use: GPU 0 at 18:00, GPU 1 at 3b:00, each with links 0-1 up.
+    fn board() -> Vec<GpuReading> {
+        let mut board: Vec<GpuReading> = (0..2).map(crate::fixtures::gpu_reading).collect();
+        board[0].pci_bus_id = "00000000:18:00.0".into();
+        board[1].pci_bus_id = "00000000:3B:00.0".into();
+        for g in &mut board {
+            g.links = (0..2)
+                .map(|link| crate::model::LinkReading {
+                    link,
+                    active: true,
+                    peer: crate::model::Peer::Unknown,
+                    errors: None,
+                    nvlink5: None,
+                })
+                .collect();
+        }
+        board
+    }
+
+    fn xid_on(pci: &str, xid: u64, link: Option<u32>) -> KernelGpu {
+        KernelGpu::Xid {
+            pci: pci.into(),
+            xid,
+            link,
+            text: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_fatal_xid_of_the_kernel_log_counts_only_with_nvmls_word() {
+        let mut board = board();
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        let t0 = Instant::now();
+        let soon = t0 - Duration::from_secs(1);
+        let later = t0 + Duration::from_secs(1);
+        // XID 48 on GPU 0: nothing before NVML's word is asked, nor from a scan begun before.
+        k.count(vec![xid_on("0000:18:00", 48, None)], &board, &counts, t0);
+        k.confirm(&board, true, soon, &counts);
+        assert!(counts.snapshot().is_empty() && counts.unconfirmed().is_empty());
+        // NVML says nothing of GPU 0: unconfirmed, never an XID.
+        k.confirm(&board, true, later, &counts);
+        assert!(counts.snapshot().is_empty());
+        assert_eq!(counts.unconfirmed()[&(0, 48)], 1);
+        // NVML's own event of it: an XID (one, with NVML's).
+        k.count(vec![xid_on("0000:18:00", 48, None)], &board, &counts, t0);
+        counts.record(0, 48);
+        k.confirm(&board, true, later, &counts);
+        assert_eq!(counts.snapshot()[&(0, 48)], 1);
+        // NVML's recovery action asks for a reset.
+        board[1].recovery_action = Some(crate::model::RecoveryAction::GpuReset);
+        k.count(vec![xid_on("0000:3b:00", 95, None)], &board, &counts, t0);
+        k.confirm(&board, true, later, &counts);
+        assert_eq!(counts.snapshot()[&(1, 95)], 1);
+        // An NVLink XID naming a link NVML reads inactive; the same naming an active one not.
+        board[0].links[1].active = false;
+        let nvlink = vec![
+            xid_on("0000:18:00", 74, Some(1)),
+            xid_on("0000:18:00", 74, Some(0)),
+        ];
+        k.count(nvlink, &board, &counts, t0);
+        k.confirm(&board, true, later, &counts);
+        assert_eq!(counts.snapshot()[&(0, 74)], 1);
+        assert_eq!(counts.unconfirmed()[&(0, 74)], 1);
+        // Without NVML nothing is decided; a non-fatal XID counts at once.
+        k.count(vec![xid_on("0000:18:00", 48, None)], &board, &counts, t0);
+        k.confirm(&board, false, later, &counts);
+        assert_eq!(counts.unconfirmed()[&(0, 48)], 1);
+        k.count(vec![xid_on("0000:18:00", 13, None)], &board, &counts, t0);
+        assert_eq!(counts.snapshot()[&(0, 13)], 1);
+    }
+
+    #[test]
+    fn a_lookalike_is_counted_apart_and_never_an_xid() {
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        let t0 = Instant::now();
+        let forged = gpus(kmsg::FORGED_XID)
+            .into_iter()
+            .flatten()
+            .take(3)
+            .collect();
+        k.count(forged, &board(), &counts, t0);
+        k.confirm(&board(), true, t0 + Duration::from_secs(1), &counts);
+        assert!(counts.snapshot().is_empty(), "{:?}", counts.snapshot());
+        assert_eq!(counts.unconfirmed()[&(0, 48)], 3);
     }
 
     #[test]
