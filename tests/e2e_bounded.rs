@@ -406,6 +406,8 @@ fn large_history(dir: &Path, n: usize) {
             told_by_workload: None,
             worker_pids: Vec::new(),
             found_late: false,
+            named_from: None,
+            hang: None,
             message: message.clone(),
         };
         let row = FailureRow::new(&failure, false, at);

@@ -268,6 +268,8 @@ fn failure(pod: &str, kind: FindingKind, at: SystemTime) -> Failure {
         told_by_workload: None,
         worker_pids: Vec::new(),
         found_late: false,
+        named_from: None,
+        hang: None,
         message: format!(
             "container ml/{pod}/trainer could not allocate shared memory: the DataLoader's \
              workers share batches through /dev/shm, which was full; give the Pod a bigger \
