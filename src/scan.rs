@@ -320,6 +320,7 @@ impl Scanner {
                 gone_since: Default::default(),
                 nvml_up: gpu.nvml_up,
                 nvml: gpu.nvml,
+                node_info: gpu.node_info,
                 blind: sight.blind(),
                 sight,
                 driver_gpus: gpu.driver_gpus,

@@ -307,6 +307,8 @@ fn normalise(body: &str) -> String {
             Some((series, _)) if varies => format!("{} <varies>", mask_times(series)),
             _ => line.to_string(),
         };
+        // The machine's kernel release, whatever machine runs the test.
+        let line = mask_label(&line, "kernel");
         let labels = line[name_end..]
             .strip_prefix('{')
             .and_then(|rest| rest.split_once('}'))
@@ -319,6 +321,18 @@ fn normalise(body: &str) -> String {
     }
     flush(&mut series, &mut out);
     out.join("\n") + "\n"
+}
+
+/// The value of `label` in a series line as `<varies>`.
+fn mask_label(line: &str, label: &str) -> String {
+    let key = format!(",{label}=\"");
+    let Some(start) = line.find(&key).map(|i| i + key.len()) else {
+        return line.to_string();
+    };
+    let Some(len) = line[start..].find('"') else {
+        return line.to_string();
+    };
+    format!("{}<varies>{}", &line[..start], &line[start + len..])
 }
 
 /// A unified-ish diff: the differing lines, with their line numbers in each file.

@@ -1139,6 +1139,8 @@ mod tests {
             status: "success".into(),
             degraded_bandwidth: None,
             route_unhealthy: None,
+            cluster_uuid: None,
+            clique_id: None,
         });
         let holders = holders();
         let known = Known {

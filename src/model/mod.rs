@@ -4,6 +4,7 @@
 
 mod failure;
 mod finding;
+mod fleet;
 mod gpu;
 mod gpu_users;
 mod job_links;
@@ -19,6 +20,7 @@ pub use failure::{
     printable, DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
     MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, SHM_OOM_SHARE, SIGBUS,
 };
+pub use fleet::{NodeInfo, PlatformInfo};
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
 pub use gpu::{
     AcsState, AerTotals, Ber, Blame, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample,
