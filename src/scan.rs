@@ -317,6 +317,7 @@ impl Scanner {
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),
+                failure_images: Vec::new(),
                 gone_since: Default::default(),
                 nvml_up: gpu.nvml_up,
                 nvml: gpu.nvml,

@@ -76,13 +76,14 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         &gpus,
         known.snapshot,
     )));
+    let image = image_of(&id, reading, known.pods);
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
         pod_uid: id.pod_uid,
         container: id.container,
         container_id: id.container_id,
-        image: reading.and_then(|r| r.image.clone()),
+        image,
         kind,
         at: rfc3339(d.at),
         source: d.source,
@@ -100,6 +101,15 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         message,
         found_late: false,
     })
+}
+
+/// The container's image: Docker's record (the reading's), else its Pod's spec.
+fn image_of(id: &Identity, reading: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
+    if let Some(image) = reading.and_then(|r| r.image.clone()) {
+        return Some(image);
+    }
+    let (uid, container) = (id.pod_uid.as_deref()?, id.container.as_deref()?);
+    pods?.image_of(uid, container).map(str::to_string)
 }
 
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.

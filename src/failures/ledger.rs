@@ -20,6 +20,8 @@ const COUNT_LASTS: Duration = Duration::from_secs(24 * 3600);
 pub struct Ledger {
     recent: VecDeque<Failure>,
     counts: HashMap<(ContainerRef, FindingKind), (u64, Instant)>,
+    /// Container ID -> its image, for the containers counted (the fleet groups deaths by it).
+    images: HashMap<String, String>,
     said: Said,
 }
 
@@ -42,6 +44,9 @@ impl Ledger {
                 .entry((f.container_ref(), f.kind))
                 .or_insert((0, now));
             *entry = (entry.0 + 1, now);
+            if let (Some(id), Some(image)) = (&f.container_id, &f.image) {
+                self.images.insert(id.clone(), image.clone());
+            }
             self.recent.push_back(f.clone());
         }
         while self.recent.len() > RECENT_MAX {
@@ -63,12 +68,33 @@ impl Ledger {
                 self.counts.remove(&k);
             }
         }
+        if !self.images.is_empty() {
+            let counted: std::collections::HashSet<&str> = self
+                .counts
+                .keys()
+                .map(|(c, _)| c.container_id.as_str())
+                .collect();
+            self.images.retain(|id, _| counted.contains(id.as_str()));
+        }
     }
 
-    /// The snapshot carries the failures told so far and the counts.
+    /// The snapshot carries the failures told so far, the counts and the counted containers'
+    /// images.
     pub fn fill(&self, snapshot: &mut Snapshot) {
         snapshot.failures = self.recent();
         snapshot.failure_counts = self.counts();
+        snapshot.failure_images = self.images();
+    }
+
+    /// (container ID, image) of each container counted, sorted.
+    pub fn images(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .images
+            .iter()
+            .map(|(id, image)| (id.clone(), image.clone()))
+            .collect();
+        out.sort();
+        out
     }
 
     pub fn recent(&self) -> Vec<Failure> {
@@ -132,6 +158,27 @@ impl Said {
 mod tests {
     use super::*;
     use crate::fixtures;
+
+    #[test]
+    fn a_counted_containers_image_is_kept_as_long_as_its_count() {
+        let mut l = Ledger::default();
+        let t0 = Instant::now();
+        let mut a = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "a", "u-a");
+        a.container_id = Some("c-a".into());
+        a.image = Some("nvcr.io/nvidia/pytorch:24.05-py3".into());
+        let mut b = fixtures::failure(FindingKind::ShmBusError, "ml", "b", "u-b");
+        b.container_id = Some("c-b".into());
+        l.record(&[a, b], t0);
+        assert_eq!(
+            l.images(),
+            [("c-a".to_string(), "nvcr.io/nvidia/pytorch:24.05-py3".to_string())]
+        );
+        // A day later with nothing new, the count goes and its image with it.
+        let mut c = fixtures::failure(FindingKind::ShmBusError, "ml", "c", "u-c");
+        c.container_id = Some("c-c".into());
+        l.record(&[c], t0 + COUNT_LASTS);
+        assert_eq!(l.images(), []);
+    }
 
     #[test]
     fn counts_per_container_and_kind_and_keeps_the_newest() {

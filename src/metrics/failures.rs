@@ -148,6 +148,22 @@ pub(super) fn encode(
     Ok(())
 }
 
+/// `shmlink_workload_image_info`: the image of each container a failure was counted for
+/// (joined to `shmlink_workload_failures_total` on `container_id`: the counter carries no image).
+pub(super) fn encode_images(encoder: &mut DescriptorEncoder, images: &[(String, String)]) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_workload_image_info",
+        "The image of each container shmlink_workload_failures_total counts (its Pod's spec, or \
+         Docker's record)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (id, image) in images {
+        gauge(&mut metric, &[("container_id", id.as_str()), ("image", image.as_str())], 1i64)?;
+    }
+    Ok(())
+}
+
 /// `shmlink_workload_failure_last_info`: the newest [`LAST_FAILURES`] failures the agent keeps
 /// (newest first; one series per container, kind and message), each valued by when it happened
 /// (Unix seconds), so a dashboard can list what died lately and why.

@@ -58,6 +58,10 @@ fn rich_snapshot() -> Snapshot {
     s.gpu_probes = pair_probes();
     set_gpu_users(&mut s);
     s.failure_counts = failure_counts(&s.shm[0]);
+    s.failure_images = vec![(
+        s.shm[0].container_id.clone(),
+        "nvcr.io/nvidia/pytorch:24.05-py3".into(),
+    )];
     let mut told =
         crate::fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", "uid-0");
     told.container_id = Some("c0ffee01".into());
