@@ -553,6 +553,11 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
         }
+        // The fleet's dashboard reads many nodes' series: tests/e2e_fleet.rs runs its every
+        // query over eight agents.
+        if path.file_name().is_some_and(|n| n == "shmlink-fleet.json") {
+            continue;
+        }
         let dashboard: Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let (exprs, vars) = dashboard_queries(&dashboard);
