@@ -740,7 +740,12 @@ fn an_old_driver_lacks_every_new_call_and_nothing_is_an_error() {
 fn nvlink_domain_platform_and_vbios_where_the_driver_has_them() {
     let _serial = serial();
     let mut config = preset("b200-8");
-    for (i, g) in config["gpus"].as_array_mut().unwrap().iter_mut().enumerate() {
+    for (i, g) in config["gpus"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
         g["fabric"]["cluster_uuid"] = json!("7F3C0D5E-0B1A-4C2D-9E8F-001122334455");
         g["fabric"]["clique_id"] = json!(32766);
         g["platform"] = json!({"chassis_serial": "1821724000123", "slot": 9, "tray": 4,
@@ -752,7 +757,10 @@ fn nvlink_domain_platform_and_vbios_where_the_driver_has_them() {
         .as_object_mut()
         .unwrap()
         .remove("cluster_uuid");
-    config["gpus"][6].as_object_mut().unwrap().remove("platform");
+    config["gpus"][6]
+        .as_object_mut()
+        .unwrap()
+        .remove("platform");
     let file = Config::new(&config);
     let gpus = file.open(&fake());
     let (s, stats) = gpus.sample();
@@ -781,7 +789,10 @@ fn nvlink_domain_platform_and_vbios_where_the_driver_has_them() {
 
     let (s, stats) = Config::new(&config).open(&fake_legacy()).sample();
     assert_eq!(stats.errors, 0);
-    assert!(s.gpus.iter().all(|g| g.platform.is_none() && g.fabric.is_none()));
+    assert!(s
+        .gpus
+        .iter()
+        .all(|g| g.platform.is_none() && g.fabric.is_none()));
     // The VBIOS call is as old as NVML.
     assert_eq!(s.gpus[0].vbios.as_deref(), Some("97.00.A5.00.01"));
 }

@@ -104,7 +104,11 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
 }
 
 /// The container's image: Docker's record (the reading's), else its Pod's spec.
-fn image_of(id: &Identity, reading: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
+fn image_of(
+    id: &Identity,
+    reading: Option<&ShmReading>,
+    pods: Option<&PodIndex>,
+) -> Option<String> {
     if let Some(image) = reading.and_then(|r| r.image.clone()) {
         return Some(image);
     }

@@ -20,8 +20,8 @@ const COUNT_LASTS: Duration = Duration::from_secs(24 * 3600);
 pub struct Ledger {
     recent: VecDeque<Failure>,
     counts: HashMap<(ContainerRef, FindingKind), (u64, Instant)>,
-    /// Container ID -> its image, for the containers counted (the fleet groups deaths by it).
-    images: HashMap<String, String>,
+    /// Each counted container's image (the fleet groups deaths by it).
+    images: HashMap<ContainerRef, String>,
     said: Said,
 }
 
@@ -44,8 +44,8 @@ impl Ledger {
                 .entry((f.container_ref(), f.kind))
                 .or_insert((0, now));
             *entry = (entry.0 + 1, now);
-            if let (Some(id), Some(image)) = (&f.container_id, &f.image) {
-                self.images.insert(id.clone(), image.clone());
+            if let Some(image) = &f.image {
+                self.images.insert(f.container_ref(), image.clone());
             }
             self.recent.push_back(f.clone());
         }
@@ -69,12 +69,9 @@ impl Ledger {
             }
         }
         if !self.images.is_empty() {
-            let counted: std::collections::HashSet<&str> = self
-                .counts
-                .keys()
-                .map(|(c, _)| c.container_id.as_str())
-                .collect();
-            self.images.retain(|id, _| counted.contains(id.as_str()));
+            let counted: std::collections::HashSet<&ContainerRef> =
+                self.counts.keys().map(|(c, _)| c).collect();
+            self.images.retain(|c, _| counted.contains(c));
         }
     }
 
@@ -86,14 +83,14 @@ impl Ledger {
         snapshot.failure_images = self.images();
     }
 
-    /// (container ID, image) of each container counted, sorted.
-    pub fn images(&self) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = self
+    /// Each counted container with its image, sorted.
+    pub fn images(&self) -> Vec<(ContainerRef, String)> {
+        let mut out: Vec<(ContainerRef, String)> = self
             .images
             .iter()
-            .map(|(id, image)| (id.clone(), image.clone()))
+            .map(|(c, image)| (c.clone(), image.clone()))
             .collect();
-        out.sort();
+        out.sort_by_key(|(c, image)| (c.to_string(), c.container_id.clone(), image.clone()));
         out
     }
 
@@ -169,9 +166,17 @@ mod tests {
         let mut b = fixtures::failure(FindingKind::ShmBusError, "ml", "b", "u-b");
         b.container_id = Some("c-b".into());
         l.record(&[a, b], t0);
+        let images: Vec<(String, String)> = l
+            .images()
+            .into_iter()
+            .map(|(c, image)| (c.container_id, image))
+            .collect();
         assert_eq!(
-            l.images(),
-            [("c-a".to_string(), "nvcr.io/nvidia/pytorch:24.05-py3".to_string())]
+            images,
+            [(
+                "c-a".to_string(),
+                "nvcr.io/nvidia/pytorch:24.05-py3".to_string()
+            )]
         );
         // A day later with nothing new, the count goes and its image with it.
         let mut c = fixtures::failure(FindingKind::ShmBusError, "ml", "c", "u-c");

@@ -253,9 +253,7 @@ impl GpuCollector {
             State::Loaded(loaded) => loaded.driver.as_deref(),
             _ => None,
         };
-        scan.node_info = self
-            .node_info
-            .info(&self.proc_root, driver, Instant::now());
+        scan.node_info = self.node_info.info(&self.proc_root, driver, Instant::now());
         scan
     }
 }

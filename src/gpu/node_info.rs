@@ -111,15 +111,24 @@ mod tests {
         let proc = proc_with(&[("1", "systemd")]);
         let now = Instant::now();
         let mut keeper = NodeInfoKeeper::new();
-        assert_eq!(keeper.info(proc.path(), Some("d"), now).fabric_manager, None);
+        assert_eq!(
+            keeper.info(proc.path(), Some("d"), now).fabric_manager,
+            None
+        );
         let p = proc.path().join("2939");
         std::fs::create_dir(&p).unwrap();
         std::fs::write(p.join("comm"), "nv-fabricmanage\n").unwrap();
         let soon = now + Duration::from_secs(60);
-        assert_eq!(keeper.info(proc.path(), Some("d"), soon).fabric_manager, None);
+        assert_eq!(
+            keeper.info(proc.path(), Some("d"), soon).fabric_manager,
+            None
+        );
         let later = now + LOOK_EVERY;
         assert_eq!(
-            keeper.info(proc.path(), Some("d"), later).fabric_manager.as_deref(),
+            keeper
+                .info(proc.path(), Some("d"), later)
+                .fabric_manager
+                .as_deref(),
             Some("d")
         );
     }

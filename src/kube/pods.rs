@@ -144,10 +144,12 @@ fn pod_meta(pod: &Pod) -> Option<PodMeta> {
         .collect();
     let images = spec
         .map(|s| {
-            let named = |name: &str, image: Option<&String>| {
-                image.map(|i| (name.to_string(), i.clone()))
-            };
-            let app = s.containers.iter().map(|c| named(&c.name, c.image.as_ref()));
+            let named =
+                |name: &str, image: Option<&String>| image.map(|i| (name.to_string(), i.clone()));
+            let app = s
+                .containers
+                .iter()
+                .map(|c| named(&c.name, c.image.as_ref()));
             let init = s.init_containers.iter().flatten();
             let init = init.map(|c| named(&c.name, c.image.as_ref()));
             let ephemeral = s.ephemeral_containers.iter().flatten();

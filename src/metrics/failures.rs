@@ -148,9 +148,13 @@ pub(super) fn encode(
     Ok(())
 }
 
-/// `shmlink_workload_image_info`: the image of each container a failure was counted for
-/// (joined to `shmlink_workload_failures_total` on `container_id`: the counter carries no image).
-pub(super) fn encode_images(encoder: &mut DescriptorEncoder, images: &[(String, String)]) -> fmt::Result {
+/// `shmlink_workload_image_info`: the image of each container a failure was counted for, with
+/// the counter's container labels (joined to `shmlink_workload_failures_total` on them: the
+/// counter carries no image).
+pub(super) fn encode_images(
+    encoder: &mut DescriptorEncoder,
+    images: &[(ContainerRef, String)],
+) -> fmt::Result {
     let mut metric = encoder.encode_descriptor(
         "shmlink_workload_image_info",
         "The image of each container shmlink_workload_failures_total counts (its Pod's spec, or \
@@ -158,8 +162,9 @@ pub(super) fn encode_images(encoder: &mut DescriptorEncoder, images: &[(String, 
         None,
         MetricType::Gauge,
     )?;
-    for (id, image) in images {
-        gauge(&mut metric, &[("container_id", id.as_str()), ("image", image.as_str())], 1i64)?;
+    for (c, image) in images {
+        let labels = (container_labels!(c), [("image", image.as_str())]);
+        gauge(&mut metric, &labels, 1i64)?;
     }
     Ok(())
 }

@@ -20,7 +20,11 @@ use super::{counter, gauge};
 pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Result {
     encode_node_info(encoder, snapshot)?;
     if !snapshot.gpus.is_empty() {
-        encode_gpus(encoder, &snapshot.gpus, snapshot.node_info.driver.as_deref())?;
+        encode_gpus(
+            encoder,
+            &snapshot.gpus,
+            snapshot.node_info.driver.as_deref(),
+        )?;
         encode_nvlink_up(encoder, &snapshot.gpus)?;
         encode_nvlink_errors(encoder, &snapshot.gpus)?;
         encode_nvlink_ber(encoder, &snapshot.gpus)?;

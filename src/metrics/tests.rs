@@ -59,7 +59,7 @@ fn rich_snapshot() -> Snapshot {
     set_gpu_users(&mut s);
     s.failure_counts = failure_counts(&s.shm[0]);
     s.failure_images = vec![(
-        s.shm[0].container_id.clone(),
+        crate::model::ContainerRef::of(&s.shm[0]),
         "nvcr.io/nvidia/pytorch:24.05-py3".into(),
     )];
     let mut told =

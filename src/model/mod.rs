@@ -20,8 +20,8 @@ pub use failure::{
     printable, DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
     MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, SHM_OOM_SHARE, SIGBUS,
 };
-pub use fleet::{NodeInfo, PlatformInfo};
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
+pub use fleet::{NodeInfo, PlatformInfo};
 pub use gpu::{
     AcsState, AerTotals, Ber, Blame, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample,
     LinkErrors, LinkReading, Nvlink5Errors, P2pCaps, P2pStatus, PairProbe, PairSample, PairStatus,

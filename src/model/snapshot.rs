@@ -60,10 +60,10 @@ pub struct Snapshot {
     /// (`shmlink_workload_failures_total`).
     #[serde(skip)]
     pub failure_counts: Vec<(ContainerRef, FindingKind, u64)>,
-    /// The image of each container counted there (container ID, image): where the fleet finds
-    /// which images die (`shmlink_workload_image_info`).
+    /// The image of each container counted there: where the fleet finds which images die
+    /// (`shmlink_workload_image_info`).
     #[serde(skip)]
-    pub failure_images: Vec<(String, String)>,
+    pub failure_images: Vec<(ContainerRef, String)>,
     /// Whether NVML is loaded and answering (`shmlink_nvml_up`).
     #[serde(skip)]
     pub nvml_up: bool,

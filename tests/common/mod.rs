@@ -22,6 +22,7 @@ pub mod kube_api;
 pub mod link_days;
 pub mod oom;
 pub mod pod_resources;
+pub mod prom;
 pub mod promtext;
 pub mod rng;
 pub mod runc;

@@ -224,7 +224,10 @@ mod tests {
         let in_rules = lists("xid=~\"");
         assert_eq!(in_rules.len(), 6, "three uses of each list");
         for l in &in_rules {
-            assert!(*l == fatal || *l == link, "{l:?} is neither {fatal:?} nor {link:?}");
+            assert!(
+                *l == fatal || *l == link,
+                "{l:?} is neither {fatal:?} nor {link:?}"
+            );
         }
         assert_eq!(in_rules.iter().filter(|l| **l == link).count(), 3);
     }
