@@ -74,6 +74,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/api/v1/failures", get(failures))
+        .route("/api/v1/gpus", get(gpus))
         .with_state(state)
 }
 
@@ -249,6 +250,18 @@ async fn failures(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery)
         },
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the read failed\n").into_response(),
+    }
+}
+
+/// `GET /api/v1/gpus`: the node, its driver, fabric manager and kernel, and each GPU's NVLink
+/// domain, chassis and VBIOS from the last scan (`shmlink fleet` groups by them); 503 before it.
+async fn gpus(State(state): State<Arc<AppState>>) -> Response {
+    let Some(snapshot) = state.snapshot.load_full() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "first scan not finished\n").into_response();
+    };
+    match serde_json::to_string(&crate::model::NodeKeys::of(&snapshot)) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
     }
 }
 

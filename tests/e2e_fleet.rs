@@ -97,11 +97,20 @@ fn start_node(i: usize, api: &FakeApi, dir: &Path) -> Node {
     let logs = dir.join(format!("pods-{name}"));
     let state = dir.join(format!("state-{name}"));
     std::fs::create_dir_all(&logs).unwrap();
-    let agent = Agent::start_gpu_kube(
-        &api.kubeconfig_path(),
-        &fake,
-        &name,
+    let lib = fake_nvml::lib();
+    let kubeconfig = api.kubeconfig_path();
+    let mut env = fake.env().to_vec();
+    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
+    let agent = Agent::start(
         &[
+            "--kube",
+            "on",
+            "--node-name",
+            &name,
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--pod-resources-socket",
+            "/nonexistent/kubelet.sock",
             "--interval",
             "1s",
             "--gpu-device-taint",
@@ -111,6 +120,7 @@ fn start_node(i: usize, api: &FakeApi, dir: &Path) -> Node {
             "--state-dir",
             state.to_str().unwrap(),
         ],
+        &env,
     );
     Node {
         name,
@@ -277,6 +287,9 @@ fn faults_on_three_nodes_of_a_domain_page_once_and_one_node_of_another_pages_alo
     let (hook, payloads) = webhook();
     let am = alertmanager(dir.path(), hook);
     let mut nodes: Vec<Node> = (0..8).map(|i| start_node(i, &api, dir.path())).collect();
+    for n in &nodes {
+        n.agent.wait_ready();
+    }
     let prom = prometheus(dir.path(), &nodes, am.addr);
     let p = prom.addr;
     wait_scraped(p);
@@ -311,12 +324,106 @@ fn faults_on_three_nodes_of_a_domain_page_once_and_one_node_of_another_pages_alo
     );
     // Alertmanager's groups flush every 2 s: what it would send for domain A's GPUs it sends
     // within a few flushes after their own `for`.
-    std::thread::sleep(Duration::from_secs(8));
+    std::thread::sleep(Duration::from_secs(6));
     notified(&payloads, &mut got);
     check_pages(&got, p, am.addr);
     check_dashboard(p);
     print_costs(&nodes, &healthy, p, prom.addr);
+    check_fleet_command(&api, &nodes);
     drop(nodes);
+}
+
+/// `shmlink fleet` against the same cluster: run as the operator would, its output and status.
+fn fleet(api: &FakeApi, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(common::shmlink_bin())
+        .arg("fleet")
+        .args(["--kubeconfig", api.kubeconfig_path().to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+/// What is out, grouped by domain, from the Node conditions and DeviceTaintRules the agents
+/// keep, their Events and, through the proxy to their Pods, their GPUs and deaths; then as a
+/// user without the proxy's RBAC: said, and the rest still read.
+fn check_fleet_command(api: &FakeApi, nodes: &[Node]) {
+    for n in nodes {
+        api.apply_pod(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("shmlink-{}", n.name), "namespace": "shmlink",
+                         "uid": common::random_pod_uid(),
+                         "labels": {"app.kubernetes.io/name": "shmlink"}},
+            "spec": {"nodeName": n.name, "containers": [{"name": "shmlink",
+                     "ports": [{"name": "metrics", "containerPort": n.agent.addr.port()}]}]},
+            "status": {"phase": "Running", "podIP": n.agent.addr.ip().to_string()}}));
+    }
+    let a = format!(
+        "NVLink domain {DOMAIN_A} clique 1: 3 of its 4 nodes out (fleet-a-0, fleet-a-1, fleet-a-2)"
+    );
+    let b = format!("NVLink domain {DOMAIN_B} clique 2: 1 of its 4 nodes out (fleet-b-0)");
+    let mut last = (0, String::new(), String::new());
+    // The device-taint keepers make their rules within a pass or two of the faults.
+    let ok = common::wait_until(Duration::from_secs(30), || {
+        last = fleet(api, &[]);
+        last.1.contains(&a) && last.1.contains(&b) && last.1.matches("DeviceTaintRule").count() == 4
+    });
+    assert!(ok, "shmlink fleet said:\n{}\n{}", last.1, last.2);
+    let (status, text, _) = last;
+    println!("shmlink fleet:\n{text}");
+    assert_eq!(status, 1, "something is out");
+    assert!(!text.contains("Not read"), "{text}");
+    assert!(
+        text.contains("fleet-a-1  GpuLinkDegraded True  since "),
+        "{text}"
+    );
+    assert!(
+        text.contains("Deaths told by the agents in the last 1h:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ml/trainer-a/trainer  shm_allocation_failed"),
+        "{text}"
+    );
+    let (_, json_text, _) = fleet(api, &["--json"]);
+    let report: Value = serde_json::from_str(&json_text).unwrap();
+    let da = &report["domains"][0];
+    assert_eq!(da["domain"], format!("{DOMAIN_A}.1"));
+    let rules: Vec<&Value> = da["out"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["what"] == "DeviceTaintRule")
+        .collect();
+    assert_eq!(rules.len(), 3, "{da}");
+    assert!(rules
+        .iter()
+        .all(|r| r["gpu"] == 0 && r["effect"] == "None" && r["since"].is_string()));
+    assert_eq!(report["deaths"].as_array().unwrap().len(), 2, "{report}");
+
+    // A user who may not reach the agents (pods/proxy) nor list nodes: both said, with the RBAC
+    // they take; the rules still say what is out.
+    api.forbid("GET", "/api/v1/namespaces/shmlink/pods/");
+    api.forbid("GET", "/api/v1/nodes");
+    let (status, text, stderr) = fleet(api, &[]);
+    println!("shmlink fleet without the proxy's and the Nodes' RBAC:\n{text}");
+    assert_eq!(status, 1, "{text}{stderr}");
+    assert!(
+        text.contains("Node conditions: forbidden: it needs RBAC `list nodes (cluster-wide)`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("16 agent answers (the agent on fleet-a-0 (GPUs), ...): forbidden: it needs RBAC `get pods/proxy (the agents' namespace)`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("GPU 0 tainted (None, DeviceTaintRule shmlink-fleet-a-0-gpu-0)"),
+        "{text}"
+    );
 }
 
 /// One domain page for A naming its three nodes and none for B; B's culprit GPU paged alone;
@@ -447,9 +554,9 @@ fn check_dashboard(p: SocketAddr) {
 fn print_costs(nodes: &[Node], healthy: &[usize], p: SocketAddr, prom: SocketAddr) {
     let now: Vec<usize> = nodes.iter().map(|n| series_of(&n.agent)).collect();
     println!("series per agent, healthy: {healthy:?}; after the faults: {now:?}");
-    let per_target = query(p, "count by (instance) ({job=\"shmlink\"})").unwrap();
+    let per_target = query(p, "scrape_samples_scraped{job=\"shmlink\"}").unwrap();
     let counts: Vec<f64> = per_target.iter().map(value).collect();
-    println!("series per target in Prometheus (with up and scrape_*): {counts:?}");
+    println!("samples per scrape of each target (Prometheus's scrape_samples_scraped): {counts:?}");
     let (_, own) = common::prom::http_get(prom, "/metrics").unwrap();
     for l in own.lines().filter(|l| {
         l.starts_with("prometheus_rule_group_last_duration_seconds{")

@@ -21,7 +21,7 @@ pub use failure::{
     MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, SHM_OOM_SHARE, SIGBUS,
 };
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
-pub use fleet::{NodeInfo, PlatformInfo};
+pub use fleet::{GpuKeys, NodeInfo, NodeKeys, PlatformInfo};
 pub use gpu::{
     AcsState, AerTotals, Ber, Blame, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample,
     LinkErrors, LinkReading, Nvlink5Errors, P2pCaps, P2pStatus, PairProbe, PairSample, PairStatus,

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{dra, events, nodes, pods, Behaviour, Recorded, State};
+use super::{dra, events, fleet, nodes, pods, Behaviour, Recorded, State};
 
 /// Every request the server gets.
 pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Response<Body> {
@@ -39,6 +39,9 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
             query: query.clone(),
             body: body.clone(),
         });
+        if let Some(refused) = fleet::forbidden(&s, method.as_str(), &path) {
+            return refused;
+        }
         if s.behaviour == Some(Behaviour::Fail500) {
             return respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -63,6 +66,16 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
                     "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}),
         ),
         (&Method::GET, ["api", "v1", "pods"]) => pods::get(lock(), &query),
+        (&Method::GET, ["api", "v1", "nodes"]) => fleet::list_nodes(&lock()),
+        (&Method::GET, ["apis", "events.k8s.io", "v1", "events"]) => {
+            fleet::list_events(&lock(), &query)
+        }
+        (&Method::GET, ["api", "v1", "namespaces", ns, "pods"]) => {
+            fleet::list_pods_in(&lock(), ns, &query)
+        }
+        (&Method::GET, ["api", "v1", "namespaces", ns, "pods", target, "proxy", rest @ ..]) => {
+            fleet::proxy(state.clone(), ns, target, rest, &query).await
+        }
         (&Method::GET, ["api", "v1", "nodes", name]) => nodes::get(&mut lock(), name),
         (&Method::PATCH, ["api", "v1", "nodes", name]) => {
             nodes::patch(&mut lock(), name, &content_type, &body, false)
