@@ -265,6 +265,14 @@ pub struct AdmitArgs {
     /// symlink swap counts).
     #[arg(long, env = "SHMLINK_ADMIT_TLS_RELOAD_INTERVAL", value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
     pub tls_reload_interval: Duration,
+    /// Kubernetes, for what Pods' DRA resource claims give (their ResourceClaimTemplates,
+    /// ResourceClaims and DeviceClasses): auto (in-cluster, else $KUBECONFIG), on, or off (DRA
+    /// Pods then count only their device-plugin GPUs).
+    #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "auto")]
+    pub kube: KubeMode,
+    /// The DRA drivers whose devices are GPUs, as DeviceClasses' selectors name them.
+    #[arg(long, env = "SHMLINK_DRA_GPU_DRIVERS", value_delimiter = ',', default_values_t = crate::admit::dra::GPU_DRIVERS.map(String::from))]
+    pub dra_gpu_drivers: Vec<String>,
     /// Log format.
     #[arg(long, env = "SHMLINK_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

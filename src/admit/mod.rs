@@ -80,6 +80,8 @@ impl Outcome {
 }
 
 pub mod decide;
+pub mod dra;
+pub mod dra_lookup;
 pub mod metrics;
 pub mod pod;
 pub mod review;

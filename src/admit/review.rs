@@ -6,6 +6,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
 use super::decide::{decide, Decision};
+use super::dra::DraView;
 use super::{Mode, Outcome};
 
 /// The answer to one request, with what the server logs and counts.
@@ -30,6 +31,12 @@ pub struct Answer {
 /// numbers where the API documents base64, and their request type fails as a whole on an object
 /// it cannot read, losing the uid needed to let that Pod through.
 pub fn answer(body: &[u8], mode: Mode) -> Answer {
+    answer_with(body, mode, &DraView::default())
+}
+
+/// [`answer`], with what the server found out about the Pod's DRA claims: their GPUs count as
+/// the containers' that use them; a claim it could not tell about is a warning.
+pub fn answer_with(body: &[u8], mode: Mode, dra: &DraView) -> Answer {
     let review: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return refuse(mode, format!("the body is not JSON: {e}")),
@@ -79,7 +86,11 @@ pub fn answer(body: &[u8], mode: Mode) -> Answer {
         };
         return reply.allow(Outcome::Error, Some(name), decision);
     }
-    let decision = decide(pod, mode);
+    let marked = super::dra::marked(pod, dra);
+    let mut decision = decide(marked.as_ref().unwrap_or(pod), mode);
+    decision
+        .warnings
+        .extend(super::dra::unknown_warning(&dra.unknown));
     reply.allow(decision.outcome, Some(name), decision)
 }
 

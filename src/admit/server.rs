@@ -28,6 +28,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use super::dra::DraView;
+use super::dra_lookup::DraResolver;
 use super::metrics::AdmissionMetrics;
 use super::review;
 use super::tls::{self, Reload, Resolver, TlsError, Watcher};
@@ -53,6 +55,9 @@ pub struct AdmitSettings {
     pub metrics_listen: Option<SocketAddr>,
     pub reload_interval: Duration,
     pub limits: Limits,
+    /// Looks up what a Pod's DRA claims give (none: DRA Pods count by their device-plugin
+    /// resources only).
+    pub dra: Option<Arc<DraResolver>>,
 }
 
 /// What one client may hold.
@@ -105,6 +110,7 @@ struct AppState {
     mode: Mode,
     metrics: Arc<AdmissionMetrics>,
     body_timeout: Duration,
+    dra: Option<Arc<DraResolver>>,
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and finishes what is in flight.
@@ -140,6 +146,7 @@ pub async fn serve(
         mode: settings.mode,
         metrics: metrics.clone(),
         body_timeout: settings.limits.body_timeout,
+        dra: settings.dra.clone(),
     });
     let limits = settings.limits;
     let webhook = accept_loop(
@@ -207,17 +214,26 @@ async fn encode_metrics(State(metrics): State<Arc<AdmissionMetrics>>) -> Respons
 async fn admission(State(state): State<Arc<AppState>>, mode: Mode, body: Body) -> Response {
     let started = Instant::now();
     let answer = match read_body(body, state.body_timeout).await {
-        Ok(bytes) if bytes.len() > BLOCKING_BODY => {
-            match tokio::task::spawn_blocking(move || review::answer(&bytes, mode)).await {
-                Ok(answer) => answer,
-                Err(_) => refused(
-                    mode,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the decision failed",
-                ),
+        Ok(bytes) => {
+            let dra = match &state.dra {
+                Some(r) => r.resolve(&bytes).await,
+                None => DraView::default(),
+            };
+            if bytes.len() > BLOCKING_BODY {
+                let decided =
+                    tokio::task::spawn_blocking(move || review::answer_with(&bytes, mode, &dra));
+                match decided.await {
+                    Ok(answer) => answer,
+                    Err(_) => refused(
+                        mode,
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the decision failed",
+                    ),
+                }
+            } else {
+                review::answer_with(&bytes, mode, &dra)
             }
         }
-        Ok(bytes) => review::answer(&bytes, mode),
         Err(BodyError::TooLarge) => refused(
             mode,
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -424,6 +440,7 @@ mod tests {
             mode: Mode::Warn,
             metrics: metrics.clone(),
             body_timeout: Duration::from_millis(100),
+            dra: None,
         }))
     }
 
