@@ -104,16 +104,10 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
 }
 
 /// The container's image: Docker's record (the reading's), else its Pod's spec.
-fn image_of(
-    id: &Identity,
-    reading: Option<&ShmReading>,
-    pods: Option<&PodIndex>,
-) -> Option<String> {
-    if let Some(image) = reading.and_then(|r| r.image.clone()) {
-        return Some(image);
-    }
-    let (uid, container) = (id.pod_uid.as_deref()?, id.container.as_deref()?);
-    pods?.image_of(uid, container).map(str::to_string)
+fn image_of(id: &Identity, r: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
+    let spec = || pods?.image_of(id.pod_uid.as_deref()?, id.container.as_deref()?);
+    r.and_then(|r| r.image.clone())
+        .or_else(|| spec().map(str::to_string))
 }
 
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use axum::http::{Response, StatusCode};
+use axum::http::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -39,6 +39,29 @@ pub(super) fn forbidden(s: &State, method: &str, path: &str) -> Option<Response<
         })
 }
 
+/// The requests `shmlink fleet` makes that the other kinds' files do not serve; None for the
+/// rest.
+pub(super) async fn route(
+    state: &Arc<Mutex<State>>,
+    method: &Method,
+    segments: &[&str],
+    query: &str,
+) -> Option<Response<Body>> {
+    if method != Method::GET {
+        return None;
+    }
+    let lock = || state.lock().unwrap_or_else(|e| e.into_inner());
+    Some(match segments {
+        ["api", "v1", "nodes"] => list_nodes(&lock()),
+        ["apis", "events.k8s.io", "v1", "events"] => list_events(&lock(), query),
+        ["api", "v1", "namespaces", ns, "pods"] => list_pods_in(&lock(), ns, query),
+        ["api", "v1", "namespaces", ns, "pods", target, "proxy", rest @ ..] => {
+            proxy(state.clone(), ns, target, rest, query).await
+        }
+        _ => return None,
+    })
+}
+
 fn labels_match(o: &Value, selector: Option<&str>) -> bool {
     selector
         .unwrap_or("")
@@ -59,13 +82,13 @@ fn list(kind: &str, api_version: &str, rv: u64, items: Vec<Value>) -> Response<B
 }
 
 /// GET /api/v1/nodes.
-pub(super) fn list_nodes(s: &State) -> Response<Body> {
+fn list_nodes(s: &State) -> Response<Body> {
     let items = s.nodes.values().cloned().collect();
     list("NodeList", "v1", s.rv, items)
 }
 
 /// GET /apis/events.k8s.io/v1/events: `fieldSelector=reportingController=<name>` is served.
-pub(super) fn list_events(s: &State, query: &str) -> Response<Body> {
+fn list_events(s: &State, query: &str) -> Response<Body> {
     let by = query_param(query, "fieldSelector")
         .and_then(|f| f.strip_prefix("reportingController=").map(str::to_string));
     let items = s
@@ -78,7 +101,7 @@ pub(super) fn list_events(s: &State, query: &str) -> Response<Body> {
 }
 
 /// GET /api/v1/namespaces/<ns>/pods: `labelSelector` (`k=v,...`) is served.
-pub(super) fn list_pods_in(s: &State, ns: &str, query: &str) -> Response<Body> {
+fn list_pods_in(s: &State, ns: &str, query: &str) -> Response<Body> {
     let selector = query_param(query, "labelSelector");
     let items = s
         .pods
@@ -91,7 +114,7 @@ pub(super) fn list_pods_in(s: &State, ns: &str, query: &str) -> Response<Body> {
 
 /// GET /api/v1/namespaces/<ns>/pods/<name>:<port>/proxy/<rest>: forwarded to the Pod's
 /// `status.podIP` and port, its status and body returned as they came.
-pub(super) async fn proxy(
+async fn proxy(
     state: Arc<Mutex<State>>,
     ns: &str,
     target: &str,

@@ -58,6 +58,9 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
         );
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if let Some(answer) = fleet::route(&state, &method, &segments, &query).await {
+        return answer;
+    }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["version"]) => respond(
             StatusCode::OK,
@@ -66,16 +69,6 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
                     "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}),
         ),
         (&Method::GET, ["api", "v1", "pods"]) => pods::get(lock(), &query),
-        (&Method::GET, ["api", "v1", "nodes"]) => fleet::list_nodes(&lock()),
-        (&Method::GET, ["apis", "events.k8s.io", "v1", "events"]) => {
-            fleet::list_events(&lock(), &query)
-        }
-        (&Method::GET, ["api", "v1", "namespaces", ns, "pods"]) => {
-            fleet::list_pods_in(&lock(), ns, &query)
-        }
-        (&Method::GET, ["api", "v1", "namespaces", ns, "pods", target, "proxy", rest @ ..]) => {
-            fleet::proxy(state.clone(), ns, target, rest, &query).await
-        }
         (&Method::GET, ["api", "v1", "nodes", name]) => nodes::get(&mut lock(), name),
         (&Method::PATCH, ["api", "v1", "nodes", name]) => {
             nodes::patch(&mut lock(), name, &content_type, &body, false)
