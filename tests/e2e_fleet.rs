@@ -550,7 +550,10 @@ fn check_dashboard(p: SocketAddr) {
             assert!(result.is_ok(), "variable {name}: {result:?}");
             continue;
         }
-        assert!(!result.unwrap().is_empty(), "variable {name}: no series for {q}");
+        assert!(
+            !result.unwrap().is_empty(),
+            "variable {name}: no series for {q}"
+        );
     }
     println!("{} fleet dashboard queries returned data", exprs.len());
 }
@@ -570,7 +573,11 @@ fn print_costs(nodes: &[Node], healthy: &[usize], p: SocketAddr, prom: SocketAdd
         for r in g["rules"].as_array().into_iter().flatten() {
             let name = r["name"].as_str().unwrap_or("");
             let t = r["evaluationTime"].as_f64().unwrap_or(0.0);
-            println!("  rule {}/{name}: {:.2} ms", g["name"].as_str().unwrap_or(""), t * 1000.0);
+            println!(
+                "  rule {}/{name}: {:.2} ms",
+                g["name"].as_str().unwrap_or(""),
+                t * 1000.0
+            );
         }
     }
     let (_, own) = common::prom::http_get(prom, "/metrics").unwrap();
