@@ -6,6 +6,8 @@
 #     does not know, against the Prometheus Operator's CRD schemas (the npm package
 #     @kubernetes-models/prometheus-operator), field by field here, and their rules by promtool;
 #   - the PrometheusRule carries exactly the groups of deploy/prometheus/shmlink.rules.yml;
+#   - the admission webhook's DRA lookup (deploy/components/admission-dra) gets only get on
+#     resource claims, templates and classes;
 #   - the admission webhook and policy (deploy/components/admission, admission-policy) keep the
 #     shared design; their cert-manager objects validate against cert-manager's CRD schemas
 #     (@kubernetes-models/cert-manager); their CEL (the webhook's matchConditions, the policy's
@@ -142,6 +144,7 @@ if need kubectl; then
   echo "== the admission webhook (deploy/overlays/admission) and policy (deploy/overlays/admission-policy) keep the shared design"
   python3 $checks/admission.py "$out/deploy_overlays_admission.core.yaml" "$out/deploy_overlays_admission.cert-manager.yaml"
   python3 $checks/admission.py --policy "$out/deploy_overlays_admission-policy.core.yaml"
+  python3 $checks/admission_dra.py "$out/deploy_overlays_admission-dra.core.yaml" "$out/deploy_overlays_admission.core.yaml"
 
   if python3 -c 'import celpy' 2>/dev/null; then
     echo "== the admission CEL (webhook matchConditions, the policy's warnings) by cel-python, against Pod fixtures"

@@ -43,6 +43,11 @@ pub enum Command {
     /// The admission webhook (HTTPS): GPU Pods get the /dev/shm they need (mutate) or a
     /// warning (warn). Exit status: 0 after SIGTERM, 2 it could not start.
     Admit(AdmitArgs),
+    /// The cluster as a whole, read-only through its API (kubeconfig): what is out (Node
+    /// conditions, DeviceTaintRules), since when and why, grouped by NVLink domain, with
+    /// shmlink's Events and the agents' deaths. Exit status: 0 nothing out and everything read,
+    /// 1 something out, 2 a source could not be read (and nothing out) or no cluster.
+    Fleet(FleetArgs),
     /// The probe's worker process (run by `probe` and `serve`, not by people).
     #[command(name = "probe-worker", hide = true)]
     ProbeWorker(ProbeWorkerArgs),
@@ -260,10 +265,38 @@ pub struct AdmitArgs {
     /// symlink swap counts).
     #[arg(long, env = "SHMLINK_ADMIT_TLS_RELOAD_INTERVAL", value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
     pub tls_reload_interval: Duration,
+    /// Kubernetes, for what Pods' DRA resource claims give (their ResourceClaimTemplates,
+    /// ResourceClaims and DeviceClasses): auto (in-cluster, else $KUBECONFIG), on, or off (DRA
+    /// Pods then count only their device-plugin GPUs).
+    #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "auto")]
+    pub kube: KubeMode,
+    /// The DRA drivers whose devices are GPUs, as DeviceClasses' selectors name them.
+    #[arg(long, env = "SHMLINK_DRA_GPU_DRIVERS", value_delimiter = ',', default_values_t = crate::admit::dra::GPU_DRIVERS.map(String::from))]
+    pub dra_gpu_drivers: Vec<String>,
     /// Log format.
     #[arg(long, env = "SHMLINK_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Log level (default info: one line per decision). SHMLINK_LOG takes a full filter.
+    #[arg(long, env = "SHMLINK_LOG_LEVEL", value_enum)]
+    pub log_level: Option<LogLevel>,
+}
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// The kubeconfig to use (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the agents' DaemonSet (their Pods are asked through the API server's
+    /// proxy).
+    #[arg(long, env = "SHMLINK_NAMESPACE", default_value = "shmlink")]
+    pub namespace: String,
+    /// How far back Events and the agents' deaths count, e.g. 30m, 1h, 1d.
+    #[arg(long, default_value = "1h", value_parser = parse_window)]
+    pub since: Duration,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Log level (default warn). SHMLINK_LOG takes a full filter.
     #[arg(long, env = "SHMLINK_LOG_LEVEL", value_enum)]
     pub log_level: Option<LogLevel>,
 }

@@ -15,6 +15,7 @@ pub mod failures;
 #[cfg(any(test, feature = "fixtures"))]
 #[doc(hidden)]
 pub mod fixtures;
+pub mod fleet;
 pub mod gpu;
 pub mod host;
 pub mod kernel_log;

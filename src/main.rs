@@ -18,6 +18,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => cmd::probe::run(args),
         Command::History(args) => cmd::history::run(args),
         Command::Admit(args) => cmd::admit::run(args),
+        Command::Fleet(args) => cmd::fleet::run(args),
         Command::ProbeWorker(args) => cmd::probe::worker(args),
     };
     ran.unwrap_or_else(|e| {

@@ -628,6 +628,7 @@ async fn silent_and_idle_connections_are_closed_at_their_deadlines() {
         metrics_listen: None,
         reload_interval: Duration::from_secs(60),
         limits,
+        dra: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(settings, async {

@@ -485,3 +485,51 @@ async fn an_api_server_that_fails_is_counted_and_the_rule_made_once_it_answers()
     api.set_behaviour(common::kube_api::Behaviour::Normal);
     eventually("the rule", &api, || api.rules().len() == 1).await;
 }
+
+/// MIG on GPU 7: NVIDIA's driver lists its MIG devices (parentUUID = GPU 7's UUID), not the
+/// GPU; the blamed GPU's MIG devices each get a rule the server validates, and are lifted with
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blamed_gpu_with_mig_on_takes_each_of_its_mig_devices_out() {
+    let api = api(Dra::RulesV1, false);
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/dra/resourceslice-8gpu-mig-v1.json"
+    );
+    let mut slice: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for d in slice["spec"]["devices"].as_array_mut().unwrap() {
+        let name = d["name"].as_str().unwrap().to_string();
+        if let Some(i) = name.strip_prefix("gpu-").filter(|n| n.len() == 1) {
+            d["attributes"]["uuid"] = json!({"string": format!("GPU-{i}")});
+        } else {
+            d["attributes"]["parentUUID"] = json!({"string": "GPU-7"});
+        }
+    }
+    api.apply_slice(slice);
+    let mut k = Keeper::start(&api, Effect::NoSchedule, Duration::from_millis(300));
+    k.scan(&board(&[7]));
+    eventually("two MIG rules", &api, || api.rules().len() == 2).await;
+    let rule = api
+        .rule("shmlink-gpu-node-7-gpu-7-mig-1")
+        .expect("the second MIG device's rule");
+    println!("{}", serde_json::to_string_pretty(&rule).unwrap());
+    assert_eq!(
+        rule["spec"]["deviceSelector"],
+        json!({"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-7-mig-1g10gb-19-1"})
+    );
+    assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+    assert!(rule["spec"]["taint"]["timeAdded"].is_string());
+    assert_eq!(
+        names(&api),
+        [
+            "shmlink-gpu-node-7-gpu-7-mig-0",
+            "shmlink-gpu-node-7-gpu-7-mig-1"
+        ]
+    );
+    assert_eq!(k.in_force("NoSchedule"), 2.0);
+    // Healthy past the hold: both lifted.
+    k.scan(&board(&[]));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    k.scan(&board(&[]));
+    eventually("both lifted", &api, || api.rules().is_empty()).await;
+}

@@ -16,7 +16,7 @@ use shmlink::gpu::nvml::NvmlGpus;
 use shmlink::gpu::xid::{self, XidCounts};
 use shmlink::model::{
     FabricInfo, FabricState, GpuSample, LinkErrors, P2pCaps, P2pStatus, PcieLink, Peer,
-    RecoveryAction, TopologyLevel,
+    PlatformInfo, RecoveryAction, TopologyLevel,
 };
 
 const CONFIG_ENV: &str = "FAKE_NVML_CONFIG";
@@ -650,6 +650,8 @@ fn b200_nvlink5_counters_come_per_link_with_the_link_as_scope() {
         status: "success".into(),
         degraded_bandwidth: Some(false),
         route_unhealthy: Some(false),
+        cluster_uuid: None,
+        clique_id: None,
     };
     assert_eq!(s.gpus[0].fabric.as_ref(), Some(&healthy));
     assert_eq!(
@@ -729,4 +731,68 @@ fn an_old_driver_lacks_every_new_call_and_nothing_is_an_error() {
             .iter()
             .all(|l| l.nvlink5.is_none() && l.errors.is_none()));
     }
+}
+
+/// The fleet's keys: the NVLink domain from the fabric info, where the GPU sits from the
+/// platform info, the VBIOS; a library without the platform call (an old driver) and a GPU
+/// that does not have it (before Blackwell) leave them out, and neither is an error.
+#[test]
+fn nvlink_domain_platform_and_vbios_where_the_driver_has_them() {
+    let _serial = serial();
+    let mut config = preset("b200-8");
+    for (i, g) in config["gpus"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        g["fabric"]["cluster_uuid"] = json!("7F3C0D5E-0B1A-4C2D-9E8F-001122334455");
+        g["fabric"]["clique_id"] = json!(32766);
+        g["platform"] = json!({"chassis_serial": "1821724000123", "slot": 9, "tray": 4,
+                               "host_id": (i / 4), "module_id": (i % 4 + 1)});
+        g["vbios"] = json!("97.00.A5.00.01");
+    }
+    // GPU 7 not registered yet: its UUID all zero; GPU 6 on a driver that says nothing of it.
+    config["gpus"][7]["fabric"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cluster_uuid");
+    config["gpus"][6]
+        .as_object_mut()
+        .unwrap()
+        .remove("platform");
+    let file = Config::new(&config);
+    let gpus = file.open(&fake());
+    let (s, stats) = gpus.sample();
+    assert_eq!(stats.errors, 0);
+    let g5 = &s.gpus[5];
+    let fabric = g5.fabric.as_ref().unwrap();
+    assert_eq!(
+        fabric.cluster_uuid.as_deref(),
+        Some("7f3c0d5e-0b1a-4c2d-9e8f-001122334455")
+    );
+    assert_eq!(fabric.clique_id, Some(32766));
+    assert_eq!(
+        g5.platform,
+        Some(PlatformInfo {
+            chassis_serial: "1821724000123".into(),
+            slot: 9,
+            tray: 4,
+            host_id: 1,
+            module_id: 2,
+        })
+    );
+    assert_eq!(g5.vbios.as_deref(), Some("97.00.A5.00.01"));
+    let g7 = s.gpus[7].fabric.as_ref().unwrap();
+    assert_eq!((g7.cluster_uuid.as_deref(), g7.clique_id), (None, None));
+    assert_eq!(s.gpus[6].platform, None);
+
+    let (s, stats) = Config::new(&config).open(&fake_legacy()).sample();
+    assert_eq!(stats.errors, 0);
+    assert!(s
+        .gpus
+        .iter()
+        .all(|g| g.platform.is_none() && g.fabric.is_none()));
+    // The VBIOS call is as old as NVML.
+    assert_eq!(s.gpus[0].vbios.as_deref(), Some("97.00.A5.00.01"));
 }

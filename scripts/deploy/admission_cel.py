@@ -173,7 +173,8 @@ def reference(pod):
 
     gpu = [c for c in containers if gpus(c) > 0]
     opted_out = notes.get("shmlink.io/admission") == "off"
-    sent = not opted_out and (bool(gpu) or "shmlink.io/shm-size" in notes)
+    claims = bool(spec.get("resourceClaims"))
+    sent = not opted_out and (bool(gpu) or claims or "shmlink.io/shm-size" in notes)
     if opted_out or spec.get("hostIPC"):
         return {"sent": sent, "warnings": None}
     text = notes.get("shmlink.io/shm-size", "")

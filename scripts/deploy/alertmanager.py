@@ -9,7 +9,10 @@ alerts the rules fire (v2 API) and asked which it inhibits:
   - GPU 0 the culprit on gpu-node-0: its pair 0-3 (at the gpu end) suppressed;
   - pairs 0-1 and 2-3 with no culprit on gpu-node-9: nothing suppressed;
   - every pair failing on gpu-node-10: GpuAllPairsFailing active, the GPU and pair alerts
-    there suppressed.
+    there suppressed;
+  - NVLink domain A paging (GpuFabricDomainDegraded): its nodes' GPU alerts suppressed, those of
+    domain B and of a GPU with no domain active; a chassis paging (GpuChassisDegraded) likewise
+    by its serial.
 The tools missing: a loud SKIP, which fails under SHMLINK_E2E=require or CI.
 
     scripts/deploy/alertmanager.py
@@ -44,6 +47,8 @@ def route(*labels):
 
 check(route("alertname=GpuLinkDegraded", "severity=critical", "gpu=7") == "shmlink-pager", "a culprit GPU pages")
 check(route("alertname=ShmExhausted", "severity=warning", "namespace=ml") == "shmlink-tickets", "a workload's alert is a ticket")
+check(route("alertname=GpuFabricDomainDegraded", "severity=critical", "cluster_uuid=a", "clique_id=1") == "shmlink-pager",
+      "an NVLink domain pages")
 
 
 def free_port():
@@ -79,6 +84,19 @@ CASES = [
     (alert("GpuAllPairsFailing", "gpu-node-10"), "active"),
     (culprit("gpu-node-10", 2), "suppressed"),
     (pair("gpu-node-10", 0, 1), "suppressed"),
+    # The fleet: domain A (3 nodes) pages once; B's node and a GPU with no domain page alone.
+    ({"labels": {"alertname": "GpuFabricDomainDegraded", "severity": "critical", "cluster_uuid": "uuid-a",
+                 "clique_id": "1"}, "annotations": {"summary": "domain A"}}, "active"),
+    *[(alert("GpuLinkDegraded", f"nvl-a-{n}", gpu=0, peer_gpu=0, cluster_uuid="uuid-a", clique_id=1), "suppressed")
+      for n in range(3)],
+    (alert("GpuXid", "nvl-a-0", gpu=0, xid=149, cluster_uuid="uuid-a", clique_id=1, severity="warning"), "suppressed"),
+    (alert("GpuLinkDegraded", "nvl-a-9", gpu=0, peer_gpu=0, cluster_uuid="uuid-a", clique_id=2), "active"),
+    (alert("GpuLinkDegraded", "nvl-b-0", gpu=0, peer_gpu=0, cluster_uuid="uuid-b", clique_id=1), "active"),
+    (alert("GpuLinkDegraded", "hgx-0", gpu=3, peer_gpu=3), "active"),
+    ({"labels": {"alertname": "GpuChassisDegraded", "severity": "critical", "chassis_serial": "CH-1"},
+      "annotations": {"summary": "chassis CH-1"}}, "active"),
+    (alert("GpuLinkDegraded", "b200-0", gpu=1, peer_gpu=1, chassis_serial="CH-1"), "suppressed"),
+    (alert("GpuLinkDegraded", "b200-5", gpu=1, peer_gpu=1, chassis_serial="CH-2"), "active"),
 ]
 
 
@@ -117,7 +135,7 @@ with tempfile.TemporaryDirectory() as storage:
     finally:
         am.terminate()
         am.wait(timeout=10)
-wrong = [f"{dict(k)['alertname']}{{node={dict(k)['node']},gpu={dict(k).get('gpu')},peer_gpu={dict(k).get('peer_gpu')}}}: "
+wrong = [f"{dict(k)['alertname']}{{node={dict(k).get('node')},gpu={dict(k).get('gpu')},peer_gpu={dict(k).get('peer_gpu')}}}: "
          f"{got.get(k)}, not {v}" for k, v in want.items() if got.get(k) != v]
 check(not wrong and len(got) == len(want), "Alertmanager's inhibition:\n  " + "\n  ".join(wrong))
 n = sum(v == "suppressed" for v in want.values())

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The DRA fixtures the agent's tests load (tests/fixtures/dra: the 8-GPU ResourceSlice through
-resource.k8s.io/v1 and v1beta2, shmlink's DeviceTaintRule for GPU 7) validate strictly against
+resource.k8s.io/v1 and v1beta2, the same node with MIG on GPU 7, shmlink's DeviceTaintRule for
+GPU 7) validate strictly against
 Kubernetes 1.37's own schema (kubernetes-validate's Python API), and the rule selects a device
 of the slice by the contract's names.
 
@@ -28,6 +29,7 @@ VERSION = "1.37.0"
 FIXTURES = "tests/fixtures/dra"
 RULE = f"{FIXTURES}/devicetaintrule-gpu7-v1.json"
 SLICES = [f"{FIXTURES}/resourceslice-8gpu-v1.json", f"{FIXTURES}/resourceslice-8gpu-v1beta2.json"]
+MIG = f"{FIXTURES}/resourceslice-8gpu-mig-v1.json"
 
 
 def validate(doc, version, what):
@@ -53,10 +55,11 @@ def refused(doc, version):
 
 def main():
     found = sorted(glob.glob(f"{FIXTURES}/*.json"))
-    check(found == sorted([RULE] + SLICES), f"{FIXTURES} holds {found}: add a new fixture here")
+    check(found == sorted([RULE, MIG] + SLICES), f"{FIXTURES} holds {found}: add a new fixture here")
     rule = json.load(open(RULE))
     slices = [json.load(open(p)) for p in SLICES]
-    for path, doc in [(RULE, rule)] + list(zip(SLICES, slices)):
+    mig = json.load(open(MIG))
+    for path, doc in [(RULE, rule), (MIG, mig)] + list(zip(SLICES, slices)):
         validate(doc, VERSION, path)
         print(f"   {path}: {doc['kind']} {doc['apiVersion']} valid (strict) for Kubernetes {VERSION}")
 
@@ -88,6 +91,13 @@ def main():
           f"selector {sel} is not the node's slice")
     check(sel["device"] in [d["name"] for d in s["devices"]], f"no device {sel['device']} in the slice")
     print(f"   {meta['name']} selects {sel['driver']}/{sel['pool']}/{sel['device']}, a device of the node's slice")
+    # MIG on GPU 7: its MIG devices name it as their parent; the full GPU is not listed.
+    parent = next(d for d in s["devices"] if d["name"] == "gpu-7")["attributes"]["uuid"]["string"]
+    names = [d["name"] for d in mig["spec"]["devices"]]
+    migs = [d for d in mig["spec"]["devices"] if d["attributes"]["type"]["string"] == "mig"]
+    check("gpu-7" not in names and len(migs) == 2, f"MIG slice devices {names}")
+    check(all(d["attributes"]["parentUUID"]["string"] == parent and d["name"].startswith("gpu-7-mig-")
+              for d in migs), "the MIG devices are GPU 7's")
     print("   ok")
 
 

@@ -81,6 +81,8 @@ impl Outcome {
 }
 
 pub mod decide;
+pub mod dra;
+pub mod dra_lookup;
 pub mod metrics;
 pub mod parse;
 pub mod pod;

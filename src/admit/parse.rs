@@ -35,7 +35,8 @@ use Keep::{All, Count, Filter, Only};
 /// lines, far below a Pod that would take the webhook's memory.
 pub const BUDGET: usize = 2 << 20;
 
-const RESOURCES: Keep = Only(&[("requests", All), ("limits", All)]);
+// `claims`: the DRA claims a container uses (`dra.rs`).
+const RESOURCES: Keep = Only(&[("requests", All), ("limits", All), ("claims", All)]);
 const CONTAINER: Keep = Only(&[
     ("name", All),
     ("restartPolicy", All),
@@ -77,6 +78,7 @@ const POD: Keep = Only(&[
             ("initContainers", CONTAINER),
             ("volumes", Filter(shm_volume, &VOLUME)),
             ("resources", RESOURCES),
+            ("resourceClaims", All),
         ]),
     ),
 ]);

@@ -123,9 +123,10 @@ pub fn host_ipc(pod: &Value) -> bool {
 }
 
 /// The container's GPU count: the largest quantity of a resource named `*/gpu` in its requests
-/// or limits (device plugins' `nvidia.com/gpu`, `amd.com/gpu`, ...).
+/// or limits (device plugins' `nvidia.com/gpu`, `amd.com/gpu`, ...), or the GPUs its DRA claims
+/// give (`super::dra`, attached by the server's lookup), whichever is more.
 pub fn gpus(container: &Value) -> u64 {
-    ["requests", "limits"]
+    let plugin = ["requests", "limits"]
         .iter()
         .filter_map(|which| container.get("resources")?.get(which)?.as_object())
         .flatten()
@@ -135,7 +136,12 @@ pub fn gpus(container: &Value) -> u64 {
             other => other.as_u64(),
         })
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    let dra = container
+        .get(super::dra::DRA_GPUS_KEY)
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    plugin.max(dra)
 }
 
 /// The container's volume mount that decides what it sees at /dev/shm: one at `/dev/shm` (or

@@ -6,6 +6,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
 use super::decide::{decide, unjudged, Decision};
+use super::dra::DraView;
 use super::parse::{self, ParseError};
 use super::{Mode, Outcome};
 
@@ -31,6 +32,12 @@ pub struct Answer {
 /// numbers where the API documents base64, and their request type fails as a whole on an object
 /// it cannot read, losing the uid needed to let that Pod through.
 pub fn answer(body: &[u8], mode: Mode) -> Answer {
+    answer_with(body, mode, &DraView::default())
+}
+
+/// [`answer`], with what the server found out about the Pod's DRA claims: their GPUs count as
+/// the containers' that use them; a claim it could not tell about is a warning.
+pub fn answer_with(body: &[u8], mode: Mode, dra: &DraView) -> Answer {
     // Only what the decision reads is kept (`parse`); a Pod whose kept part is still too large
     // is read again for its names and container counts, and admitted unjudged.
     let (review, too_large) = match parse::review(body) {
@@ -95,7 +102,11 @@ pub fn answer(body: &[u8], mode: Mode) -> Answer {
         };
         return reply.allow(Outcome::Error, Some(name), decision);
     }
-    let decision = decide(pod, mode);
+    let marked = super::dra::marked(pod, dra);
+    let mut decision = decide(marked.as_ref().unwrap_or(pod), mode);
+    decision
+        .warnings
+        .extend(super::dra::unknown_warning(&dra.unknown));
     reply.allow(decision.outcome, Some(name), decision)
 }
 

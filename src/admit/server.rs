@@ -26,6 +26,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::server::listen::{self, Handshake, Plain};
 
+use super::dra::DraView;
+use super::dra_lookup::DraResolver;
 use super::metrics::AdmissionMetrics;
 use super::review;
 use super::tls::{self, Reload, Resolver, TlsError, Watcher};
@@ -51,6 +53,9 @@ pub struct AdmitSettings {
     pub metrics_listen: Option<SocketAddr>,
     pub reload_interval: Duration,
     pub limits: Limits,
+    /// Looks up what a Pod's DRA claims give (none: DRA Pods count by their device-plugin
+    /// resources only).
+    pub dra: Option<Arc<DraResolver>>,
 }
 
 /// Request bytes held at once by all requests being read or decided, together: past it a
@@ -126,6 +131,7 @@ struct AppState {
     /// [`BODY_BUDGET`] in KiB.
     budget: Arc<Semaphore>,
     deciding: Arc<Semaphore>,
+    dra: Option<Arc<DraResolver>>,
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and finishes what is in flight.
@@ -163,6 +169,7 @@ pub async fn serve(
         body_timeout: settings.limits.body_timeout,
         budget: Arc::new(Semaphore::new(BODY_BUDGET >> 10)),
         deciding: Arc::new(Semaphore::new(DECIDING_AT_ONCE)),
+        dra: settings.dra.clone(),
     });
     let limits = settings.limits.conns;
     let tls = Tls {
@@ -241,23 +248,30 @@ async fn encode_metrics(State(metrics): State<Arc<AdmissionMetrics>>) -> Respons
 async fn admission(State(state): State<Arc<AppState>>, mode: Mode, body: Body) -> Response {
     let started = Instant::now();
     let answer = match read_body(body, state.body_timeout, &state.budget).await {
-        Ok((bytes, held)) if bytes.len() > BLOCKING_BODY => {
-            let turn = state.deciding.clone().acquire_owned().await;
-            let decided = tokio::task::spawn_blocking(move || {
-                let answer = review::answer(&bytes, mode);
-                drop((bytes, held, turn));
-                answer
-            });
-            match decided.await {
-                Ok(answer) => answer,
-                Err(_) => refused(
-                    mode,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the decision failed",
-                ),
+        Ok((bytes, held)) => {
+            let dra = match &state.dra {
+                Some(r) => r.resolve(&bytes).await,
+                None => DraView::default(),
+            };
+            if bytes.len() > BLOCKING_BODY {
+                let turn = state.deciding.clone().acquire_owned().await;
+                let decided = tokio::task::spawn_blocking(move || {
+                    let answer = review::answer_with(&bytes, mode, &dra);
+                    drop((bytes, held, turn));
+                    answer
+                });
+                match decided.await {
+                    Ok(answer) => answer,
+                    Err(_) => refused(
+                        mode,
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the decision failed",
+                    ),
+                }
+            } else {
+                review::answer_with(&bytes, mode, &dra)
             }
         }
-        Ok((bytes, _held)) => review::answer(&bytes, mode),
         Err(BodyError::TooLarge) => refused(
             mode,
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -449,6 +463,7 @@ mod tests {
             body_timeout: Duration::from_millis(100),
             budget: Arc::new(Semaphore::new(BODY_BUDGET >> 10)),
             deciding: Arc::new(Semaphore::new(DECIDING_AT_ONCE)),
+            dra: None,
         }))
     }
 

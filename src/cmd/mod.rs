@@ -4,6 +4,7 @@
 
 pub mod admit;
 pub mod check;
+pub mod fleet;
 pub mod history;
 pub mod preflight;
 pub mod probe;

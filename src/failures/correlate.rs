@@ -77,13 +77,14 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         &gpus,
         known.snapshot,
     ));
+    let image = image_of(&id, reading, known.pods);
     Some(Failure {
         namespace: id.namespace,
         pod: id.pod,
         pod_uid: id.pod_uid,
         container: id.container,
         container_id: id.container_id,
-        image: reading.and_then(|r| r.image.clone()),
+        image,
         kind,
         at: rfc3339(d.at),
         source: d.source,
@@ -133,6 +134,13 @@ fn shm_then(r: &ShmReading) -> ShmThen {
         runtime_default: on_runtime_default(r),
         host_ipc: r.host_ipc,
     }
+}
+
+/// The container's image: Docker's record (the reading's), else its Pod's spec.
+fn image_of(id: &Identity, r: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
+    let spec = || pods?.image_of(id.pod_uid.as_deref()?, id.container.as_deref()?);
+    r.and_then(|r| r.image.clone())
+        .or_else(|| spec().map(str::to_string))
 }
 
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.
@@ -1144,6 +1152,8 @@ mod tests {
             status: "success".into(),
             degraded_bandwidth: None,
             route_unhealthy: None,
+            cluster_uuid: None,
+            clique_id: None,
         });
         let holders = holders();
         let known = Known {

@@ -20,6 +20,8 @@ const COUNT_LASTS: Duration = Duration::from_secs(24 * 3600);
 pub struct Ledger {
     recent: VecDeque<Failure>,
     counts: HashMap<(ContainerRef, FindingKind), (u64, Instant)>,
+    /// Each counted container's image (the fleet groups deaths by it).
+    images: HashMap<ContainerRef, String>,
     said: Said,
 }
 
@@ -42,6 +44,9 @@ impl Ledger {
                 .entry((f.container_ref(), f.kind))
                 .or_insert((0, now));
             *entry = (entry.0 + 1, now);
+            if let Some(image) = &f.image {
+                self.images.insert(f.container_ref(), image.clone());
+            }
             self.recent.push_back(f.clone());
         }
         while self.recent.len() > RECENT_MAX {
@@ -63,12 +68,30 @@ impl Ledger {
                 self.counts.remove(&k);
             }
         }
+        if !self.images.is_empty() {
+            let counted: std::collections::HashSet<&ContainerRef> =
+                self.counts.keys().map(|(c, _)| c).collect();
+            self.images.retain(|c, _| counted.contains(c));
+        }
     }
 
-    /// The snapshot carries the failures told so far and the counts.
+    /// The snapshot carries the failures told so far, the counts and the counted containers'
+    /// images.
     pub fn fill(&self, snapshot: &mut Snapshot) {
         snapshot.failures = self.recent();
         snapshot.failure_counts = self.counts();
+        snapshot.failure_images = self.images();
+    }
+
+    /// Each counted container with its image, sorted.
+    pub fn images(&self) -> Vec<(ContainerRef, String)> {
+        let mut out: Vec<(ContainerRef, String)> = self
+            .images
+            .iter()
+            .map(|(c, image)| (c.clone(), image.clone()))
+            .collect();
+        out.sort_by_key(|(c, image)| (c.to_string(), c.container_id.clone(), image.clone()));
+        out
     }
 
     pub fn recent(&self) -> Vec<Failure> {
@@ -132,6 +155,35 @@ impl Said {
 mod tests {
     use super::*;
     use crate::fixtures;
+
+    #[test]
+    fn a_counted_containers_image_is_kept_as_long_as_its_count() {
+        let mut l = Ledger::default();
+        let t0 = Instant::now();
+        let mut a = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "a", "u-a");
+        a.container_id = Some("c-a".into());
+        a.image = Some("nvcr.io/nvidia/pytorch:24.05-py3".into());
+        let mut b = fixtures::failure(FindingKind::ShmBusError, "ml", "b", "u-b");
+        b.container_id = Some("c-b".into());
+        l.record(&[a, b], t0);
+        let images: Vec<(String, String)> = l
+            .images()
+            .into_iter()
+            .map(|(c, image)| (c.container_id, image))
+            .collect();
+        assert_eq!(
+            images,
+            [(
+                "c-a".to_string(),
+                "nvcr.io/nvidia/pytorch:24.05-py3".to_string()
+            )]
+        );
+        // A day later with nothing new, the count goes and its image with it.
+        let mut c = fixtures::failure(FindingKind::ShmBusError, "ml", "c", "u-c");
+        c.container_id = Some("c-c".into());
+        l.record(&[c], t0 + COUNT_LASTS);
+        assert_eq!(l.images(), []);
+    }
 
     #[test]
     fn counts_per_container_and_kind_and_keeps_the_newest() {

@@ -7,11 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::node_info::NodeInfoKeeper;
 use super::nvml::NvmlGpus;
 use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::xid::{self, RecentXids, XidCounts};
-use crate::model::{Blame, GpuReading, GpuUsers, LinkErrors, NvmlState, PairProbe, PairVerdict};
+use crate::model::{
+    Blame, GpuReading, GpuUsers, LinkErrors, NodeInfo, NvmlState, PairProbe, PairVerdict,
+};
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
 /// How often a failed NVML load is retried: drivers (e.g. the GPU operator's) often come up
@@ -39,6 +42,8 @@ pub struct GpuScan {
     pub nvml: NvmlState,
     /// PCI bus ids of the GPUs the driver lists, NVML or not.
     pub driver_gpus: Vec<String>,
+    /// The driver, fabric manager and kernel.
+    pub node_info: NodeInfo,
     pub errors: u64,
     /// NVML calls made, for benchmarks and tests.
     pub calls: u64,
@@ -46,6 +51,8 @@ pub struct GpuScan {
 
 struct Loaded {
     gpus: NvmlGpus,
+    /// NVML's driver version, read once at load.
+    driver: Option<String>,
     users: GpuUsers,
     judge: PairJudge,
     xids: Arc<XidCounts>,
@@ -82,6 +89,7 @@ pub struct GpuCollector {
     /// The pairs' failing-since times of before a restart, for a judge made later (NVML
     /// loading after the agent).
     resume_since: FailingSince,
+    node_info: NodeInfoKeeper,
 }
 
 impl GpuCollector {
@@ -105,6 +113,7 @@ impl GpuCollector {
             state: State::Disabled,
             nvml: NvmlState::disabled(),
             resume_since: HashMap::new(),
+            node_info: NodeInfoKeeper::new(),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
@@ -129,6 +138,7 @@ impl GpuCollector {
                     xid::spawn(gpus.nvml(), devices, xids.clone(), self.stop.clone());
                 }
                 State::Loaded(Box::new(Loaded {
+                    driver: gpus.driver_version(),
                     gpus,
                     users: GpuUsers::default(),
                     judge: PairJudge::new(self.rules),
@@ -241,6 +251,11 @@ impl GpuCollector {
         };
         scan.driver_gpus = driver_gpus;
         scan.nvml = self.nvml.clone();
+        let driver = match &self.state {
+            State::Loaded(loaded) => loaded.driver.as_deref(),
+            _ => None,
+        };
+        scan.node_info = self.node_info.info(&self.proc_root, driver, Instant::now());
         scan
     }
 }
@@ -312,6 +327,7 @@ impl Loaded {
             nvml_up: true,
             nvml: NvmlState::default(),
             driver_gpus: Vec::new(),
+            node_info: NodeInfo::default(),
             errors: stats.errors + sys.take_errors(),
             calls: stats.calls,
         }

@@ -6,6 +6,7 @@
 
 pub mod blame;
 pub mod collector;
+pub mod node_info;
 pub mod nvml;
 pub mod pairs;
 pub mod pci;

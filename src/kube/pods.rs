@@ -28,6 +28,8 @@ pub struct PodMeta {
     pub containers: HashMap<String, String>,
     /// Whether any container asks for a GPU (`nvidia.com/gpu` or any `*/gpu` resource).
     pub requests_gpu: bool,
+    /// Container name -> the image its spec names (init, app and ephemeral containers).
+    pub images: HashMap<String, String>,
 }
 
 /// Pods by UID and by namespace/name.
@@ -60,6 +62,11 @@ impl PodIndex {
             .uid_by_name
             .get(&(namespace.to_string(), name.to_string()))?;
         self.by_uid.get(uid)
+    }
+
+    /// The image the Pod's spec names for a container.
+    pub fn image_of(&self, uid: &str, container: &str) -> Option<&str> {
+        self.by_uid(uid)?.images.get(container).map(String::as_str)
     }
 
     /// Whether the Pod with this UID asks for GPUs (unknown Pods do not).
@@ -135,12 +142,28 @@ fn pod_meta(pod: &Pod) -> Option<PodMeta> {
             (!id.is_empty()).then(|| (id.to_string(), c.name.clone()))
         })
         .collect();
+    let images = spec
+        .map(|s| {
+            let named =
+                |name: &str, image: Option<&String>| image.map(|i| (name.to_string(), i.clone()));
+            let app = s
+                .containers
+                .iter()
+                .map(|c| named(&c.name, c.image.as_ref()));
+            let init = s.init_containers.iter().flatten();
+            let init = init.map(|c| named(&c.name, c.image.as_ref()));
+            let ephemeral = s.ephemeral_containers.iter().flatten();
+            let ephemeral = ephemeral.map(|c| named(&c.name, c.image.as_ref()));
+            app.chain(init).chain(ephemeral).flatten().collect()
+        })
+        .unwrap_or_default();
     Some(PodMeta {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         uid,
         containers,
         requests_gpu,
+        images,
     })
 }
 

@@ -145,6 +145,27 @@ pub(super) fn encode(
     Ok(())
 }
 
+/// `shmlink_workload_image_info`: the image of each container a failure was counted for, with
+/// the counter's container labels (joined to `shmlink_workload_failures_total` on them: the
+/// counter carries no image).
+pub(super) fn encode_images(
+    encoder: &mut DescriptorEncoder,
+    images: &[(ContainerRef, String)],
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_workload_image_info",
+        "The image of each container shmlink_workload_failures_total counts (its Pod's spec, or \
+         Docker's record)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (c, image) in images {
+        let labels = (container_labels!(c), [("image", image.as_str())]);
+        gauge(&mut metric, &labels, 1i64)?;
+    }
+    Ok(())
+}
+
 /// `shmlink_workload_failure_last_info`: the newest [`LAST_FAILURES`] failures the agent keeps
 /// (newest first; one series per container and kind), each valued by when it happened (Unix
 /// seconds), so a dashboard can list what died lately and why. No text of the failure: its

@@ -18,8 +18,13 @@ use super::{counter, gauge};
 
 /// Every GPU family; those of GPUs and pairs only while NVML lists GPUs.
 pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Result {
+    encode_node_info(encoder, snapshot)?;
     if !snapshot.gpus.is_empty() {
-        encode_gpus(encoder, &snapshot.gpus)?;
+        encode_gpus(
+            encoder,
+            &snapshot.gpus,
+            snapshot.node_info.driver.as_deref(),
+        )?;
         encode_nvlink_up(encoder, &snapshot.gpus)?;
         encode_nvlink_errors(encoder, &snapshot.gpus)?;
         encode_nvlink_ber(encoder, &snapshot.gpus)?;
@@ -38,21 +43,70 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
     encode_nvml(encoder, snapshot)
 }
 
-/// `shmlink_gpu_info`, `shmlink_gpu_lost`, `shmlink_gpu_pcie_replays_total`.
-fn encode_gpus(encoder: &mut DescriptorEncoder, gpus: &[GpuReading]) -> fmt::Result {
+/// `shmlink_node_info`: what the node runs, one series (the fleet's correlation keys, joined
+/// to any series of the node by `instance`), written with or without GPUs.
+fn encode_node_info(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Result {
+    let mut info = encoder.encode_descriptor(
+        "shmlink_node_info",
+        "The node's NVIDIA driver, fabric manager and kernel (empty where unknown)",
+        None,
+        MetricType::Gauge,
+    )?;
+    let n = &snapshot.node_info;
+    let labels = [
+        ("node", snapshot.node.as_str()),
+        ("driver", n.driver.as_deref().unwrap_or("")),
+        ("fabric_manager", n.fabric_manager.as_deref().unwrap_or("")),
+        ("kernel", n.kernel.as_deref().unwrap_or("")),
+    ];
+    gauge(&mut info, &labels, 1i64)
+}
+
+/// `shmlink_gpu_info` (the GPU's identity and its fleet keys: NVLink domain, chassis, slot,
+/// tray, module, VBIOS, driver; empty where unknown), `shmlink_gpu_lost`,
+/// `shmlink_gpu_pcie_replays_total`.
+fn encode_gpus(
+    encoder: &mut DescriptorEncoder,
+    gpus: &[GpuReading],
+    driver: Option<&str>,
+) -> fmt::Result {
     let mut info = encoder.encode_descriptor(
         "shmlink_gpu_info",
-        "GPUs NVML reports",
+        "GPUs NVML reports, with where each sits (NVLink domain, chassis, slot, tray) and what \
+         it runs",
         None,
         MetricType::Gauge,
     )?;
     for g in gpus {
         let gpu = g.index.to_string();
+        let fabric = g.fabric.as_ref();
+        let clique = fabric
+            .and_then(|f| f.clique_id)
+            .map_or_else(String::new, |c| c.to_string());
+        let platform = g.platform.as_ref();
+        let place = |f: fn(&crate::model::PlatformInfo) -> u8| {
+            platform.map_or_else(String::new, |p| f(p).to_string())
+        };
+        let (slot, tray, module) = (place(|p| p.slot), place(|p| p.tray), place(|p| p.module_id));
         let labels = [
             ("gpu", gpu.as_str()),
             ("uuid", &g.uuid),
             ("name", &g.name),
             ("pci_bus_id", &g.pci_bus_id),
+            (
+                "cluster_uuid",
+                fabric.and_then(|f| f.cluster_uuid.as_deref()).unwrap_or(""),
+            ),
+            ("clique_id", &clique),
+            (
+                "chassis_serial",
+                platform.map_or("", |p| p.chassis_serial.as_str()),
+            ),
+            ("slot", &slot),
+            ("tray", &tray),
+            ("module_id", &module),
+            ("vbios", g.vbios.as_deref().unwrap_or("")),
+            ("driver", driver.unwrap_or("")),
         ];
         gauge(&mut info, &labels, 1i64)?;
     }

@@ -117,6 +117,7 @@ impl Collector for SnapshotCollector {
         shm::encode(&mut encoder, &snapshot.shm)?;
         blind::encode(&mut encoder, &snapshot.blind)?;
         failures::encode(&mut encoder, &snapshot.failure_counts)?;
+        failures::encode_images(&mut encoder, &snapshot.failure_images)?;
         failures::encode_last(&mut encoder, &snapshot.failures)?;
         gpu::encode(&mut encoder, snapshot)?;
         self_metrics::encode_last_scan(&mut encoder, snapshot.taken_at)

@@ -22,6 +22,32 @@ use crate::model::{Snapshot, XidCount};
 
 use super::Metrics;
 
+/// GPU 0 in an NVLink domain on a Blackwell-like platform, with its VBIOS; the others as an
+/// older GPU says nothing of them; the node's driver, fabric manager and kernel.
+fn set_fleet_keys(s: &mut Snapshot) {
+    s.gpus[0].fabric = Some(crate::model::FabricInfo {
+        state: crate::model::FabricState::Completed,
+        status: "success".into(),
+        degraded_bandwidth: Some(false),
+        route_unhealthy: Some(false),
+        cluster_uuid: Some("7f3c0d5e-0b1a-4c2d-9e8f-001122334455".into()),
+        clique_id: Some(32766),
+    });
+    s.gpus[0].platform = Some(crate::model::PlatformInfo {
+        chassis_serial: "1821724000123".into(),
+        slot: 9,
+        tray: 4,
+        host_id: 0,
+        module_id: 1,
+    });
+    s.gpus[0].vbios = Some("97.00.A5.00.01".into());
+    s.node_info = crate::model::NodeInfo {
+        driver: Some("570.133.20".into()),
+        fabric_manager: Some("570.133.20".into()),
+        kernel: Some("6.8.0-1017-nvidia".into()),
+    };
+}
+
 /// Every kind of shm reading (named, unlimited, unmounted, unmeasured, host IPC), failures
 /// placed and not, three GPUs (DL counters, NVLink5 counters with and without BERs, lost,
 /// recovery actions), pairs ok / degraded / down with and without P2P, XIDs.
@@ -32,11 +58,16 @@ fn rich_snapshot() -> Snapshot {
     s.gpu_probes = pair_probes();
     set_gpu_users(&mut s);
     s.failure_counts = failure_counts(&s.shm[0]);
+    s.failure_images = vec![(
+        crate::model::ContainerRef::of(&s.shm[0]),
+        "nvcr.io/nvidia/pytorch:24.05-py3".into(),
+    )];
     let mut told =
         crate::fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", "uid-0");
     told.container_id = Some("c0ffee01".into());
     s.failures = vec![told];
     set_links(&mut s.gpus);
+    set_fleet_keys(&mut s);
     set_pairs(&mut s.gpu_pairs);
     // GPU 2, lost, fails with both peers: the pair judge's culprit.
     s.gpu_blame = crate::model::Blame {

@@ -235,6 +235,11 @@ pub struct FabricInfo {
     pub status: String,
     pub degraded_bandwidth: Option<bool>,
     pub route_unhealthy: Option<bool>,
+    /// The NVLink domain: the fabric cluster's UUID (lower-case `8-4-4-4-12`) and the clique
+    /// within it; both None while NVML's clusterUuid is all zero (not registered yet, or no
+    /// multi-node fabric). The fleet rules group faults by the pair.
+    pub cluster_uuid: Option<String>,
+    pub clique_id: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -252,6 +257,12 @@ pub struct GpuReading {
     /// Fabric registration and health; absent on GPUs without fabric registration.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fabric: Option<FabricInfo>,
+    /// Where the GPU sits (chassis, slot, tray); absent before Blackwell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<super::PlatformInfo>,
+    /// Its VBIOS version; absent where NVML does not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vbios: Option<String>,
     pub links: Vec<LinkReading>,
     /// The processes using it (NVML's running compute and graphics processes), host PIDs.
     #[serde(skip_serializing_if = "Vec::is_empty")]

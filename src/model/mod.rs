@@ -5,6 +5,7 @@
 mod evidence;
 mod failure;
 mod finding;
+mod fleet;
 mod gpu;
 mod gpu_users;
 mod hang;
@@ -25,6 +26,7 @@ pub use failure::{
     SHM_OOM_SHARE, SIGBUS,
 };
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
+pub use fleet::{GpuKeys, NodeInfo, NodeKeys, PlatformInfo};
 pub use gpu::{
     AcsState, AerTotals, Ber, Blame, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample,
     LinkErrors, LinkReading, Nvlink5Errors, P2pCaps, P2pStatus, PairProbe, PairSample, PairStatus,

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{
     Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, JobLinks,
-    NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
+    NodeInfo, NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
 /// XID errors of one kind on one GPU.
@@ -54,6 +54,8 @@ pub struct Snapshot {
     pub failures: Vec<Failure>,
     /// NVML's state: loaded, the library tried, why it did not load.
     pub nvml: NvmlState,
+    /// The driver, fabric manager and kernel the node runs (the fleet's correlation keys).
+    pub node_info: NodeInfo,
     /// Why the scan could not see everything (empty when it did): never "all healthy" then.
     pub blind: Vec<Blind>,
     /// What the shm scan could look into, counted (how many it could not read).
@@ -62,6 +64,10 @@ pub struct Snapshot {
     /// (`shmlink_workload_failures_total`).
     #[serde(skip)]
     pub failure_counts: Vec<(ContainerRef, FindingKind, u64)>,
+    /// The image of each container counted there: where the fleet finds which images die
+    /// (`shmlink_workload_image_info`).
+    #[serde(skip)]
+    pub failure_images: Vec<(ContainerRef, String)>,
     /// Whether NVML is loaded and answering (`shmlink_nvml_up`).
     #[serde(skip)]
     pub nvml_up: bool,

@@ -95,6 +95,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/api/v1/failures", get(failures::failures))
+        .route("/api/v1/gpus", get(gpus))
         .with_state(served)
 }
 
@@ -202,6 +203,19 @@ async fn metrics(State(served): State<Arc<Served>>, client: Option<Extension<Cli
             ];
             (headers, body).into_response()
         }
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
+    }
+}
+
+/// `GET /api/v1/gpus`: the node, its driver, fabric manager and kernel, and each GPU's NVLink
+/// domain, chassis and VBIOS from the last scan (`shmlink fleet` groups by them); 503 before it.
+/// Small (a few KiB), built from the snapshot alone: no turn is taken.
+async fn gpus(State(served): State<Arc<Served>>) -> Response {
+    let Some(snapshot) = served.app.snapshot.load_full() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "first scan not finished\n").into_response();
+    };
+    match serde_json::to_string(&crate::model::NodeKeys::of(&snapshot)) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
     }
 }

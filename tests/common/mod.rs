@@ -23,6 +23,7 @@ pub mod link_days;
 pub mod memcg;
 pub mod oom;
 pub mod pod_resources;
+pub mod prom;
 pub mod promtext;
 pub mod rng;
 pub mod runc;

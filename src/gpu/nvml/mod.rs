@@ -25,12 +25,12 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 
 use crate::model::{
     GpuProcess, GpuReading, GpuSample, LinkErrors, LinkReading, P2pCaps, P2pStatus, PairSample,
-    PcieLink, Peer, TopologyLevel,
+    PcieLink, Peer, PlatformInfo, TopologyLevel,
 };
 
 mod raw;
 
-pub use raw::{fabric_info, return_name};
+pub use raw::{fabric_info, nvlink_domain, return_name, serial_text};
 
 /// PCI location (domain, bus, device): how a link's remote end is matched to our GPUs.
 type PciKey = (u32, u32, u32);
@@ -42,6 +42,9 @@ struct CachedGpu {
     uuid: String,
     name: String,
     pci_bus_id: String,
+    /// Read once: neither changes while the driver runs.
+    platform: Option<PlatformInfo>,
+    vbios: Option<String>,
 }
 
 /// A loaded NVML with its device handles.
@@ -83,6 +86,8 @@ impl NvmlGpus {
                         uuid: device.uuid().unwrap_or_default(),
                         name: device.name().unwrap_or_default(),
                         pci_bus_id: pci.map(|p| p.bus_id).unwrap_or_default(),
+                        platform: None,
+                        vbios: device.vbios_version().ok(),
                         device: Some(device),
                     }
                 }
@@ -94,12 +99,22 @@ impl NvmlGpus {
                         uuid: String::new(),
                         name: String::new(),
                         pci_bus_id: String::new(),
+                        platform: None,
+                        vbios: None,
                     }
                 }
             };
             gpus.push(gpu);
         }
-        Ok(NvmlGpus { nvml, gpus, by_pci })
+        let mut loaded = NvmlGpus { nvml, gpus, by_pci };
+        for i in 0..loaded.gpus.len() {
+            let platform = loaded.gpus[i]
+                .device
+                .as_ref()
+                .and_then(|d| loaded.platform(d));
+            loaded.gpus[i].platform = platform;
+        }
+        Ok(loaded)
     }
 
     pub fn nvml(&self) -> &'static Nvml {
@@ -180,6 +195,8 @@ impl NvmlGpus {
             uuid: g.uuid.clone(),
             name: g.name.clone(),
             pci_bus_id: g.pci_bus_id.clone(),
+            platform: g.platform.clone(),
+            vbios: g.vbios.clone(),
             ..GpuReading::default()
         };
         let Some(device) = &g.device else {

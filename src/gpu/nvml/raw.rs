@@ -9,7 +9,9 @@ use nvml_wrapper_sys::bindings as sys;
 
 use super::{NvmlGpus, SampleStats};
 use crate::model::RecoveryAction;
-use crate::model::{Ber, FabricInfo, FabricState, GpuReading, LinkErrors, Nvlink5Errors};
+use crate::model::{
+    Ber, FabricInfo, FabricState, GpuReading, LinkErrors, Nvlink5Errors, PlatformInfo,
+};
 
 impl NvmlGpus {
     /// One nvmlDeviceGetFieldValues for the GPU: its recovery action (scopeId 0) and, per link,
@@ -107,7 +109,28 @@ impl NvmlGpus {
                 return None;
             }
         }
-        fabric_info(u32::from(info.state), info.status, info.healthMask)
+        let mut fabric = fabric_info(u32::from(info.state), info.status, info.healthMask)?;
+        (fabric.cluster_uuid, fabric.clique_id) = nvlink_domain(&info.clusterUuid, info.cliqueId);
+        Some(fabric)
+    }
+
+    /// nvmlDeviceGetPlatformInfo with the v2 struct (Blackwell and newer); None where the GPU or
+    /// the library does not have it.
+    pub(super) fn platform(&self, device: &Device<'static>) -> Option<PlatformInfo> {
+        let sym = self.nvml.lib().nvmlDeviceGetPlatformInfo.as_ref().ok()?;
+        // SAFETY: plain old data.
+        let mut info: sys::nvmlPlatformInfo_v2_t = unsafe { std::mem::zeroed() };
+        // NVML_STRUCT_VERSION(PlatformInfo, 2).
+        info.version = std::mem::size_of::<sys::nvmlPlatformInfo_v2_t>() as u32 | (2 << 24);
+        // SAFETY: live handle; `info` is the struct its version names.
+        let ret = unsafe { sym(device.handle(), &mut info) };
+        (ret == sys::nvmlReturn_enum_NVML_SUCCESS).then(|| PlatformInfo {
+            chassis_serial: serial_text(&info.chassisSerialNumber),
+            slot: info.slotNumber,
+            tray: info.trayIndex,
+            host_id: info.hostId,
+            module_id: info.moduleId,
+        })
     }
 
     pub(super) fn remote_device_type(&self, device: &Device<'static>, link: u32) -> Option<u32> {
@@ -233,7 +256,40 @@ pub fn fabric_info(state: u32, status: u32, health_mask: u32) -> Option<FabricIn
         status: return_name(status),
         degraded_bandwidth: flag(sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW),
         route_unhealthy: flag(sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY),
+        cluster_uuid: None,
+        clique_id: None,
     })
+}
+
+/// Pure: clusterUuid and cliqueId -> the NVLink domain, as NVIDIA's DRA driver spells the UUID
+/// (lower-case `8-4-4-4-12`); none while the UUID is all zero (not registered, or no
+/// multi-node fabric).
+pub fn nvlink_domain(cluster_uuid: &[u8; 16], clique_id: u32) -> (Option<String>, Option<u32>) {
+    if cluster_uuid.iter().all(|&b| b == 0) {
+        return (None, None);
+    }
+    let hex: String = cluster_uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
+    (Some(uuid), Some(clique_id))
+}
+
+/// Pure: the chassis serial's bytes (NUL-padded) as text where they are printable ASCII, else
+/// as hex (NVML documents the field as bytes, so a label never gets a control character).
+pub fn serial_text(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let used = &bytes[..end];
+    if used.iter().all(|b| b.is_ascii_graphic()) {
+        String::from_utf8_lossy(used).into_owned()
+    } else {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 /// nvmlReturn_t in snake case, as the JSON's `fabric.status` names it.

@@ -196,6 +196,42 @@ pub fn is_fatal(xid: u64) -> bool {
 mod tests {
     use super::*;
 
+    /// The fleet rules (deploy/prometheus/shmlink.rules.yml) list the XIDs that put a GPU out
+    /// and those that are a link fault as regexes; they are this catalogue's, not a copy that
+    /// drifts: every fatal XID, and the fatal ones whose text says NVLink.
+    #[test]
+    fn the_fleet_rules_xid_lists_are_the_catalogues() {
+        let rules = include_str!("../../../deploy/prometheus/shmlink.rules.yml");
+        let lists = |needle: &str| -> Vec<Vec<u64>> {
+            rules
+                .match_indices(needle)
+                .map(|(i, _)| {
+                    let rest = &rules[i + needle.len()..];
+                    let end = rest.find('"').unwrap();
+                    let mut xids: Vec<u64> =
+                        rest[..end].split('|').map(|x| x.parse().unwrap()).collect();
+                    xids.sort_unstable();
+                    xids
+                })
+                .collect()
+        };
+        let fatal: Vec<u64> = (0..=1000).filter(|&x| is_fatal(x)).collect();
+        let link: Vec<u64> = fatal
+            .iter()
+            .copied()
+            .filter(|&x| lookup(x).is_some_and(|e| e.what.contains("NVLink")))
+            .collect();
+        let in_rules = lists("xid=~\"");
+        assert_eq!(in_rules.len(), 6, "three uses of each list");
+        for l in &in_rules {
+            assert!(
+                *l == fatal || *l == link,
+                "{l:?} is neither {fatal:?} nor {link:?}"
+            );
+        }
+        assert_eq!(in_rules.iter().filter(|l| **l == link).count(), 3);
+    }
+
     #[test]
     fn nvlink5_sub_codes_say_fatal_or_not_as_the_kernel_line_does() {
         // In the shape the catalogue gives the driver's line.

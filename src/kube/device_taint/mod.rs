@@ -20,7 +20,7 @@ mod slices;
 mod task;
 
 pub use judge::{Blamed, TaintJudge, Wanted};
-pub use rules::{node_label, rule_name};
+pub use rules::{mig_rule_name, node_label, rule_name};
 pub use slices::{DeviceRef, SliceIndex};
 pub use task::{spawn_device_taints, DeviceTaintFeed, DeviceTaintSettings};
 

@@ -36,6 +36,12 @@ pub fn rule_name(node: &str, gpu: u32) -> String {
     }
 }
 
+/// The rule of MIG device `n` (0.., in the order of the devices' names) of GPU `gpu`:
+/// `shmlink-<node>-gpu-<index>-mig-<n>`.
+pub fn mig_rule_name(node: &str, gpu: u32, n: usize) -> String {
+    format!("{}-mig-{n}", rule_name(node, gpu))
+}
+
 /// FNV-1a, 64 bits: stable across builds and platforms (std's hasher is not).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -193,38 +199,67 @@ pub fn plan(
 ) -> Plan {
     let mut out = Plan::default();
     let mut desired_names = Vec::new();
+    let mut unlisted: Vec<String> = Vec::new();
     for w in wanted {
-        let name = rule_name(node, w.gpu);
-        desired_names.push(name.clone());
-        let Some(device) = index.device_of(&w.uuid) else {
+        let Some(devices) = devices_of(index, w, node) else {
+            // A wanted GPU no slice lists keeps its rules (its own and its MIG devices') as
+            // they are: it may be the slice that went.
+            unlisted.push(rule_name(node, w.gpu));
             out.unmatched.push((w.gpu, w.uuid.clone()));
             continue;
         };
-        let desired = Desired {
-            name,
-            gpu: w.gpu,
-            device: device.clone(),
-            value: w.value.clone(),
-            effect,
-            description: w.description.clone(),
-        };
-        match stored.iter().find(|s| s.name == desired.name) {
-            None => out.actions.push(Action::Create(desired)),
-            Some(s) if desired.matches(s) => {}
-            Some(s) => out.actions.push(Action::Update {
-                effect_changed: s.effect != effect.as_str(),
-                desired,
-                stored: s.clone(),
-            }),
+        for (name, device) in devices {
+            desired_names.push(name.clone());
+            let desired = Desired {
+                name,
+                gpu: w.gpu,
+                device,
+                value: w.value.clone(),
+                effect,
+                description: w.description.clone(),
+            };
+            match stored.iter().find(|s| s.name == desired.name) {
+                None => out.actions.push(Action::Create(desired)),
+                Some(s) if desired.matches(s) => {}
+                Some(s) => out.actions.push(Action::Update {
+                    effect_changed: s.effect != effect.as_str(),
+                    desired,
+                    stored: s.clone(),
+                }),
+            }
         }
     }
+    let of_unlisted = |name: &str| {
+        unlisted.iter().any(|gpu| {
+            name == gpu
+                || name
+                    .strip_prefix(gpu.as_str())
+                    .is_some_and(|r| r.starts_with("-mig-"))
+        })
+    };
     for s in stored {
-        // A wanted GPU no slice lists keeps its rule as it is: it may be the slice that went.
-        if !desired_names.contains(&s.name) && !keep(&s.name) {
+        if !desired_names.contains(&s.name) && !of_unlisted(&s.name) && !keep(&s.name) {
             out.actions.push(Action::Delete(s.clone()));
         }
     }
     out
+}
+
+/// The GPU's device and, with MIG enabled on it, each of its MIG devices (NVIDIA's driver then
+/// lists those instead of the GPU), with their rules' names; None when no slice lists either.
+fn devices_of(index: &SliceIndex, w: &Wanted, node: &str) -> Option<Vec<(String, DeviceRef)>> {
+    let mut devices: Vec<(String, DeviceRef)> = index
+        .device_of(&w.uuid)
+        .map(|d| (rule_name(node, w.gpu), d.clone()))
+        .into_iter()
+        .collect();
+    let migs = index.migs_of(&w.uuid);
+    devices.extend(
+        migs.iter()
+            .enumerate()
+            .map(|(n, d)| (mig_rule_name(node, w.gpu, n), d.clone())),
+    );
+    (!devices.is_empty()).then_some(devices)
 }
 
 #[cfg(test)]

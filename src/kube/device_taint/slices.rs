@@ -3,7 +3,8 @@
 //! not NVML's index) and gives its UUID as the `uuid` attribute, so a GPU is found by its UUID,
 //! never by its name. v1 and v1beta2 slices have one shape (v1beta1's `basic` wrapper is read
 //! too). Of a pool published in several slices only those of its highest generation count, as
-//! the scheduler reads them.
+//! the scheduler reads them. With MIG enabled on a GPU the driver lists its MIG devices instead,
+//! each with the GPU's UUID as its `parentUUID` attribute: found by that, sorted by name.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -24,10 +25,11 @@ impl fmt::Display for DeviceRef {
     }
 }
 
-/// The node's devices by UUID.
+/// The node's devices by UUID, and the MIG devices by their parent GPU's UUID.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SliceIndex {
     by_uuid: HashMap<String, DeviceRef>,
+    migs: HashMap<String, Vec<DeviceRef>>,
 }
 
 impl SliceIndex {
@@ -47,6 +49,7 @@ impl SliceIndex {
             }
         }
         let mut by_uuid = HashMap::new();
+        let mut migs: HashMap<String, Vec<DeviceRef>> = HashMap::new();
         for s in &ours {
             let Some((key, generation)) = pool_of(s) else {
                 continue;
@@ -59,19 +62,33 @@ impl SliceIndex {
                     .get("attributes")
                     .or_else(|| d.get("basic").and_then(|b| b.get("attributes")));
                 let uuid = attributes.and_then(|a| a["uuid"]["string"].as_str());
+                let parent = attributes.and_then(|a| a["parentUUID"]["string"].as_str());
                 let (Some(uuid), Some(name)) = (uuid, d["name"].as_str()) else {
                     continue;
                 };
-                by_uuid
-                    .entry(uuid.to_string())
-                    .or_insert_with(|| DeviceRef {
-                        driver: key.0.to_string(),
-                        pool: key.1.to_string(),
-                        device: name.to_string(),
-                    });
+                let device = DeviceRef {
+                    driver: key.0.to_string(),
+                    pool: key.1.to_string(),
+                    device: name.to_string(),
+                };
+                if let Some(parent) = parent {
+                    migs.entry(parent.to_string())
+                        .or_default()
+                        .push(device.clone());
+                }
+                by_uuid.entry(uuid.to_string()).or_insert(device);
             }
         }
-        SliceIndex { by_uuid }
+        for list in migs.values_mut() {
+            list.sort();
+            list.dedup();
+        }
+        SliceIndex { by_uuid, migs }
+    }
+
+    /// The MIG devices of the GPU whose UUID is `parent`, by name.
+    pub fn migs_of(&self, parent: &str) -> &[DeviceRef] {
+        self.migs.get(parent).map_or(&[], Vec::as_slice)
     }
 
     /// The device whose `uuid` attribute is `uuid`.

@@ -44,8 +44,17 @@ pub(super) struct DraState {
     pub(super) mode: Dra,
     slices: std::collections::BTreeMap<String, Value>,
     rules: std::collections::BTreeMap<String, Value>,
+    /// ResourceClaimTemplates, ResourceClaims (by namespace) and DeviceClasses, for GETs.
+    objects: std::collections::BTreeMap<(String, String, String), Value>,
     uids: u64,
 }
+
+/// The kinds `FakeApi::apply_dra_object` stores: namespaced or not.
+const CLAIM_KINDS: [(&str, bool); 3] = [
+    ("resourceclaimtemplates", true),
+    ("resourceclaims", true),
+    ("deviceclasses", false),
+];
 
 impl FakeApi {
     pub fn set_dra(&self, mode: Dra) {
@@ -59,6 +68,23 @@ impl FakeApi {
             .expect("a name")
             .to_string();
         self.state().dra.slices.insert(name, slice);
+    }
+
+    /// Stores a ResourceClaimTemplate, ResourceClaim or DeviceClass (`plural`), served to GETs
+    /// at every version the cluster serves slices at.
+    pub fn apply_dra_object(&self, plural: &str, object: Value) {
+        let ns = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("a name")
+            .to_string();
+        self.state()
+            .dra
+            .objects
+            .insert((plural.to_string(), ns, name), object);
     }
 
     /// Every DeviceTaintRule the server holds, by name.
@@ -119,6 +145,9 @@ pub(super) fn route(
         )
     };
     let served = |v: &str, r: &str| mode.serves(v, r);
+    if let Some(answer) = claim_object(s, method, rest) {
+        return Some(answer);
+    }
     let out = match (method, rest) {
         (&Method::GET, [v]) => {
             if !served(v, "resourceslices") {
@@ -138,6 +167,36 @@ pub(super) fn route(
         _ => return None,
     };
     Some(answer(out))
+}
+
+/// GET of a stored ResourceClaimTemplate, ResourceClaim or DeviceClass (v1 and v1beta2 where
+/// the cluster serves DRA); the object's own 404 names it, as the API server's does.
+fn claim_object(s: &State, method: &Method, rest: &[&str]) -> Option<Response<Body>> {
+    let (version, plural, ns, name) = match rest {
+        [v, "namespaces", ns, r, name] => (*v, *r, *ns, *name),
+        [v, r, name] => (*v, *r, "", *name),
+        _ => return None,
+    };
+    let namespaced = CLAIM_KINDS.iter().find(|(k, _)| *k == plural)?.1;
+    if method != Method::GET || namespaced == ns.is_empty() {
+        return None;
+    }
+    if !s.dra.mode.serves(version, "resourceslices") {
+        return Some(answer(Err(fail(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        ))));
+    }
+    let key = (plural.to_string(), ns.to_string(), name.to_string());
+    Some(answer(match s.dra.objects.get(&key) {
+        Some(o) => Ok(as_version(o.clone(), version)),
+        None => Err(fail(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("{plural}.resource.k8s.io \"{name}\" not found"),
+        )),
+    }))
 }
 
 fn discovery(mode: Dra, version: &str) -> Value {

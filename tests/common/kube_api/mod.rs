@@ -11,10 +11,11 @@
 //! and the objects tests store (`pod`, `kubelet_node`). What a test does to one kind of object,
 //! and how the server answers about it, sits in that kind's file: `pods` (list, watch, 410),
 //! `nodes` (get, patch), `events`; `routing` takes a request to them, `patch` holds the merge
-//! semantics.
+//! semantics; `fleet` what `shmlink fleet` reads (lists, the proxy to a Pod, RBAC refusals).
 
 mod dra;
 pub mod events;
+mod fleet;
 mod nodes;
 mod patch;
 mod pods;
@@ -75,6 +76,8 @@ struct State {
     release: Arc<tokio::sync::Notify>,
     /// resource.k8s.io: what is served, ResourceSlices, DeviceTaintRules.
     dra: dra::DraState,
+    /// (method, path prefix) answered 403 (`FakeApi::forbid`).
+    forbidden: Vec<(String, String)>,
 }
 
 /// The fake API server.

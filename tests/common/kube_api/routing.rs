@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{dra, events, nodes, pods, Behaviour, Recorded, State};
+use super::{dra, events, fleet, nodes, pods, Behaviour, Recorded, State};
 
 /// Every request the server gets.
 pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Response<Body> {
@@ -39,6 +39,9 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
             query: query.clone(),
             body: body.clone(),
         });
+        if let Some(refused) = fleet::forbidden(&s, method.as_str(), &path) {
+            return refused;
+        }
         if s.behaviour == Some(Behaviour::Fail500) {
             return respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -55,6 +58,9 @@ pub(super) async fn handle(state: Arc<Mutex<State>>, req: Request<Body>) -> Resp
         );
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if let Some(answer) = fleet::route(&state, &method, &segments, &query).await {
+        return answer;
+    }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["version"]) => respond(
             StatusCode::OK,

@@ -51,6 +51,10 @@ pub struct Gpu {
     pub recovery_action: Option<u32>,
     /// nvmlDeviceGetGpuFabricInfoV's answer; None: NOT_SUPPORTED.
     pub fabric: Option<Fabric>,
+    /// nvmlDeviceGetPlatformInfo's answer; None: NOT_SUPPORTED (before Blackwell).
+    pub platform: Option<Platform>,
+    /// nvmlDeviceGetVbiosVersion's answer; None: NOT_SUPPORTED.
+    pub vbios: Option<String>,
     /// Compute processes, in file order; no pid twice.
     pub processes: Vec<Process>,
     /// The four PCIe link calls' answers; None: NOT_SUPPORTED.
@@ -99,6 +103,20 @@ pub struct Fabric {
     pub status: u32,
     /// NVML_GPU_FABRIC_HEALTH_MASK_* (degraded bandwidth and route unhealthy set, TRUE or FALSE).
     pub health_mask: u32,
+    /// The NVLink domain: the cluster's UUID (16 bytes) and the clique within it.
+    pub cluster_uuid: [u8; 16],
+    pub clique_id: u32,
+}
+
+/// Where the GPU sits, as nvmlPlatformInfo_v2_t carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Platform {
+    /// At most 16 bytes, NUL-padded in the struct.
+    pub chassis_serial: String,
+    pub slot: u8,
+    pub tray: u8,
+    pub host_id: u8,
+    pub module_id: u8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -57,6 +57,10 @@ pub(super) struct RawGpu {
     #[serde(default)]
     pub(super) fabric: Option<RawFabric>,
     #[serde(default)]
+    pub(super) platform: Option<RawPlatform>,
+    #[serde(default)]
+    pub(super) vbios: Option<String>,
+    #[serde(default)]
     pub(super) processes: Vec<Process>,
     #[serde(default)]
     pub(super) pcie_link: Option<PcieLink>,
@@ -76,6 +80,25 @@ pub(super) struct RawFabric {
     pub(super) degraded_bandwidth: bool,
     #[serde(default)]
     pub(super) route_unhealthy: bool,
+    #[serde(default)]
+    pub(super) cluster_uuid: Option<String>,
+    #[serde(default)]
+    pub(super) clique_id: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlatform {
+    #[serde(default)]
+    pub(super) chassis_serial: String,
+    #[serde(default)]
+    pub(super) slot: u8,
+    #[serde(default)]
+    pub(super) tray: u8,
+    #[serde(default)]
+    pub(super) host_id: u8,
+    #[serde(default)]
+    pub(super) module_id: u8,
 }
 
 #[derive(Deserialize)]

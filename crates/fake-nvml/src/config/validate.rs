@@ -9,9 +9,12 @@ use nvml_wrapper_sys::bindings as sys;
 use super::names::{
     caps_of, fabric_state, nvml_return, p2p_status, recovery_action, remote_type, topology_level,
 };
-use super::raw::{number, OneOrMany, RawConfig, RawFabric, RawGpu, RawLink, RawNvlink5};
+use super::raw::{
+    number, OneOrMany, RawConfig, RawFabric, RawGpu, RawLink, RawNvlink5, RawPlatform,
+};
 use super::{
-    Config, Fabric, Gpu, Link, Nvlink5, P2pRule, Pci, PcieLink, Process, Utilization, P2P_CAPS,
+    Config, Fabric, Gpu, Link, Nvlink5, P2pRule, Pci, PcieLink, Platform, Process, Utilization,
+    P2P_CAPS,
 };
 
 impl RawConfig {
@@ -138,6 +141,12 @@ impl RawGpu {
                 .map(RawFabric::validate)
                 .transpose()
                 .map_err(at)?,
+            platform: self
+                .platform
+                .map(RawPlatform::validate)
+                .transpose()
+                .map_err(at)?,
+            vbios: self.vbios,
             processes: check_processes(self.processes).map_err(at)?,
             pcie_link: self
                 .pcie_link
@@ -192,6 +201,45 @@ impl RawFabric {
                 << sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW)
                 | (flag(self.route_unhealthy)
                     << sys::NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY),
+            cluster_uuid: match &self.cluster_uuid {
+                Some(u) => parse_uuid(u).map_err(|e| format!("fabric.cluster_uuid: {e}"))?,
+                None => [0; 16],
+            },
+            clique_id: self.clique_id,
+        })
+    }
+}
+
+/// `8-4-4-4-12` hex digits (any case) -> the 16 bytes NVML's clusterUuid holds.
+fn parse_uuid(text: &str) -> Result<[u8; 16], String> {
+    let groups: Vec<&str> = text.split('-').collect();
+    let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    if lengths != [8, 4, 4, 4, 12] {
+        return Err(format!("{text:?} is not a UUID (8-4-4-4-12 hex digits)"));
+    }
+    let hex: String = groups.concat();
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|_| format!("{text:?} is not a UUID (8-4-4-4-12 hex digits)"))?;
+    }
+    Ok(out)
+}
+
+impl RawPlatform {
+    fn validate(self) -> Result<Platform, String> {
+        if self.chassis_serial.len() > 16 || !self.chassis_serial.is_ascii() {
+            return Err(format!(
+                "platform.chassis_serial {:?}: at most 16 ASCII characters",
+                self.chassis_serial
+            ));
+        }
+        Ok(Platform {
+            chassis_serial: self.chassis_serial,
+            slot: self.slot,
+            tray: self.tray,
+            host_id: self.host_id,
+            module_id: self.module_id,
         })
     }
 }
@@ -354,6 +402,48 @@ mod tests {
             (r#""error_counter_api": "nvlink6""#, "unknown variant"),
             (r#""links": [{"nvlink5": {"symbol_ber": 3}}]"#, "symbol_ber"),
             (r#""links": [{"nvlink5": {"symbols": 3}}]"#, "unknown field"),
+        ] {
+            let json = format!(
+                r#"{{"gpus": [{{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", {text}}}]}}"#
+            );
+            let err = Config::parse(&json).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_nvlink_domain_platform_and_vbios_parse_and_mistakes_are_named() {
+        let cfg = Config::parse(
+            r#"{"gpus": [{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", "vbios": "97.00.A5.00.01",
+                "fabric": {"state": "completed", "cluster_uuid": "7f3C0d5e-0b1a-4c2d-9e8f-001122334455", "clique_id": 32766},
+                "platform": {"chassis_serial": "1821724000123", "slot": 9, "tray": 4, "module_id": 2}}]}"#,
+        )
+        .unwrap();
+        let g = &cfg.gpus[0];
+        let f = g.fabric.unwrap();
+        assert_eq!(f.cluster_uuid[0], 0x7f);
+        assert_eq!(f.cluster_uuid[1], 0x3c);
+        assert_eq!(f.cluster_uuid[15], 0x55);
+        assert_eq!(f.clique_id, 32766);
+        let p = g.platform.clone().unwrap();
+        assert_eq!(p.chassis_serial, "1821724000123");
+        assert_eq!((p.slot, p.tray, p.host_id, p.module_id), (9, 4, 0, 2));
+        assert_eq!(g.vbios.as_deref(), Some("97.00.A5.00.01"));
+        for (text, want) in [
+            (
+                r#""fabric": {"state": "completed", "cluster_uuid": "7f3c0d5e"}"#,
+                "not a UUID",
+            ),
+            (
+                r#""fabric": {"state": "completed", "cluster_uuid": "zz3c0d5e-0b1a-4c2d-9e8f-001122334455"}"#,
+                "not a UUID",
+            ),
+            (
+                r#""platform": {"chassis_serial": "01234567890123456"}"#,
+                "at most 16",
+            ),
+            (r#""platform": {"slot": 300}"#, "expected u8"),
+            (r#""platform": {"rack": 1}"#, "unknown field"),
         ] {
             let json = format!(
                 r#"{{"gpus": [{{"name": "B", "uuid": "U", "pci_bus_id": "0:1:0.0", {text}}}]}}"#

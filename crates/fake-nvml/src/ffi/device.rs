@@ -127,3 +127,18 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
 ) -> nvmlReturn_t {
     call(|| with_gpu(device, |_, _, gpu| out(value, gpu.pcie_replays)))
 }
+
+/// Absent `vbios`: NOT_SUPPORTED.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    device: nvmlDevice_t,
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    call(|| {
+        with_gpu(device, |_, _, gpu| {
+            let v = gpu.vbios.as_deref().ok_or(super::NOT_SUPPORTED)?;
+            out_str(version, length, v)
+        })
+    })
+}

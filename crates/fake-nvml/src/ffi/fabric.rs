@@ -1,4 +1,5 @@
-//! nvmlDeviceGetGpuFabricInfoV: the GPU's NVSwitch fabric registration and health. Newer drivers
+//! nvmlDeviceGetGpuFabricInfoV: the GPU's NVSwitch fabric registration, NVLink domain and
+//! health; nvmlDeviceGetPlatformInfo: where the GPU sits (chassis, slot, tray). Newer drivers
 //! only: the legacy library leaves this file out.
 
 use std::ffi::c_uint;
@@ -32,9 +33,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
             let fabric = gpu.fabric.ok_or(NOT_SUPPORTED)?;
             // SAFETY: every field written exists in the version the caller named.
             unsafe {
-                std::ptr::addr_of_mut!((*info).clusterUuid).write([0; 16]);
+                std::ptr::addr_of_mut!((*info).clusterUuid).write(fabric.cluster_uuid);
                 std::ptr::addr_of_mut!((*info).status).write(fabric.status);
-                std::ptr::addr_of_mut!((*info).cliqueId).write(0);
+                std::ptr::addr_of_mut!((*info).cliqueId).write(fabric.clique_id);
                 std::ptr::addr_of_mut!((*info).state).write(fabric.state);
                 std::ptr::addr_of_mut!((*info).healthMask).write(fabric.health_mask);
                 if version == FABRIC_V3 {
@@ -45,6 +46,48 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
                     };
                     std::ptr::addr_of_mut!((*info).healthSummary).write(summary);
                 }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// NVML_STRUCT_VERSION(PlatformInfo, 2).
+const PLATFORM_V2: c_uint = std::mem::size_of::<sys::nvmlPlatformInfo_v2_t>() as c_uint | (2 << 24);
+
+/// Version 2 only (the struct nvml-wrapper-sys calls nvmlPlatformInfo_t); others:
+/// ARGUMENT_VERSION_MISMATCH. A GPU without `platform` answers NOT_SUPPORTED, as before
+/// Blackwell.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPlatformInfo(
+    device: nvmlDevice_t,
+    info: *mut sys::nvmlPlatformInfo_t,
+) -> nvmlReturn_t {
+    call(|| {
+        if info.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller's struct starts with its version.
+        let version = unsafe { std::ptr::addr_of!((*info).version).read() };
+        if version != PLATFORM_V2 {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        with_gpu(device, |_, _, gpu| {
+            let p = gpu.platform.as_ref().ok_or(NOT_SUPPORTED)?;
+            let mut serial = [0u8; 16];
+            serial[..p.chassis_serial.len()].copy_from_slice(p.chassis_serial.as_bytes());
+            // SAFETY: a v2 struct, as its version says.
+            unsafe {
+                info.write(sys::nvmlPlatformInfo_v2_t {
+                    version,
+                    ibGuid: [0; 16],
+                    chassisSerialNumber: serial,
+                    slotNumber: p.slot,
+                    trayIndex: p.tray,
+                    hostId: p.host_id,
+                    peerType: 0,
+                    moduleId: p.module_id,
+                });
             }
             Ok(())
         })

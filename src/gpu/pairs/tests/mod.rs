@@ -43,6 +43,8 @@ fn gpu(index: u32, links: Vec<LinkReading>) -> GpuReading {
         lost: false,
         recovery_action: None,
         fabric: None,
+        platform: None,
+        vbios: None,
         links,
         processes: Vec::new(),
         pcie_link: None,

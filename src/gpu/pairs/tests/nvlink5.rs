@@ -163,6 +163,8 @@ fn fabric(state: FabricState, status: &str, degraded: bool, route: bool) -> Fabr
         status: status.into(),
         degraded_bandwidth: Some(degraded),
         route_unhealthy: Some(route),
+        cluster_uuid: None,
+        clique_id: None,
     }
 }
 

@@ -167,3 +167,89 @@ fn a_rule_no_gpu_wants_is_deleted_unless_kept_and_an_unlisted_gpu_keeps_its_rule
     assert_eq!(p.actions, Vec::new());
     assert_eq!(p.unmatched, [(7, GPU7.to_string())]);
 }
+
+fn mig_index() -> SliceIndex {
+    let path = format!(
+        "{}/tests/fixtures/dra/resourceslice-8gpu-mig-v1.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let slice: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    SliceIndex::from_slices([&slice], NODE)
+}
+
+/// MIG on the blamed GPU: NVIDIA's driver lists its MIG devices (each with the GPU's UUID as
+/// `parentUUID`) instead of it; each gets a rule, and they go with the GPU's blame.
+#[test]
+fn a_blamed_gpu_with_mig_taints_each_of_its_mig_devices() {
+    let index = mig_index();
+    assert_eq!(
+        index.device_of(GPU7),
+        None,
+        "the full GPU is not listed under MIG"
+    );
+    let w = [wanted(7, GPU7, "nvlink-down")];
+    let p = plan(&w, &index, &[], (NODE, Effect::NoSchedule), |_| false);
+    assert!(p.unmatched.is_empty(), "{p:#?}");
+    let made: Vec<(String, String)> = p
+        .actions
+        .iter()
+        .map(|a| match a {
+            Action::Create(d) => (d.name.clone(), d.device.device.clone()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        made,
+        [
+            (
+                mig_rule_name(NODE, 7, 0),
+                "gpu-7-mig-1g10gb-19-0".to_string()
+            ),
+            (
+                mig_rule_name(NODE, 7, 1),
+                "gpu-7-mig-1g10gb-19-1".to_string()
+            ),
+        ]
+    );
+    assert_eq!(made[0].0, "shmlink-gpu-node-7-gpu-7-mig-0");
+    let Action::Create(first) = &p.actions[0] else {
+        unreachable!()
+    };
+    let object = first.object(NODE, Some((NODE, "node-uid")));
+    println!(
+        "MIG device's rule:\n{}",
+        serde_json::to_string_pretty(&object).unwrap()
+    );
+    assert_eq!(
+        object["spec"]["deviceSelector"],
+        json!({"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-7-mig-1g10gb-19-0"})
+    );
+    assert_eq!(object["spec"]["taint"]["effect"], "NoSchedule");
+    // Stored, then GPU 7 no longer blamed: both go. A GPU on another MIG-less index keeps
+    // nothing of them.
+    let stored: Vec<Stored> = p
+        .actions
+        .iter()
+        .map(|a| match a {
+            Action::Create(d) => {
+                let mut o = d.object(NODE, None);
+                o["metadata"]["uid"] = json!("u");
+                Stored::parse(&o, NODE).unwrap()
+            }
+            _ => unreachable!(),
+        })
+        .collect();
+    let gone = plan(&[], &index, &stored, (NODE, Effect::NoSchedule), |_| false);
+    assert_eq!(gone.actions.len(), 2);
+    assert!(gone.actions.iter().all(|a| matches!(a, Action::Delete(_))));
+    // GPU 7 blamed while no slice lists it (the slice went): its MIG rules are kept as they are.
+    let unlisted = plan(
+        &w,
+        &SliceIndex::default(),
+        &stored,
+        (NODE, Effect::NoSchedule),
+        |_| false,
+    );
+    assert_eq!(unlisted.actions, []);
+    assert_eq!(unlisted.unmatched, [(7, GPU7.to_string())]);
+}
