@@ -21,9 +21,9 @@ mod xid;
 
 pub use evidence::{around, printable, redact, REDACTED};
 pub use failure::{
-    DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
-    MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS,
-    SHM_OOM_SHARE, SIGBUS,
+    DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
+    PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS, SHM_OOM_SHARE,
+    SIGBUS,
 };
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
 pub use fleet::{GpuKeys, NodeInfo, NodeKeys, PlatformInfo};
