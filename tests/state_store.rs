@@ -44,6 +44,7 @@ fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
         memory: None,
         pid_in_container: None,
         told_by_workload: None,
+        named_from: None,
         worker_pids: Vec::new(),
         found_late: false,
         message: "the DataLoader ran out of /dev/shm".into(),

@@ -70,6 +70,13 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     };
     let runtime = runtime_of(d, &id, reading);
     let mut message = message(d, kind, &id, runtime, shm.as_ref(), memory.as_ref(), &job);
+    let named_from = d.named_from.as_ref().map(ToString::to_string);
+    message.push_str(
+        &named_from
+            .as_deref()
+            .map(text::named_from)
+            .unwrap_or_default(),
+    );
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
     message.extend(gpu_links.as_ref().map(text::job_links));
     message.push_str(&text::wearing_links_of_job(&super::job_links::wearing(
@@ -96,6 +103,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         memory,
         pid_in_container: d.pid_in_container,
         told_by_workload: None,
+        named_from,
         worker_pids: d.worker_pids.clone(),
         message,
         found_late: false,
@@ -191,6 +199,8 @@ fn message(
         FindingKind::GpuEccUncorrectable => text::gpu_ecc_uncorrectable(&who, &at, said, job),
         FindingKind::GpuFabricNotReady => text::gpu_fabric_not_ready(&who, &at, said, job),
         FindingKind::GpuPeerMappingFailed => text::gpu_peer_mapping_failed(&who, &at, said, job),
+        FindingKind::GpuNvlinkError => text::gpu_nvlink_error(&who, &at, said, job),
+        FindingKind::GpuP2pFailed => text::gpu_p2p_failed(&who, &at, said, job),
         FindingKind::CudaIpcInvalidDevice => text::cuda_ipc_invalid_device(&who, &at, said, job),
         FindingKind::IommuNotPassthrough => text::iommu_not_passthrough(&who, &at, said),
         FindingKind::NvlsMulticastFailed => text::nvls_multicast_failed(&who, &at, said, job),

@@ -114,7 +114,8 @@ impl Recogniser {
         }
         let mut d = Detected::new(who, m.kind, line.at, FailureSource::Log, &line.text);
         d.nccl_gpus = m.gpus;
-        d.signature = Some(m.signature);
+        d.signature = m.named_from.is_none().then_some(m.signature);
+        d.named_from = m.named_from;
         d.judged = m.judged;
         Some(d)
     }

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerRef, FindingKind, GpuLinks, PairStatus};
+use super::{ContainerRef, FindingKind, GpuLinks, NamedFrom, PairStatus};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -81,6 +81,9 @@ pub struct Detected {
     /// The log row that matched (`failures::signatures`), for texts whose fix is the
     /// program's own.
     pub signature: Option<&'static str>,
+    /// The facts the fact tier named it from (`failures::facts`): a line no row matched. None
+    /// for a row's match and every other source.
+    pub named_from: Option<NamedFrom>,
     /// A line that names a fault but not its cause (a shell's `Bus error (core dumped)`):
     /// told only when the container's /dev/shm was full then (`failures::correlate`).
     pub judged: bool,
@@ -140,6 +143,7 @@ impl Detected {
             pid_in_container: None,
             worker_pids: Vec::new(),
             signature: None,
+            named_from: None,
             judged: false,
             pid_taken: false,
             pid_start: None,
@@ -306,6 +310,11 @@ pub struct Failure {
     /// The workload's own word of this death (PyTorch's DataLoader line), tied to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub told_by_workload: Option<String>,
+    /// The facts the failure was named from when no exact text matched its line (`errno 28
+    /// (ENOSPC) on /dev/shm/torch_123 in Python's OSError`); null for a row's match and every
+    /// other source. Absent in a store written before it: read as null.
+    #[serde(default)]
+    pub named_from: Option<String>,
     /// Set on PyTorch's worker-death line before it is tied: the worker PIDs it names. Such a
     /// line is never told alone (`failures::same`).
     #[serde(skip)]

@@ -8,6 +8,7 @@ mod gpu;
 mod gpu_users;
 mod job_links;
 mod link_trend;
+mod named_from;
 mod shm;
 mod sight;
 mod snapshot;
@@ -32,6 +33,7 @@ pub use job_links::{
     JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
 };
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
+pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

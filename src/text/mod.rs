@@ -39,7 +39,7 @@ pub use device_taint::{
     taint_made, taint_recovery_action, taint_xid,
 };
 pub use failures::{
-    gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,
+    gpu_job_crashed, named_from, nccl_p2p_disabled, older_deaths_elsewhere, shm_allocation_failed,
     shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error, workload_oom_killed,
     JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
 };
@@ -51,8 +51,9 @@ pub use gpu::{
     DEV_NVIDIA0_EXISTS,
 };
 pub use gpu_failures::{
-    cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_peer_mapping_failed,
-    gpu_too_many_peers, iommu_not_passthrough, nccl_ranks_dead, nvls_multicast_failed, GpuEvidence,
+    cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_nvlink_error,
+    gpu_p2p_failed, gpu_peer_mapping_failed, gpu_too_many_peers, iommu_not_passthrough,
+    nccl_ranks_dead, nvls_multicast_failed, GpuEvidence,
 };
 pub use ipc::{
     cuda_ipc_denied, fd_limit_reached, gpu_peer_access_refused, imex_channel_missing, shm_fallback,
