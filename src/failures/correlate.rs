@@ -648,6 +648,98 @@ mod tests {
         ])
     }
 
+    /// Issue 50: five deaths no exact text matched, named by the fact tier through the
+    /// recogniser and told with the facts they were named from (messages printed for the
+    /// issue's note: `cargo test --lib the_fact_tiers -- --nocapture`).
+    #[test]
+    fn the_fact_tiers_messages_name_their_facts() {
+        use crate::logs::{LogLine, LogOrigin};
+        let mut r = super::super::detect::Recogniser::new(
+            "/nonexistent".into(),
+            None,
+            crate::model::SHM_OOM_SHARE,
+        );
+        let s = board(&[(6, 7, PairStatus::Ok)]);
+        let origin = LogOrigin::Pod {
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            uid: UID.into(),
+            container: "trainer".into(),
+        };
+        for (line, kind, facts) in [
+            (
+                "OSError: [Errno 24] Too many open files: '/dev/shm/torch_4242_1'",
+                FindingKind::FdLimitReached,
+                "errno 24 (EMFILE) on /dev/shm/torch_4242_1 in Python's OSError",
+            ),
+            (
+                "ERROR: Unexpected BUS error encountered in DataLoader worker. This might be \
+                 caused by insufficient shared memory (shm), please check whether \
+                 use_shared_memory is set and storage space in /dev/shm is enough",
+                FindingKind::ShmAllocationFailed,
+                "signal 7 (SIGBUS) with \"insufficient shared memory (shm)\" on /dev/shm in its log \
+                 line",
+            ),
+            (
+                "RuntimeError: CUDA error: uncorrectable NVLink error detected during the \
+                 execution",
+                FindingKind::GpuNvlinkError,
+                "CUDA error 220 (cudaErrorNvlinkUncorrectable) in Python's RuntimeError",
+            ),
+            (
+                "node-1:77:80 [3] transport/p2p.cc:1129 NCCL WARN Cuda failure 1 'invalid \
+                 argument'",
+                FindingKind::GpuP2pFailed,
+                "CUDA error 1 (cudaErrorInvalidValue) in NCCL's transport/p2p.cc, device 3 of \
+                 the process",
+            ),
+            (
+                "2026-01-01 10:00:00.000 UTC [340] ERROR:  could not create shared memory \
+                 segment \"/PostgreSQL.1767612635\": Read-only file system",
+                FindingKind::ShmUnavailable,
+                "errno 30 (EROFS) on /PostgreSQL.1767612635 in PostgreSQL's ERROR",
+            ),
+        ] {
+            let line = LogLine {
+                origin: origin.clone(),
+                at: UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+                text: line.into(),
+            };
+            let d = r.log_line(&line).expect(&line.text);
+            let known = Known {
+                snapshot: Some(&s),
+                pods: None,
+                holders: &holders(),
+                rules: DeathRules::default(),
+            };
+            let f = correlate(&d, known).unwrap();
+            assert_eq!((f.kind, f.named_from.as_deref()), (kind, Some(facts)));
+            assert!(
+                f.message.contains(&format!("Named from: {facts}.")),
+                "{}",
+                f.message
+            );
+            assert_eq!(d.signature, None, "no row's");
+            println!("{}\n", f.message);
+        }
+        // A row's match names no facts.
+        let d = detected(FindingKind::ShmAllocationFailed, trainer());
+        assert_eq!(
+            correlate(
+                &d,
+                Known {
+                    snapshot: Some(&s),
+                    pods: None,
+                    holders: &holders(),
+                    rules: DeathRules::default(),
+                }
+            )
+            .unwrap()
+            .named_from,
+            None
+        );
+    }
+
     /// Issue 37: the fix is the runtime's: a Pod's by its UID alone (a runc container in a
     /// kubelet cgroup with the API off), Docker's for Docker's, else words any runtime takes.
     #[test]

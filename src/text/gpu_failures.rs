@@ -117,9 +117,9 @@ pub fn gpu_nvlink_error(who: &str, at: &str, evidence: &str, job: &JobGpus<'_>) 
          job's GPUs (between two of them, or to an NVSwitch) failed under it: the hardware, not \
          the job's code; the error stays with the process, so later CUDA calls fail too"
     );
-    out.push_str(&gpu_context(job));
+    out.push_str(&used(job));
     out.push_str(
-        " Fix: drain the node, read the links' error counters (`nvidia-smi nvlink -e`) and the \
+        ". Fix: drain the node, read the links' error counters (`nvidia-smi nvlink -e`) and the \
          kernel's NVLink XIDs, reset the GPUs or reboot; replace the GPU or its board if the \
          errors come back; restart the job from its checkpoint.",
     );
