@@ -42,14 +42,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     if d.judged && !shm_was_full(reading, known.rules.bus_error_shm_ratio) {
         return None;
     }
-    let shm = reading.map(|r| ShmThen {
-        size_bytes: r.size_bytes,
-        used_bytes: r.used_bytes,
-        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
-        memory_limit_bytes: r.memory_limit_bytes,
-        runtime_default: on_runtime_default(r),
-        host_ipc: r.host_ipc,
-    });
+    let shm = reading.map(shm_then);
     let (gpus, gpus_from) = gpus_used(d, &id, known);
     let gpu_pairs = pairs_among(&gpus, known.snapshot);
     let culprits = culprits_among(&gpus, &gpu_pairs, known.snapshot);
@@ -108,6 +101,18 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         message,
         found_late: false,
     })
+}
+
+/// The container's /dev/shm as `failures[].shm` says it.
+fn shm_then(r: &ShmReading) -> ShmThen {
+    ShmThen {
+        size_bytes: r.size_bytes,
+        used_bytes: r.used_bytes,
+        peak_bytes: r.used_peak_bytes.or(r.used_bytes),
+        memory_limit_bytes: r.memory_limit_bytes,
+        runtime_default: on_runtime_default(r),
+        host_ipc: r.host_ipc,
+    }
 }
 
 /// The GPUs the node's blame names as culprits by more than being at either end of a pair.
@@ -211,7 +216,7 @@ fn message(
             said,
             shm,
             runtime,
-            d.signature.is_some_and(is_browser),
+            d.signature.is_some_and(super::signatures::is_browser),
         ),
     }
 }
@@ -258,14 +263,6 @@ fn bus_exit(d: &Detected) -> String {
         (None, FailureSource::Tracepoint) => format!("SIGBUS: {}", d.evidence),
         (None, _) => "SIGBUS".into(),
     }
-}
-
-/// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
-/// out.
-fn is_browser(signature: &str) -> bool {
-    ["chromium-", "puppeteer-", "chromedriver-"]
-        .iter()
-        .any(|p| signature.starts_with(p))
 }
 
 /// The reading taken the moment the kernel told the death (`failures::traced`), with the

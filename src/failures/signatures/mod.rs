@@ -229,6 +229,14 @@ enum Exact {
 /// mismatch; PyTorch's unlink with another errno than ENOENT is not a segment gone.
 const VETO: &[&str] = &[NCCL_SHM_ATTACH, TORCH_UNLINK];
 
+/// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
+/// out.
+pub fn is_browser(signature: &str) -> bool {
+    ["chromium-", "puppeteer-", "chromedriver-"]
+        .iter()
+        .any(|p| signature.starts_with(p))
+}
+
 /// Whether `Bus error` (between `before` and `rest`) is a shell's word of a child killed by
 /// SIGBUS: the whole line, `(core dumped)` after it, or bash's job line, the PID before it and
 /// the status padded to a column after it (`bash: line 1:  4242 Bus error      python x.py`); a
