@@ -151,12 +151,11 @@ pub fn recognise(line: &str) -> Option<(FindingKind, NamedFrom)> {
     ))
 }
 
-/// The facts a decision used: what failed, on what (as printed), and their bytes.
-fn used(
-    f: &Facts<'_>,
-    line: &str,
-    what: decide::What,
-) -> Option<(Failed, Option<String>, Vec<(usize, usize)>)> {
+/// The facts a decision used: what failed, on what (as printed), and their bytes (what failed
+/// first).
+type Used = (Failed, Option<String>, Vec<(usize, usize)>);
+
+fn used(f: &Facts<'_>, line: &str, what: decide::What) -> Option<Used> {
     let text = |(s, e): (usize, usize)| {
         crate::model::cut(&crate::model::printable(line.get(s..e)?), 96).into()
     };
