@@ -107,9 +107,10 @@ pub fn what_and_on(f: &Facts<'_>) -> (What, On) {
     }
     if f.shortage.is_some() {
         // The words alone may be about SysV or PostgreSQL's main segment: only with /dev/shm
-        // named, or a bus error (a mapping of a full tmpfs).
+        // named, a bus error (a mapping of a full tmpfs) or a DataLoader (whose workers pass
+        // their batches through /dev/shm).
         let on = match on {
-            On::Nowhere if f.sigbus.is_some() => On::Shm { create: false },
+            On::Nowhere if f.sigbus.is_some() || f.dataloader => On::Shm { create: false },
             on => on,
         };
         return (What::Short, on);

@@ -68,16 +68,21 @@ fn by_head(line: &str) -> Option<(GpuError, (usize, usize))> {
     None
 }
 
-/// After a GPU call's name: `<call> failed: <words>`, `<call> failed : <words>`, `<call>
-/// returned <n> (<words>)`.
+/// After a GPU call's name and its arguments, if printed: `<call> failed: <words>`, `<call>
+/// failed : <words>`, `<call>(...) failed: <words>` (UCX's cuda_ipc), `<call> returned <n>`,
+/// `<call> return value: <n>` (Open MPI's smcuda).
 fn after_call(line: &str) -> Option<(GpuError, (usize, usize))> {
-    let (_, (start, end)) = call(line)?;
+    let (_, (start, mut end)) = call(line)?;
+    if line[end..].starts_with('(') {
+        end += line[end..].find(')').map_or(0, |i| i + 1);
+    }
     let rest = &line[end..];
     for verb in [
         " failed: ",
         " failed : ",
         " failed with ",
         " returned ",
+        " return value: ",
         ": ",
     ] {
         if let Some(r) = rest.strip_prefix(verb) {

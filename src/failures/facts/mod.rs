@@ -71,6 +71,8 @@ pub struct Facts<'a> {
     pub shm: Option<shm::ShmObject>,
     pub shortage: Option<(usize, usize)>,
     pub sigbus: Option<(usize, usize)>,
+    /// A DataLoader speaks of itself (PyTorch's, PaddlePaddle's, ...).
+    pub dataloader: bool,
 }
 
 impl Facts<'_> {
@@ -104,6 +106,7 @@ pub fn read(line: &str) -> Facts<'_> {
         shm,
         shortage,
         sigbus,
+        dataloader: line.contains("DataLoader") || line.contains("dataloader"),
     }
 }
 
@@ -131,7 +134,19 @@ pub fn recognise(line: &str) -> Option<(FindingKind, NamedFrom)> {
             .iter()
             .any(|n| said.starts_with(n))
     });
-    if said::how(line, &f.speaker, (start, end), spans[0], name) != said::Said::Failure {
+    let shortage_of_a_file = what == decide::What::Short
+        && f.shm
+            .as_ref()
+            .is_some_and(|o| o.name.starts_with("/dev/shm/"));
+    let said = said::how(
+        line,
+        &f.speaker,
+        (start, end),
+        spans[0],
+        name,
+        shortage_of_a_file,
+    );
+    if said != said::Said::Failure {
         return None;
     }
     let gpu = match &f.speaker {

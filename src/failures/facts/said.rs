@@ -45,7 +45,8 @@ const FAILURE: &[&str] = &[
     "FATAL",
     "Fatal",
     "fatal",
-    "WARN",
+    "WARN ",
+    "WARN]",
     "Exception",
     "exception",
     "killed",
@@ -55,6 +56,8 @@ const FAILURE: &[&str] = &[
     "crash",
     "[Errno ",
     "panic",
+    "returned ",
+    "return value",
 ];
 /// Clause openers of advice and help text.
 const ADVICE: &[&str] = &[
@@ -94,13 +97,15 @@ const FALLBACK: &[&str] = &[
 /// How `line` says the facts that start at byte `at` and end at `end`; `said` is the bytes of
 /// what failed (a person quotes those in backticks or double quotes: programs quote CUDA's words
 /// in single quotes, never an errno's); `name` those of a GPU error's name, which says "Error"
-/// of itself and is no failure's word.
+/// of itself and is no failure's word; `shortage_of_a_file`: words that say a file under
+/// /dev/shm could not get its space, a failure of themselves.
 pub fn how(
     line: &str,
     speaker: &Speaker<'_>,
     (at, end): (usize, usize),
     said: (usize, usize),
     name: Option<(usize, usize)>,
+    shortage_of_a_file: bool,
 ) -> Said {
     if let Speaker::Nccl { warn: false, .. } = speaker {
         return Said::Info;
@@ -123,8 +128,13 @@ pub fn how(
         Some((s, e)) => (&line[..s], &line[e..]),
         None => (line, ""),
     };
+    // A Python warning is not a failure of itself (its words may still say one).
+    let exception =
+        matches!(speaker, Speaker::Python { exception } if !exception.ends_with("Warning"));
     let failure = FAILURE.iter().any(|w| head.contains(w) || tail.contains(w))
-        || matches!(speaker, Speaker::Python { .. } | Speaker::Nccl { .. });
+        || exception
+        || matches!(speaker, Speaker::Nccl { .. })
+        || shortage_of_a_file;
     if advice(clause(line, at)) {
         return Said::Advice;
     }
@@ -187,13 +197,8 @@ mod tests {
 
     fn said(line: &str, fact: &str) -> Said {
         let at = line.find(fact).unwrap();
-        how(
-            line,
-            &speaker(line),
-            (at, at + fact.len()),
-            (at, at + fact.len()),
-            None,
-        )
+        let span = (at, at + fact.len());
+        how(line, &speaker(line), span, span, None, false)
     }
 
     #[test]

@@ -118,6 +118,17 @@ fn cuda_and_hip_errors_by_their_names() {
             "cuMulticastBindMem failed: CUDA_ERROR_ILLEGAL_STATE",
             NvlsMulticastFailed,
         ),
+        // UCX src/uct/cuda/cuda_ipc: `%s() failed: %s` of the driver's call and string.
+        (
+            "[1700000000.1] [gpu-3:42:0] cuda_ipc_cache.c:1 UCX ERROR cuIpcOpenMemHandle(&d, \
+             key->ph) failed: invalid device context",
+            GpuP2pFailed,
+        ),
+        // Open MPI opal/mca/common/cuda: the call, then its return value on a line of its own.
+        (
+            "  cuIpcOpenMemHandle return value:   217",
+            GpuPeerAccessRefused,
+        ),
     ] {
         assert_eq!(kind(line), Some(want), "{line}");
     }
@@ -167,6 +178,17 @@ fn dev_shm_by_errno_words_and_signal() {
         (
             "ERROR: Unexpected BUS error encountered in DataLoader worker. This might be caused \
              by insufficient shared memory (shm), please check whether use_shared_memory is set",
+            ShmAllocationFailed,
+        ),
+        // Open MPI's btl/vader show_help: a backing file under /dev/shm without its space.
+        (
+            "It appears as if there is not enough space for /dev/shm/vader_segment.node.0 (the \
+             shared-memory backing file).",
+            ShmAllocationFailed,
+        ),
+        // A DataLoader's words: its workers' batches are in /dev/shm.
+        (
+            "RuntimeError: DataLoader worker exited: insufficient shared memory",
             ShmAllocationFailed,
         ),
         // Intel PSM (psm_ep.c) through Open MPI.
@@ -225,6 +247,9 @@ fn traps_stay_quiet() {
         // Triton's CUDA shared memory API: a client's handle, no path call of the job's own.
         "error: Unable to init infer data manager: failed to register CUDA shared memory region \
          'output_0': failed to open CUDA IPC handle: invalid argument",
+        // A warning of a check before anything was allocated, a Python warning.
+        "WARNING: /dev/shm has not enough shared memory for the cache, consider --shm-size",
+        "UserWarning: Not enough shared memory in /dev/shm for the prefetch buffers",
         // A person quoting the words.
         "- sem_open() calls fail with \"Function not implemented\".",
         // Network errors, the host's shared memory transport registering memory.
