@@ -90,11 +90,13 @@ pub fn read(line: &str) -> Facts<'_> {
     let (errno, shm, shortage, sigbus) = if gpu_error.is_some() {
         (None, None, None, None)
     } else {
+        // Lower case keeps every byte where it was: spans hold for the line.
+        let lower = line.to_ascii_lowercase();
         (
             shm::errno(line),
             shm::object(line),
-            shm::shortage(line),
-            shm::sigbus(line),
+            shm::shortage(&lower),
+            shm::sigbus(&lower),
         )
     };
     Facts {

@@ -144,10 +144,11 @@ fn token_end(line: &str, at: usize) -> usize {
     at + line[at..end].trim_end_matches([':', '.']).len()
 }
 
-/// Words that say shared memory ran short, and their bytes: a shortage word before `shared
+/// Words that say shared memory ran short, and their bytes, in the line's ASCII lower case
+/// (`lower`: the same bytes as the line): a shortage word before `shared
 /// memory` or `/dev/shm` in the same clause (`insufficient shared memory (shm)`, `Unable to
 /// allocate shared memory`, `not enough space for /dev/shm/...`).
-pub fn shortage(line: &str) -> Option<(usize, usize)> {
+pub fn shortage(lower: &str) -> Option<(usize, usize)> {
     const SHORT: &[&str] = &[
         "insufficient",
         "not enough",
@@ -162,7 +163,6 @@ pub fn shortage(line: &str) -> Option<(usize, usize)> {
         "no space",
         "exceeds",
     ];
-    let lower = line.to_ascii_lowercase();
     for noun in ["shared memory", "/dev/shm"] {
         for (at, _) in lower.match_indices(noun) {
             // The clause before the noun: back to a sentence's end, at most 48 bytes.
@@ -187,10 +187,9 @@ pub fn shortage(line: &str) -> Option<(usize, usize)> {
     None
 }
 
-/// SIGBUS, in every spelling: its name, strsignal's `Bus error`, `signal 7`, an exit code of
+/// SIGBUS, in every spelling (`lower`, the line in ASCII lower case): its name, strsignal's `Bus error`, `signal 7`, an exit code of
 /// -7 (Python's subprocess, DeepSpeed, sglang) or 135 (a shell's 128 + 7).
-pub fn sigbus(line: &str) -> Option<(usize, usize)> {
-    let lower = line.to_ascii_lowercase();
+pub fn sigbus(lower: &str) -> Option<(usize, usize)> {
     for word in ["sigbus", "bus error"] {
         if let Some(at) = lower.find(word) {
             return Some((at, at + word.len()));
@@ -282,10 +281,10 @@ mod tests {
     fn words_that_say_it_ran_short() {
         let line = "ERROR: Unexpected BUS error encountered in DataLoader worker. This might be \
                     caused by insufficient shared memory (shm), please check";
-        let (s, e) = shortage(line).unwrap();
+        let (s, e) = shortage(&line.to_ascii_lowercase()).unwrap();
         assert_eq!(&line[s..e], "insufficient shared memory (shm)");
         let line = "Unable to allocate shared memory for intra-node messaging.";
-        let (s, e) = shortage(line).unwrap();
+        let (s, e) = shortage(&line.to_ascii_lowercase()).unwrap();
         assert_eq!(&line[s..e], "Unable to allocate shared memory");
         assert_eq!(
             shortage("Shared memory segments: 3 in use, plenty free"),
@@ -303,10 +302,10 @@ mod tests {
             "exits with return code = -7",
             "Container exited with code 135",
         ] {
-            assert!(sigbus(line).is_some(), "{line}");
+            assert!(sigbus(&line.to_ascii_lowercase()).is_some(), "{line}");
         }
         for line in ["signal 70 received", "exit code -77", "a busy error"] {
-            assert_eq!(sigbus(line), None, "{line}");
+            assert_eq!(sigbus(&line.to_ascii_lowercase()), None, "{line}");
         }
     }
 }

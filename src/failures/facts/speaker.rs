@@ -73,8 +73,12 @@ pub fn speaker(line: &str) -> Speaker<'_> {
     if let Some(exception) = python_exception(line) {
         return Speaker::Python { exception };
     }
-    for severity in ["ERROR", "FATAL", "PANIC"] {
-        if line.contains(&format!("{severity}:  ")) {
+    for (head, severity) in [
+        ("ERROR:  ", "ERROR"),
+        ("FATAL:  ", "FATAL"),
+        ("PANIC:  ", "PANIC"),
+    ] {
+        if line.contains(head) {
             return Speaker::Postgres { severity };
         }
     }

@@ -6,6 +6,9 @@ mod cuda;
 mod errno;
 mod hip;
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
 use crate::model::GpuApi;
 
 /// One entry: a number, its name, the words the library prints for it (empty: an alias whose
@@ -25,31 +28,41 @@ pub struct GpuError {
     pub name: &'static str,
 }
 
+/// Every name of every table, looked up whole (a name is a word: its identifier is read and
+/// looked up once, whatever the tables' size).
+static NAMES: LazyLock<HashMap<&'static str, (GpuApi, &'static Code)>> = LazyLock::new(|| {
+    let mut names = HashMap::new();
+    for (api, table) in [
+        (GpuApi::Cuda, cuda::RUNTIME),
+        (GpuApi::Cuda, cuda::DRIVER),
+        (GpuApi::Hip, hip::HIP),
+    ] {
+        for c in table {
+            names.entry(c.name).or_insert((api, c));
+            // CUDAdrv.jl prints the driver's names without `CUDA_`.
+            if let Some(short) = c.name.strip_prefix("CUDA_") {
+                names.entry(short).or_insert((api, c));
+            }
+        }
+    }
+    names
+});
+
 /// The GPU error whose name `s` starts with (`cudaErrorPeerAccessUnsupported`,
 /// `CUDA_ERROR_NVLINK_UNCORRECTABLE`, `ERROR_ECC_UNCORRECTABLE` as CUDAdrv.jl prints it,
-/// `hipErrorPeerAccessUnsupported`): the longest name that is a whole word there.
+/// `hipErrorPeerAccessUnsupported`), a whole word, and its length.
 pub fn gpu_by_name(s: &str) -> Option<(GpuError, usize)> {
-    let (api, table, rest) = if let Some(rest) = s.strip_prefix("cudaError") {
-        (GpuApi::Cuda, cuda::RUNTIME, rest)
-    } else if let Some(rest) = s.strip_prefix("hipError") {
-        (GpuApi::Hip, hip::HIP, rest)
-    } else if s.starts_with("CUDA_ERROR_") || s.starts_with("ERROR_") {
-        let skip = if s.starts_with("CUDA_") { 0 } else { 5 };
-        let found = cuda::DRIVER
-            .iter()
-            .filter(|c| word_at(s, &c.name[skip..]))
-            .max_by_key(|c| c.name.len())?;
-        let name_len = found.name.len() - skip;
-        return Some((gpu(GpuApi::Cuda, found), name_len));
-    } else {
-        return None;
-    };
-    let head = s.len() - rest.len();
-    let found = table
-        .iter()
-        .filter(|c| word_at(s, c.name) && c.name.len() > head)
-        .max_by_key(|c| c.name.len())?;
-    Some((gpu(api, found), found.name.len()))
+    let word = identifier(s);
+    let (api, c) = NAMES.get(word)?;
+    Some((gpu(*api, c), word.len()))
+}
+
+/// The identifier `s` starts with (letters, digits, `_`).
+fn identifier(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
 }
 
 /// The GPU error whose words `s` starts with, and their length: the longest words of the
@@ -111,13 +124,12 @@ pub fn errno_by_text(s: &str) -> Option<(Errno, usize)> {
         .map(|c| (errno_of(c), c.text.len()))
 }
 
-/// The errno named `s` starts with (`ENOSPC`), a whole word.
+/// The errno named `s` starts with (`ENOSPC`), a whole word, and its length.
 pub fn errno_by_name(s: &str) -> Option<(Errno, usize)> {
-    errno::ERRNO
-        .iter()
-        .filter(|c| word_at(s, c.name))
-        .max_by_key(|c| c.name.len())
-        .map(|c| (errno_of(c), c.name.len()))
+    static BY_NAME: LazyLock<HashMap<&'static str, &'static Code>> =
+        LazyLock::new(|| errno::ERRNO.iter().map(|c| (c.name, c)).collect());
+    let word = identifier(s);
+    BY_NAME.get(word).map(|c| (errno_of(c), word.len()))
 }
 
 /// Every errno, in the number's order.
@@ -135,15 +147,6 @@ fn errno_of(c: &Code) -> Errno {
         number: c.code,
         name: c.name,
     }
-}
-
-/// Whether `s` starts with `word` and no letter, digit or `_` goes on after it.
-fn word_at(s: &str, word: &str) -> bool {
-    s.starts_with(word)
-        && !s[word.len()..]
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// What a CUDA or HIP error means for the GPU path. HIP numbers its errors as CUDA does.
