@@ -288,6 +288,18 @@ fn the_span_is_the_part_of_the_line_the_facts_came_from() {
 }
 
 #[test]
+fn needles_are_plain_ascii_that_no_log_format_rewrites() {
+    // As the rows' (signatures' test): the tailer asks raw bytes, Docker's JSON-escaped ones too.
+    for n in NEEDLES {
+        assert!(
+            n.bytes()
+                .all(|b| (b' '..=b'~').contains(&b) && !b"\"\\<>&".contains(&b)),
+            "{n:?}"
+        );
+    }
+}
+
+#[test]
 fn every_needle_is_in_the_lines_it_admits() {
     // Each test line above that names something holds a needle: the prefilter lets it through.
     let ac = aho_corasick::AhoCorasick::new(NEEDLES).unwrap();
