@@ -178,7 +178,6 @@ fn info_before(before: &str) -> bool {
         "level=info",
         "DEBUG",
         " I0",
-        " W0",
     ]
     .iter()
     .any(|w| before.contains(w))
