@@ -84,46 +84,55 @@ impl Facts<'_> {
     }
 }
 
-/// Reads the facts of `line`.
-pub fn read(line: &str) -> Facts<'_> {
+/// Reads the facts of `line`; None when it holds nothing that could fail (no GPU error, no
+/// errno, no words of shortage): most lines a needle admitted stop here.
+pub fn read(line: &str) -> Option<Facts<'_>> {
     let gpu_error = gpu::error(line);
-    let (errno, shm, shortage, sigbus) = if gpu_error.is_some() {
-        (None, None, None, None)
+    let mut f = Facts {
+        speaker: Speaker::Other,
+        gpu_error,
+        call: None,
+        p2p_file: false,
+        errno: None,
+        shm: None,
+        shortage: None,
+        sigbus: None,
+        dataloader: false,
+    };
+    if gpu_error.is_some() {
+        f.call = gpu::call(line);
+        f.p2p_file = p2p_file(line);
     } else {
         // Lower case keeps every byte where it was: spans hold for the line.
         let lower = line.to_ascii_lowercase();
-        (
-            shm::errno(line),
-            shm::object(line),
-            shm::shortage(&lower),
-            shm::sigbus(&lower),
-        )
-    };
-    Facts {
-        speaker: speaker::speaker(line),
-        gpu_error,
-        call: gpu::call(line),
-        p2p_file: p2p_file(line),
-        errno,
-        shm,
-        shortage,
-        sigbus,
-        dataloader: line.contains("DataLoader") || line.contains("dataloader"),
+        f.errno = shm::errno(line);
+        f.shortage = shm::shortage(&lower);
+        if f.errno.is_none() && f.shortage.is_none() {
+            return None;
+        }
+        f.shm = shm::object(line);
+        f.sigbus = shm::sigbus(&lower);
+        f.dataloader = lower.contains("dataloader");
     }
+    f.speaker = speaker::speaker(line);
+    Some(f)
 }
 
 /// A source file whose name is about P2P (`p2pBandwidthLatencyTest.cu:189`, `simpleP2P.cu`).
 fn p2p_file(line: &str) -> bool {
     line.split_whitespace().any(|t| {
-        let lower = t.to_ascii_lowercase();
-        lower.contains("p2p") && (lower.contains(".cu:") || lower.contains(".cc:"))
+        let p2p = t
+            .as_bytes()
+            .windows(3)
+            .any(|w| w.eq_ignore_ascii_case(b"p2p"));
+        p2p && (t.contains(".cu:") || t.contains(".cc:"))
     })
 }
 
 /// The failure `line`'s facts name, with them; None when they name none or the line does not
 /// say a failure.
 pub fn recognise(line: &str) -> Option<(FindingKind, NamedFrom)> {
-    let f = read(line);
+    let f = read(line)?;
     let (what, on) = decide::what_and_on(&f);
     let kind = decide::kind(what, on)?;
     let (failed, on_name, spans) = used(&f, line, what)?;
