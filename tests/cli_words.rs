@@ -148,3 +148,61 @@ fn check_groups_failures_and_says_how_long_ago() {
         "no exact times in the table: {text}"
     );
 }
+
+/// `check --json` says what the fact tier named a failure from, and null for a row's match.
+#[test]
+fn check_json_says_the_facts_a_failure_was_named_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let dir = logs.join("ml_train-0_0b6c1f2e-1111-4222-8333-944455556666/worker");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = [
+        cri_line(
+            Duration::from_secs(600),
+            "node-1:77:80 [3] transport/p2p.cc:1129 NCCL WARN Cuda failure 1 'invalid argument'",
+        ),
+        cri_line(
+            Duration::from_secs(300),
+            "RuntimeError: unable to write to file </torch_18692_1954506624>: No space left on \
+             device (28)",
+        ),
+    ]
+    .concat();
+    std::fs::write(dir.join("0.log"), log).unwrap();
+    let out = shmlink()
+        .args([
+            "check", "--json", "--no-gpu", "--kube", "off", "--since", "1h",
+        ])
+        .args([
+            "--state-dir",
+            "none",
+            "--kmsg",
+            "off",
+            "--docker-root",
+            "off",
+        ])
+        .arg("--pod-log-root")
+        .arg(&logs)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let failures = report["failures"].as_array().unwrap();
+    let of = |kind: &str| {
+        failures
+            .iter()
+            .find(|f| f["kind"] == kind)
+            .unwrap_or_else(|| panic!("{kind}: {failures:#?}"))
+    };
+    let p2p = of("gpu_p2p_failed");
+    let facts = "CUDA error 1 (cudaErrorInvalidValue) in NCCL's transport/p2p.cc, device 3 of the \
+                 process";
+    assert_eq!(p2p["named_from"], facts);
+    assert!(p2p["message"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("Named from: {facts}.")));
+    let row = of("shm_allocation_failed");
+    assert!(row.as_object().unwrap().contains_key("named_from"));
+    assert_eq!(row["named_from"], serde_json::Value::Null);
+}

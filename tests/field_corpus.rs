@@ -297,7 +297,9 @@ impl Measure {
 /// Recall measured per set (CRI and Docker alike) less a small margin: a regression fails.
 /// Measured: A 97.2% (72 lines), B 100% (56), unseen 100% (12; 75% when first measured, before
 /// two rows were changed for its misses: see unseen.tsv), unseen 2 90.0% (18 of 20, measured
-/// once with nothing changed; its floor is that figure, not raised).
+/// once with nothing changed; its floor is that figure, not raised). With the fact tier and
+/// facts.tsv's rows in the halves: A 97.5% (80), B 98.4% (64), unseen 100%, unseen 2 100% (its
+/// two misses, known before, named by their facts).
 const FLOORS: [(Set, f64); 4] = [
     (Set::A, 0.95),
     (Set::B, 0.97),
@@ -572,10 +574,13 @@ impl HeldOut {
 /// alike: /dev/shm deaths 18 of 33 named (54.5%; heldout_b.tsv's 4 of 10), GPU-path failures 19
 /// of 55 (34.5%), no wrong blame (35 traps), 7 context rows of which none told alone and 2 told
 /// only with /dev/shm full.
-/// Floors the coordinator raises once the fact recogniser lands; never lowered, and no rule is
-/// written from the set.
-const HELDOUT_SHM: (usize, usize) = (18, 33);
-const HELDOUT_GPU: (usize, usize) = (19, 55);
+/// "After", with the fact tier and the hang judge (merge of i50-recog), CRI and Docker alike:
+/// /dev/shm deaths 21 of 33 (63.6%; heldout_b.tsv's 5 of 10), GPU-path failures 36 of 55
+/// (65.5%: the 12 collective timeouts, both NVLink errors, 3 of the 12 failed peer/IPC calls),
+/// no wrong blame (35 traps), context rows as before. Those are the floors: never lowered, and no
+/// rule is written from the set.
+const HELDOUT_SHM: (usize, usize) = (21, 33);
+const HELDOUT_GPU: (usize, usize) = (36, 55);
 const HELDOUT_WRONG_BLAMES: usize = 0;
 
 #[test]

@@ -44,8 +44,8 @@ fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
         memory: None,
         pid_in_container: None,
         told_by_workload: None,
-        worker_pids: Vec::new(),
         named_from: None,
+        worker_pids: Vec::new(),
         hang: None,
         found_late: false,
         message: "the DataLoader ran out of /dev/shm".into(),
@@ -787,4 +787,45 @@ fn a_told_commit_is_waited_for_briefly() {
     );
     assert_eq!(count(tmp.path(), "failures"), 50);
     assert_eq!(m.commits.get(), 50, "one transaction per Told record");
+}
+
+#[test]
+fn a_failure_stored_before_named_from_reads_with_it_null_and_a_named_one_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let m = StateMetrics::default();
+    let store = open(tmp.path(), &me(), &m).unwrap();
+    let mut named = failure("ml", "job-1", at);
+    named.named_from = Some("errno 28 (ENOSPC) on /dev/shm/torch_1 in Python's OSError".into());
+    store.sender().failure(&named, false);
+    drop(store);
+    // The row an older shmlink wrote: its JSON has no `named_from`.
+    let mut old = serde_json::to_value(failure("ml", "job-0", at)).unwrap();
+    old.as_object_mut().unwrap().remove("named_from");
+    old["found_late"] = json!(false);
+    Connection::open(db(tmp.path()))
+        .unwrap()
+        .execute(
+            "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json)
+             VALUES (?1, 'ml', 'job-0', 'shm_allocation_failed', 0, ?2)",
+            rusqlite::params![1_800_000_000_000i64, old.to_string()],
+        )
+        .unwrap();
+    let filter = state::Filter::default();
+    let h = state::read_history(tmp.path(), &filter).unwrap();
+    let by_pod = |pod: &str| {
+        h.failures
+            .iter()
+            .find(|f| f["pod"] == pod)
+            .unwrap_or_else(|| panic!("{pod}: {h:?}"))
+            .clone()
+    };
+    assert_eq!(by_pod("job-0")["named_from"], serde_json::Value::Null);
+    assert_eq!(
+        by_pod("job-1")["named_from"],
+        "errno 28 (ENOSPC) on /dev/shm/torch_1 in Python's OSError"
+    );
+    let failures = state::read_failures(tmp.path(), &filter).unwrap();
+    assert_eq!(failures.len(), 2, "the old row reads as a Failure too");
+    assert!(failures.iter().any(|f| f.named_from.is_none()));
 }

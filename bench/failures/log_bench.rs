@@ -20,7 +20,10 @@
 //!   each as it is read (what `check` does, and `serve` per poll);
 //! - *tailer*: the same, keeping no line (`poll_matching(|_| false)`): reading, splitting and
 //!   parsing alone;
-//! - *signatures*: `match_line` over an in-memory `Vec<String>` of the same lines' texts.
+//! - *signatures*: `match_line` over an in-memory `Vec<String>` of the same lines' texts (the
+//!   exact rows, then the fact tier for a line no row matched whose pass found a fact needle);
+//! - *exact*: the same with `Signatures::exact_only()`: the rows alone, their needles alone in
+//!   the one pass, as before the fact tier (the baseline its cost per line is read against).
 //!
 //! CPU time by `CLOCK_THREAD_CPUTIME_ID` (user + system: the reads are in it), wall time by
 //! `Instant`. The files were just written, so they are read from the page cache, as a node's
@@ -154,10 +157,15 @@ fn run(args: &Args) -> Result<Value, Error> {
     let passes = Passes::measure(args.reps, &settings, since, &sigs, &texts, written.lines)?;
     let out = results(args, &written, &texts, gen_s, &passes);
     let (found_full, found_sigs, planted) = (passes.found_full, passes.found_sigs, written.planted);
-    if found_full as u64 != planted || found_sigs as u64 != planted {
+    let found_exact = passes.found_exact;
+    if [found_full, found_sigs, found_exact]
+        .iter()
+        .any(|&f| f as u64 != planted)
+    {
         print_text(&out);
         return Err(format!(
-            "found {found_full} (signatures alone {found_sigs}) failures, {planted} were planted"
+            "found {found_full} (signatures alone {found_sigs}, the rows alone {found_exact}) \
+             failures, {planted} were planted"
         )
         .into());
     }
@@ -245,13 +253,15 @@ impl Samples {
     }
 }
 
-/// The three passes' samples, and the failures the last repetition of each found.
+/// The passes' samples, and the failures the last repetition of each found.
 struct Passes {
     full: Samples,
     tailer: Samples,
     signatures: Samples,
+    exact: Samples,
     found_full: usize,
     found_sigs: usize,
+    found_exact: usize,
 }
 
 impl Passes {
@@ -269,9 +279,12 @@ impl Passes {
             full: Samples::default(),
             tailer: Samples::default(),
             signatures: Samples::default(),
+            exact: Samples::default(),
             found_full: 0,
             found_sigs: 0,
+            found_exact: 0,
         };
+        let exact = Signatures::exact_only();
         // The filter serve and check put before the tailer's lines: the signatures' automaton
         // and the looks for PyTorch's worker lines and the context hints.
         let recogniser = Recogniser::new("/nonexistent".into(), None, SHM_OOM_SHARE);
@@ -311,6 +324,15 @@ impl Passes {
             });
             p.found_sigs = found;
             p.signatures.push(wall, cpu);
+
+            let (found, wall, cpu) = timed(|| {
+                texts
+                    .iter()
+                    .filter(|t| exact.match_line(std::hint::black_box(t)).is_some())
+                    .count()
+            });
+            p.found_exact = found;
+            p.exact.push(wall, cpu);
         }
         Ok(p)
     }
@@ -334,7 +356,11 @@ fn results(args: &Args, written: &Written, texts: &[String], gen_s: f64, p: &Pas
         "full": summary(&p.full.wall, &p.full.cpu, bytes),
         "tailer": summary(&p.tailer.wall, &p.tailer.cpu, bytes),
         "signatures": summary(&p.signatures.wall, &p.signatures.cpu, bytes),
+        "exact": summary(&p.exact.wall, &p.exact.cpu, bytes),
+        "found_exact_only": p.found_exact,
         "signatures_text_gb_per_cpu_s": text_bytes as f64 / median(&p.signatures.cpu) / 1e9,
+        "signatures_ns_per_line": 1e9 * median(&p.signatures.cpu) / written.lines as f64,
+        "exact_ns_per_line": 1e9 * median(&p.exact.cpu) / written.lines as f64,
     })
 }
 
@@ -363,7 +389,7 @@ fn print_text(v: &Value) {
         "median of {} repetitions (min-max), this thread:",
         v["reps"]
     );
-    for part in ["full", "tailer", "signatures"] {
+    for part in ["full", "tailer", "signatures", "exact"] {
         println!(
             "  {part:<10} {:>7.1} ms CPU ({:.1}-{:.1}), {:>7.1} ms wall: {:.2} GB/s per CPU-second \
              of log ({:.2} GB/s wall)",
@@ -378,5 +404,11 @@ fn print_text(v: &Value) {
     println!(
         "  signatures over the text bytes they look at: {:.2} GB/s per CPU-second",
         f("/signatures_text_gb_per_cpu_s")
+    );
+    println!(
+        "  per line: {:.1} ns CPU with the fact tier, {:.1} ns the rows alone ({:.2}x)",
+        f("/signatures_ns_per_line"),
+        f("/exact_ns_per_line"),
+        f("/signatures_ns_per_line") / f("/exact_ns_per_line")
     );
 }

@@ -3,7 +3,8 @@
 //!
 //! - Python prints `[Errno 38] Function not implemented` (or EACCES, ENOENT) for many calls;
 //!   after the traceback line that makes a semaphore (`_multiprocessing.SemLock(`) it says that
-//!   POSIX semaphores have no /dev/shm: `shm_unavailable`, told with the line that decided.
+//!   POSIX semaphores have no /dev/shm: `shm_unavailable`, told with the line that decided; its
+//!   `[Errno 28] No space left on device` there is a full /dev/shm: `shm_allocation_failed`.
 //! - PyTorch prints `CUDA error: invalid device ordinal` for any device number a process does
 //!   not have; after the traceback line that opens another process's CUDA tensor
 //!   (`rebuild_cuda_tensor`, `_new_shared_cuda(`: cudaIpcOpenMemHandle) it is CUDA IPC between
@@ -45,6 +46,11 @@ const RULES: &[Rule] = &[
             (
                 "[Errno 2] No such file or directory",
                 FindingKind::ShmUnavailable,
+            ),
+            // sem_open's file in /dev/shm could not be made: a full /dev/shm (cpython#93253).
+            (
+                "[Errno 28] No space left on device",
+                FindingKind::ShmAllocationFailed,
             ),
         ],
     ),

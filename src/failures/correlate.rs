@@ -61,15 +61,18 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     let (kind, memory) = judged(d, reading, at_death.is_some(), known.rules);
     let runtime = runtime_of(d, &id, reading);
     // When the scan read it, for a reading not the moment's.
-    let read_at = known.snapshot.and_then(|s| s.taken_at);
-    let read_at = read_at.filter(|_| at_death.is_none());
-    let (shm_then, memory_then) = (shm.as_ref(), memory.as_ref());
+    let read_at = (known.snapshot.and_then(|s| s.taken_at)).filter(|_| at_death.is_none());
+    let (shm, memory) = (shm.as_ref(), memory.as_ref());
     let then = Then {
-        shm: shm_then,
-        memory: memory_then,
+        shm,
+        memory,
         read_at,
     };
     let mut message = message(d, kind, &id, runtime, &then, &job);
+    let facts = d.named_from.as_ref().map(ToString::to_string);
+    message.push_str(&facts.as_deref().map(text::named_from).unwrap_or_default());
+    // The fact tier's facts, else a hang's (its message says them already).
+    let named_from = facts.or_else(|| d.hang.as_ref().map(crate::model::HangFacts::named_from));
     let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
     message.push_str(&super::job_links::said(
         gpu_links.as_ref(),
@@ -90,17 +93,17 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         source: d.source,
         evidence: d.evidence.clone(),
         pid: d.pid,
-        shm,
+        shm: shm.cloned(),
         gpus,
         gpus_from,
         gpu_pairs,
         gpu_links,
-        memory,
+        memory: memory.cloned(),
         pid_in_container: d.pid_in_container,
         told_by_workload: None,
+        named_from,
         worker_pids: d.worker_pids.clone(),
         message,
-        named_from: d.hang.as_ref().map(crate::model::HangFacts::named_from),
         hang,
         found_late: false,
     })
@@ -237,7 +240,7 @@ fn message(
             said,
             shm,
             runtime,
-            d.signature.is_some_and(is_browser),
+            d.signature.is_some_and(super::signatures::is_browser),
         ),
     }
 }
@@ -279,14 +282,6 @@ fn runtime_of(d: &Detected, id: &Identity, reading: Option<&ShmReading>) -> text
     } else {
         text::Runtime::Other
     }
-}
-
-/// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
-/// out.
-fn is_browser(signature: &str) -> bool {
-    ["chromium-", "puppeteer-", "chromedriver-"]
-        .iter()
-        .any(|p| signature.starts_with(p))
 }
 
 /// The reading taken the moment the kernel told the death (`failures::traced`), with the
@@ -618,6 +613,98 @@ mod tests {
             ("GPU-6".to_string(), vec![("ml".into(), "trainer-0".into())]),
             ("GPU-7".to_string(), vec![("ml".into(), "trainer-0".into())]),
         ])
+    }
+
+    /// Issue 50: five deaths no exact text matched, named by the fact tier through the
+    /// recogniser and told with the facts they were named from (messages printed for the
+    /// issue's note: `cargo test --lib the_fact_tiers -- --nocapture`).
+    #[test]
+    fn the_fact_tiers_messages_name_their_facts() {
+        use crate::logs::{LogLine, LogOrigin};
+        let mut r = super::super::detect::Recogniser::new(
+            "/nonexistent".into(),
+            None,
+            crate::model::SHM_OOM_SHARE,
+        );
+        let s = board(&[(6, 7, PairStatus::Ok)]);
+        let origin = LogOrigin::Pod {
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            uid: UID.into(),
+            container: "trainer".into(),
+        };
+        for (line, kind, facts) in [
+            (
+                "OSError: [Errno 24] Too many open files: '/dev/shm/torch_4242_1'",
+                FindingKind::FdLimitReached,
+                "errno 24 (EMFILE) on /dev/shm/torch_4242_1 in Python's OSError",
+            ),
+            (
+                "ERROR: Unexpected BUS error encountered in DataLoader worker. This might be \
+                 caused by insufficient shared memory (shm), please check whether \
+                 use_shared_memory is set and storage space in /dev/shm is enough",
+                FindingKind::ShmAllocationFailed,
+                "signal 7 (SIGBUS) with \"insufficient shared memory (shm)\" on /dev/shm in its log \
+                 line",
+            ),
+            (
+                "RuntimeError: CUDA error: uncorrectable NVLink error detected during the \
+                 execution",
+                FindingKind::GpuNvlinkError,
+                "CUDA error 220 (cudaErrorNvlinkUncorrectable) in Python's RuntimeError",
+            ),
+            (
+                "node-1:77:80 [3] transport/p2p.cc:1129 NCCL WARN Cuda failure 1 'invalid \
+                 argument'",
+                FindingKind::GpuP2pFailed,
+                "CUDA error 1 (cudaErrorInvalidValue) in NCCL's transport/p2p.cc, device 3 of \
+                 the process",
+            ),
+            (
+                "2026-01-01 10:00:00.000 UTC [340] ERROR:  could not create shared memory \
+                 segment \"/PostgreSQL.1767612635\": Read-only file system",
+                FindingKind::ShmUnavailable,
+                "errno 30 (EROFS) on /PostgreSQL.1767612635 in PostgreSQL's ERROR",
+            ),
+        ] {
+            let line = LogLine {
+                origin: origin.clone(),
+                at: UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+                text: line.into(),
+            };
+            let d = r.log_line(&line).expect(&line.text);
+            let known = Known {
+                snapshot: Some(&s),
+                pods: None,
+                holders: &holders(),
+                rules: DeathRules::default(),
+            };
+            let f = correlate(&d, known).unwrap();
+            assert_eq!((f.kind, f.named_from.as_deref()), (kind, Some(facts)));
+            assert!(
+                f.message.contains(&format!("Named from: {facts}.")),
+                "{}",
+                f.message
+            );
+            assert_eq!(d.signature, None, "no row's");
+            println!("{}\n", f.message);
+        }
+        // A row's match names no facts.
+        let d = detected(FindingKind::ShmAllocationFailed, trainer());
+        assert_eq!(
+            correlate(
+                &d,
+                Known {
+                    snapshot: Some(&s),
+                    pods: None,
+                    holders: &holders(),
+                    rules: DeathRules::default(),
+                }
+            )
+            .unwrap()
+            .named_from,
+            None
+        );
     }
 
     /// Issue 37: the fix is the runtime's: a Pod's by its UID alone (a runc container in a

@@ -115,7 +115,8 @@ impl Recogniser {
         let (kind, at, span) = (m.kind, line.at, m.span.clone());
         let mut d = Detected::matched(who, kind, at, FailureSource::Log, &line.text, span);
         d.nccl_gpus = m.gpus;
-        d.signature = Some(m.signature);
+        d.signature = m.named_from.is_none().then_some(m.signature);
+        d.named_from = m.named_from;
         d.judged = m.judged;
         if m.kind == FindingKind::GpuCollectiveTimeout {
             d.hang = super::hang::parse::facts(m.signature, &line.text);

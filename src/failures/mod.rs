@@ -10,7 +10,9 @@
 //!   report), `context.rs` (a window of each container's last lines, for texts generic alone),
 //!   `dataloader.rs` (PyTorch's word that a DataLoader worker was killed), `docker_exits.rs`
 //!   (Docker's record of a stopped container), `oom_counters.rs` (the memory cgroups' OOM kill
-//!   counters); `detect.rs` turns a line or record into a
+//!   counters); `facts/` (the tier beneath the signatures: a line no row matched, read for
+//!   its facts by the grammar of the programs that print failures, decided by one table);
+//!   `detect.rs` turns a line or record into a
 //!   [`Detected`](crate::model::Detected), placed as far as the source says (`attribute.rs`: a
 //!   host PID through its cgroup);
 //! - `traced.rs`: a death the kernel's tracepoints told (`death_trace`), and its reading at the
@@ -35,6 +37,7 @@ pub mod crash;
 pub mod dataloader;
 pub mod detect;
 pub mod docker_exits;
+pub mod facts;
 mod gpu_evidence;
 pub mod hang;
 pub mod job_links;
@@ -50,4 +53,4 @@ pub mod sources;
 pub mod traced;
 
 pub use pipeline::{Mode, Pipeline, Sources};
-pub use signatures::{LogMatch, Signature, Signatures, SIGNATURES};
+pub use signatures::{LogMatch, Signature, Signatures, FACTS, SIGNATURES};

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::evidence::{around, printable, redact};
-use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, PairStatus};
+use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -83,6 +83,9 @@ pub struct Detected {
     /// The log row that matched (`failures::signatures`), for texts whose fix is the
     /// program's own.
     pub signature: Option<&'static str>,
+    /// The facts the fact tier named it from (`failures::facts`): a line no row matched. None
+    /// for a row's match and every other source.
+    pub named_from: Option<NamedFrom>,
     /// A line that names a fault but not its cause (a shell's `Bus error (core dumped)`):
     /// told only when the container's /dev/shm was full then (`failures::correlate`).
     pub judged: bool,
@@ -147,6 +150,7 @@ impl Detected {
             pid_in_container: None,
             worker_pids: Vec::new(),
             signature: None,
+            named_from: None,
             judged: false,
             pid_taken: false,
             pid_start: None,
@@ -323,8 +327,10 @@ pub struct Failure {
     #[serde(skip)]
     pub worker_pids: Vec<i32>,
     pub message: String,
-    /// The facts the failure was named from, as one line (a hang's: its operation, sequence
-    /// number, rank, what it ran for); null for a failure an exact text names.
+    /// The facts the failure was named from when no exact text matched its line, as one line:
+    /// the fact tier's (`errno 28 (ENOSPC) on /dev/shm/torch_123 in Python's OSError`) or a
+    /// hang's (its operation, sequence number, rank, what it ran for); null for a row's match
+    /// and every other source. Absent in a store written before it: read as null.
     #[serde(default)]
     pub named_from: Option<String>,
     /// A hung collective and what the links of its GPUs did over its window

@@ -190,6 +190,13 @@ finding_kinds! {
         /// Mapping GPU memory into another GPU's address space failed (CUDA 205), as NCCL's
         /// ncclMemAlloc grants its peers access.
         GpuPeerMappingFailed = "gpu_peer_mapping_failed", reason: own, Critical;
+        /// The job's CUDA, HIP or NCCL output reports an uncorrectable NVLink error on its path
+        /// (CUDA 220): a link of its GPUs, not its code.
+        GpuNvlinkError = "gpu_nvlink_error", reason: own, Critical;
+        /// A GPU peer-to-peer or IPC call on the job's path failed (NCCL's p2p transport,
+        /// cudaIpc*/hipIpc*, a peer's memory imported, peer access enabled) with an error no
+        /// more specific kind names.
+        GpuP2pFailed = "gpu_p2p_failed", reason: own, Critical;
         /// CUDA IPC between processes that do not see the same devices (CUDA 101 on
         /// cudaIpcOpenMemHandle).
         CudaIpcInvalidDevice = "cuda_ipc_invalid_device", reason: own, Critical;
@@ -434,6 +441,8 @@ mod tests {
             FindingKind::GpuEccUncorrectable,
             FindingKind::GpuFabricNotReady,
             FindingKind::GpuPeerMappingFailed,
+            FindingKind::GpuNvlinkError,
+            FindingKind::GpuP2pFailed,
             FindingKind::CudaIpcInvalidDevice,
             FindingKind::IommuNotPassthrough,
             FindingKind::NvlsMulticastFailed,

@@ -12,6 +12,7 @@ mod hang;
 mod job_links;
 mod link_history;
 mod link_trend;
+mod named_from;
 mod shm;
 mod sight;
 mod snapshot;
@@ -47,6 +48,7 @@ pub use link_history::{
     LINK_MARKS, LINK_RUNS, PAIR_MARKS,
 };
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
+pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

@@ -121,6 +121,12 @@ pub fn nccl_p2p_disabled(
     out
 }
 
+/// The facts a failure was named from when no exact text of a program matched its line: said
+/// so a wrong call can be seen (and the fact tier fixed).
+pub fn named_from(facts: &str) -> String {
+    format!(" Named from: {facts}.")
+}
+
 /// The GPUs a failed job used and what the pair judge said of the pairs among them.
 pub struct JobGpus<'a> {
     /// NVML indices, lowest first.

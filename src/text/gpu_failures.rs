@@ -26,6 +26,8 @@ pub fn in_gpu_words(kind: FindingKind) -> bool {
             | GpuEccUncorrectable
             | GpuFabricNotReady
             | GpuPeerMappingFailed
+            | GpuNvlinkError
+            | GpuP2pFailed
             | CudaIpcInvalidDevice
             | IommuNotPassthrough
             | NvlsMulticastFailed
@@ -48,6 +50,8 @@ pub fn gpu_failure(
         FindingKind::GpuEccUncorrectable => gpu_ecc_uncorrectable(who, at, said, job),
         FindingKind::GpuFabricNotReady => gpu_fabric_not_ready(who, at, said, job),
         FindingKind::GpuPeerMappingFailed => gpu_peer_mapping_failed(who, at, said, job),
+        FindingKind::GpuNvlinkError => gpu_nvlink_error(who, at, said, job),
+        FindingKind::GpuP2pFailed => gpu_p2p_failed(who, at, said, job),
         FindingKind::CudaIpcInvalidDevice => cuda_ipc_invalid_device(who, at, said, job),
         FindingKind::IommuNotPassthrough => iommu_not_passthrough(who, at, said),
         FindingKind::NvlsMulticastFailed => nvls_multicast_failed(who, at, said, job),
@@ -147,6 +151,39 @@ pub fn gpu_peer_mapping_failed(who: &str, at: &str, evidence: &str, job: &JobGpu
     out.push_str(
         " Fix: NCCL_CUMEM_ENABLE=0 allocates without it; `shmlink probe` tells which pair \
          fails; NCCL_P2P_DISABLE=1 runs through host memory (slower).",
+    );
+    out
+}
+
+/// `gpu_nvlink_error`: CUDA 220, an uncorrectable NVLink error on the job's path.
+pub fn gpu_nvlink_error(who: &str, at: &str, evidence: &str, job: &JobGpus<'_>) -> String {
+    let mut out = format!(
+        "CUDA in {who} met an uncorrectable NVLink error at {at}: {evidence}. A link of the \
+         job's GPUs (between two of them, or to an NVSwitch) failed under it: the hardware, not \
+         the job's code; the error stays with the process, so later CUDA calls fail too"
+    );
+    out.push_str(&used(job));
+    out.push_str(
+        ". Fix: drain the node, read the links' error counters (`nvidia-smi nvlink -e`) and the \
+         kernel's NVLink XIDs, reset the GPUs or reboot; replace the GPU or its board if the \
+         errors come back; restart the job from its checkpoint.",
+    );
+    out
+}
+
+/// `gpu_p2p_failed`: a peer-to-peer or IPC call on the job's path failed.
+pub fn gpu_p2p_failed(who: &str, at: &str, evidence: &str, job: &JobGpus<'_>) -> String {
+    let mut out = format!(
+        "A GPU peer-to-peer or IPC call in {who} failed at {at}: {evidence}. Its processes could \
+         not reach each other's GPU memory: processes that do not share the IPC and PID \
+         namespaces or see different GPUs (CUDA IPC needs both), P2P these GPUs or the platform \
+         do not support (a VM, an IOMMU or ACS in the way), or a broken pair"
+    );
+    out.push_str(&gpu_context(job));
+    out.push_str(
+        " Fix: run the processes that share GPU memory in one container, or Pods with hostIPC \
+         and the same GPUs; `shmlink probe` tells whether a pair copies; NCCL_P2P_DISABLE=1 \
+         runs through host memory (slower) meanwhile.",
     );
     out
 }
@@ -368,6 +405,8 @@ mod tests {
                 "NCCL_CUMEM_ENABLE=0",
             ),
             (cuda_ipc_invalid_device("c", "T", "x", &j), "the same GPUs"),
+            (gpu_nvlink_error("c", "T", "x", &j), "nvidia-smi nvlink -e"),
+            (gpu_p2p_failed("c", "T", "x", &j), "shmlink probe"),
             (iommu_not_passthrough("c", "T", "x"), "iommu=pt"),
             (nccl_ranks_dead("c", "T", "x"), "restart the job"),
         ] {

@@ -40,9 +40,9 @@ pub use device_taint::{
     taint_made, taint_recovery_action, taint_xid,
 };
 pub use failures::{
-    bus_error_unmeasured, gpu_job_crashed, nccl_p2p_disabled, older_deaths_elsewhere, reading_age,
-    shm_allocation_failed, shm_bus_error, shm_oom_killed, told_by_workload, workload_bus_error,
-    workload_oom_killed, JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
+    bus_error_unmeasured, gpu_job_crashed, named_from, nccl_p2p_disabled, older_deaths_elsewhere,
+    reading_age, shm_allocation_failed, shm_bus_error, shm_oom_killed, told_by_workload,
+    workload_bus_error, workload_oom_killed, JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
 };
 pub use gpu::{
     all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,
@@ -53,8 +53,9 @@ pub use gpu::{
 };
 pub use gpu_failures::{
     cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_failure,
-    gpu_peer_mapping_failed, gpu_too_many_peers, in_gpu_words, iommu_not_passthrough,
-    nccl_p2p_check_failed, nccl_ranks_dead, nvls_multicast_failed, GpuEvidence,
+    gpu_nvlink_error, gpu_p2p_failed, gpu_peer_mapping_failed, gpu_too_many_peers, in_gpu_words,
+    iommu_not_passthrough, nccl_p2p_check_failed, nccl_ranks_dead, nvls_multicast_failed,
+    GpuEvidence,
 };
 pub use hang::{gpu_collective_timeout, span};
 pub use ipc::{

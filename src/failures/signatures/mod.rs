@@ -2,12 +2,13 @@
 //! program prints (`table.rs`, with where each comes from); an Aho-Corasick automaton over
 //! every row's needle finds the candidates in one pass over the line, so a line costs its
 //! length whatever the number of rows, and only a line holding a needle is looked at further
-//! (`verify`: the rest of the line, the errno that decides the kind).
+//! (`verify`: the rest of the line, the errno that decides the kind). A line no row matches
+//! goes on to the fact tier (`failures::facts`) when the same pass found one of its needles.
 
 use std::cell::OnceCell;
 
 use crate::failures::nccl_diag;
-use crate::model::FindingKind;
+use crate::model::{FindingKind, NamedFrom};
 use aho_corasick::AhoCorasick;
 
 /// A line that matched a signature.
@@ -29,7 +30,12 @@ pub struct LogMatch {
     /// Where in the line the row's words are (its needle): the evidence kept is that part
     /// with its context (`model::around`).
     pub span: std::ops::Range<usize>,
+    /// The fact tier's match: the facts it was named from (`signature` is then [`FACTS`]).
+    pub named_from: Option<NamedFrom>,
 }
+
+/// [`LogMatch::signature`] of a match of the fact tier: no row's.
+pub const FACTS: &str = "facts";
 
 /// One known text.
 #[derive(Clone, Copy)]
@@ -82,6 +88,8 @@ pub struct Signatures {
     /// The same needles, leftmost-first: `is_match` with a SIMD prefilter, which overlapping
     /// search does without. Most lines hold no needle and stop here.
     any: AhoCorasick,
+    /// The fact tier's needles are in `any`, and a line no row matches goes on to it.
+    facts: bool,
 }
 
 impl Default for Signatures {
@@ -95,9 +103,19 @@ impl Signatures {
         Self::with_candidates(&[])
     }
 
+    /// The rows alone, without the fact tier: the baseline the benchmark measures it against.
+    pub fn exact_only() -> Self {
+        Self::build(&[], false)
+    }
+
     /// Also wanting, in the same one pass, the lines that hold one of `more`: texts that are no
     /// row's but that the recogniser decides from their neighbours (`context.rs`, `worker.rs`).
     pub fn with_candidates(more: &[&str]) -> Self {
+        Self::build(more, true)
+    }
+
+    fn build(more: &[&str], facts: bool) -> Self {
+        let fact_needles = if facts { super::facts::NEEDLES } else { &[] };
         // The needles are this file's constants and the callers': a build error is a bug the
         // tests catch, never a consequence of input.
         let needles = AhoCorasick::new(SIGNATURES.iter().map(|s| s.needle))
@@ -108,10 +126,15 @@ impl Signatures {
                 SIGNATURES
                     .iter()
                     .map(|s| s.needle)
-                    .chain(more.iter().copied()),
+                    .chain(more.iter().copied())
+                    .chain(fact_needles.iter().copied()),
             )
             .expect("the signature needles build an automaton");
-        Signatures { needles, any }
+        Signatures {
+            needles,
+            any,
+            facts,
+        }
     }
 
     /// Whether the line holds any signature's needle (or one of the extra candidates): the
@@ -123,12 +146,40 @@ impl Signatures {
     }
 
     /// The failure `line` reports, if any. Of several rows that match, the first in
-    /// [`SIGNATURES`] wins.
+    /// [`SIGNATURES`] wins; with no row, the fact tier's decision.
     pub fn match_line(&self, line: &str) -> Option<LogMatch> {
         if !self.any.is_match(line) {
             return None;
         }
+        match self.exact(line) {
+            Exact::Matched(m) => Some(m),
+            Exact::Vetoed => None,
+            Exact::Nothing => self.facts(line),
+        }
+    }
+
+    /// The fact tier's match of a line no row matched.
+    fn facts(&self, line: &str) -> Option<LogMatch> {
+        if !self.facts {
+            return None;
+        }
+        let (kind, named_from) = super::facts::recognise(line)?;
+        let (start, end) = named_from.span;
+        Some(LogMatch {
+            kind,
+            signature: FACTS,
+            gpus: None,
+            guessed: false,
+            judged: false,
+            span: start..end,
+            named_from: Some(named_from),
+        })
+    }
+
+    /// The exact tier: the first row in [`SIGNATURES`] whose text the line holds, verified.
+    fn exact(&self, line: &str) -> Exact {
         let mut best: Option<(usize, LogMatch)> = None;
+        let mut vetoed = false;
         // Looked for once per line, however many ENOSPC needles it holds.
         let names_shm = OnceCell::new();
         // Overlapping: a needle inside another's match must still be seen (each is verified
@@ -150,6 +201,7 @@ impl Signatures {
                 (None, Some(gpu)) => gpu.map(|kind| (kind, None)),
                 (None, None) => verify(sig, line, m.end(), &names_shm),
             };
+            vetoed |= verified.is_none() && VETO.contains(&sig.id);
             if let Some((kind, gpus)) = verified {
                 let guessed =
                     sig.id == NCCL_SHM_CREATE && line.get(m.end()..).and_then(errno).is_none();
@@ -162,12 +214,39 @@ impl Signatures {
                         guessed,
                         judged: JUDGED.contains(&sig.id),
                         span: m.start()..m.end(),
+                        named_from: None,
                     },
                 ));
             }
         }
-        best.map(|(_, m)| m)
+        match best {
+            Some((_, m)) => Exact::Matched(m),
+            None if vetoed => Exact::Vetoed,
+            None => Exact::Nothing,
+        }
     }
+}
+
+/// What the exact tier made of a line.
+enum Exact {
+    Matched(LogMatch),
+    /// A row's text is there and its source says the line is not ours ([`VETO`]): the fact
+    /// tier is not asked.
+    Vetoed,
+    Nothing,
+}
+
+/// Rows whose own program says a line of theirs that fails `verify` is nothing of ours (not
+/// merely another errno than the row names): NCCL's attach with `(size 0)` is its cuMem host
+/// mismatch; PyTorch's unlink with another errno than ENOENT is not a segment gone.
+const VETO: &[&str] = &[NCCL_SHM_ATTACH, TORCH_UNLINK];
+
+/// Chromium's rows and the programs that drive it: `--disable-dev-shm-usage` is their own way
+/// out.
+pub fn is_browser(signature: &str) -> bool {
+    ["chromium-", "puppeteer-", "chromedriver-"]
+        .iter()
+        .any(|p| signature.starts_with(p))
 }
 
 /// Whether `Bus error` (between `before` and `rest`) is a shell's word of a child killed by
