@@ -1,6 +1,6 @@
 //! Prometheus text exposition, parsed for the Rust harnesses: the tests' scraper
 //! (`agent::sample`) and the benchmarks under bench/ include it. tests/common/promtext.py is the
-//! same parser for the Python ones; tests/promtext.rs tests both.
+//! same parser for the Python ones; tests/it/promtext.rs tests both.
 
 #![allow(dead_code)] // each including crate uses a different part
 
