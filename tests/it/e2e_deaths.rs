@@ -347,7 +347,8 @@ fn a_shells_bus_error_is_told_only_where_dev_shm_was_full() {
         vec![
             "/bin/sh".to_string(),
             "-c".into(),
-            format!("{PYTHON} -c '{script}'; sleep 20"),
+            // The script quoted for the shell: a quote inside it closes and reopens the quoting.
+            format!("{PYTHON} -c '{}'; sleep 20", script.replace('\'', r"'\''")),
         ]
     };
     let _mapper = with_python(

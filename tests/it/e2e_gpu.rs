@@ -507,7 +507,7 @@ fn b200_recovery_actions_and_fabric_health_in_check_json() {
     assert_eq!(gpus[1]["recovery_action"], "gpu_reset");
     assert_eq!(
         gpus[5]["fabric"],
-        json!({"state": "in_progress", "status": "success", "degraded_bandwidth": false, "route_unhealthy": false})
+        json!({"state": "in_progress", "status": "success", "degraded_bandwidth": false, "route_unhealthy": false, "cluster_uuid": null, "clique_id": null})
     );
     assert_eq!(gpus[6]["fabric"]["route_unhealthy"], true);
     let errors = &gpus[0]["links"][0]["errors"];
