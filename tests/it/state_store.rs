@@ -721,7 +721,13 @@ fn a_told_record_is_committed_whole_even_when_killed() {
         std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "a_told_record_is_committed_whole_even_when_killed",
+                // Its whole name in the one test binary (tests/it/main.rs): module and test.
+                concat!(
+                    module_path!(),
+                    "::a_told_record_is_committed_whole_even_when_killed"
+                )
+                .split_once("::")
+                .map_or("", |(_, name)| name),
                 "--nocapture",
             ])
             .env(TOLD_CHILD, tmp.path())
