@@ -14,6 +14,7 @@ fn shmlink() -> Command {
     ] {
         c.env(var, "off");
     }
+    c.env("SHMLINK_STATE_DIR", "none");
     c.stdin(Stdio::null());
     c
 }
