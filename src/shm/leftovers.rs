@@ -19,7 +19,6 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Statx, StatxAttributes, StatxFlags};
 
 use crate::model::Leftovers;
-pub use crate::procfs::stat::started;
 
 /// Containers started this long ago or less are looked at.
 pub const YOUNG: Duration = Duration::from_secs(600);

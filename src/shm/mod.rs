@@ -80,6 +80,8 @@ pub struct ShmScanner {
     /// Containers whose /dev/shm did not answer in time: not asked again.
     hung: HashSet<String>,
     sandboxes: sandbox::SandboxShm,
+    /// The wall-clock time of boot, read once per scan when a process's start is wanted.
+    boot: Option<Option<SystemTime>>,
 }
 
 /// Whose view of the mounts a cached mount or trust describes: a mount namespace as one process
@@ -141,6 +143,7 @@ impl ShmScanner {
                 NsSource::Agent => "self",
                 _ => "1",
             })),
+            boot: None,
         })
     }
 
@@ -192,6 +195,7 @@ impl ShmScanner {
             return out;
         }
         self.memcg.start_scan();
+        self.boot = None;
         let mut live: HashSet<Viewer> = HashSet::new();
         let Some(root) = self.open_cgroup(None, "", &mut out) else {
             return out;
@@ -303,9 +307,13 @@ impl ShmScanner {
             .get(&pid)
             .is_none_or(|s| s.container_id != container_id)
         {
+            let proc_root = &self.proc_root;
+            let boot = *self
+                .boot
+                .get_or_insert_with(|| crate::procfs::stat::booted(proc_root));
             let started = Started {
                 container_id: container_id.to_string(),
-                at: leftovers::started(&self.proc_root, pid),
+                at: boot.and_then(|boot| crate::procfs::stat::started_after(boot, proc_root, pid)),
                 inherited: None,
             };
             self.starts.insert(pid, started);
