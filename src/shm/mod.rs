@@ -197,6 +197,7 @@ impl ShmScanner {
         self.memcg.start_scan();
         self.boot = None;
         let mut live: HashSet<Viewer> = HashSet::new();
+        let mut measured: HashSet<String> = HashSet::new();
         let Some(root) = self.open_cgroup(None, "", &mut out) else {
             return out;
         };
@@ -214,11 +215,7 @@ impl ShmScanner {
                     if let Some(reading) = self.measure(pid, mnt, &rel, dirs, &mut out) {
                         // A cgroup made inside a container is that container's (cgroup::path),
                         // measured already above it: one reading per container (issue 36).
-                        if !out
-                            .readings
-                            .iter()
-                            .any(|r| r.container_id == reading.container_id)
-                        {
+                        if measured.insert(reading.container_id.clone()) {
                             out.readings.push(reading);
                         }
                     }

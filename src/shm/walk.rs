@@ -64,6 +64,13 @@ impl ShmScanner {
         stack: &mut Vec<Pending>,
         out: &mut ShmScan,
     ) {
+        // A directory's link count is 2 and one per subdirectory (kernfs keeps it so for every
+        // cgroup directory, as ext4 and tmpfs do for a test's tree; btrfs and overlay say 1):
+        // at 2 there is nothing to queue, and a container's cgroup, the most of them, is not
+        // listed (getdents would hand over its 30-odd control files for nothing).
+        if rustix::fs::fstat(dir.as_fd()).is_ok_and(|st| st.st_nlink == 2) {
+            return;
+        }
         let mut entries = RawDir::new(dir.as_fd(), &mut self.dirents);
         let mut failed = None;
         while let Some(entry) = entries.next() {
