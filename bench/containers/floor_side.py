@@ -5,8 +5,8 @@ containers already running (bench/containers/run.sh calls it per N):
   - `check` as a process (start, one scan, the report, exit) against the floor as a process
     (bench/containers/floor.c), interleaved: wall, CPU (user + system from wait4's rusage, the
     children's own, whatever else loads the machine) and check's peak RSS;
-  - `serve` for a window, every binary given at once (so each meets the same load), scraped
-    every interval: its mean shm scan (the shmlink_scan_duration_seconds histogram), the CPU
+  - `serve` (failure sources on, no cluster, GPU or store) for a window, every binary given at
+    once (so each meets the same load), scraped every interval: its mean shm scan (the shmlink_scan_duration_seconds histogram), the CPU
     of its scan threads per scan (`scan` and `shm-open`, from /proc/PID/task), its RSS; the
     floor process runs every interval in the same window, for the ratio.
 
@@ -130,8 +130,8 @@ def serve(a, bins):
     procs = {}
     for label, binary in bins.items():
         port = free_port()
-        cmd = [binary, "serve", "--no-gpu", "--kube", "off", "--state-dir", "none", "--kmsg", "off",
-               "--pod-log-root", "off", "--docker-root", "off", "--death-trace", "off",
+        # As the DaemonSet runs it (its failure sources on), but no cluster, GPU or store.
+        cmd = [binary, "serve", "--no-gpu", "--kube", "off", "--state-dir", "none",
                "--cgroup-root", a.cgroup_root, "--listen", f"127.0.0.1:{port}", "--interval", f"{a.interval}s"]
         procs[label] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          stdin=subprocess.DEVNULL), port)
