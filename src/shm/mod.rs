@@ -82,6 +82,11 @@ pub struct ShmScanner {
     sandboxes: sandbox::SandboxShm,
     /// The wall-clock time of boot, read once per scan when a process's start is wanted.
     boot: Option<Option<SystemTime>>,
+    /// Each cgroup directory's subdirectories as last listed, and the scan that last used them
+    /// (`walk::push_children`: queued again while its link count matches).
+    listings: HashMap<String, (Vec<String>, u64)>,
+    /// Scans begun.
+    scans: u64,
 }
 
 /// Whose view of the mounts a cached mount or trust describes: a mount namespace as one process
@@ -144,6 +149,8 @@ impl ShmScanner {
                 _ => "1",
             })),
             boot: None,
+            listings: HashMap::new(),
+            scans: 0,
         })
     }
 
@@ -196,6 +203,7 @@ impl ShmScanner {
         }
         self.memcg.start_scan();
         self.boot = None;
+        self.scans += 1;
         let mut live: HashSet<Viewer> = HashSet::new();
         let mut measured: HashSet<String> = HashSet::new();
         let Some(root) = self.open_cgroup(None, "", &mut out) else {
@@ -203,8 +211,17 @@ impl ShmScanner {
         };
         let mut stack: Vec<Pending> = Vec::new();
         self.push_children(&Rc::new(root), "", None, &mut stack, &mut out);
-        while let Some(Pending { parent, rel, outer }) = stack.pop() {
+        while let Some(Pending {
+            parent,
+            rel,
+            outer,
+            listed,
+        }) = stack.pop()
+        {
             let Some(dir) = self.open_cgroup(Some(&parent), &rel, &mut out) else {
+                if !listed {
+                    self.list_again(&parent, &rel, outer, &mut stack, &mut out);
+                }
                 continue;
             };
             let mut inner = outer;
@@ -226,6 +243,8 @@ impl ShmScanner {
             drop(parent);
             self.push_children(&Rc::new(dir), &rel, inner, &mut stack, &mut out);
         }
+        let scan = self.scans;
+        self.listings.retain(|_, (_, seen)| *seen == scan);
         self.mounts.retain(|v, _| live.contains(v));
         self.trusted.retain(|v, _| live.contains(v));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
