@@ -93,7 +93,8 @@ impl ShmScanner {
                 return;
             }
         }
-        self.list(dir, rel, outer, &[], stack, out);
+        let subdirs = links.and_then(|n| n.checked_sub(2));
+        self.list(dir, rel, outer, &[], subdirs, stack, out);
     }
 
     /// `child` (queued from a listing kept from an earlier scan) is gone: its parent `dir` is
@@ -117,16 +118,22 @@ impl ShmScanner {
             return;
         }
         let queued = queued.clone();
-        self.list(dir, rel, outer, &queued, stack, out);
+        self.list(dir, rel, outer, &queued, None, stack, out);
     }
 
     /// Lists `dir` and queues its subdirectories but those in `skip`; the listing is kept.
+    /// With `subdirs` (its link count's word), the listing ends once that many are found: the
+    /// rest are control files (a pod's 30-odd, and getdents' last call that says the end). A
+    /// subdirectory made since the count was read is then missed this scan only: the next
+    /// count no longer matches the listing kept, and the directory is listed again.
+    #[allow(clippy::too_many_arguments)]
     fn list(
         &mut self,
         dir: &Rc<OwnedFd>,
         rel: &str,
         outer: Option<NsId>,
         skip: &[String],
+        subdirs: Option<u64>,
         stack: &mut Vec<Pending>,
         out: &mut ShmScan,
     ) {
@@ -171,6 +178,9 @@ impl ShmScanner {
                 });
             }
             names.push(name.to_string());
+            if subdirs == Some(names.len() as u64) {
+                break;
+            }
         }
         match failed {
             // A listing cut short is not kept: the next scan lists again.
