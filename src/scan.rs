@@ -217,8 +217,8 @@ impl Scanner {
         };
         let peaks = sampler.take_peaks();
         let now = SystemTime::now();
-        self.started
-            .retain(|id, _| readings.iter().any(|r| &r.container_id == id));
+        let seen: HashSet<&str> = readings.iter().map(|r| r.container_id.as_str()).collect();
+        self.started.retain(|id, _| seen.contains(id.as_str()));
         let mut targets = Vec::new();
         let mut young_watched = 0;
         for r in readings.iter_mut() {

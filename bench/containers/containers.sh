@@ -9,11 +9,14 @@
 #   bench/containers/containers.sh stop    # removes them and only the cgroups they made
 #
 # Containers are named shmlink-bench-<i>-<hex>; runc's state lives in its own root, apart from
-# the end-to-end tests' containers.
+# the end-to-end tests' containers. With SHMLINK_BENCH_CGROUP_PARENT=/NAME their cgroups are
+# under /NAME/kubepods/... instead, apart from whatever else runs on the machine (run.sh
+# --isolated scans only that subtree).
 set -euo pipefail
 
 RUNC_ROOT=/run/shmlink-bench
 WORK=${SHMLINK_BENCH_DIR:-/tmp/shmlink-bench}
+PARENT=${SHMLINK_BENCH_CGROUP_PARENT:-}
 MEMORY_LIMIT=$((256 << 20))
 
 die() { echo "containers.sh: $*" >&2; exit 2; }
@@ -63,7 +66,7 @@ start() {
     id=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
     bundle="$WORK/bundles/$i"
     mkdir -p "$bundle"
-    echo "/kubepods/burstable/pod$uid" >>"$WORK/pod-cgroups"
+    echo "$PARENT/kubepods/burstable/pod$uid" >>"$WORK/pod-cgroups"
     echo "shmlink-bench-$i-${id:0:8}" >"$bundle/name"
     cat >"$bundle/config.json" <<JSON
 {"ociVersion": "1.0.2",
@@ -75,7 +78,7 @@ start() {
    {"destination": "/proc", "type": "proc", "source": "proc"},
    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755", "size=1024k"]},
    {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}],
- "linux": {"cgroupsPath": "/kubepods/burstable/pod$uid/$id",
+ "linux": {"cgroupsPath": "$PARENT/kubepods/burstable/pod$uid/$id",
    "resources": {"memory": {"limit": $MEMORY_LIMIT}},
    "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]}}
 JSON
@@ -116,7 +119,8 @@ stop() {
       done
     done <"$WORK/pod-cgroups"
     for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-      rmdir "${h}kubepods/burstable" "${h}kubepods" 2>/dev/null || true
+      rmdir "$h${PARENT#/}${PARENT:+/}kubepods/burstable" "$h${PARENT#/}${PARENT:+/}kubepods" 2>/dev/null || true
+      [ -z "$PARENT" ] || rmdir "$h${PARENT#/}" 2>/dev/null || true
     done
   fi
   rm -rf "$WORK"

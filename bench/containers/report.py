@@ -61,7 +61,8 @@ def report(rows):
       f" (serve at `--interval {m.get('interval')}`). Times in ms: median (min-max) of the repetitions.")
     w("")
 
-    shm = {r["containers"]: r for r in by.get("shm", [])}
+    shm = {r["containers"]: r for r in by.get("shm", []) if "label" not in r}
+    shm_baseline = {r["containers"]: r for r in by.get("shm", []) if r.get("label") == "baseline"}
     diy = {r["containers"]: r for r in by.get("diy", [])}
     if shm:
         w("### One shm scan")
@@ -79,6 +80,12 @@ def report(rows):
               f"| {spread(r['floor']['wall'])} | {ms(r['floor']['cpu']['median'])} "
               f"| {ratio(r['warm']['wall'], r['floor']['wall'])} | {ratio(r['cold']['wall'], r['floor']['wall'])} "
               f"| {diy_cells} |")
+            b = shm_baseline.get(n)
+            if b:
+                w(f"| {n} (baseline) | {spread(b['warm']['wall'])} | {ms(b['warm']['cpu']['median'])} "
+                  f"| {spread(b['cold']['wall'])} | {ms(b['cold']['cpu']['median'])} "
+                  f"| {spread(b['floor']['wall'])} | {ms(b['floor']['cpu']['median'])} "
+                  f"| {ratio(b['warm']['wall'], b['floor']['wall'])} | {ratio(b['cold']['wall'], b['floor']['wall'])} | - | - |")
         w("")
         w("Per container (wall, median / N) and a least-squares line over N:")
         w("")
@@ -96,6 +103,31 @@ def report(rows):
             fitted = f"{line[0] / 1e3:.2f} ms + {line[1]:.1f} µs × N" if line else "-"
             r2 = f"{line[2]:.4f}" if line else "-"
             w(f"| {name} | " + " | ".join(cells) + f" | {fitted} | {r2} |")
+        w("")
+
+    side = {r["containers"]: r for r in by.get("floor_side", [])}
+    if side:
+        w("### Against the floor as a process (`floor.c`), side by side")
+        w("")
+        w("CPU is user + system time (the floor's and `check`'s from wait4, `serve`'s of its `scan` and "
+          "`shm-open` threads per scan); wall in brackets. `check --json` with the failure sources off; "
+          "`serve` scanned every interval while the floor ran in the same window.")
+        w("")
+        w("| containers | build | floor process, CPU (wall) | `check` process, CPU (wall) | check / floor | "
+          "`serve` scan, CPU (wall) | floor in the same window, CPU (wall) | serve / floor | `serve` RSS (peak) MiB |")
+        w("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        for n in sorted(side):
+            r = side[n]
+            f, sf = r["floor"], r["serve"]["floor"]
+            for label in r["labels"]:
+                c, sv = r["check"][label], r["serve"][label]
+                w(f"| {n} | {label} | {f['cpu']['median']:.1f} ({f['wall']['median']:.0f}) "
+                  f"| {c['cpu']['median']:.1f} ({c['wall']['median']:.0f}) "
+                  f"| {c['cpu']['median'] / f['cpu']['median']:.2f}x "
+                  f"| {sv['scan_cpu_ms']:.1f} ({sv['mean_scan_ms']:.0f}) "
+                  f"| {sf['cpu']['median']:.1f} ({sf['wall']['median']:.0f}) "
+                  f"| {sv['scan_cpu_ms'] / sf['cpu']['median']:.2f}x "
+                  f"| {sv['rss_mib']:.1f} ({sv['hwm_mib']:.1f}) |")
         w("")
 
     metrics = by.get("metrics", [])
@@ -154,6 +186,16 @@ def report(rows):
         if line:
             w(f"| scan cost linear in containers | R² = {line[2]:.4f}, {line[1]:.1f} µs per container | "
               f"{'yes' if line[2] >= 0.98 else 'no'} |")
+    if side:
+        big = max(side)
+        r = side[big]
+        label = "this" if "this" in r["labels"] else r["labels"][0]
+        c, sv = r["check"][label], r["serve"][label]
+        cr = c["cpu"]["median"] / r["floor"]["cpu"]["median"]
+        sr = sv["scan_cpu_ms"] / r["serve"]["floor"]["cpu"]["median"]
+        w(f"| `check` process at {big} containers at most 2x the floor process (CPU) | {cr:.2f}x | {'yes' if cr <= 2 else 'no'} |")
+        w(f"| `serve`'s scan at {big} containers at most 0.8x the floor process (CPU) | {sr:.2f}x | {'yes' if sr <= 0.8 else 'no'} |")
+        w(f"| `serve` RSS at most 16 MiB with {big} containers | {sv['rss_mib']:.1f} MiB | {'yes' if sv['rss_mib'] <= 16 else 'no'} |")
     if metrics:
         big = max(metrics, key=lambda r: r["containers"])
         e = big["wall"]["median"] / 1e3

@@ -8,6 +8,12 @@
 #   bench/run.sh containers --write BENCHMARKS.md   # also replaces the results block there
 #   bench/run.sh containers --smoke      # N = 20, a few seconds, debug build; fails on
 #                                        # harness errors, never on timing
+#   bench/run.sh containers --sizes 300 --isolated --baseline DIR
+#       --isolated: the containers' cgroups under /shmlink-bench and only that subtree scanned
+#       (by shmlink and the floor alike), so containers that other work starts and stops on the
+#       machine meanwhile are neither counted nor measured;
+#       --baseline DIR: a build to compare with in the same run (DIR/shmlink, and
+#       DIR/scan_bench if there), measured beside this one at every step
 # (bench/run.sh --smoke, what CI runs, is the parser benchmarks once each, then this --smoke.)
 # The script runs alone too: bench/containers/run.sh [options].
 #
@@ -17,7 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 sizes="100 500 1000" reps=11 diy_reps=3 serve_seconds=120 interval=5s write="" smoke=0
-profile=release parallel=8
+profile=release parallel=8 isolated=0 baseline=""
+side_reps="" side_seconds=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sizes) sizes=$2; shift 2 ;;
@@ -27,10 +34,16 @@ while [ $# -gt 0 ]; do
     --interval) interval=$2; shift 2 ;;
     --parallel) parallel=$2; shift 2 ;;
     --write) write=$2; shift 2 ;;
+    --isolated) isolated=1; shift ;;
+    --baseline) baseline=$(cd "$2" && pwd); shift 2 ;;
     --smoke) smoke=1; sizes=20 reps=3 diy_reps=1 serve_seconds=4 interval=1s profile=debug; shift ;;
-    *) echo "usage: $0 [--sizes \"N ...\"] [--reps R] [--diy-reps R] [--serve-seconds S] [--interval D] [--parallel P] [--write FILE] [--smoke]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sizes \"N ...\"] [--reps R] [--diy-reps R] [--serve-seconds S] [--interval D] [--parallel P] [--isolated] [--baseline DIR] [--write FILE] [--smoke]" >&2; exit 2 ;;
   esac
 done
+
+# The processes side by side (floor_side.py): as many as the rest, a second only in the smoke.
+side_reps=${side_reps:-$reps} side_seconds=${side_seconds:-$serve_seconds}
+[ $smoke = 0 ] || side_reps=1 side_seconds=2
 
 if [ "$(id -u)" != 0 ]; then
   if [ $smoke = 1 ]; then
@@ -47,6 +60,7 @@ command -v runc >/dev/null || missing+=(runc)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v curl >/dev/null || missing+=(curl)
 command -v python3 >/dev/null || missing+=(python3)
+command -v cc >/dev/null || missing+=(gcc)
 [ $smoke = 1 ] || command -v prometheus-node-exporter >/dev/null || missing+=(prometheus-node-exporter)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
@@ -81,12 +95,42 @@ esac
 
 out=target/bench
 mkdir -p "$out"
+# The floor as a process of its own (floor.c), which `check` is compared with.
+cc -O2 -o "$out/floor" bench/containers/floor.c
+[ -z "$baseline" ] || [ -x "$baseline/shmlink" ] || { echo "--baseline: no $baseline/shmlink" >&2; exit 2; }
 results=$out/results.jsonl
 : >"$results"
+
+# --isolated: the bench's containers under their own cgroup parent, and a cgroup root that
+# holds only that subtree (cgroup v2: the subtree itself; v1: its memory hierarchy bound at
+# <view>/memory).
+cgroot=/sys/fs/cgroup under="" view=/run/shmlink-bench-cgroup
+if [ $isolated = 1 ]; then
+  export SHMLINK_BENCH_CGROUP_PARENT=/shmlink-bench
+  under=/shmlink-bench
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    cgroot=/sys/fs/cgroup/shmlink-bench
+  else
+    cgroot=$view
+  fi
+fi
+isolate() {
+  [ $isolated = 1 ] && [ "$cgroot" = "$view" ] || return 0
+  mountpoint -q "$view/memory" && return 0
+  mkdir -p "$view/memory" /sys/fs/cgroup/memory/shmlink-bench
+  mount --bind /sys/fs/cgroup/memory/shmlink-bench "$view/memory"
+}
+unisolate() {
+  [ $isolated = 1 ] || return 0
+  ! mountpoint -q "$view/memory" || umount "$view/memory"
+  rmdir "$view/memory" "$view" 2>/dev/null || true
+}
+scan_bench_args=(--cgroup-root "$cgroot")
 
 pids_to_kill=()
 cleanup() {
   for p in "${pids_to_kill[@]}"; do kill "$p" 2>/dev/null || true; done
+  unisolate || true
   bench/containers/containers.sh stop || true
 }
 trap cleanup EXIT
@@ -135,20 +179,33 @@ for n in $sizes; do
   running=$n
   echo "   started in $((SECONDS - t0)) s; load $(cut -d' ' -f1-3 /proc/loadavg)"
   # Let runc's teardown and the page cache settle before timing.
+  isolate
   sleep 2
 
   echo "== N=$n: shm scan, cold and warm, against the floor ($reps repetitions)"
-  r=$("$scan_bench" shm --reps "$reps" --expect "$n"); record "$r"
+  r=$("$scan_bench" shm --reps "$reps" --expect "$n" "${scan_bench_args[@]}"); record "$r"
+  if [ -n "$baseline" ] && [ -x "$baseline/scan_bench" ]; then
+    echo "== N=$n: the same with the baseline's scan_bench"
+    r=$("$baseline/scan_bench" shm --reps "$reps" --expect "$n" "${scan_bench_args[@]}")
+    record "$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); r["label"]="baseline"; print(json.dumps(r))' "$r")"
+  fi
+
+  echo "== N=$n: check and serve as processes against the floor process, side by side"
+  side=(--shmlink "this=$shmlink")
+  [ -z "$baseline" ] || side+=(--shmlink "baseline=$baseline/shmlink")
+  r=$(python3 bench/containers/floor_side.py --containers "$n" --floor "$out/floor" "${side[@]}" \
+      --reps "$side_reps" --serve-seconds "$side_seconds" --interval "$scrape_every" \
+      --cgroup-root "$cgroot" ${under:+--under "$under"}); record "$r"
 
   echo "== N=$n: what people do today: nsenter -t PID -m -p df -B1 /dev/shm per container"
   r=$(bench/containers/diy.py "$n" "$diy_reps" $(bench/containers/containers.sh pids)); record "$r"
 
   echo "== N=$n: /metrics with the containers and 8 fake GPUs"
-  r=$("$scan_bench" metrics --reps "$reps" --nvml-lib "$fake_nvml"); record "$r"
+  r=$("$scan_bench" metrics --reps "$reps" --nvml-lib "$fake_nvml" "${scan_bench_args[@]}"); record "$r"
 
   echo "== N=$n: shmlink serve --interval $interval beside prometheus-node-exporter, ${serve_seconds} s"
   port=$(free_port)
-  "$shmlink" serve --no-gpu --kube off --state-dir none --listen "127.0.0.1:$port" --interval "$interval" 2>"$out/serve.log" &
+  "$shmlink" serve --no-gpu --kube off --state-dir none --cgroup-root "$cgroot" --listen "127.0.0.1:$port" --interval "$interval" 2>"$out/serve.log" &
   serve_pid=$!
   pids_to_kill+=("$serve_pid")
   ne_port=""
@@ -219,6 +276,7 @@ PY
 done
 
 note "$(python3 -c 'import json,os; print(json.dumps({"mode": "load_after", "load": os.getloadavg()}))')"
+unisolate
 bench/containers/containers.sh stop
 echo "== report"
 bench/containers/report.py "$results" >"$out/report.md"

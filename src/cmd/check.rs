@@ -1,7 +1,7 @@
 //! `shmlink check`: one scan and the failures since `--since`, as tables or JSON; exit 1 on any
 //! warning or critical finding or a partly blind scan, 2 on a blind one.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use shmlink::check::{self, CheckSettings};
@@ -19,9 +19,11 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         kube: args.kube,
     };
     let snapshot = check::run(&settings)?;
-    let mut stdout = std::io::stdout().lock();
+    // Written whole at the end: stdout alone flushes each line, a write(2) per line of JSON.
+    let mut stdout = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
     if args.json {
         report::write_json(&mut stdout, &snapshot)?;
+        stdout.flush()?;
         // The JSON says `blind`; a person running it should not have to look.
         for &reason in &snapshot.blind {
             eprintln!("shmlink: {}", shmlink::text::blind(reason, &snapshot.sight));
@@ -34,6 +36,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             width: terminal.then(terminal_width).flatten(),
         };
         report::write_tables(&mut stdout, &snapshot, style)?;
+        stdout.flush()?;
     }
     Ok(ExitCode::from(check::exit_status(&snapshot)))
 }

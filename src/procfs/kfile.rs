@@ -13,15 +13,19 @@ use rustix::fs::{Mode, OFlags};
 /// about 1.5 KiB, every other file a line.
 const FIRST_READ: usize = 8 * 1024;
 
-/// A reusable read buffer.
+/// Reusable read buffers.
 pub struct FileReader {
     buf: Vec<u8>,
+    /// [`FileReader::for_each_line`]'s, made on its first use and kept: a fresh one per file
+    /// was 80 KiB allocated and zeroed for every mountinfo read.
+    lines: Vec<u8>,
 }
 
 impl Default for FileReader {
     fn default() -> Self {
         FileReader {
             buf: vec![0; FIRST_READ],
+            lines: Vec::new(),
         }
     }
 }
@@ -65,7 +69,10 @@ impl FileReader {
     ) -> io::Result<bool> {
         const CHUNK: usize = 64 * 1024;
         let fd = open(dir, path.as_ref())?;
-        let mut buf = vec![0u8; CHUNK + max_line];
+        if self.lines.len() != CHUNK + max_line {
+            self.lines = vec![0u8; CHUNK + max_line];
+        }
+        let buf = &mut self.lines;
         let (mut len, mut total, mut skipping) = (0usize, 0usize, false);
         loop {
             if total >= max_total {
@@ -125,6 +132,29 @@ impl FileReader {
             }
         }
     }
+}
+
+/// A small kernel file (`/proc/PID/stat`, `/proc/uptime`) read whole into `buf`: open, one
+/// read, close. procfs generates such a file whole for a read that can hold it, so a read that
+/// does not fill `buf` is the end; `std::fs::read_to_string` adds a statx and grows its buffer
+/// from 32 bytes, 8 calls for a stat file.
+pub fn read_small<'a>(path: &Path, buf: &'a mut [u8]) -> io::Result<&'a [u8]> {
+    let fd = open(rustix::fs::CWD, path)?;
+    let mut len = 0;
+    while len < buf.len() {
+        match rustix::io::read(&fd, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if len < buf.len() {
+                    break;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(&buf[..len])
 }
 
 /// At most `max` bytes of a kernel attribute file (sysfs, procfs) at `path`, which must be a
@@ -189,6 +219,27 @@ fn open(dir: impl AsFd, path: &Path) -> io::Result<rustix::fd::OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_kernel_file_is_read_whole_in_one_go() {
+        let mut buf = [0u8; 4096];
+        let stat = read_small(Path::new("/proc/self/stat"), &mut buf).unwrap();
+        let text = std::str::from_utf8(stat).unwrap();
+        assert!(
+            text.starts_with(&format!("{} (", std::process::id())),
+            "{text}"
+        );
+        assert!(text.ends_with('\n'), "whole: {text}");
+        // A buffer too small holds the file's start.
+        let mut small = [0u8; 8];
+        assert_eq!(
+            read_small(Path::new("/proc/self/stat"), &mut small)
+                .unwrap()
+                .len(),
+            8
+        );
+        assert!(read_small(Path::new("/proc/self/none"), &mut buf).is_err());
+    }
 
     #[test]
     fn lines_stream_through_a_bounded_buffer_and_stop_at_the_cap() {

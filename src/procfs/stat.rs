@@ -23,7 +23,19 @@ pub fn comm(stat: &str) -> Option<&str> {
 
 /// A process's start in ticks since boot, read from `/proc/PID/stat` under `proc_root`.
 pub fn start_ticks_of(proc_root: &Path, pid: i32) -> Option<u64> {
-    start_ticks(&std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?)
+    let mut buf = [0u8; STAT_MAX];
+    start_ticks(read_stat(proc_root, pid, &mut buf)?)
+}
+
+/// The longest /proc/PID/stat: 52 fields of at most 20 digits and a command of at most 64
+/// bytes fit many times over.
+const STAT_MAX: usize = 4096;
+
+/// `<proc_root>/<pid>/stat` in one read.
+fn read_stat<'a>(proc_root: &Path, pid: i32, buf: &'a mut [u8]) -> Option<&'a str> {
+    let path = proc_root.join(pid.to_string()).join("stat");
+    let bytes = super::kfile::read_small(&path, buf).ok()?;
+    std::str::from_utf8(bytes).ok()
 }
 
 /// A process's parent's PID (field 4).
@@ -33,13 +45,22 @@ pub fn parent_pid(stat: &str) -> Option<i32> {
 
 /// When the process `pid` started, by the clock: boot time plus its start ticks.
 pub fn started(proc_root: &Path, pid: i32) -> Option<SystemTime> {
-    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    let ticks = start_ticks(&stat)?;
+    started_after(booted(proc_root)?, proc_root, pid)
+}
+
+/// The wall-clock time of boot, by `<proc_root>/uptime` (what [`started`] adds ticks to): a
+/// caller that asks after many processes reads it once.
+pub fn booted(proc_root: &Path) -> Option<SystemTime> {
+    SystemTime::now().checked_sub(super::uptime::since_boot(proc_root))
+}
+
+/// [`started`], with the boot time given.
+pub fn started_after(boot: SystemTime, proc_root: &Path, pid: i32) -> Option<SystemTime> {
+    let ticks = start_ticks_of(proc_root, pid)?;
     let hz = rustix::param::clock_ticks_per_second();
     if hz == 0 {
         return None;
     }
-    let boot = SystemTime::now().checked_sub(super::uptime::since_boot(proc_root))?;
     boot.checked_add(Duration::from_millis(ticks.saturating_mul(1000) / hz))
 }
 

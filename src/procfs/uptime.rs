@@ -7,9 +7,10 @@ use std::time::Duration;
 
 /// Time since boot from `<proc_root>/uptime`; sysinfo(2)'s whole seconds if that cannot be read.
 pub fn since_boot(proc_root: &Path) -> Duration {
-    std::fs::read_to_string(proc_root.join("uptime"))
+    let mut buf = [0u8; 128];
+    super::kfile::read_small(&proc_root.join("uptime"), &mut buf)
         .ok()
-        .and_then(|s| parse_uptime(&s))
+        .and_then(|b| parse_uptime(std::str::from_utf8(b).ok()?))
         .unwrap_or_else(|| {
             Duration::from_secs(u64::try_from(rustix::system::sysinfo().uptime).unwrap_or(0))
         })

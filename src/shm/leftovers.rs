@@ -16,10 +16,9 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Statx, StatxAttributes, StatxFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RawDir, Statx, StatxAttributes, StatxFlags};
 
 use crate::model::Leftovers;
-pub use crate::procfs::stat::started;
 
 /// Containers started this long ago or less are looked at.
 pub const YOUNG: Duration = Duration::from_secs(600);
@@ -110,10 +109,13 @@ pub fn list(shm: &OwnedFd) -> io::Result<(Vec<Entry>, bool)> {
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let dir_fd = dir.try_clone()?;
+    // getdents through a borrowed handle, the same one each entry is looked up in (no
+    // duplicate of it to make and close).
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut entries = RawDir::new(&dir, &mut buf);
     let mut out = Vec::new();
     let mut seen = 0;
-    for entry in Dir::new(dir)? {
+    while let Some(entry) = entries.next() {
         let entry = entry?;
         seen += 1;
         if seen > MAX_ENTRIES || started.elapsed() > DEADLINE {
@@ -126,7 +128,7 @@ pub fn list(shm: &OwnedFd) -> io::Result<(Vec<Entry>, bool)> {
         if !matches!(entry.file_type(), FileType::RegularFile | FileType::Unknown) {
             continue;
         }
-        let Ok(st) = look(dir_fd.as_fd(), name) else {
+        let Ok(st) = look(&dir, name) else {
             continue; // removed meanwhile
         };
         if !on_the_directorys_mount(here.stx_mnt_id, &st)

@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use super::deadline::Unanswered;
 use super::statfs::{self, Identity, OpenShmError, ShmStat};
+use super::trusted::Walked;
 use super::{leftovers, ShmScan, ShmScanner};
 use crate::cgroup::memory::MemoryReading;
 use crate::cgroup::path::CgroupIdentity;
@@ -100,15 +101,15 @@ impl ShmScanner {
             return Some(Ok(Look::Unmeasured(HUNG.into())));
         }
         let mountinfo = self.proc_root.join(pid.to_string()).join("mountinfo");
-        let walked = super::trusted::open_shm(
+        let walked = super::trusted::walk(
             &mut self.measurer,
             &mut self.files,
             &mountinfo,
             root,
             self.trusted.entry((mnt, pid)).or_default(),
         );
-        let (fd, id) = match walked {
-            Ok(Ok(opened)) => opened,
+        let Walked { fd, id, line } = match walked {
+            Ok(Ok(walked)) => walked,
             Ok(Err(e)) => return Some(Err(e)),
             Err(why) => return Some(Ok(self.unanswered(container_id, why, out))),
         };
@@ -116,7 +117,7 @@ impl ShmScanner {
             // A plain directory on the container's root file system: nothing is mounted there.
             return Some(Ok(Look::NotMounted));
         }
-        let entry = match self.mount_entry(pid, mnt, id, rel, out)? {
+        let entry = match self.mount_entry((pid, mnt), id, line, rel, out)? {
             Ok(Some(entry)) => entry,
             // Without statx, mountinfo alone tells whether something is mounted at /dev/shm.
             Ok(None) if id.is_mount_root.is_none() => return Some(Ok(Look::NotMounted)),

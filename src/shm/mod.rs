@@ -80,6 +80,13 @@ pub struct ShmScanner {
     /// Containers whose /dev/shm did not answer in time: not asked again.
     hung: HashSet<String>,
     sandboxes: sandbox::SandboxShm,
+    /// The wall-clock time of boot, read once per scan when a process's start is wanted.
+    boot: Option<Option<SystemTime>>,
+    /// Each cgroup directory's subdirectories as last listed, and the scan that last used them
+    /// (`walk::push_children`: queued again while its link count matches).
+    listings: HashMap<String, (Vec<String>, u64)>,
+    /// Scans begun.
+    scans: u64,
 }
 
 /// Whose view of the mounts a cached mount or trust describes: a mount namespace as one process
@@ -141,6 +148,9 @@ impl ShmScanner {
                 NsSource::Agent => "self",
                 _ => "1",
             })),
+            boot: None,
+            listings: HashMap::new(),
+            scans: 0,
         })
     }
 
@@ -192,14 +202,26 @@ impl ShmScanner {
             return out;
         }
         self.memcg.start_scan();
+        self.boot = None;
+        self.scans += 1;
         let mut live: HashSet<Viewer> = HashSet::new();
+        let mut measured: HashSet<String> = HashSet::new();
         let Some(root) = self.open_cgroup(None, "", &mut out) else {
             return out;
         };
         let mut stack: Vec<Pending> = Vec::new();
         self.push_children(&Rc::new(root), "", None, &mut stack, &mut out);
-        while let Some(Pending { parent, rel, outer }) = stack.pop() {
+        while let Some(Pending {
+            parent,
+            rel,
+            outer,
+            listed,
+        }) = stack.pop()
+        {
             let Some(dir) = self.open_cgroup(Some(&parent), &rel, &mut out) else {
+                if !listed {
+                    self.list_again(&parent, &rel, outer, &mut stack, &mut out);
+                }
                 continue;
             };
             let mut inner = outer;
@@ -210,11 +232,7 @@ impl ShmScanner {
                     if let Some(reading) = self.measure(pid, mnt, &rel, dirs, &mut out) {
                         // A cgroup made inside a container is that container's (cgroup::path),
                         // measured already above it: one reading per container (issue 36).
-                        if !out
-                            .readings
-                            .iter()
-                            .any(|r| r.container_id == reading.container_id)
-                        {
+                        if measured.insert(reading.container_id.clone()) {
                             out.readings.push(reading);
                         }
                     }
@@ -225,6 +243,8 @@ impl ShmScanner {
             drop(parent);
             self.push_children(&Rc::new(dir), &rel, inner, &mut stack, &mut out);
         }
+        let scan = self.scans;
+        self.listings.retain(|_, (_, seen)| *seen == scan);
         self.mounts.retain(|v, _| live.contains(v));
         self.trusted.retain(|v, _| live.contains(v));
         out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
@@ -303,9 +323,13 @@ impl ShmScanner {
             .get(&pid)
             .is_none_or(|s| s.container_id != container_id)
         {
+            let proc_root = &self.proc_root;
+            let boot = *self
+                .boot
+                .get_or_insert_with(|| crate::procfs::stat::booted(proc_root));
             let started = Started {
                 container_id: container_id.to_string(),
-                at: leftovers::started(&self.proc_root, pid),
+                at: boot.and_then(|boot| crate::procfs::stat::started_after(boot, proc_root, pid)),
                 inherited: None,
             };
             self.starts.insert(pid, started);

@@ -33,32 +33,33 @@ pub(super) fn shm_line(
     path: &Path,
     mount_id: u64,
 ) -> io::Result<(Option<MountEntry>, bool)> {
-    line_of(files, path, mount_id, |line| {
-        mountinfo::find_mount(line, "/dev/shm")
-    })
+    let ([line], cut) = lines_of(files, path, [Some(mount_id)])?;
+    Ok(as_shm_line(line, cut))
 }
 
-/// The file system type of the mount `mount_id` by the mountinfo at `path` (any mount point),
-/// streamed and bounded as [`shm_line`]; with whether it was cut before the line was found.
-pub(super) fn type_of(
-    files: &mut FileReader,
-    path: &Path,
-    mount_id: u64,
-) -> io::Result<(Option<String>, bool)> {
-    line_of(files, path, mount_id, |line| {
-        mountinfo::parse_line(line).map(|e| e.fs_type)
-    })
+/// Pure: what [`lines_of`] found of a mount, as its /dev/shm line: the entry if its mount point
+/// is /dev/shm, and whether mountinfo was cut before the line was found.
+pub(super) fn as_shm_line(
+    line: Option<Option<MountEntry>>,
+    cut: bool,
+) -> (Option<MountEntry>, bool) {
+    let cut = cut && line.is_none();
+    (line.flatten().filter(|e| e.mount_point == "/dev/shm"), cut)
 }
 
-/// What `read` makes of the line of mount `mount_id` in the mountinfo at `path`, streamed a line
-/// at a time and bounded; with whether the file was cut before it was found.
-fn line_of<T>(
+/// The lines of the mounts `ids` (`None`: nothing wanted there) in the mountinfo at `path`, in
+/// one pass, streamed and bounded: `Some` where a line of that ID was found (its entry `None`
+/// when the line is malformed); with whether the file was cut before all were found.
+pub(super) fn lines_of<const N: usize>(
     files: &mut FileReader,
     path: &Path,
-    mount_id: u64,
-    read: impl Fn(&str) -> Option<T>,
-) -> io::Result<(Option<T>, bool)> {
-    let mut found = None;
+    ids: [Option<u64>; N],
+) -> io::Result<([Option<Option<MountEntry>>; N], bool)> {
+    let mut found: [Option<Option<MountEntry>>; N] = std::array::from_fn(|_| None);
+    let mut left = ids.iter().filter(|id| id.is_some()).count();
+    if left == 0 {
+        return Ok((found, false));
+    }
     let cut = files.for_each_line(
         rustix::fs::CWD,
         path,
@@ -67,28 +68,33 @@ fn line_of<T>(
         |line| {
             // A cheap test first: the ID leads the line.
             let id = line.split(|&b| b == b' ').next();
-            if id.and_then(|id| std::str::from_utf8(id).ok()?.parse::<u64>().ok()) != Some(mount_id)
-            {
+            let Some(id) = id.and_then(|id| std::str::from_utf8(id).ok()?.parse::<u64>().ok())
+            else {
                 return true;
+            };
+            for (i, wanted) in ids.iter().enumerate() {
+                if *wanted == Some(id) && found[i].is_none() {
+                    // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide it.
+                    found[i] = Some(mountinfo::parse_line(&String::from_utf8_lossy(line)));
+                    left -= 1;
+                }
             }
-            // Bytes, not UTF-8: one mount point with odd bytes elsewhere must not hide it.
-            found = read(&String::from_utf8_lossy(line));
-            false
+            left > 0
         },
     )?;
-    let cut = cut && found.is_none();
-    Ok((found, cut))
+    Ok((found, cut && left > 0))
 }
 
 impl ShmScanner {
     /// The /dev/shm line of the process's mountinfo for the mount the handle is on, from the
-    /// cache when the mount is unchanged (same mount ID). `None`: the process is gone; `Err`:
+    /// cache when the mount is unchanged (same mount ID), else the line the walk read after it
+    /// opened the handle (`read`), else read now. `None`: the process is gone; `Err`:
     /// mountinfo could not be read (counted).
     pub(super) fn mount_entry(
         &mut self,
-        pid: i32,
-        mnt: NsId,
+        (pid, mnt): (i32, NsId),
         id: Identity,
+        read: Option<(Option<MountEntry>, bool)>,
         rel: &str,
         out: &mut ShmScan,
     ) -> Option<Result<Option<MountEntry>, String>> {
@@ -98,7 +104,11 @@ impl ShmScanner {
             }
         }
         let path = self.proc_root.join(pid.to_string()).join("mountinfo");
-        let entry = match shm_line(&mut self.files, &path, id.mount_id) {
+        let read = match read {
+            Some(line) => Ok(line),
+            None => shm_line(&mut self.files, &path, id.mount_id),
+        };
+        let entry = match read {
             Ok((entry, cut)) => {
                 if cut {
                     self.warn_once(
@@ -143,6 +153,42 @@ pub(super) mod tests {
             total_bytes: 64 << 20,
             free_bytes: 60 << 20,
         }
+    }
+
+    #[test]
+    fn several_mounts_lines_are_found_in_one_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mountinfo");
+        std::fs::write(
+            &path,
+            "20 1 0:30 / / rw - overlay overlay rw\n\
+             31 20 0:40 / /dev rw - tmpfs tmpfs rw\n\
+             33 31 0:41 a line cut short\n\
+             42 31 0:77 / /dev/shm rw - tmpfs shm rw,size=65536k\n",
+        )
+        .unwrap();
+        let mut files = FileReader::default();
+        let ([root, dev, shm, none, cut_short, again], cut) = lines_of(
+            &mut files,
+            &path,
+            [Some(20), Some(31), Some(42), Some(7), Some(33), Some(20)],
+        )
+        .unwrap();
+        assert!(!cut);
+        assert_eq!(root.flatten().unwrap().fs_type, "overlay");
+        assert_eq!(again.flatten().unwrap().fs_type, "overlay", "asked twice");
+        assert_eq!(dev.clone().flatten().unwrap().mount_point, "/dev");
+        assert_eq!(none, None, "no such line");
+        assert_eq!(cut_short, Some(None), "a line, but malformed");
+        let (line, cut) = as_shm_line(shm, false);
+        assert_eq!((line.unwrap().source.as_str(), cut), ("shm", false));
+        // /dev's line is no /dev/shm line; a line not found in a file cut short is unknown.
+        assert_eq!(as_shm_line(dev, true), (None, false));
+        assert_eq!(as_shm_line(None, true), (None, true));
+        assert_eq!(
+            lines_of(&mut files, &path, [None]).unwrap(),
+            ([None], false)
+        );
     }
 
     #[test]

@@ -124,11 +124,55 @@ pub fn walk_beneath(root: &OwnedFd, rel: &str) -> Result<OwnedFd, OpenShmError> 
 /// A symlink is `Symlink`; anything but a directory is `Absent`, as openat2 with `O_DIRECTORY`
 /// would say.
 pub fn open_child(dir: &OwnedFd, name: &str) -> Result<(OwnedFd, Identity), OpenShmError> {
+    child(name, |flags| {
+        rustix::fs::openat(dir, name, flags, Mode::empty())
+    })
+}
+
+/// Set for good once openat2 refused `RESOLVE_CACHED` (kernels before 5.12, or no openat2).
+static NO_CACHED: AtomicBool = AtomicBool::new(false);
+
+/// [`open_child`] from the kernel's caches alone (`openat2` with `RESOLVE_CACHED`), or `None`
+/// when they do not hold the answer. Such a lookup is an RCU walk, which may not sleep: it never
+/// calls a file system's `lookup` nor a `d_revalidate` that would ask its server (fs/namei.c
+/// fails it with EAGAIN instead: `legitimize_links`, `path_init`), so it cannot hang whatever
+/// the directory is on, and needs no worker and no deadline. A container's `dev` and `shm` are
+/// mount points, whose dentries the kernel keeps while mounted: almost always cached.
+pub fn open_child_cached(
+    dir: &OwnedFd,
+    name: &str,
+) -> Option<Result<(OwnedFd, Identity), OpenShmError>> {
+    if NO_CACHED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut uncached = false;
+    let answer = child(name, |flags| {
+        let how = ResolveFlags::CACHED;
+        let opened = rustix::fs::openat2(dir, name, flags, Mode::empty(), how);
+        match opened {
+            Err(rustix::io::Errno::AGAIN) => uncached = true,
+            Err(rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL) => {
+                NO_CACHED.store(true, Ordering::Relaxed);
+                uncached = true;
+            }
+            _ => {}
+        }
+        opened
+    });
+    (!uncached).then_some(answer)
+}
+
+/// `name` opened by `open` (`O_PATH`, no symlink followed) and told apart: a symlink is
+/// `Symlink`, anything but a directory `Absent`, as openat2 with `O_DIRECTORY` would say.
+fn child(
+    name: &str,
+    mut open: impl FnMut(OFlags) -> Result<OwnedFd, rustix::io::Errno>,
+) -> Result<(OwnedFd, Identity), OpenShmError> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') {
         return Err(OpenShmError::Io(rustix::io::Errno::INVAL.into()));
     }
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(classify_open)?;
+    let fd = open(flags).map_err(classify_open)?;
     let id = identify(&fd).map_err(OpenShmError::Io)?;
     match (id.is_symlink, id.is_dir) {
         (Some(true), _) => Err(OpenShmError::Symlink),
@@ -136,8 +180,7 @@ pub fn open_child(dir: &OwnedFd, name: &str) -> Result<(OwnedFd, Identity), Open
         (_, Some(false)) => Err(classify(rustix::io::Errno::NOTDIR.into())),
         // No statx: O_DIRECTORY tells (a symlink then reads as "not a directory").
         _ => {
-            let fd = rustix::fs::openat(dir, name, flags | OFlags::DIRECTORY, Mode::empty())
-                .map_err(classify_open)?;
+            let fd = open(flags | OFlags::DIRECTORY).map_err(classify_open)?;
             Ok((fd, id))
         }
     }
@@ -495,6 +538,45 @@ mod tests {
         assert_eq!(st.is_mount_root, Some(true));
         let vfs = rustix::fs::statvfs("/dev/shm").unwrap();
         assert_eq!(st.total_bytes, vfs.f_blocks * vfs.f_frsize);
+    }
+
+    #[test]
+    fn a_lookup_from_the_caches_answers_as_the_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("dev")).unwrap();
+        std::os::unix::fs::symlink("/", dir.path().join("link")).unwrap();
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let d = tmp_root(&dir);
+        for name in ["dev", "link", "file", "none", ".."] {
+            // The plain lookup puts the name in the caches (a negative entry for "none", which
+            // a tmpfs drops at once: the cached lookup may then say it does not know).
+            let plain = open_child(&d, name);
+            let Some(cached) = open_child_cached(&d, name) else {
+                assert_eq!(name, "none", "{name} is in the caches");
+                continue;
+            };
+            match (plain, cached) {
+                (Ok((_, a)), Ok((_, b))) => assert_eq!(a, b, "{name}"),
+                (Err(a), Err(b)) => assert_eq!(
+                    std::mem::discriminant(&a),
+                    std::mem::discriminant(&b),
+                    "{name}: {a} / {b}"
+                ),
+                (a, b) => panic!("{name}: {a:?} / {b:?}"),
+            }
+        }
+        // The host's /dev and /dev/shm are mount points, which the kernel keeps cached: crossed
+        // into from the caches alone, to the same mounts.
+        let slash = tmp_root_at("/");
+        let (dev, by_cache) = open_child_cached(&slash, "dev").unwrap().unwrap();
+        assert_eq!(by_cache, open_child(&slash, "dev").unwrap().1);
+        let (_, shm) = open_child_cached(&dev, "shm").unwrap().unwrap();
+        assert_eq!(shm, open_child(&dev, "shm").unwrap().1);
+        assert_eq!(shm.is_mount_root, Some(true));
+    }
+
+    fn tmp_root_at(path: &str) -> OwnedFd {
+        rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap()
     }
 
     #[test]

@@ -17,9 +17,10 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use super::deadline::{Measurer, Unanswered};
-use super::mounts::type_of;
+use super::mounts;
 use super::statfs::{self, Identity, MountKey, OpenShmError};
 use crate::procfs::kfile::FileReader;
+use crate::procfs::mountinfo::MountEntry;
 
 /// File systems a container's root may be on and still be looked in: the local ones container
 /// runtimes give a rootfs (overlay by containerd, CRI-O and Docker; ext4, xfs or btrfs by the
@@ -53,12 +54,16 @@ pub fn is_trusted(dir: &str, fs_type: &str) -> bool {
     }
 }
 
-/// Opens `dev/shm` beneath the container's `root` (the handle of `/proc/PID/root`), looking in
-/// the root and in /dev only when their mounts are of a trusted type by the mountinfo at
-/// `mountinfo`, each lookup on the measurer's worker within its deadline. `trusted` keeps the
-/// mounts found trusted for the next call. The answer is the handle of /dev/shm and its mount,
-/// as [`Measurer::open_and_identify_at`] gives; an untrusted root or /dev is
-/// [`OpenShmError::Untrusted`].
+/// What the walk found: the handle of /dev/shm and its mount, and, when the walk read
+/// mountinfo after opening it, that mount's /dev/shm line ([`mounts::as_shm_line`]), which the
+/// caller need not read again.
+pub struct Walked {
+    pub fd: OwnedFd,
+    pub id: Identity,
+    pub line: Option<(Option<MountEntry>, bool)>,
+}
+
+/// [`walk`], for callers that read /dev/shm's line themselves.
 pub fn open_shm(
     measurer: &mut Measurer,
     files: &mut FileReader,
@@ -66,43 +71,131 @@ pub fn open_shm(
     root: OwnedFd,
     trusted: &mut Trusted,
 ) -> Result<Result<(OwnedFd, Identity), OpenShmError>, Unanswered> {
+    walk(measurer, files, mountinfo, root, trusted).map(|w| w.map(|w| (w.fd, w.id)))
+}
+
+/// Opens `dev/shm` beneath the container's `root` (the handle of `/proc/PID/root`), looking in
+/// the root and in /dev only when their mounts are of a trusted type by the mountinfo at
+/// `mountinfo`. `trusted` keeps the mounts found trusted for the next call. The answer is the
+/// handle of /dev/shm and its mount, as [`Measurer::open_and_identify_at`] gives; an untrusted
+/// root or /dev is [`OpenShmError::Untrusted`].
+///
+/// Each lookup is asked of the kernel's caches first ([`statfs::open_child_cached`]: it cannot
+/// reach a file system, so it is made on this thread, trusted or not); only what they do not
+/// hold is looked up on the measurer's worker within its deadline, and only in a directory
+/// already found trusted. The checks owed are then made in the walk's order (the root, then
+/// /dev) on one read of mountinfo, after every handle they are about was opened: an open
+/// handle keeps its mount, so no other mount can hold its ID when mountinfo is read.
+pub fn walk(
+    measurer: &mut Measurer,
+    files: &mut FileReader,
+    mountinfo: &Path,
+    root: OwnedFd,
+    trusted: &mut Trusted,
+) -> Result<Result<Walked, OpenShmError>, Unanswered> {
     let root_key = match statfs::identify(&root) {
         Ok(id) => id.key(),
         Err(e) => return Ok(Err(OpenShmError::Io(e))),
     };
-    let root_id = root_key.id;
     if trusted.root != Some(root_key) {
         *trusted = Trusted::default();
-        if let Err(e) = check(files, mountinfo, root_id, "/") {
-            return Ok(Err(e));
-        }
-        trusted.root = Some(root_key);
     }
-    let (dev, dev_id) = match measurer.open_child(root, "dev")? {
-        Ok(opened) => opened,
-        Err(e) => return Ok(Err(e)),
+    let mut owed = Owed {
+        root: (trusted.root != Some(root_key)).then_some(root_key),
+        dev: None,
     };
-    let dev_mount = dev_id.mount_id;
-    if dev_mount != root_id && trusted.dev != Some(dev_id.key()) {
-        if let Err(e) = check(files, mountinfo, dev_mount, "/dev") {
-            return Ok(Err(e));
+    let dev = match statfs::open_child_cached(&root, "dev") {
+        Some(dev) => dev,
+        None => {
+            if let Err(e) = owed.settle(files, mountinfo, trusted, None) {
+                return Ok(Err(e));
+            }
+            measurer.open_child(root, "dev")?
         }
-        trusted.dev = Some(dev_id.key());
+    };
+    let (dev, dev_id) = match dev {
+        Ok(opened) => opened,
+        // The root's verdict first, as when the root is looked in only once trusted.
+        Err(e) => {
+            return Ok(Err(owed
+                .settle(files, mountinfo, trusted, None)
+                .err()
+                .unwrap_or(e)))
+        }
+    };
+    if dev_id.mount_id != root_key.id && trusted.dev != Some(dev_id.key()) {
+        owed.dev = Some(dev_id.key());
     }
-    measurer.open_child(dev, "shm")
+    let shm = match statfs::open_child_cached(&dev, "shm") {
+        Some(shm) => shm,
+        None => {
+            if let Err(e) = owed.settle(files, mountinfo, trusted, None) {
+                return Ok(Err(e));
+            }
+            let opened = measurer.open_child(dev, "shm")?;
+            return Ok(opened.map(|(fd, id)| Walked { fd, id, line: None }));
+        }
+    };
+    let (fd, id) = match shm {
+        Ok(opened) => opened,
+        Err(e) => {
+            return Ok(Err(owed
+                .settle(files, mountinfo, trusted, None)
+                .err()
+                .unwrap_or(e)))
+        }
+    };
+    match owed.settle(files, mountinfo, trusted, Some(id.mount_id)) {
+        Ok(line) => Ok(Ok(Walked { fd, id, line })),
+        Err(e) => Ok(Err(e)),
+    }
 }
 
-/// Whether the mount `mount_id` may be looked in at `dir`: its type from mountinfo.
-fn check(
-    files: &mut FileReader,
-    mountinfo: &Path,
-    mount_id: u64,
+/// The trust checks a walk still owes: the root's mount, then /dev's.
+struct Owed {
+    root: Option<MountKey>,
+    dev: Option<MountKey>,
+}
+
+impl Owed {
+    /// Makes the checks owed, in order, on one read of mountinfo (none when none is owed), which
+    /// also gives the /dev/shm line of mount `shm` when asked; each mount found trusted is kept.
+    fn settle(
+        &mut self,
+        files: &mut FileReader,
+        mountinfo: &Path,
+        trusted: &mut Trusted,
+        shm: Option<u64>,
+    ) -> Result<Option<(Option<MountEntry>, bool)>, OpenShmError> {
+        if self.root.is_none() && self.dev.is_none() {
+            return Ok(None);
+        }
+        let ids = [self.root.map(|k| k.id), self.dev.map(|k| k.id), shm];
+        let ([root, dev, line], cut) =
+            mounts::lines_of(files, mountinfo, ids).map_err(statfs::classify)?;
+        if let Some(key) = self.root.take() {
+            judge(root, cut, "/")?;
+            trusted.root = Some(key);
+        }
+        if let Some(key) = self.dev.take() {
+            judge(dev, cut, "/dev")?;
+            trusted.dev = Some(key);
+        }
+        Ok(shm.map(|_| mounts::as_shm_line(line, cut)))
+    }
+}
+
+/// Pure: whether a mount whose mountinfo line is `line` (see [`mounts::lines_of`]) may be
+/// looked in at `dir`.
+fn judge(
+    line: Option<Option<MountEntry>>,
+    cut: bool,
     dir: &'static str,
 ) -> Result<(), OpenShmError> {
-    match type_of(files, mountinfo, mount_id).map_err(statfs::classify)? {
-        (Some(t), _) if is_trusted(dir, &t) => Ok(()),
-        (Some(fs_type), _) => Err(OpenShmError::Untrusted { dir, fs_type }),
-        (None, false) => Err(OpenShmError::Moving(dir)),
+    match (line.map(|l| l.map(|e| e.fs_type)), cut) {
+        (Some(Some(t)), _) if is_trusted(dir, &t) => Ok(()),
+        (Some(Some(fs_type)), _) => Err(OpenShmError::Untrusted { dir, fs_type }),
+        (Some(None), _) | (None, false) => Err(OpenShmError::Moving(dir)),
         (None, true) => Err(OpenShmError::Io(std::io::Error::other(format!(
             "the mount of the container's {dir} is not in the part of mountinfo read"
         )))),
@@ -235,6 +328,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_walk_that_checks_reads_mountinfo_once_and_hands_on_the_shm_line() {
+        let (mut m, mut files) = (Measurer::default(), FileReader::default());
+        let real = Path::new("/proc/self/mountinfo");
+        let mut trusted = Trusted::default();
+        // Cold: the root's and /dev's checks were owed; the read made for them gave the line of
+        // /dev/shm's mount too, the same as reading it alone.
+        let walked = walk(&mut m, &mut files, real, slash(), &mut trusted)
+            .unwrap()
+            .unwrap();
+        assert!(trusted.root.is_some());
+        let alone = mounts::shm_line(&mut files, real, walked.id.mount_id).unwrap();
+        assert_eq!(walked.line, Some(alone.clone()));
+        assert_eq!(alone.0.map(|e| e.fs_type).as_deref(), Some("tmpfs"));
+        // Warm: nothing owed, nothing read (an empty mountinfo would fail any check).
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "").unwrap();
+        let warm = walk(&mut m, &mut files, &empty, slash(), &mut trusted)
+            .unwrap()
+            .unwrap();
+        assert_eq!((warm.id, warm.line), (walked.id, None));
     }
 
     #[test]

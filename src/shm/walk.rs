@@ -17,11 +17,13 @@ const PIDS_TO_TRY: usize = 8;
 const PROCS_HEAD: usize = 1024;
 
 /// A cgroup still to visit: its parent's open directory, its path relative to the hierarchy
-/// (`/kubepods/burstable/pod<uid>/<id>`), the mount namespace of the nearest container above.
+/// (`/kubepods/burstable/pod<uid>/<id>`), the mount namespace of the nearest container above,
+/// and whether a listing of this scan found it (not one kept from an earlier scan).
 pub(super) struct Pending {
     pub(super) parent: Rc<OwnedFd>,
     pub(super) rel: String,
     pub(super) outer: Option<NsId>,
+    pub(super) listed: bool,
 }
 
 impl ShmScanner {
@@ -56,6 +58,14 @@ impl ShmScanner {
 
     /// Queues the subdirectories of `dir`. They share one handle on `dir` (closed when the
     /// last of them is opened): the handles open at once are bounded by the tree's depth.
+    ///
+    /// A directory's link count is 2 and one per subdirectory (kernfs keeps it so for every
+    /// cgroup directory, as ext4 and tmpfs do for a test's tree; btrfs and overlay say 1, and
+    /// are always listed). So a container's cgroup, at 2, is not listed (getdents would hand
+    /// over its 30-odd control files for nothing), and a directory whose count still matches
+    /// the subdirectories its last listing found has those queued as they were (`listed`
+    /// false): one of them gone means the count hides another, and [`Self::list_again`] lists
+    /// it then.
     pub(super) fn push_children(
         &mut self,
         dir: &Rc<OwnedFd>,
@@ -64,6 +74,70 @@ impl ShmScanner {
         stack: &mut Vec<Pending>,
         out: &mut ShmScan,
     ) {
+        let links = rustix::fs::fstat(dir.as_fd()).ok().map(|st| st.st_nlink);
+        if links == Some(2) {
+            return;
+        }
+        let scan = self.scans;
+        if let Some((names, seen)) = self.listings.get_mut(rel) {
+            if links.is_some_and(|n| n == names.len() as u64 + 2) {
+                *seen = scan;
+                for name in names.iter() {
+                    stack.push(Pending {
+                        parent: dir.clone(),
+                        rel: format!("{rel}/{name}"),
+                        outer,
+                        listed: false,
+                    });
+                }
+                return;
+            }
+        }
+        let subdirs = links.and_then(|n| n.checked_sub(2));
+        self.list(dir, rel, outer, &[], subdirs, stack, out);
+    }
+
+    /// `child` (queued from a listing kept from an earlier scan) is gone: its parent `dir` is
+    /// listed again, once, and what it holds that was not queued is queued.
+    pub(super) fn list_again(
+        &mut self,
+        dir: &Rc<OwnedFd>,
+        child: &str,
+        outer: Option<NsId>,
+        stack: &mut Vec<Pending>,
+        out: &mut ShmScan,
+    ) {
+        let Some((rel, name)) = child.rsplit_once('/') else {
+            return;
+        };
+        // Listed again already this scan when the name is no longer in its listing.
+        let Some((queued, _)) = self.listings.get(rel) else {
+            return;
+        };
+        if !queued.iter().any(|n| n == name) {
+            return;
+        }
+        let queued = queued.clone();
+        self.list(dir, rel, outer, &queued, None, stack, out);
+    }
+
+    /// Lists `dir` and queues its subdirectories but those in `skip`; the listing is kept.
+    /// With `subdirs` (its link count's word), the listing ends once that many are found: the
+    /// rest are control files (a pod's 30-odd, and getdents' last call that says the end). A
+    /// subdirectory made since the count was read is then missed this scan only: the next
+    /// count no longer matches the listing kept, and the directory is listed again.
+    #[allow(clippy::too_many_arguments)]
+    fn list(
+        &mut self,
+        dir: &Rc<OwnedFd>,
+        rel: &str,
+        outer: Option<NsId>,
+        skip: &[String],
+        subdirs: Option<u64>,
+        stack: &mut Vec<Pending>,
+        out: &mut ShmScan,
+    ) {
+        let mut names = Vec::new();
         let mut entries = RawDir::new(dir.as_fd(), &mut self.dirents);
         let mut failed = None;
         while let Some(entry) = entries.next() {
@@ -95,15 +169,31 @@ impl ShmScanner {
             let Ok(name) = std::str::from_utf8(name) else {
                 continue;
             };
-            stack.push(Pending {
-                parent: dir.clone(),
-                rel: format!("{rel}/{name}"),
-                outer,
-            });
+            if !skip.iter().any(|s| s == name) {
+                stack.push(Pending {
+                    parent: dir.clone(),
+                    rel: format!("{rel}/{name}"),
+                    outer,
+                    listed: true,
+                });
+            }
+            names.push(name.to_string());
+            if subdirs == Some(names.len() as u64) {
+                break;
+            }
         }
-        if let Some(e) = failed.filter(|e| !is_vanished(e)) {
-            let path = self.hierarchy.join(rel.trim_start_matches('/'));
-            self.error(out, "readdir", &path.display().to_string(), &e);
+        match failed {
+            // A listing cut short is not kept: the next scan lists again.
+            Some(e) => {
+                self.listings.remove(rel);
+                if !is_vanished(&e) {
+                    let path = self.hierarchy.join(rel.trim_start_matches('/'));
+                    self.error(out, "readdir", &path.display().to_string(), &e);
+                }
+            }
+            None => {
+                self.listings.insert(rel.to_string(), (names, self.scans));
+            }
         }
     }
 

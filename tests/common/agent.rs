@@ -249,9 +249,13 @@ impl Agent {
         mut done: impl FnMut(&str) -> bool,
     ) -> String {
         let mut body = String::new();
-        let ok = super::wait_until(within, || {
-            body = self.metrics();
-            done(&body)
+        // Until serve answers (its port is bound before it serves), no scrape is a wrong one.
+        let ok = super::wait_until(within, || match get(self.addr, "/metrics") {
+            Some((200, scraped)) => {
+                body = scraped;
+                done(&body)
+            }
+            _ => false,
         });
         assert!(
             ok,

@@ -124,11 +124,16 @@ impl Containerd {
             .enable_all()
             .build()
             .unwrap();
-        let up = super::wait_until(Duration::from_secs(30), || sock.exists());
-        let client = up.then(|| rt.block_on(connect(&sock)));
+        // Its socket file is made before containerd serves on it (a connect is refused until
+        // then) and its CRI plugin answers later still: wait for CRI's answer, not for the file.
+        let mut client = None;
+        super::wait_until(Duration::from_secs(30), || {
+            client = rt.block_on(answering(&sock));
+            client.is_some()
+        });
         let Some(client) = client else {
             panic!(
-                "containerd never made its socket: {}",
+                "containerd's CRI never answered on its socket: {}",
                 std::fs::read_to_string(dir.path().join("containerd.log")).unwrap_or_default()
             );
         };
@@ -483,7 +488,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     )
 }
 
-async fn connect(sock: &Path) -> RuntimeServiceClient<Channel> {
+/// A client of containerd's CRI once it answers a call (Version), else None.
+async fn answering(sock: &Path) -> Option<RuntimeServiceClient<Channel>> {
+    let mut client = connect(sock).await.ok()?;
+    let asked = client.version(cri::VersionRequest {
+        version: "v1".into(),
+    });
+    tokio::time::timeout(Duration::from_secs(5), asked)
+        .await
+        .ok()?
+        .ok()?;
+    Some(client)
+}
+
+async fn connect(sock: &Path) -> Result<RuntimeServiceClient<Channel>, tonic::transport::Error> {
     let path = sock.to_path_buf();
     // The URI is required by the API and ignored by the connector.
     let channel = Endpoint::from_static("http://localhost")
@@ -495,9 +513,8 @@ async fn connect(sock: &Path) -> RuntimeServiceClient<Channel> {
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
             }
         }))
-        .await
-        .expect("connecting to containerd's socket");
-    RuntimeServiceClient::new(channel)
+        .await?;
+    Ok(RuntimeServiceClient::new(channel))
 }
 
 fn run(cmd: &mut Command) -> String {

@@ -14,6 +14,7 @@ fn shmlink() -> Command {
     ] {
         c.env(var, "off");
     }
+    c.env("SHMLINK_STATE_DIR", "none");
     c.stdin(Stdio::null());
     c
 }
@@ -66,6 +67,71 @@ fn listen_takes_localhost_and_a_taken_port_is_said_once() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no port"));
 }
 
+/// The boot-time clock's offset in the time namespace `check` runs in below: a day, so records
+/// placed minutes before now are never before the boot (a record's time is microseconds since
+/// boot; on a machine booted 23 minutes ago one 50 minutes old would saturate at the boot).
+const BOOT_OFFSET_SECS: &str = "86400";
+
+/// `cmd` run in a new time namespace whose CLOCK_BOOTTIME is BOOT_OFFSET_SECS ahead of the
+/// host's (the realtime clock is not offset): the boot `check` puts kernel records after is a
+/// day back. Root needs no user namespace, and keeps its capabilities over the host's /proc.
+fn in_time_namespace(cmd: Command) -> Command {
+    let mut c = Command::new("unshare");
+    if !rustix::process::geteuid().is_root() {
+        c.arg("--user");
+    }
+    c.args(["--time", "--boottime", BOOT_OFFSET_SECS, "--"]);
+    c.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Microseconds since boot now, as a process in `in_time_namespace` reads them. Asked inside
+/// such a namespace, since offsets are from the host's clock, not this process's (a test run
+/// in a time namespace of its own).
+fn boot_clock_usec_in_time_namespace() -> u64 {
+    let mut cat = Command::new("cat");
+    cat.arg("/proc/uptime");
+    let out = in_time_namespace(cat)
+        .output()
+        .expect("unshare (util-linux) runs");
+    assert!(
+        out.status.success(),
+        "a time namespace (Linux 5.6+, CONFIG_TIME_NS) is needed to place kernel records \
+         before a young boot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uptime: f64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("/proc/uptime's first field");
+    (uptime * 1e6) as u64
+}
+
+/// A host of one process and no container (a cgroup v2 root holding PID 1, in the host's
+/// namespaces): what the scan sees is the test's, not whatever else runs on the machine (a
+/// container a user may not look into would make `check` blind, exit 2).
+fn fake_host(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::symlink;
+    let host = dir.join("host");
+    let ns = host.join("proc/1/ns");
+    std::fs::create_dir_all(&ns).unwrap();
+    symlink("mnt:[4026531840]", ns.join("mnt")).unwrap();
+    symlink("ipc:[4026531839]", ns.join("ipc")).unwrap();
+    let cgroup = host.join("cgroup");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    std::fs::write(cgroup.join("cgroup.controllers"), "cpu io memory pids\n").unwrap();
+    std::fs::write(cgroup.join("cgroup.procs"), "1\n").unwrap();
+    host
+}
+
 /// A CRI log line at `ago` before now.
 fn cri_line(ago: Duration, text: &str) -> String {
     let at = k8s_openapi::jiff::Timestamp::try_from(SystemTime::now() - ago).unwrap();
@@ -88,17 +154,15 @@ fn check_groups_failures_and_says_how_long_ago() {
         log.push_str(&cri_line(Duration::from_secs(minutes * 60), line));
     }
     std::fs::write(worker.join("0.log"), log).unwrap();
-    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let now_usec = (uptime * 1e6) as u64;
+    let host = fake_host(dir);
+    // The kernel's records are placed on the boot-time clock `check` will read, a day ahead of
+    // the host's, so a record 50 minutes old is after the boot however young the machine is.
+    let now_usec = boot_clock_usec_in_time_namespace();
     let mut kmsg = String::new();
     for (seq, minutes) in [50u64, 45, 2].iter().enumerate() {
-        let usec = now_usec.saturating_sub(minutes * 60_000_000);
+        let usec = now_usec
+            .checked_sub(minutes * 60_000_000)
+            .expect("the namespace's boot is a day back");
         kmsg.push_str(&format!(
             "6,{seq},{usec},-;python[{}]: segfault at 10 ip 00007f3a2b4c5d6e sp 00007ffd1e2f3a40 \
              error 4 in libnccl.so.2[7f3a2b000000+1e00000]\n",
@@ -106,7 +170,7 @@ fn check_groups_failures_and_says_how_long_ago() {
         ));
     }
     std::fs::write(dir.join("kmsg"), &kmsg).unwrap();
-    let out = shmlink()
+    let out = in_time_namespace(shmlink())
         .args([
             "check",
             "--no-gpu",
@@ -119,6 +183,10 @@ fn check_groups_failures_and_says_how_long_ago() {
         ])
         .arg("--pod-log-root")
         .arg(&logs)
+        .arg("--proc-root")
+        .arg(host.join("proc"))
+        .arg("--cgroup-root")
+        .arg(host.join("cgroup"))
         .arg("--kmsg")
         .arg(dir.join("kmsg"))
         .output()

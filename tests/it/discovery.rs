@@ -674,3 +674,42 @@ fn a_proc_root_without_processes_is_blind() {
     assert!(!scan.sight.processes);
     assert_eq!(scan.sight.blind(), vec![Blind::NoProcesses]);
 }
+
+/// A scanner that keeps a pod's listing from one scan to the next (its link count unchanged)
+/// still sees a container that took a gone one's place: same count, another name.
+#[test]
+fn a_container_that_replaces_another_in_its_pod_is_found_by_the_next_scan() {
+    let host = FakeHost::v2();
+    let pod = "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555";
+    host.cgroup_dir(pod, &[], None, 0);
+    let id = |c: char| c.to_string().repeat(64);
+    for (pid, c) in [(100, 'a'), (101, 'b')] {
+        host.process(pid, HOST_MNT + pid as u64, HOST_MNT + 1000 + pid as u64);
+        host.cgroup_dir(&format!("{pod}/{}", id(c)), &[pid], None, 0);
+    }
+    let mut scanner = ShmScanner::new(&host.paths()).unwrap();
+    let ids = |scan: shmlink::shm::ShmScan| -> Vec<String> {
+        let mut ids: Vec<String> = scan.readings.into_iter().map(|r| r.container_id).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids(scanner.scan()), [id('a'), id('b')]);
+    assert_eq!(
+        ids(scanner.scan()),
+        [id('a'), id('b')],
+        "from the kept listing"
+    );
+
+    // b goes, c comes: the pod's link count is what it was.
+    fs::remove_dir_all(host.memory_root().join(&pod[1..]).join(id('b'))).unwrap();
+    host.process(102, HOST_MNT + 102, HOST_MNT + 1102);
+    host.cgroup_dir(&format!("{pod}/{}", id('c')), &[102], None, 0);
+    let scan = scanner.scan();
+    assert_eq!(scan.errors, 0, "a gone cgroup is no error");
+    assert_eq!(ids(scan), [id('a'), id('c')]);
+
+    // One more: the count moves, listed again.
+    host.process(103, HOST_MNT + 103, HOST_MNT + 1103);
+    host.cgroup_dir(&format!("{pod}/{}", id('d')), &[103], None, 0);
+    assert_eq!(ids(scanner.scan()), [id('a'), id('c'), id('d')]);
+}

@@ -49,12 +49,14 @@ impl Admit {
             metrics,
             log: log.to_path_buf(),
         };
+        // Until it answers, not until it listens: the plain port's /healthz (bound after the
+        // webhook's port, both before either serves).
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(https).is_err() {
+        while !answers_healthz(metrics) {
             if let Ok(Some(status)) = admit.child.try_wait() {
                 panic!("admit exited {status} at start: {}", admit.log_text());
             }
-            assert!(Instant::now() < deadline, "admit never listened");
+            assert!(Instant::now() < deadline, "admit never answered");
             std::thread::sleep(Duration::from_millis(20));
         }
         admit
@@ -118,6 +120,20 @@ impl Drop for Admit {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether a plain GET /healthz at `addr` is answered 200.
+fn answers_healthz(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut tcp) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = tcp.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut answer = String::new();
+    tcp.write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
+        .is_ok()
+        && tcp.read_to_string(&mut answer).is_ok()
+        && answer.split_whitespace().nth(1) == Some("200")
 }
 
 fn admit_command(

@@ -266,7 +266,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     assert!(api.events_about("idle-0").is_empty());
 
     // `check` lists the same Pods and tells the deaths they record, without the scans' readings.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let out = std::process::Command::new(common::shmlink_bin())
         .args([
             "check",
             "--json",
@@ -633,7 +633,7 @@ fn worker_scenario(kernel_log: bool) {
     }
     // `check` reads both back and ties them by the worker's PID in the container (its zombie
     // is still there to ask).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let out = std::process::Command::new(common::shmlink_bin())
         .args([
             "check",
             "--json",

@@ -121,7 +121,7 @@ fn a_newline_in_a_file_name_read_through_syslog_blames_nobody_else() {
 
 /// What `check --json` lists of the kernel log of the last 5 minutes read through `source`.
 fn kernel_failures(source: &str) -> Vec<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let out = Command::new(common::shmlink_bin())
         .args(["check", "--json", "--no-gpu", "--since", "5m"])
         .args([
             "--kmsg",

@@ -74,7 +74,7 @@ fn dmesg() -> String {
 /// `check --since 5m` reading the kernel log through `source`: its JSON and its text.
 fn check_since(source: &str) -> (Value, String) {
     let run = |json: bool| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_shmlink"));
+        let mut c = Command::new(common::shmlink_bin());
         c.args(["check", "--no-gpu", "--since", "5m", "--kmsg", source])
             .args(["--pod-log-root", "off", "--docker-root", "off"]);
         if json {

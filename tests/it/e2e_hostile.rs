@@ -281,19 +281,31 @@ fn the_agent_opens_nothing_for_writing_and_nothing_through_a_container_root_ungu
         shm: Shm::HostIpc,
         ..ContainerSpec::default()
     });
-    // serve's store, where this machine has one: `check --since` reads it, and SQLite opens a
-    // live store's -wal and -shm read-write to read it (WAL's shared index); it may create
-    // nothing there, and a store without -wal is read as immutable (no -wal, no -shm opened).
-    let state_dir = Path::new("/var/lib/shmlink");
+    // serve's store, live: `check --since` reads it, and SQLite opens a live store's -wal and
+    // -shm read-write to read it (WAL's shared index); it may create nothing there. The store
+    // is the test's own, made by a `serve` that runs through the check (not the machine's
+    // /var/lib/shmlink, which a test neither reads nor relies on).
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path();
+    let serve = Agent::start(
+        &["--no-gpu", "--state-dir", state_dir.to_str().unwrap()],
+        &[],
+    );
+    serve.wait_ready();
+    assert!(
+        common::wait_until(Duration::from_secs(10), || state_dir
+            .join("state.sqlite3-wal")
+            .exists()),
+        "serve's store is live (WAL): {:?}",
+        fs::read_dir(state_dir).map(|d| d.count())
+    );
     let listing = || {
-        fs::read_dir(state_dir).map_or_else(
-            |_| Vec::new(),
-            |d| {
-                let mut names: Vec<_> = d.map(|e| e.unwrap().file_name()).collect();
-                names.sort();
-                names
-            },
-        )
+        let mut names: Vec<_> = fs::read_dir(state_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
     };
     let before = listing();
     let trace = tempfile::NamedTempFile::new().unwrap();
@@ -306,11 +318,22 @@ fn the_agent_opens_nothing_for_writing_and_nothing_through_a_container_root_ungu
             "-o",
         ])
         .arg(trace.path())
-        .args([common::shmlink_bin(), "check", "--json", "--no-gpu"])
+        .args([
+            common::shmlink_bin(),
+            "check",
+            "--json",
+            "--no-gpu",
+            "--state-dir",
+        ])
+        .arg(state_dir)
         .output()
         .unwrap();
     assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
     let calls = fs::read_to_string(trace.path()).unwrap();
+    assert!(
+        calls.contains(&format!("\"{}/state.sqlite3\"", state_dir.display())),
+        "check read serve's store:\n{calls}"
+    );
     let (mut opens, mut guarded) = (0, 0);
     for line in calls.lines() {
         if line.contains("+++") || line.contains("---") {

@@ -28,7 +28,7 @@ fn pod_container(args: &[&str]) -> Container {
 /// that does not exit is left unwaited (it may be unkillable) and the test fails.
 fn check_within(within: Duration) -> (Value, Duration) {
     let started = Instant::now();
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let mut child: Child = Command::new(common::shmlink_bin())
         .args(["check", "--json", "--no-gpu", "--kmsg", "off"])
         .args(["--pod-log-root", "off", "--docker-root", "off"])
         .stdout(Stdio::piped())

@@ -182,7 +182,7 @@ fn scenario(told: Told) {
     }
 
     // `check` reads the same report back, with the split.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let out = std::process::Command::new(common::shmlink_bin())
         .args([
             "check",
             "--json",

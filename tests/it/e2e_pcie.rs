@@ -177,7 +177,7 @@ fn a_link_trained_down_while_busy_aer_errors_and_acs_are_each_a_finding_and_idle
     );
 
     // One scan of `check` tells the link and ACS (AER growth needs two).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let out = std::process::Command::new(common::shmlink_bin())
         .args(["check", "--json", "--nvml-lib"])
         .arg(&lib)
         .arg("--sys-root")
@@ -237,7 +237,7 @@ fn a_fifo_and_dev_zero_at_aer_files_are_refused_logged_once_and_check_ends_on_ti
     let fake = FakeNvml::new(&board(false));
     let lib = fake_nvml::lib();
     let started = std::time::Instant::now();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shmlink"))
+    let mut child = std::process::Command::new(common::shmlink_bin())
         .args(["check", "--json", "--nvml-lib"])
         .arg(&lib)
         .arg("--sys-root")

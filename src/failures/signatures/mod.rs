@@ -118,7 +118,11 @@ impl Signatures {
         let fact_needles = if facts { super::facts::NEEDLES } else { &[] };
         // The needles are this file's constants and the callers': a build error is a bug the
         // tests catch, never a consequence of input.
-        let needles = AhoCorasick::new(SIGNATURES.iter().map(|s| s.needle))
+        // Searched only in the rare lines `any` found a needle in: the compact NFA, not the
+        // DFA the crate picks for this many needles (1.2 MiB, resident for the agent's life).
+        let needles = AhoCorasick::builder()
+            .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
+            .build(SIGNATURES.iter().map(|s| s.needle))
             .expect("the signature needles build an automaton");
         let any = AhoCorasick::builder()
             .match_kind(aho_corasick::MatchKind::LeftmostFirst)
