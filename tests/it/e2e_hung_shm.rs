@@ -25,22 +25,35 @@ fn pod_container(args: &[&str]) -> Container {
 }
 
 /// `check --json`, which must exit within `within`; its report and how long it took. A child
-/// that does not exit is left unwaited (it may be unkillable) and the test fails.
+/// that does not exit is left unwaited (it may be unkillable) and the test fails. Its output is
+/// read while it runs: a host's worth of containers fills a pipe, and a writer blocked on a
+/// full pipe is not a hung check.
 fn check_within(within: Duration) -> (Value, Duration) {
     let started = Instant::now();
-    let mut child: Child = Command::new(common::shmlink_bin())
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_shmlink"))
         .args(["check", "--json", "--no-gpu", "--kmsg", "off"])
         .args(["--pod-log-root", "off", "--docker-root", "off"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut out);
+            }
+            out
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
     let exited = common::wait_until(within, || child.try_wait().unwrap().is_some());
     let took = started.elapsed();
     assert!(exited, "check did not exit within {within:?}");
-    let out = child.wait_with_output().unwrap();
-    let report = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let report = serde_json::from_slice(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&stderr)));
     (report, took)
 }
 
