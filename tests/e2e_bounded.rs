@@ -392,7 +392,7 @@ fn large_history(dir: &Path, n: usize) {
             container_id: Some(format!("{i:064x}")),
             image: None,
             kind: FindingKind::ShmAllocationFailed,
-            at: humantime::format_rfc3339_millis(at).to_string(),
+            at: at.into(),
             source: FailureSource::Log,
             evidence: evidence.clone(),
             pid: None,
@@ -410,7 +410,7 @@ fn large_history(dir: &Path, n: usize) {
             hang: None,
             message: message.clone(),
         };
-        let row = FailureRow::new(&failure, false, at);
+        let row = FailureRow::new(&failure, false);
         tx.execute(
             "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, 'ml', ?2, ?3, 0, ?4)",
             rusqlite::params![row.at_ms, pod, row.kind, row.json],

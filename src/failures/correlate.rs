@@ -8,7 +8,7 @@ use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
     Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySplit, PairStatus,
-    PairThen, ShmThen, Who,
+    PairThen, ShmThen, Stamp, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -89,7 +89,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
         container_id: id.container_id,
         image,
         kind,
-        at: rfc3339(d.at),
+        at: Stamp(d.at),
         source: d.source,
         evidence: d.evidence.clone(),
         pid: d.pid,
@@ -815,7 +815,7 @@ mod tests {
         )
         .expect("told");
         assert_eq!(f.container_id.as_deref(), Some("aaaa"), "found by its Pod");
-        assert_eq!(f.at, "2026-11-18T11:06:40Z");
+        assert_eq!(f.at.to_string(), "2026-11-18T11:06:40Z");
         let shm = f.shm.as_ref().expect("its /dev/shm then");
         assert!(shm.runtime_default);
         assert_eq!(shm.peak_bytes, Some(63 * MIB));

@@ -61,7 +61,7 @@ fn death(f: &Failure) -> Option<Death> {
 struct Told {
     death: Death,
     source: FailureSource,
-    at: Option<SystemTime>,
+    at: SystemTime,
     container_id: Option<String>,
     pod_uid: Option<String>,
     container: Option<String>,
@@ -75,7 +75,7 @@ impl Told {
         Told {
             death,
             source: f.source,
-            at: parse_rfc3339(&f.at),
+            at: f.at.time(),
             container_id: f.container_id.clone(),
             pod_uid: f.pod_uid.clone(),
             container: f.container.clone(),
@@ -96,7 +96,7 @@ impl Told {
         self.death == Death::Oom
             && self.source != FailureSource::Log
             && self.same_container(word)
-            && near(self.at, parse_rfc3339(&word.at))
+            && near(self.at, word.at.time())
             && self
                 .pid_in_container
                 .is_none_or(|pid| word.worker_pids.contains(&pid))
@@ -158,7 +158,7 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
             told.push(s);
         }
     }
-    told.sort_by_key(|f| parse_rfc3339(&f.at));
+    told.sort_by_key(|f| f.at);
     told
 }
 
@@ -170,7 +170,7 @@ fn same_account(a: &Failure, b: &Failure) -> bool {
     let placed = a.container_id.is_some() || a.pod_uid.is_some();
     a.kind == b.kind
         && a.evidence == b.evidence
-        && within(parse_rfc3339(&a.at), parse_rfc3339(&b.at), FAULT_LINES)
+        && within(a.at.time(), b.at.time(), FAULT_LINES)
         && (a.pid.is_none() || b.pid.is_none() || a.pid == b.pid)
         && if placed {
             same_container(
@@ -194,11 +194,7 @@ fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
         && unplaced.pid == stored.pid
         && unplaced.kind == stored.kind
         && unplaced.evidence == stored.evidence
-        && within(
-            parse_rfc3339(&unplaced.at),
-            parse_rfc3339(&stored.at),
-            FAULT_LINES,
-        )
+        && within(unplaced.at.time(), stored.at.time(), FAULT_LINES)
 }
 
 /// `stored` is the same death as `own` (of its container, about the same time) judged by a
@@ -220,7 +216,7 @@ fn read_at_the_moment(own: &Failure, stored: &Failure) -> bool {
             own.container.as_deref(),
             stored,
         )
-        && near(parse_rfc3339(&own.at), parse_rfc3339(&stored.at))
+        && near(own.at.time(), stored.at.time())
 }
 
 /// `stored` is `own`'s failure told better by serve: the same account, told while NVML still
@@ -300,7 +296,7 @@ impl SameDeath {
         let now = SystemTime::now();
         let told = &self.told;
         self.words.retain(|word| {
-            let at = parse_rfc3339(&word.at);
+            let at = word.at.time();
             if let Some(kill) = kept
                 .iter_mut()
                 .find(|f| f.told_by_workload.is_none() && tells(word, f))
@@ -314,7 +310,7 @@ impl SameDeath {
             // word: the same death.
             let told_before = told.iter().any(|t| t.is_told_by(word));
             // Waits a window for its kill, by the line's own time.
-            let fresh = at.is_some_and(|at| now.duration_since(at).unwrap_or_default() <= WINDOW);
+            let fresh = now.duration_since(at).unwrap_or_default() <= WINDOW;
             !told_before && fresh
         });
         while self.words.len() > WORDS {
@@ -347,22 +343,19 @@ fn one_hang(a: &Told, b: &Told) -> bool {
     }
 }
 
-fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {
+fn near(a: SystemTime, b: SystemTime) -> bool {
     within(a, b, WINDOW)
 }
 
-fn within(a: Option<SystemTime>, b: Option<SystemTime>, window: Duration) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => a.duration_since(b).unwrap_or_else(|e| e.duration()) <= window,
-        // A time that did not parse cannot tell two deaths apart: the same container suffices.
-        _ => true,
-    }
+fn within(a: SystemTime, b: SystemTime, window: Duration) -> bool {
+    a.duration_since(b).unwrap_or_else(|e| e.duration()) <= window
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures;
+    use crate::model::Stamp;
 
     fn death_of(
         kind: FindingKind,
@@ -374,7 +367,7 @@ mod tests {
         let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
         f.source = source;
         f.container_id = id.map(str::to_string);
-        f.at = at.to_string();
+        f.at = Stamp::parse(at).unwrap();
         f.evidence = evidence.to_string();
         f
     }
@@ -758,12 +751,13 @@ mod tests {
 mod stored_tests {
     use super::*;
     use crate::fixtures;
+    use crate::model::Stamp;
 
     fn at(kind: FindingKind, source: FailureSource, id: Option<&str>, at: &str) -> Failure {
         let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
         f.source = source;
         f.container_id = id.map(str::to_string);
-        f.at = at.to_string();
+        f.at = Stamp::parse(at).unwrap();
         f
     }
 
@@ -784,7 +778,7 @@ mod stored_tests {
         // The log line serve stored, and check read back (same time to the millisecond or a
         // few seconds off where the clock conversion differs).
         let mut stored_line = line.clone();
-        stored_line.at = "2026-11-27T10:00:01.500Z".into();
+        stored_line.at = Stamp::parse("2026-11-27T10:00:01.500Z").unwrap();
         stored_line.found_late = true;
         // kubelet's OOMKilled for the kernel's kill: the same death from another source.
         let runtime = at(
@@ -840,7 +834,7 @@ mod stored_tests {
         other.container_id = Some("c2".into());
         assert_eq!(with_stored(vec![own.clone()], vec![other]).len(), 2);
         let mut later = stored.clone();
-        later.at = "2026-11-27T10:05:00.000Z".into();
+        later.at = Stamp::parse("2026-11-27T10:05:00.000Z").unwrap();
         assert_eq!(with_stored(vec![own.clone()], vec![later]).len(), 2);
         let mut unread = stored.clone();
         unread.memory = Some(split(MemorySource::Docker));
@@ -856,7 +850,7 @@ mod stored_tests {
             "2026-11-27T10:00:00.000Z",
         );
         let mut later = first.clone();
-        later.at = "2026-11-27T10:02:00.000Z".into();
+        later.at = Stamp::parse("2026-11-27T10:02:00.000Z").unwrap();
         let mut other = first.clone();
         other.container_id = Some("c2".into());
         let merged = with_stored(vec![first.clone()], vec![later.clone(), other.clone()]);
@@ -967,7 +961,7 @@ mod stored_tests {
         }];
         f.told_by_workload = Some("DataLoader worker (pid 12) is killed by signal".into());
         // As the store writes it: with found_late beside the fields.
-        let row = crate::state::history::FailureRow::new(&f, true, SystemTime::now());
+        let row = crate::state::history::FailureRow::new(&f, true);
         let back: Failure = serde_json::from_str(&row.json).unwrap();
         assert_eq!(back, f);
         let json = serde_json::to_value(&f).unwrap();

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::evidence::{around, printable, redact};
-use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus};
+use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus, Stamp};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -297,8 +297,8 @@ pub struct Failure {
     pub container_id: Option<String>,
     pub image: Option<String>,
     pub kind: FindingKind,
-    /// RFC 3339.
-    pub at: String,
+    /// Written out as RFC 3339 UTC.
+    pub at: Stamp,
     pub source: FailureSource,
     pub evidence: String,
     pub pid: Option<i32>,
