@@ -385,11 +385,13 @@ fn large_history(dir: &Path, n: usize) {
         let at = SystemTime::now() - Duration::from_secs((n - i) as u64);
         let pod = format!("trainer-{}", i % 50);
         let failure = Failure {
-            namespace: Some("ml".into()),
-            pod: Some(pod.clone()),
-            pod_uid: None,
-            container: Some("trainer".into()),
-            container_id: Some(format!("{i:064x}")),
+            placed: shmlink::model::Placed {
+                namespace: Some("ml".into()),
+                pod: Some(pod.clone()),
+                pod_uid: None,
+                container: Some("trainer".into()),
+                container_id: Some(format!("{i:064x}")),
+            },
             image: None,
             kind: FindingKind::ShmAllocationFailed,
             at: at.into(),

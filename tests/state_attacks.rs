@@ -245,11 +245,13 @@ fn a_state_directory_others_may_write_is_made_private_and_anothers_is_refused() 
 
 fn failure(pod: &str, kind: FindingKind, at: SystemTime) -> Failure {
     Failure {
-        namespace: Some("ml".into()),
-        pod: Some(pod.into()),
-        pod_uid: None,
-        container: Some("trainer".into()),
-        container_id: Some(format!("{pod}-c0ffee")),
+        placed: shmlink::model::Placed {
+            namespace: Some("ml".into()),
+            pod: Some(pod.into()),
+            pod_uid: None,
+            container: Some("trainer".into()),
+            container_id: Some(format!("{pod}-c0ffee")),
+        },
         image: None,
         kind,
         at: at.into(),

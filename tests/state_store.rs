@@ -25,11 +25,13 @@ fn me() -> Identity {
 
 fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
     Failure {
-        namespace: Some(ns.into()),
-        pod: Some(pod.into()),
-        pod_uid: None,
-        container: Some("trainer".into()),
-        container_id: Some("c0ffee".into()),
+        placed: shmlink::model::Placed {
+            namespace: Some(ns.into()),
+            pod: Some(pod.into()),
+            pod_uid: None,
+            container: Some("trainer".into()),
+            container_id: Some("c0ffee".into()),
+        },
         image: None,
         kind: FindingKind::ShmAllocationFailed,
         at: at.into(),
@@ -868,7 +870,10 @@ fn rows_an_older_agent_stored_read_back_at_their_moment() {
         "served as stored"
     );
     let back = state::read_failures(tmp.path(), &state::Filter::default()).unwrap();
-    let pods: Vec<_> = back.iter().map(|f| f.pod.as_deref().unwrap()).collect();
+    let pods: Vec<_> = back
+        .iter()
+        .map(|f| f.placed.pod.as_deref().unwrap())
+        .collect();
     assert_eq!(pods, ["old-0", "old-1"], "the row with no time is left out");
     for f in &back {
         assert_eq!(f.at.time(), at);

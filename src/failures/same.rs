@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use crate::model::{parse_rfc3339, Failure, FailureSource, FindingKind};
+use crate::model::{parse_rfc3339, Failure, FailureSource, FindingKind, Placed};
 use crate::text;
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
@@ -62,9 +62,7 @@ struct Told {
     death: Death,
     source: FailureSource,
     at: SystemTime,
-    container_id: Option<String>,
-    pod_uid: Option<String>,
-    container: Option<String>,
+    placed: Placed,
     pid_in_container: Option<i32>,
     /// A hang's window: from the start of its collective to its timeout.
     window: Option<(SystemTime, SystemTime)>,
@@ -76,9 +74,7 @@ impl Told {
             death,
             source: f.source,
             at: f.at.time(),
-            container_id: f.container_id.clone(),
-            pod_uid: f.pod_uid.clone(),
-            container: f.container.clone(),
+            placed: f.placed.clone(),
             pid_in_container: f.pid_in_container,
             window: f.hang.as_ref().and_then(|h| {
                 Some((
@@ -105,29 +101,19 @@ impl Told {
     /// The same container: by ID where both name it (a restarted container has a new one), else
     /// by Pod UID and container name.
     fn same_container(&self, f: &Failure) -> bool {
-        same_container(
-            self.container_id.as_deref(),
-            self.pod_uid.as_deref(),
-            self.container.as_deref(),
-            f,
-        )
+        same_container(&self.placed, &f.placed)
     }
 }
 
-fn same_container(
-    id: Option<&str>,
-    pod_uid: Option<&str>,
-    name: Option<&str>,
-    f: &Failure,
-) -> bool {
-    match (id, f.container_id.as_deref()) {
-        (Some(a), Some(b)) if a == b => true,
+fn same_container(a: &Placed, b: &Placed) -> bool {
+    match (&a.container_id, &b.container_id) {
+        (Some(x), Some(y)) if x == y => true,
         _ => {
-            pod_uid.is_some()
-                && name.is_some()
-                && pod_uid == f.pod_uid.as_deref()
-                && name == f.container.as_deref()
-                && !ids_differ(id, f.container_id.as_deref())
+            a.pod_uid.is_some()
+                && a.container.is_some()
+                && a.pod_uid == b.pod_uid
+                && a.container == b.container
+                && !ids_differ(a.container_id.as_deref(), b.container_id.as_deref())
         }
     }
 }
@@ -167,29 +153,22 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
 /// process (and the same PID where both name one: two kills the kernel reports are two),
 /// moments apart.
 fn same_account(a: &Failure, b: &Failure) -> bool {
-    let placed = a.container_id.is_some() || a.pod_uid.is_some();
     a.kind == b.kind
         && a.evidence == b.evidence
         && within(a.at.time(), b.at.time(), FAULT_LINES)
         && (a.pid.is_none() || b.pid.is_none() || a.pid == b.pid)
-        && if placed {
-            same_container(
-                a.container_id.as_deref(),
-                a.pod_uid.as_deref(),
-                a.container.as_deref(),
-                b,
-            )
+        && if a.placed.is_placed() {
+            same_container(&a.placed, &b.placed)
         } else {
-            b.container_id.is_none() && b.pod_uid.is_none() && a.pid == b.pid
+            !b.placed.is_placed() && a.pid == b.pid
         }
 }
 
 /// `stored` is `unplaced`'s account (the same kind, line, moment and PID) that serve placed in a
 /// container while the process was still there.
 fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
-    unplaced.container_id.is_none()
-        && unplaced.pod_uid.is_none()
-        && (stored.container_id.is_some() || stored.pod_uid.is_some())
+    !unplaced.placed.is_placed()
+        && stored.placed.is_placed()
         && unplaced.pid.is_some()
         && unplaced.pid == stored.pid
         && unplaced.kind == stored.kind
@@ -209,13 +188,8 @@ fn read_at_the_moment(own: &Failure, stored: &Failure) -> bool {
         && kind == death(stored)
         && at_moment(stored)
         && !at_moment(own)
-        && (own.container_id.is_some() || own.pod_uid.is_some())
-        && same_container(
-            own.container_id.as_deref(),
-            own.pod_uid.as_deref(),
-            own.container.as_deref(),
-            stored,
-        )
+        && own.placed.is_placed()
+        && same_container(&own.placed, &stored.placed)
         && near(own.at.time(), stored.at.time())
 }
 
@@ -366,7 +340,7 @@ mod tests {
     ) -> Failure {
         let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
         f.source = source;
-        f.container_id = id.map(str::to_string);
+        f.placed.container_id = id.map(str::to_string);
         f.at = Stamp::parse(at).unwrap();
         f.evidence = evidence.to_string();
         f
@@ -485,7 +459,7 @@ mod tests {
         assert!(same.is_new(&later));
         // Another container of the Pod in the same hang is its own death.
         let mut other = hang("c3", "2026-11-24T10:00:00Z", "2026-11-24T10:10:00Z", 4);
-        other.container = Some("rank4".into());
+        other.placed.container = Some("rank4".into());
         assert!(same.is_new(&other));
     }
 
@@ -515,7 +489,7 @@ mod tests {
             "2026-11-24T10:00:00.000020Z",
             "ERROR: Unexpected bus error encountered in worker.",
         );
-        other.container = Some("evaluator".into());
+        other.placed.container = Some("evaluator".into());
         assert!(same.is_new(&other));
     }
 
@@ -618,7 +592,7 @@ mod tests {
             "2026-11-24T10:00:00Z",
             "OOMKilled",
         );
-        other.container = Some("sidecar".into());
+        other.placed.container = Some("sidecar".into());
         assert!(same.is_new(&other), "another container of the Pod");
         let late = death_of(
             FindingKind::WorkloadOomKilled,
@@ -717,7 +691,7 @@ mod tests {
 
         let mut same = SameDeath::default();
         let mut other = word(&at, &[57]);
-        other.container = Some("sidecar".into());
+        other.placed.container = Some("sidecar".into());
         let told = same.keep_new(vec![kill(FailureSource::Kernel, &at, None), other]);
         assert_eq!(told[0].told_by_workload, None, "another container's line");
 
@@ -756,7 +730,7 @@ mod stored_tests {
     fn at(kind: FindingKind, source: FailureSource, id: Option<&str>, at: &str) -> Failure {
         let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
         f.source = source;
-        f.container_id = id.map(str::to_string);
+        f.placed.container_id = id.map(str::to_string);
         f.at = Stamp::parse(at).unwrap();
         f
     }
@@ -831,7 +805,7 @@ mod stored_tests {
         assert_eq!(merged, vec![stored.clone()], "serve's stands");
         // Not over another container's death, nor one minutes away, nor without the moment.
         let mut other = stored.clone();
-        other.container_id = Some("c2".into());
+        other.placed.container_id = Some("c2".into());
         assert_eq!(with_stored(vec![own.clone()], vec![other]).len(), 2);
         let mut later = stored.clone();
         later.at = Stamp::parse("2026-11-27T10:05:00.000Z").unwrap();
@@ -852,7 +826,7 @@ mod stored_tests {
         let mut later = first.clone();
         later.at = Stamp::parse("2026-11-27T10:02:00.000Z").unwrap();
         let mut other = first.clone();
-        other.container_id = Some("c2".into());
+        other.placed.container_id = Some("c2".into());
         let merged = with_stored(vec![first.clone()], vec![later.clone(), other.clone()]);
         assert_eq!(merged.len(), 3, "{merged:#?}");
         // A host process's crash: by PID.
@@ -862,8 +836,8 @@ mod stored_tests {
             None,
             "2026-11-27T10:00:00.000Z",
         );
-        host.pod_uid = None;
-        host.container = None;
+        host.placed.pod_uid = None;
+        host.placed.container = None;
         host.pid = Some(7);
         let mut other_pid = host.clone();
         other_pid.pid = Some(8);
@@ -872,8 +846,8 @@ mod stored_tests {
         // check read the crash after its process was gone; serve had placed it: one failure,
         // serve's, with its container.
         let mut placed = host.clone();
-        placed.container_id = Some("c9".into());
-        placed.pod_uid = Some("u-9".into());
+        placed.placed.container_id = Some("c9".into());
+        placed.placed.pod_uid = Some("u-9".into());
         let merged = with_stored(vec![host.clone()], vec![placed.clone()]);
         assert_eq!(merged, vec![placed.clone()]);
         // Another PID is another crash, placed or not.

@@ -189,13 +189,13 @@ pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure])
             continue;
         }
         written.push(key);
-        let id = f.container_id.as_deref().unwrap_or("");
+        let id = f.placed.container_id.as_deref().unwrap_or("");
         let labels = [
-            ("namespace", f.namespace.as_deref().unwrap_or("")),
-            ("pod", f.pod.as_deref().unwrap_or("")),
-            ("container", f.container.as_deref().unwrap_or("")),
+            ("namespace", f.placed.namespace.as_deref().unwrap_or("")),
+            ("pod", f.placed.pod.as_deref().unwrap_or("")),
+            ("container", f.placed.container.as_deref().unwrap_or("")),
             ("container_id", id),
-            ("pod_uid", f.pod_uid.as_deref().unwrap_or("")),
+            ("pod_uid", f.placed.pod_uid.as_deref().unwrap_or("")),
             ("kind", f.kind.as_str()),
             ("reason", f.kind.event_reason().map_or("", |r| r.as_str())),
         ];
@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn the_newest_failures_valued_by_their_time_carry_no_text_of_theirs() {
         let mut f = failure(FindingKind::ShmBusError, "ml", "trainer-0", "u0");
-        f.container_id = Some("c0".into());
+        f.placed.container_id = Some("c0".into());
         f.message = "trainer-0 died of SIGBUS: its log said password=hunter2".into();
         f.evidence = "password=hunter2 Bus error".into();
         assert_eq!(

@@ -13,6 +13,7 @@ mod job_links;
 mod link_history;
 mod link_trend;
 mod named_from;
+mod placed;
 mod shm;
 mod sight;
 mod snapshot;
@@ -50,6 +51,7 @@ pub use link_history::{
 };
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
+pub use placed::Placed;
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};

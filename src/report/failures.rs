@@ -30,7 +30,7 @@ pub struct Group<'a> {
 /// A failure no scan placed in a container: a process the kernel named (a host process, or one
 /// gone before it could be placed).
 pub fn outside_containers(f: &Failure) -> bool {
-    f.container_id.is_none() && f.pod_uid.is_none() && f.pod.is_none()
+    f.placed.is_outside_containers()
 }
 
 /// The failures grouped: (the workload's own, the processes outside any known container), each

@@ -57,8 +57,8 @@ impl FailureRow {
         }
         FailureRow {
             at_ms: unix_ms(f.at.time()),
-            namespace: f.namespace.clone(),
-            pod: f.pod.clone(),
+            namespace: f.placed.namespace.clone(),
+            pod: f.placed.pod.clone(),
             kind: f.kind.as_str().to_string(),
             found_late,
             json: value.to_string(),
