@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use crate::model::{parse_rfc3339, Failure, FailureSource, FindingKind, Placed};
+use crate::model::{Failure, FailureSource, FindingKind, Placed};
 use crate::text;
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
@@ -76,12 +76,10 @@ impl Told {
             at: f.at.time(),
             placed: f.placed.clone(),
             pid_in_container: f.pid_in_container,
-            window: f.hang.as_ref().and_then(|h| {
-                Some((
-                    parse_rfc3339(h.started.as_deref()?)?,
-                    parse_rfc3339(&h.timed_out)?,
-                ))
-            }),
+            window: f
+                .hang
+                .as_ref()
+                .and_then(|h| Some((h.started?.time(), h.timed_out.time()))),
         }
     }
 
@@ -420,8 +418,8 @@ mod tests {
             process_group: None,
             timeout_ms: Some(600_000),
             ran_for_ms: None,
-            started: Some(started.into()),
-            timed_out: at.into(),
+            started: Some(Stamp::parse(started).unwrap()),
+            timed_out: Stamp::parse(at).unwrap(),
             links: crate::model::HangLinks {
                 verdict: crate::model::HangVerdict::Unknown,
                 gpus: Vec::new(),
