@@ -8,7 +8,7 @@ use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
     Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySplit, PairStatus,
-    PairThen, ShmThen, Who,
+    PairThen, Placed, ShmThen, Stamp, Who,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -82,14 +82,10 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     ));
     let image = image_of(&id, reading, known.pods);
     Some(Failure {
-        namespace: id.namespace,
-        pod: id.pod,
-        pod_uid: id.pod_uid,
-        container: id.container,
-        container_id: id.container_id,
+        placed: id,
         image,
         kind,
-        at: rfc3339(d.at),
+        at: Stamp(d.at),
         source: d.source,
         evidence: d.evidence.clone(),
         pid: d.pid,
@@ -140,7 +136,7 @@ fn shm_then(r: &ShmReading) -> ShmThen {
 }
 
 /// The container's image: Docker's record (the reading's), else its Pod's spec.
-fn image_of(id: &Identity, r: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
+fn image_of(id: &Placed, r: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
     let spec = || pods?.image_of(id.pod_uid.as_deref()?, id.container.as_deref()?);
     r.and_then(|r| r.image.clone())
         .or_else(|| spec().map(str::to_string))
@@ -183,14 +179,14 @@ struct Then<'a> {
 fn message(
     d: &Detected,
     kind: FindingKind,
-    id: &Identity,
+    id: &Placed,
     runtime: text::Runtime,
     then: &Then<'_>,
     job: &text::JobGpus<'_>,
 ) -> String {
     let (shm, memory) = (then.shm, then.memory);
     let at = rfc3339(d.at);
-    let who = id.name();
+    let who = name(id);
     // The line is quoted into a sentence that ends with its own full stop.
     let said = text::said(&d.evidence);
     match kind {
@@ -267,7 +263,7 @@ fn bus_message(
 /// Where the container runs, for its fix: a Pod when anything names one (its UID in the cgroup
 /// path is enough: kubelet made it), Docker when Docker told it or its cgroup is Docker's, else
 /// a bare runtime (runc, containerd without Kubernetes).
-fn runtime_of(d: &Detected, id: &Identity, reading: Option<&ShmReading>) -> text::Runtime {
+fn runtime_of(d: &Detected, id: &Placed, reading: Option<&ShmReading>) -> text::Runtime {
     use crate::cgroup::path::{parse_cgroup_path, Runtime as Cgroup};
     if id.pod.is_some() || id.pod_uid.is_some() {
         return text::Runtime::Pod;
@@ -335,51 +331,18 @@ fn oom_judged_with_reading(
 /// The finding `check` reports for a failure: about its container, or the node when the
 /// kernel's process could not be placed.
 pub fn finding(f: &Failure) -> Finding {
-    let subject = match (&f.container_id, &f.pod_uid, &f.pod) {
-        (None, None, None) => Subject::Node,
-        _ => Subject::Container(Box::new(f.container_ref())),
+    let subject = if f.placed.is_outside_containers() {
+        Subject::Node
+    } else {
+        Subject::Container(Box::new(f.container_ref()))
     };
     Finding::new(f.kind, subject, f.message.clone())
 }
 
-/// Identity fields as the source and the Pod cache give them.
-#[derive(Default)]
-struct Identity {
-    namespace: Option<String>,
-    pod: Option<String>,
-    pod_uid: Option<String>,
-    container: Option<String>,
-    container_id: Option<String>,
-}
-
-impl Identity {
-    /// The scan's reading names what the source did not (the Pod cache, Docker's record).
-    fn fill_from(&mut self, r: &ShmReading) {
-        self.namespace = self.namespace.take().or_else(|| r.namespace.clone());
-        self.pod = self.pod.take().or_else(|| r.pod.clone());
-        self.pod_uid = self.pod_uid.take().or_else(|| r.pod_uid.clone());
-        self.container = self.container.take().or_else(|| r.container.clone());
-        self.container_id = self
-            .container_id
-            .take()
-            .or_else(|| Some(r.container_id.clone()));
-    }
-
-    /// How the message names the container.
-    fn name(&self) -> String {
-        match (
-            &self.namespace,
-            &self.pod,
-            &self.container,
-            &self.container_id,
-        ) {
-            (Some(ns), Some(pod), Some(c), _) => format!("{ns}/{pod}/{c}"),
-            (Some(ns), Some(pod), None, _) => format!("{ns}/{pod}"),
-            (_, _, Some(c), _) => c.clone(),
-            (_, _, None, Some(id)) => crate::model::short_id(id).to_string(),
-            _ => text::UNKNOWN_PROCESS.to_string(),
-        }
-    }
+/// How the message names the container.
+fn name(id: &Placed) -> String {
+    id.name()
+        .unwrap_or_else(|| text::UNKNOWN_PROCESS.to_string())
 }
 
 /// How much later than the scan that found a container gone its process's crash may be stamped
@@ -433,7 +396,7 @@ fn crasher(d: &Detected) -> Option<Crasher<'_>> {
 
 /// The GPUs the failed process used: NVML's lists of it, else of its container, else the
 /// GPUs the kubelet says its Pod holds.
-fn gpus_used(d: &Detected, id: &Identity, known: Known<'_>) -> (Vec<u32>, Option<GpusFrom>) {
+fn gpus_used(d: &Detected, id: &Placed, known: Known<'_>) -> (Vec<u32>, Option<GpusFrom>) {
     let Some(s) = known.snapshot else {
         return (Vec::new(), None);
     };
@@ -468,7 +431,7 @@ fn culprits_among(gpus: &[u32], pairs: &[PairThen], snapshot: Option<&Snapshot>)
     crate::gpu::blame::among(snapshot.map(|s| &s.gpu_blame), gpus, failing)
 }
 
-fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
+fn identity(who: &Who, pods: Option<&PodIndex>) -> Placed {
     match who {
         Who::Pod {
             namespace,
@@ -480,7 +443,7 @@ fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
             // A log directory's name is whatever its writer chose; the Pod cache's name for a
             // known UID is the API server's.
             let meta = pods.and_then(|p| p.by_uid(uid));
-            Identity {
+            Placed {
                 namespace: Some(meta.map_or(namespace, |m| &m.namespace).clone()),
                 pod: Some(meta.map_or(pod, |m| &m.name).clone()),
                 pod_uid: Some(uid.clone()),
@@ -493,7 +456,7 @@ fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
             container_id,
         } => {
             let meta = pods.zip(pod_uid.as_deref()).and_then(|(p, u)| p.by_uid(u));
-            Identity {
+            Placed {
                 namespace: meta.map(|m| m.namespace.clone()),
                 pod: meta.map(|m| m.name.clone()),
                 pod_uid: pod_uid.clone(),
@@ -501,18 +464,18 @@ fn identity(who: &Who, pods: Option<&PodIndex>) -> Identity {
                 container_id: Some(container_id.clone()),
             }
         }
-        Who::Docker { container_id, name } => Identity {
+        Who::Docker { container_id, name } => Placed {
             container: Some(name.clone()),
             container_id: Some(container_id.clone()),
-            ..Identity::default()
+            ..Placed::default()
         },
-        Who::Process => Identity::default(),
+        Who::Process => Placed::default(),
     }
 }
 
 /// The scan's reading of that container: by ID, else by Pod and container name, else the
 /// Pod's fullest /dev/shm.
-fn reading_of<'a>(id: &Identity, shm: &'a [ShmReading]) -> Option<&'a ShmReading> {
+fn reading_of<'a>(id: &Placed, shm: &'a [ShmReading]) -> Option<&'a ShmReading> {
     if let Some(cid) = &id.container_id {
         if let Some(r) = shm.iter().find(|r| &r.container_id == cid) {
             return Some(r);
@@ -537,7 +500,7 @@ fn reading_of<'a>(id: &Identity, shm: &'a [ShmReading]) -> Option<&'a ShmReading
 
 /// The Pod's sandbox /dev/shm (on the host, shared by its containers, outliving them): what a
 /// death is judged with when no container of the Pod was measured, e.g. the dead one alone.
-fn pod_shm_of<'a>(id: &Identity, s: &'a Snapshot) -> Option<&'a ShmReading> {
+fn pod_shm_of<'a>(id: &Placed, s: &'a Snapshot) -> Option<&'a ShmReading> {
     let uid = id.pod_uid.as_deref()?;
     s.sandbox_shm
         .iter()
@@ -791,14 +754,14 @@ mod tests {
         };
         let f = told(Some(&pods));
         assert_eq!(
-            (f.namespace.as_deref(), f.pod.as_deref()),
+            (f.placed.namespace.as_deref(), f.placed.pod.as_deref()),
             (Some("ml"), Some("trainer-0"))
         );
         assert!(f.message.contains("ml/trainer-0/trainer"), "{}", f.message);
         assert!(!f.message.contains("payments"), "{}", f.message);
         // A UID the cache does not know: the path's word is all there is.
         let f = told(None);
-        assert_eq!(f.pod.as_deref(), Some("payments-0"));
+        assert_eq!(f.placed.pod.as_deref(), Some("payments-0"));
     }
 
     #[test]
@@ -814,8 +777,12 @@ mod tests {
             },
         )
         .expect("told");
-        assert_eq!(f.container_id.as_deref(), Some("aaaa"), "found by its Pod");
-        assert_eq!(f.at, "2026-11-18T11:06:40Z");
+        assert_eq!(
+            f.placed.container_id.as_deref(),
+            Some("aaaa"),
+            "found by its Pod"
+        );
+        assert_eq!(f.at.to_string(), "2026-11-18T11:06:40Z");
         let shm = f.shm.as_ref().expect("its /dev/shm then");
         assert!(shm.runtime_default);
         assert_eq!(shm.peak_bytes, Some(63 * MIB));
@@ -847,7 +814,7 @@ mod tests {
                 holders: &no_pods,
                 rules: DeathRules::default(),
             };
-            correlate(&d, known).expect("told").container_id
+            correlate(&d, known).expect("told").placed.container_id
         };
         // In the last scan, or found gone only after the crash: the container measured through
         // that PID.
@@ -930,7 +897,7 @@ mod tests {
         let f = correlate(&d, known).expect("told");
         assert_eq!(f.memory, d.memory);
         assert_eq!(
-            (f.namespace.as_deref(), f.pod.as_deref()),
+            (f.placed.namespace.as_deref(), f.placed.pod.as_deref()),
             (Some("ml"), Some("trainer-0"))
         );
         for part in [
@@ -1091,7 +1058,7 @@ mod tests {
             "{}",
             unmeasured.message
         );
-        assert_eq!(unmeasured.container_id.as_deref(), Some("dead"));
+        assert_eq!(unmeasured.placed.container_id.as_deref(), Some("dead"));
         let json = serde_json::to_value(&unmeasured).unwrap();
         assert_eq!(json["source"], "pod_status");
         assert_eq!(json["memory"]["source"], "pod_status");
@@ -1152,13 +1119,17 @@ mod tests {
         // Its start unknown (reaped before the line was read, no death trace): its command
         // alone is a guess another Pod's process could make true. Unplaced, without GPUs.
         let f = correlate(&d, known).expect("told");
-        assert_eq!(f.container_id, None, "{}", f.message);
+        assert_eq!(f.placed.container_id, None, "{}", f.message);
         assert!(f.gpus.is_empty(), "{}", f.message);
         // Its start read at the moment (the death trace): NVML's own process.
         d.pid_start = Some(1);
         let f = correlate(&d, known).expect("told");
-        assert_eq!(f.container_id.as_deref(), Some("aaaa"));
-        assert_eq!(f.pod.as_deref(), Some("trainer-0"), "named by its reading");
+        assert_eq!(f.placed.container_id.as_deref(), Some("aaaa"));
+        assert_eq!(
+            f.placed.pod.as_deref(),
+            Some("trainer-0"),
+            "named by its reading"
+        );
         assert_eq!(
             (f.gpus.clone(), f.gpus_from),
             (vec![5, 7], Some(GpusFrom::Process))
@@ -1180,7 +1151,7 @@ mod tests {
         let mut taken = d.clone();
         taken.pid_taken = true;
         let f = correlate(&taken, known).expect("told");
-        assert_eq!(f.container_id, None, "{}", f.message);
+        assert_eq!(f.placed.container_id, None, "{}", f.message);
         assert!(f.gpus.is_empty());
 
         // Issue 36: another process got PID 4242, crashed and was reaped. Its command, or its
@@ -1192,7 +1163,7 @@ mod tests {
         later.pid_start = Some(2);
         for reused in [other, later] {
             let f = correlate(&reused, known).expect("told");
-            assert_eq!(f.container_id, None, "{}", f.message);
+            assert_eq!(f.placed.container_id, None, "{}", f.message);
             assert!(
                 f.gpus.is_empty() && !f.message.contains("GPUs 5"),
                 "{}",
@@ -1477,7 +1448,7 @@ mod tests {
         assert_eq!(told.kind, FindingKind::ShmBusError, "{}", told.message);
         assert_eq!(told.shm.as_ref().and_then(|s| s.used_bytes), Some(64 * MIB));
         assert_eq!(
-            told.container_id.as_deref(),
+            told.placed.container_id.as_deref(),
             Some("dead"),
             "not the sandbox's"
         );

@@ -161,10 +161,10 @@ mod tests {
         let mut l = Ledger::default();
         let t0 = Instant::now();
         let mut a = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "a", "u-a");
-        a.container_id = Some("c-a".into());
+        a.placed.container_id = Some("c-a".into());
         a.image = Some("nvcr.io/nvidia/pytorch:24.05-py3".into());
         let mut b = fixtures::failure(FindingKind::ShmBusError, "ml", "b", "u-b");
-        b.container_id = Some("c-b".into());
+        b.placed.container_id = Some("c-b".into());
         l.record(&[a, b], t0);
         let images: Vec<(String, String)> = l
             .images()
@@ -180,7 +180,7 @@ mod tests {
         );
         // A day later with nothing new, the count goes and its image with it.
         let mut c = fixtures::failure(FindingKind::ShmBusError, "ml", "c", "u-c");
-        c.container_id = Some("c-c".into());
+        c.placed.container_id = Some("c-c".into());
         l.record(&[c], t0 + COUNT_LASTS);
         assert_eq!(l.images(), []);
     }
@@ -229,8 +229,10 @@ mod tests {
         l.record(&known, t0);
         let stranger = |i: usize| {
             let mut f = fixtures::failure(FindingKind::WorkloadOomKilled, "", "", "");
-            (f.namespace, f.pod, f.pod_uid, f.container) = (None, None, None, None);
-            f.container_id = Some(format!("{i:064x}"));
+            f.placed = crate::model::Placed {
+                container_id: Some(format!("{i:064x}")),
+                ..Default::default()
+            };
             f
         };
         for i in 0..COUNTS_MAX + 500 {

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use crate::model::{parse_rfc3339, Failure, FailureSource, FindingKind};
+use crate::model::{Failure, FailureSource, FindingKind, Placed};
 use crate::text;
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
@@ -61,10 +61,8 @@ fn death(f: &Failure) -> Option<Death> {
 struct Told {
     death: Death,
     source: FailureSource,
-    at: Option<SystemTime>,
-    container_id: Option<String>,
-    pod_uid: Option<String>,
-    container: Option<String>,
+    at: SystemTime,
+    placed: Placed,
     pid_in_container: Option<i32>,
     /// A hang's window: from the start of its collective to its timeout.
     window: Option<(SystemTime, SystemTime)>,
@@ -75,17 +73,13 @@ impl Told {
         Told {
             death,
             source: f.source,
-            at: parse_rfc3339(&f.at),
-            container_id: f.container_id.clone(),
-            pod_uid: f.pod_uid.clone(),
-            container: f.container.clone(),
+            at: f.at.time(),
+            placed: f.placed.clone(),
             pid_in_container: f.pid_in_container,
-            window: f.hang.as_ref().and_then(|h| {
-                Some((
-                    parse_rfc3339(h.started.as_deref()?)?,
-                    parse_rfc3339(&h.timed_out)?,
-                ))
-            }),
+            window: f
+                .hang
+                .as_ref()
+                .and_then(|h| Some((h.started?.time(), h.timed_out.time()))),
         }
     }
 
@@ -96,7 +90,7 @@ impl Told {
         self.death == Death::Oom
             && self.source != FailureSource::Log
             && self.same_container(word)
-            && near(self.at, parse_rfc3339(&word.at))
+            && near(self.at, word.at.time())
             && self
                 .pid_in_container
                 .is_none_or(|pid| word.worker_pids.contains(&pid))
@@ -105,29 +99,19 @@ impl Told {
     /// The same container: by ID where both name it (a restarted container has a new one), else
     /// by Pod UID and container name.
     fn same_container(&self, f: &Failure) -> bool {
-        same_container(
-            self.container_id.as_deref(),
-            self.pod_uid.as_deref(),
-            self.container.as_deref(),
-            f,
-        )
+        same_container(&self.placed, &f.placed)
     }
 }
 
-fn same_container(
-    id: Option<&str>,
-    pod_uid: Option<&str>,
-    name: Option<&str>,
-    f: &Failure,
-) -> bool {
-    match (id, f.container_id.as_deref()) {
-        (Some(a), Some(b)) if a == b => true,
+fn same_container(a: &Placed, b: &Placed) -> bool {
+    match (&a.container_id, &b.container_id) {
+        (Some(x), Some(y)) if x == y => true,
         _ => {
-            pod_uid.is_some()
-                && name.is_some()
-                && pod_uid == f.pod_uid.as_deref()
-                && name == f.container.as_deref()
-                && !ids_differ(id, f.container_id.as_deref())
+            a.pod_uid.is_some()
+                && a.container.is_some()
+                && a.pod_uid == b.pod_uid
+                && a.container == b.container
+                && !ids_differ(a.container_id.as_deref(), b.container_id.as_deref())
         }
     }
 }
@@ -158,7 +142,7 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
             told.push(s);
         }
     }
-    told.sort_by_key(|f| parse_rfc3339(&f.at));
+    told.sort_by_key(|f| f.at);
     told
 }
 
@@ -167,38 +151,27 @@ pub fn with_stored(mut told: Vec<Failure>, stored: Vec<Failure>) -> Vec<Failure>
 /// process (and the same PID where both name one: two kills the kernel reports are two),
 /// moments apart.
 fn same_account(a: &Failure, b: &Failure) -> bool {
-    let placed = a.container_id.is_some() || a.pod_uid.is_some();
     a.kind == b.kind
         && a.evidence == b.evidence
-        && within(parse_rfc3339(&a.at), parse_rfc3339(&b.at), FAULT_LINES)
+        && within(a.at.time(), b.at.time(), FAULT_LINES)
         && (a.pid.is_none() || b.pid.is_none() || a.pid == b.pid)
-        && if placed {
-            same_container(
-                a.container_id.as_deref(),
-                a.pod_uid.as_deref(),
-                a.container.as_deref(),
-                b,
-            )
+        && if a.placed.is_placed() {
+            same_container(&a.placed, &b.placed)
         } else {
-            b.container_id.is_none() && b.pod_uid.is_none() && a.pid == b.pid
+            !b.placed.is_placed() && a.pid == b.pid
         }
 }
 
 /// `stored` is `unplaced`'s account (the same kind, line, moment and PID) that serve placed in a
 /// container while the process was still there.
 fn placed_later(unplaced: &Failure, stored: &Failure) -> bool {
-    unplaced.container_id.is_none()
-        && unplaced.pod_uid.is_none()
-        && (stored.container_id.is_some() || stored.pod_uid.is_some())
+    !unplaced.placed.is_placed()
+        && stored.placed.is_placed()
         && unplaced.pid.is_some()
         && unplaced.pid == stored.pid
         && unplaced.kind == stored.kind
         && unplaced.evidence == stored.evidence
-        && within(
-            parse_rfc3339(&unplaced.at),
-            parse_rfc3339(&stored.at),
-            FAULT_LINES,
-        )
+        && within(unplaced.at.time(), stored.at.time(), FAULT_LINES)
 }
 
 /// `stored` is the same death as `own` (of its container, about the same time) judged by a
@@ -213,14 +186,9 @@ fn read_at_the_moment(own: &Failure, stored: &Failure) -> bool {
         && kind == death(stored)
         && at_moment(stored)
         && !at_moment(own)
-        && (own.container_id.is_some() || own.pod_uid.is_some())
-        && same_container(
-            own.container_id.as_deref(),
-            own.pod_uid.as_deref(),
-            own.container.as_deref(),
-            stored,
-        )
-        && near(parse_rfc3339(&own.at), parse_rfc3339(&stored.at))
+        && own.placed.is_placed()
+        && same_container(&own.placed, &stored.placed)
+        && near(own.at.time(), stored.at.time())
 }
 
 /// `stored` is `own`'s failure told better by serve: the same account, told while NVML still
@@ -300,7 +268,7 @@ impl SameDeath {
         let now = SystemTime::now();
         let told = &self.told;
         self.words.retain(|word| {
-            let at = parse_rfc3339(&word.at);
+            let at = word.at.time();
             if let Some(kill) = kept
                 .iter_mut()
                 .find(|f| f.told_by_workload.is_none() && tells(word, f))
@@ -314,7 +282,7 @@ impl SameDeath {
             // word: the same death.
             let told_before = told.iter().any(|t| t.is_told_by(word));
             // Waits a window for its kill, by the line's own time.
-            let fresh = at.is_some_and(|at| now.duration_since(at).unwrap_or_default() <= WINDOW);
+            let fresh = now.duration_since(at).unwrap_or_default() <= WINDOW;
             !told_before && fresh
         });
         while self.words.len() > WORDS {
@@ -347,22 +315,19 @@ fn one_hang(a: &Told, b: &Told) -> bool {
     }
 }
 
-fn near(a: Option<SystemTime>, b: Option<SystemTime>) -> bool {
+fn near(a: SystemTime, b: SystemTime) -> bool {
     within(a, b, WINDOW)
 }
 
-fn within(a: Option<SystemTime>, b: Option<SystemTime>, window: Duration) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => a.duration_since(b).unwrap_or_else(|e| e.duration()) <= window,
-        // A time that did not parse cannot tell two deaths apart: the same container suffices.
-        _ => true,
-    }
+fn within(a: SystemTime, b: SystemTime, window: Duration) -> bool {
+    a.duration_since(b).unwrap_or_else(|e| e.duration()) <= window
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures;
+    use crate::model::Stamp;
 
     fn death_of(
         kind: FindingKind,
@@ -373,8 +338,8 @@ mod tests {
     ) -> Failure {
         let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
         f.source = source;
-        f.container_id = id.map(str::to_string);
-        f.at = at.to_string();
+        f.placed.container_id = id.map(str::to_string);
+        f.at = Stamp::parse(at).unwrap();
         f.evidence = evidence.to_string();
         f
     }
@@ -453,8 +418,8 @@ mod tests {
             process_group: None,
             timeout_ms: Some(600_000),
             ran_for_ms: None,
-            started: Some(started.into()),
-            timed_out: at.into(),
+            started: Some(Stamp::parse(started).unwrap()),
+            timed_out: Stamp::parse(at).unwrap(),
             links: crate::model::HangLinks {
                 verdict: crate::model::HangVerdict::Unknown,
                 gpus: Vec::new(),
@@ -492,7 +457,7 @@ mod tests {
         assert!(same.is_new(&later));
         // Another container of the Pod in the same hang is its own death.
         let mut other = hang("c3", "2026-11-24T10:00:00Z", "2026-11-24T10:10:00Z", 4);
-        other.container = Some("rank4".into());
+        other.placed.container = Some("rank4".into());
         assert!(same.is_new(&other));
     }
 
@@ -522,7 +487,7 @@ mod tests {
             "2026-11-24T10:00:00.000020Z",
             "ERROR: Unexpected bus error encountered in worker.",
         );
-        other.container = Some("evaluator".into());
+        other.placed.container = Some("evaluator".into());
         assert!(same.is_new(&other));
     }
 
@@ -625,7 +590,7 @@ mod tests {
             "2026-11-24T10:00:00Z",
             "OOMKilled",
         );
-        other.container = Some("sidecar".into());
+        other.placed.container = Some("sidecar".into());
         assert!(same.is_new(&other), "another container of the Pod");
         let late = death_of(
             FindingKind::WorkloadOomKilled,
@@ -724,7 +689,7 @@ mod tests {
 
         let mut same = SameDeath::default();
         let mut other = word(&at, &[57]);
-        other.container = Some("sidecar".into());
+        other.placed.container = Some("sidecar".into());
         let told = same.keep_new(vec![kill(FailureSource::Kernel, &at, None), other]);
         assert_eq!(told[0].told_by_workload, None, "another container's line");
 
@@ -758,12 +723,13 @@ mod tests {
 mod stored_tests {
     use super::*;
     use crate::fixtures;
+    use crate::model::Stamp;
 
     fn at(kind: FindingKind, source: FailureSource, id: Option<&str>, at: &str) -> Failure {
         let mut f = fixtures::failure(kind, "ml", "trainer-0", "u-1");
         f.source = source;
-        f.container_id = id.map(str::to_string);
-        f.at = at.to_string();
+        f.placed.container_id = id.map(str::to_string);
+        f.at = Stamp::parse(at).unwrap();
         f
     }
 
@@ -784,7 +750,7 @@ mod stored_tests {
         // The log line serve stored, and check read back (same time to the millisecond or a
         // few seconds off where the clock conversion differs).
         let mut stored_line = line.clone();
-        stored_line.at = "2026-11-27T10:00:01.500Z".into();
+        stored_line.at = Stamp::parse("2026-11-27T10:00:01.500Z").unwrap();
         stored_line.found_late = true;
         // kubelet's OOMKilled for the kernel's kill: the same death from another source.
         let runtime = at(
@@ -837,10 +803,10 @@ mod stored_tests {
         assert_eq!(merged, vec![stored.clone()], "serve's stands");
         // Not over another container's death, nor one minutes away, nor without the moment.
         let mut other = stored.clone();
-        other.container_id = Some("c2".into());
+        other.placed.container_id = Some("c2".into());
         assert_eq!(with_stored(vec![own.clone()], vec![other]).len(), 2);
         let mut later = stored.clone();
-        later.at = "2026-11-27T10:05:00.000Z".into();
+        later.at = Stamp::parse("2026-11-27T10:05:00.000Z").unwrap();
         assert_eq!(with_stored(vec![own.clone()], vec![later]).len(), 2);
         let mut unread = stored.clone();
         unread.memory = Some(split(MemorySource::Docker));
@@ -856,9 +822,9 @@ mod stored_tests {
             "2026-11-27T10:00:00.000Z",
         );
         let mut later = first.clone();
-        later.at = "2026-11-27T10:02:00.000Z".into();
+        later.at = Stamp::parse("2026-11-27T10:02:00.000Z").unwrap();
         let mut other = first.clone();
-        other.container_id = Some("c2".into());
+        other.placed.container_id = Some("c2".into());
         let merged = with_stored(vec![first.clone()], vec![later.clone(), other.clone()]);
         assert_eq!(merged.len(), 3, "{merged:#?}");
         // A host process's crash: by PID.
@@ -868,8 +834,8 @@ mod stored_tests {
             None,
             "2026-11-27T10:00:00.000Z",
         );
-        host.pod_uid = None;
-        host.container = None;
+        host.placed.pod_uid = None;
+        host.placed.container = None;
         host.pid = Some(7);
         let mut other_pid = host.clone();
         other_pid.pid = Some(8);
@@ -878,8 +844,8 @@ mod stored_tests {
         // check read the crash after its process was gone; serve had placed it: one failure,
         // serve's, with its container.
         let mut placed = host.clone();
-        placed.container_id = Some("c9".into());
-        placed.pod_uid = Some("u-9".into());
+        placed.placed.container_id = Some("c9".into());
+        placed.placed.pod_uid = Some("u-9".into());
         let merged = with_stored(vec![host.clone()], vec![placed.clone()]);
         assert_eq!(merged, vec![placed.clone()]);
         // Another PID is another crash, placed or not.
@@ -967,7 +933,7 @@ mod stored_tests {
         }];
         f.told_by_workload = Some("DataLoader worker (pid 12) is killed by signal".into());
         // As the store writes it: with found_late beside the fields.
-        let row = crate::state::history::FailureRow::new(&f, true, SystemTime::now());
+        let row = crate::state::history::FailureRow::new(&f, true);
         let back: Failure = serde_json::from_str(&row.json).unwrap();
         assert_eq!(back, f);
         let json = serde_json::to_value(&f).unwrap();

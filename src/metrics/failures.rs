@@ -9,7 +9,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::model::SourceStats;
-use crate::model::{parse_rfc3339, ContainerRef, Failure, FindingKind};
+use crate::model::{ContainerRef, Failure, FindingKind};
 
 use super::shm::container_labels;
 use super::{counter, gauge, register_counters, set_flag, FlagGauge, Metrics};
@@ -189,25 +189,24 @@ pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure])
             continue;
         }
         written.push(key);
-        let id = f.container_id.as_deref().unwrap_or("");
+        let id = f.placed.container_id.as_deref().unwrap_or("");
         let labels = [
-            ("namespace", f.namespace.as_deref().unwrap_or("")),
-            ("pod", f.pod.as_deref().unwrap_or("")),
-            ("container", f.container.as_deref().unwrap_or("")),
+            ("namespace", f.placed.namespace.as_deref().unwrap_or("")),
+            ("pod", f.placed.pod.as_deref().unwrap_or("")),
+            ("container", f.placed.container.as_deref().unwrap_or("")),
             ("container_id", id),
-            ("pod_uid", f.pod_uid.as_deref().unwrap_or("")),
+            ("pod_uid", f.placed.pod_uid.as_deref().unwrap_or("")),
             ("kind", f.kind.as_str()),
             ("reason", f.kind.event_reason().map_or("", |r| r.as_str())),
         ];
-        gauge(&mut metric, &labels, unix_seconds(&f.at))?;
+        gauge(&mut metric, &labels, unix_seconds(f.at.time()))?;
     }
     Ok(())
 }
 
-/// RFC 3339 as Unix seconds; 0 for a time that does not parse (the series still says what died).
-fn unix_seconds(at: &str) -> f64 {
-    parse_rfc3339(at)
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+/// Unix seconds; 0 before 1970 (the series still says what died).
+fn unix_seconds(at: std::time::SystemTime) -> f64 {
+    at.duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_millis() as f64 / 1000.0)
 }
 
@@ -239,7 +238,7 @@ mod tests {
     #[test]
     fn the_newest_failures_valued_by_their_time_carry_no_text_of_theirs() {
         let mut f = failure(FindingKind::ShmBusError, "ml", "trainer-0", "u0");
-        f.container_id = Some("c0".into());
+        f.placed.container_id = Some("c0".into());
         f.message = "trainer-0 died of SIGBUS: its log said password=hunter2".into();
         f.evidence = "password=hunter2 Bus error".into();
         assert_eq!(
@@ -278,6 +277,7 @@ mod tests {
         assert!(got[9].contains("pod=\"p5\""), "{}", got[9]);
         assert!(!got.iter().any(|l| l.contains("pod=\"w\"")));
         assert!(!got.iter().any(|l| l.contains("message=")));
-        assert_eq!(super::unix_seconds("not a time"), 0.0);
+        let before_1970 = std::time::UNIX_EPOCH - std::time::Duration::from_secs(1);
+        assert_eq!(super::unix_seconds(before_1970), 0.0);
     }
 }

@@ -64,7 +64,7 @@ fn rich_snapshot() -> Snapshot {
     )];
     let mut told =
         crate::fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", "uid-0");
-    told.container_id = Some("c0ffee01".into());
+    told.placed.container_id = Some("c0ffee01".into());
     s.failures = vec![told];
     set_links(&mut s.gpus);
     set_fleet_keys(&mut s);

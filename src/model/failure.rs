@@ -6,7 +6,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::evidence::{around, printable, redact};
-use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus};
+use super::{
+    ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus, Placed, Stamp,
+};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -290,15 +292,14 @@ pub enum GpusFrom {
 /// and what was known then.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
-    pub namespace: Option<String>,
-    pub pod: Option<String>,
-    pub pod_uid: Option<String>,
-    pub container: Option<String>,
-    pub container_id: Option<String>,
+    /// Its container as far as it is known (`namespace`, `pod`, `pod_uid`, `container`,
+    /// `container_id`: the entry's own fields).
+    #[serde(flatten)]
+    pub placed: Placed,
     pub image: Option<String>,
     pub kind: FindingKind,
-    /// RFC 3339.
-    pub at: String,
+    /// Written out as RFC 3339 UTC.
+    pub at: Stamp,
     pub source: FailureSource,
     pub evidence: String,
     pub pid: Option<i32>,
@@ -350,13 +351,7 @@ impl Failure {
 
     /// Whose failure it is, as findings and the failure counter name a container.
     pub fn container_ref(&self) -> ContainerRef {
-        ContainerRef {
-            namespace: self.namespace.clone(),
-            pod: self.pod.clone(),
-            pod_uid: self.pod_uid.clone(),
-            container: self.container.clone(),
-            container_id: self.container_id.clone().unwrap_or_default(),
-        }
+        self.placed.to_ref()
     }
 }
 

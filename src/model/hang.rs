@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{GpuLinkDelta, PairStatus};
+use super::{GpuLinkDelta, PairStatus, Stamp};
 
 /// Which watchdog said it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,9 +109,9 @@ pub struct Hang {
     pub ran_for_ms: Option<u64>,
     /// When the collective began (the line's time less what it ran for, else less the timeout):
     /// RFC 3339; null when the line gives no duration.
-    pub started: Option<String>,
+    pub started: Option<Stamp>,
     /// When the watchdog gave up (the line's time).
-    pub timed_out: String,
+    pub timed_out: Stamp,
     pub links: HangLinks,
 }
 

@@ -30,15 +30,15 @@ pub struct Group<'a> {
 /// A failure no scan placed in a container: a process the kernel named (a host process, or one
 /// gone before it could be placed).
 pub fn outside_containers(f: &Failure) -> bool {
-    f.container_id.is_none() && f.pod_uid.is_none() && f.pod.is_none()
+    f.placed.is_outside_containers()
 }
 
 /// The failures grouped: (the workload's own, the processes outside any known container), each
-/// newest first. A time that does not read back counts as `now`.
-pub fn groups(failures: &[Failure], now: SystemTime) -> (Vec<Group<'_>>, Vec<Group<'_>>) {
+/// newest first.
+pub fn groups(failures: &[Failure]) -> (Vec<Group<'_>>, Vec<Group<'_>>) {
     let mut by: BTreeMap<(bool, Option<String>, FindingKind), Group<'_>> = BTreeMap::new();
     for f in failures.iter().filter(|f| !f.is_workload_word()) {
-        let at = text::parse_rfc3339(&f.at).unwrap_or(now);
+        let at = f.at.time();
         let other = outside_containers(f);
         let who = (!other).then(|| f.container_ref().to_string());
         by.entry((other, who.clone(), f.kind))
@@ -90,12 +90,9 @@ pub(super) fn head(g: &Group<'_>, now: SystemTime, paint: Paint) -> String {
 /// The latest failure's message with its exact time said as how long ago (the time is the
 /// failure's own `at`, written into the sentence as ` at <at>`).
 pub fn message_then(f: &Failure, now: SystemTime) -> String {
-    let Some(at) = text::parse_rfc3339(&f.at) else {
-        return f.message.clone();
-    };
     f.message.replacen(
         &format!(" at {}", f.at),
-        &format!(" {}", text::ago(at, now)),
+        &format!(" {}", text::ago(f.at.time(), now)),
         1,
     )
 }
@@ -108,7 +105,7 @@ pub fn write(
     now: SystemTime,
     style: Style,
 ) -> io::Result<()> {
-    let (own, others) = groups(failures, now);
+    let (own, others) = groups(failures);
     if !own.is_empty() {
         let deaths: usize = own.iter().map(|g| g.count).sum();
         writeln!(

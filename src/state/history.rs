@@ -49,20 +49,16 @@ pub struct FailureRow {
 }
 
 impl FailureRow {
-    /// The failure as `check --json` writes it, plus `found_late`. Its time is its own `at`
-    /// (RFC 3339), else `now`.
-    pub fn new(f: &Failure, found_late: bool, now: SystemTime) -> FailureRow {
+    /// The failure as `check --json` writes it, plus `found_late`, kept at its own `at`.
+    pub fn new(f: &Failure, found_late: bool) -> FailureRow {
         let mut value = serde_json::to_value(f).unwrap_or(Value::Null);
         if let Value::Object(map) = &mut value {
             map.insert("found_late".into(), Value::Bool(found_late));
         }
-        let at = humantime::parse_rfc3339_weak(&f.at)
-            .or_else(|_| humantime::parse_rfc3339(&f.at))
-            .unwrap_or(now);
         FailureRow {
-            at_ms: unix_ms(at),
-            namespace: f.namespace.clone(),
-            pod: f.pod.clone(),
+            at_ms: unix_ms(f.at.time()),
+            namespace: f.placed.namespace.clone(),
+            pod: f.placed.pod.clone(),
             kind: f.kind.as_str().to_string(),
             found_late,
             json: value.to_string(),

@@ -327,10 +327,9 @@ impl StoreSender {
     /// past them, and a kill then would tell them again. False: not sent (counted as dropped).
     pub fn told(&self, failures: &[Failure], puts: Vec<(String, Value)>) -> bool {
         let Some(tx) = &self.tx else { return false };
-        let now = SystemTime::now();
         let rows = failures
             .iter()
-            .map(|f| history::FailureRow::new(f, f.found_late, now))
+            .map(|f| history::FailureRow::new(f, f.found_late))
             .collect();
         let mut record = Record::Told(rows, puts);
         let deadline = Instant::now() + TOLD_WAIT;
@@ -351,11 +350,7 @@ impl StoreSender {
 
     /// A failure told (`found_late`: it happened while the agent was down).
     pub fn failure(&self, f: &Failure, found_late: bool) {
-        self.send(Record::Failure(history::FailureRow::new(
-            f,
-            found_late,
-            SystemTime::now(),
-        )));
+        self.send(Record::Failure(history::FailureRow::new(f, found_late)));
     }
 
     /// A finding began or ended at `at`.

@@ -9,7 +9,7 @@ use super::failures::{gpus_named, JobGpus};
 use super::job_links::{clock, counted, peer_name};
 use crate::model::{
     parse_rfc3339, GpusFrom, Hang, HangLinks, HangSaidBy, HangVerdict, LinkWent, NotWatched,
-    PairStatus, Watched,
+    PairStatus, Stamp, Watched,
 };
 
 /// Links named at most in one sentence; the rest are counted.
@@ -131,7 +131,7 @@ fn links(h: &Hang, gpus: &[u32]) -> String {
 /// culprit, ...`
 fn culprit(h: &Hang) -> String {
     let l = &h.links;
-    let start = h.started.as_deref().and_then(parse_rfc3339);
+    let start = h.started.map(Stamp::time);
     let into = |at: &str| -> Option<String> {
         match (start, parse_rfc3339(at)) {
             (Some(s), Some(t)) => t.duration_since(s).ok().map(span),
@@ -259,12 +259,12 @@ fn suspects(l: &HangLinks) -> String {
 /// Why the links over the hang are not known, or only partly.
 fn not_known(h: &Hang, gpus: &[u32]) -> String {
     let l = &h.links;
-    let began = h.started.as_deref().map(clock);
+    let began = h.started.map(|s| clock(&s.to_string()));
     let whole = match &began {
         Some(b) => format!(
             "the hang's window ({} to {})",
             b.trim_end_matches(" UTC"),
-            clock(&h.timed_out)
+            clock(&h.timed_out.to_string())
         ),
         None => "the hang's window".into(),
     };

@@ -384,14 +384,16 @@ fn large_history(dir: &Path, n: usize) {
         let at = SystemTime::now() - Duration::from_secs((n - i) as u64);
         let pod = format!("trainer-{}", i % 50);
         let failure = Failure {
-            namespace: Some("ml".into()),
-            pod: Some(pod.clone()),
-            pod_uid: None,
-            container: Some("trainer".into()),
-            container_id: Some(format!("{i:064x}")),
+            placed: shmlink::model::Placed {
+                namespace: Some("ml".into()),
+                pod: Some(pod.clone()),
+                pod_uid: None,
+                container: Some("trainer".into()),
+                container_id: Some(format!("{i:064x}")),
+            },
             image: None,
             kind: FindingKind::ShmAllocationFailed,
-            at: humantime::format_rfc3339_millis(at).to_string(),
+            at: at.into(),
             source: FailureSource::Log,
             evidence: evidence.clone(),
             pid: None,
@@ -409,7 +411,7 @@ fn large_history(dir: &Path, n: usize) {
             hang: None,
             message: message.clone(),
         };
-        let row = FailureRow::new(&failure, false, at);
+        let row = FailureRow::new(&failure, false);
         tx.execute(
             "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, 'ml', ?2, ?3, 0, ?4)",
             rusqlite::params![row.at_ms, pod, row.kind, row.json],

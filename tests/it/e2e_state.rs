@@ -182,7 +182,7 @@ fn a_day_of_history_is_the_same_over_http_and_from_the_cli() {
         let (ns, pod) = [("ml", "train-0"), ("ml", "train-1"), ("infer", "vllm-0")][i as usize % 3];
         let mut f = shmlink::fixtures::failure(FindingKind::ShmAllocationFailed, ns, pod, "u");
         let at = now - Duration::from_secs(300 + i * 600);
-        f.at = humantime::format_rfc3339_millis(at).to_string();
+        f.at = at.into();
         tx.failure(&f, i % 10 == 0);
     }
     assert!(tx.flush(Duration::from_secs(10)));

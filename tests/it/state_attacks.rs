@@ -245,14 +245,16 @@ fn a_state_directory_others_may_write_is_made_private_and_anothers_is_refused() 
 
 fn failure(pod: &str, kind: FindingKind, at: SystemTime) -> Failure {
     Failure {
-        namespace: Some("ml".into()),
-        pod: Some(pod.into()),
-        pod_uid: None,
-        container: Some("trainer".into()),
-        container_id: Some(format!("{pod}-c0ffee")),
+        placed: shmlink::model::Placed {
+            namespace: Some("ml".into()),
+            pod: Some(pod.into()),
+            pod_uid: None,
+            container: Some("trainer".into()),
+            container_id: Some(format!("{pod}-c0ffee")),
+        },
         image: None,
         kind,
-        at: humantime::format_rfc3339_millis(at).to_string(),
+        at: at.into(),
         source: FailureSource::Log,
         evidence: "ERROR: Unexpected bus error encountered in worker. This might be caused by \
                    insufficient shared memory (shm)."
@@ -347,7 +349,7 @@ fn a_storm_of_one_pods_deaths_never_erases_another_pods_history() {
         kind,
         t0 + Duration::from_millis(10_000 + (storm - 1) * 1000 / 103),
     );
-    assert_eq!(newest, last.at);
+    assert_eq!(newest, last.at.to_string());
     let text = state::history::render(&h);
     assert!(
         text.contains(&format!(
@@ -427,7 +429,7 @@ fn a_row_an_older_agent_stored_whole_is_served_redacted() {
     let mut f = failure("old-0", FindingKind::ShmAllocationFailed, SystemTime::now());
     f.evidence = "token=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln bus error \u{202e}exe".into();
     f.message = format!("its log said \"{}\"", f.evidence);
-    let row = state::history::FailureRow::new(&f, false, SystemTime::now());
+    let row = state::history::FailureRow::new(&f, false);
     let c = Connection::open(db(tmp.path())).unwrap();
     c.execute(
         "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, ?2, ?3, ?4, 0, ?5)",

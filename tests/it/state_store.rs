@@ -25,14 +25,16 @@ fn me() -> Identity {
 
 fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
     Failure {
-        namespace: Some(ns.into()),
-        pod: Some(pod.into()),
-        pod_uid: None,
-        container: Some("trainer".into()),
-        container_id: Some("c0ffee".into()),
+        placed: shmlink::model::Placed {
+            namespace: Some(ns.into()),
+            pod: Some(pod.into()),
+            pod_uid: None,
+            container: Some("trainer".into()),
+            container_id: Some("c0ffee".into()),
+        },
         image: None,
         kind: FindingKind::ShmAllocationFailed,
-        at: humantime::format_rfc3339_millis(at).to_string(),
+        at: at.into(),
         source: FailureSource::Log,
         evidence: "ERROR: Unexpected bus error encountered in worker".into(),
         pid: None,
@@ -834,4 +836,57 @@ fn a_failure_stored_before_named_from_reads_with_it_null_and_a_named_one_keeps_i
     let failures = state::read_failures(tmp.path(), &filter).unwrap();
     assert_eq!(failures.len(), 2, "the old row reads as a Failure too");
     assert!(failures.iter().any(|f| f.named_from.is_none()));
+}
+
+/// Rows an older agent stored: its time as text of any fraction (`.500`), without the fields
+/// added since. `history` and `/api/v1/failures` serve the row as stored; `check` and a
+/// restart read it as a failure at that moment; a row whose `at` is no time is left out.
+#[test]
+fn rows_an_older_agent_stored_read_back_at_their_moment() {
+    let tmp = tempfile::tempdir().unwrap();
+    drop(open(tmp.path(), &me(), &StateMetrics::default()).unwrap());
+    let at = UNIX_EPOCH + Duration::from_millis(1_795_000_001_500);
+    let old = |pod: &str, at_text: &str| {
+        let mut v = serde_json::to_value(failure("ml", pod, at)).unwrap();
+        let map = v.as_object_mut().unwrap();
+        map.remove("named_from");
+        map.insert("at".into(), json!(at_text));
+        v.to_string()
+    };
+    let c = Connection::open(db(tmp.path())).unwrap();
+    for (pod, at_text) in [
+        ("old-0", "2026-11-18T11:06:41.500Z"),
+        ("old-1", "2026-11-18T12:06:41.5+01:00"),
+        ("broken", "yesterday"),
+    ] {
+        c.execute(
+            "INSERT INTO failures (at_ms, namespace, pod, kind, found_late, json) VALUES (?1, 'ml', ?2, 'shm_allocation_failed', 0, ?3)",
+            rusqlite::params![shmlink::model::unix_ms(at), pod, old(pod, at_text)],
+        )
+        .unwrap();
+    }
+    drop(c);
+    assert_eq!(
+        humantime::format_rfc3339_millis(at).to_string(),
+        "2026-11-18T11:06:41.500Z"
+    );
+    let h = state::read_history(tmp.path(), &state::Filter::default()).unwrap();
+    assert_eq!(
+        h.failures[0]["at"], "2026-11-18T11:06:41.500Z",
+        "served as stored"
+    );
+    let back = state::read_failures(tmp.path(), &state::Filter::default()).unwrap();
+    let pods: Vec<_> = back
+        .iter()
+        .map(|f| f.placed.pod.as_deref().unwrap())
+        .collect();
+    assert_eq!(pods, ["old-0", "old-1"], "the row with no time is left out");
+    for f in &back {
+        assert_eq!(f.at.time(), at);
+        assert_eq!(f.named_from, None);
+        assert_eq!(
+            serde_json::to_value(f).unwrap()["at"],
+            "2026-11-18T11:06:41.5Z"
+        );
+    }
 }

@@ -8,7 +8,7 @@ mod window;
 
 use std::time::SystemTime;
 
-use crate::model::{rfc3339, Hang, HangFacts, Snapshot};
+use crate::model::{Hang, HangFacts, Snapshot, Stamp};
 
 /// The hang told at `at` by `facts`, on `gpus` (NVML indices), judged by the ledger the
 /// snapshot carries.
@@ -31,8 +31,8 @@ pub fn judged(
         process_group: facts.process_group.clone(),
         timeout_ms: facts.timeout_ms,
         ran_for_ms: facts.ran_for_ms,
-        started: window.map(|(s, _)| rfc3339(s)),
-        timed_out: rfc3339(at),
+        started: window.map(|(s, _)| Stamp(s)),
+        timed_out: Stamp(at),
         links: window::links_over(window, &asked),
     }
 }
@@ -133,7 +133,10 @@ mod tests {
             (h.links.verdict, h.links.gpus.as_slice()),
             (HangVerdict::Culprit, &[7][..])
         );
-        assert_eq!(h.started.as_deref(), Some("2026-11-18T11:06:50Z"));
+        assert_eq!(
+            h.started.map(|s| s.to_string()).as_deref(),
+            Some("2026-11-18T11:06:50Z")
+        );
         println!("{}", f.message);
         for part in [
             "PyTorch's NCCL watchdog ended ml/llama-0/trainer at 2026-11-18T11:16:50Z: ALLREDUCE \

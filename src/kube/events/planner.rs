@@ -231,9 +231,9 @@ impl EventPlanner {
             };
             // The Pod was resolved where the failure was made (`failures::correlate`).
             let (Some(namespace), Some(name), Some(uid)) = (
-                f.namespace.as_deref(),
-                f.pod.as_deref(),
-                f.pod_uid.as_deref(),
+                f.placed.namespace.as_deref(),
+                f.placed.pod.as_deref(),
+                f.placed.pod_uid.as_deref(),
             ) else {
                 // No Pod to regard: a plain Docker container, or a process not placed.
                 continue;

@@ -392,9 +392,9 @@ fn a_pod_failing_the_same_way_on_every_restart_keeps_one_series() {
 fn a_failure_without_a_pod_is_no_event() {
     let mut p = EventPlanner::new("node-a", HEARTBEAT);
     let mut f = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "x", UID);
-    f.namespace = None;
-    f.pod = None;
-    f.pod_uid = None;
+    f.placed.namespace = None;
+    f.placed.pod = None;
+    f.placed.pod_uid = None;
     assert_eq!(p.plan_failures(&[f], Instant::now()), vec![]);
 }
 

@@ -17,7 +17,7 @@ fn failure(kind: FindingKind, pod: Option<&str>, minutes: u64) -> Failure {
         .to_string();
     let mut f = fixtures::failure(kind, "ml", pod.unwrap_or("x"), "uid-1");
     if pod.is_none() {
-        (f.namespace, f.pod, f.pod_uid, f.container) = (None, None, None, None);
+        f.placed = crate::model::Placed::default();
         f.source = FailureSource::Kernel;
     }
     f.message = format!(
@@ -25,7 +25,7 @@ fn failure(kind: FindingKind, pod: Option<&str>, minutes: u64) -> Failure {
         pod.unwrap_or("process python (host PID 7)"),
         "word ".repeat(40).trim_end()
     );
-    f.at = at;
+    f.at = crate::model::Stamp::parse(&at).unwrap();
     f
 }
 
@@ -48,7 +48,7 @@ fn node() -> Vec<Failure> {
 #[test]
 fn failures_group_per_container_and_kind_newest_first_with_counts() {
     let failures = node();
-    let (own, others) = groups(&failures, now());
+    let (own, others) = groups(&failures);
     let heads: Vec<String> = own
         .iter()
         .map(|g| head(g, now(), Paint { on: false }))
