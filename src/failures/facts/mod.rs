@@ -43,8 +43,8 @@ pub const NEEDLES: &[&str] = &[
     "CUDA_ERROR_",
     "hipError",
     "NCCL WARN",
-    " failed: ",
-    " failed : ",
+    "failed: ",
+    "failed : ",
     // /dev/shm: names, calls, DataLoader's word (`shm.rs`); errnos come with Python's
     // `[Errno ` (a context needle already) or one of these on the line.
     "/dev/shm",
