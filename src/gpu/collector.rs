@@ -11,9 +11,11 @@ use super::node_info::NodeInfoKeeper;
 use super::nvml::NvmlGpus;
 use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
-use super::xid::{self, RecentXids, XidCounts};
+use super::verdict::{self, Facts};
+use super::xid::{self, FatalXids, HeldAges, RecentXids, XidCounts};
 use crate::model::{
-    Blame, GpuReading, GpuUsers, LinkErrors, NodeInfo, NvmlState, PairProbe, PairVerdict,
+    Blame, GpuReading, GpuUsers, GpuVerdict, LinkErrors, NodeInfo, NvmlState, PairProbe,
+    PairVerdict,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
@@ -26,6 +28,8 @@ const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);
 pub struct GpuScan {
     pub gpus: Vec<GpuReading>,
     pub pairs: Vec<PairVerdict>,
+    /// One verdict per GPU (`verdict.rs`).
+    pub verdicts: Vec<GpuVerdict>,
     /// XIDs since start per (GPU index, XID).
     pub xids: BTreeMap<(u32, u64), u64>,
     /// What the kernel log told as XIDs without NVML's word, per (GPU index, XID).
@@ -90,7 +94,12 @@ pub struct GpuCollector {
     /// loading after the agent).
     resume_since: FailingSince,
     node_info: NodeInfoKeeper,
+    /// The fatal XIDs held for `--gpu-fault-hold`, whether or not Kubernetes is written to.
+    fatal: FatalXids,
 }
+
+/// `--gpu-fault-hold`'s default.
+pub const DEFAULT_FAULT_HOLD: Duration = Duration::from_secs(3600);
 
 impl GpuCollector {
     /// `with_xid_thread` is off for one-shot `check`, where no event could arrive in time.
@@ -114,6 +123,7 @@ impl GpuCollector {
             nvml: NvmlState::disabled(),
             resume_since: HashMap::new(),
             node_info: NodeInfoKeeper::new(),
+            fatal: FatalXids::new(DEFAULT_FAULT_HOLD),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
@@ -169,6 +179,26 @@ impl GpuCollector {
             );
         }
         self
+    }
+
+    /// How long a fatal XID holds `GpuFault` after it was last seen.
+    pub fn with_fault_hold(mut self, hold: Duration) -> Self {
+        self.fatal = FatalXids::new(hold);
+        self
+    }
+
+    pub fn fault_hold(&self) -> Duration {
+        self.fatal.hold()
+    }
+
+    /// The fatal XIDs held now, for a restart to carry.
+    pub fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
+        self.fatal.ages(now)
+    }
+
+    /// Holds again what a restart carried (or what `serve` stored, for `check`).
+    pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
+        self.fatal.resume(held, now);
     }
 
     /// Where XIDs are counted: the kernel log's are added here by the scan thread.
@@ -231,25 +261,15 @@ impl GpuCollector {
                 }
                 scan
             }
-            State::Loaded(loaded) => {
-                let mut scan = loaded.scan(
-                    &self.proc_root,
-                    &mut self.sys,
-                    self.hypervisor.as_deref(),
-                    probes,
-                );
-                let missing = super::pci::not_in_nvml(&driver_gpus, &scan.gpus);
-                if !missing.is_empty() {
-                    scan.findings.push(Finding::new(
-                        FindingKind::GpuNotInNvml,
-                        Subject::Node,
-                        text::gpu_not_in_nvml(&missing, driver_gpus.len(), scan.gpus.len()),
-                    ));
-                }
-                scan
-            }
+            State::Loaded(loaded) => loaded.scan(
+                &self.proc_root,
+                &mut self.sys,
+                self.hypervisor.as_deref(),
+                probes,
+            ),
         };
         scan.driver_gpus = driver_gpus;
+        self.judge(&mut scan, Instant::now());
         scan.nvml = self.nvml.clone();
         let driver = match &self.state {
             State::Loaded(loaded) => loaded.driver.as_deref(),
@@ -257,6 +277,35 @@ impl GpuCollector {
         };
         scan.node_info = self.node_info.info(&self.proc_root, driver, Instant::now());
         scan
+    }
+}
+
+impl GpuCollector {
+    /// The held XIDs brought up to date with this scan's counts, and each GPU's verdict.
+    fn judge(&mut self, scan: &mut GpuScan, now: Instant) {
+        let counts = scan.xids.iter().map(|(&(gpu, xid), &n)| (gpu, xid, n));
+        let held = verdict::hold_xids(&mut self.fatal, &scan.gpus, counts, now);
+        scan.verdicts = verdict::judge(&Facts {
+            nvml_up: scan.nvml_up,
+            gpus: &scan.gpus,
+            driver_gpus: &scan.driver_gpus,
+            pairs: &scan.pairs,
+            blame: &scan.blame,
+            held: &held,
+        });
+        let missing: Vec<String> = scan
+            .verdicts
+            .iter()
+            .filter(|v| v.not_in_nvml)
+            .map(|v| v.pci_bus_id.clone())
+            .collect();
+        if !missing.is_empty() {
+            scan.findings.push(Finding::new(
+                FindingKind::GpuNotInNvml,
+                Subject::Node,
+                text::gpu_not_in_nvml(&missing, scan.driver_gpus.len(), scan.gpus.len()),
+            ));
+        }
     }
 }
 
@@ -318,6 +367,7 @@ impl Loaded {
         GpuScan {
             gpus: sample.gpus,
             pairs: judgement.pairs,
+            verdicts: Vec::new(),
             blame: judgement.blame,
             users: self.users.clone(),
             probes: sample.probes,

@@ -17,13 +17,14 @@ mod sight;
 mod snapshot;
 mod stats;
 mod traced;
+mod verdict;
 mod xid;
 
 pub use evidence::{around, printable, redact, REDACTED};
 pub use failure::{
-    DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource,
-    MemorySplit, PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS,
-    SHM_OOM_SHARE, SIGBUS,
+    DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
+    PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS, SHM_OOM_SHARE,
+    SIGBUS,
 };
 pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
 pub use fleet::{GpuKeys, NodeInfo, NodeKeys, PlatformInfo};
@@ -52,6 +53,7 @@ pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, XidCount};
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
 pub use traced::{TracedCause, TracedDeath};
+pub use verdict::{Culprit, GpuVerdict, HeldXid, OutReason};
 pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.

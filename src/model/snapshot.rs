@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::{
-    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, JobLinks,
-    NodeInfo, NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
+    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, GpuVerdict,
+    JobLinks, NodeInfo, NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
 /// XID errors of one kind on one GPU.
@@ -29,6 +29,11 @@ pub struct Snapshot {
     /// Filled by the GPU collector; empty when no NVML is loaded.
     pub gpus: Vec<GpuReading>,
     pub gpu_pairs: Vec<PairVerdict>,
+    /// One verdict per GPU (`gpu::verdict`): what every outlet that tells a GPU's health renders.
+    pub gpu_verdicts: Vec<GpuVerdict>,
+    /// How long a fatal XID holds (`--gpu-fault-hold`), for the words that say so.
+    #[serde(skip)]
+    pub gpu_fault_hold: std::time::Duration,
     /// Which GPUs the failing pairs point at: the pair judge's word, for every text that says
     /// what to reset.
     #[serde(skip)]

@@ -8,8 +8,8 @@ use rusqlite::{params, Connection, Transaction};
 use serde::Serialize;
 use serde_json::Value;
 
-pub use super::prune::{prune, Pruned, PER_OWNER};
 use super::pages::Plan;
+pub use super::prune::{prune, Pruned, PER_OWNER};
 use crate::model::{printable, redact, unix_ms, Failure, Finding, Subject};
 
 /// How much history is kept: the last `max_age`; at most `per_owner` rows of each kind per
