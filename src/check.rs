@@ -69,13 +69,16 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     if let Some((held, _)) = held {
         scanner.resume_held_xids(held, Instant::now());
     }
+    let scanned = Instant::now();
     let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
     if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
         crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
     }
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
-    read_back(&mut pipeline, &settings.sources, since);
+    let kernel_gpus = read_back(&mut pipeline, &settings.sources, since);
+    // The kernel log's XIDs since then, counted into the same GPU verdicts serve makes.
+    scanner.count_kernel_gpus(&mut snapshot, kernel_gpus, scanned);
     // The deaths the Pods' statuses record, as serve tells them from the watch.
     pipeline.exits(listed.iter().flatten().flat_map(deaths).map(|(_, d)| d));
     pipeline.after_scan(&snapshot, Instant::now());

@@ -11,7 +11,7 @@ use crate::gpu::pairs::PairRules;
 use crate::gpu::trend::{TrendKeeper, TrendRules};
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
-use crate::model::{CollectorName, CollectorRun, LinkSample, ShmReading, Snapshot, XidCount};
+use crate::model::{CollectorName, CollectorRun, LinkSample, ShmReading, Snapshot};
 use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget, MAX_YOUNG, YOUNG};
 use crate::shm::status::{shm_findings_by, Thresholds};
@@ -137,6 +137,17 @@ impl Scanner {
     /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
     pub fn xid_counts(&self) -> std::sync::Arc<crate::gpu::xid::XidCounts> {
         self.gpu.xid_counts()
+    }
+
+    /// `check`: the kernel log's GPU lines since `--since`, counted into `snapshot` (made by this
+    /// scanner at `scanned`) as `serve` counts them, and its GPU verdicts made again.
+    pub fn count_kernel_gpus(
+        &mut self,
+        snapshot: &mut Snapshot,
+        events: Vec<crate::gpu::xid::kernel::KernelGpu>,
+        scanned: Instant,
+    ) {
+        self.gpu.count_kernel(snapshot, events, scanned);
     }
 
     /// The fatal XIDs held now (by GPU UUID), for a restart, or `check`, to take up.
@@ -324,8 +335,8 @@ impl Scanner {
                 gpu_users: gpu.users,
                 job_links: Default::default(),
                 gpu_probes: gpu.probes,
-                xids: xid_counts(gpu.xids),
-                xids_unconfirmed: xid_counts(gpu.xids_unconfirmed),
+                xids: gpu.xids,
+                xids_unconfirmed: gpu.xids_unconfirmed,
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),
@@ -344,12 +355,4 @@ impl Scanner {
             link_samples: links.to_store,
         }
     }
-}
-
-/// The tallies per (GPU index, XID) as the snapshot lists them.
-fn xid_counts(tallies: std::collections::BTreeMap<(u32, u64), u64>) -> Vec<XidCount> {
-    tallies
-        .into_iter()
-        .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
-        .collect()
 }

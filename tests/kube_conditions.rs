@@ -103,7 +103,7 @@ fn link_down() -> Snapshot {
 
 fn xid(gpu: u32, xid: u64, count: u64) -> Snapshot {
     let mut s = fixtures::gpu_board(8);
-    s.xids = vec![XidCount { gpu, xid, count }];
+    s.xids = vec![XidCount::on(gpu, xid, count)];
     s
 }
 
@@ -285,11 +285,7 @@ async fn an_api_server_down_during_transitions_gets_the_latest_state_when_back()
     feed.update(&judged(link_down()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut both = link_down();
-    both.xids = vec![XidCount {
-        gpu: 2,
-        xid: 79,
-        count: 1,
-    }];
+    both.xids = vec![XidCount::on(2, 79, 1)];
     feed.update(&judged(both));
     eventually("failed writes counted", &api, || {
         (m.node_condition_write_errors.get() >= 2).then_some(())

@@ -445,11 +445,7 @@ async fn a_lost_gpu_and_a_held_xid_take_their_gpus_out_too() {
     let mut k = Keeper::start(&api, Effect::None, Duration::from_secs(3600));
     let mut s = board(&[]);
     s.gpus[5].lost = true;
-    s.xids = vec![shmlink::model::XidCount {
-        gpu: 2,
-        xid: 48,
-        count: 1,
-    }];
+    s.xids = vec![shmlink::model::XidCount::on(2, 48, 1)];
     k.scan(&s);
     eventually("two rules", &api, || api.rules().len() == 2).await;
     let taints: Vec<(Value, Value)> = api

@@ -12,10 +12,11 @@ use super::nvml::NvmlGpus;
 use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::verdict::{self, Facts};
+use super::xid::kernel::{KernelGpu, KernelXids};
 use super::xid::{self, FatalXids, HeldAges, RecentXids, XidCounts};
 use crate::model::{
     Blame, GpuReading, GpuUsers, GpuVerdict, LinkErrors, NodeInfo, NvmlState, PairProbe,
-    PairVerdict,
+    PairVerdict, Snapshot, XidCount,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
@@ -30,10 +31,10 @@ pub struct GpuScan {
     pub pairs: Vec<PairVerdict>,
     /// One verdict per GPU (`verdict.rs`).
     pub verdicts: Vec<GpuVerdict>,
-    /// XIDs since start per (GPU index, XID).
-    pub xids: BTreeMap<(u32, u64), u64>,
-    /// What the kernel log told as XIDs without NVML's word, per (GPU index, XID).
-    pub xids_unconfirmed: BTreeMap<(u32, u64), u64>,
+    /// XIDs since start per GPU (NVML's, by index; others by PCI address) and XID.
+    pub xids: Vec<XidCount>,
+    /// What the kernel log told as XIDs without NVML's word, per GPU and XID.
+    pub xids_unconfirmed: Vec<XidCount>,
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at (the pair judge's word).
     pub blame: Blame,
@@ -281,10 +282,54 @@ impl GpuCollector {
 }
 
 impl GpuCollector {
+    /// `check`: the kernel log's GPU lines read back since `--since` counted by `serve`'s rules
+    /// (the driver's shape; a fatal XID with NVML's word, `kernel::Word`, from the scan just
+    /// made, which read NVML after the lines), then the scan's XIDs and GPU verdicts made again.
+    pub fn count_kernel(&mut self, s: &mut Snapshot, events: Vec<KernelGpu>, scanned: Instant) {
+        let mut kernel = KernelXids::default();
+        let before = scanned
+            .checked_sub(Duration::from_millis(1))
+            .unwrap_or(scanned);
+        kernel.count(events, &s.gpus, &self.xids, before);
+        kernel.confirm(&s.gpus, s.nvml_up, scanned, &self.xids);
+        let mut scan = GpuScan {
+            gpus: std::mem::take(&mut s.gpus),
+            pairs: std::mem::take(&mut s.gpu_pairs),
+            blame: std::mem::take(&mut s.gpu_blame),
+            nvml_up: s.nvml_up,
+            driver_gpus: std::mem::take(&mut s.driver_gpus),
+            ..GpuScan::default()
+        };
+        if scan.nvml_up {
+            scan.xids = listed(&self.xids.snapshot(), &scan.gpus);
+            scan.xids_unconfirmed = listed(&self.xids.unconfirmed(), &scan.gpus);
+        }
+        self.judge(&mut scan, scanned);
+        s.gpus = scan.gpus;
+        s.gpu_pairs = scan.pairs;
+        s.gpu_blame = scan.blame;
+        s.driver_gpus = scan.driver_gpus;
+        s.xids = scan.xids;
+        s.xids_unconfirmed = scan.xids_unconfirmed;
+        s.gpu_verdicts = scan.verdicts;
+        // The words said once in the scan's findings: the GPUs NVML does not list.
+        s.findings.retain(|f| f.kind != FindingKind::GpuNotInNvml);
+        s.findings.extend(scan.findings);
+    }
+
     /// The held XIDs brought up to date with this scan's counts, and each GPU's verdict.
     fn judge(&mut self, scan: &mut GpuScan, now: Instant) {
-        let counts = scan.xids.iter().map(|(&(gpu, xid), &n)| (gpu, xid, n));
-        let held = verdict::hold_xids(&mut self.fatal, &scan.gpus, counts, now);
+        // The kernel log's XIDs on GPUs NVML does not list, by address (whether NVML loaded or
+        // not).
+        for ((pci, xid), count) in self.xids.by_address() {
+            scan.xids.push(XidCount {
+                gpu: None,
+                pci_bus_id: pci,
+                xid,
+                count,
+            });
+        }
+        let held = verdict::hold_xids(&mut self.fatal, &scan.gpus, &scan.xids, now);
         scan.verdicts = verdict::judge(&Facts {
             nvml_up: scan.nvml_up,
             gpus: &scan.gpus,
@@ -362,8 +407,10 @@ impl Loaded {
         );
         let judgement = self.judge.judge(&sample, now);
         let mut findings = judgement.findings;
-        let xids = self.xids.snapshot();
-        findings.extend(self.recent_xids.findings(&xids, now));
+        let tallies = self.xids.snapshot();
+        findings.extend(self.recent_xids.findings(&tallies, now));
+        let xids = listed(&tallies, &sample.gpus);
+        let xids_unconfirmed = listed(&self.xids.unconfirmed(), &sample.gpus);
         GpuScan {
             gpus: sample.gpus,
             pairs: judgement.pairs,
@@ -372,7 +419,7 @@ impl Loaded {
             users: self.users.clone(),
             probes: sample.probes,
             xids,
-            xids_unconfirmed: self.xids.unconfirmed(),
+            xids_unconfirmed,
             findings,
             nvml_up: true,
             nvml: NvmlState::default(),
@@ -382,6 +429,23 @@ impl Loaded {
             calls: stats.calls,
         }
     }
+}
+
+/// Tallies per (GPU index, XID) as the snapshot lists them, each with its GPU's address.
+fn listed(tallies: &BTreeMap<(u32, u64), u64>, gpus: &[GpuReading]) -> Vec<XidCount> {
+    tallies
+        .iter()
+        .map(|(&(gpu, xid), &count)| XidCount {
+            gpu: Some(gpu),
+            pci_bus_id: gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .and_then(|g| super::pci::canonical(&g.pci_bus_id))
+                .unwrap_or_default(),
+            xid,
+            count,
+        })
+        .collect()
 }
 
 /// The PCI bus ids the driver lists under `<proc root>/driver/nvidia/gpus` (one directory per

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::pci::not_in_nvml;
+use super::pci::{canonical, not_in_nvml};
 use super::xid::{FatalXids, Held};
 use crate::model::{
-    Blame, Culprit, GpuReading, GpuVerdict, OutReason, PairStatus, PairVerdict, SuspectBy,
+    Blame, Culprit, GpuReading, GpuVerdict, OutReason, PairStatus, PairVerdict, SuspectBy, XidCount,
 };
 use crate::text;
 
@@ -27,15 +27,12 @@ pub struct Facts<'a> {
 }
 
 /// The key a GPU's held XIDs go by: its UUID, else (NVML does not list it, or gives no UUID)
-/// its PCI address as the driver spells it, else `#<index>`.
+/// its PCI address (`pci::canonical`), else `#<index>`.
 pub fn key(g: &GpuReading) -> String {
     if !g.uuid.is_empty() {
-        g.uuid.clone()
-    } else if !g.pci_bus_id.is_empty() {
-        g.pci_bus_id.clone()
-    } else {
-        format!("#{}", g.index)
+        return g.uuid.clone();
     }
+    canonical(&g.pci_bus_id).unwrap_or_else(|| format!("#{}", g.index))
 }
 
 /// Each GPU's key by NVML index.
@@ -43,21 +40,24 @@ pub fn keys(gpus: &[GpuReading]) -> BTreeMap<u32, String> {
     gpus.iter().map(|g| (g.index, key(g))).collect()
 }
 
-/// The held XIDs brought up to date with this scan's counts (per (GPU index, XID)), keyed
-/// by [`key`]; those within the hold at `now`.
+/// The held XIDs brought up to date with this scan's counts, keyed by [`key`] (a GPU NVML
+/// does not list by its address); those within the hold at `now`.
 pub fn hold_xids(
     fatal: &mut FatalXids,
     gpus: &[GpuReading],
-    counts: impl IntoIterator<Item = (u32, u64, u64)>,
+    counts: &[XidCount],
     now: Instant,
 ) -> Vec<Held> {
     let keys = keys(gpus);
     fatal.rekey(&keys);
     let counts: Vec<(String, u64, u64)> = counts
-        .into_iter()
-        .map(|(gpu, xid, n)| {
-            let key = keys.get(&gpu).cloned();
-            (key.unwrap_or_else(|| format!("#{gpu}")), xid, n)
+        .iter()
+        .map(|x| {
+            let key = match x.gpu {
+                Some(gpu) => keys.get(&gpu).cloned().unwrap_or_else(|| format!("#{gpu}")),
+                None => x.pci_bus_id.clone(),
+            };
+            (key, x.xid, x.count)
         })
         .collect();
     fatal.observe(&counts, now);
@@ -73,10 +73,11 @@ pub fn judge(f: &Facts<'_>) -> Vec<GpuVerdict> {
     let mut out: Vec<GpuVerdict> = f.gpus.iter().map(|g| of_nvml_gpu(f, g)).collect();
     out.sort_by_key(|v| v.gpu);
     for pci in not_in_nvml(f.driver_gpus, f.gpus) {
+        let key = canonical(&pci).unwrap_or_else(|| pci.clone());
         out.push(GpuVerdict {
             gpu: None,
             uuid: String::new(),
-            held_xids: held_on(f.held, &pci),
+            held_xids: held_on(f.held, &key),
             pci_bus_id: pci,
             lost: false,
             not_in_nvml: true,

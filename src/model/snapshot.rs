@@ -10,11 +10,31 @@ use super::{
 };
 
 /// XID errors of one kind on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct XidCount {
-    pub gpu: u32,
+    /// NVML's index; None for a GPU NVML does not list (the kernel log named it by address).
+    pub gpu: Option<u32>,
+    /// `0000:29:00.0`; empty where not known.
+    pub pci_bus_id: String,
     pub xid: u64,
     pub count: u64,
+}
+
+impl XidCount {
+    /// `count` XIDs `xid` on NVML's GPU `gpu` (its address not said).
+    pub fn on(gpu: u32, xid: u64, count: u64) -> XidCount {
+        XidCount {
+            gpu: Some(gpu),
+            pci_bus_id: String::new(),
+            xid,
+            count,
+        }
+    }
+    /// The GPU as the metrics' `gpu` label names it: its index, else its PCI address.
+    pub fn gpu_label(&self) -> String {
+        self.gpu
+            .map_or_else(|| self.pci_bus_id.clone(), |g| g.to_string())
+    }
 }
 
 /// One scan of the machine.

@@ -12,7 +12,7 @@ const HOLD: Duration = Duration::from_secs(3600);
 fn with_xids(mut s: Snapshot, xids: &[(u32, u64, u64)]) -> Snapshot {
     s.xids = xids
         .iter()
-        .map(|&(gpu, xid, count)| XidCount { gpu, xid, count })
+        .map(|&(gpu, xid, count)| XidCount::on(gpu, xid, count))
         .collect();
     s
 }
@@ -236,4 +236,20 @@ fn lost_gpus_fatal_xids_and_recovery_actions_put_gpus_out_the_strongest_first() 
     );
     assert!(v[2].out_besides_xids(), "its recovery action blames it too");
     assert!(!v[4].out_besides_xids());
+}
+
+#[test]
+fn an_xid_on_a_gpu_nvml_does_not_list_is_held_on_its_address() {
+    let mut s = gpu_board(8);
+    s.gpus.pop(); // the driver lists 0000:1f:00.0, NVML does not
+    s.xids = vec![XidCount {
+        gpu: None,
+        pci_bus_id: "0000:1f:00.0".into(),
+        xid: 79,
+        count: 1,
+    }];
+    let v = verdicts(s);
+    let missing = v.iter().find(|v| v.not_in_nvml).unwrap();
+    assert_eq!(missing.held_xids.len(), 1, "{missing:?}");
+    assert_eq!(missing.held_xids[0].xid, 79);
 }

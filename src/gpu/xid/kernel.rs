@@ -354,10 +354,14 @@ impl KernelXids {
                     );
                     counts.record_kernel(gpu.index, xid);
                 }
-                None => tracing::warn!(
-                    xid,
-                    "the kernel log reports XID {xid} on PCI {pci}, which is none of NVML's GPUs"
-                ),
+                None => {
+                    tracing::warn!(
+                        xid,
+                        "the kernel log reports XID {xid} on PCI {pci}, which is none of NVML's \
+                         GPUs: kept by its address"
+                    );
+                    counts.record_kernel_at(&pci, xid);
+                }
             }
         }
     }
@@ -631,6 +635,39 @@ mod tests {
         assert_eq!(counts.unconfirmed()[&(0, 48)], 1);
         k.count(vec![xid_on("0000:18:00", 13, None)], &board, &counts, t0);
         assert_eq!(counts.snapshot()[&(0, 13)], 1);
+    }
+
+    #[test]
+    fn an_xid_on_a_gpu_nvml_does_not_list_is_kept_by_its_address() {
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        let t0 = Instant::now();
+        // 0000:29:00 is none of the board's GPUs (NVML lost it, or never listed it).
+        let lines = vec![
+            xid_on("0000:29:00", 79, None),
+            xid_on("0000:29:00", 48, None),
+        ];
+        k.count(lines, &board(), &counts, t0);
+        assert!(counts.snapshot().is_empty());
+        assert_eq!(
+            counts.by_address(),
+            BTreeMap::from([
+                (("0000:29:00.0".to_string(), 48), 1),
+                (("0000:29:00.0".to_string(), 79), 1)
+            ])
+        );
+        // A lookalike at such an address stays nothing.
+        let forged = gpus(kmsg::FORGED_XID).into_iter().flatten().take(1);
+        let forged = forged.map(|g| match g {
+            KernelGpu::Lookalike { xid, why, .. } => KernelGpu::Lookalike {
+                pci: "0000:29:00".into(),
+                xid,
+                why,
+            },
+            other => other,
+        });
+        k.count(forged.collect(), &board(), &counts, t0);
+        assert_eq!(counts.by_address().len(), 2);
     }
 
     #[test]

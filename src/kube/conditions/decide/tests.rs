@@ -24,7 +24,7 @@ fn judge() -> Judge {
 fn with_xids(mut s: Snapshot, xids: &[(u32, u64, u64)]) -> Snapshot {
     s.xids = xids
         .iter()
-        .map(|&(gpu, xid, count)| XidCount { gpu, xid, count })
+        .map(|&(gpu, xid, count)| XidCount::on(gpu, xid, count))
         .collect();
     s
 }

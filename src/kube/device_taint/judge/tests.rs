@@ -30,7 +30,7 @@ fn blamed_with(s: &Snapshot, xids: &[(u32, u64, u64)]) -> Vec<Blamed> {
     let mut s = s.clone();
     s.xids = xids
         .iter()
-        .map(|&(gpu, xid, count)| XidCount { gpu, xid, count })
+        .map(|&(gpu, xid, count)| XidCount::on(gpu, xid, count))
         .collect();
     let fatal = &mut FatalXids::new(Duration::from_secs(3600));
     blamed(&judged(s, fatal, Instant::now()))
