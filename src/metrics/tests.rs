@@ -152,6 +152,7 @@ fn set_pcie(gpu: &mut GpuReading) {
             bridge: false,
             aer: Some(crate::model::AerTotals::default()),
             acs: crate::model::AcsState::Unknown,
+            link_width: None,
         },
         crate::model::PcieHop {
             bdf: "0000:18:08.0".into(),
@@ -162,6 +163,7 @@ fn set_pcie(gpu: &mut GpuReading) {
                 fatal: 0,
             }),
             acs: crate::model::AcsState::Control(0x001d),
+            link_width: None,
         },
     ];
 }
