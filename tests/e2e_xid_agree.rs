@@ -1,11 +1,11 @@
 //! `check --since` and `serve` on one kernel log (issue 52): the real `shmlink serve` with the
-//! fake NVML's 8-GPU board and the in-process API server reads driver XID lines from a file in
-//! /dev/kmsg's format (a non-fatal XID on GPU 1; a fatal XID 48 on GPU 2, whose NVML recovery
-//! action asks for a reset: NVML's word; an XID 79 on 0000:29:00, a GPU NVML does not list),
-//! then `shmlink check --since` reads the same file. Both count the same XIDs (`xids[]` of
-//! check, `shmlink_gpu_xid_errors_total` of serve, the unlisted GPU by its address) and make the
-//! same verdict of GPU 2 (serve's `GpuFault` telling XID 48 held; check's `gpu_verdicts`). Needs neither root
-//! nor containers.
+//! fake NVML's 8-GPU board and the in-process API server reads from a file in /dev/kmsg's format
+//! driver XID lines (a non-fatal XID on GPU 1; a fatal XID 48 on GPU 2, whose NVML recovery action
+//! asks for a reset: NVML's word; an XID 79 on 0000:29:00, a GPU NVML does not list) and an AMD-Vi
+//! IO page fault naming GPU 4; then `shmlink check --since` reads the same file. Both count the
+//! same XIDs (`xids[]` of check, `shmlink_gpu_xid_errors_total` of serve, the unlisted GPU by its
+//! address), tell the IOMMU fault on GPU 4, and make the same verdict of GPU 2 (serve's `GpuFault`
+//! telling XID 48 held; check's `gpu_verdicts`). Needs neither root nor containers.
 
 mod common;
 
@@ -65,7 +65,9 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
          uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at \
          partition 1, subpartition 0.\n\
          4,8003,{at},-;NVRM: Xid (PCI:0000:29:00): 79, pid=<unknown>, name=<unknown>, GPU has \
-         fallen off the bus."
+         fallen off the bus.\n\
+         3,8004,{at},-;AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:9a:00.0 domain=0x0000 \
+         address=0xfd000000 flags=0x0020]"
     )
     .unwrap();
     drop(f);
@@ -105,6 +107,27 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
             .contains("XID 48 (Double Bit ECC Error) on GPU 2"),
         "{fault:#}\n{}",
         agent.log_text()
+    );
+
+    // The IOMMU fault naming GPU 4 (9a:00): its Event.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let event = loop {
+        let found = api
+            .events()
+            .into_iter()
+            .find(|e| e["reason"] == "GpuIommuFault");
+        if found.is_some() || std::time::Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let event = event.unwrap_or_else(|| panic!("no GpuIommuFault Event: {}", agent.log_text()));
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("The IOMMU blocked 1 DMA of GPU 4"),
+        "{event:#}"
     );
 
     let lib = fake_nvml::lib();
@@ -155,6 +178,14 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
         .unwrap();
     assert_eq!(gpu2["held_xids"][0]["xid"], 48, "{gpu2:#}");
     assert_eq!(gpu2["recovery_action"], "gpu_reset", "{gpu2:#}");
+    let iommu: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "gpu_iommu_fault")
+        .collect();
+    assert_eq!(iommu.len(), 1, "{iommu:#?}");
+    assert_eq!(iommu[0]["subject"], "GPU 4");
     let gpu1 = &report["gpu_verdicts"][1];
     assert_eq!(gpu1["held_xids"], json!([]), "XID 13 is the application's");
     assert!(agent.terminate().success());

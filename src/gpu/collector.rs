@@ -13,7 +13,7 @@ use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::verdict::{self, Facts};
 use super::xid::kernel::{KernelGpu, KernelXids};
-use super::xid::{self, FatalXids, HeldAges, RecentXids, XidCounts};
+use super::xid::{self, FatalXids, HeldAges, RecentIommu, RecentXids, XidCounts};
 use crate::model::{
     Blame, GpuReading, GpuUsers, GpuVerdict, LinkErrors, NodeInfo, NvmlState, PairProbe,
     PairVerdict, Snapshot, XidCount,
@@ -62,6 +62,7 @@ struct Loaded {
     judge: PairJudge,
     xids: Arc<XidCounts>,
     recent_xids: RecentXids,
+    recent_iommu: RecentIommu,
 }
 
 enum State {
@@ -155,6 +156,7 @@ impl GpuCollector {
                     judge: PairJudge::new(self.rules),
                     xids,
                     recent_xids: RecentXids::default(),
+                    recent_iommu: RecentIommu::default(),
                 }))
             }
             Err(e) => {
@@ -305,6 +307,11 @@ impl GpuCollector {
             scan.xids_unconfirmed = listed(&self.xids.unconfirmed(), &scan.gpus);
         }
         self.judge(&mut scan, scanned);
+        if let State::Loaded(loaded) = &mut self.state {
+            let iommu = loaded.recent_iommu.findings(&self.xids.iommu(), scanned);
+            s.findings.retain(|f| f.kind != FindingKind::GpuIommuFault);
+            s.findings.extend(iommu);
+        }
         s.gpus = scan.gpus;
         s.gpu_pairs = scan.pairs;
         s.gpu_blame = scan.blame;
@@ -409,6 +416,7 @@ impl Loaded {
         let mut findings = judgement.findings;
         let tallies = self.xids.snapshot();
         findings.extend(self.recent_xids.findings(&tallies, now));
+        findings.extend(self.recent_iommu.findings(&self.xids.iommu(), now));
         let xids = listed(&tallies, &sample.gpus);
         let xids_unconfirmed = listed(&self.xids.unconfirmed(), &sample.gpus);
         GpuScan {

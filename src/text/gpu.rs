@@ -271,6 +271,18 @@ pub fn gpu_pcie_degraded(
     )
 }
 
+/// `gpu_iommu_fault`: the IOMMU blocked DMAs of GPU `g`.
+pub fn gpu_iommu_fault(g: u32, count: u64) -> String {
+    format!(
+        "The IOMMU blocked {count} DMA{} of GPU {g} (an IO_PAGE_FAULT naming it in the kernel \
+         log): peer-to-peer traffic the IOMMU does not map fails or hangs, a known cause of NCCL \
+         P2P hangs. Boot with `iommu=pt` so devices DMA untranslated, or turn off ACS redirect on \
+         the PCIe switch ports between the GPUs; `dmesg | grep -e IO_PAGE_FAULT -e DMAR` shows \
+         the faults.",
+        if count == 1 { "" } else { "s" }
+    )
+}
+
 /// `gpu_pcie_errors`: AER growth on the GPU and the bridges above it.
 pub fn gpu_pcie_errors(
     g: u32,

@@ -24,6 +24,8 @@ struct Tallies {
     /// XIDs the kernel log told on a GPU NVML does not list, by its PCI address
     /// (`pci::canonical`).
     by_address: BTreeMap<(String, u64), u64>,
+    /// IOMMU IO page faults the kernel log told per GPU index (`kernel::KernelGpu::IommuFault`).
+    iommu: BTreeMap<u32, u64>,
 }
 
 impl XidCounts {
@@ -67,6 +69,23 @@ impl XidCounts {
                 tally.insert((pci, xid), 1);
             }
         }
+    }
+
+    /// One IOMMU fault naming GPU `gpu`.
+    pub fn record_iommu(&self, gpu: u32) {
+        if let Ok(mut t) = self.counts.lock() {
+            if t.iommu.len() < MAX_TALLIES || t.iommu.contains_key(&gpu) {
+                *t.iommu.entry(gpu).or_default() += 1;
+            }
+        }
+    }
+
+    /// The IOMMU faults per GPU index.
+    pub fn iommu(&self) -> BTreeMap<u32, u64> {
+        self.counts
+            .lock()
+            .map(|t| t.iommu.clone())
+            .unwrap_or_default()
     }
 
     /// The tallies by PCI address ([`XidCounts::record_kernel_at`]).

@@ -17,4 +17,4 @@ pub mod saved;
 
 pub use counts::XidCounts;
 pub use nvml_events::spawn;
-pub use recent::{FatalXids, Held, HeldAges, RecentXids, XID_LASTS};
+pub use recent::{FatalXids, Held, HeldAges, RecentIommu, RecentXids, XID_LASTS};
