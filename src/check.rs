@@ -11,6 +11,7 @@ use crate::failures::correlate::finding;
 use crate::failures::same::with_stored;
 use crate::failures::sources::read_back;
 use crate::failures::{Mode, Pipeline, Sources};
+use crate::gpu::xid::{saved, HeldAges};
 use crate::host::HostError;
 use crate::kube::events::GpuHolders;
 use crate::kube::exits::deaths;
@@ -53,18 +54,31 @@ pub enum CheckError {
 pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let listed = pods_once(settings.kube, &settings.scan.node)?;
     let pods = listed.as_deref().map(|p| PodIndex::new(p.iter()));
-    let mut scanner = Scanner::for_check(&settings.scan)?;
+    let proc_root = &settings.scan.host.proc_root;
+    let held = (settings.state_dir.as_deref()).and_then(|d| serve_held_xids(d, proc_root));
+    let mut scan = settings.scan.clone();
+    if let Some(hold) = held.as_ref().and_then(|(_, hold)| *hold) {
+        scan.gpu_fault_hold = hold;
+    }
+    let mut scanner = Scanner::for_check(&scan)?;
     // serve's link counters over the days, judged with this scan's sample as serve would.
     if let Some(dir) = settings.state_dir.as_deref() {
         scanner.resume_link_samples(stored_links(dir));
     }
+    // serve's fatal XIDs still within their hold: the same GPU verdicts as serve's.
+    if let Some((held, _)) = held {
+        scanner.resume_held_xids(held, Instant::now());
+    }
+    let scanned = Instant::now();
     let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
     if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
         crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
     }
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
-    read_back(&mut pipeline, &settings.sources, since);
+    let kernel_gpus = read_back(&mut pipeline, &settings.sources, since);
+    // The kernel log's XIDs since then, counted into the same GPU verdicts serve makes.
+    scanner.count_kernel_gpus(&mut snapshot, kernel_gpus, scanned);
     // The deaths the Pods' statuses record, as serve tells them from the watch.
     pipeline.exits(listed.iter().flatten().flat_map(deaths).map(|(_, d)| d));
     pipeline.after_scan(&snapshot, Instant::now());
@@ -127,6 +141,21 @@ fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
     serde_json::from_value(value)
         .ok()
         .and_then(crate::model::JobLinks::restore)
+}
+
+/// The fatal XIDs serve holds (this boot's) and the hold it holds them for; None without a
+/// store, or when unreadable (said).
+fn serve_held_xids(dir: &Path, proc_root: &Path) -> Option<(Vec<HeldAges>, Option<Duration>)> {
+    let read = state::read_checkpoint(dir, saved::HELD_XIDS_KEY);
+    let value = serves(dir, "the fatal XIDs held", read)??;
+    let boot_id = crate::state::boot_id(proc_root);
+    match saved::restore_xids(&value, &boot_id, SystemTime::now()) {
+        Ok(held) => Some((held?, saved::saved_hold(&value))),
+        Err(e) => {
+            tracing::warn!("the fatal XIDs serve stored do not parse ({e}): left out");
+            None
+        }
+    }
 }
 
 /// The link counters serve stored; none where there is no store or it cannot be read (said).

@@ -11,7 +11,7 @@ use crate::gpu::pairs::PairRules;
 use crate::gpu::trend::{TrendKeeper, TrendRules};
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
-use crate::model::{CollectorName, CollectorRun, LinkSample, ShmReading, Snapshot, XidCount};
+use crate::model::{CollectorName, CollectorRun, LinkSample, ShmReading, Snapshot};
 use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget, MAX_YOUNG, YOUNG};
 use crate::shm::status::{shm_findings_by, Thresholds};
@@ -32,6 +32,8 @@ pub struct ScanSettings {
     pub pair_rules: PairRules,
     /// Docker's root, for the names and images of plain Docker containers.
     pub docker_root: Option<PathBuf>,
+    /// How long a fatal XID holds its GPU's fault after it was last seen.
+    pub gpu_fault_hold: Duration,
 }
 
 /// How `serve` scans, beyond what `check` does.
@@ -117,7 +119,8 @@ impl Scanner {
             with_xid_thread,
             settings.pair_rules,
         )
-        .with_sys_root(&settings.sys_root);
+        .with_sys_root(&settings.sys_root)
+        .with_fault_hold(settings.gpu_fault_hold);
         Scanner::new(
             &settings.host,
             settings.node.clone(),
@@ -134,6 +137,27 @@ impl Scanner {
     /// Where the GPU collector counts XIDs (NVML's and the kernel log's, one count).
     pub fn xid_counts(&self) -> std::sync::Arc<crate::gpu::xid::XidCounts> {
         self.gpu.xid_counts()
+    }
+
+    /// `check`: the kernel log's GPU lines since `--since`, counted into `snapshot` (made by this
+    /// scanner at `scanned`) as `serve` counts them, and its GPU verdicts made again.
+    pub fn count_kernel_gpus(
+        &mut self,
+        snapshot: &mut Snapshot,
+        events: Vec<crate::gpu::xid::kernel::KernelGpu>,
+        scanned: Instant,
+    ) {
+        self.gpu.count_kernel(snapshot, events, scanned);
+    }
+
+    /// The fatal XIDs held now (by GPU UUID), for a restart, or `check`, to take up.
+    pub fn held_xids(&self, now: Instant) -> Vec<crate::gpu::xid::HeldAges> {
+        self.gpu.held_ages(now)
+    }
+
+    /// Holds again the fatal XIDs the state store kept (serve's restart, or `check`).
+    pub fn resume_held_xids(&mut self, held: Vec<crate::gpu::xid::HeldAges>, now: Instant) {
+        self.gpu.resume_held(held, now);
     }
 
     /// Since when each GPU pair (by its GPUs' UUIDs) failed before a restart.
@@ -305,20 +329,14 @@ impl Scanner {
                     .collect(),
                 gpus: gpu.gpus,
                 gpu_pairs: gpu.pairs,
+                gpu_verdicts: gpu.verdicts,
+                gpu_fault_hold: self.gpu.fault_hold(),
                 gpu_blame: gpu.blame,
                 gpu_users: gpu.users,
                 job_links: Default::default(),
                 gpu_probes: gpu.probes,
-                xids: gpu
-                    .xids
-                    .into_iter()
-                    .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
-                    .collect(),
-                xids_unconfirmed: gpu
-                    .xids_unconfirmed
-                    .into_iter()
-                    .map(|((gpu, xid), count)| XidCount { gpu, xid, count })
-                    .collect(),
+                xids: gpu.xids,
+                xids_unconfirmed: gpu.xids_unconfirmed,
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),

@@ -11,7 +11,6 @@ use kube::Client;
 
 use crate::cli::KubeMode;
 use crate::failures::sources::ClusterCaches;
-use crate::gpu::xid::HeldAges;
 use crate::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
 use crate::kube::device_taint::{
     spawn_device_taints, DeviceTaintFeed, DeviceTaintSettings, Effect,
@@ -117,7 +116,6 @@ impl KubeView {
             conditions: spawn_writer(
                 client,
                 settings.node.clone(),
-                settings.gpu_fault_hold,
                 WriterSettings::new(settings.condition_heartbeat, settings.taint_on_gpu_fault),
                 metrics.clone(),
                 runtime,
@@ -157,20 +155,10 @@ impl KubeView {
         let holders = self.gpu_holders.holders();
         let msgs = self.planner.plan(snapshot, pods, &holders, Instant::now());
         self.queue.send(msgs);
-        self.conditions.update(snapshot, Instant::now());
+        self.conditions.update(snapshot);
         if let Some(d) = self.device_taints.as_mut() {
-            d.update(snapshot, &self.conditions.held_xids(), Instant::now());
+            d.update(snapshot, Instant::now());
         }
-    }
-
-    /// The fatal XIDs holding `GpuFault`, for a restart to carry.
-    pub(super) fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
-        self.conditions.held_ages(now)
-    }
-
-    /// Holds again what the last run held (before the first scan).
-    pub(super) fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
-        self.conditions.resume_held(held, now);
     }
 
     /// The Events for failures just told, to be published (at once, or once the failures are

@@ -8,20 +8,19 @@
 //! The serialising and restoring is pure; `Holds` and [`resume`] are the glue.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::cluster::KubeView;
 use crate::gpu::pairs::{CarriedWindow, FailingSince};
+use crate::gpu::xid::saved::{restore_xids, save_xids, HELD_XIDS_KEY};
 use crate::gpu::xid::HeldAges;
 use crate::model::{from_unix_ms, unix_ms, LinkErrors, Snapshot};
 use crate::scan::{ScanSettings, Scanner};
 use crate::state::{Store, StoreSender};
 
 pub const PAIRS_KEY: &str = "gpu/pairs";
-pub const HELD_XIDS_KEY: &str = "gpu/held_xids";
 pub const WINDOWS_KEY: &str = "gpu/link_windows";
 
 type Windows = Vec<CarriedWindow<LinkErrors>>;
@@ -41,20 +40,6 @@ struct SavedPair {
     gpu: String,
     peer_gpu: String,
     since_ms: i64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct SavedXids {
-    boot_id: String,
-    held: Vec<SavedXid>,
-}
-
-/// One held XID: when (Unix ms) each occurrence within the hold was seen.
-#[derive(Debug, Serialize, Deserialize)]
-struct SavedXid {
-    gpu: u32,
-    xid: u64,
-    seen_ms: Vec<i64>,
 }
 
 /// The failing pairs of a snapshot and their `since`, keyed as the pair judge keys them.
@@ -107,54 +92,6 @@ pub fn restore_pairs(
         out.insert((p.gpu, p.peer_gpu), since);
     }
     Ok(Some(out))
-}
-
-/// The held XIDs as wall-clock times: ages at `now` are `clock` minus them.
-pub fn save_xids(boot_id: &str, held: &[HeldAges], clock: SystemTime) -> Value {
-    let saved = SavedXids {
-        boot_id: boot_id.to_string(),
-        held: held
-            .iter()
-            .map(|h| SavedXid {
-                gpu: h.gpu,
-                xid: h.xid,
-                seen_ms: h
-                    .ages
-                    .iter()
-                    .map(|a| unix_ms(clock.checked_sub(*a).unwrap_or(UNIX_EPOCH)))
-                    .collect(),
-            })
-            .collect(),
-    };
-    serde_json::to_value(saved).unwrap_or(Value::Null)
-}
-
-/// The saved XIDs as ages at `clock` (a time ahead of it, the clock set back, counts as now);
-/// None when saved in another boot.
-pub fn restore_xids(
-    value: &Value,
-    boot_id: &str,
-    clock: SystemTime,
-) -> Result<Option<Vec<HeldAges>>, serde_json::Error> {
-    let saved = SavedXids::deserialize(value)?;
-    if saved.boot_id != boot_id {
-        return Ok(None);
-    }
-    Ok(Some(
-        saved
-            .held
-            .into_iter()
-            .map(|h| HeldAges {
-                gpu: h.gpu,
-                xid: h.xid,
-                ages: h
-                    .seen_ms
-                    .into_iter()
-                    .map(|t| clock.duration_since(from_unix_ms(t)).unwrap_or_default())
-                    .collect(),
-            })
-            .collect(),
-    ))
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -214,7 +151,7 @@ pub(super) struct Holds {
     boot_id: String,
     pairs: Option<PairsSince>,
     /// (GPU, XID, occurrences) of the held XIDs last saved: their times only change with them.
-    xids: Option<Vec<(u32, u64, usize)>>,
+    xids: Option<Vec<(String, u64, usize)>>,
     windows: Option<Vec<WindowShape>>,
 }
 
@@ -230,12 +167,12 @@ impl Holds {
     }
 
     /// After a scan: saves what changed (the first scan always, which also replaces what
-    /// another boot left). `held`: the fatal XIDs, where the Node conditions are written;
-    /// `windows`: the pair judge's, where NVML is loaded.
+    /// another boot left). `held`: the fatal XIDs; `windows`: the pair judge's, where NVML is
+    /// loaded.
     pub(super) fn after_scan(
         &mut self,
         snapshot: &Snapshot,
-        held: Option<Vec<HeldAges>>,
+        (held, hold): (Vec<HeldAges>, Duration),
         windows: Option<Windows>,
         clock: SystemTime,
     ) {
@@ -252,14 +189,14 @@ impl Holds {
             self.store.put(PAIRS_KEY, save_pairs(&self.boot_id, &pairs));
             self.pairs = Some(pairs);
         }
-        if let Some(held) = held {
-            let shape: Vec<(u32, u64, usize)> =
-                held.iter().map(|h| (h.gpu, h.xid, h.ages.len())).collect();
-            if self.xids.as_ref() != Some(&shape) {
-                self.store
-                    .put(HELD_XIDS_KEY, save_xids(&self.boot_id, &held, clock));
-                self.xids = Some(shape);
-            }
+        let shape: Vec<(String, u64, usize)> = held
+            .iter()
+            .map(|h| (h.gpu.clone(), h.xid, h.ages.len()))
+            .collect();
+        if self.xids.as_ref() != Some(&shape) {
+            self.store
+                .put(HELD_XIDS_KEY, save_xids(&self.boot_id, &held, hold, clock));
+            self.xids = Some(shape);
         }
     }
 }
@@ -270,15 +207,14 @@ pub(super) fn resume(
     store: Option<&Store>,
     scan: &ScanSettings,
     scanner: &mut Scanner,
-    kube: Option<&mut KubeView>,
 ) -> Option<Holds> {
     let store = store?;
     let boot_id = crate::state::boot_id(&scan.host.proc_root);
-    resume_from(store, &boot_id, scanner, kube);
+    resume_from(store, &boot_id, scanner);
     Some(Holds::new(store.sender(), boot_id))
 }
 
-fn resume_from(store: &Store, boot_id: &str, scanner: &mut Scanner, kube: Option<&mut KubeView>) {
+fn resume_from(store: &Store, boot_id: &str, scanner: &mut Scanner) {
     let clock = SystemTime::now();
     if let Some(v) = store.get(PAIRS_KEY) {
         match restore_pairs(v, boot_id) {
@@ -307,7 +243,7 @@ fn resume_from(store: &Store, boot_id: &str, scanner: &mut Scanner, kube: Option
             Err(e) => tracing::warn!(key = WINDOWS_KEY, "ignoring a stored value: {e}"),
         }
     }
-    let (Some(kube), Some(v)) = (kube, store.get(HELD_XIDS_KEY)) else {
+    let Some(v) = store.get(HELD_XIDS_KEY) else {
         return;
     };
     match restore_xids(v, boot_id, clock) {
@@ -316,7 +252,7 @@ fn resume_from(store: &Store, boot_id: &str, scanner: &mut Scanner, kube: Option
                 xids = held.len(),
                 "fatal XIDs held before the restart stay held (GpuFault)"
             );
-            kube.resume_held(held, Instant::now());
+            scanner.resume_held_xids(held, Instant::now());
         }
         Ok(Some(_)) => {}
         Ok(None) => {
@@ -330,6 +266,7 @@ fn resume_from(store: &Store, boot_id: &str, scanner: &mut Scanner, kube: Option
 mod tests {
     use super::*;
     use crate::model::{GpuReading, PairStatus, PairVerdict};
+    use std::time::UNIX_EPOCH;
 
     const BOOT: &str = "b0a7e1d2-0000-4000-8000-000000000001";
 
@@ -413,30 +350,5 @@ mod tests {
             .samples
             .push((0, LinkErrors { replay: 4, ..grown }));
         assert_ne!(shape(&later), shape(&windows));
-    }
-
-    #[test]
-    fn held_xids_round_trip_as_wall_times_in_the_same_boot_only() {
-        let held = vec![HeldAges {
-            gpu: 7,
-            xid: 79,
-            ages: vec![Duration::from_secs(180), Duration::from_secs(60)],
-        }];
-        let saved = save_xids(BOOT, &held, at(10_000));
-        assert_eq!(
-            saved["held"][0]["seen_ms"],
-            serde_json::json!([9_820_000, 9_940_000])
-        );
-        // Restored 100 s later: 100 s older.
-        let back = restore_xids(&saved, BOOT, at(10_100)).unwrap().unwrap();
-        assert_eq!(
-            back[0].ages,
-            vec![Duration::from_secs(280), Duration::from_secs(160)]
-        );
-        // The clock set back before them: as if just seen, not a panic.
-        let back = restore_xids(&saved, BOOT, at(5_000)).unwrap().unwrap();
-        assert_eq!(back[0].ages, vec![Duration::ZERO; 2]);
-        assert_eq!(restore_xids(&saved, "other", at(10_100)).unwrap(), None);
-        assert!(restore_xids(&Value::String("x".into()), BOOT, at(1)).is_err());
     }
 }

@@ -111,10 +111,10 @@ pub async fn serve(settings: ServeSettings) -> Result<(), AgentError> {
     let (deaths_tx, deaths_rx) = mpsc::channel();
     let (resume, kube_resume) = resume::resumes(store.as_ref());
     let on = (interval, &metrics, &runtime);
-    let mut kube = k8s::connect(kube.mode)
+    let kube = k8s::connect(kube.mode)
         .await?
         .map(|c| KubeView::spawn(c, &kube, on, deaths_tx, kube_resume));
-    let holds = holds::resume(store.as_ref(), &scan, &mut scanner, kube.as_mut());
+    let holds = holds::resume(store.as_ref(), &scan, &mut scanner);
     let (stop, host) = (Arc::new(AtomicBool::new(false)), &scan.host);
     let traced = death_trace::start(&death_trace, host, &sources, &stop, &metrics)?;
     let follower = spawn_follower(

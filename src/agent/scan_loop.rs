@@ -184,7 +184,7 @@ impl Between {
         }
         if let Some(h) = self.holds.as_mut() {
             let now = Instant::now();
-            let held = self.kube.as_ref().map(|k| k.held_ages(now));
+            let held = (self.scanner.held_xids(now), out.snapshot.gpu_fault_hold);
             let windows = self.scanner.carry_link_windows(now);
             h.after_scan(&out.snapshot, held, windows, SystemTime::now());
         }

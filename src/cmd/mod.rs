@@ -55,6 +55,7 @@ fn scan_settings(
         nvml_lib: common.gpu.nvml_lib.clone(),
         pair_rules: pair_rules(common),
         docker_root,
+        gpu_fault_hold: shmlink::gpu::collector::DEFAULT_FAULT_HOLD,
     })
 }
 

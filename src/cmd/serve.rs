@@ -10,8 +10,10 @@ use shmlink::cli::ServeArgs;
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     super::init_logging(args.log_format, args.common.log_level, "info")?;
     let sources = super::sources(&args.common, &args.sources);
+    let mut scan = super::scan_settings(&args.common, sources.docker_root.clone())?;
+    scan.gpu_fault_hold = args.gpu_fault_hold;
     let settings = ServeSettings {
-        scan: super::scan_settings(&args.common, sources.docker_root.clone())?,
+        scan,
         listen: args.listen,
         interval: args.interval,
         kube: KubeSettings {

@@ -51,7 +51,10 @@ fn log_settings(sources: &Sources) -> LogSettings {
 
 /// `check`: everything the sources said since `since`, into `pipeline` (made with
 /// [`Mode::ReadBack`]).
-pub fn read_back(pipeline: &mut Pipeline, sources: &Sources, since: SystemTime) {
+/// Returns what the kernel log said about GPUs (XIDs, a GPU fallen off the bus) since then, for
+/// `check` to count as `serve` does.
+pub fn read_back(pipeline: &mut Pipeline, sources: &Sources, since: SystemTime) -> Vec<KernelGpu> {
+    let mut gpus = Vec::new();
     let candidates = pipeline.candidates();
     LogTailer::since(log_settings(sources), since).poll_each(
         |text| candidates.is_candidate(text),
@@ -72,11 +75,13 @@ pub fn read_back(pipeline: &mut Pipeline, sources: &Sources, since: SystemTime) 
                 }
                 for r in &batch {
                     pipeline.kernel_record(r, reader.wall_time(r.usec));
+                    gpus.extend(kernel_gpu(r));
                 }
             },
             Err(e) => tracing::warn!("not reading the kernel log {}: {e}", path.display()),
         }
     }
+    gpus
 }
 
 /// What the sources said since `since`, recognised but not yet placed or told: the field

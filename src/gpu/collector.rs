@@ -11,9 +11,12 @@ use super::node_info::NodeInfoKeeper;
 use super::nvml::NvmlGpus;
 use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
-use super::xid::{self, RecentXids, XidCounts};
+use super::verdict::{self, Facts};
+use super::xid::kernel::{KernelGpu, KernelXids};
+use super::xid::{self, FatalXids, HeldAges, RecentIommu, RecentXids, XidCounts};
 use crate::model::{
-    Blame, GpuReading, GpuUsers, LinkErrors, NodeInfo, NvmlState, PairProbe, PairVerdict,
+    Blame, GpuReading, GpuUsers, GpuVerdict, LinkErrors, NodeInfo, NvmlState, PairProbe,
+    PairVerdict, Snapshot, XidCount,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
@@ -26,10 +29,12 @@ const RETRY_LOAD_EVERY: Duration = Duration::from_secs(60);
 pub struct GpuScan {
     pub gpus: Vec<GpuReading>,
     pub pairs: Vec<PairVerdict>,
-    /// XIDs since start per (GPU index, XID).
-    pub xids: BTreeMap<(u32, u64), u64>,
-    /// What the kernel log told as XIDs without NVML's word, per (GPU index, XID).
-    pub xids_unconfirmed: BTreeMap<(u32, u64), u64>,
+    /// One verdict per GPU (`verdict.rs`).
+    pub verdicts: Vec<GpuVerdict>,
+    /// XIDs since start per GPU (NVML's, by index; others by PCI address) and XID.
+    pub xids: Vec<XidCount>,
+    /// What the kernel log told as XIDs without NVML's word, per GPU and XID.
+    pub xids_unconfirmed: Vec<XidCount>,
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at (the pair judge's word).
     pub blame: Blame,
@@ -57,6 +62,7 @@ struct Loaded {
     judge: PairJudge,
     xids: Arc<XidCounts>,
     recent_xids: RecentXids,
+    recent_iommu: RecentIommu,
 }
 
 enum State {
@@ -90,7 +96,12 @@ pub struct GpuCollector {
     /// loading after the agent).
     resume_since: FailingSince,
     node_info: NodeInfoKeeper,
+    /// The fatal XIDs held for `--gpu-fault-hold`, whether or not Kubernetes is written to.
+    fatal: FatalXids,
 }
+
+/// `--gpu-fault-hold`'s default.
+pub const DEFAULT_FAULT_HOLD: Duration = Duration::from_secs(3600);
 
 impl GpuCollector {
     /// `with_xid_thread` is off for one-shot `check`, where no event could arrive in time.
@@ -114,6 +125,7 @@ impl GpuCollector {
             nvml: NvmlState::disabled(),
             resume_since: HashMap::new(),
             node_info: NodeInfoKeeper::new(),
+            fatal: FatalXids::new(DEFAULT_FAULT_HOLD),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
@@ -144,6 +156,7 @@ impl GpuCollector {
                     judge: PairJudge::new(self.rules),
                     xids,
                     recent_xids: RecentXids::default(),
+                    recent_iommu: RecentIommu::default(),
                 }))
             }
             Err(e) => {
@@ -169,6 +182,26 @@ impl GpuCollector {
             );
         }
         self
+    }
+
+    /// How long a fatal XID holds `GpuFault` after it was last seen.
+    pub fn with_fault_hold(mut self, hold: Duration) -> Self {
+        self.fatal = FatalXids::new(hold);
+        self
+    }
+
+    pub fn fault_hold(&self) -> Duration {
+        self.fatal.hold()
+    }
+
+    /// The fatal XIDs held now, for a restart to carry.
+    pub fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
+        self.fatal.ages(now)
+    }
+
+    /// Holds again what a restart carried (or what `serve` stored, for `check`).
+    pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
+        self.fatal.resume(held, now);
     }
 
     /// Where XIDs are counted: the kernel log's are added here by the scan thread.
@@ -231,25 +264,15 @@ impl GpuCollector {
                 }
                 scan
             }
-            State::Loaded(loaded) => {
-                let mut scan = loaded.scan(
-                    &self.proc_root,
-                    &mut self.sys,
-                    self.hypervisor.as_deref(),
-                    probes,
-                );
-                let missing = super::pci::not_in_nvml(&driver_gpus, &scan.gpus);
-                if !missing.is_empty() {
-                    scan.findings.push(Finding::new(
-                        FindingKind::GpuNotInNvml,
-                        Subject::Node,
-                        text::gpu_not_in_nvml(&missing, driver_gpus.len(), scan.gpus.len()),
-                    ));
-                }
-                scan
-            }
+            State::Loaded(loaded) => loaded.scan(
+                &self.proc_root,
+                &mut self.sys,
+                self.hypervisor.as_deref(),
+                probes,
+            ),
         };
         scan.driver_gpus = driver_gpus;
+        self.judge(&mut scan, Instant::now());
         scan.nvml = self.nvml.clone();
         let driver = match &self.state {
             State::Loaded(loaded) => loaded.driver.as_deref(),
@@ -257,6 +280,84 @@ impl GpuCollector {
         };
         scan.node_info = self.node_info.info(&self.proc_root, driver, Instant::now());
         scan
+    }
+}
+
+impl GpuCollector {
+    /// `check`: the kernel log's GPU lines read back since `--since` counted by `serve`'s rules
+    /// (the driver's shape; a fatal XID with NVML's word, `kernel::Word`, from the scan just
+    /// made, which read NVML after the lines), then the scan's XIDs and GPU verdicts made again.
+    pub fn count_kernel(&mut self, s: &mut Snapshot, events: Vec<KernelGpu>, scanned: Instant) {
+        let mut kernel = KernelXids::default();
+        let before = scanned
+            .checked_sub(Duration::from_millis(1))
+            .unwrap_or(scanned);
+        kernel.count(events, &s.gpus, &self.xids, before);
+        kernel.confirm(&s.gpus, s.nvml_up, scanned, &self.xids);
+        let mut scan = GpuScan {
+            gpus: std::mem::take(&mut s.gpus),
+            pairs: std::mem::take(&mut s.gpu_pairs),
+            blame: std::mem::take(&mut s.gpu_blame),
+            nvml_up: s.nvml_up,
+            driver_gpus: std::mem::take(&mut s.driver_gpus),
+            ..GpuScan::default()
+        };
+        if scan.nvml_up {
+            scan.xids = listed(&self.xids.snapshot(), &scan.gpus);
+            scan.xids_unconfirmed = listed(&self.xids.unconfirmed(), &scan.gpus);
+        }
+        self.judge(&mut scan, scanned);
+        if let State::Loaded(loaded) = &mut self.state {
+            let iommu = loaded.recent_iommu.findings(&self.xids.iommu(), scanned);
+            s.findings.retain(|f| f.kind != FindingKind::GpuIommuFault);
+            s.findings.extend(iommu);
+        }
+        s.gpus = scan.gpus;
+        s.gpu_pairs = scan.pairs;
+        s.gpu_blame = scan.blame;
+        s.driver_gpus = scan.driver_gpus;
+        s.xids = scan.xids;
+        s.xids_unconfirmed = scan.xids_unconfirmed;
+        s.gpu_verdicts = scan.verdicts;
+        // The words said once in the scan's findings: the GPUs NVML does not list.
+        s.findings.retain(|f| f.kind != FindingKind::GpuNotInNvml);
+        s.findings.extend(scan.findings);
+    }
+
+    /// The held XIDs brought up to date with this scan's counts, and each GPU's verdict.
+    fn judge(&mut self, scan: &mut GpuScan, now: Instant) {
+        // The kernel log's XIDs on GPUs NVML does not list, by address (whether NVML loaded or
+        // not).
+        for ((pci, xid), count) in self.xids.by_address() {
+            scan.xids.push(XidCount {
+                gpu: None,
+                pci_bus_id: pci,
+                xid,
+                count,
+            });
+        }
+        let held = verdict::hold_xids(&mut self.fatal, &scan.gpus, &scan.xids, now);
+        scan.verdicts = verdict::judge(&Facts {
+            nvml_up: scan.nvml_up,
+            gpus: &scan.gpus,
+            driver_gpus: &scan.driver_gpus,
+            pairs: &scan.pairs,
+            blame: &scan.blame,
+            held: &held,
+        });
+        let missing: Vec<String> = scan
+            .verdicts
+            .iter()
+            .filter(|v| v.not_in_nvml)
+            .map(|v| v.pci_bus_id.clone())
+            .collect();
+        if !missing.is_empty() {
+            scan.findings.push(Finding::new(
+                FindingKind::GpuNotInNvml,
+                Subject::Node,
+                text::gpu_not_in_nvml(&missing, scan.driver_gpus.len(), scan.gpus.len()),
+            ));
+        }
     }
 }
 
@@ -313,16 +414,20 @@ impl Loaded {
         );
         let judgement = self.judge.judge(&sample, now);
         let mut findings = judgement.findings;
-        let xids = self.xids.snapshot();
-        findings.extend(self.recent_xids.findings(&xids, now));
+        let tallies = self.xids.snapshot();
+        findings.extend(self.recent_xids.findings(&tallies, now));
+        findings.extend(self.recent_iommu.findings(&self.xids.iommu(), now));
+        let xids = listed(&tallies, &sample.gpus);
+        let xids_unconfirmed = listed(&self.xids.unconfirmed(), &sample.gpus);
         GpuScan {
             gpus: sample.gpus,
             pairs: judgement.pairs,
+            verdicts: Vec::new(),
             blame: judgement.blame,
             users: self.users.clone(),
             probes: sample.probes,
             xids,
-            xids_unconfirmed: self.xids.unconfirmed(),
+            xids_unconfirmed,
             findings,
             nvml_up: true,
             nvml: NvmlState::default(),
@@ -332,6 +437,23 @@ impl Loaded {
             calls: stats.calls,
         }
     }
+}
+
+/// Tallies per (GPU index, XID) as the snapshot lists them, each with its GPU's address.
+fn listed(tallies: &BTreeMap<(u32, u64), u64>, gpus: &[GpuReading]) -> Vec<XidCount> {
+    tallies
+        .iter()
+        .map(|(&(gpu, xid), &count)| XidCount {
+            gpu: Some(gpu),
+            pci_bus_id: gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .and_then(|g| super::pci::canonical(&g.pci_bus_id))
+                .unwrap_or_default(),
+            xid,
+            count,
+        })
+        .collect()
 }
 
 /// The PCI bus ids the driver lists under `<proc root>/driver/nvidia/gpus` (one directory per

@@ -2,7 +2,7 @@
 //! a verdict per GPU pair (the readings and verdicts themselves are `model`'s). `nvml/` is the
 //! only module that touches NVML; `pairs/` is pure; `blame.rs` is the one rule for which GPUs
 //! failing pairs point at; `xid/` is everything about XIDs; `pci.rs` spells PCI addresses one
-//! way.
+//! way; `verdict.rs` is the one verdict per GPU that every outlet renders.
 
 pub mod blame;
 pub mod collector;
@@ -13,4 +13,5 @@ pub mod pci;
 pub mod pcie;
 pub mod trend;
 pub mod users;
+pub mod verdict;
 pub mod xid;

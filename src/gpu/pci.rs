@@ -12,6 +12,13 @@ pub fn same_pci_device(a: &str, b: &str) -> bool {
     }
 }
 
+/// The one spelling of a PCI device's address in what the agent writes: `0000:29:00.0`
+/// (function 0: a GPU's), from any of the driver's, NVML's or the kernel's spellings.
+pub fn canonical(s: &str) -> Option<String> {
+    let (domain, bus, device) = pci_address(s)?;
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
+}
+
 /// (domain, bus, device) of `[PCI:][domain:]bus:device[.function]`, all hex.
 pub fn pci_address(s: &str) -> Option<(u32, u8, u8)> {
     let s = s.trim();

@@ -16,6 +16,12 @@ pub mod pods;
 
 use kube::Client;
 
+/// The agent's taint keys, in one place: the Node's (`--taint-on-gpu-fault`, while `GpuFault`
+/// is True) and each blamed GPU's DRA device taint (`--gpu-device-taint`). Two keys because
+/// they are two contracts: one takes the node out, the other one GPU.
+pub const NODE_TAINT_KEY: &str = "shmlink.io/gpu-fault";
+pub const DEVICE_TAINT_KEY: &str = "shmlink.io/gpu-unhealthy";
+
 use crate::cli::KubeMode;
 
 #[derive(Debug, thiserror::Error)]

@@ -500,7 +500,7 @@ fn encode_xids(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Resul
         MetricType::Counter,
     )?;
     for x in xids {
-        let (gpu, xid) = (x.gpu.to_string(), x.xid.to_string());
+        let (gpu, xid) = (x.gpu_label(), x.xid.to_string());
         counter(
             &mut metric,
             &[("gpu", gpu.as_str()), ("xid", &xid)],
@@ -521,7 +521,7 @@ fn encode_unconfirmed(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt
         MetricType::Counter,
     )?;
     for x in xids {
-        let (gpu, xid) = (x.gpu.to_string(), x.xid.to_string());
+        let (gpu, xid) = (x.gpu_label(), x.xid.to_string());
         counter(
             &mut metric,
             &[("gpu", gpu.as_str()), ("xid", &xid)],

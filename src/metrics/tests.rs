@@ -79,18 +79,7 @@ fn rich_snapshot() -> Snapshot {
         }],
         node_wide: false,
     };
-    s.xids = vec![
-        XidCount {
-            gpu: 1,
-            xid: 79,
-            count: 1,
-        },
-        XidCount {
-            gpu: 0,
-            xid: 48,
-            count: 3,
-        },
-    ];
+    s.xids = vec![XidCount::on(1, 79, 1), XidCount::on(0, 48, 3)];
     s.taken_at = Some(UNIX_EPOCH + Duration::from_millis(1_795_000_000_250));
     s.link_trends = link_trends();
     s
@@ -163,6 +152,7 @@ fn set_pcie(gpu: &mut GpuReading) {
             bridge: false,
             aer: Some(crate::model::AerTotals::default()),
             acs: crate::model::AcsState::Unknown,
+            link_width: None,
         },
         crate::model::PcieHop {
             bdf: "0000:18:08.0".into(),
@@ -173,6 +163,7 @@ fn set_pcie(gpu: &mut GpuReading) {
                 fatal: 0,
             }),
             acs: crate::model::AcsState::Control(0x001d),
+            link_width: None,
         },
     ];
 }

@@ -145,8 +145,10 @@ finding_kinds! {
         /// The GPU's NVSwitch fabric registration is not complete or failed, or the fabric reports
         /// degraded bandwidth or an unhealthy route.
         GpuFabricUnhealthy = "gpu_fabric_unhealthy", reason: own, Critical;
-        /// A busy GPU's PCIe link runs below the generation or width it and its slot allow.
+        /// A GPU's PCIe link is narrower than it and its slot allow, or slower while busy.
         GpuPcieDegraded = "gpu_pcie_degraded", reason: own, Warning;
+        /// The IOMMU (AMD-Vi, Intel DMAR) blocked a DMA of the GPU: an IO page fault naming it.
+        GpuIommuFault = "gpu_iommu_fault", reason: own, Critical;
         /// AER errors counted on a GPU or a PCIe bridge above it lately.
         GpuPcieErrors = "gpu_pcie_errors", reason: own, Warning;
         /// ACS redirects peer-to-peer traffic on a PCIe bridge between two GPUs.
@@ -452,6 +454,7 @@ mod tests {
             FindingKind::ShmFallback,
             FindingKind::ShmLeftoverSegments,
             FindingKind::GpuPcieDegraded,
+            FindingKind::GpuIommuFault,
             FindingKind::GpuPcieErrors,
             FindingKind::PcieAcsEnabled,
         ] {

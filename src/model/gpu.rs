@@ -290,6 +290,10 @@ pub struct PcieHop {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aer: Option<AerTotals>,
     pub acs: AcsState,
+    /// sysfs `current_link_width` and `max_link_width`: lanes trained and lanes both ends allow
+    /// (absent where sysfs has no such files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_width: Option<(u32, u32)>,
 }
 
 /// A device's AER error counts since boot (sysfs `aer_dev_*`, their `TOTAL_ERR_*` lines).

@@ -20,6 +20,7 @@ mod snapshot;
 mod stamp;
 mod stats;
 mod traced;
+mod verdict;
 mod xid;
 
 pub use evidence::{around, printable, redact, REDACTED};
@@ -58,6 +59,7 @@ pub use snapshot::{Snapshot, XidCount};
 pub use stamp::Stamp;
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
 pub use traced::{TracedCause, TracedDeath};
+pub use verdict::{Culprit, GpuVerdict, HeldXid, OutReason};
 pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.

@@ -5,16 +5,36 @@
 use serde::Serialize;
 
 use super::{
-    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, JobLinks,
-    NodeInfo, NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
+    Blame, Blind, ContainerRef, Failure, Finding, FindingKind, GpuReading, GpuUsers, GpuVerdict,
+    JobLinks, NodeInfo, NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
 /// XID errors of one kind on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct XidCount {
-    pub gpu: u32,
+    /// NVML's index; None for a GPU NVML does not list (the kernel log named it by address).
+    pub gpu: Option<u32>,
+    /// `0000:29:00.0`; empty where not known.
+    pub pci_bus_id: String,
     pub xid: u64,
     pub count: u64,
+}
+
+impl XidCount {
+    /// `count` XIDs `xid` on NVML's GPU `gpu` (its address not said).
+    pub fn on(gpu: u32, xid: u64, count: u64) -> XidCount {
+        XidCount {
+            gpu: Some(gpu),
+            pci_bus_id: String::new(),
+            xid,
+            count,
+        }
+    }
+    /// The GPU as the metrics' `gpu` label names it: its index, else its PCI address.
+    pub fn gpu_label(&self) -> String {
+        self.gpu
+            .map_or_else(|| self.pci_bus_id.clone(), |g| g.to_string())
+    }
 }
 
 /// One scan of the machine.
@@ -29,6 +49,11 @@ pub struct Snapshot {
     /// Filled by the GPU collector; empty when no NVML is loaded.
     pub gpus: Vec<GpuReading>,
     pub gpu_pairs: Vec<PairVerdict>,
+    /// One verdict per GPU (`gpu::verdict`): what every outlet that tells a GPU's health renders.
+    pub gpu_verdicts: Vec<GpuVerdict>,
+    /// How long a fatal XID holds (`--gpu-fault-hold`), for the words that say so.
+    #[serde(skip)]
+    pub gpu_fault_hold: std::time::Duration,
     /// Which GPUs the failing pairs point at: the pair judge's word, for every text that says
     /// what to reset.
     #[serde(skip)]

@@ -274,11 +274,20 @@ impl Roots {
         obs.pairs = visible_pairs(&judgement.pairs, &visible);
         obs.avoid = gpus_to_avoid(&judgement.pairs);
         obs.culprits = gpus::culprits(&judgement.blame);
-        obs.healthy = sample
-            .gpus
+        // The scan's own verdict per GPU (no held XIDs: preflight keeps no state), rendered.
+        let verdicts = crate::gpu::verdict::judge(&crate::gpu::verdict::Facts {
+            nvml_up: true,
+            gpus: &sample.gpus,
+            driver_gpus: &[],
+            pairs: &judgement.pairs,
+            blame: &judgement.blame,
+            held: &[],
+        });
+        obs.healthy = verdicts
             .iter()
-            .filter(|g| !g.lost && !obs.avoid.contains(&g.index))
-            .map(|g| g.index)
+            .filter(|v| v.out.is_none() && !v.is_fault())
+            .filter_map(|v| v.gpu)
+            .filter(|g| !obs.avoid.contains(g))
             .collect();
         obs.visible = visible;
         obs.unmatched = unmatched;

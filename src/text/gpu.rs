@@ -227,20 +227,59 @@ pub fn driver_lists_gpus(path: &std::path::Path) -> String {
 /// The evidence of a GPU without NVML: its device node.
 pub const DEV_NVIDIA0_EXISTS: &str = "/dev/nvidia0 exists";
 
-/// `gpu_pcie_degraded`: a busy GPU's link below what it and its slot allow.
-pub fn gpu_pcie_degraded(g: u32, describe: &str, link: PcieLink, busy: u32, bdf: &str) -> String {
+/// `gpu_pcie_degraded`: a GPU's link narrower than it and its slot allow (at any load), or of a
+/// lower generation while busy (`busy`: its utilization then). A generation of 0 is not known
+/// (the width from sysfs alone).
+pub fn gpu_pcie_degraded(
+    g: u32,
+    describe: &str,
+    link: PcieLink,
+    busy: Option<u32>,
+    bdf: &str,
+) -> String {
     let lspci = if bdf.is_empty() {
         String::new()
     } else {
         format!(", `sudo lspci -vv -s {bdf} | grep LnkSta`")
     };
+    let gen = |n: u32| {
+        if n == 0 {
+            String::new()
+        } else {
+            format!("Gen{n} ")
+        }
+    };
+    let now = format!("{}x{}", gen(link.gen), link.width);
+    let most = format!("{}x{}", gen(link.max_gen), link.max_width);
+    let when = match busy {
+        Some(b) => format!(" while the GPU is busy ({b}% utilized)"),
+        None => String::new(),
+    };
+    let narrow = if link.width < link.max_width {
+        format!(
+            " Only {} of its {} lanes trained (a link does not drop lanes to save power): host-GPU",
+            link.width, link.max_width
+        )
+    } else {
+        " Host-GPU".to_string()
+    };
     format!(
-        "The PCIe link of GPU {g}{describe} runs at Gen{} x{} while the GPU is busy ({busy}% \
-         utilized), below the Gen{} x{} it and its slot allow: host-GPU copies, and P2P over \
-         PCIe, get a fraction of the bandwidth. Reseat the GPU (or its riser or cable) and check \
-         the slot's link-speed setting in the BIOS; `nvidia-smi -q -i {g} -d PCIE`{lspci} show \
-         the link.",
-        link.gen, link.width, link.max_gen, link.max_width
+        "The PCIe link of GPU {g}{describe} runs at {now}{when}, below the {most} it and its slot \
+         allow.{narrow} copies, and P2P over PCIe, get a fraction of the bandwidth. \
+         Reseat the GPU (or its riser or cable) and check the slot's link-speed setting in the \
+         BIOS; `nvidia-smi -q -i {g} -d PCIE`{lspci} show the link."
+    )
+}
+
+/// `gpu_iommu_fault`: the IOMMU blocked DMAs of GPU `g`.
+pub fn gpu_iommu_fault(g: u32, count: u64) -> String {
+    format!(
+        "The IOMMU blocked {count} DMA{} of GPU {g} (an IO_PAGE_FAULT naming it in the kernel \
+         log): peer-to-peer traffic the IOMMU does not map fails or hangs, a known cause of NCCL \
+         P2P hangs. Boot with `iommu=pt` so devices DMA untranslated, or turn off ACS redirect on \
+         the PCIe switch ports between the GPUs; `dmesg | grep -e IO_PAGE_FAULT -e DMAR` shows \
+         the faults.",
+        if count == 1 { "" } else { "s" }
     )
 }
 

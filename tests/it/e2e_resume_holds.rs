@@ -3,7 +3,8 @@
 //! in-process API server. Killed (SIGKILL) and started again in the same boot, the failing pairs
 //! keep their since-time (GPU 0's too: its error window goes on) and `GpuFault` stays True with
 //! its lastTransitionTime (the fake NVML, like the real one, does not
-//! deliver again the XIDs of before it was loaded). Started in another boot (a new
+//! deliver again the XIDs of before it was loaded), and `check` on the same store tells the same
+//! held XID in GPU 7's verdict. Started in another boot (a new
 //! `<proc-root>/sys/kernel/random/boot_id`), neither is taken up. Needs neither root nor
 //! containers.
 
@@ -79,6 +80,39 @@ fn start(api: &FakeApi, fake: &FakeNvml, proc_root: &Path, cgroup: &Path, state:
     );
     agent.wait_ready();
     agent
+}
+
+/// GPU `gpu`'s verdict in `check --json` run on the same host and state store.
+fn check_verdict(
+    fake: &FakeNvml,
+    proc_root: &Path,
+    cgroup: &Path,
+    state: &Path,
+    gpu: u32,
+) -> Value {
+    let lib = fake_nvml::lib();
+    let out = std::process::Command::new(common::shmlink_bin())
+        .args(["check", "--json", "--kube", "off", "--nvml-lib"])
+        .arg(&lib)
+        .arg("--proc-root")
+        .arg(proc_root)
+        .arg("--cgroup-root")
+        .arg(cgroup)
+        .arg("--state-dir")
+        .arg(state)
+        .envs(fake.env())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["gpu_verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["gpu"] == gpu)
+        .cloned()
+        .unwrap_or_else(|| panic!("no verdict of GPU {gpu}: {report:#}"))
 }
 
 /// The since-time of pair `gpu`-`peer`, once it fails.
@@ -190,6 +224,10 @@ fn a_restart_keeps_down_since_and_held_xids_and_another_boot_does_not() {
     let agent = start(&api, &fake, &proc_root, &cgroup, &state);
     assert_eq!(since_of_gpu7(&agent), since);
     wait_condition(&api, &agent, "GpuFault", fault_held);
+    // `check`, Kubernetes off, takes up what serve holds: GPU 7's verdict is serve's.
+    let verdict = check_verdict(&fake, &proc_root, &cgroup, &state, 7);
+    assert_eq!(verdict["held_xids"][0]["xid"], 48, "{verdict:#}");
+    assert_eq!(verdict["out"], json!({"xid": 48}), "{verdict:#}");
     drop(agent);
 
     // Another boot: the links are down again, but since this boot; the XID is forgotten.

@@ -11,7 +11,8 @@ use arc_swap::ArcSwapOption;
 use common::kube_api::{self, FakeApi};
 use serde_json::{json, Value};
 use shmlink::fixtures;
-use shmlink::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings, TAINT_KEY};
+use shmlink::kube::conditions::{spawn_writer, ConditionFeed, WriterSettings};
+use shmlink::kube::NODE_TAINT_KEY as TAINT_KEY;
 use shmlink::metrics::Metrics;
 use shmlink::model::PairStatus;
 use shmlink::model::{Snapshot, XidCount};
@@ -70,12 +71,17 @@ fn writer(api: &FakeApi, heartbeat: Duration, taint: bool) -> (ConditionFeed, Ar
     let feed = spawn_writer(
         client(api),
         NODE.into(),
-        HOLD,
         settings,
         m.clone(),
         &tokio::runtime::Handle::current(),
     );
     (feed, m)
+}
+
+/// `s` with its GPU verdicts, as the scan makes them.
+fn judged(s: Snapshot) -> Snapshot {
+    let mut fatal = shmlink::gpu::xid::FatalXids::new(HOLD);
+    fixtures::judged(s, &mut fatal, Instant::now())
 }
 
 fn healthy() -> Snapshot {
@@ -97,7 +103,7 @@ fn link_down() -> Snapshot {
 
 fn xid(gpu: u32, xid: u64, count: u64) -> Snapshot {
     let mut s = fixtures::gpu_board(8);
-    s.xids = vec![XidCount { gpu, xid, count }];
+    s.xids = vec![XidCount::on(gpu, xid, count)];
     s
 }
 
@@ -173,7 +179,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
     let kubelet_before: Vec<Value> = conditions(&api)[..4].to_vec();
     let (mut feed, m) = writer(&api, Duration::from_secs(300), false);
 
-    feed.update(&healthy(), Instant::now());
+    feed.update(&judged(healthy()));
     let link = eventually("GpuLinkDegraded False", &api, || {
         status_is(&api, "GpuLinkDegraded", "False").filter(|c| c["reason"] == "GpuPairsHealthy")
     })
@@ -193,7 +199,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
     assert_eq!(api.node_status_patches().len(), 1);
     // Ten more scans that find the same: no write.
     for _ in 0..10 {
-        feed.update(&healthy(), Instant::now());
+        feed.update(&judged(healthy()));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(api.node_status_patches().len(), 1, "no write storm");
@@ -201,7 +207,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
 
     // Links down: True, a new transition time, GpuFault's kept.
     for _ in 0..10 {
-        feed.update(&link_down(), Instant::now());
+        feed.update(&judged(link_down()));
     }
     let link = eventually("GpuLinkDegraded True", &api, || {
         status_is(&api, "GpuLinkDegraded", "True")
@@ -227,7 +233,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
     );
 
     // Recovered.
-    feed.update(&healthy(), Instant::now());
+    feed.update(&judged(healthy()));
     eventually("GpuLinkDegraded False again", &api, || {
         status_is(&api, "GpuLinkDegraded", "False")
     })
@@ -242,7 +248,7 @@ async fn a_heartbeat_rewrites_unchanged_conditions_and_a_restart_keeps_transitio
     let api = FakeApi::start();
     api.apply_node(kubelet_node());
     let (mut feed, _m) = writer(&api, Duration::from_millis(100), false);
-    feed.update(&link_down(), Instant::now());
+    feed.update(&judged(link_down()));
     let first = eventually("True", &api, || status_is(&api, "GpuLinkDegraded", "True")).await;
     eventually("two heartbeats", &api, || {
         (api.node_status_patches().len() >= 3).then_some(())
@@ -255,7 +261,7 @@ async fn a_heartbeat_rewrites_unchanged_conditions_and_a_restart_keeps_transitio
     // A new agent on the same node that finds the same keeps the time the Node holds.
     let (mut feed, _m) = writer(&api, Duration::from_secs(300), false);
     let before = api.node_status_patches().len();
-    feed.update(&link_down(), Instant::now());
+    feed.update(&judged(link_down()));
     eventually("the new agent's write", &api, || {
         (api.node_status_patches().len() > before).then_some(())
     })
@@ -271,20 +277,16 @@ async fn an_api_server_down_during_transitions_gets_the_latest_state_when_back()
     let mut api = FakeApi::start();
     api.apply_node(kubelet_node());
     let (mut feed, m) = writer(&api, Duration::from_secs(300), false);
-    feed.update(&healthy(), Instant::now());
+    feed.update(&judged(healthy()));
     eventually("False", &api, || status_is(&api, "GpuFault", "False")).await;
 
     api.stop();
     // Down, then a fatal XID, then links down too: only the last matters.
-    feed.update(&link_down(), Instant::now());
+    feed.update(&judged(link_down()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut both = link_down();
-    both.xids = vec![XidCount {
-        gpu: 2,
-        xid: 79,
-        count: 1,
-    }];
-    feed.update(&both, Instant::now());
+    both.xids = vec![XidCount::on(2, 79, 1)];
+    feed.update(&judged(both));
     eventually("failed writes counted", &api, || {
         (m.node_condition_write_errors.get() >= 2).then_some(())
     })
@@ -316,14 +318,14 @@ async fn the_taint_follows_gpu_fault_and_only_ours_is_touched() {
     let (mut feed, _m) = writer(&api, Duration::from_secs(300), true);
     let taints = |api: &FakeApi| api.node(NODE)["spec"]["taints"].clone();
 
-    feed.update(&healthy(), Instant::now());
+    feed.update(&judged(healthy()));
     eventually("False", &api, || status_is(&api, "GpuFault", "False")).await;
     assert_eq!(
         taints(&api),
         json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
     );
 
-    feed.update(&xid(3, 48, 1), Instant::now());
+    feed.update(&judged(xid(3, 48, 1)));
     eventually("our taint", &api, || {
         (taints(&api).as_array().unwrap().len() == 2).then_some(())
     })
@@ -335,7 +337,7 @@ async fn the_taint_follows_gpu_fault_and_only_ours_is_touched() {
     );
 
     // History over (driver reloaded): the fault clears and our taint goes, the other stays.
-    feed.update(&healthy(), Instant::now());
+    feed.update(&judged(healthy()));
     eventually("our taint removed", &api, || {
         (taints(&api).as_array().unwrap().len() == 1).then_some(())
     })

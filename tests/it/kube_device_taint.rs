@@ -91,8 +91,11 @@ impl Keeper {
         Keeper { feed, metrics }
     }
 
+    /// One scan of `s`: its GPU verdicts made as the scan makes them, then handed over.
     fn scan(&mut self, s: &Snapshot) {
-        self.feed.update(s, &[], Instant::now());
+        let mut fatal = shmlink::gpu::xid::FatalXids::new(Duration::from_secs(3600));
+        let judged = shmlink::fixtures::judged(s.clone(), &mut fatal, Instant::now());
+        self.feed.update(&judged, Instant::now());
     }
 
     fn in_force(&self, effect: &str) -> f64 {
@@ -442,13 +445,8 @@ async fn a_lost_gpu_and_a_held_xid_take_their_gpus_out_too() {
     let mut k = Keeper::start(&api, Effect::None, Duration::from_secs(3600));
     let mut s = board(&[]);
     s.gpus[5].lost = true;
-    let held = [shmlink::gpu::xid::HeldXid {
-        action: shmlink::model::XidAction::ResetGpu,
-        gpu: 2,
-        xid: 48,
-        times: 1,
-    }];
-    k.feed.update(&s, &held, Instant::now());
+    s.xids = vec![shmlink::model::XidCount::on(2, 48, 1)];
+    k.scan(&s);
     eventually("two rules", &api, || api.rules().len() == 2).await;
     let taints: Vec<(Value, Value)> = api
         .rules()

@@ -57,6 +57,7 @@ mod e2e_serve;
 mod e2e_shm;
 mod e2e_soak;
 mod e2e_state;
+mod e2e_xid_agree;
 mod field_corpus;
 mod http;
 mod kube_api;

@@ -124,6 +124,7 @@ impl SysPci {
                     },
                     bdf: bdf.clone(),
                     bridge: *bridge,
+                    link_width: link_width(reads, &dir),
                 }
             })
             .collect()
@@ -173,6 +174,23 @@ fn acs(reads: &mut Reads, dir: &Path) -> AcsState {
         Some(None) => AcsState::Absent,
         Some(Some(ctrl)) => AcsState::Control(ctrl),
     }
+}
+
+/// sysfs `current_link_width` and `max_link_width`, where both read as numbers (a width of 0
+/// is a link down or not PCIe Express: nothing to compare).
+fn link_width(reads: &mut Reads, dir: &Path) -> Option<(u32, u32)> {
+    let read = |reads: &mut Reads, name| -> Option<u32> {
+        reads
+            .text(&dir.join(name))?
+            .trim()
+            .parse()
+            .ok()
+            .filter(|w| *w > 0)
+    };
+    Some((
+        read(reads, "current_link_width")?,
+        read(reads, "max_link_width")?,
+    ))
 }
 
 #[cfg(test)]

@@ -21,6 +21,11 @@ struct Tallies {
     kernel: BTreeMap<(u32, u64), u64>,
     /// What the kernel log told without NVML's word (`kernel.rs`): evidence, never an XID.
     unconfirmed: BTreeMap<(u32, u64), u64>,
+    /// XIDs the kernel log told on a GPU NVML does not list, by its PCI address
+    /// (`pci::canonical`).
+    by_address: BTreeMap<(String, u64), u64>,
+    /// IOMMU IO page faults the kernel log told per GPU index (`kernel::KernelGpu::IommuFault`).
+    iommu: BTreeMap<u32, u64>,
 }
 
 impl XidCounts {
@@ -44,6 +49,51 @@ impl XidCounts {
         if let Ok(mut t) = self.counts.lock() {
             bump(&mut t.kernel, gpu, xid);
         }
+    }
+
+    /// One XID the kernel log told on a GPU NVML does not list (not loaded, or the GPU lost to
+    /// it), kept by the GPU's PCI address rather than dropped: NVML listing it no more is its
+    /// word that something is wrong (`kernel::Word::Lost`).
+    pub fn record_kernel_at(&self, pci: &str, xid: u64) {
+        let Some(pci) = crate::gpu::pci::canonical(pci) else {
+            return;
+        };
+        if super::catalogue::lookup(xid).is_none() {
+            return;
+        }
+        if let Ok(mut t) = self.counts.lock() {
+            let tally = &mut t.by_address;
+            if let Some(n) = tally.get_mut(&(pci.clone(), xid)) {
+                *n += 1;
+            } else if tally.len() < MAX_TALLIES {
+                tally.insert((pci, xid), 1);
+            }
+        }
+    }
+
+    /// One IOMMU fault naming GPU `gpu`.
+    pub fn record_iommu(&self, gpu: u32) {
+        if let Ok(mut t) = self.counts.lock() {
+            if t.iommu.len() < MAX_TALLIES || t.iommu.contains_key(&gpu) {
+                *t.iommu.entry(gpu).or_default() += 1;
+            }
+        }
+    }
+
+    /// The IOMMU faults per GPU index.
+    pub fn iommu(&self) -> BTreeMap<u32, u64> {
+        self.counts
+            .lock()
+            .map(|t| t.iommu.clone())
+            .unwrap_or_default()
+    }
+
+    /// The tallies by PCI address ([`XidCounts::record_kernel_at`]).
+    pub fn by_address(&self) -> BTreeMap<(String, u64), u64> {
+        self.counts
+            .lock()
+            .map(|t| t.by_address.clone())
+            .unwrap_or_default()
     }
 
     /// A fatal XID the kernel log told that NVML did not confirm, or a line that only reads

@@ -41,6 +41,10 @@ pub enum KernelGpu {
     },
     /// `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`
     FellOffBus { pci: String },
+    /// The IOMMU blocked a DMA of the device at `pci` (`AMD-Vi: Event logged [IO_PAGE_FAULT
+    /// device=0000:41:00.0 ...]`, `DMAR: [DMA Read] Request device [41:00.0] ... fault addr`):
+    /// peer traffic the IOMMU does not map, a known cause of P2P hangs.
+    IommuFault { pci: String },
     /// A line that reads like an XID but is not the driver's: written by a process, carrying a
     /// netfilter LOG record's fields, or not in the driver's shape. Evidence only.
     Lookalike {
@@ -59,6 +63,11 @@ pub enum KernelGpu {
 pub fn kernel_gpu(record: &KmsgRecord) -> Option<KernelGpu> {
     if is_task_line(&record.message) {
         return None;
+    }
+    if record.is_kernel() && !netfilter_fields(&record.message) {
+        if let Some(pci) = iommu_fault(&record.message) {
+            return Some(KernelGpu::IommuFault { pci });
+        }
     }
     let nvrm = record.message.trim_start().strip_prefix("NVRM: ")?;
     if !record.is_kernel() {
@@ -79,6 +88,38 @@ pub fn kernel_gpu(record: &KmsgRecord) -> Option<KernelGpu> {
             "not in the driver's shape (`Xid (PCI:dddd:bb:dd): N, `)",
         )
     })
+}
+
+/// The device of an IOMMU IO page fault: AMD-Vi's `[IO_PAGE_FAULT device=0000:41:00.0 ...`
+/// (or `<driver> 0000:41:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT ...`, since Linux 5.x), Intel
+/// DMAR's `DMAR: [DMA Read NO_PASID] Request device [41:00.0] ... fault addr`.
+fn iommu_fault(message: &str) -> Option<String> {
+    if let Some(at) = message.find("AMD-Vi: Event logged [IO_PAGE_FAULT") {
+        let rest = &message[at..];
+        if let Some(d) = rest.find("device=") {
+            let token = rest[d + 7..].split([' ', ']']).next()?;
+            return full_address(token);
+        }
+        // The device leads the line: `nvidia 0000:41:00.0: AMD-Vi: ...`.
+        let head = message[..at].trim_end().trim_end_matches(':');
+        return full_address(head.rsplit(' ').next()?);
+    }
+    let dmar = message.find("DMAR: [DMA ")?;
+    let rest = &message[dmar..];
+    if !rest.contains("fault addr") {
+        return None;
+    }
+    let open = rest.find("Request device [")? + "Request device [".len();
+    let token = rest[open..].split(']').next()?;
+    full_address(token)
+}
+
+/// `0000:41:00.0`, or `41:00.0` (domain 0), as `pci::canonical` spells it.
+fn full_address(token: &str) -> Option<String> {
+    if !token.contains('.') {
+        return None;
+    }
+    crate::gpu::pci::canonical(token)
 }
 
 /// The kernel's lines about a task: `comm[pid]: ` (a segfault, a trap, a general protection
@@ -282,7 +323,7 @@ impl KernelXids {
             KernelGpu::Xid { pci, xid, .. } if xid != FELL_OFF_BUS => return Some((pci, xid)),
             KernelGpu::Xid { pci, .. } => (pci, FELL_OFF_BUS, false),
             KernelGpu::FellOffBus { pci } => (pci, FELL_OFF_BUS, true),
-            KernelGpu::Lookalike { .. } => return None,
+            KernelGpu::Lookalike { .. } | KernelGpu::IommuFault { .. } => return None,
         };
         let Some(device) = pci_address(&pci) else {
             return Some((pci, xid)); // no address to pair the lines by
@@ -318,6 +359,18 @@ impl KernelXids {
                 }
                 KernelGpu::Xid { link, .. } => *link,
                 KernelGpu::FellOffBus { .. } => None,
+                KernelGpu::IommuFault { pci } => {
+                    // Only an NVIDIA GPU's (one NVML lists) is ours to tell.
+                    if let Some(g) = gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, pci)) {
+                        tracing::warn!(
+                            gpu = g.index,
+                            "the IOMMU blocked a DMA of GPU {} ({pci})",
+                            g.index
+                        );
+                        counts.record_iommu(g.index);
+                    }
+                    continue;
+                }
             };
             let Some((pci, xid)) = self.observe(event, now) else {
                 continue;
@@ -354,10 +407,14 @@ impl KernelXids {
                     );
                     counts.record_kernel(gpu.index, xid);
                 }
-                None => tracing::warn!(
-                    xid,
-                    "the kernel log reports XID {xid} on PCI {pci}, which is none of NVML's GPUs"
-                ),
+                None => {
+                    tracing::warn!(
+                        xid,
+                        "the kernel log reports XID {xid} on PCI {pci}, which is none of NVML's \
+                         GPUs: kept by its address"
+                    );
+                    counts.record_kernel_at(&pci, xid);
+                }
             }
         }
     }
@@ -631,6 +688,86 @@ mod tests {
         assert_eq!(counts.unconfirmed()[&(0, 48)], 1);
         k.count(vec![xid_on("0000:18:00", 13, None)], &board, &counts, t0);
         assert_eq!(counts.snapshot()[&(0, 13)], 1);
+    }
+
+    #[test]
+    fn iommu_page_faults_naming_a_gpu_are_told_on_that_gpu_only() {
+        let lines = "3,901,1000,-;AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:18:00.0 \
+                     domain=0x0000 address=0xfd000000 flags=0x0020]\n\
+                     3,902,1001,-;nvidia 0000:3b:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT \
+                     domain=0x0012 address=0x3bf000 flags=0x0020]\n\
+                     3,903,1002,-;DMAR: [DMA Read NO_PASID] Request device [18:00.0] fault addr \
+                     0x7f000000 [fault reason 0x06] PTE Read access is not set\n\
+                     3,904,1003,-;DMAR: [DMA Write] Request device [c1:00.0] PASID ffffffff \
+                     fault addr 0x1000 [fault reason 0x05] PTE Write access is not set\n\
+                     12,905,1004,-;AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:18:00.0 \
+                     domain=0x0000 address=0x0 flags=0x0]\n\
+                     6,906,1005,-;DMAR: IOMMU enabled";
+        let got = gpus(lines);
+        let fault = |pci: &str| Some(KernelGpu::IommuFault { pci: pci.into() });
+        assert_eq!(
+            got,
+            [
+                fault("0000:18:00.0"),
+                fault("0000:3b:00.0"),
+                fault("0000:18:00.0"),
+                fault("0000:c1:00.0"),
+                None, // a process's write (facility user)
+                None,
+            ]
+        );
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        // GPUs 0 (18:00) and 1 (3b:00) are NVML's; c1:00 is another device: not ours.
+        k.count(
+            got.into_iter().flatten().collect(),
+            &board(),
+            &counts,
+            Instant::now(),
+        );
+        assert_eq!(counts.iommu(), BTreeMap::from([(0, 2), (1, 1)]));
+        assert!(counts.snapshot().is_empty() && counts.by_address().is_empty());
+        let mut recent = super::super::RecentIommu::default();
+        let f = recent.findings(&counts.iommu(), Instant::now());
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].kind, crate::model::FindingKind::GpuIommuFault);
+        assert_eq!(f[0].subject, crate::model::Subject::Gpu(0));
+        assert!(
+            f[0].message.contains("blocked 2 DMAs of GPU 0") && f[0].message.contains("iommu=pt")
+        );
+    }
+
+    #[test]
+    fn an_xid_on_a_gpu_nvml_does_not_list_is_kept_by_its_address() {
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        let t0 = Instant::now();
+        // 0000:29:00 is none of the board's GPUs (NVML lost it, or never listed it).
+        let lines = vec![
+            xid_on("0000:29:00", 79, None),
+            xid_on("0000:29:00", 48, None),
+        ];
+        k.count(lines, &board(), &counts, t0);
+        assert!(counts.snapshot().is_empty());
+        assert_eq!(
+            counts.by_address(),
+            BTreeMap::from([
+                (("0000:29:00.0".to_string(), 48), 1),
+                (("0000:29:00.0".to_string(), 79), 1)
+            ])
+        );
+        // A lookalike at such an address stays nothing.
+        let forged = gpus(kmsg::FORGED_XID).into_iter().flatten().take(1);
+        let forged = forged.map(|g| match g {
+            KernelGpu::Lookalike { xid, why, .. } => KernelGpu::Lookalike {
+                pci: "0000:29:00".into(),
+                xid,
+                why,
+            },
+            other => other,
+        });
+        k.count(forged.collect(), &board(), &counts, t0);
+        assert_eq!(counts.by_address().len(), 2);
     }
 
     #[test]

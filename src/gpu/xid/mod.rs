@@ -13,7 +13,8 @@ pub mod counts;
 pub mod kernel;
 pub mod nvml_events;
 pub mod recent;
+pub mod saved;
 
 pub use counts::XidCounts;
 pub use nvml_events::spawn;
-pub use recent::{FatalXids, HeldAges, HeldXid, RecentXids, XID_LASTS};
+pub use recent::{FatalXids, Held, HeldAges, RecentIommu, RecentXids, XID_LASTS};

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::catalogue;
-use crate::model::{Finding, FindingKind, Subject, XidCount};
+use crate::model::{Finding, FindingKind, HeldXid, Subject};
 use crate::text;
 
 /// How long after its last increase an XID stays a finding (and one Event series).
@@ -43,6 +43,33 @@ impl RecentXids {
     }
 }
 
+/// Pure: the GPUs whose IOMMU faults (`kernel::KernelGpu::IommuFault`) were counted within the
+/// last [`XID_LASTS`]: a `gpu_iommu_fault` finding each.
+#[derive(Debug, Default)]
+pub struct RecentIommu {
+    seen: BTreeMap<u32, (u64, Instant)>,
+}
+
+impl RecentIommu {
+    pub fn findings(&mut self, counts: &BTreeMap<u32, u64>, now: Instant) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for (&gpu, &count) in counts {
+            let seen = self.seen.entry(gpu).or_insert((0, now));
+            if count > seen.0 {
+                *seen = (count, now);
+            }
+            if now.duration_since(seen.1) < XID_LASTS {
+                out.push(Finding::new(
+                    FindingKind::GpuIommuFault,
+                    Subject::Gpu(gpu),
+                    text::gpu_iommu_fault(gpu, count),
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// Occurrences of one XID remembered within the hold (the message says "N times").
 const TIMES_KEPT: usize = 64;
 
@@ -56,29 +83,30 @@ struct Seen {
     resumed: bool,
 }
 
-/// The fatal XIDs (a GPU reset, a node reboot or the vendor) seen within `hold`.
+/// The fatal XIDs (a GPU reset, a node reboot or the vendor) seen within `hold`, per GPU key:
+/// its UUID (NVML may number the GPUs otherwise after a restart), or its PCI address where NVML
+/// does not list it (`#<index>` only for what an older agent saved, until the index is known).
 #[derive(Debug)]
 pub struct FatalXids {
     hold: Duration,
-    seen: BTreeMap<(u32, u64), Seen>,
+    seen: BTreeMap<(String, u64), Seen>,
 }
 
 /// One held fatal XID as a restart carries it: how long before the save each occurrence
 /// within the hold was seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldAges {
-    pub gpu: u32,
+    /// The GPU's key ([`FatalXids`]).
+    pub gpu: String,
     pub xid: u64,
     pub ages: Vec<Duration>,
 }
 
-/// One fatal XID within the hold: what it calls for, where, and how often.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeldXid {
-    pub action: crate::model::XidAction,
-    pub gpu: u32,
-    pub xid: u64,
-    pub times: usize,
+/// One fatal XID within the hold on the GPU with key `gpu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub gpu: String,
+    pub xid: HeldXid,
 }
 
 impl FatalXids {
@@ -89,18 +117,41 @@ impl FatalXids {
         }
     }
 
-    /// Counts that grew are occurrences now; a count that went down, or vanished, means the
-    /// XID history started over (NVML loaded afresh: a driver reload, a reboot): forgotten.
-    pub fn observe(&mut self, xids: &[XidCount], now: Instant) {
-        let counts: BTreeMap<(u32, u64), u64> = xids
+    pub fn hold(&self) -> Duration {
+        self.hold
+    }
+
+    /// Keys carried as `#<index>` (an older agent's) take the key `keys` gives that index.
+    pub fn rekey(&mut self, keys: &BTreeMap<u32, String>) {
+        let old: Vec<(String, u64)> = self
+            .seen
+            .keys()
+            .filter(|(k, _)| k.starts_with('#'))
+            .cloned()
+            .collect();
+        for (k, xid) in old {
+            let index = k[1..].parse::<u32>().ok();
+            if let Some(key) = index.and_then(|i| keys.get(&i)) {
+                if let Some(seen) = self.seen.remove(&(k, xid)) {
+                    self.seen.entry((key.clone(), xid)).or_insert(seen);
+                }
+            }
+        }
+    }
+
+    /// Counts (GPU key, XID, count) that grew are occurrences now; a count that went down, or
+    /// vanished, means the XID history started over (NVML loaded afresh: a driver reload, a
+    /// reboot): forgotten.
+    pub fn observe(&mut self, xids: &[(String, u64, u64)], now: Instant) {
+        let counts: BTreeMap<(String, u64), u64> = xids
             .iter()
-            .filter(|x| catalogue::is_fatal(x.xid))
-            .map(|x| ((x.gpu, x.xid), x.count))
+            .filter(|x| catalogue::is_fatal(x.1))
+            .map(|x| ((x.0.clone(), x.1), x.2))
             .collect();
         self.seen
             .retain(|k, seen| counts.get(k).map_or(seen.resumed, |&c| c >= seen.count));
-        for (&key, &count) in &counts {
-            let seen = self.seen.entry(key).or_default();
+        for (key, &count) in &counts {
+            let seen = self.seen.entry(key.clone()).or_default();
             let grew = count.saturating_sub(seen.count);
             for _ in 0..grew.min(TIMES_KEPT as u64) {
                 seen.at.push_back(now);
@@ -129,9 +180,9 @@ impl FatalXids {
         self.seen
             .iter()
             .filter(|(_, seen)| !seen.at.is_empty())
-            .map(|(&(gpu, xid), seen)| HeldAges {
-                gpu,
-                xid,
+            .map(|((gpu, xid), seen)| HeldAges {
+                gpu: gpu.clone(),
+                xid: *xid,
                 ages: seen.at.iter().map(|t| now.duration_since(*t)).collect(),
             })
             .collect()
@@ -165,23 +216,34 @@ impl FatalXids {
         }
     }
 
-    /// Those within the hold, the one whose action goes furthest (a reboot before a reset)
-    /// first.
-    pub fn held(&self) -> Vec<HeldXid> {
-        let mut out: Vec<HeldXid> = self
+    /// Those within the hold at `now`, the one whose action goes furthest (a reboot before a
+    /// reset) first.
+    pub fn held(&self, now: Instant) -> Vec<Held> {
+        let mut out: Vec<Held> = self
             .seen
             .iter()
-            .filter(|(_, seen)| !seen.at.is_empty())
-            .filter_map(|(&(gpu, xid), seen)| {
-                Some(HeldXid {
-                    action: catalogue::lookup(xid)?.action,
-                    gpu,
-                    xid,
-                    times: seen.at.len(),
+            .filter_map(|((gpu, xid), seen)| {
+                let last = *seen.at.back()?;
+                Some(Held {
+                    gpu: gpu.clone(),
+                    xid: HeldXid {
+                        xid: *xid,
+                        action: catalogue::lookup(*xid)?.action,
+                        times: seen.at.len(),
+                        left: self
+                            .hold
+                            .saturating_sub(now.saturating_duration_since(last)),
+                    },
                 })
             })
             .collect();
-        out.sort_by_key(|h| (std::cmp::Reverse(h.action), h.gpu, h.xid));
+        out.sort_by(|a, b| {
+            (std::cmp::Reverse(a.xid.action), &a.gpu, a.xid.xid).cmp(&(
+                std::cmp::Reverse(b.xid.action),
+                &b.gpu,
+                b.xid.xid,
+            ))
+        });
         out
     }
 }
@@ -216,8 +278,8 @@ mod tests {
         assert!(recent.findings(&counts, t1 + XID_LASTS).is_empty());
     }
 
-    fn count(gpu: u32, xid: u64, count: u64) -> XidCount {
-        XidCount { gpu, xid, count }
+    fn count(gpu: &str, xid: u64, count: u64) -> (String, u64, u64) {
+        (gpu.to_string(), xid, count)
     }
 
     #[test]
@@ -225,13 +287,13 @@ mod tests {
         let hold = Duration::from_secs(3600);
         let t0 = Instant::now();
         let mut before = FatalXids::new(hold);
-        before.observe(&[count(2, 79, 2), count(1, 13, 1)], t0);
+        before.observe(&[count("GPU-2", 79, 2), count("GPU-1", 13, 1)], t0);
         let later = t0 + Duration::from_secs(600);
         let carried = before.ages(later);
         assert_eq!(
             carried,
             vec![HeldAges {
-                gpu: 2,
+                gpu: "GPU-2".into(),
                 xid: 79,
                 ages: vec![Duration::from_secs(600); 2]
             }],
@@ -242,15 +304,19 @@ mod tests {
         let mut after = FatalXids::new(hold);
         after.resume(carried, t1);
         after.observe(&[], t1);
-        let held = after.held();
-        assert_eq!((held.len(), held[0].xid, held[0].times), (1, 79, 2));
-        after.observe(&[count(2, 79, 1)], t1 + Duration::from_secs(60));
-        assert_eq!(after.held()[0].times, 3, "a new one adds to those carried");
+        let held = after.held(t1);
+        assert_eq!((held.len(), held[0].xid.xid, held[0].xid.times), (1, 79, 2));
+        after.observe(&[count("GPU-2", 79, 1)], t1 + Duration::from_secs(60));
+        assert_eq!(
+            after.held(t1)[0].xid.times,
+            3,
+            "a new one adds to those carried"
+        );
         // The carried ones leave when their hold runs out (3000 s left), the new one later.
-        after.observe(&[count(2, 79, 1)], t1 + Duration::from_secs(3000));
-        assert_eq!(after.held()[0].times, 1);
-        after.observe(&[count(2, 79, 1)], t1 + Duration::from_secs(3660));
-        assert!(after.held().is_empty());
+        after.observe(&[count("GPU-2", 79, 1)], t1 + Duration::from_secs(3000));
+        assert_eq!(after.held(t1)[0].xid.times, 1);
+        after.observe(&[count("GPU-2", 79, 1)], t1 + Duration::from_secs(3660));
+        assert!(after.held(t1).is_empty());
     }
 
     #[test]
@@ -261,12 +327,12 @@ mod tests {
         x.resume(
             vec![
                 HeldAges {
-                    gpu: 0,
+                    gpu: "GPU-0".into(),
                     xid: 79,
                     ages: vec![hold, hold * 2],
                 },
                 HeldAges {
-                    gpu: 1,
+                    gpu: "GPU-1".into(),
                     xid: 13,
                     ages: vec![Duration::from_secs(1)],
                 },
@@ -274,19 +340,19 @@ mod tests {
             t,
         );
         x.observe(&[], t);
-        assert!(x.held().is_empty());
+        assert!(x.held(t).is_empty());
         // One that runs out with nothing counting it is forgotten entirely.
         x.resume(
             vec![HeldAges {
-                gpu: 0,
+                gpu: "GPU-0".into(),
                 xid: 48,
                 ages: vec![Duration::from_secs(3599)],
             }],
             t,
         );
         x.observe(&[], t);
-        assert_eq!(x.held().len(), 1);
+        assert_eq!(x.held(t).len(), 1);
         x.observe(&[], t + Duration::from_secs(2));
-        assert!(x.held().is_empty() && x.seen.is_empty());
+        assert!(x.held(t).is_empty() && x.seen.is_empty());
     }
 }

@@ -1,120 +1,86 @@
-//! Pure: a snapshot (pair verdicts, GPUs NVML and the driver list, XID counts) -> the two
-//! conditions. Fatal XIDs are held for their time (`gpu::xid::judge`); everything else is as the snapshot
-//! says now.
-
-use std::time::{Duration, Instant};
+//! Pure: the two conditions, rendered from the snapshot's GPU verdicts (`gpu::verdict`) and
+//! pair verdicts. Nothing is decided here: which GPU is lost, not in NVML, asked to reset by
+//! NVML, or holds a fatal XID is the verdict's word.
 
 use super::{Condition, Desired, Status, GPU_FAULT, GPU_LINK_DEGRADED};
-use crate::gpu::pci::not_in_nvml;
-use crate::gpu::xid::{catalogue, FatalXids, HeldAges};
+use crate::gpu::xid::catalogue;
 use crate::model::Snapshot;
 use crate::model::{Blame, PairStatus, PairVerdict, RecoveryAction};
 use crate::text::{self, ConditionReason};
 
-/// Decides the conditions; remembers fatal XIDs for `hold`.
-#[derive(Debug)]
-pub struct ConditionJudge {
-    hold: Duration,
-    xids: FatalXids,
+/// The conditions `snapshot` calls for.
+pub fn desired(snapshot: &Snapshot) -> Desired {
+    if !snapshot.nvml_up {
+        return no_nvml(snapshot);
+    }
+    Desired {
+        link: link_condition(&snapshot.gpu_pairs, &snapshot.gpu_blame),
+        fault: fault_condition(snapshot),
+    }
 }
 
-impl ConditionJudge {
-    pub fn new(hold: Duration) -> ConditionJudge {
-        ConditionJudge {
-            hold,
-            xids: FatalXids::new(hold),
-        }
+fn fault_condition(snapshot: &Snapshot) -> Condition {
+    let verdicts = &snapshot.gpu_verdicts;
+    // (reason, sentence), worst first: lost GPUs, missing GPUs, then XIDs by GPU.
+    let mut faults: Vec<(ConditionReason, String)> = Vec::new();
+    for v in verdicts.iter().filter(|v| v.lost) {
+        faults.push((
+            ConditionReason::GpuLost,
+            text::fault_gpu_lost(v.gpu.unwrap_or_default(), &v.pci_bus_id),
+        ));
     }
-
-    /// The fatal XIDs held now, for a restart to carry ([`FatalXids::ages`]).
-    pub fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
-        self.xids.ages(now)
+    let missing: Vec<String> = verdicts
+        .iter()
+        .filter(|v| v.not_in_nvml)
+        .map(|v| v.pci_bus_id.clone())
+        .collect();
+    if !missing.is_empty() {
+        faults.push((
+            ConditionReason::GpuNotInNvml,
+            text::gpu_not_in_nvml(&missing, snapshot.driver_gpus.len(), snapshot.gpus.len())
+                .trim_end_matches('.')
+                .to_string(),
+        ));
     }
-
-    /// The fatal XIDs held now (the GPUs a device taint takes out).
-    pub fn held_xids(&self) -> Vec<crate::gpu::xid::HeldXid> {
-        self.xids.held()
+    // The recovery action that goes furthest first.
+    let mut actions: Vec<(RecoveryAction, u32, &str)> = verdicts
+        .iter()
+        .filter_map(|v| Some((v.recovery_action?, v.gpu?, v.pci_bus_id.as_str())))
+        .collect();
+    actions.sort_by_key(|&(action, gpu, _)| (std::cmp::Reverse(action_rank(action)), gpu));
+    for (action, gpu, bus) in actions {
+        faults.push((
+            ConditionReason::RecoveryAction(action),
+            text::fault_recovery_action(gpu, bus, action),
+        ));
     }
-
-    /// Holds again what a restart carried ([`FatalXids::resume`]).
-    pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
-        self.xids.resume(held, now);
+    let hold = humantime::format_duration(snapshot.gpu_fault_hold).to_string();
+    // The XID whose action goes furthest (a reboot before a reset) names the reason.
+    let mut held: Vec<(u32, crate::model::HeldXid)> = verdicts
+        .iter()
+        .filter_map(|v| Some((v.gpu?, v)))
+        .flat_map(|(g, v)| v.held_xids.iter().map(move |h| (g, *h)))
+        .collect();
+    held.sort_by_key(|(g, h)| (std::cmp::Reverse(h.action), *g, h.xid));
+    for (gpu, h) in held {
+        faults.push((
+            ConditionReason::Xid(h.xid),
+            text::fault_xid(gpu, h.xid, catalogue::lookup(h.xid), h.times, &hold),
+        ));
     }
-
-    pub fn decide(&mut self, snapshot: &Snapshot, now: Instant) -> Desired {
-        self.xids.observe(&snapshot.xids, now);
-        if !snapshot.nvml_up {
-            return no_nvml(snapshot);
-        }
-        Desired {
-            link: link_condition(&snapshot.gpu_pairs, &snapshot.gpu_blame),
-            fault: self.fault_condition(snapshot),
-        }
-    }
-
-    fn fault_condition(&self, snapshot: &Snapshot) -> Condition {
-        // (reason, sentence), worst first: lost GPUs, missing GPUs, then XIDs by GPU.
-        let mut faults: Vec<(ConditionReason, String)> = Vec::new();
-        for g in snapshot.gpus.iter().filter(|g| g.lost) {
-            faults.push((
-                ConditionReason::GpuLost,
-                text::fault_gpu_lost(g.index, &g.pci_bus_id),
-            ));
-        }
-        let missing = not_in_nvml(&snapshot.driver_gpus, &snapshot.gpus);
-        if !missing.is_empty() {
-            faults.push((
-                ConditionReason::GpuNotInNvml,
-                text::gpu_not_in_nvml(&missing, snapshot.driver_gpus.len(), snapshot.gpus.len())
-                    .trim_end_matches('.')
-                    .to_string(),
-            ));
-        }
-        // NVML's own recovery action, as long as NVML says it (no hold: NVML clears it once
-        // done); the one that goes furthest first.
-        let mut actions: Vec<(RecoveryAction, u32, &str)> = snapshot
-            .gpus
-            .iter()
-            .filter(|g| !g.lost)
-            .filter_map(|g| {
-                Some((
-                    g.recovery_action.filter(|a| a.is_fault())?,
-                    g.index,
-                    g.pci_bus_id.as_str(),
-                ))
-            })
-            .collect();
-        actions.sort_by_key(|&(action, gpu, _)| (std::cmp::Reverse(action_rank(action)), gpu));
-        for (action, gpu, bus) in actions {
-            faults.push((
-                ConditionReason::RecoveryAction(action),
-                text::fault_recovery_action(gpu, bus, action),
-            ));
-        }
-        let hold = humantime::format_duration(self.hold).to_string();
-        // The XID whose action goes furthest (a reboot before a reset) names the reason.
-        for h in self.xids.held() {
-            faults.push((
-                ConditionReason::Xid(h.xid),
-                text::fault_xid(h.gpu, h.xid, catalogue::lookup(h.xid), h.times, &hold),
-            ));
-        }
-        match faults.first() {
-            None => Condition {
-                type_: GPU_FAULT,
-                status: Status::False,
-                reason: ConditionReason::NoGpuFault.to_string(),
-                message: text::no_gpu_fault(&hold),
-            },
-            Some((reason, _)) => Condition {
-                type_: GPU_FAULT,
-                status: Status::True,
-                reason: reason.to_string(),
-                message: text::gpu_fault(
-                    &faults.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>(),
-                ),
-            },
-        }
+    match faults.first() {
+        None => Condition {
+            type_: GPU_FAULT,
+            status: Status::False,
+            reason: ConditionReason::NoGpuFault.to_string(),
+            message: text::no_gpu_fault(&hold),
+        },
+        Some((reason, _)) => Condition {
+            type_: GPU_FAULT,
+            status: Status::True,
+            reason: reason.to_string(),
+            message: text::gpu_fault(&faults.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>()),
+        },
     }
 }
 

@@ -1,8 +1,8 @@
 //! This Node's GPU conditions (`GpuLinkDegraded`, `GpuFault`): what systems that repair nodes
 //! act on (node-problem-detector's polarity: True = problem).
 //!
-//! [`ConditionJudge`] (`decide.rs`) is pure: each snapshot in, the two conditions it calls for
-//! out (it remembers fatal XIDs for their hold time). [`ConditionFeed`] hands them from the scan
+//! [`desired`] (`decide.rs`) is pure: each snapshot's GPU verdicts in, the two conditions they
+//! call for out (the verdicts carry the fatal XIDs' hold). [`ConditionFeed`] hands them from the scan
 //! thread to the writer task (`writer.rs`) through a watch channel: the scan thread never waits,
 //! and the writer always takes the latest state. The writer patches the Node's status (strategic
 //! merge, conditions merged by `type`, field manager `shmlink`) only on a change or a heartbeat,
@@ -13,8 +13,7 @@ mod decide;
 mod taint;
 mod writer;
 
-pub use decide::ConditionJudge;
-pub use taint::TAINT_KEY;
+pub use decide::desired;
 pub use writer::{spawn_writer, ConditionFeed, WriterSettings};
 
 /// The condition types this agent owns (CONTRACT.md); it never writes any other.

@@ -9,8 +9,8 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
-/// The taint's key; its effect is NoSchedule, it has no value.
-pub const TAINT_KEY: &str = "shmlink.io/gpu-fault";
+/// The taint's key (its effect is NoSchedule, it has no value).
+use crate::kube::NODE_TAINT_KEY as TAINT_KEY;
 const EFFECT: &str = "NoSchedule";
 
 /// Pure: the taints with ours present (`on`) or absent; None when they already are.

@@ -12,8 +12,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::{taint, ConditionJudge, Desired, Status};
-use crate::gpu::xid::HeldAges;
+use super::{desired, taint, Desired, Status};
 use crate::metrics::Metrics;
 use crate::model::Snapshot;
 
@@ -44,14 +43,13 @@ impl WriterSettings {
 
 /// The scan thread's end: decides and hands over, never waits.
 pub struct ConditionFeed {
-    judge: ConditionJudge,
     tx: watch::Sender<Option<Desired>>,
 }
 
 impl ConditionFeed {
     /// Decides this snapshot's conditions; wakes the writer only when they differ from the last.
-    pub fn update(&mut self, snapshot: &Snapshot, now: Instant) {
-        let desired = self.judge.decide(snapshot, now);
+    pub fn update(&mut self, snapshot: &Snapshot) {
+        let desired = desired(snapshot);
         self.tx.send_if_modified(|current| {
             if current.as_ref() == Some(&desired) {
                 return false;
@@ -62,38 +60,17 @@ impl ConditionFeed {
     }
 }
 
-impl ConditionFeed {
-    /// The fatal XIDs holding `GpuFault` now, for a restart to carry.
-    pub fn held_ages(&self, now: Instant) -> Vec<HeldAges> {
-        self.judge.held_ages(now)
-    }
-
-    /// The fatal XIDs held now.
-    pub fn held_xids(&self) -> Vec<crate::gpu::xid::HeldXid> {
-        self.judge.held_xids()
-    }
-
-    /// Holds again the fatal XIDs a restart carried, before the first snapshot is decided.
-    pub fn resume_held(&mut self, held: Vec<HeldAges>, now: Instant) {
-        self.judge.resume_held(held, now);
-    }
-}
-
 /// Starts the writer on `runtime`; the feed is the scan thread's.
 pub fn spawn_writer(
     client: Client,
     node: String,
-    hold: Duration,
     settings: WriterSettings,
     metrics: Arc<Metrics>,
     runtime: &tokio::runtime::Handle,
 ) -> ConditionFeed {
     let (tx, rx) = watch::channel(None);
     runtime.spawn(run(Api::all(client), node, rx, settings, metrics));
-    ConditionFeed {
-        judge: ConditionJudge::new(hold),
-        tx,
-    }
+    ConditionFeed { tx }
 }
 
 /// What the Node holds of one of our conditions, as far as the writer knows.
@@ -256,7 +233,7 @@ async fn write_once(
         if k.tainted != Some(on) {
             taint::reconcile(api, node, on)
                 .await
-                .map_err(|e| format!("the {} taint: {e}", taint::TAINT_KEY))?;
+                .map_err(|e| format!("the {} taint: {e}", crate::kube::NODE_TAINT_KEY))?;
             k.tainted = Some(on);
         }
     }

@@ -1,16 +1,14 @@
-//! Pure: which GPUs should be out of scheduling now. A GPU is blamed when the pair judge names
-//! it as a culprit (never "either end" of pairs, never on a node where every pair fails: that is
-//! the node's problem, not one GPU's), when NVML says it is lost or asks for a reset or reboot,
-//! or while an XID that makes `GpuFault` True is held on it. It stays wanted until it has been
-//! blamed by none of these for the hold (the `--gpu-fault-hold` the Node conditions use), so a
-//! link that goes down and up does not make and lift rules; a held XID already carries that
-//! hold, so it is not added twice.
+//! Pure: which GPUs should be out of scheduling now, rendered from the snapshot's GPU verdicts
+//! (`gpu::verdict`: a GPU whose verdict has an `out` reason is blamed; the verdict decided it).
+//! A blamed GPU stays wanted until it has been blamed by nothing for the hold (the
+//! `--gpu-fault-hold` the XIDs use), so a link that goes down and up does not make and lift
+//! rules; a held XID already carries that hold, so it is not added twice.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::gpu::xid::{catalogue, HeldXid};
-use crate::model::{GpuReading, PairStatus, Snapshot, Suspect, SuspectBy};
+use crate::gpu::xid::catalogue;
+use crate::model::{OutReason, Snapshot};
 use crate::text;
 
 /// One GPU blamed by this snapshot: the taint's value and the sentence that says why.
@@ -39,76 +37,40 @@ pub struct Wanted {
     pub since: SystemTime,
 }
 
-/// The GPUs this snapshot blames, one entry per GPU (the strongest reason), by index.
-pub fn blamed(snapshot: &Snapshot, held: &[HeldXid]) -> Vec<Blamed> {
-    let mut out: BTreeMap<u32, Blamed> = BTreeMap::new();
-    let by_index = |i: u32| snapshot.gpus.iter().find(|g| g.index == i);
-    let mut put = |g: &GpuReading, value: String, why: String, xid: bool, since| {
-        out.entry(g.index).or_insert(Blamed {
-            gpu: g.index,
-            uuid: g.uuid.clone(),
-            value,
-            why,
-            held_xid_only: xid,
-            since,
-        });
-    };
-    if !snapshot.nvml_up {
-        return Vec::new();
-    }
-    // Strongest first: the first reason put for a GPU is its value.
-    for g in snapshot.gpus.iter().filter(|g| g.lost) {
-        put(
-            g,
-            "gpu-lost".into(),
-            text::taint_gpu_lost(g.index),
-            false,
-            None,
-        );
-    }
-    for h in held.iter().filter(|h| h.action.is_fatal()) {
-        if let Some(g) = by_index(h.gpu) {
-            let what = catalogue::lookup(h.xid).map_or("unknown", |e| e.what);
-            let why = text::taint_xid(h.gpu, h.xid, what);
-            put(g, format!("xid-{}", h.xid), why, true, None);
-        }
-    }
-    for g in &snapshot.gpus {
-        if let Some(action) = g.recovery_action.filter(|a| a.is_fault()) {
-            let why = text::taint_recovery_action(g.index, action);
-            put(g, "recovery-action".into(), why, false, None);
-        }
-    }
-    for s in snapshot.gpu_blame.culprits() {
-        if let Some(g) = by_index(s.gpu) {
-            let failing = snapshot
-                .gpu_pairs
-                .iter()
-                .filter(|p| (p.gpu == s.gpu || p.peer_gpu == s.gpu) && p.status != PairStatus::Ok);
-            let down = failing.clone().any(|p| p.status == PairStatus::Down);
-            let since = failing.filter_map(|p| p.since).min();
-            let value = if down { "nvlink-down" } else { "pair-degraded" };
-            put(g, value.into(), culprit_why(s, down), false, since);
-        }
-    }
-    // A GPU blamed by something besides a held XID is held by this judge too.
-    for b in out.values_mut() {
-        b.held_xid_only = b.held_xid_only && !other_blame(snapshot, b.gpu);
-    }
-    out.into_values().filter(|b| !b.uuid.is_empty()).collect()
-}
-
-fn culprit_why(s: &Suspect, down: bool) -> String {
-    let all = s.by == SuspectBy::FailsWithAll;
-    text::taint_culprit(s.gpu, s.bad_pairs, all, down)
-}
-
-fn other_blame(snapshot: &Snapshot, gpu: u32) -> bool {
+/// The GPUs this snapshot's verdicts put out, one entry per GPU (its strongest reason), by
+/// index; a GPU without a UUID has no device to select.
+pub fn blamed(snapshot: &Snapshot) -> Vec<Blamed> {
     snapshot
-        .gpus
+        .gpu_verdicts
         .iter()
-        .any(|g| g.index == gpu && (g.lost || g.recovery_action.is_some_and(|a| a.is_fault())))
-        || snapshot.gpu_blame.culprits().any(|s| s.gpu == gpu)
+        .filter(|v| !v.uuid.is_empty())
+        .filter_map(|v| Some((v.gpu?, v, v.out?)))
+        .map(|(gpu, v, out)| {
+            let culprit = v.culprit.as_ref();
+            let why = match out {
+                OutReason::Lost => text::taint_gpu_lost(gpu),
+                OutReason::Xid(xid) => {
+                    let what = catalogue::lookup(xid).map_or("unknown", |e| e.what);
+                    text::taint_xid(gpu, xid, what)
+                }
+                OutReason::RecoveryAction(action) => text::taint_recovery_action(gpu, action),
+                OutReason::NvlinkDown | OutReason::PairDegraded => {
+                    let (bad, all) =
+                        culprit.map_or((0, false), |c| (c.bad_pairs, c.fails_with_all));
+                    text::taint_culprit(gpu, bad, all, out == OutReason::NvlinkDown)
+                }
+            };
+            let by_pairs = matches!(out, OutReason::NvlinkDown | OutReason::PairDegraded);
+            Blamed {
+                gpu,
+                uuid: v.uuid.clone(),
+                value: out.value(),
+                why,
+                held_xid_only: matches!(out, OutReason::Xid(_)) && !v.out_besides_xids(),
+                since: culprit.filter(|_| by_pairs).and_then(|c| c.since),
+            }
+        })
+        .collect()
 }
 
 /// Keeps, per GPU UUID, since when it has been blamed and when last, and says which GPUs are

@@ -24,8 +24,6 @@ pub use rules::{mig_rule_name, node_label, rule_name};
 pub use slices::{DeviceRef, SliceIndex};
 pub use task::{spawn_device_taints, DeviceTaintFeed, DeviceTaintSettings};
 
-/// The taint's key: the agent's own.
-pub const TAINT_KEY: &str = "shmlink.io/gpu-unhealthy";
 /// Labels every rule of the agent carries; it touches no rule without both.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "shmlink";

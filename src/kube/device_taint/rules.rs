@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 
 use super::judge::Wanted;
 use super::slices::{DeviceRef, SliceIndex};
-use super::{Effect, DESCRIPTION_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, NODE_LABEL, TAINT_KEY};
+use super::{Effect, DESCRIPTION_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, NODE_LABEL};
+use crate::kube::DEVICE_TAINT_KEY as TAINT_KEY;
 
 /// A label value's limit, and a name's.
 const LABEL_MAX: usize = 63;

@@ -15,7 +15,6 @@ use super::judge::{blamed, TaintJudge, Wanted};
 use super::rules::{plan, Action, Desired, Stored};
 use super::slices::SliceIndex;
 use super::Effect;
-use crate::gpu::xid::HeldXid;
 use crate::kube::events::{EventMsg, EventQueue, EventSpec, EventType};
 use crate::metrics::DeviceTaintMetrics;
 use crate::model::{EventReason, Snapshot};
@@ -58,12 +57,9 @@ pub struct DeviceTaintFeed {
 }
 
 impl DeviceTaintFeed {
-    /// This snapshot's GPUs wanted out (with the XIDs `GpuFault` holds); wakes the task only
-    /// when they differ from the last.
-    pub fn update(&mut self, snapshot: &Snapshot, held: &[HeldXid], now: Instant) {
-        let wanted = self
-            .judge
-            .decide(blamed(snapshot, held), now, SystemTime::now());
+    /// This snapshot's GPUs wanted out; wakes the task only when they differ from the last.
+    pub fn update(&mut self, snapshot: &Snapshot, now: Instant) {
+        let wanted = self.judge.decide(blamed(snapshot), now, SystemTime::now());
         self.tx.send_if_modified(|current| {
             if current.as_ref() == Some(&wanted) {
                 return false;

@@ -348,7 +348,7 @@ impl EventPlanner {
         let count = snapshot
             .xids
             .iter()
-            .find(|x| x.gpu == gpu && x.xid == xid)
+            .find(|x| x.gpu == Some(gpu) && x.xid == xid)
             .map_or(0, |x| x.count);
         let last = self.xid_counts.entry((gpu, xid)).or_insert(0);
         let again = *last > 0 && count > *last;

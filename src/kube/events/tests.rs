@@ -306,11 +306,7 @@ fn an_xid_is_an_event_and_a_repeat_updates_its_series_at_once() {
     let mut recent = RecentXids::default();
     let mut scan = |count: u64, t: Instant| {
         let mut snap = snapshot(vec![], vec![]);
-        snap.xids = vec![XidCount {
-            gpu: 7,
-            xid: 79,
-            count,
-        }];
+        snap.xids = vec![XidCount::on(7, 79, count)];
         snap.findings = recent.findings(&BTreeMap::from([((7, 79), count)]), t);
         snap
     };

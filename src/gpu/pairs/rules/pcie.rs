@@ -1,8 +1,9 @@
 //! Rule 7: the PCIe path under the GPUs, on boards where peer-to-peer traffic crosses it.
 //!
-//! - A GPU whose link runs below the generation or width it and its slot allow, while busy
-//!   (NVML's utilization at [`BUSY_PERCENT`] or more): idle links train down to save power, so
-//!   an idle reading proves nothing (NVIDIA's nvidia-smi manual; DCGM checks only in P0).
+//! - A GPU whose link is narrower than it and its slot allow, at any load; or of a lower
+//!   generation while busy (NVML's utilization at [`BUSY_PERCENT`] or more): idle links drop
+//!   their generation to save power, so an idle generation proves nothing (NVIDIA's nvidia-smi
+//!   manual; DCGM checks only in P0).
 //! - AER totals of the GPU or a bridge above it that grew within [`AER_WINDOW`]: a fatal or
 //!   non-fatal error is critical, correctable ones a warning.
 //! - A bridge between two GPUs below a common switch whose ACS redirects peer-to-peer requests
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
-use crate::model::{GpuReading, Weight};
+use crate::model::{GpuReading, PcieLink, Weight};
 use crate::text;
 
 /// NVML utilization at or above which a GPU is busy enough for its link to be at full speed.
@@ -61,17 +62,42 @@ fn live<'a>(board: &'a Board<'_>) -> impl Iterator<Item = &'a GpuReading> {
     board.gpus.values().copied().filter(|g| !g.lost)
 }
 
-/// A busy GPU whose link runs below what it and its slot allow: the GPU's finding alone.
+/// A GPU whose link is narrower than both ends allow (at any load: lanes do not train down to
+/// save power, so x8 where x16 trains halves every host copy and P2P over PCIe), or slower
+/// than they allow while busy (idle links drop their generation to save power): the GPU's
+/// finding alone, one per GPU. The width is NVML's, else sysfs's (`current_link_width`,
+/// `max_link_width` of the GPU's function).
 fn trained_down(board: &Board<'_>) -> Vec<Finding> {
     let mut findings = Vec::new();
     for g in live(board) {
-        let (Some(link), Some(busy)) = (g.pcie_link, g.utilization_percent) else {
+        let busy = g.utilization_percent.filter(|&u| u >= BUSY_PERCENT);
+        let sysfs = g.pcie_path.first().and_then(|h| h.link_width);
+        let Some(link) = g.pcie_link.or_else(|| {
+            sysfs.map(|(width, max_width)| PcieLink {
+                gen: 0,
+                max_gen: 0,
+                width,
+                max_width,
+            })
+        }) else {
             continue;
         };
-        if busy < BUSY_PERCENT || (link.gen >= link.max_gen && link.width >= link.max_width) {
+        let narrow = link.width < link.max_width || sysfs.is_some_and(|(width, max)| width < max);
+        let slow = busy.is_some() && link.gen < link.max_gen;
+        if !narrow && !slow {
             continue;
         }
         let bdf = g.pcie_path.first().map_or("", |h| h.bdf.as_str());
+        let link = match sysfs {
+            Some((width, max_width)) if width < max_width && link.width >= link.max_width => {
+                PcieLink {
+                    width,
+                    max_width,
+                    ..link
+                }
+            }
+            _ => link,
+        };
         findings.push(Finding::new(
             FindingKind::GpuPcieDegraded,
             Subject::Gpu(g.index),

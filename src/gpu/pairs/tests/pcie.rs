@@ -17,6 +17,7 @@ fn path(g: u32) -> Vec<PcieHop> {
         } else {
             AcsState::Unknown
         },
+        link_width: None,
     };
     vec![
         hop(format!("0000:{:02x}:00.0", 0x20 + g), false),
@@ -42,17 +43,17 @@ fn board() -> GpuSample {
 }
 
 #[test]
-fn a_link_trained_down_is_judged_only_while_the_gpu_is_busy() {
+fn a_lower_generation_is_judged_only_while_busy_and_a_narrow_link_at_any_load() {
     let t0 = Instant::now();
     let mut judge = PairJudge::default();
     let mut s = board();
     gpu_mut(&mut s, 3).pcie_link = Some(PcieLink {
         gen: 3,
         max_gen: 5,
-        width: 8,
+        width: 16,
         max_width: 16,
     });
-    // Idle: links train down to save power; nothing to say.
+    // Idle: links drop their generation to save power; nothing to say.
     let j = judge.judge(&s, t0);
     assert!(all_ok(&j), "{:?}", j.pairs);
     assert!(j.findings.is_empty(), "{:?}", kinds(&j));
@@ -65,21 +66,63 @@ fn a_link_trained_down_is_judged_only_while_the_gpu_is_busy() {
     assert!(
         j.findings[0]
             .message
-            .contains("runs at Gen3 x8 while the GPU is busy (97% utilized), below the Gen5 x16"),
+            .contains("runs at Gen3 x16 while the GPU is busy (97% utilized), below the Gen5 x16"),
         "{}",
         j.findings[0].message
     );
     assert!(j.findings[0].message.contains("lspci -vv -s 0000:23:00.0"));
     // The GPU's finding alone: its pairs still work (slower), no pair fails.
     assert!(all_ok(&j), "{:?}", j.pairs);
+    // x8 where x16 trains: told idle too, once for the GPU (not per pair).
+    gpu_mut(&mut s, 3).utilization_percent = Some(0);
+    gpu_mut(&mut s, 3).pcie_link = Some(PcieLink {
+        gen: 5,
+        max_gen: 5,
+        width: 8,
+        max_width: 16,
+    });
+    let j = judge.judge(&s, secs_after(t0, 2));
+    assert_eq!(
+        kinds(&j),
+        vec![("gpu_pcie_degraded", "GPU 3".to_string(), Severity::Warning)]
+    );
+    assert!(
+        j.findings[0].message.contains(
+            "runs at Gen5 x8, below the Gen5 x16 it and its slot allow. Only 8 of its 16 lanes"
+        ),
+        "{}",
+        j.findings[0].message
+    );
+    assert!(all_ok(&j), "{:?}", j.pairs);
     // A busy GPU at full speed is fine.
+    gpu_mut(&mut s, 3).utilization_percent = Some(97);
     gpu_mut(&mut s, 3).pcie_link = Some(PcieLink {
         gen: 5,
         max_gen: 5,
         width: 16,
         max_width: 16,
     });
-    assert!(all_ok(&judge.judge(&s, secs_after(t0, 2))));
+    assert!(judge.judge(&s, secs_after(t0, 3)).findings.is_empty());
+}
+
+#[test]
+fn sysfs_tells_a_narrow_link_nvml_does_not() {
+    let mut judge = PairJudge::default();
+    let mut s = board();
+    gpu_mut(&mut s, 5).pcie_link = None;
+    gpu_mut(&mut s, 5).pcie_path[0].link_width = Some((8, 16));
+    // A bridge's narrow link is not the GPU's.
+    gpu_mut(&mut s, 2).pcie_path[1].link_width = Some((4, 16));
+    let j = judge.judge(&s, Instant::now());
+    assert_eq!(
+        kinds(&j),
+        vec![("gpu_pcie_degraded", "GPU 5".to_string(), Severity::Warning)]
+    );
+    assert!(
+        j.findings[0].message.contains("runs at x8, below the x16"),
+        "{}",
+        j.findings[0].message
+    );
 }
 
 #[test]

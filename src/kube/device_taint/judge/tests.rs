@@ -1,6 +1,7 @@
 use super::*;
-use crate::fixtures::gpu_board;
-use crate::model::{Blame, RecoveryAction, XidAction};
+use crate::fixtures::{gpu_board, judged};
+use crate::gpu::xid::FatalXids;
+use crate::model::{Blame, PairStatus, RecoveryAction, Suspect, SuspectBy, XidCount};
 
 /// An 8-GPU board whose GPU `bad` fails with every peer (`status`), as the pair judge says.
 fn fails_with_all(bad: u32, status: PairStatus) -> Snapshot {
@@ -24,18 +25,20 @@ fn fails_with_all(bad: u32, status: PairStatus) -> Snapshot {
     s
 }
 
-fn held(gpu: u32, xid: u64, action: XidAction) -> HeldXid {
-    HeldXid {
-        action,
-        gpu,
-        xid,
-        times: 1,
-    }
+/// What the verdicts of `s` (with these XID counts, held afresh) blame.
+fn blamed_with(s: &Snapshot, xids: &[(u32, u64, u64)]) -> Vec<Blamed> {
+    let mut s = s.clone();
+    s.xids = xids
+        .iter()
+        .map(|&(gpu, xid, count)| XidCount::on(gpu, xid, count))
+        .collect();
+    let fatal = &mut FatalXids::new(Duration::from_secs(3600));
+    blamed(&judged(s, fatal, Instant::now()))
 }
 
 #[test]
-fn the_pair_judges_culprit_is_blamed_with_down_or_degraded_as_its_value() {
-    let b = blamed(&fails_with_all(7, PairStatus::Down), &[]);
+fn each_out_reason_is_told_with_its_value_and_words() {
+    let b = blamed_with(&fails_with_all(7, PairStatus::Down), &[]);
     assert_eq!(b.len(), 1, "{b:#?}");
     assert_eq!((b[0].gpu, b[0].uuid.as_str()), (7, "GPU-7"));
     assert_eq!(b[0].value, "nvlink-down");
@@ -43,42 +46,12 @@ fn the_pair_judges_culprit_is_blamed_with_down_or_degraded_as_its_value() {
         b[0].why,
         "GPU 7 fails with every peer GPU: its 7 pairs are down"
     );
-    let b = blamed(&fails_with_all(3, PairStatus::Degraded), &[]);
+    let b = blamed_with(&fails_with_all(3, PairStatus::Degraded), &[]);
     assert_eq!(b[0].value, "pair-degraded");
-}
-
-#[test]
-fn either_end_a_node_wide_failure_and_no_nvml_blame_no_gpu() {
-    let mut s = fails_with_all(7, PairStatus::Down);
-    s.gpu_blame.suspects[0].by = SuspectBy::EitherEnd;
-    assert_eq!(blamed(&s, &[]), Vec::new());
-    // Every pair fails: the judge names no suspect, the node is to blame.
-    let mut s = gpu_board(8);
-    for p in &mut s.gpu_pairs {
-        p.status = PairStatus::Down;
-    }
-    s.gpu_blame = Blame {
-        suspects: Vec::new(),
-        node_wide: true,
-    };
-    assert_eq!(blamed(&s, &[]), Vec::new());
-    let mut s = fails_with_all(7, PairStatus::Down);
-    s.nvml_up = false;
-    assert_eq!(blamed(&s, &[]), Vec::new());
-}
-
-#[test]
-fn lost_gpus_fatal_xids_and_recovery_actions_are_blamed_the_strongest_first() {
     let mut s = fails_with_all(7, PairStatus::Down);
     s.gpus[7].lost = true;
     s.gpus[2].recovery_action = Some(RecoveryAction::GpuReset);
-    s.gpus[1].recovery_action = Some(RecoveryAction::DrainP2p);
-    let xids = [
-        held(4, 79, XidAction::RebootNode),
-        held(5, 13, XidAction::RestartApp),
-        held(7, 79, XidAction::RebootNode),
-    ];
-    let b = blamed(&s, &xids);
+    let b = blamed_with(&s, &[(4, 79, 1)]);
     let values: Vec<(u32, &str, bool)> = b
         .iter()
         .map(|b| (b.gpu, b.value.as_str(), b.held_xid_only))
@@ -105,7 +78,7 @@ fn a_gpu_stays_wanted_for_the_hold_after_it_was_last_blamed_and_a_flap_changes_n
     let t0 = Instant::now();
     let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
     let bad = fails_with_all(7, PairStatus::Down);
-    let first = judge.decide(blamed(&bad, &[]), t0, wall);
+    let first = judge.decide(blamed_with(&bad, &[]), t0, wall);
     assert_eq!(wanted_gpus(&first), [7]);
     assert_eq!(
         first[0].description,
@@ -116,7 +89,7 @@ fn a_gpu_stays_wanted_for_the_hold_after_it_was_last_blamed_and_a_flap_changes_n
     for (i, b) in [false, true, false].into_iter().enumerate() {
         let s = if b { bad.clone() } else { gpu_board(8) };
         let at = t0 + minute * (i as u32 + 1);
-        let w = judge.decide(blamed(&s, &[]), at, wall + minute * (i as u32 + 1));
+        let w = judge.decide(blamed_with(&s, &[]), at, wall + minute * (i as u32 + 1));
         assert_eq!(w, first, "after {} minutes", i + 1);
     }
     // Healthy for the hold since it was last blamed (minute 2): out of the list.
@@ -132,12 +105,11 @@ fn a_held_xid_is_wanted_while_held_and_not_one_hold_more() {
     let t0 = Instant::now();
     let wall = SystemTime::UNIX_EPOCH;
     let s = gpu_board(8);
-    let xids = [held(4, 48, XidAction::ResetGpu)];
-    let w = judge.decide(blamed(&s, &xids), t0, wall);
+    let w = judge.decide(blamed_with(&s, &[(4, 48, 1)]), t0, wall);
     assert_eq!((wanted_gpus(&w), w[0].value.as_str()), (vec![4], "xid-48"));
     // The condition judge let the XID go (its hold over): the GPU is out of the list at once.
     let later = t0 + Duration::from_secs(10);
-    assert_eq!(judge.decide(blamed(&s, &[]), later, wall), Vec::new());
+    assert_eq!(judge.decide(blamed_with(&s, &[]), later, wall), Vec::new());
 }
 
 #[test]
@@ -148,6 +120,6 @@ fn since_is_when_its_pairs_began_to_fail_where_the_pair_judge_knows() {
         p.since = Some(began + Duration::from_secs(u64::from(p.gpu)));
     }
     let mut judge = TaintJudge::new(Duration::from_secs(60));
-    let w = judge.decide(blamed(&s, &[]), Instant::now(), SystemTime::now());
+    let w = judge.decide(blamed_with(&s, &[]), Instant::now(), SystemTime::now());
     assert_eq!(w[0].since, began);
 }

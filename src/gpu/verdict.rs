@@ -1,0 +1,152 @@
+//! Pure: one verdict per GPU, each scan, from what NVML said (lost, its recovery action, its
+//! fabric), what the driver lists, the fatal XIDs held and the pair judge's blame. This is the
+//! only place a GPU's health is decided: the Node conditions, the device taints, the metrics,
+//! `check` and `preflight` render [`GpuVerdict`]s and decide nothing again.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::pci::{canonical, not_in_nvml};
+use super::xid::{FatalXids, Held};
+use crate::model::{
+    Blame, Culprit, GpuReading, GpuVerdict, OutReason, PairStatus, PairVerdict, SuspectBy, XidCount,
+};
+use crate::text;
+
+/// What one scan knows of the GPUs.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub nvml_up: bool,
+    pub gpus: &'a [GpuReading],
+    /// The PCI addresses the driver lists.
+    pub driver_gpus: &'a [String],
+    pub pairs: &'a [PairVerdict],
+    pub blame: &'a Blame,
+    /// The fatal XIDs within their hold, by GPU key ([`key`]).
+    pub held: &'a [Held],
+}
+
+/// The key a GPU's held XIDs go by: its UUID, else (NVML does not list it, or gives no UUID)
+/// its PCI address (`pci::canonical`), else `#<index>`.
+pub fn key(g: &GpuReading) -> String {
+    if !g.uuid.is_empty() {
+        return g.uuid.clone();
+    }
+    canonical(&g.pci_bus_id).unwrap_or_else(|| format!("#{}", g.index))
+}
+
+/// Each GPU's key by NVML index.
+pub fn keys(gpus: &[GpuReading]) -> BTreeMap<u32, String> {
+    gpus.iter().map(|g| (g.index, key(g))).collect()
+}
+
+/// The held XIDs brought up to date with this scan's counts, keyed by [`key`] (a GPU NVML
+/// does not list by its address); those within the hold at `now`.
+pub fn hold_xids(
+    fatal: &mut FatalXids,
+    gpus: &[GpuReading],
+    counts: &[XidCount],
+    now: Instant,
+) -> Vec<Held> {
+    let keys = keys(gpus);
+    fatal.rekey(&keys);
+    let counts: Vec<(String, u64, u64)> = counts
+        .iter()
+        .map(|x| {
+            let key = match x.gpu {
+                Some(gpu) => keys.get(&gpu).cloned().unwrap_or_else(|| format!("#{gpu}")),
+                None => x.pci_bus_id.clone(),
+            };
+            (key, x.xid, x.count)
+        })
+        .collect();
+    fatal.observe(&counts, now);
+    fatal.held(now)
+}
+
+/// The verdicts: NVML's GPUs by index, then those only the driver lists by address. Without
+/// NVML nothing is told of any GPU (not healthy either: the outlets say unknown).
+pub fn judge(f: &Facts<'_>) -> Vec<GpuVerdict> {
+    if !f.nvml_up {
+        return Vec::new();
+    }
+    let mut out: Vec<GpuVerdict> = f.gpus.iter().map(|g| of_nvml_gpu(f, g)).collect();
+    out.sort_by_key(|v| v.gpu);
+    for pci in not_in_nvml(f.driver_gpus, f.gpus) {
+        let key = canonical(&pci).unwrap_or_else(|| pci.clone());
+        out.push(GpuVerdict {
+            gpu: None,
+            uuid: String::new(),
+            held_xids: held_on(f.held, &key),
+            pci_bus_id: pci,
+            lost: false,
+            not_in_nvml: true,
+            recovery_action: None,
+            fabric_problem: None,
+            culprit: None,
+            // No UUID to select its device by: the Node condition tells it.
+            out: None,
+        });
+    }
+    out
+}
+
+fn held_on(held: &[Held], key: &str) -> Vec<crate::model::HeldXid> {
+    held.iter()
+        .filter(|h| h.gpu == key)
+        .map(|h| h.xid)
+        .collect()
+}
+
+fn of_nvml_gpu(f: &Facts<'_>, g: &GpuReading) -> GpuVerdict {
+    // A lost GPU's recovery action is not its fault: being lost is.
+    let recovery_action = g.recovery_action.filter(|a| a.is_fault() && !g.lost);
+    let held_xids = held_on(f.held, &key(g));
+    let culprit = f
+        .blame
+        .culprits()
+        .find(|s| s.gpu == g.index)
+        .map(|s| culprit(f.pairs, s.gpu, s.bad_pairs, s.by));
+    let out = if g.lost {
+        Some(OutReason::Lost)
+    } else if let Some(h) = held_xids.iter().find(|h| h.action.is_fatal()) {
+        Some(OutReason::Xid(h.xid))
+    } else if let Some(a) = recovery_action {
+        Some(OutReason::RecoveryAction(a))
+    } else {
+        culprit.as_ref().map(|c| {
+            if c.down {
+                OutReason::NvlinkDown
+            } else {
+                OutReason::PairDegraded
+            }
+        })
+    };
+    GpuVerdict {
+        gpu: Some(g.index),
+        uuid: g.uuid.clone(),
+        pci_bus_id: g.pci_bus_id.clone(),
+        lost: g.lost,
+        not_in_nvml: false,
+        recovery_action,
+        held_xids,
+        fabric_problem: g.fabric.as_ref().and_then(text::fabric_problem),
+        culprit,
+        out,
+    }
+}
+
+fn culprit(pairs: &[PairVerdict], gpu: u32, bad_pairs: usize, by: SuspectBy) -> Culprit {
+    let failing = pairs
+        .iter()
+        .filter(|p| (p.gpu == gpu || p.peer_gpu == gpu) && p.status != PairStatus::Ok);
+    Culprit {
+        down: failing.clone().any(|p| p.status == PairStatus::Down),
+        bad_pairs,
+        fails_with_all: by == SuspectBy::FailsWithAll,
+        since: failing.filter_map(|p| p.since).min(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,115 @@
+//! One GPU's verdict, made once per scan by `gpu::verdict` and only rendered by everything that
+//! tells a GPU's health (Node conditions, device taints, metrics, `check`, `preflight`). Field
+//! names are `check --json`'s `gpu_verdicts[]`.
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Serialize, Serializer};
+
+use super::{RecoveryAction, XidAction};
+
+/// A fatal XID (a reset, a reboot, the vendor) held on a GPU for the hold after it was last
+/// seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HeldXid {
+    pub xid: u64,
+    #[serde(serialize_with = "action_str")]
+    pub action: XidAction,
+    /// Occurrences within the hold.
+    pub times: usize,
+    /// How long it stays held if not seen again.
+    #[serde(serialize_with = "secs")]
+    pub left: Duration,
+}
+
+fn action_str<S: Serializer>(a: &XidAction, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match a {
+        XidAction::Ignore => "ignore",
+        XidAction::RestartApp => "restart_app",
+        XidAction::UpdateSoftware => "update_software",
+        XidAction::ResetGpu => "reset_gpu",
+        XidAction::RebootNode => "reboot_node",
+        XidAction::ContactVendor => "contact_vendor",
+    })
+}
+
+fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_secs())
+}
+
+/// The pair judge's blame on one GPU (`Blame::culprits`): never "either end" of a pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Culprit {
+    /// Any of its failing pairs is down (else degraded).
+    pub down: bool,
+    pub bad_pairs: usize,
+    /// It fails with every other GPU.
+    pub fails_with_all: bool,
+    /// Since when its failing pairs have failed, where the pair judge knows.
+    #[serde(skip)]
+    pub since: Option<SystemTime>,
+}
+
+/// Why a GPU should be out of scheduling, strongest first (the order of the variants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutReason {
+    Lost,
+    Xid(u64),
+    RecoveryAction(RecoveryAction),
+    NvlinkDown,
+    PairDegraded,
+}
+
+impl OutReason {
+    /// The device taint's value.
+    pub fn value(self) -> String {
+        match self {
+            OutReason::Lost => "gpu-lost".into(),
+            OutReason::Xid(x) => format!("xid-{x}"),
+            OutReason::RecoveryAction(_) => "recovery-action".into(),
+            OutReason::NvlinkDown => "nvlink-down".into(),
+            OutReason::PairDegraded => "pair-degraded".into(),
+        }
+    }
+}
+
+/// One GPU, as this scan judges it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuVerdict {
+    /// NVML's index; None for a GPU the driver lists and NVML does not.
+    pub gpu: Option<u32>,
+    /// Empty where NVML does not list it.
+    pub uuid: String,
+    pub pci_bus_id: String,
+    /// NVML: GPU_IS_LOST.
+    pub lost: bool,
+    /// The driver lists it, NVML does not.
+    pub not_in_nvml: bool,
+    /// NVML's recovery action, when it asks for a reset or a reboot (no hold: NVML clears it
+    /// once done).
+    pub recovery_action: Option<RecoveryAction>,
+    /// Fatal XIDs within the hold, the one whose action goes furthest first.
+    pub held_xids: Vec<HeldXid>,
+    /// What is wrong with its fabric registration, if anything.
+    pub fabric_problem: Option<String>,
+    /// The pair judge's blame, when it names this GPU.
+    pub culprit: Option<Culprit>,
+    /// Why it should be out of scheduling now, the strongest reason; None: it may stay in.
+    pub out: Option<OutReason>,
+}
+
+impl GpuVerdict {
+    /// Whether it makes `GpuFault` True: lost, not in NVML, a recovery action, a held XID.
+    pub fn is_fault(&self) -> bool {
+        self.lost
+            || self.not_in_nvml
+            || self.recovery_action.is_some()
+            || !self.held_xids.is_empty()
+    }
+
+    /// Whether anything but a held XID puts it out (a held XID carries its own hold).
+    pub fn out_besides_xids(&self) -> bool {
+        self.lost || self.recovery_action.is_some() || self.culprit.is_some()
+    }
+}
