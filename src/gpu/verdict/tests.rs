@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::fixtures::{gpu_board, judged};
-use crate::model::{RecoveryAction, Snapshot, Suspect, XidCount};
+use crate::fixtures::{fails_with_all, gpu_board, judged};
+use crate::model::{RecoveryAction, Snapshot, XidCount};
 
 const HOLD: Duration = Duration::from_secs(3600);
 
@@ -20,28 +20,6 @@ fn with_xids(mut s: Snapshot, xids: &[(u32, u64, u64)]) -> Snapshot {
 /// The verdicts of `s` with a fresh hold.
 fn verdicts(s: Snapshot) -> Vec<GpuVerdict> {
     judged(s, &mut FatalXids::new(HOLD), Instant::now()).gpu_verdicts
-}
-
-/// An 8-GPU board whose GPU `bad` fails with every peer (`status`), as the pair judge says.
-fn fails_with_all(bad: u32, status: PairStatus) -> Snapshot {
-    let mut s = gpu_board(8);
-    for p in s
-        .gpu_pairs
-        .iter_mut()
-        .filter(|p| p.gpu == bad || p.peer_gpu == bad)
-    {
-        p.status = status;
-    }
-    s.gpu_blame = Blame {
-        suspects: vec![Suspect {
-            gpu: bad,
-            bad_pairs: 7,
-            by: SuspectBy::FailsWithAll,
-            reasons: Vec::new(),
-        }],
-        node_wide: false,
-    };
-    s
 }
 
 fn outs(v: &[GpuVerdict]) -> Vec<(Option<u32>, OutReason)> {

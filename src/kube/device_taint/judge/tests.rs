@@ -1,29 +1,7 @@
 use super::*;
-use crate::fixtures::{gpu_board, judged};
+use crate::fixtures::{fails_with_all, gpu_board, judged};
 use crate::gpu::xid::FatalXids;
-use crate::model::{Blame, PairStatus, RecoveryAction, Suspect, SuspectBy, XidCount};
-
-/// An 8-GPU board whose GPU `bad` fails with every peer (`status`), as the pair judge says.
-fn fails_with_all(bad: u32, status: PairStatus) -> Snapshot {
-    let mut s = gpu_board(8);
-    for p in s
-        .gpu_pairs
-        .iter_mut()
-        .filter(|p| p.gpu == bad || p.peer_gpu == bad)
-    {
-        p.status = status;
-    }
-    s.gpu_blame = Blame {
-        suspects: vec![Suspect {
-            gpu: bad,
-            bad_pairs: 7,
-            by: SuspectBy::FailsWithAll,
-            reasons: Vec::new(),
-        }],
-        node_wide: false,
-    };
-    s
-}
+use crate::model::{PairStatus, RecoveryAction, XidCount};
 
 /// What the verdicts of `s` (with these XID counts, held afresh) blame.
 fn blamed_with(s: &Snapshot, xids: &[(u32, u64, u64)]) -> Vec<Blamed> {
