@@ -337,6 +337,7 @@ impl Scanner {
                 gpu_probes: gpu.probes,
                 xids: gpu.xids,
                 xids_unconfirmed: gpu.xids_unconfirmed,
+                iommu_faults: gpu.iommu_faults,
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),

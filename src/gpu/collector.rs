@@ -35,6 +35,8 @@ pub struct GpuScan {
     pub xids: Vec<XidCount>,
     /// What the kernel log told as XIDs without NVML's word, per GPU and XID.
     pub xids_unconfirmed: Vec<XidCount>,
+    /// IOMMU page faults naming each GPU (by index) since start.
+    pub iommu_faults: BTreeMap<u32, u64>,
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at (the pair judge's word).
     pub blame: Blame,
@@ -305,6 +307,7 @@ impl GpuCollector {
         if scan.nvml_up {
             scan.xids = listed(&self.xids.snapshot(), &scan.gpus);
             scan.xids_unconfirmed = listed(&self.xids.unconfirmed(), &scan.gpus);
+            scan.iommu_faults = self.xids.iommu();
         }
         self.judge(&mut scan, scanned);
         if let State::Loaded(loaded) = &mut self.state {
@@ -318,6 +321,7 @@ impl GpuCollector {
         s.driver_gpus = scan.driver_gpus;
         s.xids = scan.xids;
         s.xids_unconfirmed = scan.xids_unconfirmed;
+        s.iommu_faults = scan.iommu_faults;
         s.gpu_verdicts = scan.verdicts;
         // The words said once in the scan's findings: the GPUs NVML does not list.
         s.findings.retain(|f| f.kind != FindingKind::GpuNotInNvml);
@@ -428,6 +432,7 @@ impl Loaded {
             probes: sample.probes,
             xids,
             xids_unconfirmed,
+            iommu_faults: self.xids.iommu(),
             findings,
             nvml_up: true,
             nvml: NvmlState::default(),

@@ -35,6 +35,10 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         if !snapshot.xids_unconfirmed.is_empty() {
             encode_unconfirmed(encoder, &snapshot.xids_unconfirmed)?;
         }
+        // No family while there is none (the golden node has no IOMMU).
+        if !snapshot.iommu_faults.is_empty() {
+            encode_iommu(encoder, &snapshot.iommu_faults)?;
+        }
         encode_users(encoder, snapshot)?;
         encode_pcie(encoder, &snapshot.gpus)?;
         encode_probes(encoder, &snapshot.gpu_probes)?;
@@ -527,6 +531,24 @@ fn encode_unconfirmed(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt
             &[("gpu", gpu.as_str()), ("xid", &xid)],
             x.count,
         )?;
+    }
+    Ok(())
+}
+
+/// `shmlink_gpu_iommu_faults_total`: IOMMU page faults the kernel log named each GPU in.
+fn encode_iommu(
+    encoder: &mut DescriptorEncoder,
+    faults: &std::collections::BTreeMap<u32, u64>,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(
+        "shmlink_gpu_iommu_faults",
+        "IOMMU page faults (AMD-Vi, DMAR) the kernel log named the GPU in since the agent started: \
+         its DMA, peer traffic among it, blocked",
+        None,
+        MetricType::Counter,
+    )?;
+    for (gpu, count) in faults {
+        counter(&mut metric, &[("gpu", gpu.to_string().as_str())], *count)?;
     }
     Ok(())
 }

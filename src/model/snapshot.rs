@@ -74,6 +74,9 @@ pub struct Snapshot {
     /// confirm, a lookalike): evidence, never an XID (`gpu::xid::kernel`).
     #[serde(skip)]
     pub xids_unconfirmed: Vec<XidCount>,
+    /// IOMMU page faults the kernel log named each GPU in (by index), since the agent started.
+    #[serde(skip)]
+    pub iommu_faults: std::collections::BTreeMap<u32, u64>,
     pub findings: Vec<Finding>,
     /// What the workloads' logs and the kernel said recently.
     pub failures: Vec<Failure>,

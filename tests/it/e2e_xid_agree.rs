@@ -129,6 +129,13 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
             .contains("The IOMMU blocked 1 DMA of GPU 4"),
         "{event:#}"
     );
+    // Its counter, which GpuIommuFault pages on.
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "shmlink_gpu_iommu_faults_total", &[("gpu", "4")]),
+        Some(1.0),
+        "{metrics}"
+    );
 
     let lib = fake_nvml::lib();
     let out = std::process::Command::new(common::shmlink_bin())
