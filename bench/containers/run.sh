@@ -36,7 +36,9 @@ while [ $# -gt 0 ]; do
     --write) write=$2; shift 2 ;;
     --isolated) isolated=1; shift ;;
     --baseline) baseline=$(cd "$2" && pwd); shift 2 ;;
-    --smoke) smoke=1; sizes=20 reps=3 diy_reps=1 serve_seconds=4 interval=1s profile=debug; shift ;;
+    # Isolated: what else runs on the machine (a test's leftover, a service with a mount
+    # namespace of its own) is not the smoke's to count.
+    --smoke) smoke=1 isolated=1; sizes=20 reps=3 diy_reps=1 serve_seconds=4 interval=1s profile=debug; shift ;;
     *) echo "usage: $0 [--sizes \"N ...\"] [--reps R] [--diy-reps R] [--serve-seconds S] [--interval D] [--parallel P] [--isolated] [--baseline DIR] [--write FILE] [--smoke]" >&2; exit 2 ;;
   esac
 done
