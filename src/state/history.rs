@@ -2,40 +2,16 @@
 //! written (in the writer's transaction), pruned (oldest first) and read back (filters, bounded:
 //! which rows and in what order is `pages.rs`).
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use rusqlite::{params, Connection, Transaction};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::pages::Plan;
-pub use super::prune::{prune, Pruned, PER_OWNER};
-use crate::model::{printable, redact, unix_ms, Failure, Finding, Subject};
-
-/// How much history is kept: the last `max_age`; at most `per_owner` rows of each kind per
-/// owner (a Pod, else a container or a finding's subject), its newest; and at most `max_rows`
-/// rows and `max_bytes` of JSON in each of the two tables, cut from the largest groups first
-/// (`prune.rs`).
-#[derive(Debug, Clone, Copy)]
-pub struct Retention {
-    pub max_age: Duration,
-    pub per_owner: u64,
-    pub max_rows: u64,
-    pub max_bytes: u64,
-}
-
-impl Default for Retention {
-    /// A week answers "what happened on this node last weekend"; 100k rows of ~1-2 KiB JSON
-    /// fit the 64 MiB, which a node's disk never misses.
-    fn default() -> Self {
-        Retention {
-            max_age: Duration::from_secs(7 * 24 * 3600),
-            per_owner: super::prune::PER_OWNER,
-            max_rows: 100_000,
-            max_bytes: 64 << 20,
-        }
-    }
-}
+pub use super::prune::{prune, Pruned};
+pub use super::rows::{scrubbed, Filter, Retention, PER_OWNER};
+use crate::model::{printable, unix_ms, Failure, Finding, Subject};
 
 /// One failure row, ready to insert.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,17 +119,6 @@ pub(super) fn insert_finding(tx: &Transaction<'_>, r: &FindingRow) -> rusqlite::
     .map(drop)
 }
 
-/// What a reader asks of the history.
-#[derive(Debug, Clone, Default)]
-pub struct Filter {
-    /// Only rows at or after this time.
-    pub since: Option<SystemTime>,
-    pub namespace: Option<String>,
-    pub pod: Option<String>,
-    /// At most this many of each (the newest); 0: no bound.
-    pub limit: usize,
-}
-
 /// The answer of `history --json` and `/api/v1/failures`, oldest first.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct History {
@@ -201,24 +166,6 @@ fn select(
         }
     }
     Ok((rows, plan.truncated))
-}
-
-/// A row as it is served: the texts a workload's line reached redacted and written out again,
-/// for rows an older shmlink stored before it did so itself (a no-op for the others).
-pub fn scrubbed(mut row: Value) -> Value {
-    if let Value::Object(map) = &mut row {
-        for key in ["evidence", "message", "told_by_workload"] {
-            if let Some(Value::String(text)) = map.get_mut(key) {
-                *text = printable(&redact(text));
-            }
-        }
-        // A failure (the rows with evidence) stored before `named_from` existed reads with it
-        // null: one shape for all.
-        if map.contains_key("evidence") {
-            map.entry("named_from").or_insert(Value::Null);
-        }
-    }
-    row
 }
 
 /// `history`'s table for a person: one line per failure, then one per finding's change.
@@ -274,7 +221,7 @@ pub fn render(h: &History) -> String {
             printable(&p.owner),
             p.first_at,
             p.last_at,
-            super::prune::PER_OWNER
+            PER_OWNER
         ));
     }
     if h.truncated {

@@ -17,6 +17,7 @@ pub mod open;
 pub mod pages;
 pub mod place;
 pub mod prune;
+pub mod rows;
 pub mod schema;
 pub mod writer;
 

@@ -9,7 +9,7 @@
 
 use rusqlite::{params, Connection};
 
-use super::history::Filter;
+use super::rows::{scrubbed, Filter};
 use crate::model::unix_ms;
 
 /// A stored row longer than this is left out: the agent writes a few KiB at most, so such a row
@@ -209,7 +209,7 @@ impl Pages {
             if self.written > 0 {
                 out.push(',');
             }
-            out.push_str(&super::history::scrubbed(row).to_string());
+            out.push_str(&scrubbed(row).to_string());
             self.written += 1;
         }
         let full = plan.limit() > 0 && self.written >= plan.limit();

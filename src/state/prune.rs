@@ -10,11 +10,10 @@ use std::time::SystemTime;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::history::{Filter, Retention};
+pub use super::rows::PER_OWNER;
+use super::rows::{Filter, Retention};
 use crate::model::{from_unix_ms, unix_ms};
 
-/// Rows kept per owner and kind in each of `failures` and `findings` ([`Retention::per_owner`]).
-pub const PER_OWNER: u64 = 1_000;
 /// Counts kept in `pruned` (the newest by their last row).
 const PRUNED_ROWS: i64 = 10_000;
 
