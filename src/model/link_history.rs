@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::job_links::LinkLast;
+use super::link_counts::LinkLast;
 use super::{from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkTable, PairStatus, PairVerdict};
 
 /// How long marks are kept: past PyTorch's default collective timeout (10 minutes, 30 before

@@ -10,6 +10,7 @@ mod gpu;
 mod gpu_users;
 mod hang;
 mod job_links;
+mod link_counts;
 mod link_history;
 mod link_trend;
 mod named_from;
@@ -43,9 +44,10 @@ pub use hang::{
     NotWatched, PairChange, Watched,
 };
 pub use job_links::{
-    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkCounts, LinkDeltas, LinkTable, SavedJobLinks,
-    JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
+    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkDeltas, SavedJobLinks, JOB_LINKS_CONTAINERS,
+    JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
 };
+pub use link_counts::{LinkCounts, LinkTable};
 pub use link_history::{
     LinkHistory, LinkKey, Mark, PairKey, PairMark, PairNow, Run, SavedHistory, LINK_HISTORY_KEEP,
     LINK_MARKS, LINK_RUNS, PAIR_MARKS,
