@@ -497,33 +497,35 @@ fn encode_blame(encoder: &mut DescriptorEncoder, blame: &Blame) -> fmt::Result {
 
 /// `shmlink_gpu_xid_errors_total`.
 fn encode_xids(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Result {
-    let mut metric = encoder.encode_descriptor(
+    encode_xid_counts(
+        encoder,
         "shmlink_gpu_xid_errors",
         "XID errors since the agent started",
-        None,
-        MetricType::Counter,
-    )?;
-    for x in xids {
-        let (gpu, xid) = (x.gpu_label(), x.xid.to_string());
-        counter(
-            &mut metric,
-            &[("gpu", gpu.as_str()), ("xid", &xid)],
-            x.count,
-        )?;
-    }
-    Ok(())
+        xids,
+    )
 }
 
 /// `shmlink_gpu_xid_unconfirmed_total`: kernel log lines read as XIDs that NVML did not confirm
 /// (or that were not the driver's), never acted on.
 fn encode_unconfirmed(encoder: &mut DescriptorEncoder, xids: &[XidCount]) -> fmt::Result {
-    let mut metric = encoder.encode_descriptor(
+    encode_xid_counts(
+        encoder,
         "shmlink_gpu_xid_unconfirmed",
         "Kernel log lines read as XIDs without NVML's word (a fatal XID NVML did not confirm, a \
          line not in the driver's shape, a netfilter LOG record, a process's write): not acted on",
-        None,
-        MetricType::Counter,
-    )?;
+        xids,
+    )
+}
+
+/// A counter family of XID counts by `gpu` (an index, or a PCI address NVML does not list) and
+/// `xid`.
+fn encode_xid_counts(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    xids: &[XidCount],
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     for x in xids {
         let (gpu, xid) = (x.gpu_label(), x.xid.to_string());
         counter(
