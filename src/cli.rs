@@ -10,6 +10,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::model::{BUS_ERROR_SHM_RATIO, SHM_OOM_SHARE};
 use crate::shm::status::{SHM_CRITICAL_RATIO, SHM_WARN_RATIO};
 
+/// The DRA drivers whose devices are GPUs (NVIDIA's, whose MIG devices are GPUs too; AMD's;
+/// Intel's), as a DeviceClass's CEL selector names them: `--dra-gpu-drivers`' default.
+pub const DRA_GPU_DRIVERS: [&str; 3] = ["gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"];
+
 #[derive(Debug, Parser)]
 #[command(
     name = "shmlink",
@@ -271,7 +275,7 @@ pub struct AdmitArgs {
     #[arg(long, env = "SHMLINK_KUBE", value_enum, default_value = "auto")]
     pub kube: KubeMode,
     /// The DRA drivers whose devices are GPUs, as DeviceClasses' selectors name them.
-    #[arg(long, env = "SHMLINK_DRA_GPU_DRIVERS", value_delimiter = ',', default_values_t = crate::admit::dra::GPU_DRIVERS.map(String::from))]
+    #[arg(long, env = "SHMLINK_DRA_GPU_DRIVERS", value_delimiter = ',', default_values_t = DRA_GPU_DRIVERS.map(String::from))]
     pub dra_gpu_drivers: Vec<String>,
     /// Log format.
     #[arg(long, env = "SHMLINK_LOG_FORMAT", value_enum, default_value = "text")]

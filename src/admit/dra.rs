@@ -16,10 +16,6 @@ use serde_json::{json, Value};
 /// Where the count of GPUs a container gets through its claims is put for `pod::gpus`.
 pub const DRA_GPUS_KEY: &str = "shmlink.io/dra-gpus";
 
-/// The DRA drivers whose devices are GPUs (NVIDIA's, whose MIG devices are GPUs too; AMD's;
-/// Intel's), as a DeviceClass's CEL selector names them.
-pub const GPU_DRIVERS: [&str; 3] = ["gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com"];
-
 /// Where one of the Pod's claims comes from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ClaimSource {

@@ -7,10 +7,11 @@ use crate::common;
 
 use common::kube_api::{Dra, FakeApi};
 use serde_json::{json, Value};
-use shmlink::admit::dra::{DraView, GPU_DRIVERS};
+use shmlink::admit::dra::DraView;
 use shmlink::admit::dra_lookup::DraResolver;
 use shmlink::admit::review::answer_with;
 use shmlink::admit::{Mode, Outcome};
+use shmlink::cli::DRA_GPU_DRIVERS as GPU_DRIVERS;
 
 fn client(api: &FakeApi) -> kube::Client {
     kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap()

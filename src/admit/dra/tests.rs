@@ -3,6 +3,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::admit::review::answer_with;
 use crate::admit::{Mode, Outcome};
+use crate::cli::DRA_GPU_DRIVERS as GPU_DRIVERS;
 
 /// NVIDIA's DeviceClasses as its DRA driver's chart installs them.
 fn class(name: &str, expression: &str) -> Value {
