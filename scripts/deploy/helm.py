@@ -46,6 +46,7 @@ TWINS = [
     ("grafana-dashboard", {**NS, **PO, "grafanaDashboards": {"enabled": True}}, "deploy/overlays/grafana-dashboard"),
     ("kube-rbac-proxy", {**NS, **PO, "kubeRbacProxy": {"enabled": True}}, "deploy/overlays/kube-rbac-proxy"),
     ("admission", {**NS, "admission": {"enabled": True}}, "deploy/overlays/admission"),
+    ("admission-dra", {**NS, "admission": {"enabled": True, "dra": {"enabled": True}}}, "deploy/overlays/admission-dra"),
     ("admission-policy", {**NS, "admissionPolicy": {"enabled": True}}, "deploy/overlays/admission-policy"),
     ("admission-prometheus-operator", {**NS, **PO, "admission": {"enabled": True}}, "deploy/overlays/admission-prometheus-operator"),
 ]
