@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
-use shmlink::model::{Failure, FailureSource, FindingKind};
+use shmlink::model::{Failure, FindingKind};
 use shmlink::state::{self, Identity, Options, StateMetrics, Store, Unavailable};
 
 fn me() -> Identity {
@@ -244,41 +244,20 @@ fn a_state_directory_others_may_write_is_made_private_and_anothers_is_refused() 
 }
 
 fn failure(pod: &str, kind: FindingKind, at: SystemTime) -> Failure {
-    Failure {
-        placed: shmlink::model::Placed {
-            namespace: Some("ml".into()),
-            pod: Some(pod.into()),
-            pod_uid: None,
-            container: Some("trainer".into()),
-            container_id: Some(format!("{pod}-c0ffee")),
-        },
-        image: None,
-        kind,
-        at: at.into(),
-        source: FailureSource::Log,
-        evidence: "ERROR: Unexpected bus error encountered in worker. This might be caused by \
-                   insufficient shared memory (shm)."
-            .into(),
-        pid: None,
-        shm: None,
-        gpus: Vec::new(),
-        gpus_from: None,
-        gpu_pairs: Vec::new(),
-        gpu_links: None,
-        memory: None,
-        pid_in_container: None,
-        told_by_workload: None,
-        worker_pids: Vec::new(),
-        found_late: false,
-        named_from: None,
-        hang: None,
-        message: format!(
-            "container ml/{pod}/trainer could not allocate shared memory: the DataLoader's \
-             workers share batches through /dev/shm, which was full; give the Pod a bigger \
-             /dev/shm (an emptyDir of medium Memory with a sizeLimit) or fewer workers. {}",
-            "x".repeat(400)
-        ),
-    }
+    let mut f = shmlink::fixtures::failure(kind, "ml", pod, "");
+    f.placed.pod_uid = None;
+    f.placed.container_id = Some(format!("{pod}-c0ffee"));
+    f.at = at.into();
+    f.evidence = "ERROR: Unexpected bus error encountered in worker. This might be caused by \
+                  insufficient shared memory (shm)."
+        .into();
+    f.message = format!(
+        "container ml/{pod}/trainer could not allocate shared memory: the DataLoader's \
+         workers share batches through /dev/shm, which was full; give the Pod a bigger \
+         /dev/shm (an emptyDir of medium Memory with a sizeLimit) or fewer workers. {}",
+        "x".repeat(400)
+    );
+    f
 }
 
 /// The red team's storm (82,000 deaths of one Pod told in 80 s filled the history's 64 MiB and

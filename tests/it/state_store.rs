@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
 use serde_json::json;
-use shmlink::model::{Failure, FailureSource, Finding, FindingKind, Subject};
+use shmlink::model::{Failure, Finding, FindingKind, Subject};
 use shmlink::state::{
     self, FindingEvent, Identity, Options, Retention, StateMetrics, Store, Unavailable,
 };
@@ -24,34 +24,13 @@ fn me() -> Identity {
 }
 
 fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
-    Failure {
-        placed: shmlink::model::Placed {
-            namespace: Some(ns.into()),
-            pod: Some(pod.into()),
-            pod_uid: None,
-            container: Some("trainer".into()),
-            container_id: Some("c0ffee".into()),
-        },
-        image: None,
-        kind: FindingKind::ShmAllocationFailed,
-        at: at.into(),
-        source: FailureSource::Log,
-        evidence: "ERROR: Unexpected bus error encountered in worker".into(),
-        pid: None,
-        shm: None,
-        gpus: Vec::new(),
-        gpus_from: None,
-        gpu_pairs: Vec::new(),
-        gpu_links: None,
-        memory: None,
-        pid_in_container: None,
-        told_by_workload: None,
-        named_from: None,
-        worker_pids: Vec::new(),
-        hang: None,
-        found_late: false,
-        message: "the DataLoader ran out of /dev/shm".into(),
-    }
+    let mut f = shmlink::fixtures::failure(FindingKind::ShmAllocationFailed, ns, pod, "");
+    f.placed.pod_uid = None;
+    f.placed.container_id = Some("c0ffee".into());
+    f.at = at.into();
+    f.evidence = "ERROR: Unexpected bus error encountered in worker".into();
+    f.message = "the DataLoader ran out of /dev/shm".into();
+    f
 }
 
 fn open(dir: &Path, id: &Identity, m: &StateMetrics) -> Result<Store, Unavailable> {
