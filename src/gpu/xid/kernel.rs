@@ -361,43 +361,20 @@ impl KernelXids {
         now: Instant,
     ) {
         for event in events {
-            let training = match &event {
-                KernelGpu::Xid { pci, xid, text, .. } => {
-                    super::training::training_links(*xid, text).zip(pci_address(pci))
-                }
-                _ => None,
-            };
-            let link = match &event {
-                KernelGpu::Sxid(s) => {
-                    tracing::warn!(
-                        switch = s.switch,
-                        sxid = s.sxid,
-                        fatal = s.fatal,
-                        "the kernel log reports SXID {} on NVSwitch {}",
-                        s.sxid,
-                        s.switch
-                    );
-                    counts.record_sxid(s);
-                    continue;
-                }
-                KernelGpu::Lookalike { pci, xid, why } => {
-                    self.lookalike(pci, *xid, why, gpus, counts);
-                    continue;
-                }
-                KernelGpu::Xid { link, .. } => *link,
-                KernelGpu::FellOffBus { .. } => None,
-                KernelGpu::IommuFault { pci } => {
-                    // Only an NVIDIA GPU's (one NVML lists) is ours to tell.
-                    if let Some(g) = gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, pci)) {
-                        tracing::warn!(
-                            gpu = g.index,
-                            "the IOMMU blocked a DMA of GPU {} ({pci})",
-                            g.index
-                        );
-                        counts.record_iommu(g.index);
-                    }
-                    continue;
-                }
+            if self.not_an_xid(&event, gpus, counts) {
+                continue;
+            }
+            let (link, training) = match &event {
+                KernelGpu::Xid {
+                    pci,
+                    xid,
+                    link,
+                    text,
+                } => (
+                    *link,
+                    super::training::training_links(*xid, text).zip(pci_address(pci)),
+                ),
+                _ => (None, None),
             };
             let Some((pci, xid)) = self.observe(event, now) else {
                 continue;
@@ -447,6 +424,37 @@ impl KernelXids {
                 }
             }
         }
+    }
+
+    /// Counts what is not an XID (an SXID, an IOMMU fault, a lookalike); false: an XID.
+    fn not_an_xid(&mut self, event: &KernelGpu, gpus: &[GpuReading], counts: &XidCounts) -> bool {
+        match event {
+            KernelGpu::Sxid(s) => {
+                tracing::warn!(
+                    switch = s.switch,
+                    sxid = s.sxid,
+                    fatal = s.fatal,
+                    "the kernel log reports SXID {} on NVSwitch {}",
+                    s.sxid,
+                    s.switch
+                );
+                counts.record_sxid(s);
+            }
+            KernelGpu::Lookalike { pci, xid, why } => self.lookalike(pci, *xid, why, gpus, counts),
+            KernelGpu::IommuFault { pci } => {
+                // Only an NVIDIA GPU's (one NVML lists) is ours to tell.
+                if let Some(g) = gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, pci)) {
+                    tracing::warn!(
+                        gpu = g.index,
+                        "the IOMMU blocked a DMA of GPU {} ({pci})",
+                        g.index
+                    );
+                    counts.record_iommu(g.index);
+                }
+            }
+            KernelGpu::Xid { .. } | KernelGpu::FellOffBus { .. } => return false,
+        }
+        true
     }
 
     /// A line that reads like an XID and is not the driver's: counted apart on the GPU at its
