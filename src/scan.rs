@@ -338,6 +338,7 @@ impl Scanner {
                 xids: gpu.xids,
                 xids_unconfirmed: gpu.xids_unconfirmed,
                 iommu_faults: gpu.iommu_faults,
+                sxids: gpu.sxids,
                 findings,
                 failures: Vec::new(),
                 failure_counts: Vec::new(),

@@ -5,7 +5,13 @@
 //! IO page fault naming GPU 4; then `shmlink check --since` reads the same file. Both count the
 //! same XIDs (`xids[]` of check, `shmlink_gpu_xid_errors_total` of serve, the unlisted GPU by its
 //! address), tell the IOMMU fault on GPU 4, and make the same verdict of GPU 2 (serve's `GpuFault`
-//! telling XID 48 held; check's `gpu_verdicts`). Needs neither root nor containers.
+//! telling XID 48 held; check's `gpu_verdicts`). The same log holds an NVLink training failure
+//! on GPU 0 (XID 74 naming link 3, which NVML reads inactive: its word) and NVSwitch SXIDs: a
+//! fatal one on 0000:05:00.0 (every GPU's links 0-4 go to it), a non-fatal one, a fatal one on a
+//! switch no GPU links to, and one a process wrote; both count the same SXIDs
+//! (`shmlink_nvswitch_sxid_errors_total`, `sxids[]`) and tell the same GPUs
+//! `gpu_nvlink_training_failed` and `gpu_nvswitch_fatal` (serve's Events, check's findings and
+//! `gpu_verdicts`). Needs neither root nor containers.
 
 mod common;
 
@@ -43,6 +49,7 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
     api.apply_node(kubelet_node(NODE));
     let mut nvml = fake_nvml::preset("nvswitch-8");
     nvml["gpus"][2]["recovery_action"] = json!("gpu_reset");
+    nvml["gpus"][0]["links"][3]["active"] = json!(false);
     let fake = FakeNvml::new(&nvml);
     let dir = tempfile::tempdir().unwrap();
     let kmsg = dir.path().join("kmsg");
@@ -67,12 +74,29 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
          4,8003,{at},-;NVRM: Xid (PCI:0000:29:00): 79, pid=<unknown>, name=<unknown>, GPU has \
          fallen off the bus.\n\
          3,8004,{at},-;AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:9a:00.0 domain=0x0000 \
-         address=0xfd000000 flags=0x0020]"
+         address=0xfd000000 flags=0x0020]\n\
+         4,8005,{at},-;NVRM: Xid (PCI:0000:18:00): 74, pid='<unknown>', name=<unknown>, NVLink: \
+         failed to train link 3 to remote PCI:0000:05:00\n\
+         3,8006,{at},-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 36 \
+         sourcetrack TCEN0 crumbstore ECC DBE Error (First)\n\
+         3,8007,{at},-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Severity 1 Engine \
+         instance 36 Sub-engine instance 00\n\
+         3,8008,{at},-;nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Non-fatal, Link 32 \
+         egress non-posted PRIV error (First)\n\
+         3,8009,{at},-;nvidia-nvswitch9: SXid (PCI:0000:0c:00.0): 24007, Fatal, Link 01 \
+         sourcetrack TCEN0 crumbstore ECC DBE Error (First)\n\
+         11,8010,{at},-;nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 24007, Fatal, written by a \
+         process"
     )
     .unwrap();
     drop(f);
-    let series = [("1", "13"), ("2", "48"), ("0000:29:00.0", "79")];
-    let body = agent.wait_for_metrics("serve counts the three", |b| {
+    let series = [
+        ("1", "13"),
+        ("2", "48"),
+        ("0000:29:00.0", "79"),
+        ("0", "74"),
+    ];
+    let body = agent.wait_for_metrics("serve counts the four", |b| {
         series.iter().all(|(gpu, xid)| {
             sample(
                 b,
@@ -137,6 +161,55 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
         "{metrics}"
     );
 
+    // The SXIDs, by switch and SXID; the process's line is none.
+    let sxid_series = [
+        ("0000:05:00.0", "24007"),
+        ("0000:08:00.0", "12028"),
+        ("0000:0c:00.0", "24007"),
+    ];
+    for (switch, sxid) in sxid_series {
+        let labels = [("switch", switch), ("sxid", sxid)];
+        let n = sample(&metrics, "shmlink_nvswitch_sxid_errors_total", &labels);
+        assert_eq!(n, Some(1.0), "{switch} {sxid}: {metrics}");
+    }
+    assert!(!metrics.contains("switch=\"0000:06:00.0\""), "{metrics}");
+    let by_serve_sxids: BTreeSet<(String, u64, u64)> = sxid_series
+        .iter()
+        .map(|(w, x)| (w.to_string(), x.parse().unwrap(), 1))
+        .collect();
+    // The training failure on GPU 0 and the fatal SXID on the switch every GPU links to: their
+    // Events, one per GPU and fact.
+    let told = |reason: &str, want: usize| -> BTreeSet<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let notes: BTreeSet<String> = (api.events().into_iter())
+                .filter(|e| e["reason"] == reason)
+                .filter_map(|e| e["note"].as_str().map(str::to_string))
+                .collect();
+            if notes.len() >= want || std::time::Instant::now() > deadline {
+                return notes;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let training = told("GpuNvlinkTrainingFailed", 1);
+    assert_eq!(training.len(), 1, "{training:#?}\n{}", agent.log_text());
+    assert!(
+        training
+            .iter()
+            .all(|n| n.contains("NVLink 3 of GPU 0 failed to train")),
+        "{training:#?}"
+    );
+    let switch_fatal = told("GpuNvswitchFatal", 8);
+    let serve_fatal_gpus: BTreeSet<u32> = (0..8)
+        .filter(|g| {
+            let said = format!("The NVSwitch 0000:05:00.0 (SXID 24007) that NVLinks of GPU {g} go");
+            switch_fatal.iter().any(|n| n.contains(&said))
+        })
+        .collect();
+    assert_eq!(serve_fatal_gpus, (0..8).collect(), "{switch_fatal:#?}");
+    assert_eq!(switch_fatal.len(), 8, "only the switch the GPUs link to");
+
     let lib = fake_nvml::lib();
     let out = std::process::Command::new(common::shmlink_bin())
         .args(["check", "--json", "--kube", "off", "--since", "10m"])
@@ -195,5 +268,47 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
     assert_eq!(iommu[0]["subject"], "GPU 4");
     let gpu1 = &report["gpu_verdicts"][1];
     assert_eq!(gpu1["held_xids"], json!([]), "XID 13 is the application's");
+    // The same SXIDs, and the same GPUs told the kernel log's NVLink facts.
+    let by_check_sxids: BTreeSet<(String, u64, u64)> = (report["sxids"].as_array().unwrap())
+        .iter()
+        .map(|x| {
+            let fatal = x["switch"] != "0000:08:00.0";
+            assert_eq!(x["fatal"], fatal, "{x}");
+            let switch = x["switch"].as_str().unwrap().to_string();
+            (
+                switch,
+                x["sxid"].as_u64().unwrap(),
+                x["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(by_check_sxids, by_serve_sxids);
+    let subjects = |kind: &str| -> BTreeSet<String> {
+        (report["findings"].as_array().unwrap().iter())
+            .filter(|f| f["kind"] == kind)
+            .map(|f| f["subject"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        subjects("gpu_nvlink_training_failed"),
+        ["GPU 0".to_string()].into()
+    );
+    let check_fatal_gpus: BTreeSet<String> = serve_fatal_gpus
+        .iter()
+        .map(|g| format!("GPU {g}"))
+        .collect();
+    assert_eq!(subjects("gpu_nvswitch_fatal"), check_fatal_gpus);
+    let gpu0 = &report["gpu_verdicts"][0];
+    assert_eq!(
+        gpu0["nvlink_training"],
+        json!({"links": [3], "count": 1}),
+        "{gpu0:#}"
+    );
+    assert_eq!(gpu0["held_xids"][0]["xid"], 74, "{gpu0:#}");
+    assert_eq!(
+        gpu0["nvswitch_fatal"],
+        json!([{"switch": "0000:05:00.0", "sxids": [24007]}]),
+        "{gpu0:#}"
+    );
     assert!(agent.terminate().success());
 }

@@ -138,6 +138,9 @@ fn nvswitch_8_every_gpu_has_18_switch_links_and_all_pairs_are_fine() {
             assert_eq!(l.peer, Peer::Switch, "GPU {i} link {n}");
             assert_eq!(l.errors, Some(LinkErrors::default()));
         }
+        // The switches' own addresses (their SXIDs name them), from the links' remote PCI info.
+        let switches: Vec<String> = (5..=8).map(|b| format!("0000:{b:02x}:00.0")).collect();
+        assert_eq!(g.nvswitches, switches, "GPU {i}");
     }
 
     assert_eq!(s.pairs.len(), 28);

@@ -1,6 +1,6 @@
 //! Kernel log records of any shape, as /dev/kmsg and syslog(2) give them: no panic; a record
-//! of user space's facility is never a crash, an XID, a GPU off the bus or an IOMMU fault (at
-//! most a lookalike: evidence, never acted on).
+//! of user space's facility is never a crash, an XID, a GPU off the bus, an IOMMU fault or an
+//! NVSwitch SXID (at most a lookalike: evidence, never acted on).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use shmlink::failures::crash::gpu_lib_crash;

@@ -342,7 +342,7 @@ mod tests {
             let record = parse_record(r.as_bytes()).unwrap();
             assert_ne!(record.facility, 0, "{r}");
             assert_eq!(gpu_lib_crash(&record), None, "{r}");
-            // At most a lookalike: evidence, never an XID or a fall off the bus.
+            // At most a lookalike: evidence, never an XID, a fall off the bus or an SXID.
             assert!(
                 matches!(
                     kernel_gpu(&record),

@@ -13,10 +13,10 @@ use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::verdict::{self, Facts};
 use super::xid::kernel::{KernelGpu, KernelXids};
-use super::xid::{self, FatalXids, HeldAges, RecentIommu, RecentXids, XidCounts};
+use super::xid::{self, FatalXids, HeldAges, Recent, RecentIommu, RecentXids, XidCounts};
 use crate::model::{
     Blame, GpuReading, GpuUsers, GpuVerdict, LinkErrors, NodeInfo, NvmlState, PairProbe,
-    PairVerdict, Snapshot, XidCount,
+    PairVerdict, Snapshot, SxidCount, TrainingCount, XidCount,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
@@ -37,6 +37,8 @@ pub struct GpuScan {
     pub xids_unconfirmed: Vec<XidCount>,
     /// IOMMU page faults naming each GPU (by index) since start.
     pub iommu_faults: BTreeMap<u32, u64>,
+    /// NVSwitch SXIDs since start, by switch and SXID.
+    pub sxids: Vec<SxidCount>,
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at (the pair judge's word).
     pub blame: Blame,
@@ -100,6 +102,9 @@ pub struct GpuCollector {
     node_info: NodeInfoKeeper,
     /// The fatal XIDs held for `--gpu-fault-hold`, whether or not Kubernetes is written to.
     fatal: FatalXids,
+    /// The training failures (by GPU address) and SXIDs (by switch and SXID) told lately.
+    recent_training: Recent<String>,
+    recent_sxids: Recent<(String, u64)>,
 }
 
 /// `--gpu-fault-hold`'s default.
@@ -128,6 +133,8 @@ impl GpuCollector {
             resume_since: HashMap::new(),
             node_info: NodeInfoKeeper::new(),
             fatal: FatalXids::new(DEFAULT_FAULT_HOLD),
+            recent_training: Recent::default(),
+            recent_sxids: Recent::default(),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
@@ -322,9 +329,18 @@ impl GpuCollector {
         s.xids = scan.xids;
         s.xids_unconfirmed = scan.xids_unconfirmed;
         s.iommu_faults = scan.iommu_faults;
+        s.sxids = scan.sxids;
         s.gpu_verdicts = scan.verdicts;
-        // The words said once in the scan's findings: the GPUs NVML does not list.
-        s.findings.retain(|f| f.kind != FindingKind::GpuNotInNvml);
+        // The words said once in the scan's findings: the GPUs NVML does not list, the kernel
+        // log's facts in the verdicts.
+        s.findings.retain(|f| {
+            !matches!(
+                f.kind,
+                FindingKind::GpuNotInNvml
+                    | FindingKind::GpuNvlinkTrainingFailed
+                    | FindingKind::GpuNvswitchFatal
+            )
+        });
         s.findings.extend(scan.findings);
     }
 
@@ -341,6 +357,17 @@ impl GpuCollector {
             });
         }
         let held = verdict::hold_xids(&mut self.fatal, &scan.gpus, &scan.xids, now);
+        let training: Vec<TrainingCount> = self.xids.training();
+        let training: Vec<TrainingCount> = training
+            .into_iter()
+            .filter(|t| self.recent_training.lasts(&t.pci_bus_id, t.count, now))
+            .collect();
+        scan.sxids = self.xids.sxids();
+        let fatal_sxids: Vec<SxidCount> = (scan.sxids.iter())
+            .filter(|s| s.fatal)
+            .filter(|s| (self.recent_sxids).lasts(&(s.switch.clone(), s.sxid), s.count, now))
+            .cloned()
+            .collect();
         scan.verdicts = verdict::judge(&Facts {
             nvml_up: scan.nvml_up,
             gpus: &scan.gpus,
@@ -348,7 +375,11 @@ impl GpuCollector {
             pairs: &scan.pairs,
             blame: &scan.blame,
             held: &held,
+            training: &training,
+            fatal_sxids: &fatal_sxids,
         });
+        scan.findings
+            .extend(verdict::kernel_findings(&scan.verdicts));
         let missing: Vec<String> = scan
             .verdicts
             .iter()
@@ -433,6 +464,7 @@ impl Loaded {
             xids,
             xids_unconfirmed,
             iommu_faults: self.xids.iommu(),
+            sxids: Vec::new(),
             findings,
             nvml_up: true,
             nvml: NvmlState::default(),

@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::pci::{canonical, not_in_nvml};
+use super::pci::{canonical, not_in_nvml, same_pci_device};
 use super::xid::{FatalXids, Held};
 use crate::model::{
-    Blame, Culprit, GpuReading, GpuVerdict, OutReason, PairStatus, PairVerdict, SuspectBy, XidCount,
+    Blame, Culprit, Finding, FindingKind, GpuReading, GpuVerdict, NvlinkTraining, OutReason,
+    PairStatus, PairVerdict, Subject, SuspectBy, SwitchFatal, SxidCount, TrainingCount, XidCount,
 };
 use crate::text;
 
@@ -24,6 +25,10 @@ pub struct Facts<'a> {
     pub blame: &'a Blame,
     /// The fatal XIDs within their hold, by GPU key ([`key`]).
     pub held: &'a [Held],
+    /// The kernel log's NVLink training failures told lately, by GPU address.
+    pub training: &'a [TrainingCount],
+    /// The fatal SXIDs told lately, by switch.
+    pub fatal_sxids: &'a [SxidCount],
 }
 
 /// The key a GPU's held XIDs go by: its UUID, else (NVML does not list it, or gives no UUID)
@@ -84,9 +89,66 @@ pub fn judge(f: &Facts<'_>) -> Vec<GpuVerdict> {
             recovery_action: None,
             fabric_problem: None,
             culprit: None,
+            nvlink_training: training_on(f.training, &key),
+            // NVML gives no links of a GPU it does not list.
+            nvswitch_fatal: Vec::new(),
             // No UUID to select its device by: the Node condition tells it.
             out: None,
         });
+    }
+    out
+}
+
+/// The findings of the kernel log's facts in `verdicts` (NVML's GPUs: a finding names a GPU
+/// by index), one per GPU and fact.
+pub fn kernel_findings(verdicts: &[GpuVerdict]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for v in verdicts {
+        let Some(g) = v.gpu else { continue };
+        if let Some(t) = &v.nvlink_training {
+            out.push(Finding::new(
+                FindingKind::GpuNvlinkTrainingFailed,
+                Subject::Gpu(g),
+                text::gpu_nvlink_training_failed(g, &t.links, t.count),
+            ));
+        }
+        if !v.nvswitch_fatal.is_empty() {
+            out.push(Finding::new(
+                FindingKind::GpuNvswitchFatal,
+                Subject::Gpu(g),
+                text::gpu_nvswitch_fatal(g, &v.nvswitch_fatal),
+            ));
+        }
+    }
+    out
+}
+
+/// The training failures told on the GPU at `pci`.
+fn training_on(training: &[TrainingCount], pci: &str) -> Option<NvlinkTraining> {
+    training
+        .iter()
+        .find(|t| same_pci_device(&t.pci_bus_id, pci))
+        .map(|t| NvlinkTraining {
+            links: t.links.clone(),
+            count: t.count,
+        })
+}
+
+/// The switches of `g`'s NVLinks that told a fatal SXID: a switch no GPU links to is only
+/// counted.
+fn switches_fatal(sxids: &[SxidCount], g: &GpuReading) -> Vec<SwitchFatal> {
+    let mut out: Vec<SwitchFatal> = Vec::new();
+    for s in sxids.iter().filter(|s| s.fatal) {
+        if !g.nvswitches.iter().any(|w| same_pci_device(w, &s.switch)) {
+            continue;
+        }
+        match out.iter_mut().find(|f| f.switch == s.switch) {
+            Some(f) => f.sxids.push(s.sxid),
+            None => out.push(SwitchFatal {
+                switch: s.switch.clone(),
+                sxids: vec![s.sxid],
+            }),
+        }
     }
     out
 }
@@ -132,6 +194,8 @@ fn of_nvml_gpu(f: &Facts<'_>, g: &GpuReading) -> GpuVerdict {
         held_xids,
         fabric_problem: g.fabric.as_ref().and_then(text::fabric_problem),
         culprit,
+        nvlink_training: training_on(f.training, &g.pci_bus_id),
+        nvswitch_fatal: switches_fatal(f.fatal_sxids, g),
         out,
     }
 }

@@ -12,6 +12,7 @@ mod failures;
 mod gpu;
 pub mod http;
 mod links;
+mod nvswitch;
 mod self_metrics;
 mod shm;
 #[cfg(test)]
@@ -120,6 +121,7 @@ impl Collector for SnapshotCollector {
         failures::encode_images(&mut encoder, &snapshot.failure_images)?;
         failures::encode_last(&mut encoder, &snapshot.failures)?;
         gpu::encode(&mut encoder, snapshot)?;
+        nvswitch::encode(&mut encoder, &snapshot.sxids)?;
         self_metrics::encode_last_scan(&mut encoder, snapshot.taken_at)
     }
 }

@@ -149,6 +149,11 @@ finding_kinds! {
         GpuPcieDegraded = "gpu_pcie_degraded", reason: own, Warning;
         /// The IOMMU (AMD-Vi, Intel DMAR) blocked a DMA of the GPU: an IO page fault naming it.
         GpuIommuFault = "gpu_iommu_fault", reason: own, Critical;
+        /// NVLinks of the GPU failed to train (the kernel log's XID 74 `failed to train link`,
+        /// XID 136 `Link training failed`).
+        GpuNvlinkTrainingFailed = "gpu_nvlink_training_failed", reason: own, Critical;
+        /// An NVSwitch the GPU's NVLinks go to told a fatal SXID.
+        GpuNvswitchFatal = "gpu_nvswitch_fatal", reason: own, Critical;
         /// AER errors counted on a GPU or a PCIe bridge above it lately.
         GpuPcieErrors = "gpu_pcie_errors", reason: own, Warning;
         /// ACS redirects peer-to-peer traffic on a PCIe bridge between two GPUs.
@@ -455,6 +460,8 @@ mod tests {
             FindingKind::ShmLeftoverSegments,
             FindingKind::GpuPcieDegraded,
             FindingKind::GpuIommuFault,
+            FindingKind::GpuNvlinkTrainingFailed,
+            FindingKind::GpuNvswitchFatal,
             FindingKind::GpuPcieErrors,
             FindingKind::PcieAcsEnabled,
         ] {

@@ -264,6 +264,10 @@ pub struct GpuReading {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vbios: Option<String>,
     pub links: Vec<LinkReading>,
+    /// The PCI addresses (`0000:05:00.0`) of the NVSwitches its NVLinks go to (NVML's remote
+    /// PCI info of its links to a switch), lowest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nvswitches: Vec<String>,
     /// The processes using it (NVML's running compute and graphics processes), host PIDs.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<GpuProcess>,

@@ -57,11 +57,11 @@ pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
 pub use placed::Placed;
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
-pub use snapshot::{Snapshot, XidCount};
+pub use snapshot::{Snapshot, SxidCount, TrainingCount, XidCount};
 pub use stamp::Stamp;
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
 pub use traced::{TracedCause, TracedDeath};
-pub use verdict::{Culprit, GpuVerdict, HeldXid, OutReason};
+pub use verdict::{Culprit, GpuVerdict, HeldXid, NvlinkTraining, OutReason, SwitchFatal};
 pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.

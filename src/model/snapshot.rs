@@ -9,6 +9,28 @@ use super::{
     JobLinks, NodeInfo, NvmlState, PairProbe, PairVerdict, Severity, ShmReading, Sight,
 };
 
+/// NVSwitch SXIDs of one kind on one switch, as the kernel log told them (`check --json`'s
+/// `sxids[]`, `shmlink_nvswitch_sxid_errors_total`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SxidCount {
+    /// The switch's PCI address, `0000:05:00.0`.
+    pub switch: String,
+    pub sxid: u64,
+    pub count: u64,
+    /// The driver called it Fatal (to the fabric), not Non-fatal or Correctable.
+    pub fatal: bool,
+}
+
+/// NVLink training failures the kernel log told on one GPU (XIDs 74 and 136 naming links).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainingCount {
+    /// The GPU's PCI address, `0000:18:00.0` (NVML may not list it).
+    pub pci_bus_id: String,
+    /// The links named, lowest first.
+    pub links: Vec<u32>,
+    pub count: u64,
+}
+
 /// XID errors of one kind on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct XidCount {
@@ -77,6 +99,8 @@ pub struct Snapshot {
     /// IOMMU page faults the kernel log named each GPU in (by index), since the agent started.
     #[serde(skip)]
     pub iommu_faults: std::collections::BTreeMap<u32, u64>,
+    /// NVSwitch SXIDs the kernel log told since the agent started, by switch and SXID.
+    pub sxids: Vec<SxidCount>,
     pub findings: Vec<Finding>,
     /// What the workloads' logs and the kernel said recently.
     pub failures: Vec<Failure>,

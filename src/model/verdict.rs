@@ -74,6 +74,25 @@ impl OutReason {
     }
 }
 
+/// NVLink links the kernel log says failed to train on a GPU (XID 74 `failed to train link`,
+/// XID 136 `Link training failed`), lately.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NvlinkTraining {
+    /// The links named, lowest first.
+    pub links: Vec<u32>,
+    /// Failures told since the agent started (`check`: since `--since`).
+    pub count: u64,
+}
+
+/// An NVSwitch one of a GPU's NVLinks goes to that told a fatal SXID lately.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SwitchFatal {
+    /// The switch's PCI address, `0000:05:00.0`.
+    pub switch: String,
+    /// Its fatal SXIDs, lowest first.
+    pub sxids: Vec<u64>,
+}
+
 /// One GPU, as this scan judges it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuVerdict {
@@ -95,6 +114,11 @@ pub struct GpuVerdict {
     pub fabric_problem: Option<String>,
     /// The pair judge's blame, when it names this GPU.
     pub culprit: Option<Culprit>,
+    /// Its NVLinks the kernel log says failed to train lately (the XID's evidence: it is held
+    /// as any fatal XID is).
+    pub nvlink_training: Option<NvlinkTraining>,
+    /// The NVSwitches its NVLinks go to that told a fatal SXID lately.
+    pub nvswitch_fatal: Vec<SwitchFatal>,
     /// Why it should be out of scheduling now, the strongest reason; None: it may stay in.
     pub out: Option<OutReason>,
 }

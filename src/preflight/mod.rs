@@ -282,6 +282,8 @@ impl Roots {
             pairs: &judgement.pairs,
             blame: &judgement.blame,
             held: &[],
+            training: &[],
+            fatal_sxids: &[],
         });
         obs.healthy = verdicts
             .iter()

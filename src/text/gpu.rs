@@ -352,3 +352,44 @@ pub fn pcie_acs_enabled(bridges: &[(&str, u16, Vec<u32>)]) -> String {
         named.join(", ")
     )
 }
+
+/// `gpu_nvlink_training_failed`: the kernel log says GPU `g`'s `links` failed to train.
+pub fn gpu_nvlink_training_failed(g: u32, links: &[u32], count: u64) -> String {
+    let named: Vec<String> = links.iter().map(u32::to_string).collect();
+    format!(
+        "NVLink{s} {} of GPU {g} failed to train ({count} time{t} in the kernel log: XID 74 \
+         `failed to train link` or XID 136 `Link training failed`): {it} carr{ies} no traffic, \
+         so NCCL routes around {it} or hangs. Reset the GPU (`nvidia-smi -r -i {g}`, after \
+         draining it); on an NVSwitch system make sure the fabric manager runs (`systemctl \
+         status nvidia-fabricmanager`), as it trains the links; if the same links fail again, \
+         reseat the GPU's baseboard or NVLink bridge. `nvidia-smi nvlink -s -i {g}` shows the \
+         links.",
+        named.join(", "),
+        s = if links.len() == 1 { "" } else { "s" },
+        t = if count == 1 { "" } else { "s" },
+        it = if links.len() == 1 { "it" } else { "they" },
+        ies = if links.len() == 1 { "ies" } else { "y" },
+    )
+}
+
+/// `gpu_nvswitch_fatal`: NVSwitches GPU `g`'s NVLinks go to told fatal SXIDs.
+pub fn gpu_nvswitch_fatal(g: u32, switches: &[crate::model::SwitchFatal]) -> String {
+    let said: Vec<String> = switches
+        .iter()
+        .map(|s| {
+            let sxids: Vec<String> = s.sxids.iter().map(u64::to_string).collect();
+            format!("{} (SXID {})", s.switch, sxids.join(", "))
+        })
+        .collect();
+    format!(
+        "The NVSwitch{es} {} that NVLinks of GPU {g} go to told a fatal SXID in the kernel log: \
+         the fabric through {them} is down for this GPU, and NVLink traffic to its peers fails \
+         or hangs. Drain the GPUs linked to {them} and reset the switch{es} with {their} GPUs \
+         (`nvidia-smi -r`, with the fabric manager stopped, then started again), or reboot the \
+         node; if the same SXID comes back, call the vendor. `dmesg | grep SXid` shows them.",
+        said.join(", "),
+        es = if switches.len() == 1 { "" } else { "es" },
+        them = if switches.len() == 1 { "it" } else { "them" },
+        their = if switches.len() == 1 { "its" } else { "their" },
+    )
+}

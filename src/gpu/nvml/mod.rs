@@ -212,7 +212,7 @@ impl NvmlGpus {
             }
             Err(e) => count_unless_unsupported(&e, stats),
         }
-        match self.read_links(device, stats) {
+        match self.read_links(device, &mut reading.nvswitches, stats) {
             Some(links) => reading.links = links,
             None => {
                 reading.lost = true;
@@ -237,6 +237,7 @@ impl NvmlGpus {
     fn read_links(
         &self,
         device: &Device<'static>,
+        switches: &mut Vec<String>,
         stats: &mut SampleStats,
     ) -> Option<Vec<LinkReading>> {
         let mut links = Vec::new();
@@ -261,7 +262,11 @@ impl NvmlGpus {
                     continue;
                 }
             };
-            let peer = self.peer_of(device, link, stats);
+            let (peer, switch) = self.peer_of(device, link, stats);
+            if let Some(pci) = switch.filter(|p| !switches.contains(p)) {
+                switches.push(pci);
+                switches.sort();
+            }
             let errors = if dl_counters {
                 let (errors, unsupported) = self.link_errors(device, link, stats);
                 dl_counters = !unsupported;
@@ -280,21 +285,29 @@ impl NvmlGpus {
         Some(links)
     }
 
-    /// The remote end of a link: one of our GPUs by PCI location, else by remote device type.
-    fn peer_of(&self, device: &Device<'static>, link: u32, stats: &mut SampleStats) -> Peer {
+    /// The remote end of a link: one of our GPUs by PCI location, else by remote device type;
+    /// and a switch's PCI address (`pci::canonical`), where NVML gives it (its SXIDs name it).
+    fn peer_of(
+        &self,
+        device: &Device<'static>,
+        link: u32,
+        stats: &mut SampleStats,
+    ) -> (Peer, Option<String>) {
         stats.calls += 1;
         let remote = match device.link_wrapper_for(link).remote_pci_info() {
             Ok(p) => p,
-            Err(_) => return Peer::Unknown,
+            Err(_) => return (Peer::Unknown, None),
         };
         if let Some(&index) = self.by_pci.get(&(remote.domain, remote.bus, remote.device)) {
-            return Peer::Gpu(index);
+            return (Peer::Gpu(index), None);
         }
         stats.calls += 1;
         match self.remote_device_type(device, link) {
-            Some(sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH) => Peer::Switch,
-            _ if !remote.bus_id.is_empty() => Peer::Pci(remote.bus_id),
-            _ => Peer::Unknown,
+            Some(sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH) => {
+                (Peer::Switch, crate::gpu::pci::canonical(&remote.bus_id))
+            }
+            _ if !remote.bus_id.is_empty() => (Peer::Pci(remote.bus_id), None),
+            _ => (Peer::Unknown, None),
         }
     }
 

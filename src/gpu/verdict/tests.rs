@@ -231,3 +231,95 @@ fn an_xid_on_a_gpu_nvml_does_not_list_is_held_on_its_address() {
     assert_eq!(missing.held_xids.len(), 1, "{missing:?}");
     assert_eq!(missing.held_xids[0].xid, 79);
 }
+
+#[test]
+fn training_failures_are_told_on_their_gpu_by_address_listed_by_nvml_or_not() {
+    let mut s = gpu_board(8);
+    s.gpus.pop(); // the driver lists 0000:1f:00.0, NVML does not
+    let training = [
+        crate::model::TrainingCount {
+            pci_bus_id: "0000:1a:00.0".into(),
+            links: vec![3, 7],
+            count: 2,
+        },
+        crate::model::TrainingCount {
+            pci_bus_id: "0000:1f:00.0".into(),
+            links: vec![0],
+            count: 1,
+        },
+    ];
+    let v = judge(&Facts {
+        nvml_up: true,
+        gpus: &s.gpus,
+        driver_gpus: &s.driver_gpus,
+        pairs: &s.gpu_pairs,
+        blame: &s.gpu_blame,
+        held: &[],
+        training: &training,
+        fatal_sxids: &[],
+    });
+    let told: Vec<(Option<u32>, Vec<u32>)> = v
+        .iter()
+        .filter_map(|v| Some((v.gpu, v.nvlink_training.clone()?.links)))
+        .collect();
+    assert_eq!(told, [(Some(2), vec![3, 7]), (None, vec![0])]);
+    assert!(
+        !v[2].is_fault(),
+        "the fact explains; its XID, held, puts it out"
+    );
+    let f = kernel_findings(&v);
+    assert_eq!(f.len(), 1, "a finding names a GPU by index: {f:?}");
+    assert_eq!(
+        (f[0].kind, &f[0].subject),
+        (FindingKind::GpuNvlinkTrainingFailed, &Subject::Gpu(2))
+    );
+    assert!(
+        f[0].message
+            .contains("NVLinks 3, 7 of GPU 2 failed to train (2 times")
+            && f[0].message.contains("nvidia-fabricmanager"),
+        "{}",
+        f[0].message
+    );
+}
+
+#[test]
+fn a_fatal_sxid_is_told_on_the_gpus_linked_to_its_switch_only() {
+    let mut s = gpu_board(4);
+    for g in &mut s.gpus[..2] {
+        g.nvswitches = vec!["0000:05:00.0".into(), "0000:06:00.0".into()];
+    }
+    s.gpus[2].nvswitches = vec!["0000:06:00.0".into()];
+    let sxid = |switch: &str, sxid, fatal| crate::model::SxidCount {
+        switch: switch.into(),
+        sxid,
+        count: 1,
+        fatal,
+    };
+    s.sxids = vec![
+        sxid("0000:05:00.0", 24007, true),
+        sxid("0000:05:00.0", 12028, false), // non-fatal: counted only
+        sxid("0000:06:00.0", 12028, false),
+        sxid("0000:09:00.0", 24007, true), // a switch no GPU links to
+    ];
+    let v = verdicts(s);
+    let told: Vec<(Option<u32>, Vec<SwitchFatal>)> = v
+        .iter()
+        .filter(|v| !v.nvswitch_fatal.is_empty())
+        .map(|v| (v.gpu, v.nvswitch_fatal.clone()))
+        .collect();
+    let on_05 = vec![SwitchFatal {
+        switch: "0000:05:00.0".into(),
+        sxids: vec![24007],
+    }];
+    assert_eq!(told, [(Some(0), on_05.clone()), (Some(1), on_05)]);
+    assert!(v.iter().all(|v| v.out.is_none() && !v.is_fault()));
+    let f = kernel_findings(&v);
+    assert_eq!(f.len(), 2);
+    assert_eq!(f[1].kind, FindingKind::GpuNvswitchFatal);
+    assert!(
+        f[1].message
+            .contains("The NVSwitch 0000:05:00.0 (SXID 24007) that NVLinks of GPU 1 go to"),
+        "{}",
+        f[1].message
+    );
+}

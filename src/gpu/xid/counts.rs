@@ -26,6 +26,10 @@ struct Tallies {
     by_address: BTreeMap<(String, u64), u64>,
     /// IOMMU IO page faults the kernel log told per GPU index (`kernel::KernelGpu::IommuFault`).
     iommu: BTreeMap<u32, u64>,
+    /// NVLink training failures per GPU address (`pci::canonical`): (count, links' mask).
+    training: BTreeMap<String, (u64, u64)>,
+    /// NVSwitch SXIDs per (switch address, SXID): (count, fatal).
+    sxids: BTreeMap<(String, u64), (u64, bool)>,
 }
 
 impl XidCounts {
@@ -78,6 +82,67 @@ impl XidCounts {
                 *t.iommu.entry(gpu).or_default() += 1;
             }
         }
+    }
+
+    /// One NVLink training failure (`training.rs`) the kernel log told, its links' mask and its
+    /// GPU's (domain, bus, device); counted only where its XID is.
+    pub fn record_training(&self, training: Option<(u64, (u32, u8, u8))>) {
+        let Some((mask, (domain, bus, device))) = training else {
+            return;
+        };
+        let pci = format!("{domain:04x}:{bus:02x}:{device:02x}.0");
+        if let Ok(mut t) = self.counts.lock() {
+            if t.training.len() < MAX_TALLIES || t.training.contains_key(&pci) {
+                let (count, links) = t.training.entry(pci).or_default();
+                *count += 1;
+                *links |= mask;
+            }
+        }
+    }
+
+    /// The NVLink training failures per GPU address, links lowest first.
+    pub fn training(&self) -> Vec<crate::model::TrainingCount> {
+        let Ok(t) = self.counts.lock() else {
+            return Vec::new();
+        };
+        t.training
+            .iter()
+            .map(|(pci, &(count, mask))| crate::model::TrainingCount {
+                pci_bus_id: pci.clone(),
+                links: super::training::links(mask),
+                count,
+            })
+            .collect()
+    }
+
+    /// One NVSwitch SXID the kernel log told.
+    pub fn record_sxid(&self, s: &super::sxid::Sxid) {
+        if let Ok(mut t) = self.counts.lock() {
+            let key = (s.switch.clone(), s.sxid);
+            if t.sxids.len() < MAX_TALLIES || t.sxids.contains_key(&key) {
+                let (count, fatal) = t.sxids.entry(key).or_default();
+                *count += 1;
+                *fatal |= s.fatal;
+            }
+        }
+    }
+
+    /// The SXIDs per switch and SXID.
+    pub fn sxids(&self) -> Vec<crate::model::SxidCount> {
+        let Ok(t) = self.counts.lock() else {
+            return Vec::new();
+        };
+        t.sxids
+            .iter()
+            .map(
+                |((switch, sxid), &(count, fatal))| crate::model::SxidCount {
+                    switch: switch.clone(),
+                    sxid: *sxid,
+                    count,
+                    fatal,
+                },
+            )
+            .collect()
     }
 
     /// The IOMMU faults per GPU index.

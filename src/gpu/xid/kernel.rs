@@ -45,6 +45,8 @@ pub enum KernelGpu {
     /// device=0000:41:00.0 ...]`, `DMAR: [DMA Read] Request device [41:00.0] ... fault addr`):
     /// peer traffic the IOMMU does not map, a known cause of P2P hangs.
     IommuFault { pci: String },
+    /// An NVSwitch SXID (`sxid.rs`), the first line of one.
+    Sxid(super::sxid::Sxid),
     /// A line that reads like an XID but is not the driver's: written by a process, carrying a
     /// netfilter LOG record's fields, or not in the driver's shape. Evidence only.
     Lookalike {
@@ -63,6 +65,9 @@ pub enum KernelGpu {
 pub fn kernel_gpu(record: &KmsgRecord) -> Option<KernelGpu> {
     if is_task_line(&record.message) {
         return None;
+    }
+    if let Some(s) = super::sxid::sxid(record) {
+        return Some(KernelGpu::Sxid(s));
     }
     if record.is_kernel() && !netfilter_fields(&record.message) {
         if let Some(pci) = iommu_fault(&record.message) {
@@ -124,7 +129,7 @@ fn full_address(token: &str) -> Option<String> {
 
 /// The kernel's lines about a task: `comm[pid]: ` (a segfault, a trap, a general protection
 /// fault), whatever the comm holds. The driver's lines never have `[digits]: ` in them.
-fn is_task_line(message: &str) -> bool {
+pub(super) fn is_task_line(message: &str) -> bool {
     message.match_indices("]: ").any(|(i, _)| {
         let head = &message[..i];
         head.rfind('[').is_some_and(|open| {
@@ -136,7 +141,7 @@ fn is_task_line(message: &str) -> bool {
 
 /// Whether `message` carries the fields netfilter's LOG target prints after its prefix
 /// (`IN=<if> OUT=<if> `, `nf_log_dump_packet_common`): the driver's lines never do.
-fn netfilter_fields(message: &str) -> bool {
+pub(super) fn netfilter_fields(message: &str) -> bool {
     message.match_indices("IN=").any(|(i, _)| {
         let rest = &message[i + 3..];
         let iface = rest.split(' ').next().unwrap_or("");
@@ -156,7 +161,7 @@ fn xid(nvrm: &str) -> Option<KernelGpu> {
         return None;
     }
     pci_address(pci)?;
-    let nvlink = xid == 74 || (144..=150).contains(&xid);
+    let nvlink = xid == 74 || xid == 136 || (144..=150).contains(&xid);
     Some(KernelGpu::Xid {
         pci: pci.to_owned(),
         xid,
@@ -249,6 +254,8 @@ struct Pending {
     at: Instant,
     /// NVML's own tally of this XID on this GPU when the line was read.
     nvml_before: u64,
+    /// The links the line says failed to train (`training.rs`), and the GPU's address.
+    training: Option<(u64, (u32, u8, u8))>,
 }
 
 /// NVML's word for a fatal XID the kernel log told: what NVML itself says of that GPU, which no
@@ -323,7 +330,9 @@ impl KernelXids {
             KernelGpu::Xid { pci, xid, .. } if xid != FELL_OFF_BUS => return Some((pci, xid)),
             KernelGpu::Xid { pci, .. } => (pci, FELL_OFF_BUS, false),
             KernelGpu::FellOffBus { pci } => (pci, FELL_OFF_BUS, true),
-            KernelGpu::Lookalike { .. } | KernelGpu::IommuFault { .. } => return None,
+            KernelGpu::Lookalike { .. } | KernelGpu::IommuFault { .. } | KernelGpu::Sxid(_) => {
+                return None
+            }
         };
         let Some(device) = pci_address(&pci) else {
             return Some((pci, xid)); // no address to pair the lines by
@@ -352,25 +361,20 @@ impl KernelXids {
         now: Instant,
     ) {
         for event in events {
-            let link = match &event {
-                KernelGpu::Lookalike { pci, xid, why } => {
-                    self.lookalike(pci, *xid, why, gpus, counts);
-                    continue;
-                }
-                KernelGpu::Xid { link, .. } => *link,
-                KernelGpu::FellOffBus { .. } => None,
-                KernelGpu::IommuFault { pci } => {
-                    // Only an NVIDIA GPU's (one NVML lists) is ours to tell.
-                    if let Some(g) = gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, pci)) {
-                        tracing::warn!(
-                            gpu = g.index,
-                            "the IOMMU blocked a DMA of GPU {} ({pci})",
-                            g.index
-                        );
-                        counts.record_iommu(g.index);
-                    }
-                    continue;
-                }
+            if self.not_an_xid(&event, gpus, counts) {
+                continue;
+            }
+            let (link, training) = match &event {
+                KernelGpu::Xid {
+                    pci,
+                    xid,
+                    link,
+                    text,
+                } => (
+                    *link,
+                    super::training::training_links(*xid, text).zip(pci_address(pci)),
+                ),
+                _ => (None, None),
             };
             let Some((pci, xid)) = self.observe(event, now) else {
                 continue;
@@ -393,6 +397,7 @@ impl KernelXids {
                             link,
                             at: now,
                             nvml_before: counts.nvml_count(gpu.index, xid),
+                            training,
                         });
                     } else {
                         counts.record_unconfirmed(gpu.index, xid);
@@ -406,6 +411,7 @@ impl KernelXids {
                         gpu.index
                     );
                     counts.record_kernel(gpu.index, xid);
+                    counts.record_training(training);
                 }
                 None => {
                     tracing::warn!(
@@ -414,9 +420,41 @@ impl KernelXids {
                          GPUs: kept by its address"
                     );
                     counts.record_kernel_at(&pci, xid);
+                    counts.record_training(training);
                 }
             }
         }
+    }
+
+    /// Counts what is not an XID (an SXID, an IOMMU fault, a lookalike); false: an XID.
+    fn not_an_xid(&mut self, event: &KernelGpu, gpus: &[GpuReading], counts: &XidCounts) -> bool {
+        match event {
+            KernelGpu::Sxid(s) => {
+                tracing::warn!(
+                    switch = s.switch,
+                    sxid = s.sxid,
+                    fatal = s.fatal,
+                    "the kernel log reports SXID {} on NVSwitch {}",
+                    s.sxid,
+                    s.switch
+                );
+                counts.record_sxid(s);
+            }
+            KernelGpu::Lookalike { pci, xid, why } => self.lookalike(pci, *xid, why, gpus, counts),
+            KernelGpu::IommuFault { pci } => {
+                // Only an NVIDIA GPU's (one NVML lists) is ours to tell.
+                if let Some(g) = gpus.iter().find(|g| same_pci_device(&g.pci_bus_id, pci)) {
+                    tracing::warn!(
+                        gpu = g.index,
+                        "the IOMMU blocked a DMA of GPU {} ({pci})",
+                        g.index
+                    );
+                    counts.record_iommu(g.index);
+                }
+            }
+            KernelGpu::Xid { .. } | KernelGpu::FellOffBus { .. } => return false,
+        }
+        true
     }
 
     /// A line that reads like an XID and is not the driver's: counted apart on the GPU at its
@@ -477,6 +515,7 @@ impl KernelXids {
                         word.said()
                     );
                     counts.record_kernel(p.gpu, p.xid);
+                    counts.record_training(p.training);
                 }
                 None => {
                     tracing::warn!(
@@ -784,6 +823,68 @@ mod tests {
         k.confirm(&board(), true, t0 + Duration::from_secs(1), &counts);
         assert!(counts.snapshot().is_empty(), "{:?}", counts.snapshot());
         assert_eq!(counts.unconfirmed()[&(0, 48)], 3);
+    }
+
+    #[test]
+    fn training_failures_count_with_their_xid_and_sxids_per_switch() {
+        let lines = "4,1,100,-;NVRM: Xid (PCI:0000:18:00): 136, pid='<unknown>', name=<unknown>, \
+                     NVLink: Link training failed for link 1(0x1, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)\n\
+                     4,2,101,-;NVRM: Xid (PCI:0000:29:00): 74, pid='<unknown>', name=<unknown>, \
+                     NVLink: failed to train link 4 to remote PCI:0000:05:00\n\
+                     12,3,102,-;NVRM: Xid (PCI:0000:3b:00): 136, pid='<unknown>', \
+                     name=<unknown>, NVLink: Link training failed for link 0(0x1)\n\
+                     3,4,103,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 36 \
+                     sourcetrack TCEN0 crumbstore ECC DBE Error\n\
+                     3,5,104,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 37 \
+                     sourcetrack TCEN0 crumbstore ECC DBE Error\n\
+                     3,6,105,-;nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Non-fatal, Link \
+                     32 egress non-posted PRIV error";
+        let events: Vec<KernelGpu> = gpus(lines).into_iter().flatten().collect();
+        assert!(matches!(
+            &events[0],
+            KernelGpu::Xid {
+                xid: 136,
+                link: Some(1),
+                ..
+            }
+        ));
+        assert!(
+            matches!(&events[2], KernelGpu::Lookalike { xid: 136, .. }),
+            "a process's write"
+        );
+        let mut board = board();
+        let counts = XidCounts::default();
+        let mut k = KernelXids::default();
+        let t0 = Instant::now();
+        k.count(events, &board, &counts, t0);
+        // 29:00 is none of NVML's GPUs: kept by its address at once; GPU 0's waits for NVML.
+        let training = |counts: &XidCounts| -> Vec<(String, Vec<u32>, u64)> {
+            (counts.training().into_iter())
+                .map(|t| (t.pci_bus_id, t.links, t.count))
+                .collect()
+        };
+        assert_eq!(training(&counts), [("0000:29:00.0".into(), vec![4], 1)]);
+        // NVML says nothing of GPU 0: the line is evidence, its links not counted.
+        k.confirm(&board, true, t0 + Duration::from_secs(1), &counts);
+        assert_eq!(training(&counts).len(), 1);
+        assert_eq!(counts.unconfirmed()[&(0, 136)], 1);
+        // NVML reads the named link inactive: its word.
+        board[0].links[1].active = false;
+        let again = gpus(lines).into_iter().flatten().take(1).collect();
+        k.count(again, &board, &counts, t0);
+        k.confirm(&board, true, t0 + Duration::from_secs(1), &counts);
+        assert_eq!(counts.snapshot()[&(0, 136)], 1);
+        assert_eq!(training(&counts)[0], ("0000:18:00.0".into(), vec![1], 1));
+        let sxids: Vec<(String, u64, u64, bool)> = (counts.sxids().into_iter())
+            .map(|s| (s.switch, s.sxid, s.count, s.fatal))
+            .collect();
+        assert_eq!(
+            sxids,
+            [
+                ("0000:05:00.0".into(), 24007, 2, true),
+                ("0000:08:00.0".into(), 12028, 1, false)
+            ]
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - `nvml_events.rs`: NVML's XID events, on a thread of their own (`serve` only);
 //! - `kernel.rs`: the driver's `NVRM: Xid` and "fallen off the bus" lines in the kernel log,
 //!   made one event each and routed to the GPU at their PCI address;
+//! - `training.rs` (pure): the NVLink links an XID 74 or 136 line says failed to train;
+//! - `sxid.rs` (pure): NVSwitch SXID lines (`nvidia-nvswitchN: SXid (PCI:...): N, Fatal, ...`);
 //! - `counts.rs`: the tallies of both, one count (the larger);
 //! - `recent.rs` (pure): which are findings now, and how long fatal ones hold `GpuFault`.
 
@@ -14,7 +16,9 @@ pub mod kernel;
 pub mod nvml_events;
 pub mod recent;
 pub mod saved;
+pub mod sxid;
+pub mod training;
 
 pub use counts::XidCounts;
 pub use nvml_events::spawn;
-pub use recent::{FatalXids, Held, HeldAges, RecentIommu, RecentXids, XID_LASTS};
+pub use recent::{FatalXids, Held, HeldAges, Recent, RecentIommu, RecentXids, XID_LASTS};

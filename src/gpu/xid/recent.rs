@@ -70,6 +70,32 @@ impl RecentIommu {
     }
 }
 
+/// Pure: which tallies of the kernel log's other GPU facts (NVLink training failures, SXIDs)
+/// grew within the last [`XID_LASTS`], per key: the facts the GPU verdicts tell now.
+#[derive(Debug)]
+pub struct Recent<K> {
+    seen: BTreeMap<K, (u64, Instant)>,
+}
+
+impl<K> Default for Recent<K> {
+    fn default() -> Self {
+        Recent {
+            seen: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone> Recent<K> {
+    /// Whether `key`'s tally, `count` now, grew within [`XID_LASTS`] of `now`.
+    pub fn lasts(&mut self, key: &K, count: u64, now: Instant) -> bool {
+        let seen = self.seen.entry(key.clone()).or_insert((0, now));
+        if count > seen.0 {
+            *seen = (count, now);
+        }
+        now.saturating_duration_since(seen.1) < XID_LASTS
+    }
+}
+
 /// Occurrences of one XID remembered within the hold (the message says "N times").
 const TIMES_KEPT: usize = 64;
 

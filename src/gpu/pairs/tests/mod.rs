@@ -46,6 +46,7 @@ fn gpu(index: u32, links: Vec<LinkReading>) -> GpuReading {
         platform: None,
         vbios: None,
         links,
+        nvswitches: Vec::new(),
         processes: Vec::new(),
         pcie_link: None,
         utilization_percent: None,
