@@ -41,9 +41,11 @@ pub fn said(
 ) -> String {
     let mut out = links
         .filter(|_| !hang)
-        .map(crate::text::job_links)
+        .map(crate::links::job_words::job_links)
         .unwrap_or_default();
-    out.push_str(&crate::text::wearing_links_of_job(&wearing(gpus, snapshot)));
+    out.push_str(&crate::links::words::wearing_links_of_job(&wearing(
+        gpus, snapshot,
+    )));
     out
 }
 

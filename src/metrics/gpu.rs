@@ -42,7 +42,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_users(encoder, snapshot)?;
         encode_pcie(encoder, &snapshot.gpus)?;
         encode_probes(encoder, &snapshot.gpu_probes)?;
-        super::links::encode(encoder, &snapshot.link_trends)?;
+        crate::links::metrics::encode(encoder, &snapshot.link_trends)?;
     }
     encode_nvml(encoder, snapshot)
 }

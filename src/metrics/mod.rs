@@ -11,7 +11,6 @@ mod device_taint;
 mod failures;
 mod gpu;
 pub mod http;
-mod links;
 mod self_metrics;
 mod shm;
 #[cfg(test)]
@@ -170,7 +169,7 @@ fn counter(metric: &mut MetricEncoder, labels: &impl EncodeLabelSet, value: u64)
 }
 
 /// One gauge series of a family the collector writes.
-fn gauge(
+pub(crate) fn gauge(
     metric: &mut MetricEncoder,
     labels: &impl EncodeLabelSet,
     value: impl EncodeGaugeValue,

@@ -9,9 +9,7 @@ mod fleet;
 mod gpu;
 mod gpu_users;
 mod hang;
-mod job_links;
 mod link_counts;
-mod link_history;
 mod link_trend;
 mod named_from;
 mod placed;
@@ -24,6 +22,11 @@ mod traced;
 mod verdict;
 mod xid;
 
+pub use crate::links::{
+    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkDeltas, LinkHistory, LinkKey, Mark, PairKey,
+    PairMark, PairNow, Run, SavedHistory, SavedJobLinks, JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE,
+    JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY, LINK_HISTORY_KEEP, LINK_MARKS, LINK_RUNS, PAIR_MARKS,
+};
 pub use evidence::{around, printable, redact, REDACTED};
 pub use failure::{
     DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
@@ -43,15 +46,7 @@ pub use hang::{
     Hang, HangFacts, HangLinks, HangSaidBy, HangVerdict, LinkDownAtStart, LinkEvent, LinkWent,
     NotWatched, PairChange, Watched,
 };
-pub use job_links::{
-    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkDeltas, SavedJobLinks, JOB_LINKS_CONTAINERS,
-    JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
-};
-pub use link_counts::{LinkCounts, LinkTable};
-pub use link_history::{
-    LinkHistory, LinkKey, Mark, PairKey, PairMark, PairNow, Run, SavedHistory, LINK_HISTORY_KEEP,
-    LINK_MARKS, LINK_RUNS, PAIR_MARKS,
-};
+pub use link_counts::{LinkCounts, LinkLast, LinkTable, LinkTotal};
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
 pub use placed::Placed;

@@ -12,7 +12,7 @@
 //! - `links.rs`: each NVLink's error counters, hourly over days (`gpu::trend`).
 
 pub mod history;
-pub mod links;
+use crate::links::store as links;
 pub mod open;
 pub mod pages;
 pub mod place;

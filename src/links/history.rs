@@ -14,8 +14,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::link_counts::LinkLast;
-use super::{from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkTable, PairStatus, PairVerdict};
+use crate::model::{
+    from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkLast, LinkTable, PairStatus, PairVerdict,
+};
 
 /// How long marks are kept: past PyTorch's default collective timeout (10 minutes, 30 before
 /// 2.2) and the hour-long timeouts jobs with long checkpoints set.

@@ -14,9 +14,10 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::link_counts::{LinkCounts, LinkLast, LinkTable, LinkTotal};
-use super::link_history::{LinkHistory, SavedHistory};
-use super::{from_unix_ms, unix_ms, GpuReading, PairVerdict};
+use super::history::{LinkHistory, SavedHistory};
+use crate::model::{
+    from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkLast, LinkTable, LinkTotal, PairVerdict,
+};
 
 /// The state store's checkpoint key of serve's ledger (`check` reads it too).
 pub const JOB_LINKS_KEY: &str = "job_links";

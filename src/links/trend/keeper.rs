@@ -10,10 +10,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::SystemTime;
 
 use super::{judge_counter, TrendRules};
+use crate::links::words as text;
 use crate::model::{
     unix_ms, Finding, FindingKind, GpuReading, LinkCounter, LinkSample, LinkTrend, Peer, Subject,
 };
-use crate::text;
 
 /// What one scan's sample made: the samples to store (those kept), every growing counter's
 /// trend, and a finding per GPU with a steadily growing link.

@@ -9,11 +9,11 @@ use prometheus_client::metrics::MetricType;
 
 use crate::model::LinkTrend;
 
-use super::gauge;
+use crate::metrics::gauge;
 
 /// `shmlink_gpu_nvlink_error_growth_per_hour` (every counter that grew) and
 /// `shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds` (only those judged growing).
-pub(super) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> fmt::Result {
+pub(crate) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> fmt::Result {
     let labels = |t: &LinkTrend| {
         [
             ("gpu", t.gpu.to_string()),
