@@ -72,7 +72,7 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let scanned = Instant::now();
     let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
     if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
-        crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
+        crate::links::jobs::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
     }
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });

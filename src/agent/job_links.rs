@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use crate::failures::job_links::feed;
+use crate::links::jobs::feed;
 use crate::model::{
     JobLinks, LinkTable, SavedJobLinks, Snapshot, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
 };

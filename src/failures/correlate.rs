@@ -73,8 +73,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     message.push_str(&facts.as_deref().map(text::named_from).unwrap_or_default());
     // The fact tier's facts, else a hang's (its message says them already).
     let named_from = facts.or_else(|| d.hang.as_ref().map(crate::model::HangFacts::named_from));
-    let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
-    message.push_str(&super::job_links::said(
+    let gpu_links =
+        crate::links::jobs::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
+    message.push_str(&crate::links::jobs::said(
         gpu_links.as_ref(),
         hang.is_some(),
         &gpus,

@@ -3,6 +3,7 @@
 
 pub mod history;
 pub mod job_words;
+pub mod jobs;
 pub mod ledger;
 pub mod metrics;
 pub mod store;
