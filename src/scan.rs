@@ -49,7 +49,7 @@ pub struct ServeScan {
 pub struct ScanOutput {
     pub snapshot: Snapshot,
     pub runs: Vec<CollectorRun>,
-    /// The link samples kept this scan (`gpu::trend`), for `serve`'s store.
+    /// The link samples kept this scan (`links::trend`), for `serve`'s store.
     pub link_samples: Vec<LinkSample>,
 }
 

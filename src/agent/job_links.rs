@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use crate::links::jobs::feed;
-use crate::model::{
-    JobLinks, LinkTable, SavedJobLinks, Snapshot, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
-};
+use crate::links::{SavedJobLinks, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY};
+use crate::model::{JobLinks, LinkTable, Snapshot};
 use crate::state::{Store, StoreSender};
 
 /// Each container and whether it is gone: a change is saved at once.

@@ -1,7 +1,7 @@
 //! What the links of a failed job's GPUs did while it ran: the sentence appended to the
 //! failure's message (and so its Event note, cut at 1 KiB: at most three links are named).
 
-use super::ledger::{GpuLinkDelta, GpuLinks};
+use crate::model::{GpuLinkDelta, GpuLinks};
 
 /// Links named at most; the rest are counted.
 const NAMED: usize = 3;

@@ -8,7 +8,7 @@ use rusqlite::{params, Connection, Transaction};
 
 use crate::model::{unix_ms, LinkSample};
 
-/// How long link rows are kept: 10 days (`gpu::trend::TrendRules::keep`), so the week judged
+/// How long link rows are kept: 10 days (`links::trend::TrendRules::keep`), so the week judged
 /// is whole after a few days of the agent down.
 pub const LINK_KEEP: Duration = Duration::from_secs(10 * 24 * 3600);
 /// Rows kept at most: 10 days of hourly rows of 400 links (an 8-GPU board has 144), ~7 MB.

@@ -169,7 +169,7 @@ fn counter(metric: &mut MetricEncoder, labels: &impl EncodeLabelSet, value: u64)
 }
 
 /// One gauge series of a family the collector writes.
-pub(crate) fn gauge(
+fn gauge(
     metric: &mut MetricEncoder,
     labels: &impl EncodeLabelSet,
     value: impl EncodeGaugeValue,

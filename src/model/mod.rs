@@ -10,6 +10,7 @@ mod gpu;
 mod gpu_users;
 mod hang;
 mod link_counts;
+mod link_ledger;
 mod link_trend;
 mod named_from;
 mod placed;
@@ -22,11 +23,6 @@ mod traced;
 mod verdict;
 mod xid;
 
-pub use crate::links::{
-    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkDeltas, LinkHistory, LinkKey, Mark, PairKey,
-    PairMark, PairNow, Run, SavedHistory, SavedJobLinks, JOB_LINKS_CONTAINERS, JOB_LINKS_KEEP_GONE,
-    JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY, LINK_HISTORY_KEEP, LINK_MARKS, LINK_RUNS, PAIR_MARKS,
-};
 pub use evidence::{around, printable, redact, REDACTED};
 pub use failure::{
     DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
@@ -47,6 +43,9 @@ pub use hang::{
     NotWatched, PairChange, Watched,
 };
 pub use link_counts::{LinkCounts, LinkLast, LinkTable, LinkTotal};
+pub use link_ledger::{
+    GpuLinkDelta, GpuLinks, JobLinks, LinkHistory, LinkKey, Mark, PairKey, PairMark, Run, Watch,
+};
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
 pub use placed::Placed;

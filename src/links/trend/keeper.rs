@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::SystemTime;
 
+use super::words;
 use super::{judge_counter, TrendRules};
-use crate::links::words as text;
 use crate::model::{
     unix_ms, Finding, FindingKind, GpuReading, LinkCounter, LinkSample, LinkTrend, Peer, Subject,
 };
@@ -211,7 +211,7 @@ fn findings(trends: &[LinkTrend]) -> Vec<Finding> {
             Finding::new(
                 FindingKind::GpuLinkErrorsGrowing,
                 Subject::Gpu(gpu),
-                text::link_errors_growing(gpu, &links),
+                words::link_errors_growing(gpu, &links),
             )
         })
         .collect()
