@@ -162,7 +162,7 @@ fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
             gpu: p.gpu,
             peer_gpu: p.peer_gpu,
             status: p.status,
-            reasons: p.reasons.clone(),
+            reasons: p.reasons.iter().map(ToString::to_string).collect(),
             since: p.since.map(rfc3339),
         })
         .collect()
@@ -1386,7 +1386,12 @@ mod tests {
                 gpu: 7,
                 bad_pairs: 7,
                 by: SuspectBy::FailsWithAll,
-                reasons: vec!["all 18 NVSwitch links of GPU 7 are inactive".into()],
+                reasons: vec![crate::model::PairReason::new(
+                    crate::model::ReasonKind::SwitchLinksDown,
+                    crate::model::Weight::Down,
+                    "all 18 NVSwitch links of GPU 7 are inactive".into(),
+                )
+                .naming(&[7])],
             }],
             node_wide: false,
         };

@@ -58,7 +58,7 @@ impl LinkHistory {
                 Some(PairNow {
                     pair: (uuid(p.gpu)?, uuid(p.peer_gpu)?),
                     status: p.status,
-                    reason: p.reasons.first().cloned(),
+                    reason: p.reasons.first().map(ToString::to_string),
                 })
             })
             .collect();

@@ -603,7 +603,13 @@ mod tests {
             gpu,
             bad_pairs,
             by,
-            reasons: vec![format!("NVLink 0 of GPU {gpu} is inactive")],
+            reasons: vec![crate::model::PairReason::new(
+                crate::model::ReasonKind::LinkInactive,
+                crate::model::Weight::Down,
+                format!("NVLink 0 of GPU {gpu} is inactive"),
+            )
+            .naming(&[gpu])
+            .on_links(&[0])],
         }
     }
 

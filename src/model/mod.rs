@@ -13,6 +13,7 @@ mod link_counts;
 mod link_ledger;
 mod link_trend;
 mod named_from;
+mod pair_reason;
 mod placed;
 mod shm;
 mod sight;
@@ -48,6 +49,7 @@ pub use link_ledger::{
 };
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
+pub use pair_reason::{PairReason, ReasonKind};
 pub use placed::Placed;
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};

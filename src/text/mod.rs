@@ -121,6 +121,12 @@ pub fn pairs_with(peers: &[u32]) -> String {
     }
 }
 
+/// A pair's reasons as one clause, `; ` between them.
+pub fn joined(reasons: &[crate::model::PairReason]) -> String {
+    let words: Vec<&str> = reasons.iter().map(|r| r.as_str()).collect();
+    words.join("; ")
+}
+
 /// `link 3` / `links 0, 2, 5-17`.
 pub fn link_list(links: &[u32]) -> String {
     let mut sorted = links.to_vec();
