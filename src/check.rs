@@ -72,7 +72,7 @@ pub fn run(settings: &CheckSettings) -> Result<Snapshot, CheckError> {
     let scanned = Instant::now();
     let mut snapshot = scanner.scan_with(pods.as_ref()).snapshot;
     if let Some(mut ledger) = settings.state_dir.as_deref().and_then(serve_job_links) {
-        crate::failures::job_links::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
+        crate::links::jobs::feed(&mut ledger, &mut snapshot, SystemTime::now(), false);
     }
     let since = SystemTime::now() - settings.since;
     let mut pipeline = Pipeline::new(&settings.sources, Mode::ReadBack { since });
@@ -136,7 +136,7 @@ fn serves<T>(dir: &Path, what: &str, read: Result<T, Unavailable>) -> Option<T> 
 /// serve's ledger of the containers' NVLinks, so a failure's `gpu_links` says what serve's would
 /// (check alone has one sample: no baseline). None without it, said when unreadable.
 fn serve_job_links(dir: &Path) -> Option<crate::model::JobLinks> {
-    let read = state::read_checkpoint(dir, crate::model::JOB_LINKS_KEY);
+    let read = state::read_checkpoint(dir, crate::links::JOB_LINKS_KEY);
     let value = serves(dir, "the NVLink baselines (gpu_links)", read)??;
     serde_json::from_value(value)
         .ok()
@@ -228,7 +228,8 @@ mod tests {
 
     #[test]
     fn check_takes_up_serves_job_links_from_its_store() {
-        use crate::model::{GpuReading, JobLinks, LinkErrors, LinkReading, Peer, JOB_LINKS_KEY};
+        use crate::links::JOB_LINKS_KEY;
+        use crate::model::{GpuReading, JobLinks, LinkErrors, LinkReading, Peer};
         use crate::state::{Identity, Options, StateMetrics, Store};
         use std::collections::HashSet;
         let sample = |recovery| {

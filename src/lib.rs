@@ -20,6 +20,7 @@ pub mod gpu;
 pub mod host;
 pub mod kernel_log;
 pub mod kube;
+pub mod links;
 pub mod logs;
 pub mod metrics;
 pub mod model;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::docker_records::DockerNames;
 use crate::gpu::collector::GpuCollector;
 use crate::gpu::pairs::PairRules;
-use crate::gpu::trend::{TrendKeeper, TrendRules};
 use crate::host::{HostError, HostPaths};
 use crate::kube::pods::PodIndex;
+use crate::links::trend::{TrendKeeper, TrendRules};
 use crate::model::{CollectorName, CollectorRun, LinkSample, ShmReading, Snapshot};
 use crate::probe::schedule::ProbeResults;
 use crate::shm::peak::{worth_watching, PeakSampler, PeakTarget, MAX_YOUNG, YOUNG};
@@ -49,7 +49,7 @@ pub struct ServeScan {
 pub struct ScanOutput {
     pub snapshot: Snapshot,
     pub runs: Vec<CollectorRun>,
-    /// The link samples kept this scan (`gpu::trend`), for `serve`'s store.
+    /// The link samples kept this scan (`links::trend`), for `serve`'s store.
     pub link_samples: Vec<LinkSample>,
 }
 

@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use crate::failures::job_links::feed;
-use crate::model::{
-    JobLinks, LinkTable, SavedJobLinks, Snapshot, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
-};
+use crate::links::jobs::feed;
+use crate::links::{SavedJobLinks, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY};
+use crate::model::{JobLinks, LinkTable, Snapshot};
 use crate::state::{Store, StoreSender};
 
 /// Each container and whether it is gone: a change is saved at once.

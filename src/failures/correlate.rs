@@ -73,8 +73,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     message.push_str(&facts.as_deref().map(text::named_from).unwrap_or_default());
     // The fact tier's facts, else a hang's (its message says them already).
     let named_from = facts.or_else(|| d.hang.as_ref().map(crate::model::HangFacts::named_from));
-    let gpu_links = super::job_links::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
-    message.push_str(&super::job_links::said(
+    let gpu_links =
+        crate::links::jobs::gpu_links(id.container_id.as_deref(), &gpus, known.snapshot);
+    message.push_str(&crate::links::jobs::said(
         gpu_links.as_ref(),
         hang.is_some(),
         &gpus,
@@ -161,7 +162,7 @@ fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
             gpu: p.gpu,
             peer_gpu: p.peer_gpu,
             status: p.status,
-            reasons: p.reasons.clone(),
+            reasons: p.reasons.iter().map(ToString::to_string).collect(),
             since: p.since.map(rfc3339),
         })
         .collect()
@@ -1385,7 +1386,12 @@ mod tests {
                 gpu: 7,
                 bad_pairs: 7,
                 by: SuspectBy::FailsWithAll,
-                reasons: vec!["all 18 NVSwitch links of GPU 7 are inactive".into()],
+                reasons: vec![crate::model::PairReason::new(
+                    crate::model::ReasonKind::SwitchLinksDown,
+                    crate::model::Weight::Down,
+                    "all 18 NVSwitch links of GPU 7 are inactive".into(),
+                )
+                .naming(&[7])],
             }],
             node_wide: false,
         };

@@ -40,7 +40,6 @@ pub mod docker_exits;
 pub mod facts;
 mod gpu_evidence;
 pub mod hang;
-pub mod job_links;
 pub mod ledger;
 pub mod nccl_diag;
 pub mod oom;

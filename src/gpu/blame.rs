@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{Blame, Suspect, SuspectBy};
+use crate::model::{Blame, PairReason, Suspect, SuspectBy};
 
 /// One pair as the rule sees it. Ordered pairs (the probe's) count each direction as a pair.
 #[derive(Debug, Clone, Copy)]
@@ -18,7 +18,7 @@ pub struct PairOutcome<'a> {
     pub peer_gpu: u32,
     pub failing: bool,
     /// Why it fails, for the suspects' reasons.
-    pub reasons: &'a [String],
+    pub reasons: &'a [PairReason],
 }
 
 impl PairOutcome<'_> {
@@ -144,52 +144,50 @@ pub fn failing_with_all(blame: &Blame) -> Vec<u32> {
 }
 
 /// The distinct reasons of `gpu`'s failing pairs that name it, else all of them.
-fn reasons_of(gpu: u32, failing: &[&PairOutcome<'_>]) -> Vec<String> {
-    let mut all: Vec<&str> = Vec::new();
+fn reasons_of(gpu: u32, failing: &[&PairOutcome<'_>]) -> Vec<PairReason> {
+    let mut all: Vec<&PairReason> = Vec::new();
     for r in failing
         .iter()
         .filter(|p| p.has(gpu))
         .flat_map(|p| p.reasons)
     {
-        if !all.contains(&r.as_str()) {
+        if !all.iter().any(|a| a.text == r.text) {
             all.push(r);
         }
     }
-    let own: Vec<&str> = all.iter().copied().filter(|r| names_gpu(r, gpu)).collect();
+    let own: Vec<&PairReason> = all.iter().copied().filter(|r| r.names_gpu(gpu)).collect();
     if own.is_empty() { all } else { own }
         .into_iter()
-        .map(str::to_string)
+        .cloned()
         .collect()
-}
-
-/// Whether `text` says `GPU <gpu>` (not `GPU <gpu>0`).
-fn names_gpu(text: &str, gpu: u32) -> bool {
-    let needle = format!("GPU {gpu}");
-    text.match_indices(&needle)
-        .any(|(i, m)| !text[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ReasonKind, Weight};
 
     /// Every pair of `gpus`, those in `bad` failing with an inactive link.
-    fn board(gpus: &[u32], bad: &[(u32, u32)]) -> Vec<(u32, u32, bool, Vec<String>)> {
+    fn board(gpus: &[u32], bad: &[(u32, u32)]) -> Vec<(u32, u32, bool, Vec<PairReason>)> {
         let mut pairs = Vec::new();
         for (i, &a) in gpus.iter().enumerate() {
             for &b in &gpus[i + 1..] {
                 let failing = bad.contains(&(a, b));
-                let reasons = failing
-                    .then(|| format!("NVLink 0 of GPU {a} to GPU {b} is inactive"))
-                    .into_iter()
-                    .collect();
+                let reasons = failing.then(|| inactive(a, b)).into_iter().collect();
                 pairs.push((a, b, failing, reasons));
             }
         }
         pairs
     }
 
-    fn judge(pairs: &[(u32, u32, bool, Vec<String>)]) -> Blame {
+    fn inactive(a: u32, b: u32) -> PairReason {
+        let words = format!("NVLink 0 of GPU {a} to GPU {b} is inactive");
+        PairReason::new(ReasonKind::LinkInactive, Weight::Down, words)
+            .naming(&[a, b])
+            .on_links(&[0])
+    }
+
+    fn judge(pairs: &[(u32, u32, bool, Vec<PairReason>)]) -> Blame {
         let outcomes: Vec<PairOutcome<'_>> = pairs
             .iter()
             .map(|(gpu, peer_gpu, failing, reasons)| PairOutcome {
@@ -202,7 +200,7 @@ mod tests {
         blame(&outcomes, &BTreeSet::new())
     }
 
-    fn suspects(pairs: &[(u32, u32, bool, Vec<String>)]) -> Vec<(u32, SuspectBy, usize)> {
+    fn suspects(pairs: &[(u32, u32, bool, Vec<PairReason>)]) -> Vec<(u32, SuspectBy, usize)> {
         judge(pairs)
             .suspects
             .iter()
@@ -255,9 +253,22 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_is_named_as_itself_not_as_a_prefix() {
-        assert!(names_gpu("link 9 of GPU 4: 5 failed link recoveries", 4));
-        assert!(!names_gpu("link 9 of GPU 40: 5 failed link recoveries", 4));
-        assert!(names_gpu("GPU 4", 4));
+    fn a_suspect_takes_the_reasons_that_name_it_by_their_gpus_not_their_words() {
+        let mut pairs = board(&[0, 1, 2, 3], &[(0, 2), (1, 2), (2, 3)]);
+        // On GPU 3's side of its pair with GPU 2: its words name GPU 3 and "GPU 2" only as a
+        // prefix of another number; its GPUs say whose it is.
+        let other = PairReason::new(
+            ReasonKind::LinkErrors,
+            Weight::Errors,
+            "NVLink replay errors on GPU 3 link 9 (GPU 20's peer)".into(),
+        )
+        .naming(&[3])
+        .on_links(&[9]);
+        pairs[5].3.push(other.clone());
+        let b = judge(&pairs);
+        assert_eq!(b.suspects[0].gpu, 2);
+        assert_eq!(b.suspects[0].reasons.len(), 3);
+        assert!(b.suspects[0].reasons.iter().all(|r| r.names_gpu(2)));
+        assert!(!b.suspects[0].reasons.contains(&other));
     }
 }

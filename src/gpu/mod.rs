@@ -11,7 +11,6 @@ pub mod nvml;
 pub mod pairs;
 pub mod pci;
 pub mod pcie;
-pub mod trend;
 pub mod users;
 pub mod verdict;
 pub mod xid;

@@ -42,7 +42,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fm
         encode_users(encoder, snapshot)?;
         encode_pcie(encoder, &snapshot.gpus)?;
         encode_probes(encoder, &snapshot.gpu_probes)?;
-        super::links::encode(encoder, &snapshot.link_trends)?;
+        crate::links::metrics::encode(encoder, &snapshot.link_trends)?;
     }
     encode_nvml(encoder, snapshot)
 }
@@ -603,7 +603,13 @@ mod tests {
             gpu,
             bad_pairs,
             by,
-            reasons: vec![format!("NVLink 0 of GPU {gpu} is inactive")],
+            reasons: vec![crate::model::PairReason::new(
+                crate::model::ReasonKind::LinkInactive,
+                crate::model::Weight::Down,
+                format!("NVLink 0 of GPU {gpu} is inactive"),
+            )
+            .naming(&[gpu])
+            .on_links(&[0])],
         }
     }
 

@@ -11,7 +11,6 @@ mod device_taint;
 mod failures;
 mod gpu;
 pub mod http;
-mod links;
 mod nvswitch;
 mod self_metrics;
 mod shm;

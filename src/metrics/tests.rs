@@ -75,7 +75,12 @@ fn rich_snapshot() -> Snapshot {
             gpu: 2,
             bad_pairs: 2,
             by: crate::model::SuspectBy::FailsWithAll,
-            reasons: vec!["GPU 2 is lost".into()],
+            reasons: vec![crate::model::PairReason::new(
+                crate::model::ReasonKind::GpuLost,
+                crate::model::Weight::Down,
+                "GPU 2 is lost".into(),
+            )
+            .naming(&[2])],
         }],
         node_wide: false,
     };

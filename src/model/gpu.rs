@@ -3,7 +3,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::Severity;
+use super::{PairReason, Severity};
 
 /// The far end of an NVLink, as the contract's `peer` label spells it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -525,7 +525,7 @@ pub struct Suspect {
     pub bad_pairs: usize,
     pub by: SuspectBy,
     /// Its pairs' reasons that name it (with their link numbers), else all of its pairs'.
-    pub reasons: Vec<String>,
+    pub reasons: Vec<PairReason>,
 }
 
 /// Why a GPU is a suspect, surest first.
@@ -550,7 +550,8 @@ pub struct PairVerdict {
     pub topology: Option<TopologyLevel>,
     /// Links of `gpu` that lead directly to `peer_gpu` (empty on NVSwitch and PCIe boards).
     pub links: Vec<u32>,
-    pub reasons: Vec<String>,
+    /// Written out as their words.
+    pub reasons: Vec<PairReason>,
     /// Since when the pair has failed without a break (by the agent's clock; None while ok).
     #[serde(skip)]
     pub since: Option<std::time::SystemTime>,

@@ -1,5 +1,5 @@
 //! One NVLink's counts and what a sample said of it: the shared ground of the job-links ledger
-//! (`job_links.rs`) and its history (`link_history.rs`), which both read them.
+//! (`link_ledger.rs`, fed by `links::ledger`) and its history (`links::history`).
 
 use std::collections::BTreeMap;
 

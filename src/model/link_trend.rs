@@ -1,5 +1,5 @@
 //! A link's error counters kept over days (one sample per link per hour, by GPU UUID), and
-//! what the trend judge (`gpu::trend`) made of them: growth per hour, and whether it is steady
+//! what the trend judge (`links::trend`) made of them: growth per hour, and whether it is steady
 //! but slow.
 
 use std::time::SystemTime;

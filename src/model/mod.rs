@@ -9,11 +9,11 @@ mod fleet;
 mod gpu;
 mod gpu_users;
 mod hang;
-mod job_links;
 mod link_counts;
-mod link_history;
+mod link_ledger;
 mod link_trend;
 mod named_from;
+mod pair_reason;
 mod placed;
 mod shm;
 mod sight;
@@ -43,17 +43,13 @@ pub use hang::{
     Hang, HangFacts, HangLinks, HangSaidBy, HangVerdict, LinkDownAtStart, LinkEvent, LinkWent,
     NotWatched, PairChange, Watched,
 };
-pub use job_links::{
-    GpuLinkDelta, GpuLinks, JobLinks, LinkChange, LinkDeltas, SavedJobLinks, JOB_LINKS_CONTAINERS,
-    JOB_LINKS_KEEP_GONE, JOB_LINKS_KEY, JOB_LINKS_SAVE_EVERY,
-};
-pub use link_counts::{LinkCounts, LinkTable};
-pub use link_history::{
-    LinkHistory, LinkKey, Mark, PairKey, PairMark, PairNow, Run, SavedHistory, LINK_HISTORY_KEEP,
-    LINK_MARKS, LINK_RUNS, PAIR_MARKS,
+pub use link_counts::{LinkCounts, LinkLast, LinkTable, LinkTotal};
+pub use link_ledger::{
+    GpuLinkDelta, GpuLinks, JobLinks, LinkHistory, LinkKey, Mark, PairKey, PairMark, Run, Watch,
 };
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
+pub use pair_reason::{PairReason, ReasonKind};
 pub use placed::Placed;
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};

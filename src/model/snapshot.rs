@@ -135,7 +135,7 @@ pub struct Snapshot {
     /// later crash with its measured PID is another process's (the PID was reused).
     #[serde(skip)]
     pub gone_since: std::collections::HashMap<String, std::time::SystemTime>,
-    /// Each link counter that grew over the days kept (`gpu::trend`), the steady ones marked.
+    /// Each link counter that grew over the days kept (`links::trend`), the steady ones marked.
     #[serde(skip)]
     pub link_trends: Vec<super::LinkTrend>,
 }

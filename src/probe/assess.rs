@@ -338,7 +338,8 @@ fn culprits(pairs: &[PairProbe]) -> Vec<u32> {
             gpu: p.from_gpu,
             peer_gpu: p.to_gpu,
             failing: p.status != ProbeStatus::Ok,
-            reasons: p.reason.as_slice(),
+            // Only the GPUs are asked of the blame here, not its reasons.
+            reasons: &[],
         })
         .collect();
     blame::failing_with_all(&blame::blame(&outcomes, &BTreeSet::new()))

@@ -9,10 +9,10 @@
 //! - `history.rs`: the history's rows and reading them back;
 //! - `pages.rs`: which rows a reading takes, a page at a time (`/api/v1/failures` streams them);
 //! - `prune.rs`: pruning by age, per owner and kind, and under the caps, with counts of the cut;
-//! - `links.rs`: each NVLink's error counters, hourly over days (`gpu::trend`).
+//! - `links::store` (in `links/`): each NVLink's error counters, hourly over days (`links::trend`).
 
 pub mod history;
-pub mod links;
+use crate::links::store as links;
 pub mod open;
 pub mod pages;
 pub mod place;

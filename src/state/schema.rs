@@ -44,7 +44,7 @@ CREATE INDEX IF NOT EXISTS findings_at ON findings (at_ms);
 /// new and existing stores alike. A binary that predates one never reads it and leaves its rows
 /// alone, so a rollback and a return keep working on the same file.
 ///
-/// `link_counters`: each NVLink's error counters, one row per link per hour (`gpu::trend`),
+/// `link_counters`: each NVLink's error counters, one row per link per hour (`links::trend`),
 /// by GPU UUID; a count the link does not answer is NULL. `pruned`: how many rows of each
 /// owner's kind pruning cut (`prune.rs`).
 const ADDED_TABLES: &str = "

@@ -15,8 +15,8 @@ use rusqlite::{Connection, ErrorCode};
 use serde_json::Value;
 
 use super::history::{self, FailureRow, FindingRow, Retention};
-use super::links;
 use super::StateMetrics;
+use crate::links::store as links;
 use crate::model::LinkSample;
 
 pub const QUIET_GAP: Duration = Duration::from_secs(1);

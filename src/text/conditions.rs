@@ -146,7 +146,7 @@ fn suspect_reasons(blame: &Blame) -> String {
                 .reasons
                 .iter()
                 .take(2)
-                .map(|r| prefix_within(r, 160))
+                .map(|r| prefix_within(r.as_str(), 160))
                 .collect();
             format!("GPU {}: {}", s.gpu, r.join(", "))
         })

@@ -238,7 +238,7 @@ fn node_culprits(suspects: &[Suspect]) -> String {
         .iter()
         .filter_map(|s| s.reasons.first())
         .take(2)
-        .map(|r| prefix_within(r, 120))
+        .map(|r| prefix_within(r.as_str(), 120))
         .collect();
     let resets: Vec<String> = gpus
         .iter()

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use super::{pair_status, pairs_with, secs};
+use super::{joined, pair_status, pairs_with, secs};
 use crate::model::{
-    AerTotals, PairStatus, PcieHop, PcieLink, RecoveryAction, Weight, XidAction, XidEntry,
+    AerTotals, PairReason, PairStatus, PcieHop, PcieLink, RecoveryAction, Weight, XidAction,
+    XidEntry,
 };
 
 /// `gpu_xid`; `entry`: what the catalogue says of it.
@@ -127,7 +128,7 @@ pub fn pair_fails(
     b: u32,
     status: PairStatus,
     weight: Option<Weight>,
-    reasons: &[String],
+    reasons: &[PairReason],
 ) -> String {
     let advice = match weight {
         Some(Weight::Down) => {
@@ -148,7 +149,7 @@ pub fn pair_fails(
     format!(
         "GPU {a} <-> GPU {b} is {}: {}. {advice}",
         pair_status(status),
-        reasons.join("; ")
+        joined(reasons)
     )
 }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::failures::{gpus_named, JobGpus};
-use super::job_links::{clock, counted, peer_name};
+use crate::links::job_words::{clock, counted, peer_name};
 use crate::model::{
     parse_rfc3339, GpusFrom, Hang, HangLinks, HangSaidBy, HangVerdict, LinkWent, NotWatched,
     PairStatus, Stamp, Watched,

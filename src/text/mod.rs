@@ -22,8 +22,6 @@ mod gpu;
 mod gpu_failures;
 mod hang;
 mod ipc;
-mod job_links;
-mod links;
 mod pairs;
 mod preflight;
 mod probe;
@@ -62,8 +60,6 @@ pub use ipc::{
     cuda_ipc_denied, fd_limit_reached, gpu_peer_access_refused, imex_channel_missing, shm_fallback,
     shm_not_shared, shm_unavailable,
 };
-pub use job_links::job_links;
-pub use links::{link_errors_growing, wearing_links_of_job};
 pub use pairs::{
     fabric_problem, growth, growth_at_rate, link_growth, p2p_failing, reason_ber,
     reason_counter_growth, reason_crc_rate, reason_fabric, reason_gpu_lost, reason_link_inactive,
@@ -123,6 +119,12 @@ pub fn pairs_with(peers: &[u32]) -> String {
         [one] => format!("pair with GPU {one}"),
         _ => format!("pairs with GPUs {}", ranges(peers)),
     }
+}
+
+/// A pair's reasons as one clause, `; ` between them.
+pub fn joined(reasons: &[crate::model::PairReason]) -> String {
+    let words: Vec<&str> = reasons.iter().map(|r| r.as_str()).collect();
+    words.join("; ")
 }
 
 /// `link 3` / `links 0, 2, 5-17`.

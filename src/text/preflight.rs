@@ -2,6 +2,7 @@
 //! memory limit and its GPUs are against what it needs. (The exact change to make is
 //! `preflight::fix`, the layout `preflight::render`.)
 
+use crate::model::PairReason;
 use crate::units::human_bytes;
 
 /// Nothing at `path`.
@@ -127,12 +128,12 @@ pub fn preflight_gpu_pair(
     peer: u32,
     cuda: (u32, u32),
     status: &str,
-    reasons: &[String],
+    reasons: &[PairReason],
 ) -> String {
     let reasons = if reasons.is_empty() {
         String::new()
     } else {
-        format!(": {}", reasons.join("; "))
+        format!(": {}", super::joined(reasons))
     };
     format!(
         "GPU {gpu} <-> GPU {peer} (cuda:{} <-> cuda:{} in this process) is {status}{reasons}",
@@ -157,7 +158,7 @@ pub struct Culprit<'a> {
     pub peers: &'a [u32],
     pub others: usize,
     pub status: &'a str,
-    pub reasons: &'a [String],
+    pub reasons: &'a [PairReason],
     pub var: &'a str,
     pub keep: &'a [u32],
 }
@@ -174,7 +175,7 @@ pub fn preflight_gpu_culprit(c: &Culprit<'_>) -> String {
         .reasons
         .iter()
         .take(2)
-        .map(|r| crate::model::prefix_within(r, 120))
+        .map(|r| crate::model::prefix_within(r.as_str(), 120))
         .collect();
     let why = if reasons.is_empty() {
         String::new()

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use shmlink::gpu::trend::{TrendKeeper, TrendRules};
+use shmlink::links::trend::{TrendKeeper, TrendRules};
 use shmlink::model::{GpuReading, LinkErrors, LinkReading, Peer};
 use shmlink::state::{self, Identity, Options, StateMetrics, Store};
 

@@ -17,7 +17,7 @@ use shmlink::kube::device_taint::{
 };
 use shmlink::kube::events::{spawn_publisher, PublishSettings};
 use shmlink::metrics::Metrics;
-use shmlink::model::{PairStatus, Snapshot};
+use shmlink::model::{PairReason, PairStatus, ReasonKind, Snapshot, Weight};
 
 const NODE: &str = "gpu-node-7";
 
@@ -58,7 +58,9 @@ fn board(bad: &[u32]) -> Snapshot {
     for p in &mut s.gpu_pairs {
         if bad.contains(&p.gpu) || bad.contains(&p.peer_gpu) {
             p.status = PairStatus::Down;
-            p.reasons = vec!["links inactive".into()];
+            let words = "links inactive".to_string();
+            let reason = PairReason::new(ReasonKind::SwitchLinksDown, Weight::Down, words);
+            p.reasons = vec![reason];
         }
     }
     s.gpu_blame = judged_blame(&s.gpu_pairs);

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use rusqlite::{Connection, OpenFlags};
-use shmlink::gpu::trend::{TrendKeeper, TrendRules};
+use shmlink::links::trend::{TrendKeeper, TrendRules};
 use shmlink::metrics::Metrics;
 use shmlink::model::{
     FindingKind, GpuReading, LinkCounter, LinkErrors, LinkReading, Peer, Snapshot, Subject,

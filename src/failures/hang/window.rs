@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use crate::links::LinkChange;
 use crate::model::{
-    rfc3339, GpuLinkDelta, HangLinks, HangVerdict, JobLinks, LinkChange, LinkDownAtStart,
-    LinkEvent, LinkHistory, LinkKey, LinkWent, NotWatched, PairChange, PairStatus, Watched,
+    rfc3339, GpuLinkDelta, HangLinks, HangVerdict, JobLinks, LinkDownAtStart, LinkEvent,
+    LinkHistory, LinkKey, LinkWent, NotWatched, PairChange, PairStatus, Watched,
 };
 
 /// What is known of the job: its GPUs (NVML indices) and the ledger, None where nothing was
@@ -278,7 +279,8 @@ mod tests {
 
     use super::*;
     use crate::fixtures::{gpu_board, pair};
-    use crate::model::{LinkErrors, LinkReading, Peer, Snapshot, LINK_MARKS};
+    use crate::links::LINK_MARKS;
+    use crate::model::{LinkErrors, LinkReading, Peer, Snapshot};
 
     fn at(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_795_000_000 + secs)

@@ -171,7 +171,7 @@ fn brief_reasons(pairs: &[&Judged], max: usize) -> String {
     let mut distinct: Vec<&str> = Vec::new();
     for r in pairs.iter().flat_map(|j| &j.verdict.reasons) {
         if !distinct.contains(&r.as_str()) {
-            distinct.push(r);
+            distinct.push(r.as_str());
         }
     }
     text::some_reasons(&distinct, max)

@@ -206,7 +206,7 @@ impl PairJudge {
                         p2p: st.p2p,
                         topology: st.topology,
                         links,
-                        reasons: st.reasons.into_iter().map(|r| r.text).collect(),
+                        reasons: st.reasons,
                         since: None,
                     },
                 }

@@ -1,14 +1,8 @@
-//! How bad a pair is: each rule adds a [`Reason`] with a [`Weight`] to a pair's [`PairState`];
-//! the pair's status is the worst weight ([`Weight::status`]): this is where a pair is declared
-//! degraded or down.
+//! How bad a pair is: each rule adds a typed [`PairReason`] with a [`Weight`] to a pair's
+//! [`PairState`]; the pair's status is the worst weight ([`Weight::status`]): this is where a
+//! pair is declared degraded or down.
 
-use crate::model::{P2pCaps, PairVerdict, TopologyLevel, Weight};
-
-#[derive(Debug)]
-pub(super) struct Reason {
-    pub weight: Weight,
-    pub text: String,
-}
+use crate::model::{P2pCaps, PairReason, PairVerdict, TopologyLevel, Weight};
 
 #[derive(Debug, Default)]
 pub(super) struct PairState {
@@ -17,13 +11,14 @@ pub(super) struct PairState {
     pub p2p: Option<P2pCaps>,
     pub topology: Option<TopologyLevel>,
     pub links: Vec<u32>,
-    pub reasons: Vec<Reason>,
+    pub reasons: Vec<PairReason>,
 }
 
 impl PairState {
-    pub fn push(&mut self, weight: Weight, text: String) {
-        if !self.reasons.iter().any(|r| r.text == text) {
-            self.reasons.push(Reason { weight, text });
+    /// Adds `reason` unless the same words are there already.
+    pub fn push(&mut self, reason: PairReason) {
+        if !self.reasons.iter().any(|r| r.text == reason.text) {
+            self.reasons.push(reason);
         }
     }
 }

@@ -9,7 +9,7 @@ use super::window::{
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
-use crate::model::{GpuReading, LinkErrors, LinkReading, Weight};
+use crate::model::{GpuReading, LinkErrors, LinkReading, PairReason, ReasonKind, Weight};
 use crate::text;
 
 pub(crate) type CounterHistory = LinkWindows<LinkErrors>;
@@ -93,7 +93,11 @@ fn degrade(pairs: &mut BTreeMap<(u32, u32), PairState>, degrading: Degrading, ru
                     rules.window,
                 ),
             };
-            st.push(Weight::Errors, reason);
+            st.push(
+                PairReason::new(ReasonKind::LinkErrors, Weight::Errors, reason)
+                    .naming(&[gpu])
+                    .on_links(&agg.links),
+            );
         }
     }
 }

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::RecoveryAction;
-use crate::model::Weight;
 use crate::model::{Finding, FindingKind, Subject};
+use crate::model::{PairReason, ReasonKind, Weight};
 use crate::text;
 
 pub(crate) fn gpu_state_rule(
@@ -25,7 +25,11 @@ pub(crate) fn gpu_state_rule(
         let mut reasons = Vec::new();
         if let Some(action) = gpu.recovery_action.filter(|a| *a != RecoveryAction::None) {
             if action.drains_p2p() {
-                reasons.push(text::reason_recovery_drains_p2p(g, action));
+                reasons.push(PairReason::new(
+                    ReasonKind::RecoveryDrainsP2p,
+                    Weight::Broken,
+                    text::reason_recovery_drains_p2p(g, action),
+                ));
             }
             findings.push(Finding::new(
                 FindingKind::GpuRecoveryAction,
@@ -35,7 +39,11 @@ pub(crate) fn gpu_state_rule(
         }
         if let Some(problem) = gpu.fabric.as_ref().and_then(text::fabric_problem) {
             if board.nvswitch {
-                reasons.push(text::reason_fabric(g, &problem));
+                reasons.push(PairReason::new(
+                    ReasonKind::FabricUnhealthy,
+                    Weight::Broken,
+                    text::reason_fabric(g, &problem),
+                ));
             }
             findings.push(Finding::new(
                 FindingKind::GpuFabricUnhealthy,
@@ -48,7 +56,7 @@ pub(crate) fn gpu_state_rule(
             .filter(|((a, b), _)| (*a == g || *b == g) && !board.is_lost((*a, *b)))
         {
             for r in &reasons {
-                st.push(Weight::Broken, r.clone());
+                st.push(r.clone().naming(&[g]));
             }
         }
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::gpu::pairs::board::{ordered, Board};
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::Peer;
-use crate::model::Weight;
+use crate::model::{PairReason, ReasonKind, Weight};
 use crate::text;
 
 /// Rule 1: a lost GPU's pairs are down.
@@ -13,7 +13,10 @@ pub(crate) fn lost_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), Pair
     for (&(a, b), st) in pairs.iter_mut() {
         for g in [a, b] {
             if board.lost.contains(&g) {
-                st.push(Weight::Down, text::reason_gpu_lost(g));
+                st.push(
+                    PairReason::new(ReasonKind::GpuLost, Weight::Down, text::reason_gpu_lost(g))
+                        .naming(&[g]),
+                );
             }
         }
     }
@@ -38,7 +41,15 @@ pub(crate) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32)
                         st.links.push(link.link);
                     }
                     if !link.active {
-                        st.push(Weight::Down, text::reason_link_inactive(link.link, a, *b));
+                        st.push(
+                            PairReason::new(
+                                ReasonKind::LinkInactive,
+                                Weight::Down,
+                                text::reason_link_inactive(link.link, a, *b),
+                            )
+                            .naming(&[a, *b])
+                            .on_links(&[link.link]),
+                        );
                     }
                 }
                 Peer::Switch => {
@@ -53,19 +64,23 @@ pub(crate) fn link_state_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32)
         if switch_down.is_empty() {
             continue;
         }
-        let (weight, text) = if switch_down.len() == switch_links {
-            (
+        let reason = if switch_down.len() == switch_links {
+            PairReason::new(
+                ReasonKind::SwitchLinksDown,
                 Weight::Down,
                 text::reason_switch_links_down(a, switch_links),
             )
         } else {
-            (
+            PairReason::new(
+                ReasonKind::SwitchLinksSomeDown,
                 Weight::Broken,
                 text::reason_switch_links_some_down(a, &switch_down, switch_links),
             )
-        };
+        }
+        .naming(&[a])
+        .on_links(&switch_down);
         for (_, st) in pairs.iter_mut().filter(|((x, y), _)| *x == a || *y == a) {
-            st.push(weight, text.clone());
+            st.push(reason.clone());
         }
     }
 }

@@ -20,7 +20,7 @@ use super::window::{
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::gpu::pairs::PairRules;
-use crate::model::{GpuReading, LinkReading, Nvlink5Errors, Weight};
+use crate::model::{GpuReading, LinkReading, Nvlink5Errors, PairReason, ReasonKind, Weight};
 use crate::text;
 
 pub(crate) type Nvlink5History = LinkWindows<Nvlink5Errors>;
@@ -46,7 +46,7 @@ pub(crate) fn nvlink5_rule(
     pairs: &mut BTreeMap<(u32, u32), PairState>,
 ) -> Vec<Notice> {
     let mut notices = Vec::new();
-    let mut degrading: Vec<((u32, u32), String)> = Vec::new();
+    let mut degrading: Vec<((u32, u32), PairReason)> = Vec::new();
     // A lost GPU's NVLink5 windows are dropped: its pairs are down already.
     let read = |gpu: &GpuReading, link: &LinkReading| {
         link.nvlink5.filter(|_| !gpu.lost).map(Reading::Counts)
@@ -58,13 +58,16 @@ pub(crate) fn nvlink5_rule(
             below.append(&mut reasons);
         }
         for &pair in &affected {
-            degrading.extend(reasons.iter().map(|r| (pair, r.clone())));
+            degrading.extend(reasons.iter().map(|r| {
+                let reason = PairReason::new(ReasonKind::Nvlink5Errors, Weight::Errors, r.clone());
+                (pair, reason.naming(&[a]).on_links(&[link.link]))
+            }));
         }
         notices.extend(Notice::of(a, link.link, below, affected));
     });
     for (pair, reason) in degrading {
         if let Some(st) = pairs.get_mut(&pair) {
-            st.push(Weight::Errors, reason);
+            st.push(reason);
         }
     }
     notices

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
-use crate::model::Weight;
 use crate::model::{P2pStatus, TopologyLevel};
+use crate::model::{PairReason, ReasonKind, Weight};
 use crate::text;
 
 /// Per (GPU key of `gpu`, GPU key of `peer_gpu`): whether read, write, nvlink, atomics were
@@ -29,7 +29,11 @@ pub(crate) fn p2p_regression_rule(
             if status == P2pStatus::Ok {
                 *was_ok = true;
             } else if *was_ok {
-                st.push(Weight::Broken, text::reason_p2p_lost(name, status));
+                st.push(PairReason::new(
+                    ReasonKind::P2pLost,
+                    Weight::Broken,
+                    text::reason_p2p_lost(name, status),
+                ));
             }
         }
     }
@@ -71,17 +75,20 @@ pub(crate) fn outlier_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), P
             .unwrap_or(0);
         let failing = text::p2p_failing(caps.read, caps.write);
         if let Some(failing) = failing.filter(|_| can > 0) {
-            st.push(
+            let words = text::reason_p2p_unlike_peers(&failing, can, st.topology);
+            st.push(PairReason::new(
+                ReasonKind::P2pUnlikePeers,
                 Weight::Broken,
-                text::reason_p2p_unlike_peers(&failing, can, st.topology),
-            );
+                words,
+            ));
         }
         let nvlink_can = nvlink_ok.get(&models(key)).copied().unwrap_or(0);
         if board.nvswitch && caps.nvlink != P2pStatus::Ok && nvlink_can > 0 {
-            st.push(
+            st.push(PairReason::new(
+                ReasonKind::P2pUnlikePeers,
                 Weight::Broken,
                 text::reason_p2p_nvlink_unlike_peers(caps.nvlink, nvlink_can),
-            );
+            ));
         }
     }
 }

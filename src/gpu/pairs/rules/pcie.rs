@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
-use crate::model::{GpuReading, PcieLink, Weight};
+use crate::model::{GpuReading, PairReason, PcieLink, ReasonKind, Weight};
 use crate::text;
 
 /// NVML utilization at or above which a GPU is busy enough for its link to be at full speed.
@@ -170,7 +170,11 @@ fn acs_rule(board: &Board<'_>, pairs: &mut BTreeMap<(u32, u32), PairState>) -> O
             continue;
         }
         for r in acs_between.get(&(a, b)).into_iter().flatten() {
-            st.push(Weight::Errors, r.clone());
+            st.push(PairReason::new(
+                ReasonKind::PcieAcs,
+                Weight::Errors,
+                r.clone(),
+            ));
         }
     }
     if redirecting.is_empty() {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::gpu::pairs::board::{ordered, Board};
 use crate::gpu::pairs::reasons::PairState;
-use crate::model::GpuSample;
+use crate::model::{GpuSample, PairReason, ReasonKind};
 use crate::text;
 
 pub(crate) fn probe_rule(
@@ -25,7 +25,11 @@ pub(crate) fn probe_rule(
             continue;
         }
         if let Some(st) = pairs.get_mut(&key) {
-            st.push(weight, text::reason_probe(p));
+            st.push(PairReason::new(
+                ReasonKind::Probe,
+                weight,
+                text::reason_probe(p),
+            ));
         }
     }
 }

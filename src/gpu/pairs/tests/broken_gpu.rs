@@ -8,7 +8,7 @@ fn pcie_board_gpu7_without_p2p_is_caught_at_first_sight() {
     let j = judge_once(&pcie8(Some(7)));
     assert_only_pairs_of(&j, 7, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 0, 7).reasons,
+        words(&verdict(&j, 0, 7).reasons),
         vec![
             "P2P read and write not_supported while 12 other pairs at topology level \
              system can"
@@ -16,7 +16,7 @@ fn pcie_board_gpu7_without_p2p_is_caught_at_first_sight() {
         ]
     );
     assert_eq!(
-        verdict(&j, 4, 7).reasons,
+        words(&verdict(&j, 4, 7).reasons),
         vec![
             "P2P read and write not_supported while 9 other pairs at topology level node can"
                 .to_string()
@@ -78,7 +78,7 @@ fn mesh_gpu3_links_inactive_makes_its_pairs_down() {
     let p = verdict(&j, 0, 3);
     assert_eq!(p.links, vec![2]);
     assert_eq!(
-        p.reasons,
+        words(&p.reasons),
         vec![
             "link 2 of GPU 0 to GPU 3 is inactive".to_string(),
             "link 0 of GPU 3 to GPU 0 is inactive".to_string(),
@@ -138,7 +138,7 @@ fn several_links_between_two_gpus_are_all_listed() {
     let j = judge_once(&s);
     assert_eq!(verdict(&j, 0, 1).status, PairStatus::Down);
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec!["link 3 of GPU 0 to GPU 1 is inactive".to_string()]
     );
     // two GPUs: always a pair finding
@@ -157,7 +157,7 @@ fn nvswitch_gpu7_links_inactive_is_one_finding() {
     assert_eq!(j.pairs.len(), 28);
     assert_only_pairs_of(&j, 7, PairStatus::Down);
     assert_eq!(
-        verdict(&j, 3, 7).reasons,
+        words(&verdict(&j, 3, 7).reasons),
         vec!["all 18 NVSwitch links of GPU 7 are inactive".to_string()]
     );
     assert!(j.pairs.iter().all(|p| p.links.is_empty()));
@@ -192,7 +192,7 @@ fn nvswitch_gpu7_replay_errors_degrade_all_its_pairs() {
     let j = judge.judge(&s, secs_after(t0, 5));
     assert_only_pairs_of(&j, 7, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 0, 7).reasons,
+        words(&verdict(&j, 0, 7).reasons),
         vec!["NVLink replay errors on GPU 7 links 2, 5: +4 in the last 60 s".to_string()]
     );
     assert_eq!(j.findings.len(), 1, "{:#?}", j.findings);
@@ -221,7 +221,7 @@ fn nvswitch_gpu7_unresolved_links_caught_by_nvlink_p2p() {
     let j = judge_once(&s);
     assert_only_pairs_of(&j, 7, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 2, 7).reasons,
+        words(&verdict(&j, 2, 7).reasons),
         vec![
             "P2P over NVLink not_supported while 21 other pairs on this NVSwitch fabric can"
                 .to_string()
@@ -286,7 +286,7 @@ fn mixed_models_are_compared_with_their_like() {
     set_p2p(&mut s, 1, 2, Some(caps(NS, NS, NS)));
     let j = judge_once(&s);
     assert_eq!(
-        verdict(&j, 1, 2).reasons,
+        words(&verdict(&j, 1, 2).reasons),
         vec![
             "P2P read and write not_supported while 2 other pairs at topology level node can"
                 .to_string()
@@ -309,7 +309,7 @@ fn some_nvswitch_links_inactive_degrade() {
     let j = judge_once(&s);
     assert_only_pairs_of(&j, 7, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 6, 7).reasons,
+        words(&verdict(&j, 6, 7).reasons),
         vec!["2 of 18 NVSwitch links of GPU 7 are inactive (links 3, 4)".to_string()]
     );
     assert_eq!(j.findings.len(), 1);
@@ -331,7 +331,7 @@ fn every_pair_down_is_one_node_finding() {
     let j = judge_once(&s);
     assert!(j.pairs.iter().all(|p| p.status == PairStatus::Down));
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec![
             "all 12 NVSwitch links of GPU 0 are inactive".to_string(),
             "all 12 NVSwitch links of GPU 1 are inactive".to_string(),
@@ -383,7 +383,7 @@ fn broken_gpu_and_an_unrelated_pair_are_two_findings() {
     let j = judge_once(&s);
     assert_eq!(verdict(&j, 2, 3).status, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 2, 3).reasons,
+        words(&verdict(&j, 2, 3).reasons),
         vec!["P2P write not_supported while 8 other pairs at topology level node can".to_string()]
     );
     let subjects: Vec<String> = j.findings.iter().map(|f| f.subject.to_string()).collect();
@@ -404,7 +404,7 @@ fn separate_failing_pairs_are_a_finding_each() {
     );
     let j = judge_once(&s);
     assert_eq!(
-        verdict(&j, 5, 6).reasons,
+        words(&verdict(&j, 5, 6).reasons),
         vec![
             "P2P read unknown and write gpu_not_supported while 10 other pairs at topology \
              level node can"

@@ -50,13 +50,23 @@ fn growth_counts_from_the_newest_sample_outside_the_window() {
     let j = judge.judge(&s, secs_after(t0, 80));
     // baseline is the sample at 0 s (newest at or before 20 s): +5
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec!["NVLink replay errors on GPU 0 link 0: +5 in the last 60 s".to_string()]
+    );
+    let r = &verdict(&j, 0, 1).reasons[0];
+    assert_eq!(
+        (r.kind, r.weight, r.gpus.as_slice(), r.links.as_slice()),
+        (
+            crate::model::ReasonKind::LinkErrors,
+            Weight::Errors,
+            &[0][..],
+            &[0][..]
+        )
     );
     let j = judge.judge(&s, secs_after(t0, 95));
     // baseline now the sample at 30 s: +3
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec!["NVLink replay errors on GPU 0 link 0: +3 in the last 60 s".to_string()]
     );
     let j = judge.judge(&s, secs_after(t0, 140));
@@ -73,7 +83,7 @@ fn recovery_and_ecc_growth_are_reasons() {
     let j = judge.judge(&s, secs_after(t0, 5));
     assert_eq!(verdict(&j, 0, 1).status, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec![
             "NVLink recovery errors on GPU 1 link 0: +2 in the last 60 s".to_string(),
             "NVLink ECC data errors on GPU 1 link 0: +1 in the last 60 s".to_string(),
@@ -122,7 +132,7 @@ fn fast_crc_growth_degrades_without_a_second_finding() {
     let j = judge.judge(&s, secs_after(t0, 5));
     assert_eq!(verdict(&j, 0, 1).status, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec![
             "NVLink CRC errors on GPU 0 link 0: +1000 in the last 60 s, up to 200/s \
              (degraded at 100/s)"
@@ -148,7 +158,7 @@ fn crc_rate_is_between_consecutive_samples() {
     link_mut(&mut s, 0, 0).errors = Some(errs(0, 0, 240, 0, 0));
     let j = judge.judge(&s, secs_after(t0, 2));
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec![
             "NVLink CRC errors on GPU 0 link 0: +240 in the last 60 s, up to 150/s \
              (degraded at 100/s)"
@@ -175,7 +185,7 @@ fn counter_reset_is_a_new_baseline() {
     let j = judge.judge(&s, secs_after(t0, 15));
     // GPU 2's link 1 leads to GPU 1
     assert_eq!(
-        verdict(&j, 1, 2).reasons,
+        words(&verdict(&j, 1, 2).reasons),
         vec!["NVLink replay errors on GPU 2 link 1: +2 in the last 60 s".to_string()]
     );
 }

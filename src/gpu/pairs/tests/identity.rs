@@ -24,7 +24,7 @@ fn reordered_gpus_are_matched_by_uuid() {
     swapped.gpus[0].links[0].errors = Some(errs(12, 0, 0, 0, 0));
     let j = judge.judge(&swapped, secs_after(t0, 10));
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec!["NVLink replay errors on GPU 1 link 0: +2 in the last 60 s".to_string()]
     );
 }

@@ -66,8 +66,13 @@ fn lost_gpu_is_one_finding_and_its_pairs_are_down() {
     let j = judge_once(&s);
     assert_only_pairs_of(&j, 2, PairStatus::Down);
     assert_eq!(
-        verdict(&j, 2, 3).reasons,
+        words(&verdict(&j, 2, 3).reasons),
         vec!["GPU 2 is lost (fell off the bus)".to_string()]
+    );
+    let r = &verdict(&j, 2, 3).reasons[0];
+    assert_eq!(
+        (r.kind, r.weight, r.gpus.as_slice()),
+        (crate::model::ReasonKind::GpuLost, Weight::Down, &[2][..])
     );
     assert_eq!(verdict(&j, 2, 3).p2p, None);
     assert_eq!(j.findings.len(), 1, "{:#?}", j.findings);

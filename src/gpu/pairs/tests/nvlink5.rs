@@ -30,7 +30,7 @@ fn failed_recoveries_on_one_link_degrade_only_that_gpus_pairs_naming_the_link() 
     let j = judge.judge(&s, secs_after(t0, 5));
     assert_only_pairs_of(&j, 2, PairStatus::Degraded);
     assert_eq!(
-        verdict(&j, 0, 2).reasons,
+        words(&verdict(&j, 0, 2).reasons),
         vec!["NVLink failed link recoveries on GPU 2 link 7: +1 in the last 60 s".to_string()]
     );
     // Every pair of GPU 2 fails: one broken-GPU finding names it.
@@ -53,7 +53,7 @@ fn successful_recoveries_are_a_degrading_reason_never_down() {
     let p = verdict(&j, 0, 1);
     assert_eq!(p.status, PairStatus::Degraded);
     assert_eq!(
-        p.reasons,
+        words(&p.reasons),
         vec![
             "NVLink successful link recoveries (degrading: each one stalls traffic) on GPU 0 \
              link 3: +40 in the last 60 s"
@@ -87,6 +87,7 @@ fn symbol_errors_below_the_rate_are_a_warning_and_above_it_degrade_but_never_dow
     let j = judge.judge(&s, secs_after(t0, 65));
     assert_only_pairs_of(&j, 1, PairStatus::Degraded);
     assert!(verdict(&j, 0, 1).reasons[0]
+        .text
         .starts_with("NVLink symbol errors on GPU 1 link 0: +1010 in the last 60 s, up to 200/s"));
     assert!(j.pairs.iter().all(|p| p.status != PairStatus::Down));
 }
@@ -107,7 +108,7 @@ fn a_ber_over_the_threshold_degrades_without_history() {
     let p = verdict(&j, 0, 1);
     assert_eq!(p.status, PairStatus::Degraded);
     assert_eq!(
-        p.reasons,
+        words(&p.reasons),
         vec!["NVLink symbol BER 3e-11 on GPU 1 link 1 (degrading at 1e-12)".to_string()]
     );
 }
@@ -137,7 +138,7 @@ fn each_recovery_action() {
         let j = judge_once(&s);
         if degraded {
             assert_only_pairs_of(&j, 3, PairStatus::Degraded);
-            assert!(verdict(&j, 0, 3).reasons[0].contains(action.as_str()));
+            assert!(verdict(&j, 0, 3).reasons[0].text.contains(action.as_str()));
         } else {
             assert!(all_ok(&j), "{action:?}");
         }
@@ -320,11 +321,13 @@ fn two_faulty_gpus_are_both_blamed_with_their_links_and_no_healthy_gpu_is() {
     let four = &j.blame.suspects[1];
     assert_eq!(four.bad_pairs, 7);
     assert_eq!(
-        four.reasons,
+        words(&four.reasons),
         vec!["NVLink failed link recoveries on GPU 4 link 9: +3 in the last 60 s".to_string()]
     );
     assert!(
-        j.blame.suspects[0].reasons[0].starts_with("NVLink symbol errors on GPU 2 link 3"),
+        j.blame.suspects[0].reasons[0]
+            .text
+            .starts_with("NVLink symbol errors on GPU 2 link 3"),
         "{:?}",
         j.blame.suspects[0].reasons
     );

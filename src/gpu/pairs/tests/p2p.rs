@@ -13,7 +13,7 @@ fn p2p_capability_that_was_ok_and_is_not() {
     assert_eq!(verdict(&j, 0, 1).status, PairStatus::Degraded);
     // read and atomics (built alike) regressed; no other pair to compare with
     assert_eq!(
-        verdict(&j, 0, 1).reasons,
+        words(&verdict(&j, 0, 1).reasons),
         vec![
             "P2P read was ok and is now not_supported".to_string(),
             "P2P atomics was ok and is now not_supported".to_string(),

@@ -205,7 +205,9 @@ fn acs_redirect_on_a_bridge_between_two_gpus_is_found_on_bare_metal_only() {
     // Only the pair below that switch crosses the bridge; pairs across root ports go through
     // the root complex anyway.
     assert_eq!(verdict(&j, 4, 5).status, PairStatus::Degraded);
-    assert!(verdict(&j, 4, 5).reasons[0].starts_with("ACS on PCIe bridge 0000:12:00.0"));
+    assert!(verdict(&j, 4, 5).reasons[0]
+        .text
+        .starts_with("ACS on PCIe bridge 0000:12:00.0"));
     assert_eq!(verdict(&j, 4, 6).status, PairStatus::Ok);
     assert_eq!(verdict(&j, 6, 7).status, PairStatus::Ok);
     // In a VM the bridges are emulated: not judged.

@@ -102,7 +102,12 @@ fn suspect(gpu: u32, by: SuspectBy, bad_pairs: usize, reason: &str) -> Suspect {
         gpu,
         bad_pairs,
         by,
-        reasons: vec![reason.to_string()],
+        reasons: vec![crate::model::PairReason::new(
+            crate::model::ReasonKind::LinkInactive,
+            crate::model::Weight::Down,
+            reason.to_string(),
+        )
+        .naming(&[gpu])],
     }
 }
 

@@ -8,7 +8,7 @@ use rusqlite::{params, Connection, Transaction};
 
 use crate::model::{unix_ms, LinkSample};
 
-/// How long link rows are kept: 10 days (`gpu::trend::TrendRules::keep`), so the week judged
+/// How long link rows are kept: 10 days (`links::trend::TrendRules::keep`), so the week judged
 /// is whole after a few days of the agent down.
 pub const LINK_KEEP: Duration = Duration::from_secs(10 * 24 * 3600);
 /// Rows kept at most: 10 days of hourly rows of 400 links (an 8-GPU board has 144), ~7 MB.
@@ -22,7 +22,7 @@ fn stored(n: Option<u64>) -> Option<i64> {
     n.map(|v| i64::try_from(v).unwrap_or(i64::MAX))
 }
 
-pub(super) fn insert(tx: &Transaction<'_>, s: &LinkSample) -> rusqlite::Result<()> {
+pub(crate) fn insert(tx: &Transaction<'_>, s: &LinkSample) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(&format!(
         "INSERT OR REPLACE INTO link_counters ({COLUMNS})
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
@@ -37,7 +37,7 @@ pub(super) fn insert(tx: &Transaction<'_>, s: &LinkSample) -> rusqlite::Result<(
 /// Drops rows older than [`LINK_KEEP`] at `now` and those over a day ahead of it (written
 /// while the clock was wrong, they would hold back the hourly rows), then the oldest past
 /// [`LINK_ROWS_MAX`].
-pub(super) fn prune(conn: &Connection, now: SystemTime) -> rusqlite::Result<usize> {
+pub(crate) fn prune(conn: &Connection, now: SystemTime) -> rusqlite::Result<usize> {
     let cutoff = unix_ms(now.checked_sub(LINK_KEEP).unwrap_or(SystemTime::UNIX_EPOCH));
     let ahead = unix_ms(now).saturating_add(24 * 3600 * 1000);
     let old = conn.execute(

@@ -1,5 +1,7 @@
-//! The link trends (`gpu::trend`): each tracked link counter's growth per hour over the days
-//! kept, and since when the steadily growing ones grow.
+//! The link trends (`links::trend`): each tracked link counter's growth per hour over the days
+//! kept, and since when the steadily growing ones grow. `metrics::gpu` calls it with the
+//! snapshot's trends; it writes through prometheus-client alone, so `metrics/` imports it and not
+//! the other way round.
 
 use std::fmt;
 use std::time::UNIX_EPOCH;
@@ -9,11 +11,9 @@ use prometheus_client::metrics::MetricType;
 
 use crate::model::LinkTrend;
 
-use super::gauge;
-
 /// `shmlink_gpu_nvlink_error_growth_per_hour` (every counter that grew) and
 /// `shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds` (only those judged growing).
-pub(super) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> fmt::Result {
+pub(crate) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> fmt::Result {
     let labels = |t: &LinkTrend| {
         [
             ("gpu", t.gpu.to_string()),
@@ -28,7 +28,7 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> f
         MetricType::Gauge,
     )?;
     for t in trends.iter().filter(|t| t.per_hour > 0.0) {
-        gauge(&mut rate, &labels(t), t.per_hour)?;
+        rate.encode_family(&labels(t))?.encode_gauge(&t.per_hour)?;
     }
     let mut since = encoder.encode_descriptor(
         "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
@@ -42,11 +42,9 @@ pub(super) fn encode(encoder: &mut DescriptorEncoder, trends: &[LinkTrend]) -> f
             .since
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        gauge(
-            &mut since,
-            &labels(t),
-            i64::try_from(secs).unwrap_or(i64::MAX),
-        )?;
+        since
+            .encode_family(&labels(t))?
+            .encode_gauge(&i64::try_from(secs).unwrap_or(i64::MAX))?;
     }
     Ok(())
 }

@@ -9,11 +9,11 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::SystemTime;
 
+use super::words;
 use super::{judge_counter, TrendRules};
 use crate::model::{
     unix_ms, Finding, FindingKind, GpuReading, LinkCounter, LinkSample, LinkTrend, Peer, Subject,
 };
-use crate::text;
 
 /// What one scan's sample made: the samples to store (those kept), every growing counter's
 /// trend, and a finding per GPU with a steadily growing link.
@@ -211,7 +211,7 @@ fn findings(trends: &[LinkTrend]) -> Vec<Finding> {
             Finding::new(
                 FindingKind::GpuLinkErrorsGrowing,
                 Subject::Gpu(gpu),
-                text::link_errors_growing(gpu, &links),
+                words::link_errors_growing(gpu, &links),
             )
         })
         .collect()

@@ -9,13 +9,15 @@
 //! than [`LINK_HISTORY_KEEP`]; a link whose older marks were dropped says from when it is
 //! known (`cut`). A link that does not change costs one mark.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::link_counts::LinkLast;
-use super::{from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkTable, PairStatus, PairVerdict};
+use crate::model::{
+    from_unix_ms, unix_ms, GpuReading, LinkCounts, LinkHistory, LinkKey, LinkLast, LinkTable, Mark,
+    PairKey, PairMark, PairStatus, PairVerdict, Run,
+};
 
 /// How long marks are kept: past PyTorch's default collective timeout (10 minutes, 30 before
 /// 2.2) and the hour-long timeouts jobs with long checkpoints set.
@@ -28,55 +30,11 @@ pub const PAIR_MARKS: usize = 1024;
 /// Sampling runs kept at most (one per process start).
 pub const LINK_RUNS: usize = 16;
 
-/// (GPU UUID, link).
-pub type LinkKey = (String, u32);
-/// (GPU UUID, GPU UUID), the lower NVML index's first.
-pub type PairKey = (String, String);
-
-/// A link after a scan that changed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mark {
-    pub at: SystemTime,
-    pub counts: LinkCounts,
-    pub active: bool,
-    /// Its counters were read at that scan.
-    pub read: bool,
-}
-
-/// A pair's verdict from a scan on (until the next mark of that pair).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PairMark {
-    pub at: SystemTime,
-    pub pair: PairKey,
-    pub status: PairStatus,
-    pub reason: Option<String>,
-}
-
-/// A stretch of scans by one process: from its first sample to its last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Run {
-    pub from: SystemTime,
-    pub to: SystemTime,
-}
-
 /// One scan's view of a pair, as [`LinkHistory::sample`] takes it.
 pub struct PairNow {
     pub pair: PairKey,
     pub status: PairStatus,
     pub reason: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LinkHistory {
-    pub marks: BTreeMap<LinkKey, VecDeque<Mark>>,
-    /// Per link, the newest mark dropped: before it the link's totals are not known exactly.
-    pub cut: BTreeMap<LinkKey, SystemTime>,
-    pub pairs: VecDeque<PairMark>,
-    /// Each pair's verdict at the last scan.
-    pub pairs_now: BTreeMap<PairKey, PairStatus>,
-    /// The newest pair mark dropped.
-    pub pairs_cut: Option<SystemTime>,
-    pub runs: VecDeque<Run>,
 }
 
 impl LinkHistory {
@@ -100,7 +58,7 @@ impl LinkHistory {
                 Some(PairNow {
                     pair: (uuid(p.gpu)?, uuid(p.peer_gpu)?),
                     status: p.status,
-                    reason: p.reasons.first().cloned(),
+                    reason: p.reasons.first().map(ToString::to_string),
                 })
             })
             .collect();

@@ -75,7 +75,7 @@ pub fn job_links(l: &GpuLinks) -> String {
 }
 
 /// `GPU 0`, `an NVSwitch`: a link's far end as the metrics' `peer` label spells it.
-pub(super) fn peer_name(peer: &str) -> String {
+pub(crate) fn peer_name(peer: &str) -> String {
     match peer.strip_prefix("gpu:") {
         Some(i) => format!("GPU {i}"),
         None if peer == "switch" => "an NVSwitch".into(),
@@ -84,7 +84,7 @@ pub(super) fn peer_name(peer: &str) -> String {
 }
 
 /// `recovery +2, down 1x, up 1x`: what a link's counters did.
-pub(super) fn counted(d: &GpuLinkDelta) -> Vec<String> {
+pub(crate) fn counted(d: &GpuLinkDelta) -> Vec<String> {
     let counters = [
         ("replay", d.replay),
         ("recovery", d.recovery),
@@ -122,7 +122,7 @@ fn change(d: &GpuLinkDelta) -> String {
 }
 
 /// `12:01:07 UTC` of an RFC 3339 time in UTC; the text as it is otherwise.
-pub(super) fn clock(rfc3339: &str) -> String {
+pub(crate) fn clock(rfc3339: &str) -> String {
     match rfc3339.get(11..19) {
         Some(hms) if rfc3339.as_bytes().get(10) == Some(&b'T') && rfc3339.ends_with('Z') => {
             format!("{hms} UTC")

@@ -8,15 +8,17 @@
 //! changes it: every container first seen in one scan shares one table, so memory grows with
 //! the scans in which counters moved and containers came, not with containers.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::link_counts::{LinkCounts, LinkLast, LinkTable, LinkTotal};
-use super::link_history::{LinkHistory, SavedHistory};
-use super::{from_unix_ms, unix_ms, GpuReading, PairVerdict};
+use super::history::SavedHistory;
+use crate::model::{
+    from_unix_ms, unix_ms, GpuLinkDelta, GpuReading, JobLinks, LinkCounts, LinkHistory, LinkLast,
+    LinkTable, LinkTotal, PairVerdict, Watch,
+};
 
 /// The state store's checkpoint key of serve's ledger (`check` reads it too).
 pub const JOB_LINKS_KEY: &str = "job_links";
@@ -29,34 +31,6 @@ pub const JOB_LINKS_SAVE_EVERY: Duration = Duration::from_secs(60);
 pub const JOB_LINKS_KEEP_GONE: Duration = Duration::from_secs(3600);
 /// Containers kept at most (the longest gone go first; running ones are never dropped for it).
 pub const JOB_LINKS_CONTAINERS: usize = 1024;
-
-/// One container's watch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Watch {
-    pub since: SystemTime,
-    /// The baseline was taken before the container started (the agent was running); false:
-    /// at the agent's first sight of it.
-    pub since_start: bool,
-    pub baseline: Arc<LinkTable>,
-    /// When it was last seen running and the totals then; None while it runs.
-    pub end: Option<(SystemTime, Arc<LinkTable>)>,
-    /// When a scan first found it gone.
-    pub gone_at: Option<SystemTime>,
-}
-
-/// The ledger: the links' totals, the last sample, each container's watch.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct JobLinks {
-    pub totals: Arc<LinkTable>,
-    pub last: BTreeMap<(String, u32), LinkLast>,
-    /// When the last sample was fed (in this process or before a restart).
-    pub sampled_at: Option<SystemTime>,
-    /// A sample was fed in this process: a container new since then started after it.
-    pub fed_here: bool,
-    pub containers: HashMap<String, Watch>,
-    /// The links and pairs over time, for a window in the past (a hang's).
-    pub history: LinkHistory,
-}
 
 /// One link of a job's GPUs that did something while the job ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -417,50 +391,6 @@ impl JobLinks {
             history: LinkHistory::restore(saved.history),
         })
     }
-}
-
-/// `failures[].gpu_links` (docs/CONTRACT.md, "A job's links"): times in RFC 3339.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuLinks {
-    pub since: String,
-    pub since_start: bool,
-    /// The last sample the deltas include (a scan's; the death came after it).
-    pub until: String,
-    pub watched: u32,
-    #[serde(default)]
-    pub unread: u32,
-    pub changed: Vec<GpuLinkDelta>,
-}
-
-/// One link that did something: the DL keys where the link has the DL counters, the NVLink5
-/// keys where it has those, its drops and returns always.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuLinkDelta {
-    pub gpu: u32,
-    pub link: u32,
-    pub peer: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recovery: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub crc_flit: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub crc_data: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ecc_data: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recovery_successful: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recovery_failed: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recovery_events: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub symbol: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub effective: Option<u64>,
-    pub went_down: u64,
-    pub came_up: u64,
 }
 
 impl From<&LinkChange> for GpuLinkDelta {

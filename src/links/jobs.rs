@@ -1,5 +1,5 @@
 //! Pure: a failure's `gpu_links`, what the links of the job's GPUs did between its baseline and
-//! its end, from the ledger the snapshot carries (`model::JobLinks`, fed by serve's scans).
+//! its end, from the ledger the snapshot carries (`model::JobLinks`, fed by `links::ledger` after serve's scans).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -41,13 +41,15 @@ pub fn said(
 ) -> String {
     let mut out = links
         .filter(|_| !hang)
-        .map(crate::text::job_links)
+        .map(crate::links::job_words::job_links)
         .unwrap_or_default();
-    out.push_str(&crate::text::wearing_links_of_job(&wearing(gpus, snapshot)));
+    out.push_str(&super::trend::words::wearing_links_of_job(&wearing(
+        gpus, snapshot,
+    )));
     out
 }
 
-/// The steadily growing link counters (`gpu::trend`) of the job's `gpus`, as the last scan
+/// The steadily growing link counters (`links::trend`) of the job's `gpus`, as the last scan
 /// judged them.
 pub fn wearing<'a>(gpus: &[u32], snapshot: Option<&'a Snapshot>) -> Vec<&'a LinkTrend> {
     snapshot

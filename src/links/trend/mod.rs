@@ -1,7 +1,7 @@
 //! Links that fail slowly: each NVLink error counter kept over days (one sample per link per
 //! hour, by GPU UUID), and the growth that is steady but too slow for the pair judge's 60 s
 //! window to hold on to. Pure: samples in, trends and findings out; the state store keeps the
-//! samples across restarts (`state::links`), the scanner feeds the keeper.
+//! samples across restarts (`links::store`), the scanner feeds the keeper.
 //!
 //! The rule, per (GPU UUID, link, counter), over the kept samples in time order:
 //! 1. A rise between two consecutive samples is growth, dated by the later sample. A fall is a
@@ -24,6 +24,7 @@
 mod keeper;
 #[cfg(test)]
 mod tests;
+pub mod words;
 
 pub use keeper::{Observed, TrendKeeper};
 
