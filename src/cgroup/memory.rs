@@ -8,7 +8,19 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::CWD;
 
 use super::CgroupVersion;
+use crate::procfs::kept::{DirId, KeptFiles};
 use crate::procfs::kfile::FileReader;
+
+/// A cgroup directory the caller holds open, and its identity when known (its `fstat`): with
+/// it, the directory's value files are kept open across scans ([`KeptFiles`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OpenDir<'a> {
+    pub fd: BorrowedFd<'a>,
+    pub id: Option<DirId>,
+}
+
+/// The most a value file (a limit, a usage) is read of: one number on a line.
+const VALUE_MAX: usize = 64;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryReading {
@@ -137,6 +149,9 @@ pub struct MemcgReader {
     version: CgroupVersion,
     memo: HashMap<String, Level>,
     files: FileReader,
+    /// The limit and usage files of the cgroups read through their open directories, kept
+    /// open across scans (`serve` reads them every interval).
+    kept: KeptFiles,
     /// memory.stat's shmem is read only for whom it is reported (`check --json`).
     read_shmem: bool,
     /// The OOM kill counter is read only for whom it is told (`serve` without the kernel log).
@@ -150,6 +165,7 @@ impl MemcgReader {
             version,
             memo: HashMap::new(),
             files: FileReader::default(),
+            kept: KeptFiles::default(),
             read_shmem: true,
             read_oom_kills: false,
         }
@@ -171,13 +187,19 @@ impl MemcgReader {
         self.memo.clear();
     }
 
+    /// Ends a scan: the files of the cgroups it did not read (gone) are closed.
+    pub fn end_scan(&mut self) {
+        self.kept.end_pass();
+    }
+
     /// The cgroup at `rel_path` bounded by its ancestors. `open_dirs`: its directory and its
     /// parent's when the caller holds them open (the scan does), so their files are opened
-    /// relative to them rather than by their full paths.
+    /// relative to them rather than by their full paths, and, with the directory's identity,
+    /// kept open for the next scan.
     pub fn read_at(
         &mut self,
         rel_path: &str,
-        open_dirs: Option<[BorrowedFd<'_>; 2]>,
+        open_dirs: Option<[OpenDir<'_>; 2]>,
     ) -> Result<MemoryReading, MemcgError> {
         let (leaf_dir, parent_dir) = match open_dirs {
             Some([leaf, parent]) => (Some(leaf), Some(parent)),
@@ -190,10 +212,12 @@ impl MemcgReader {
         let leaf = self.root.join(rel);
         let leaf_key = memo_key(rel);
         let files = self.version.memory_files();
+        let leaf_open = leaf_dir;
+        let leaf_dir = leaf_dir.map(|d| d.fd);
         // The leaf must exist: a missing leaf means the container is gone. An unreadable one
         // still has ancestors whose limits bound it.
         let mut leaf_error = None;
-        match self.level(&leaf, leaf_dir) {
+        match self.level(&leaf, leaf_open) {
             Ok(level) => self.memo.insert(leaf_key.clone(), level),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(MemcgError::Gone(rel_path.to_string()))
@@ -224,7 +248,7 @@ impl MemcgReader {
     /// The levels of the leaf (memoised already) and of its ancestors but the hierarchy root,
     /// which has no limit; each ancestor read once per scan. `parent_dir`: the leaf's parent,
     /// open.
-    fn levels_up(&mut self, leaf_key: &str, parent_dir: Option<BorrowedFd<'_>>) -> Vec<Level> {
+    fn levels_up(&mut self, leaf_key: &str, parent_dir: Option<OpenDir<'_>>) -> Vec<Level> {
         let mut levels = Vec::with_capacity(8);
         let mut key = leaf_key;
         let mut depth = 0;
@@ -268,7 +292,7 @@ impl MemcgReader {
     /// the cgroup itself is gone: a cgroup v2 directory whose parent does not delegate the
     /// memory controller has no memory files. Usage is read only under a limit, the only
     /// place it counts.
-    fn level(&mut self, dir: &Path, dir_fd: Option<BorrowedFd<'_>>) -> io::Result<Level> {
+    fn level(&mut self, dir: &Path, dir_fd: Option<OpenDir<'_>>) -> io::Result<Level> {
         let files = self.version.memory_files();
         let limit = self.value(dir, dir_fd, files.limit, parse_limit)?;
         let usage = match limit {
@@ -282,12 +306,16 @@ impl MemcgReader {
     fn value(
         &mut self,
         dir: &Path,
-        dir_fd: Option<BorrowedFd<'_>>,
-        file: &str,
+        dir_fd: Option<OpenDir<'_>>,
+        file: &'static str,
         parse: fn(&str) -> Option<u64>,
     ) -> io::Result<Option<u64>> {
         let read = match dir_fd {
-            Some(fd) => self.files.read(fd, file),
+            // A value is a line: a read that fills the buffer is no value.
+            Some(OpenDir { fd, id: Some(id) }) => {
+                self.kept.read_head(fd, id, file, VALUE_MAX, None)
+            }
+            Some(OpenDir { fd, id: None }) => self.files.read(fd, file),
             None => self.files.read(CWD, dir.join(file)),
         };
         match read {

@@ -20,21 +20,22 @@ mod walk;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::SystemTime;
 
-use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading};
+use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading, OpenDir};
 use crate::cgroup::path::parse_cgroup_path;
 use crate::cgroup::CgroupVersion;
 use crate::host::{HostError, HostNamespaces, HostPaths, NsId, NsSource};
 use crate::model::{Leftovers, ShmReading, Sight};
+use crate::procfs::kept::KeptFiles;
 use crate::procfs::kfile::FileReader;
 use deadline::Measurer;
 use look::build_reading;
 use mounts::CachedMount;
-use walk::Pending;
+use walk::{dir_stat, Pending};
 
 /// The result of one shm scan.
 #[derive(Debug, Default)]
@@ -67,6 +68,10 @@ pub struct ShmScanner {
     trusted: HashMap<Viewer, trusted::Trusted>,
     logged: HashSet<String>,
     files: FileReader,
+    /// The cgroups' cgroup.procs, kept open across scans.
+    kept: KeptFiles,
+    /// Whether the hierarchy is cgroup v1 (whose cgroup.procs a kept handle may read stale).
+    v1: bool,
     /// A reused buffer for /proc paths.
     path: Vec<u8>,
     /// getdents64's buffer.
@@ -139,6 +144,8 @@ impl ShmScanner {
             trusted: HashMap::new(),
             logged: HashSet::new(),
             files: FileReader::default(),
+            kept: KeptFiles::default(),
+            v1: version == CgroupVersion::V1,
             path: Vec::with_capacity(64),
             dirents: vec![MaybeUninit::uninit(); 16 * 1024],
             starts: HashMap::new(),
@@ -178,6 +185,7 @@ impl ShmScanner {
         self.memcg = MemcgReader::new(hierarchy.clone(), version);
         self.memcg.set_read_shmem(self.read_shmem);
         self.memcg.set_read_oom_kills(self.read_oom_kills);
+        self.v1 = version == CgroupVersion::V1;
         self.hierarchy = hierarchy;
         self.found = true;
         true
@@ -204,32 +212,56 @@ impl ShmScanner {
         self.memcg.start_scan();
         self.boot = None;
         self.scans += 1;
+        self.walk(&mut out);
+        // What the walk did not read again (gone cgroups) is closed now.
+        self.kept.end_pass();
+        self.memcg.end_scan();
+        out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+        out.sight.measured = out.readings.iter().filter(|r| r.mounted.is_some()).count() as u64;
+        out.sandboxes = self.sandboxes.scan(&out.readings, &mut out.errors);
+        out
+    }
+
+    /// The walk of the hierarchy, each container measured as it is met.
+    fn walk(&mut self, out: &mut ShmScan) {
         let mut live: HashSet<Viewer> = HashSet::new();
         let mut measured: HashSet<String> = HashSet::new();
-        let Some(root) = self.open_cgroup(None, "", &mut out) else {
-            return out;
+        let Some(root) = self.open_cgroup(None, "", out) else {
+            return;
         };
+        let root_stat = dir_stat(&root);
         let mut stack: Vec<Pending> = Vec::new();
-        self.push_children(&Rc::new(root), "", None, &mut stack, &mut out);
+        self.push_children(&Rc::new(root), root_stat, "", None, &mut stack, out);
         while let Some(Pending {
             parent,
+            parent_id,
             rel,
             outer,
             listed,
         }) = stack.pop()
         {
-            let Some(dir) = self.open_cgroup(Some(&parent), &rel, &mut out) else {
+            let Some(dir) = self.open_cgroup(Some(&parent), &rel, out) else {
                 if !listed {
-                    self.list_again(&parent, &rel, outer, &mut stack, &mut out);
+                    self.list_again((&parent, parent_id), &rel, outer, &mut stack, out);
                 }
                 continue;
             };
+            let stat = dir_stat(&dir);
             let mut inner = outer;
-            match self.first_process(&dir, &rel, &mut out) {
+            match self.first_process(&dir, stat.1, &rel, out) {
                 Some((pid, mnt)) if mnt != self.host_ns.mnt && Some(mnt) != outer => {
                     live.insert((mnt, pid));
-                    let dirs = [dir.as_fd(), parent.as_fd()];
-                    if let Some(reading) = self.measure(pid, mnt, &rel, dirs, &mut out) {
+                    let dirs = [
+                        OpenDir {
+                            fd: dir.as_fd(),
+                            id: stat.1,
+                        },
+                        OpenDir {
+                            fd: parent.as_fd(),
+                            id: parent_id,
+                        },
+                    ];
+                    if let Some(reading) = self.measure(pid, mnt, &rel, dirs, out) {
                         // A cgroup made inside a container is that container's (cgroup::path),
                         // measured already above it: one reading per container (issue 36).
                         if measured.insert(reading.container_id.clone()) {
@@ -241,16 +273,12 @@ impl ShmScanner {
                 _ => {}
             }
             drop(parent);
-            self.push_children(&Rc::new(dir), &rel, inner, &mut stack, &mut out);
+            self.push_children(&Rc::new(dir), stat, &rel, inner, &mut stack, out);
         }
         let scan = self.scans;
         self.listings.retain(|_, (_, seen)| *seen == scan);
         self.mounts.retain(|v, _| live.contains(v));
         self.trusted.retain(|v, _| live.contains(v));
-        out.readings.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
-        out.sight.measured = out.readings.iter().filter(|r| r.mounted.is_some()).count() as u64;
-        out.sandboxes = self.sandboxes.scan(&out.readings, &mut out.errors);
-        out
     }
 
     /// Measures one container; `None` when it vanished while being measured.
@@ -259,7 +287,7 @@ impl ShmScanner {
         pid: i32,
         mnt: NsId,
         rel: &str,
-        dirs: [BorrowedFd<'_>; 2],
+        dirs: [OpenDir<'_>; 2],
         out: &mut ShmScan,
     ) -> Option<ShmReading> {
         let identity = parse_cgroup_path(rel);

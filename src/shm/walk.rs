@@ -5,22 +5,30 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
+use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags, RawDir};
 
 use super::{is_vanished, ShmScan, ShmScanner};
 use crate::host::{parse_ns_link, NsId};
+use crate::procfs::kept::DirId;
 
 /// How many of a cgroup's processes to try before giving up on it (they may all be exiting).
 const PIDS_TO_TRY: usize = 8;
 /// How much of cgroup.procs is read: one read, enough for [`PIDS_TO_TRY`] PIDs many times over.
 const PROCS_HEAD: usize = 1024;
+/// cgroup v1 keeps the PID list an open cgroup.procs read for a second after the read
+/// (`CGROUP_PIDLIST_DESTROY_DELAY`) and a read of that open file from offset 0 within it hands
+/// the same list over again: a handle kept across scans is trusted only this long after.
+const V1_PIDLIST_KEPT: Duration = Duration::from_secs(2);
 
 /// A cgroup still to visit: its parent's open directory, its path relative to the hierarchy
 /// (`/kubepods/burstable/pod<uid>/<id>`), the mount namespace of the nearest container above,
 /// and whether a listing of this scan found it (not one kept from an earlier scan).
 pub(super) struct Pending {
     pub(super) parent: Rc<OwnedFd>,
+    /// The parent's identity ([`dir_stat`]).
+    pub(super) parent_id: Option<DirId>,
     pub(super) rel: String,
     pub(super) outer: Option<NsId>,
     pub(super) listed: bool,
@@ -69,12 +77,12 @@ impl ShmScanner {
     pub(super) fn push_children(
         &mut self,
         dir: &Rc<OwnedFd>,
+        (links, id): DirStat,
         rel: &str,
         outer: Option<NsId>,
         stack: &mut Vec<Pending>,
         out: &mut ShmScan,
     ) {
-        let links = rustix::fs::fstat(dir.as_fd()).ok().map(|st| st.st_nlink);
         if links == Some(2) {
             return;
         }
@@ -85,6 +93,7 @@ impl ShmScanner {
                 for name in names.iter() {
                     stack.push(Pending {
                         parent: dir.clone(),
+                        parent_id: id,
                         rel: format!("{rel}/{name}"),
                         outer,
                         listed: false,
@@ -94,14 +103,14 @@ impl ShmScanner {
             }
         }
         let subdirs = links.and_then(|n| n.checked_sub(2));
-        self.list(dir, rel, outer, &[], subdirs, stack, out);
+        self.list((dir, id), rel, outer, &[], subdirs, stack, out);
     }
 
     /// `child` (queued from a listing kept from an earlier scan) is gone: its parent `dir` is
     /// listed again, once, and what it holds that was not queued is queued.
     pub(super) fn list_again(
         &mut self,
-        dir: &Rc<OwnedFd>,
+        dir: (&Rc<OwnedFd>, Option<DirId>),
         child: &str,
         outer: Option<NsId>,
         stack: &mut Vec<Pending>,
@@ -129,7 +138,7 @@ impl ShmScanner {
     #[allow(clippy::too_many_arguments)]
     fn list(
         &mut self,
-        dir: &Rc<OwnedFd>,
+        (dir, id): (&Rc<OwnedFd>, Option<DirId>),
         rel: &str,
         outer: Option<NsId>,
         skip: &[String],
@@ -172,6 +181,7 @@ impl ShmScanner {
             if !skip.iter().any(|s| s == name) {
                 stack.push(Pending {
                     parent: dir.clone(),
+                    parent_id: id,
                     rel: format!("{rel}/{name}"),
                     outer,
                     listed: true,
@@ -197,16 +207,25 @@ impl ShmScanner {
         }
     }
 
-    /// The first live process of a cgroup and its mount namespace.
+    /// The first live process of a cgroup and its mount namespace; `id`: the directory's.
     pub(super) fn first_process(
         &mut self,
         dir: &OwnedFd,
+        id: Option<DirId>,
         rel: &str,
         out: &mut ShmScan,
     ) -> Option<(i32, NsId)> {
         let mut pids = [0i32; PIDS_TO_TRY];
         let mut n = 0;
-        match self.files.read_head(dir, "cgroup.procs", PROCS_HEAD) {
+        // Kept open for the next scan when the directory's identity is known.
+        let fresh = self.v1.then_some(V1_PIDLIST_KEPT);
+        let procs = match id {
+            Some(id) => self
+                .kept
+                .read_head(dir.as_fd(), id, "cgroup.procs", PROCS_HEAD, fresh),
+            None => self.files.read_head(dir, "cgroup.procs", PROCS_HEAD),
+        };
+        match procs {
             Ok(procs) => {
                 // A read that filled the buffer may end in a cut-off PID: whole lines only.
                 let whole = if procs.len() < PROCS_HEAD {
@@ -264,5 +283,16 @@ impl ShmScanner {
             .ok()
             .and_then(parse_ns_link)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "odd namespace link"))
+    }
+}
+
+/// A cgroup directory's link count and identity, from one `fstat`.
+pub(super) type DirStat = (Option<u64>, Option<DirId>);
+
+/// [`DirStat`] of an open directory (both unknown when `fstat` fails).
+pub(super) fn dir_stat(dir: &OwnedFd) -> DirStat {
+    match rustix::fs::fstat(dir) {
+        Ok(st) => (Some(st.st_nlink), Some((st.st_dev, st.st_ino))),
+        Err(_) => (None, None),
     }
 }
