@@ -245,7 +245,7 @@ fn a_state_directory_others_may_write_is_made_private_and_anothers_is_refused() 
 
 fn failure(pod: &str, kind: FindingKind, at: SystemTime) -> Failure {
     Failure {
-        placed: shmlink::model::Placed {
+        placed: shmlink::model::ContainerRef {
             namespace: Some("ml".into()),
             pod: Some(pod.into()),
             pod_uid: None,

@@ -25,7 +25,7 @@ fn me() -> Identity {
 
 fn failure(ns: &str, pod: &str, at: SystemTime) -> Failure {
     Failure {
-        placed: shmlink::model::Placed {
+        placed: shmlink::model::ContainerRef {
             namespace: Some(ns.into()),
             pod: Some(pod.into()),
             pod_uid: None,

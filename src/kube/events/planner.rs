@@ -293,7 +293,7 @@ impl EventPlanner {
             .map(|r| (r.container_id.as_str(), r.fullness().unwrap_or(0.0)))
             .collect();
         let fullness_of = |f: &Finding| match &f.subject {
-            Subject::Container(c) => fullness.get(c.container_id.as_str()).copied(),
+            Subject::Container(c) => fullness.get(c.id_or_empty()).copied(),
             _ => None,
         };
         let mut findings: Vec<(f64, &Finding)> = snapshot
