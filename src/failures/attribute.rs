@@ -70,11 +70,7 @@ pub fn who_is_cgroup(path: &str) -> ContainerRef {
 }
 
 fn who_is(id: CgroupIdentity) -> ContainerRef {
-    ContainerRef {
-        pod_uid: id.pod_uid,
-        container_id: Some(id.container_id),
-        ..ContainerRef::default()
-    }
+    ContainerRef::by_id(&id.container_id, id.pod_uid)
 }
 
 #[cfg(test)]

@@ -22,11 +22,7 @@ pub fn detected(e: &DockerExit) -> Option<Detected> {
         e.exit_code,
         super::correlate::rfc3339(e.finished_at),
     );
-    let who = ContainerRef {
-        container: Some(e.name.clone()),
-        container_id: Some(e.id.clone()),
-        ..ContainerRef::default()
-    };
+    let who = ContainerRef::docker(&e.id, &e.name);
     let mut d = Detected::new(who, kind, e.finished_at, FailureSource::Docker, &evidence);
     if kind == FindingKind::WorkloadOomKilled {
         // No numbers in the record: judged by a reading where one exists (correlate.rs).

@@ -133,11 +133,7 @@ fn told(
     } else {
         FindingKind::WorkloadOomKilled
     };
-    let who = ContainerRef {
-        pod_uid: r.pod_uid.clone(),
-        container_id: Some(r.container_id.clone()),
-        ..ContainerRef::default()
-    };
+    let who = ContainerRef::by_id(&r.container_id, r.pod_uid.clone());
     let evidence = format!(
         "oom_kill +{kills} in the memory cgroup {} ({})",
         r.cgroup,

@@ -118,7 +118,7 @@ fn death(
         pod: Some(pod.name_any()),
         pod_uid: Some(uid.to_string()),
         container: Some(cs.name.clone()),
-        container_id: container_id,
+        container_id,
     };
     let mut d = Detected::new(who, kind, at, FailureSource::PodStatus, &evidence);
     if kind == FindingKind::WorkloadOomKilled {
