@@ -385,7 +385,7 @@ fn large_history(dir: &Path, n: usize) {
         let at = SystemTime::now() - Duration::from_secs((n - i) as u64);
         let pod = format!("trainer-{}", i % 50);
         let failure = Failure {
-            placed: shmlink::model::Placed {
+            placed: shmlink::model::ContainerRef {
                 namespace: Some("ml".into()),
                 pod: Some(pod.clone()),
                 pod_uid: None,

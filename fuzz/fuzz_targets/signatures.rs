@@ -6,7 +6,8 @@ use libfuzzer_sys::fuzz_target;
 use shmlink::failures::detect::Recogniser;
 use shmlink::model::SHM_OOM_SHARE;
 use shmlink::failures::Signatures;
-use shmlink::logs::{LogLine, LogOrigin};
+use shmlink::logs::LogLine;
+use shmlink::model::ContainerRef;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
@@ -28,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
         .clone();
     for (i, l) in text.lines().enumerate() {
         let line = LogLine {
-            origin: LogOrigin::Docker { id: "a".repeat(64) },
+            origin: ContainerRef::by_id(&"a".repeat(64), None),
             at: SystemTime::UNIX_EPOCH + Duration::from_millis(i as u64 * 100),
             text: l.to_string(),
         };

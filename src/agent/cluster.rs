@@ -88,6 +88,8 @@ impl KubeView {
             PublishSettings::default(),
             runtime,
         );
+        // One allocator of Event IDs and names: the planner's, lent to the device taints.
+        let planner = EventPlanner::new(&settings.node, settings.event_heartbeat);
         let mut view = KubeView {
             pods: PodWatcher::spawn(
                 client.clone(),
@@ -102,16 +104,19 @@ impl KubeView {
                 metrics.clone(),
                 runtime,
             ),
-            planner: EventPlanner::new(&settings.node, settings.event_heartbeat),
             device_taints: settings.gpu_device_taint.map(|effect| {
                 spawn_device_taints(
                     client.clone(),
                     settings.node.clone(),
                     DeviceTaintSettings::new(effect, settings.gpu_fault_hold),
-                    (metrics.device_taints.clone(), Some(queue.clone())),
+                    (
+                        metrics.device_taints.clone(),
+                        Some((queue.clone(), planner.ids())),
+                    ),
                     runtime,
                 )
             }),
+            planner,
             queue,
             conditions: spawn_writer(
                 client,

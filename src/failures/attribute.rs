@@ -13,19 +13,19 @@ use std::time::{Duration, SystemTime};
 use crate::cgroup::path::{parse_cgroup_path, CgroupIdentity};
 use crate::cgroup::proc::identity_of_process;
 use crate::host::{read_ns, NsId};
-use crate::model::Who;
+use crate::model::ContainerRef;
 
 /// The container of host process `pid`: its memory cgroup's pod UID and container ID, when it
 /// lives in a mount namespace other than the host's (`host_mnt`).
-pub fn who_is_pid(proc_root: &Path, pid: i32, host_mnt: Option<NsId>) -> Who {
+pub fn who_is_pid(proc_root: &Path, pid: i32, host_mnt: Option<NsId>) -> ContainerRef {
     let pid_dir = pid.to_string();
     if let (Some(host), Ok(own)) = (host_mnt, read_ns(proc_root, &pid_dir, "mnt")) {
         if own == host {
-            return Who::Process;
+            return ContainerRef::default();
         }
     }
     let Ok(text) = std::fs::read_to_string(proc_root.join(&pid_dir).join("cgroup")) else {
-        return Who::Process;
+        return ContainerRef::default();
     };
     who_of_cgroup_file(&text)
 }
@@ -59,21 +59,18 @@ pub fn pid_now(proc_root: &Path, pid: i32, comm: &str, at: SystemTime) -> PidNow
 }
 
 /// Pure: the container a `/proc/PID/cgroup` text places its process in.
-pub fn who_of_cgroup_file(text: &str) -> Who {
-    identity_of_process(text).map_or(Who::Process, who_is)
+pub fn who_of_cgroup_file(text: &str) -> ContainerRef {
+    identity_of_process(text).map_or(ContainerRef::default(), who_is)
 }
 
 /// Pure: the container a memory cgroup's path names (the kernel's OOM report names the cgroup,
 /// which outlives its processes).
-pub fn who_is_cgroup(path: &str) -> Who {
-    parse_cgroup_path(path).map_or(Who::Process, who_is)
+pub fn who_is_cgroup(path: &str) -> ContainerRef {
+    parse_cgroup_path(path).map_or(ContainerRef::default(), who_is)
 }
 
-fn who_is(id: CgroupIdentity) -> Who {
-    Who::Container {
-        pod_uid: id.pod_uid,
-        container_id: id.container_id,
-    }
+fn who_is(id: CgroupIdentity) -> ContainerRef {
+    ContainerRef::by_id(&id.container_id, id.pod_uid)
 }
 
 #[cfg(test)]
@@ -114,9 +111,10 @@ mod tests {
         for text in [v1, v2] {
             assert_eq!(
                 who_of_cgroup_file(&text),
-                Who::Container {
+                ContainerRef {
                     pod_uid: Some("0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80".into()),
-                    container_id: CID.into()
+                    container_id: Some(CID.into()),
+                    ..ContainerRef::default()
                 },
                 "{text}"
             );
@@ -125,14 +123,17 @@ mod tests {
 
     #[test]
     fn a_host_process_or_garbage_is_no_container() {
-        assert_eq!(who_of_cgroup_file("0::/\n"), Who::Process);
-        assert_eq!(who_of_cgroup_file("garbage"), Who::Process);
-        assert_eq!(who_of_cgroup_file(""), Who::Process);
+        assert_eq!(who_of_cgroup_file("0::/\n"), ContainerRef::default());
+        assert_eq!(who_of_cgroup_file("garbage"), ContainerRef::default());
+        assert_eq!(who_of_cgroup_file(""), ContainerRef::default());
     }
 
     #[test]
     fn a_vanished_pid_is_unplaced() {
-        assert_eq!(who_is_pid(Path::new("/proc"), i32::MAX, None), Who::Process);
+        assert_eq!(
+            who_is_pid(Path::new("/proc"), i32::MAX, None),
+            ContainerRef::default()
+        );
     }
 
     #[test]
@@ -141,7 +142,7 @@ mod tests {
         let own = read_ns(proc, "self", "mnt").ok();
         assert_eq!(
             who_is_pid(proc, std::process::id() as i32, own),
-            Who::Process
+            ContainerRef::default()
         );
     }
 }

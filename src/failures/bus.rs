@@ -92,7 +92,7 @@ pub fn exit_words(d: &Detected) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Who;
+    use crate::model::ContainerRef;
     use std::time::SystemTime;
 
     const MIB: u64 = 1 << 20;
@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn not_full_is_the_workloads_only_with_a_reading_at_the_moment() {
         let d = Detected::new(
-            Who::Process,
+            ContainerRef::default(),
             FindingKind::WorkloadBusError,
             SystemTime::now(),
             FailureSource::PodStatus,

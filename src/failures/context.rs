@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use crate::logs::LogOrigin;
+use crate::model::ContainerRef;
 use crate::model::FindingKind;
 
 /// How far back a line of the same container still decides.
@@ -77,7 +77,7 @@ struct Recent {
 
 #[derive(Default, Clone)]
 pub struct Window {
-    recent: HashMap<LogOrigin, Recent>,
+    recent: HashMap<ContainerRef, Recent>,
 }
 
 fn within(earlier: SystemTime, at: SystemTime) -> bool {
@@ -85,7 +85,7 @@ fn within(earlier: SystemTime, at: SystemTime) -> bool {
 }
 
 impl Window {
-    fn of(&mut self, origin: &LogOrigin) -> &mut Recent {
+    fn of(&mut self, origin: &ContainerRef) -> &mut Recent {
         if self.recent.len() >= ORIGINS && !self.recent.contains_key(origin) {
             self.recent.clear();
         }
@@ -96,7 +96,7 @@ impl Window {
     /// decides, told with the hint (the line that decided).
     pub fn unmatched(
         &mut self,
-        origin: &LogOrigin,
+        origin: &ContainerRef,
         text: &str,
         at: SystemTime,
     ) -> Option<(FindingKind, String)> {
@@ -118,7 +118,7 @@ impl Window {
     /// A failure a row matched: whether it is to be told. A row's guess (`guessed`: a text
     /// without the errno that would say why) shortly after another failure of the same
     /// container is that failure again.
-    pub fn matched(&mut self, origin: &LogOrigin, at: SystemTime, guessed: bool) -> bool {
+    pub fn matched(&mut self, origin: &ContainerRef, at: SystemTime, guessed: bool) -> bool {
         let recent = self.of(origin);
         let again = guessed && recent.failure.is_some_and(|f| within(f, at));
         recent.failure = Some(at);
@@ -130,12 +130,13 @@ impl Window {
 mod tests {
     use super::*;
 
-    fn pod(c: &str) -> LogOrigin {
-        LogOrigin::Pod {
-            namespace: "ml".into(),
-            pod: "p".into(),
-            uid: "u".into(),
-            container: c.into(),
+    fn pod(c: &str) -> ContainerRef {
+        ContainerRef {
+            namespace: Some("ml".into()),
+            pod: Some("p".into()),
+            pod_uid: Some("u".into()),
+            container: Some(c.into()),
+            container_id: None,
         }
     }
 

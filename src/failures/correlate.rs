@@ -7,8 +7,8 @@ use super::detect::shm_share_at_least;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
-    Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySplit, PairStatus,
-    PairThen, Placed, ShmThen, Stamp, Who,
+    ContainerRef, Crasher, DeathRules, Detected, Failure, FailureSource, GpusFrom, MemorySplit,
+    PairStatus, PairThen, ShmThen, Stamp,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::model::{ShmReading, Snapshot};
@@ -29,7 +29,7 @@ pub struct Known<'a> {
 /// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs;
 /// `None` for a line told only with a full /dev/shm ([`Detected::judged`]) when it was not.
 pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
-    let mut id = identity(&placed(d, known.snapshot), known.pods);
+    let mut id = identity(placed(d, known.snapshot), known.pods);
     let scanned = known.snapshot.and_then(|s| reading_of(&id, &s.shm));
     if let Some(r) = scanned {
         id.fill_from(r);
@@ -137,7 +137,7 @@ fn shm_then(r: &ShmReading) -> ShmThen {
 }
 
 /// The container's image: Docker's record (the reading's), else its Pod's spec.
-fn image_of(id: &Placed, r: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
+fn image_of(id: &ContainerRef, r: Option<&ShmReading>, pods: Option<&PodIndex>) -> Option<String> {
     let spec = || pods?.image_of(id.pod_uid.as_deref()?, id.container.as_deref()?);
     r.and_then(|r| r.image.clone())
         .or_else(|| spec().map(str::to_string))
@@ -180,7 +180,7 @@ struct Then<'a> {
 fn message(
     d: &Detected,
     kind: FindingKind,
-    id: &Placed,
+    id: &ContainerRef,
     runtime: text::Runtime,
     then: &Then<'_>,
     job: &text::JobGpus<'_>,
@@ -264,7 +264,7 @@ fn bus_message(
 /// Where the container runs, for its fix: a Pod when anything names one (its UID in the cgroup
 /// path is enough: kubelet made it), Docker when Docker told it or its cgroup is Docker's, else
 /// a bare runtime (runc, containerd without Kubernetes).
-fn runtime_of(d: &Detected, id: &Placed, reading: Option<&ShmReading>) -> text::Runtime {
+fn runtime_of(d: &Detected, id: &ContainerRef, reading: Option<&ShmReading>) -> text::Runtime {
     use crate::cgroup::path::{parse_cgroup_path, Runtime as Cgroup};
     if id.pod.is_some() || id.pod_uid.is_some() {
         return text::Runtime::Pod;
@@ -274,7 +274,7 @@ fn runtime_of(d: &Detected, id: &Placed, reading: Option<&ShmReading>) -> text::
         r.image.is_some()
             || parse_cgroup_path(&r.cgroup).is_some_and(|c| c.runtime == Cgroup::Docker)
     });
-    if matches!(d.who, Who::Docker { .. }) || d.source == FailureSource::Docker || docker_cgroup {
+    if d.who.is_named_outside_pods() || d.source == FailureSource::Docker || docker_cgroup {
         text::Runtime::Docker
     } else {
         text::Runtime::Other
@@ -335,13 +335,13 @@ pub fn finding(f: &Failure) -> Finding {
     let subject = if f.placed.is_outside_containers() {
         Subject::Node
     } else {
-        Subject::Container(Box::new(f.container_ref()))
+        Subject::Container(Box::new(f.placed.clone()))
     };
     Finding::new(f.kind, subject, f.message.clone())
 }
 
 /// How the message names the container.
-fn name(id: &Placed) -> String {
+fn name(id: &ContainerRef) -> String {
     id.name()
         .unwrap_or_else(|| text::UNKNOWN_PROCESS.to_string())
 }
@@ -353,9 +353,9 @@ const GONE_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 /// A crashed process that was gone before `/proc/PID/cgroup` could be read: the container the
 /// last scan measured through that very PID (a container's main process), if any. Not when a
 /// later process has the PID: the scan may have measured that one.
-fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
-    match (&d.who, d.pid, snapshot) {
-        (Who::Process, Some(pid), Some(s)) if !d.pid_taken => {
+fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> ContainerRef {
+    match (d.pid, snapshot) {
+        (Some(pid), Some(s)) if d.who.is_outside_containers() && !d.pid_taken => {
             // A gone container's process cannot crash after a scan found it gone: a later crash
             // with its PID is another process's (reused).
             let not_before_gone = |r: &&crate::model::ShmReading| {
@@ -364,21 +364,16 @@ fn placed(d: &Detected, snapshot: Option<&Snapshot>) -> Who {
                     .is_none_or(|g| d.at <= *g + GONE_SLACK)
             };
             if let Some(r) = s.shm.iter().filter(not_before_gone).find(|r| r.pid == pid) {
-                return Who::Container {
-                    pod_uid: r.pod_uid.clone(),
-                    container_id: r.container_id.clone(),
-                };
+                return ContainerRef::by_id(&r.container_id, r.pod_uid.clone());
             }
             // A GPU process gone before the kernel's line was read: where NVML saw it, if NVML's
             // process of that PID was the crasher (a later one may have had the PID).
             crasher(d)
                 .and_then(|c| s.gpu_users.container_of_crasher(&c))
-                .map_or(Who::Process, |c| Who::Container {
-                    pod_uid: c.pod_uid.clone(),
-                    container_id: c.container_id.clone(),
-                })
+                .cloned()
+                .unwrap_or_default()
         }
-        (who, _, _) => who.clone(),
+        _ => d.who.clone(),
     }
 }
 
@@ -397,7 +392,7 @@ fn crasher(d: &Detected) -> Option<Crasher<'_>> {
 
 /// The GPUs the failed process used: NVML's lists of it, else of its container, else the
 /// GPUs the kubelet says its Pod holds.
-fn gpus_used(d: &Detected, id: &Placed, known: Known<'_>) -> (Vec<u32>, Option<GpusFrom>) {
+fn gpus_used(d: &Detected, id: &ContainerRef, known: Known<'_>) -> (Vec<u32>, Option<GpusFrom>) {
     let Some(s) = known.snapshot else {
         return (Vec::new(), None);
     };
@@ -432,51 +427,27 @@ fn culprits_among(gpus: &[u32], pairs: &[PairThen], snapshot: Option<&Snapshot>)
     crate::gpu::blame::among(snapshot.map(|s| &s.gpu_blame), gpus, failing)
 }
 
-fn identity(who: &Who, pods: Option<&PodIndex>) -> Placed {
-    match who {
-        Who::Pod {
-            namespace,
-            pod,
-            uid,
-            container,
-            container_id,
-        } => {
-            // A log directory's name is whatever its writer chose; the Pod cache's name for a
-            // known UID is the API server's.
-            let meta = pods.and_then(|p| p.by_uid(uid));
-            Placed {
-                namespace: Some(meta.map_or(namespace, |m| &m.namespace).clone()),
-                pod: Some(meta.map_or(pod, |m| &m.name).clone()),
-                pod_uid: Some(uid.clone()),
-                container: Some(container.clone()),
-                container_id: container_id.clone(),
-            }
+/// The source's container with the Pod cache's names: a log directory's name is whatever its
+/// writer chose, the Pod cache's for a known UID is the API server's; a container the source
+/// named only by ID is named by the Pod's status.
+fn identity(who: ContainerRef, pods: Option<&PodIndex>) -> ContainerRef {
+    let mut id = who;
+    let meta = pods
+        .zip(id.pod_uid.as_deref())
+        .and_then(|(p, u)| p.by_uid(u));
+    if let Some(m) = meta {
+        id.namespace = Some(m.namespace.clone());
+        id.pod = Some(m.name.clone());
+        if id.container.is_none() {
+            id.container = (id.container_id.as_ref()).and_then(|c| m.containers.get(c).cloned());
         }
-        Who::Container {
-            pod_uid,
-            container_id,
-        } => {
-            let meta = pods.zip(pod_uid.as_deref()).and_then(|(p, u)| p.by_uid(u));
-            Placed {
-                namespace: meta.map(|m| m.namespace.clone()),
-                pod: meta.map(|m| m.name.clone()),
-                pod_uid: pod_uid.clone(),
-                container: meta.and_then(|m| m.containers.get(container_id).cloned()),
-                container_id: Some(container_id.clone()),
-            }
-        }
-        Who::Docker { container_id, name } => Placed {
-            container: Some(name.clone()),
-            container_id: Some(container_id.clone()),
-            ..Placed::default()
-        },
-        Who::Process => Placed::default(),
     }
+    id
 }
 
 /// The scan's reading of that container: by ID, else by Pod and container name, else the
 /// Pod's fullest /dev/shm.
-fn reading_of<'a>(id: &Placed, shm: &'a [ShmReading]) -> Option<&'a ShmReading> {
+fn reading_of<'a>(id: &ContainerRef, shm: &'a [ShmReading]) -> Option<&'a ShmReading> {
     if let Some(cid) = &id.container_id {
         if let Some(r) = shm.iter().find(|r| &r.container_id == cid) {
             return Some(r);
@@ -501,7 +472,7 @@ fn reading_of<'a>(id: &Placed, shm: &'a [ShmReading]) -> Option<&'a ShmReading> 
 
 /// The Pod's sandbox /dev/shm (on the host, shared by its containers, outliving them): what a
 /// death is judged with when no container of the Pod was measured, e.g. the dead one alone.
-fn pod_shm_of<'a>(id: &Placed, s: &'a Snapshot) -> Option<&'a ShmReading> {
+fn pod_shm_of<'a>(id: &ContainerRef, s: &'a Snapshot) -> Option<&'a ShmReading> {
     let uid = id.pod_uid.as_deref()?;
     s.sandbox_shm
         .iter()
@@ -539,7 +510,7 @@ mod tests {
     const UID: &str = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
     const MIB: u64 = 1 << 20;
 
-    fn detected(kind: FindingKind, who: Who) -> Detected {
+    fn detected(kind: FindingKind, who: ContainerRef) -> Detected {
         Detected::new(
             who,
             kind,
@@ -549,12 +520,12 @@ mod tests {
         )
     }
 
-    fn trainer() -> Who {
-        Who::Pod {
-            namespace: "ml".into(),
-            pod: "trainer-0".into(),
-            uid: UID.into(),
-            container: "trainer".into(),
+    fn trainer() -> ContainerRef {
+        ContainerRef {
+            namespace: Some("ml".into()),
+            pod: Some("trainer-0".into()),
+            pod_uid: Some(UID.into()),
+            container: Some("trainer".into()),
             container_id: None,
         }
     }
@@ -584,18 +555,19 @@ mod tests {
     /// issue's note: `cargo test --lib the_fact_tiers -- --nocapture`).
     #[test]
     fn the_fact_tiers_messages_name_their_facts() {
-        use crate::logs::{LogLine, LogOrigin};
+        use crate::logs::LogLine;
         let mut r = super::super::detect::Recogniser::new(
             "/nonexistent".into(),
             None,
             crate::model::SHM_OOM_SHARE,
         );
         let s = board(&[(6, 7, PairStatus::Ok)]);
-        let origin = LogOrigin::Pod {
-            namespace: "ml".into(),
-            pod: "trainer-0".into(),
-            uid: UID.into(),
-            container: "trainer".into(),
+        let origin = ContainerRef {
+            namespace: Some("ml".into()),
+            pod: Some("trainer-0".into()),
+            pod_uid: Some(UID.into()),
+            container: Some("trainer".into()),
+            container_id: None,
         };
         for (line, kind, facts) in [
             (
@@ -676,7 +648,7 @@ mod tests {
     #[test]
     fn the_fix_matches_the_runtime_a_pod_by_uid_docker_or_a_bare_container() {
         let cid = "c".repeat(64);
-        let tell = |kind, who: Who, snapshot: Option<&Snapshot>| {
+        let tell = |kind, who: ContainerRef, snapshot: Option<&Snapshot>| {
             correlate(
                 &detected(kind, who),
                 Known {
@@ -690,9 +662,10 @@ mod tests {
             .message
         };
         let kind = FindingKind::ShmAllocationFailed;
-        let container = |pod_uid: Option<&str>| Who::Container {
+        let container = |pod_uid: Option<&str>| ContainerRef {
             pod_uid: pod_uid.map(str::to_string),
-            container_id: cid.clone(),
+            container_id: Some(cid.clone()),
+            ..ContainerRef::default()
         };
         let by_uid = tell(kind, container(Some(UID)), None);
         assert!(
@@ -706,9 +679,10 @@ mod tests {
                 && !bare.contains("emptyDir"),
             "{bare}"
         );
-        let gone = Who::Docker {
-            container_id: cid.clone(),
-            name: "asr".into(),
+        let gone = ContainerRef {
+            container: Some("asr".into()),
+            container_id: Some(cid.clone()),
+            ..ContainerRef::default()
         };
         assert!(tell(kind, gone, None).contains("docker run --shm-size"));
         // Measured: Docker's record named it (its image), or nothing did.
@@ -734,11 +708,11 @@ mod tests {
         .unwrap();
         let pods = PodIndex::new([&pod]);
         // Someone with write access to the log directories named this one for another Pod.
-        let forged = Who::Pod {
-            namespace: "prod".into(),
-            pod: "payments-0".into(),
-            uid: UID.into(),
-            container: "trainer".into(),
+        let forged = ContainerRef {
+            namespace: Some("prod".into()),
+            pod: Some("payments-0".into()),
+            pod_uid: Some(UID.into()),
+            container: Some("trainer".into()),
             container_id: None,
         };
         let told = |pods| {
@@ -803,7 +777,7 @@ mod tests {
         let no_pods = GpuHolders::new();
         let mut s = board(&[]);
         s.shm[0].pid = 4242;
-        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        let mut d = detected(FindingKind::GpuJobCrashed, ContainerRef::default());
         d.source = FailureSource::Kernel;
         d.pid = Some(4242);
         d.comm = Some("python".into());
@@ -838,9 +812,10 @@ mod tests {
         };
         let mut d = detected(
             FindingKind::GpuJobCrashed,
-            Who::Container {
+            ContainerRef {
                 pod_uid: Some(UID.into()),
-                container_id: "aaaa".into(),
+                container_id: Some("aaaa".into()),
+                ..ContainerRef::default()
             },
         );
         d.source = FailureSource::Kernel;
@@ -965,11 +940,11 @@ mod tests {
         let no_pods = GpuHolders::new();
         let mut d = detected(
             FindingKind::WorkloadBusError,
-            Who::Pod {
-                namespace: "ml".into(),
-                pod: "trainer-0".into(),
-                uid: UID.into(),
-                container: "trainer".into(),
+            ContainerRef {
+                namespace: Some("ml".into()),
+                pod: Some("trainer-0".into()),
+                pod_uid: Some(UID.into()),
+                container: Some("trainer".into()),
                 container_id: Some("dead".into()),
             },
         );
@@ -1068,7 +1043,7 @@ mod tests {
 
     #[test]
     fn a_gone_process_is_placed_and_its_gpus_named_from_nvmls_lists_with_the_blamed_gpu() {
-        use crate::model::{Blame, Suspect, SuspectBy, UserContainer};
+        use crate::model::{Blame, Suspect, SuspectBy};
         use std::collections::BTreeSet;
         let mut s = board(&[
             (5, 7, PairStatus::Down),
@@ -1099,14 +1074,9 @@ mod tests {
             Some("python3"),
             BTreeSet::from([5, 7]),
             since,
-            || {
-                Some(UserContainer {
-                    pod_uid: Some(UID.into()),
-                    container_id: "aaaa".into(),
-                })
-            },
+            || Some(ContainerRef::by_id("aaaa", Some(UID.into()))),
         );
-        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        let mut d = detected(FindingKind::GpuJobCrashed, ContainerRef::default());
         d.source = FailureSource::Kernel;
         d.pid = Some(4242);
         d.comm = Some("python3".into());
@@ -1177,9 +1147,10 @@ mod tests {
 
         // Another process of the same container, never listed: its container's GPUs.
         d.pid = Some(5151);
-        d.who = Who::Container {
+        d.who = ContainerRef {
             pod_uid: Some(UID.into()),
-            container_id: "aaaa".into(),
+            container_id: Some("aaaa".into()),
+            ..ContainerRef::default()
         };
         let f = correlate(&d, known).expect("told");
         assert_eq!(
@@ -1261,11 +1232,11 @@ mod tests {
     fn a_line_that_names_a_fault_but_not_its_cause_is_told_only_with_dev_shm_full() {
         use crate::failures::signatures::Signatures;
         let no_pods = GpuHolders::new();
-        let who = Who::Pod {
-            namespace: "ml".into(),
-            pod: "trainer-0".into(),
-            uid: UID.into(),
-            container: "trainer".into(),
+        let who = ContainerRef {
+            namespace: Some("ml".into()),
+            pod: Some("trainer-0".into()),
+            pod_uid: Some(UID.into()),
+            container: Some("trainer".into()),
             container_id: Some("dead".into()),
         };
         let signatures = Signatures::new();
@@ -1333,7 +1304,7 @@ mod tests {
     #[test]
     fn an_unplaced_process_is_the_nodes_finding() {
         let f = correlate(
-            &detected(FindingKind::GpuJobCrashed, Who::Process),
+            &detected(FindingKind::GpuJobCrashed, ContainerRef::default()),
             Known {
                 snapshot: None,
                 pods: None,
@@ -1356,7 +1327,7 @@ mod tests {
     #[test]
     fn a_crash_with_its_gpus_unknown_names_the_nodes_culprit_gpu() {
         use crate::model::{Blame, Suspect, SuspectBy};
-        let mut d = detected(FindingKind::GpuJobCrashed, Who::Process);
+        let mut d = detected(FindingKind::GpuJobCrashed, ContainerRef::default());
         (d.comm, d.pid, d.library) = (
             Some("python".into()),
             Some(20114),
@@ -1420,11 +1391,11 @@ mod tests {
         use crate::model::Exit;
         let mut d = detected(
             FindingKind::WorkloadBusError,
-            Who::Pod {
-                namespace: "ml".into(),
-                pod: "trainer-0".into(),
-                uid: UID.into(),
-                container: "trainer".into(),
+            ContainerRef {
+                namespace: Some("ml".into()),
+                pod: Some("trainer-0".into()),
+                pod_uid: Some(UID.into()),
+                container: Some("trainer".into()),
                 container_id: Some("dead".into()),
             },
         );

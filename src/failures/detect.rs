@@ -13,9 +13,9 @@ use super::oom::{OomKill, OomReports};
 use super::signatures::Signatures;
 use crate::host::NsId;
 use crate::kernel_log::KmsgRecord;
-use crate::logs::{LogLine, LogOrigin};
+use crate::logs::LogLine;
 use crate::model::{
-    printable, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, Who,
+    printable, ContainerRef, Detected, FailureSource, FindingKind, MemorySource, MemorySplit,
 };
 
 /// Lines and kernel records in, failures out. A clone starts with the same state (a fresh one
@@ -71,24 +71,7 @@ impl Recogniser {
     /// A container's line: only ever about that container.
     pub fn log_line(&mut self, line: &LogLine) -> Option<Detected> {
         let m = self.signatures.match_line(&line.text);
-        let who = match &line.origin {
-            LogOrigin::Pod {
-                namespace,
-                pod,
-                uid,
-                container,
-            } => Who::Pod {
-                namespace: namespace.clone(),
-                pod: pod.clone(),
-                uid: uid.clone(),
-                container: container.clone(),
-                container_id: None,
-            },
-            LogOrigin::Docker { id } => Who::Container {
-                pod_uid: None,
-                container_id: id.clone(),
-            },
-        };
+        let who = line.origin.clone();
         let Some(m) = m else {
             // PyTorch's word of a worker's SIGKILL: told only with the OOM kill it names.
             if let Some(word) = dataloader::parse(&line.text) {
@@ -139,7 +122,7 @@ impl Recogniser {
         let now = pid_now(&self.proc_root, pid, &comm, at);
         let who = match now {
             PidNow::Same => who_is_pid(&self.proc_root, pid, self.host_mnt),
-            PidNow::Gone | PidNow::Taken => Who::Process,
+            PidNow::Gone | PidNow::Taken => ContainerRef::default(),
         };
         let mut d = Detected::new(
             who,
@@ -223,12 +206,7 @@ mod tests {
         let mut r = Recogniser::new(PathBuf::from("/nonexistent"), None, SHM_OOM_SHARE);
         let victim = "b".repeat(64);
         let line = LogLine {
-            origin: LogOrigin::Pod {
-                namespace: "team-a".into(),
-                pod: "noisy-0".into(),
-                uid: "aaaaaaaa-0000-4000-8000-000000000000".into(),
-                container: "main".into(),
-            },
+            origin: ContainerRef { namespace: Some("team-a".into()), pod: Some("noisy-0".into()), pod_uid: Some("aaaaaaaa-0000-4000-8000-000000000000".into()), container: Some("main".into()), container_id: None },
             at: SystemTime::UNIX_EPOCH,
             text: format!(
                 "pod prod/payments-0 uid bbbbbbbb-0000-4000-8000-000000000000 container \
@@ -239,12 +217,12 @@ mod tests {
         let d = r.log_line(&line).expect("a failure");
         assert_eq!(
             d.who,
-            Who::Pod {
-                namespace: "team-a".into(),
-                pod: "noisy-0".into(),
-                uid: "aaaaaaaa-0000-4000-8000-000000000000".into(),
-                container: "main".into(),
-                container_id: None,
+            ContainerRef {
+                namespace: Some("team-a".into()),
+                pod: Some("noisy-0".into()),
+                pod_uid: Some("aaaaaaaa-0000-4000-8000-000000000000".into()),
+                container: Some("main".into()),
+                container_id: None
             }
         );
         assert_eq!(d.pid, None, "a PID in a log line is no host PID");
@@ -257,9 +235,10 @@ mod tests {
         assert_eq!(v1[0].kind, FindingKind::ShmOomKilled);
         assert_eq!(
             v1[0].who,
-            Who::Container {
+            ContainerRef {
                 pod_uid: Some("11111111-2222-3333-4444-555555555555".into()),
-                container_id: "a".repeat(64),
+                container_id: Some("a".repeat(64)),
+                ..ContainerRef::default()
             }
         );
         assert!(
@@ -298,8 +277,9 @@ mod tests {
 
     fn log(container: &str, secs: u64, text: &str) -> LogLine {
         LogLine {
-            origin: LogOrigin::Docker {
-                id: container.repeat(64),
+            origin: ContainerRef {
+                container_id: Some(container.repeat(64)),
+                ..ContainerRef::default()
             },
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000 + secs),
             text: text.into(),

@@ -3,7 +3,9 @@
 //! anyone (`docker kill`, `docker stop` after its timeout) and is not told.
 
 use crate::docker_records::DockerExit;
-use crate::model::{Detected, Exit, FailureSource, FindingKind, MemorySource, MemorySplit, Who};
+use crate::model::{
+    ContainerRef, Detected, Exit, FailureSource, FindingKind, MemorySource, MemorySplit,
+};
 
 /// The death Docker's record tells, if it is one of memory.
 pub fn detected(e: &DockerExit) -> Option<Detected> {
@@ -20,10 +22,7 @@ pub fn detected(e: &DockerExit) -> Option<Detected> {
         e.exit_code,
         super::correlate::rfc3339(e.finished_at),
     );
-    let who = Who::Docker {
-        container_id: e.id.clone(),
-        name: e.name.clone(),
-    };
+    let who = ContainerRef::docker(&e.id, &e.name);
     let mut d = Detected::new(who, kind, e.finished_at, FailureSource::Docker, &evidence);
     if kind == FindingKind::WorkloadOomKilled {
         // No numbers in the record: judged by a reading where one exists (correlate.rs).

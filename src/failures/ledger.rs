@@ -29,7 +29,7 @@ impl Ledger {
     /// Logs, counts and keeps the failures just told.
     pub fn record(&mut self, failures: &[Failure], now: Instant) {
         for f in failures {
-            match self.said.say(f.container_ref(), f.kind, now) {
+            match self.said.say(f.placed.clone(), f.kind, now) {
                 Some(0) => tracing::warn!(kind = f.kind.as_str(), "{}", f.message),
                 Some(more) => tracing::warn!(
                     kind = f.kind.as_str(),
@@ -41,11 +41,11 @@ impl Ledger {
             }
             let entry = self
                 .counts
-                .entry((f.container_ref(), f.kind))
+                .entry((f.placed.clone(), f.kind))
                 .or_insert((0, now));
             *entry = (entry.0 + 1, now);
             if let Some(image) = &f.image {
-                self.images.insert(f.container_ref(), image.clone());
+                self.images.insert(f.placed.clone(), image.clone());
             }
             self.recent.push_back(f.clone());
         }
@@ -169,7 +169,7 @@ mod tests {
         let images: Vec<(String, String)> = l
             .images()
             .into_iter()
-            .map(|(c, image)| (c.container_id, image))
+            .map(|(c, image)| (c.container_id.unwrap_or_default(), image))
             .collect();
         assert_eq!(
             images,
@@ -229,7 +229,7 @@ mod tests {
         l.record(&known, t0);
         let stranger = |i: usize| {
             let mut f = fixtures::failure(FindingKind::WorkloadOomKilled, "", "", "");
-            f.placed = crate::model::Placed {
+            f.placed = crate::model::ContainerRef {
                 container_id: Some(format!("{i:064x}")),
                 ..Default::default()
             };
@@ -252,7 +252,7 @@ mod tests {
                 pod: Some(pod.into()),
                 pod_uid: None,
                 container: Some("trainer".into()),
-                container_id: String::new(),
+                container_id: None,
             };
             said.say(container, FindingKind::ShmAllocationFailed, at)
         };

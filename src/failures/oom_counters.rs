@@ -13,7 +13,7 @@ use super::detect::shm_share_at_least;
 use crate::cgroup::memory::{parse_memory_stat, parse_usage, MemoryStat};
 use crate::cgroup::CgroupVersion;
 use crate::model::{
-    Detected, FailureSource, FindingKind, MemorySource, MemorySplit, ShmReading, Who,
+    ContainerRef, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, ShmReading,
 };
 
 /// The counters seen at the scan before, per container.
@@ -133,10 +133,7 @@ fn told(
     } else {
         FindingKind::WorkloadOomKilled
     };
-    let who = Who::Container {
-        pod_uid: r.pod_uid.clone(),
-        container_id: r.container_id.clone(),
-    };
+    let who = ContainerRef::by_id(&r.container_id, r.pod_uid.clone());
     let evidence = format!(
         "oom_kill +{kills} in the memory cgroup {} ({})",
         r.cgroup,

@@ -27,7 +27,7 @@ use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::logs::LogLine;
 use crate::model::{
-    DeathRules, Detected, Failure, FailureSource, FindingKind, Snapshot, TracedDeath, Who,
+    ContainerRef, DeathRules, Detected, Failure, FailureSource, FindingKind, Snapshot, TracedDeath,
 };
 
 /// Where the failures are told, and how to place a host PID: the same for `check` and `serve`.
@@ -342,17 +342,13 @@ fn is_runtime_record(d: &Detected) -> bool {
 
 /// A container gone since has no reading to name it: Docker's record still does.
 fn name_gone_docker_container(d: &mut Detected, names: &mut DockerNames) {
-    if let Who::Container {
-        pod_uid: None,
-        container_id,
-    } = &d.who
-    {
-        if let Some(c) = names.lookup(container_id) {
-            d.who = Who::Docker {
-                container_id: container_id.clone(),
-                name: c.name,
-            };
-        }
+    let who = &mut d.who;
+    // Named already (a Pod's, or Docker's record), or not a container.
+    if who.pod_uid.is_some() || who.container.is_some() {
+        return;
+    }
+    if let Some(c) = who.container_id.as_deref().and_then(|id| names.lookup(id)) {
+        who.container = Some(c.name);
     }
 }
 
@@ -361,7 +357,7 @@ fn name_gone_docker_container(d: &mut Detected, names: &mut DockerNames) {
 struct Accounts {
     bound: Option<usize>,
     order: Vec<Detected>,
-    by_key: HashMap<(Who, FindingKind), Kept>,
+    by_key: HashMap<(ContainerRef, FindingKind), Kept>,
 }
 
 /// One container's accounts of one kind: the first, the newest, and how many were left out.
@@ -417,19 +413,8 @@ impl Accounts {
     }
 }
 
-fn whose(who: &Who) -> String {
-    match who {
-        Who::Pod {
-            namespace,
-            pod,
-            container,
-            ..
-        } => format!("{namespace}/{pod}/{container}"),
-        Who::Container { container_id, .. } | Who::Docker { container_id, .. } => {
-            crate::model::short_id(container_id).to_string()
-        }
-        Who::Process => "a process".into(),
-    }
+fn whose(who: &ContainerRef) -> String {
+    who.name().unwrap_or_else(|| "a process".into())
 }
 
 #[cfg(test)]
@@ -441,10 +426,11 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(i)
     }
 
-    fn who(c: &str) -> Who {
-        Who::Container {
+    fn who(c: &str) -> ContainerRef {
+        ContainerRef {
             pod_uid: None,
-            container_id: c.into(),
+            container_id: Some(c.into()),
+            ..ContainerRef::default()
         }
     }
 

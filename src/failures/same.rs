@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
-use crate::model::{Failure, FailureSource, FindingKind, Placed};
+use crate::model::{ContainerRef, Failure, FailureSource, FindingKind};
 use crate::text;
 
 /// How far apart two sources' times of one death may be: the kernel's record is stamped at the
@@ -62,7 +62,7 @@ struct Told {
     death: Death,
     source: FailureSource,
     at: SystemTime,
-    placed: Placed,
+    placed: ContainerRef,
     pid_in_container: Option<i32>,
     /// A hang's window: from the start of its collective to its timeout.
     window: Option<(SystemTime, SystemTime)>,
@@ -103,7 +103,7 @@ impl Told {
     }
 }
 
-fn same_container(a: &Placed, b: &Placed) -> bool {
+fn same_container(a: &ContainerRef, b: &ContainerRef) -> bool {
     match (&a.container_id, &b.container_id) {
         (Some(x), Some(y)) if x == y => true,
         _ => {

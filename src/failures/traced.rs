@@ -9,8 +9,8 @@ use super::attribute::who_of_cgroup_file;
 use super::detect::shm_share_at_least;
 use super::same::WINDOW;
 use crate::model::{
-    Detected, FailureSource, FindingKind, MemorySource, MemorySplit, ShmReading, TracedCause,
-    TracedDeath, Who,
+    ContainerRef, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, ShmReading,
+    TracedCause, TracedDeath,
 };
 
 /// Traced readings kept for the accounts that follow at most.
@@ -23,7 +23,7 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Option<Detected> {
     let who = t
         .cgroup_file
         .as_deref()
-        .map_or(Who::Process, who_of_cgroup_file);
+        .map_or(ContainerRef::default(), who_of_cgroup_file);
     let (kind, memory, evidence) = match &t.cause {
         TracedCause::BusFault { code } => (
             FindingKind::WorkloadBusError,
@@ -79,12 +79,12 @@ const SIGKILL: i32 = 9;
 const CRASH_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Whose process a fatal signal went to, read at that moment.
-struct Placed {
+struct Signalled {
     sig: i32,
     pid: i32,
     comm: String,
     at: SystemTime,
-    who: Who,
+    who: ContainerRef,
     start: Option<u64>,
 }
 
@@ -105,7 +105,7 @@ fn bus_code_name(code: i32) -> String {
 #[derive(Default)]
 pub struct TracedReadings {
     kept: VecDeque<(String, Option<String>, SystemTime, ShmReading)>,
-    placed: VecDeque<Placed>,
+    placed: VecDeque<Signalled>,
 }
 
 impl TracedReadings {
@@ -114,11 +114,11 @@ impl TracedReadings {
         let who = t
             .cgroup_file
             .as_deref()
-            .map_or(Who::Process, who_of_cgroup_file);
+            .map_or(ContainerRef::default(), who_of_cgroup_file);
         let TracedCause::Fatal { sig } = t.cause else {
             return;
         };
-        self.placed.push_back(Placed {
+        self.placed.push_back(Signalled {
             sig,
             pid: t.pid,
             comm: crate::model::printable(&t.comm),
@@ -140,7 +140,7 @@ impl TracedReadings {
             return;
         }
         let Some(pid) = d.pid else { return };
-        let apart = |p: &Placed| p.at.duration_since(d.at).unwrap_or_else(|e| e.duration());
+        let apart = |p: &Signalled| p.at.duration_since(d.at).unwrap_or_else(|e| e.duration());
         let found = self
             .placed
             .iter()
@@ -186,39 +186,24 @@ impl TracedReadings {
         });
         let Some((cid, _, _, r)) = found else { return };
         d.at_death = Some(Box::new(r.clone()));
-        if let Who::Pod {
-            container_id: id @ None,
-            ..
-        } = &mut d.who
-        {
-            *id = Some(cid.clone());
+        // A log line's Pod named no instance: the trace's is it.
+        if d.who.pod_uid.is_some() && d.who.container_id.is_none() {
+            d.who.container_id = Some(cid.clone());
         }
     }
 }
 
-fn ids(who: &Who) -> Option<(&str, Option<&str>)> {
-    match who {
-        Who::Container {
-            pod_uid,
-            container_id,
-        } => Some((container_id, pod_uid.as_deref())),
-        Who::Docker { container_id, .. } => Some((container_id, None)),
-        Who::Pod {
-            uid, container_id, ..
-        } => container_id.as_deref().map(|c| (c, Some(uid.as_str()))),
-        Who::Process => None,
-    }
+/// Its container ID and, where known, its Pod's UID.
+fn ids(who: &ContainerRef) -> Option<(&str, Option<&str>)> {
+    let id = who.container_id.as_deref()?;
+    Some((id, who.pod_uid.as_deref()))
 }
 
 /// By container ID; a log line's Pod names no instance, so its Pod UID must do (a Pod's other
 /// containers' deaths are told by their own tracepoints, nearer in time).
-fn same_container(cid: &str, uid: Option<&str>, who: &Who) -> bool {
-    match who {
-        Who::Pod {
-            uid: pod_uid,
-            container_id: None,
-            ..
-        } => uid == Some(pod_uid.as_str()),
+fn same_container(cid: &str, uid: Option<&str>, who: &ContainerRef) -> bool {
+    match (&who.container_id, &who.pod_uid) {
+        (None, Some(pod_uid)) => uid == Some(pod_uid.as_str()),
         _ => ids(who).is_some_and(|(c, _)| crate::model::strip_runtime_prefix(c) == cid),
     }
 }
@@ -260,7 +245,7 @@ mod tests {
         // Read later: the PID is another Pod's process now (or no one's).
         let crash = |comm: &str, after: u64| {
             let mut d = Detected::new(
-                Who::Process,
+                ContainerRef::default(),
                 FindingKind::GpuJobCrashed,
                 t.at + Duration::from_millis(after),
                 FailureSource::Kernel,
@@ -274,7 +259,7 @@ mod tests {
         let mut d = crash("python3", 300);
         readings.place(&mut d);
         assert!(
-            matches!(&d.who, Who::Container { container_id, .. } if container_id == CID),
+            d.who.container_id.as_deref() == Some(CID) && d.who.pod.is_none(),
             "{:?}",
             d.who
         );
@@ -282,7 +267,7 @@ mod tests {
         // Another command, or seconds apart: not that process.
         for mut d in [crash("bash", 300), crash("python3", 5000)] {
             readings.place(&mut d);
-            assert_eq!(d.who, Who::Process);
+            assert_eq!(d.who, ContainerRef::default());
         }
         // The SIGSEGV's moment unread (the process gone): the SIGKILL of the PID's previous
         // holder does not place it.
@@ -290,7 +275,7 @@ mod tests {
         readings.remember_place(&killed);
         let mut d = crash("python3", 300);
         readings.place(&mut d);
-        assert_eq!(d.who, Who::Process);
+        assert_eq!(d.who, ContainerRef::default());
     }
 
     #[test]
@@ -298,9 +283,10 @@ mod tests {
         let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5).unwrap();
         assert_eq!(d.source, FailureSource::Tracepoint);
         assert!(d.evidence.contains("BUS_ADRERR"), "{}", d.evidence);
-        let Who::Container {
-            container_id,
+        let ContainerRef {
             pod_uid,
+            container_id: Some(container_id),
+            ..
         } = &d.who
         else {
             panic!("{:?}", d.who)
@@ -351,7 +337,7 @@ mod tests {
         let t = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5).unwrap();
         let mut kept = TracedReadings::default();
         kept.remember(&t);
-        let exit = |who: Who, secs: u64| {
+        let exit = |who: ContainerRef, secs: u64| {
             Detected::new(
                 who,
                 FindingKind::WorkloadBusError,
@@ -360,11 +346,11 @@ mod tests {
                 "",
             )
         };
-        let pod = |uid: &str, cid: Option<&str>| Who::Pod {
-            namespace: "ns".into(),
-            pod: "p".into(),
-            uid: uid.into(),
-            container: "c".into(),
+        let pod = |uid: &str, cid: Option<&str>| ContainerRef {
+            namespace: Some("ns".into()),
+            pod: Some("p".into()),
+            pod_uid: Some(uid.into()),
+            container: Some("c".into()),
             container_id: cid.map(str::to_string),
         };
         let uid = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
@@ -398,11 +384,11 @@ mod tests {
             rules: DeathRules::default(),
         };
         let uid = "0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80";
-        let pod = |cid: Option<String>| Who::Pod {
-            namespace: "ml".into(),
-            pod: "fill-0".into(),
-            uid: uid.into(),
-            container: "fill".into(),
+        let pod = |cid: Option<String>| ContainerRef {
+            namespace: Some("ml".into()),
+            pod: Some("fill-0".into()),
+            pod_uid: Some(uid.into()),
+            container: Some("fill".into()),
             container_id: cid,
         };
         let death = traced(TracedCause::BusFault { code: 2 }, None);

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use crate::cgroup::path::CgroupIdentity;
 use crate::cgroup::proc::identity_of_process;
-use crate::model::{GpuReading, GpuUsers, UserContainer};
+use crate::model::{ContainerRef, GpuReading, GpuUsers};
 use crate::procfs::stat::{comm, start_ticks};
 
 /// One scan's lists; `proc_root` is the host's /proc.
@@ -42,13 +42,10 @@ pub fn observe(users: &mut GpuUsers, proc_root: &Path, gpus: &[GpuReading], now:
 
 /// Pure: the container a `/proc/PID/cgroup` text places its process in; None for a host
 /// process.
-fn container_of(proc_cgroup: &str) -> Option<UserContainer> {
+fn container_of(proc_cgroup: &str) -> Option<ContainerRef> {
     identity_of_process(proc_cgroup)
         .filter(CgroupIdentity::is_surely_a_container)
-        .map(|id| UserContainer {
-            pod_uid: id.pod_uid,
-            container_id: id.container_id,
-        })
+        .map(|id| ContainerRef::by_id(&id.container_id, id.pod_uid))
 }
 
 #[cfg(test)]

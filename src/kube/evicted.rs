@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::model::{Detected, FailureSource, FindingKind, Who};
+use crate::model::{ContainerRef, Detected, FailureSource, FindingKind};
 
 /// The eviction's text up to the volume's name, and between the name and the limit.
 const HEAD: &str = "Usage of EmptyDir volume \"";
@@ -40,11 +40,11 @@ pub fn shm_eviction(pod: &Pod) -> Option<Detected> {
     let (volume, _limit) = parse_message(message)?;
     let container = shm_mounter(pod, volume)?;
     let at = evicted_at(pod)?;
-    let who = Who::Pod {
-        namespace: pod.namespace().unwrap_or_default(),
-        pod: pod.name_any(),
-        uid,
-        container,
+    let who = ContainerRef {
+        namespace: Some(pod.namespace().unwrap_or_default()),
+        pod: Some(pod.name_any()),
+        pod_uid: Some(uid),
+        container: Some(container),
         container_id: None,
     };
     let evidence = format!("status.message of the Pod (Evicted): {}", message.trim());
@@ -164,7 +164,7 @@ mod tests {
             "{}",
             d.evidence
         );
-        assert!(matches!(&d.who, Who::Pod { container, .. } if container == "trainer"));
+        assert!(d.who.pod_uid.is_some() && d.who.container.as_deref() == Some("trainer"));
         // A trailing slash is the same mount.
         assert!(shm_eviction(&evicted(
             "Usage of EmptyDir volume \"dshm\" exceeds the limit \"1Gi\". ",

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod}
 use kube::ResourceExt;
 
 use crate::model::{
-    strip_runtime_prefix, Detected, Exit, FailureSource, FindingKind, MemorySource, MemorySplit,
-    Who,
+    strip_runtime_prefix, ContainerRef, Detected, Exit, FailureSource, FindingKind, MemorySource,
+    MemorySplit,
 };
 use crate::units::parse_size;
 
@@ -66,10 +66,7 @@ pub fn deaths(pod: &Pod) -> Vec<(DeathKey, Detected)> {
         }
     }
     out.extend(super::evicted::shm_eviction(pod).map(|d| {
-        let container = match &d.who {
-            Who::Pod { container, .. } => container.clone(),
-            _ => String::new(),
-        };
+        let container = d.who.container.clone().unwrap_or_default();
         let key = DeathKey {
             pod_uid: uid.clone(),
             container,
@@ -116,11 +113,11 @@ fn death(
         exit.describe(),
         finished.0
     );
-    let who = Who::Pod {
-        namespace: pod.namespace().unwrap_or_default(),
-        pod: pod.name_any(),
-        uid: uid.to_string(),
-        container: cs.name.clone(),
+    let who = ContainerRef {
+        namespace: Some(pod.namespace().unwrap_or_default()),
+        pod: Some(pod.name_any()),
+        pod_uid: Some(uid.to_string()),
+        container: Some(cs.name.clone()),
         container_id,
     };
     let mut d = Detected::new(who, kind, at, FailureSource::PodStatus, &evidence);
@@ -264,12 +261,12 @@ mod tests {
         assert_eq!(d.at, at("2026-11-24T10:00:00Z"));
         assert_eq!(
             d.who,
-            Who::Pod {
-                namespace: "ml".into(),
-                pod: "trainer-0".into(),
-                uid: UID.into(),
-                container: "trainer".into(),
-                container_id: Some(ID.into()),
+            ContainerRef {
+                namespace: Some("ml".into()),
+                pod: Some("trainer-0".into()),
+                pod_uid: Some(UID.into()),
+                container: Some("trainer".into()),
+                container_id: Some(ID.into())
             }
         );
         let m = d.memory.expect("an OOM kill carries its split");

@@ -72,7 +72,7 @@ pub fn running(snapshot: &Snapshot) -> HashSet<String> {
             .gpu_users
             .containers_now()
             .into_iter()
-            .map(|(c, _)| c.container_id.clone()),
+            .filter_map(|(c, _)| c.container_id.clone()),
     );
     out
 }
@@ -99,8 +99,8 @@ mod tests {
     use crate::failures::correlate::{correlate, Known};
     use crate::kube::podresources::GpuHolders;
     use crate::model::{
-        DeathRules, Detected, FailureSource, FindingKind, LinkErrors, LinkReading, Peer,
-        UserContainer, Who,
+        ContainerRef, DeathRules, Detected, FailureSource, FindingKind, LinkErrors, LinkReading,
+        Peer,
     };
 
     fn at(secs: u64) -> SystemTime {
@@ -130,21 +130,17 @@ mod tests {
             Some("python3"),
             BTreeSet::from([0, 1]),
             at(0),
-            || {
-                Some(UserContainer {
-                    pod_uid: None,
-                    container_id: "aaaa".into(),
-                })
-            },
+            || Some(ContainerRef::by_id("aaaa", None)),
         );
         s
     }
 
     fn crashed(s: &Snapshot) -> crate::model::Failure {
         let mut d = Detected::new(
-            Who::Container {
+            ContainerRef {
                 pod_uid: None,
-                container_id: "aaaa".into(),
+                container_id: Some("aaaa".into()),
+                ..ContainerRef::default()
             },
             FindingKind::GpuJobCrashed,
             at(30),

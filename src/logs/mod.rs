@@ -23,24 +23,13 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// that was not cut is never longer than `MAX_LINE`, so the mark cannot be mistaken.
 pub const TRUNCATED_MARK: &str = " [truncated]";
 
-/// Whose log a line is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum LogOrigin {
-    /// <pod-log-root>/<namespace>_<pod>_<uid>/<container>/<restart>.log (kubelet's layout)
-    Pod {
-        namespace: String,
-        pod: String,
-        uid: String,
-        container: String,
-    },
-    /// <docker-root>/containers/<id>/<id>-json.log (Docker's json-file driver)
-    Docker { id: String },
-}
-
 /// One complete line a workload wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLine {
-    pub origin: LogOrigin,
+    /// Whose log it is: <pod-log-root>/<namespace>_<pod>_<uid>/<container>/<restart>.log
+    /// (kubelet's layout) names a Pod's container, not its instance;
+    /// <docker-root>/containers/<id>/<id>-json.log (Docker's json-file driver) its ID.
+    pub origin: ContainerRef,
     /// The runtime's timestamp of the line (of its first part, for a joined one).
     pub at: SystemTime,
     /// No trailing newline; invalid UTF-8 replaced.
@@ -65,8 +54,8 @@ pub struct LogSettings {
     pub max_lines_per_sec: u32,
 }
 
-use crate::model::prefix_within;
 pub use crate::model::LogStats;
+use crate::model::{prefix_within, ContainerRef};
 
 /// Follows every container's log files under the roots. serve's (`from_end`) learns from inotify
 /// which directories changed or were written to, and reads only those (and everything every 10 s
@@ -399,7 +388,7 @@ mod unit_tests {
         assert_eq!(e.text.len(), MAX_LINE + TRUNCATED_MARK.len());
         assert!(e.text.ends_with(TRUNCATED_MARK));
         let line = LogLine {
-            origin: LogOrigin::Docker { id: "a".into() },
+            origin: ContainerRef::by_id("a", None),
             at: e.at,
             text: e.text,
         };

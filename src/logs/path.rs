@@ -5,7 +5,7 @@
 //! a log). Docker's json-file: `<root>/containers/<id>/<id>-json.log`, rotated to
 //! `-json.log.1`, `.2`, … (1 the newest), gzipped to `.N.gz` with `compress=true`.
 
-use super::LogOrigin;
+use crate::model::ContainerRef;
 
 /// Where a file stands in its rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,14 +35,9 @@ pub(super) fn pod_dir(name: &str) -> Option<(&str, &str, &str)> {
 
 /// Whose log a file under `<pod dir>/<container dir>/` is; `None` when the names are not
 /// kubelet's.
-pub(super) fn pod_origin(pod_dir_name: &str, container: &str) -> Option<LogOrigin> {
+pub(super) fn pod_origin(pod_dir_name: &str, container: &str) -> Option<ContainerRef> {
     let (namespace, pod, uid) = pod_dir(pod_dir_name)?;
-    plain(container).then(|| LogOrigin::Pod {
-        namespace: namespace.to_string(),
-        pod: pod.to_string(),
-        uid: uid.to_string(),
-        container: container.to_string(),
-    })
+    plain(container).then(|| ContainerRef::in_pod(namespace, pod, uid, container, None))
 }
 
 /// A name kubelet could have written: not empty, not hidden, no separators or control
@@ -130,13 +125,8 @@ mod tests {
 
     const ID: &str = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00112233445566778899";
 
-    fn pod(ns: &str, pod: &str, uid: &str, container: &str) -> LogOrigin {
-        LogOrigin::Pod {
-            namespace: ns.into(),
-            pod: pod.into(),
-            uid: uid.into(),
-            container: container.into(),
-        }
+    fn pod(ns: &str, pod: &str, uid: &str, container: &str) -> ContainerRef {
+        ContainerRef::in_pod(ns, pod, uid, container, None)
     }
 
     #[test]

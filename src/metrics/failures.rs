@@ -11,7 +11,6 @@ use prometheus_client::registry::Registry;
 use crate::model::SourceStats;
 use crate::model::{ContainerRef, Failure, FindingKind};
 
-use super::shm::container_labels;
 use super::{counter, gauge, register_counters, set_flag, FlagGauge, Metrics};
 
 /// The newest failures `shmlink_workload_failure_last_info` carries: a node's few.
@@ -139,7 +138,7 @@ pub(super) fn encode(
         MetricType::Counter,
     )?;
     for (c, kind, count) in failure_counts {
-        let labels = (container_labels!(c), [("kind", kind.as_str())]);
+        let labels = (labels_of(c), [("kind", kind.as_str())]);
         counter(&mut metric, &labels, *count)?;
     }
     Ok(())
@@ -160,7 +159,7 @@ pub(super) fn encode_images(
         MetricType::Gauge,
     )?;
     for (c, image) in images {
-        let labels = (container_labels!(c), [("image", image.as_str())]);
+        let labels = (labels_of(c), [("image", image.as_str())]);
         gauge(&mut metric, &labels, 1i64)?;
     }
     Ok(())
@@ -184,24 +183,32 @@ pub(super) fn encode_last(encoder: &mut DescriptorEncoder, failures: &[Failure])
         if written.len() == LAST_FAILURES {
             break;
         }
-        let key = (f.container_ref(), f.kind);
+        let key = (f.placed.clone(), f.kind);
         if written.contains(&key) {
             continue;
         }
         written.push(key);
-        let id = f.placed.container_id.as_deref().unwrap_or("");
-        let labels = [
-            ("namespace", f.placed.namespace.as_deref().unwrap_or("")),
-            ("pod", f.placed.pod.as_deref().unwrap_or("")),
-            ("container", f.placed.container.as_deref().unwrap_or("")),
-            ("container_id", id),
-            ("pod_uid", f.placed.pod_uid.as_deref().unwrap_or("")),
-            ("kind", f.kind.as_str()),
-            ("reason", f.kind.event_reason().map_or("", |r| r.as_str())),
-        ];
+        let labels = (
+            labels_of(&f.placed),
+            [
+                ("kind", f.kind.as_str()),
+                ("reason", f.kind.event_reason().map_or("", |r| r.as_str())),
+            ],
+        );
         gauge(&mut metric, &labels, unix_seconds(f.at.time()))?;
     }
     Ok(())
+}
+
+/// A failure's container as the scan's series name one (an unknown part empty).
+fn labels_of(c: &ContainerRef) -> [(&'static str, &str); 5] {
+    [
+        ("namespace", c.namespace.as_deref().unwrap_or("")),
+        ("pod", c.pod.as_deref().unwrap_or("")),
+        ("container", c.container.as_deref().unwrap_or("")),
+        ("container_id", c.id_or_empty()),
+        ("pod_uid", c.pod_uid.as_deref().unwrap_or("")),
+    ]
 }
 
 /// Unix seconds; 0 before 1970 (the series still says what died).

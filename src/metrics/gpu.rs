@@ -153,14 +153,14 @@ fn encode_users(encoder: &mut DescriptorEncoder, snapshot: &Snapshot) -> fmt::Re
         let reading = snapshot
             .shm
             .iter()
-            .find(|r| r.container_id == c.container_id);
+            .find(|r| c.container_id.as_ref() == Some(&r.container_id));
         let [ns, pod, container, id, uid] = match reading {
             Some(r) => container_labels!(r),
             None => [
                 ("namespace", ""),
                 ("pod", ""),
                 ("container", ""),
-                ("container_id", c.container_id.as_str()),
+                ("container_id", c.id_or_empty()),
                 ("pod_uid", c.pod_uid.as_deref().unwrap_or("")),
             ],
         };

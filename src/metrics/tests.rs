@@ -197,10 +197,7 @@ fn set_gpu_users(s: &mut Snapshot) {
     let at = std::time::SystemTime::UNIX_EPOCH;
     for (pid, gpus, container_id) in [(10, [0, 2], "c0ffee01"), (11, [1, 1], "c0ffee99")] {
         s.gpu_users.seen(pid, None, None, gpus.into(), at, || {
-            Some(crate::model::UserContainer {
-                pod_uid: None,
-                container_id: container_id.into(),
-            })
+            Some(ContainerRef::by_id(container_id, None))
         });
     }
 }
@@ -210,17 +207,7 @@ fn failure_counts(named: &ShmReading) -> Vec<(ContainerRef, FindingKind, u64)> {
     vec![
         (ContainerRef::of(named), FindingKind::ShmAllocationFailed, 2),
         (ContainerRef::of(named), FindingKind::NcclP2pDisabled, 1),
-        (
-            ContainerRef {
-                namespace: None,
-                pod: None,
-                pod_uid: None,
-                container: None,
-                container_id: String::new(),
-            },
-            FindingKind::GpuJobCrashed,
-            1,
-        ),
+        (ContainerRef::default(), FindingKind::GpuJobCrashed, 1),
     ]
 }
 

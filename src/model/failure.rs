@@ -6,9 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::evidence::{around, printable, redact};
-use super::{
-    ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus, Placed, Stamp,
-};
+use super::{ContainerRef, FindingKind, GpuLinks, Hang, HangFacts, NamedFrom, PairStatus, Stamp};
 
 /// Longest evidence line kept (the rest is cut on a character boundary).
 pub const EVIDENCE_MAX: usize = 512;
@@ -31,34 +29,11 @@ pub enum FailureSource {
     Tracepoint,
 }
 
-/// Whose failure it is, as far as the source says.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Who {
-    /// A Kubernetes container, from its log's path or its Pod's status.
-    Pod {
-        namespace: String,
-        pod: String,
-        uid: String,
-        container: String,
-        /// The container instance, where the source names it (a Pod status names the one that
-        /// ended; a log path names only the restart).
-        container_id: Option<String>,
-    },
-    /// A container by ID (Docker's log path; the kernel's PID through its cgroup).
-    Container {
-        pod_uid: Option<String>,
-        container_id: String,
-    },
-    /// A Docker container by its record: its ID and its `--name` (it may be gone).
-    Docker { container_id: String, name: String },
-    /// A host process the agent could not place (gone before it looked, or not in a container).
-    Process,
-}
-
 /// One failure as a source told it, before correlation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Detected {
-    pub who: Who,
+    /// Whose failure it is, as far as the source says (nothing known: a host process).
+    pub who: ContainerRef,
     pub kind: FindingKind,
     pub at: SystemTime,
     pub source: FailureSource,
@@ -117,7 +92,7 @@ impl Detected {
     /// its bounded context ([`super::evidence::around`]), not the whole line. Every tier that
     /// knows where its words are makes its failure here.
     pub fn matched(
-        who: Who,
+        who: ContainerRef,
         kind: FindingKind,
         at: SystemTime,
         source: FailureSource,
@@ -131,7 +106,7 @@ impl Detected {
 
     /// A failure with only what every source knows; the rest is set by the source that knows it.
     pub fn new(
-        who: Who,
+        who: ContainerRef,
         kind: FindingKind,
         at: SystemTime,
         source: FailureSource,
@@ -295,7 +270,7 @@ pub struct Failure {
     /// Its container as far as it is known (`namespace`, `pod`, `pod_uid`, `container`,
     /// `container_id`: the entry's own fields).
     #[serde(flatten)]
-    pub placed: Placed,
+    pub placed: ContainerRef,
     pub image: Option<String>,
     pub kind: FindingKind,
     /// Written out as RFC 3339 UTC.
@@ -348,11 +323,6 @@ impl Failure {
     pub fn is_workload_word(&self) -> bool {
         !self.worker_pids.is_empty()
     }
-
-    /// Whose failure it is, as findings and the failure counter name a container.
-    pub fn container_ref(&self) -> ContainerRef {
-        self.placed.to_ref()
-    }
 }
 
 /// The share of a memory cgroup's usage that /dev/shm pages must reach for its OOM kill to be
@@ -387,7 +357,7 @@ mod tests {
     #[test]
     fn control_characters_in_evidence_are_written_out() {
         let d = Detected::new(
-            Who::Process,
+            ContainerRef::default(),
             crate::model::FindingKind::ShmAllocationFailed,
             std::time::SystemTime::UNIX_EPOCH,
             FailureSource::Log,

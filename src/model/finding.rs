@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-use super::{short_id, ShmReading};
+use super::{ContainerRef, ShmReading};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -272,55 +272,6 @@ impl EventReason {
 impl fmt::Display for EventReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Who a container is, as far as the scan knows.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ContainerRef {
-    pub namespace: Option<String>,
-    pub pod: Option<String>,
-    pub pod_uid: Option<String>,
-    pub container: Option<String>,
-    pub container_id: String,
-}
-
-impl ContainerRef {
-    pub fn of(r: &ShmReading) -> ContainerRef {
-        ContainerRef {
-            namespace: r.namespace.clone(),
-            pod: r.pod.clone(),
-            pod_uid: r.pod_uid.clone(),
-            container: r.container.clone(),
-            container_id: r.container_id.clone(),
-        }
-    }
-
-    /// The container's own name, else its short ID: how a note about its Pod names it.
-    pub fn short_name(&self) -> &str {
-        self.container
-            .as_deref()
-            .unwrap_or_else(|| short_id(&self.container_id))
-    }
-}
-
-/// `namespace/pod/container` when known, else the pod UID or container ID.
-impl fmt::Display for ContainerRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.namespace, &self.pod) {
-            (Some(ns), Some(pod)) => match &self.container {
-                Some(c) => write!(f, "{ns}/{pod}/{c}"),
-                None => write!(f, "{ns}/{pod}"),
-            },
-            _ => match (&self.pod_uid, &self.container) {
-                (Some(uid), _) => {
-                    write!(f, "pod {uid} container {}", short_id(&self.container_id))
-                }
-                // A plain Docker container, by the name Docker knows it by.
-                (None, Some(name)) => write!(f, "container {name}"),
-                (None, None) => write!(f, "container {}", short_id(&self.container_id)),
-            },
-        }
     }
 }
 

@@ -12,23 +12,19 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
 
+use super::ContainerRef;
+
 /// How long a process is remembered after NVML last listed it.
 pub const GPU_USERS_HISTORY: Duration = Duration::from_secs(600);
 /// Processes remembered at most (the longest unseen go first).
 pub const GPU_USERS_KEPT: usize = 4096;
 
-/// The container a process ran in.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UserContainer {
-    pub pod_uid: Option<String>,
-    pub container_id: String,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Use {
     gpus: BTreeSet<u32>,
-    /// None: a host process (or its cgroup could not be read).
-    container: Option<UserContainer>,
+    /// The container it ran in, by its cgroup (ID, Pod UID); None: a host process (or its
+    /// cgroup could not be read).
+    container: Option<ContainerRef>,
     start: Option<u64>,
     /// Its command as `/proc/PID/stat` gave it while NVML listed it.
     comm: Option<String>,
@@ -78,7 +74,7 @@ impl GpuUsers {
         comm: Option<&str>,
         gpus: BTreeSet<u32>,
         now: SystemTime,
-        place: impl FnOnce() -> Option<UserContainer>,
+        place: impl FnOnce() -> Option<ContainerRef>,
     ) {
         let known = self
             .by_pid
@@ -182,7 +178,7 @@ impl GpuUsers {
     }
 
     #[cfg(test)]
-    pub fn container_of_pid(&self, pid: u32) -> Option<&UserContainer> {
+    pub fn container_of_pid(&self, pid: u32) -> Option<&ContainerRef> {
         self.by_pid.get(&pid)?.container.as_ref()
     }
 
@@ -195,7 +191,7 @@ impl GpuUsers {
     }
 
     /// The container the crashed process ran in, as read while NVML listed it.
-    pub fn container_of_crasher(&self, c: &Crasher<'_>) -> Option<&UserContainer> {
+    pub fn container_of_crasher(&self, c: &Crasher<'_>) -> Option<&ContainerRef> {
         self.of_crasher(c)?.container.as_ref()
     }
 
@@ -207,7 +203,7 @@ impl GpuUsers {
             .filter(|u| {
                 u.container
                     .as_ref()
-                    .is_some_and(|c| c.container_id == container_id)
+                    .is_some_and(|c| c.container_id.as_deref() == Some(container_id))
             })
             .flat_map(|u| u.gpus.iter().copied())
             .collect();
@@ -215,8 +211,8 @@ impl GpuUsers {
     }
 
     /// Which container uses which GPU now (the latest scan's lists), each once, sorted.
-    pub fn containers_now(&self) -> Vec<(&UserContainer, u32)> {
-        let set: BTreeSet<(&UserContainer, u32)> = self
+    pub fn containers_now(&self) -> Vec<(&ContainerRef, u32)> {
+        let set: BTreeSet<(&ContainerRef, u32)> = self
             .by_pid
             .values()
             .filter(|u| u.now)
@@ -245,11 +241,8 @@ mod tests {
         SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(secs)
     }
 
-    fn container(id: &str) -> Option<UserContainer> {
-        Some(UserContainer {
-            pod_uid: None,
-            container_id: id.into(),
-        })
+    fn container(id: &str) -> Option<ContainerRef> {
+        Some(ContainerRef::by_id(id, None))
     }
 
     #[test]

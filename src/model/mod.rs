@@ -2,6 +2,7 @@
 //! that carries them. The bottom layer: nothing here imports any other module of the crate, so
 //! a source, a judge and an outlet can all speak in these terms without knowing each other.
 
+mod container_ref;
 mod evidence;
 mod failure;
 mod finding;
@@ -14,7 +15,6 @@ mod link_ledger;
 mod link_trend;
 mod named_from;
 mod pair_reason;
-mod placed;
 mod shm;
 mod sight;
 mod snapshot;
@@ -24,13 +24,13 @@ mod traced;
 mod verdict;
 mod xid;
 
+pub use container_ref::ContainerRef;
 pub use evidence::{around, printable, redact, REDACTED};
 pub use failure::{
     DeathRules, Detected, Exit, Failure, FailureSource, GpusFrom, MemorySource, MemorySplit,
-    PairThen, ShmThen, Who, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS, SHM_OOM_SHARE,
-    SIGBUS,
+    PairThen, ShmThen, BUS_ERROR_SHM_RATIO, EVIDENCE_MAX, FATAL_SIGNALS, SHM_OOM_SHARE, SIGBUS,
 };
-pub use finding::{ContainerRef, EventReason, Finding, FindingKind, Severity, Subject};
+pub use finding::{EventReason, Finding, FindingKind, Severity, Subject};
 pub use fleet::{GpuKeys, NodeInfo, NodeKeys, PlatformInfo};
 pub use gpu::{
     AcsState, AerTotals, Ber, Blame, FabricInfo, FabricState, GpuProcess, GpuReading, GpuSample,
@@ -38,7 +38,7 @@ pub use gpu::{
     PairVerdict, PcieHop, PcieLink, Peer, ProbeStatus, RecoveryAction, Suspect, SuspectBy,
     TopologyLevel, Weight,
 };
-pub use gpu_users::{Crasher, GpuUsers, UserContainer, GPU_USERS_HISTORY, GPU_USERS_KEPT};
+pub use gpu_users::{Crasher, GpuUsers, GPU_USERS_HISTORY, GPU_USERS_KEPT};
 pub use hang::{
     Hang, HangFacts, HangLinks, HangSaidBy, HangVerdict, LinkDownAtStart, LinkEvent, LinkWent,
     NotWatched, PairChange, Watched,
@@ -50,7 +50,6 @@ pub use link_ledger::{
 pub use link_trend::{LinkCounter, LinkSample, LinkTrend, SteadyGrowth};
 pub use named_from::{Failed, GpuApi, GpuNamed, NamedFrom};
 pub use pair_reason::{PairReason, ReasonKind};
-pub use placed::Placed;
 pub use shm::{Leftovers, ShmReading, ShmStatus};
 pub use sight::{Blind, NvmlState, Sight};
 pub use snapshot::{Snapshot, SxidCount, TrainingCount, XidCount};

@@ -40,7 +40,7 @@ pub fn groups(failures: &[Failure]) -> (Vec<Group<'_>>, Vec<Group<'_>>) {
     for f in failures.iter().filter(|f| !f.is_workload_word()) {
         let at = f.at.time();
         let other = outside_containers(f);
-        let who = (!other).then(|| f.container_ref().to_string());
+        let who = (!other).then(|| f.placed.clone().to_string());
         by.entry((other, who.clone(), f.kind))
             .and_modify(|g| {
                 g.count += 1;

@@ -14,7 +14,6 @@ use shmlink::failures::correlate::rfc3339;
 use shmlink::failures::sources::recognised_since;
 use shmlink::failures::Sources;
 use shmlink::model::DeathRules;
-use shmlink::model::Who;
 
 struct Excerpt {
     label: String,
@@ -136,12 +135,11 @@ fn told(excerpts: &[Excerpt], docker: bool) -> Vec<Vec<(String, bool)>> {
         if !d.worker_pids.is_empty() {
             continue;
         }
-        let i: usize = match &d.who {
-            Who::Pod { pod, .. } => pod.strip_prefix("corpus-").unwrap().parse().unwrap(),
-            Who::Container { container_id, .. } | Who::Docker { container_id, .. } => {
-                usize::from_str_radix(container_id, 16).unwrap()
-            }
-            other => panic!("{other:?}"),
+        let who = &d.who;
+        let i: usize = match (&who.pod, &who.container_id) {
+            (Some(pod), _) => pod.strip_prefix("corpus-").unwrap().parse().unwrap(),
+            (None, Some(container_id)) => usize::from_str_radix(container_id, 16).unwrap(),
+            _ => panic!("{who:?}"),
         };
         out[i].push((d.kind.as_str().to_string(), d.judged));
     }
@@ -438,7 +436,7 @@ fn lines_that_decide_each_other_are_told_once_with_the_deciding_line() {
     };
     let mut told: Vec<Vec<(String, String)>> = vec![Vec::new(); blocks.len()];
     for d in recognised_since(&sources, SystemTime::now() - Duration::from_secs(3600)) {
-        let Who::Pod { pod, .. } = &d.who else {
+        let Some(pod) = &d.who.pod else {
             panic!("{d:?}")
         };
         let i: usize = pod.strip_prefix("corpus-").unwrap().parse().unwrap();

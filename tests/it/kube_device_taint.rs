@@ -88,7 +88,8 @@ impl Keeper {
         let mut settings = DeviceTaintSettings::new(effect, hold);
         settings.resync = Duration::from_millis(100);
         settings.backoff_start = Duration::from_millis(50);
-        let handles = (metrics.device_taints.clone(), Some(events));
+        let ids = shmlink::kube::events::EventIds::new();
+        let handles = (metrics.device_taints.clone(), Some((events, ids)));
         let feed = spawn_device_taints(client(api), NODE.into(), settings, handles, &runtime);
         Keeper { feed, metrics }
     }

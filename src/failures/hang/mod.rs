@@ -47,8 +47,8 @@ mod tests {
     use crate::failures::correlate::{correlate, Known};
     use crate::kube::podresources::GpuHolders;
     use crate::model::{
-        DeathRules, Detected, Failure, FailureSource, FindingKind, HangVerdict, JobLinks,
-        LinkErrors, LinkReading, Peer, UserContainer, Who,
+        ContainerRef, DeathRules, Detected, Failure, FailureSource, FindingKind, HangVerdict,
+        JobLinks, LinkErrors, LinkReading, Peer,
     };
 
     const LINE: &str = "[rank3]:[E1124 10:10:00.000000000 ProcessGroupNCCL.cpp:632] [PG ID 0 PG \
@@ -94,18 +94,13 @@ mod tests {
             Some("python3"),
             BTreeSet::from([5, 7]),
             at(0),
-            || {
-                Some(UserContainer {
-                    pod_uid: None,
-                    container_id: "c0ffee".into(),
-                })
-            },
+            || Some(ContainerRef::by_id("c0ffee", None)),
         );
-        let who = Who::Pod {
-            namespace: "ml".into(),
-            pod: "llama-0".into(),
-            uid: "u-1".into(),
-            container: "trainer".into(),
+        let who = ContainerRef {
+            namespace: Some("ml".into()),
+            pod: Some("llama-0".into()),
+            pod_uid: Some("u-1".into()),
+            container: Some("trainer".into()),
             container_id: Some("c0ffee".into()),
         };
         let mut d = Detected::new(

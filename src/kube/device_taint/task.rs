@@ -15,7 +15,7 @@ use super::judge::{blamed, TaintJudge, Wanted};
 use super::rules::{plan, Action, Desired, Stored};
 use super::slices::SliceIndex;
 use super::Effect;
-use crate::kube::events::{EventMsg, EventQueue, EventSpec, EventType};
+use crate::kube::events::{EventIds, EventQueue, EventType};
 use crate::metrics::DeviceTaintMetrics;
 use crate::model::{EventReason, Snapshot};
 use crate::text;
@@ -70,12 +70,13 @@ impl DeviceTaintFeed {
     }
 }
 
-/// Starts the task on `runtime`; `events` carries its Node Events.
+/// Starts the task on `runtime`; `events` carries its Node Events, named by the agent's one
+/// allocator of Event IDs (the planner's, [`EventIds`]).
 pub fn spawn_device_taints(
     client: Client,
     node: String,
     settings: DeviceTaintSettings,
-    (metrics, events): (DeviceTaintMetrics, Option<EventQueue>),
+    (metrics, events): (DeviceTaintMetrics, Option<(EventQueue, EventIds)>),
     runtime: &tokio::runtime::Handle,
 ) -> DeviceTaintFeed {
     let (tx, rx) = watch::channel(None);
@@ -91,7 +92,6 @@ pub fn spawn_device_taints(
         started: Instant::now(),
         adopted: None,
         said: HashSet::new(),
-        next_event: 0,
     };
     runtime.spawn(run(keeper, rx));
     DeviceTaintFeed {
@@ -106,7 +106,7 @@ struct Keeper {
     node: String,
     settings: DeviceTaintSettings,
     metrics: DeviceTaintMetrics,
-    events: Option<EventQueue>,
+    events: Option<(EventQueue, EventIds)>,
     api: Option<DraApi>,
     /// When discovery last found no API (asked again after `rediscover`).
     asked_at: Option<Instant>,
@@ -117,7 +117,6 @@ struct Keeper {
     adopted: Option<HashSet<String>>,
     /// What was logged once (the missing API, GPUs no slice lists, names others hold).
     said: HashSet<String>,
-    next_event: u64,
 }
 
 async fn run(mut k: Keeper, mut rx: watch::Receiver<Option<Vec<Wanted>>>) {
@@ -316,7 +315,7 @@ impl Keeper {
         let device = d.device.to_string();
         let note = text::taint_made(&d.name, &device, d.effect.as_str(), &d.description);
         let reason = EventReason::GpuDeviceTainted;
-        self.event(reason, EventType::Warning, &d.name, note);
+        self.event(reason, EventType::Warning, note);
     }
 
     async fn lift(
@@ -335,12 +334,7 @@ impl Keeper {
             .map_or_else(|| "?".to_string(), |d| d.to_string());
         let hold = humantime::format_duration(self.settings.hold).to_string();
         let note = text::taint_lifted(&stored.name, &device, &hold);
-        self.event(
-            EventReason::GpuDeviceTaintLifted,
-            EventType::Normal,
-            &stored.name,
-            note,
-        );
+        self.event(EventReason::GpuDeviceTaintLifted, EventType::Normal, note);
         Ok(())
     }
 
@@ -358,17 +352,10 @@ impl Keeper {
     }
 
     /// A Node Event of its own occurrence (told once, never updated).
-    fn event(&mut self, reason: EventReason, type_: EventType, rule: &str, note: String) {
-        let Some(queue) = &self.events else {
+    fn event(&mut self, reason: EventReason, type_: EventType, note: String) {
+        let Some((queue, ids)) = &self.events else {
             return;
         };
-        self.next_event += 1;
-        // Clear of the planner's IDs, which count up from 0.
-        let id = (1 << 62) + self.next_event;
-        let stamp = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
         let regarding = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
@@ -376,15 +363,7 @@ impl Keeper {
             uid: self.node_uid.clone(),
             ..Default::default()
         };
-        let spec = EventSpec {
-            id,
-            name: format!("{rule}.{stamp:x}"),
-            regarding,
-            reason,
-            type_,
-            note,
-        };
-        queue.send(vec![EventMsg::Publish(Box::new(spec)), EventMsg::Ended(id)]);
+        queue.send(ids.once(regarding, reason, type_, note));
     }
 }
 

@@ -17,14 +17,17 @@
 //! used: its series key ignores the note and has no place for the GPU a Node Event is about, so
 //! two GPUs failing on one node would collapse into one series that keeps the first GPU's note.
 //! Names are fixed per occurrence, so a create retried after a lost answer meets 409 Conflict
-//! instead of making a duplicate.
+//! instead of making a duplicate. Every source of Events takes its IDs and names from one
+//! [`EventIds`] (`ids.rs`), so none can collide with another's.
 
+mod ids;
 mod pending;
 mod planner;
 mod publisher;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
+pub use ids::EventIds;
 pub use planner::{EventPlanner, OpenSeries, Resend};
 pub use publisher::{spawn_publisher, EventQueue, PublishSettings};
 

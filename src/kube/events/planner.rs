@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::{pod_ref, EventMsg, EventSpec, EventType, GpuHolders};
+use super::{pod_ref, EventIds, EventMsg, EventSpec, EventType, GpuHolders};
 use crate::kube::pods::PodIndex;
 use crate::model::Snapshot;
 use crate::model::{cut, Failure};
@@ -50,9 +50,8 @@ struct Condition {
 pub struct EventPlanner {
     node: String,
     heartbeat: Duration,
-    /// Distinguishes this agent's Event names from an earlier run's on the same node.
-    run: u64,
-    next_id: u64,
+    /// Each occurrence's ID and name, shared with the agent's other sources of Events.
+    ids: EventIds,
     active: HashMap<ConditionKey, Active>,
     /// The last count of each (GPU, XID), to tell a repeat.
     xid_counts: HashMap<(u32, u64), u64>,
@@ -89,21 +88,22 @@ pub struct OpenSeries {
 }
 
 impl EventPlanner {
-    /// `heartbeat`: how often a lasting condition's series is updated.
+    /// `heartbeat`: how often a lasting condition's series is updated. Its IDs are a new
+    /// run's; [`EventPlanner::ids`] lends them to the agent's other sources of Events.
     pub fn new(node: &str, heartbeat: Duration) -> EventPlanner {
-        let run = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            // Milliseconds: a run killed and started again within a second names anew.
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         EventPlanner {
             node: node.to_string(),
             heartbeat,
-            run,
-            next_id: 0,
+            ids: EventIds::new(),
             active: HashMap::new(),
             xid_counts: HashMap::new(),
             failures: HashMap::new(),
         }
+    }
+
+    /// The one allocator of this run's Event IDs and names (shared, not copied).
+    pub fn ids(&self) -> EventIds {
+        self.ids.clone()
     }
 
     pub fn node_ref(&self) -> ObjectReference {
@@ -293,7 +293,7 @@ impl EventPlanner {
             .map(|r| (r.container_id.as_str(), r.fullness().unwrap_or(0.0)))
             .collect();
         let fullness_of = |f: &Finding| match &f.subject {
-            Subject::Container(c) => fullness.get(c.container_id.as_str()).copied(),
+            Subject::Container(c) => fullness.get(c.id_or_empty()).copied(),
             _ => None,
         };
         let mut findings: Vec<(f64, &Finding)> = snapshot
@@ -393,9 +393,8 @@ impl EventPlanner {
                 continue;
             };
             let age = wall.duration_since(o.last_sent).unwrap_or_default();
-            self.next_id += 1;
             let series = Series {
-                id: self.next_id,
+                id: self.ids.id(),
                 name: o.name,
                 regarding: pod_ref(&o.namespace, &o.pod, &o.uid),
                 note: o.note,
@@ -421,12 +420,7 @@ impl EventPlanner {
     }
 
     fn new_occurrence(&mut self, regarding: &ObjectReference) -> (u64, String) {
-        self.next_id += 1;
-        let base = regarding.name.as_deref().unwrap_or("shmlink");
-        (
-            self.next_id,
-            format!("{base}.shmlink.{:x}.{:x}", self.run, self.next_id),
-        )
+        self.ids.occurrence(regarding)
     }
 
     fn regarding_of(&self, target: &Target, pods: Option<&PodIndex>) -> Option<ObjectReference> {

@@ -1,5 +1,5 @@
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -397,7 +397,6 @@ fn a_failure_without_a_pod_is_no_event() {
 #[test]
 fn open_failure_series_go_on_after_a_restart_and_unconfirmed_ones_are_sent_again() {
     use std::collections::HashMap;
-    use std::time::SystemTime;
     let t0 = Instant::now();
     let shm = fixtures::failure(FindingKind::ShmAllocationFailed, "ml", "trainer-0", UID);
     let crash = fixtures::failure(FindingKind::GpuJobCrashed, "ml", "trainer-0", UID);
@@ -494,4 +493,79 @@ fn a_link_wearing_out_is_a_warning_on_the_node_and_the_pod_holding_its_gpu() {
         assert_eq!(e.type_, EventType::Warning);
         assert!(e.note.contains(note), "{}", e.note);
     }
+}
+
+/// The planner (scan conditions, their recoveries, failures, resumed series) and the device
+/// taints' Node Events take turns: every Event of the run has its own ID and name, each name in
+/// the contract's form.
+#[test]
+fn the_planner_and_the_device_taints_take_ids_and_names_from_one_owner() {
+    use std::collections::HashMap;
+    let t0 = Instant::now();
+    let mut p = EventPlanner::new("node-a", HEARTBEAT);
+    let taints = p.ids();
+    // One ID is one name (a series update repeats both), and one name one ID.
+    let mut by_id: HashMap<u64, String> = HashMap::new();
+    let mut by_name: HashMap<String, u64> = HashMap::new();
+    let mut record = |msgs: &[EventMsg]| {
+        for m in msgs {
+            if let EventMsg::Publish(e) = m {
+                assert_eq!(by_id.entry(e.id).or_insert_with(|| e.name.clone()), &e.name);
+                assert_eq!(*by_name.entry(e.name.clone()).or_insert(e.id), e.id);
+            }
+        }
+    };
+    let down = vec![gpu_finding(FindingKind::GpuLinkDown, Subject::Gpu(7))];
+    for round in 0..6u64 {
+        let now = t0 + Duration::from_secs(round);
+        // A link down on even rounds, recovered on odd ones: a new Event each time.
+        let findings = if round % 2 == 0 { down.clone() } else { vec![] };
+        record(&p.plan(&snapshot(vec![], findings), Some(&pods()), &holders(), now));
+        record(&taints.once(
+            p.node_ref(),
+            EventReason::GpuDeviceTainted,
+            EventType::Warning,
+            format!("rule {round}"),
+        ));
+        let uid = format!("uid-{round}");
+        let f = fixtures::failure(FindingKind::GpuJobCrashed, "ml", "trainer-0", &uid);
+        record(&p.plan_failures(&[f.clone(), f], now));
+    }
+    record(&taints.once(
+        p.node_ref(),
+        EventReason::GpuDeviceTaintLifted,
+        EventType::Normal,
+        "lifted".into(),
+    ));
+    // A series resumed keeps its stored name and takes a new ID from the same owner.
+    let saved = p.open_series();
+    let resumed = p.resume_failures(saved, &Default::default(), t0, SystemTime::now());
+    assert_eq!(resumed.len(), 6);
+    for r in &resumed {
+        assert!(!by_id.contains_key(&r.spec.id) && by_name.contains_key(&r.spec.name));
+    }
+    // 3 downs and 3 recoveries on the Node and the Pod holding GPU 7, 6 failure series (each
+    // told twice), 7 taint Events.
+    assert_eq!(by_id.len(), 6 * 2 + 6 + 7, "{by_id:?}");
+    for name in by_name.keys() {
+        let parts: Vec<&str> = name.split('.').collect();
+        assert!(
+            matches!(parts[..], [_, "shmlink", run, n]
+                if u64::from_str_radix(run, 16).is_ok() && u64::from_str_radix(n, 16).is_ok()),
+            "{name}"
+        );
+    }
+    assert!(by_name.keys().any(|n| n.starts_with("node-a.shmlink.")));
+    assert!(by_name.keys().any(|n| n.starts_with("trainer-0.shmlink.")));
+
+    // From two threads at once (the scan thread and the runtime's task): no ID twice.
+    let taken: Vec<u64> = std::thread::scope(|s| {
+        let a = s.spawn(|| (0..1000).map(|_| p.ids().id()).collect::<Vec<_>>());
+        let b = s.spawn(|| (0..1000).map(|_| taints.id()).collect::<Vec<_>>());
+        [a.join().unwrap(), b.join().unwrap()].concat()
+    });
+    let distinct: HashSet<u64> = taken.iter().copied().collect();
+    assert_eq!(distinct.len(), 2000);
+    assert!(distinct.iter().all(|id| !by_id.contains_key(id)));
+    assert!(resumed.iter().all(|r| !distinct.contains(&r.spec.id)));
 }

@@ -12,7 +12,8 @@ use std::time::SystemTime;
 
 use crate::logs::path::Rotation;
 use crate::logs::resume::{resume_at, Listing, LogResume, Resumed};
-use crate::logs::{Bucket, Entry, Gate, LogOrigin};
+use crate::logs::{Bucket, Entry, Gate};
+use crate::model::ContainerRef;
 
 use super::handle::{gz_head_crc, gz_size, head_crc, Handle, Listed, Position};
 use super::newest::keep_newest;
@@ -21,7 +22,7 @@ use super::{FileId, Start, Tally, CATCH_UP_BUDGET};
 
 /// One container's log directory (kubelet's `<pod>/<container>`, Docker's `containers/<id>`).
 pub(super) struct ContainerDir {
-    origin: LogOrigin,
+    origin: ContainerRef,
     format: Format,
     /// By live file name (kubelet has one per restart).
     streams: BTreeMap<String, Stream>,
@@ -38,7 +39,7 @@ pub(super) struct ContainerDir {
 }
 
 impl ContainerDir {
-    pub(super) fn new(origin: LogOrigin, format: Format) -> ContainerDir {
+    pub(super) fn new(origin: ContainerRef, format: Format) -> ContainerDir {
         ContainerDir {
             origin,
             format,
@@ -78,7 +79,7 @@ impl ContainerDir {
         kept_left: &mut u32,
         scratch: &mut [u8],
         tally: &mut Tally,
-        emit: &mut dyn FnMut(&LogOrigin, Entry),
+        emit: &mut dyn FnMut(&ContainerRef, Entry),
     ) -> bool {
         let mut out = Out {
             keep,

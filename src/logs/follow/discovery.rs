@@ -12,7 +12,7 @@ use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::logs::path::{self, LogFile};
-use crate::logs::LogOrigin;
+use crate::model::ContainerRef;
 
 use super::dirs::ContainerDir;
 use super::handle::Listed;
@@ -97,7 +97,7 @@ impl Follower {
             let key = (1, id.to_string());
             self.still.note(1, &format!("containers/{id}"), &id_dir);
             self.watch(&id_path, Watched::Container(key.clone()));
-            let dir = ContainerDir::new(LogOrigin::Docker { id: id.to_string() }, Format::Docker);
+            let dir = ContainerDir::new(ContainerRef::by_id(id, None), Format::Docker);
             self.scan_dir(key, dir, &mut id_dir, &id_path, &|name| {
                 path::docker_file(id, name)
             });

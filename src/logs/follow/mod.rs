@@ -32,7 +32,8 @@ use self::dirs::ContainerDir;
 use self::notify::Notifier;
 use self::still::Stamps;
 use super::resume::{LogCheckpoints, LogResume};
-use super::{Entry, Gate, LogOrigin};
+use super::{Entry, Gate};
+use crate::model::ContainerRef;
 
 /// Bytes read per file stream per poll at most, so that one flooding container cannot starve
 /// the rest.
@@ -138,13 +139,8 @@ fn log_owner(path: &Path) -> String {
     let pod = dir.and_then(Path::parent);
     match (file_name(pod), file_name(dir)) {
         (Some(pod_dir), Some(container)) => match super::path::pod_origin(pod_dir, container) {
-            Some(LogOrigin::Pod {
-                namespace,
-                pod,
-                container,
-                ..
-            }) => format!("{namespace}/{pod}/{container}"),
-            _ => crate::model::printable(&dir.unwrap_or(path).display().to_string()),
+            Some(origin) => origin.name().unwrap_or_default(),
+            None => crate::model::printable(&dir.unwrap_or(path).display().to_string()),
         },
         _ => crate::model::printable(&path.display().to_string()),
     }
@@ -388,7 +384,11 @@ impl Follower {
     /// serve's polls share [`POLL_TOTAL`] bytes and [`KEPT_PER_POLL`] lines between the
     /// directories to be read: once either is spent the rest wait, and the next poll begins
     /// after the last directory this one read. check's first poll reads everything.
-    pub fn poll(&mut self, keep: &dyn Fn(&[u8]) -> bool, emit: &mut dyn FnMut(&LogOrigin, Entry)) {
+    pub fn poll(
+        &mut self,
+        keep: &dyn Fn(&[u8]) -> bool,
+        emit: &mut dyn FnMut(&ContainerRef, Entry),
+    ) {
         let catching_up = matches!(self.start, Start::Since(_));
         let everything = self.prepare();
         let Follower {

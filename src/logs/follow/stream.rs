@@ -5,7 +5,8 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::logs::cri::CriJoiner;
 use crate::logs::json_file::DockerJoiner;
-use crate::logs::{Bucket, Entry, Gate, LogOrigin, Pushed};
+use crate::logs::{Bucket, Entry, Gate, Pushed};
+use crate::model::ContainerRef;
 
 use super::handle::{Handle, Pass};
 use super::{FileId, Tally};
@@ -199,8 +200,8 @@ pub(super) struct Out<'a> {
     /// Lines this poll may still hand on, across containers.
     pub(super) kept_left: &'a mut u32,
     pub(super) bucket: &'a mut Option<Bucket>,
-    pub(super) origin: &'a LogOrigin,
-    pub(super) emit: &'a mut dyn FnMut(&LogOrigin, Entry),
+    pub(super) origin: &'a ContainerRef,
+    pub(super) emit: &'a mut dyn FnMut(&ContainerRef, Entry),
     /// Complete lines, kept or not.
     pub(super) lines: u64,
     /// Kept lines the rate limit dropped.

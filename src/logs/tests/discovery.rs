@@ -73,7 +73,7 @@ fn discovery_lists_again_only_when_a_directory_changed() {
     );
     let lines = tailer.poll();
     assert_eq!(lines.len(), 1);
-    assert_eq!(lines[0].origin, LogOrigin::Docker { id: other });
+    assert_eq!(lines[0].origin, ContainerRef::by_id(&other, None));
 }
 
 #[test]

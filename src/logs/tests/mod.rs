@@ -73,13 +73,14 @@ impl Node {
     }
 }
 
-fn pod(container: &str) -> LogOrigin {
-    LogOrigin::Pod {
-        namespace: "ml-team".into(),
-        pod: "trainer-0".into(),
-        uid: "0f6c8a52-3b1e-4f0e-9d6a-2c4b8e1f7a90".into(),
-        container: container.into(),
-    }
+fn pod(container: &str) -> ContainerRef {
+    ContainerRef::in_pod(
+        "ml-team",
+        "trainer-0",
+        "0f6c8a52-3b1e-4f0e-9d6a-2c4b8e1f7a90",
+        container,
+        None,
+    )
 }
 
 fn ts(h: u32, m: u32, s: u32) -> String {

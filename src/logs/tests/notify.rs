@@ -99,7 +99,7 @@ fn new_pods_containers_and_rotations_are_read_without_waiting_for_a_full_poll() 
     );
     let lines = tailer.poll();
     assert_eq!(texts(&lines), ["new docker container"]);
-    assert_eq!(lines[0].origin, LogOrigin::Docker { id: other });
+    assert_eq!(lines[0].origin, ContainerRef::by_id(&other, None));
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn docker_split_lines_are_joined_and_rotation_drains_the_old_file() {
         texts(&lines),
         ["RuntimeError: unable to allocate shared memory(shm)"]
     );
-    assert_eq!(lines[0].origin, LogOrigin::Docker { id: ID.into() });
+    assert_eq!(lines[0].origin, ContainerRef::by_id(ID, None));
     append(&log, docker_line("unread\n", &t));
     fs::rename(&log, dir.join(format!("{ID}-json.log.1"))).unwrap();
     append(&log, docker_line("new file\n", &t));

@@ -17,7 +17,7 @@ fn failure(kind: FindingKind, pod: Option<&str>, minutes: u64) -> Failure {
         .to_string();
     let mut f = fixtures::failure(kind, "ml", pod.unwrap_or("x"), "uid-1");
     if pod.is_none() {
-        f.placed = crate::model::Placed::default();
+        f.placed = crate::model::ContainerRef::default();
         f.source = FailureSource::Kernel;
     }
     f.message = format!(
