@@ -60,6 +60,8 @@ fn churn_batch(agent: &Agent) {
 
 #[test]
 fn churned_containers_leave_no_series_and_no_growth() {
+    // Its serve scans the whole host: no other test's containers, mounts or segments beside.
+    common::host::alone();
     if !common::e2e_available() {
         return;
     }

@@ -50,9 +50,6 @@ fn the_level_decides_what_serve_logs() {
         agent.wait_ready();
         agent.log_text()
     };
-    // The test's own environment must not decide.
-    std::env::remove_var("SHMLINK_LOG");
-    std::env::remove_var("RUST_LOG");
     assert!(log(&["--no-gpu"], &[]).contains(SERVING));
     assert!(!log(&["--no-gpu", "--log-level", "warn"], &[]).contains(SERVING));
     let expert = std::ffi::OsStr::new("shmlink=info");
