@@ -102,4 +102,3 @@ pub fn alone() {
     ALONE_HERE.with(|a| a.set(true));
     TEST_HOLD.with(|held| *held.borrow_mut() = Some(Hold::Alone));
 }
-

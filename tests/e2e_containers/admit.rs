@@ -4,8 +4,7 @@
 //!
 //! Needs nothing but loopback; no root.
 
-#[path = "common/admit_tls.rs"]
-mod admit_tls;
+use crate::admit_tls;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! `serve` that measured a container `check` no longer can may know more; that is knowledge,
 //! not a second way of telling).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //! NVML's state is in the text and the JSON; `serve` is not ready while blind, exports
 //! `shmlink_blind{reason}`, and is ready again once the cause goes away.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

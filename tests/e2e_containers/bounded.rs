@@ -9,9 +9,8 @@
 //! Needs root (a memory cgroup); loopback only. The attackers and the honest clients come from
 //! different loopback addresses (127.0.0.x), as different hosts would.
 
-#[path = "common/admit_tls.rs"]
-mod admit_tls;
-mod common;
+use crate::admit_tls;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! the kernel's report and kubelet's `OOMKilled` of one container one failure, a restart loop
 //! one Event series. Run with --nocapture to see the Events and their delays.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

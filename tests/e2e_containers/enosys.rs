@@ -5,7 +5,7 @@
 //! second filter makes statfs answer EPERM: "could not look" must be an error, never "no
 //! /dev/shm".
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

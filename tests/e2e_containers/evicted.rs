@@ -5,7 +5,7 @@
 //! and `serve` tells one `ShmEvicted` Event with /dev/shm as it last read it; `check` the same
 //! failure. An eviction for a volume mounted elsewhere stays quiet.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

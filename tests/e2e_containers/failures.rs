@@ -3,7 +3,7 @@
 //! Docker container's json-file log, and the Events at the in-process API server. Prints the
 //! Events it saw and the delay from a line written to its Event (run with --nocapture).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -6,7 +6,7 @@
 //! The log files are written as containerd writes them (CRI lines, a long line in 16 KiB `P`
 //! parts) under a kubelet-style tree; no container is needed to write a file.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Write;

@@ -6,7 +6,7 @@
 //! carries a raw control character or an attacker's line of its own. Needs root, runc and gcc
 //! (each test says so when it skips).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

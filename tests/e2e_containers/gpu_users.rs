@@ -6,7 +6,7 @@
 //! kubelet at all), where `serve` logs it and the findings as they begin and end.
 //! Run with --nocapture to see what was told.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

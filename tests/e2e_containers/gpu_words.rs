@@ -3,7 +3,7 @@
 //! CUDA 214 to its CRI log after GPU 7 reported XID 48 (double-bit ECC). The Event on its Pod
 //! names GPU 7 as the bad one, not GPU 5, and says what to do. Run with --nocapture to see it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

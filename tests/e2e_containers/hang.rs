@@ -6,7 +6,7 @@
 //! `check` (reading serve's store, after the containers are gone) tell the same. Run with
 //! --nocapture to see the notes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

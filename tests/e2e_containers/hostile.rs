@@ -3,7 +3,7 @@
 //! moving to new mount namespaces. The agent must stay correct for every other container, keep
 //! its exposition valid, and never open anything for writing.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

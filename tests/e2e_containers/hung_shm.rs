@@ -6,7 +6,7 @@
 //! stays ready and is reaped within 10 s of SIGTERM, the peak sampler goes on, and the server
 //! is sent no request at all.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

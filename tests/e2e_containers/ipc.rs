@@ -5,7 +5,7 @@
 //! there; `serve` names it on the Pod as `ShmNotShared`, with the fix that shares one /dev/shm,
 //! not a larger one. Run with --nocapture to see the Event.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

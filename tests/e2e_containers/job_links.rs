@@ -5,7 +5,7 @@
 //! the rest stayed clean), and the failure's JSON carries it (`gpu_links`) in `history` and in
 //! `check`, which read serve's store. Run with --nocapture to see the note.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! fake API server's Pod UIDs and container IDs, the fake NVML library, and Events arriving at
 //! the fake API server. Prints every Event it saw (run with --nocapture to read them).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! the delays from the line on disk to the Event at the API server are printed (p50, p99) for
 //! BENCHMARKS.md, not asserted (run with --nocapture).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! catch-up reads the log's newest 256 MiB, so the last line is told, and what it did not read
 //! is said on stderr. No root needed: the log is a file in a temporary pod log root.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

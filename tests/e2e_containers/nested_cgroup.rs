@@ -3,7 +3,7 @@
 //! process with a mount namespace of its own. `check` reads the container once, by its own ID,
 //! and never as the container the nested cgroup names.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

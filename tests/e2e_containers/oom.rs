@@ -5,7 +5,7 @@
 //! in-process API server. A healthy neighbour gets nothing. Run with --nocapture to see the
 //! Events and their delays.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! is told unplaced (its start unknown, its command alone proves nothing); with the death trace
 //! at its default, on its own Pod, by the SIGSEGV tracepoint's task and cgroup.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

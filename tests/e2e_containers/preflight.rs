@@ -3,7 +3,7 @@
 //! container's own cgroups at /sys/fs/cgroup as Docker and containerd mount them), against the
 //! container's own /dev/shm, memory limit and, through the fake NVML, GPUs.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

@@ -3,7 +3,7 @@
 //! containers that capability exists for. Run as root under `setpriv`, which takes the others
 //! out of the bounding set, so the exec'ed agent cannot hold them.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::chown;
 use std::process::Command;

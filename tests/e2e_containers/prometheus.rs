@@ -11,7 +11,7 @@
 //! (`apt-get install prometheus prometheus-alertmanager`; scripts/test.sh installs them). Without
 //! them it says SKIPPED, unless SHMLINK_E2E=require, where it fails.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! only, said in the log and in `shmlink_kube_pod_cache_synced 0`. Against the in-process API
 //! server, through the real kube client.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

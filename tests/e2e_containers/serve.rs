@@ -1,7 +1,7 @@
 //! `shmlink serve` end to end: readiness, /metrics from real containers, series that vanish
 //! with their container, a clean exit on SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! End to end against real runc containers in kubelet-style cgroups: `check --json` and
 //! `/metrics` must show what the containers did to their /dev/shm.
 
-mod common;
+use crate::common;
 
 use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::Value;

@@ -5,7 +5,7 @@
 //! CI churns 100 containers; `SHMLINK_SOAK_CONTAINERS=2000 cargo test --release --test
 //! e2e_soak -- --nocapture` is the long run.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

@@ -4,7 +4,7 @@
 //! `check --since` tells it once, from the log and the store, and from the store once the log
 //! is gone.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

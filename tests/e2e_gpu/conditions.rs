@@ -3,7 +3,7 @@
 //! real `kube` client. Needs neither root nor containers. Prints the Node's conditions as the
 //! server last held them in the link-down and XID 79 cases (run with --nocapture).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

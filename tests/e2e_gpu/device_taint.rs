@@ -7,7 +7,7 @@
 //! Needs neither root nor containers. Prints the rule as the server stored it and the log
 //! lines (run with --nocapture).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -15,7 +15,7 @@
 //! Needs `prometheus` and `prometheus-alertmanager` (scripts/test.sh installs them); without
 //! them SKIPPED, unless SHMLINK_E2E=require, where it fails. No containers: root not needed.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! holds a newline and a whole crash line. Neither may become a GPU fault or a crash of PID 1.
 //! Root only (/dev/kmsg and syslog(2)); gcc builds the programs.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

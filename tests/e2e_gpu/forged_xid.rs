@@ -9,7 +9,7 @@
 //! GPU out. Needs neither root nor containers (nor real netfilter: the record is as the kernel
 //! formats it).
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 //! pod log, Docker log and kernel log of `tests/golden/` appended once `serve` follows them.
 //! Needs root, for the tmpfs.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Write;

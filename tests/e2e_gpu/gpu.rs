@@ -3,7 +3,7 @@
 //! modes a real node shows by rewriting the fake's config, while `serve` runs where it matters.
 //! No root needed: the shm side scans whatever this machine has.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 

@@ -6,7 +6,7 @@
 //! redirecting P2P on a switch port is one, naming the GPUs it lies between; each is logged as
 //! it begins and as it ends. `check --json` tells the same from one scan.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! CUDA numbers the devices in another order than NVML; the answers are in NVML's indices.
 //! Run with --nocapture to see each table.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! `<proc-root>/sys/kernel/random/boot_id`), neither is taken up. Needs neither root nor
 //! containers.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

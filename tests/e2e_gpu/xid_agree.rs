@@ -7,7 +7,7 @@
 //! address), tell the IOMMU fault on GPU 4, and make the same verdict of GPU 2 (serve's `GpuFault`
 //! telling XID 48 held; check's `gpu_verdicts`). Needs neither root nor containers.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::Write;

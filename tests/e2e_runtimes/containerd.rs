@@ -8,7 +8,7 @@
 //! all. Every case's problems are gathered and reported together. Needs root (SKIPPED
 //! otherwise; a failure under `SHMLINK_E2E=require`).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -15,7 +15,7 @@
 //!   real Docker engine (told by its name, one failure with Docker's record).
 //! - Without CAP_PERFMON and CAP_SYS_ADMIN: `shmlink_death_trace_up 0`, serving on; `on` fails.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

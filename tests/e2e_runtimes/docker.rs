@@ -4,7 +4,7 @@
 //! (`OOMKilled`, exit 135) and, for the OOM kill, from the kernel's report: one failure each,
 //! named as Docker names it; and a container given GPUs on Docker's 64 MiB default.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

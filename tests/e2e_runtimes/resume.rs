@@ -5,7 +5,7 @@
 //! log (/dev/kmsg). In kube mode, each death is one Event occurrence whenever serve is killed,
 //! and a Pod's status recording a death while serve was down is told once.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `--log-level`, and `SHMLINK_LOG` as the experts' full filter: a filter that does not parse
 //! is an error (exit 2), not silently another level.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 
