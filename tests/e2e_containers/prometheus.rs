@@ -3,7 +3,7 @@
 //! from the fake NVML library), evaluates deploy/prometheus/shmlink.rules.yml, and sends to
 //! Debian's Alertmanager, which delivers to a webhook receiver in this test. Checks that every
 //! query of every panel of dashboards/shmlink.json returns data (the fleet dashboard is
-//! tests/e2e_fleet.rs's), and that filling a container's
+//! tests/e2e_gpu/fleet.rs's), and that filling a container's
 //! /dev/shm past critical fires ShmExhausted and reaches the webhook (printed: run with
 //! --nocapture to read it).
 //!
@@ -343,7 +343,7 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
         }
-        // The fleet's dashboard reads many nodes' series: tests/e2e_fleet.rs runs its every
+        // The fleet's dashboard reads many nodes' series: tests/e2e_gpu/fleet.rs runs its every
         // query over eight agents.
         if path.file_name().is_some_and(|n| n == "shmlink-fleet.json") {
             continue;

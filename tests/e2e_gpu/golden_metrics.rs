@@ -1,7 +1,7 @@
 //! The whole of `/metrics` for one fixed fake node, compared with `tests/golden/metrics.txt`
 //! (as node_exporter's end-to-end test compares its output with `e2e-output.txt`): any change to
 //! a series' name, labels, type, HELP text or value shows in review as a diff of that file.
-//! `SHMLINK_UPDATE_GOLDEN=1 cargo test --test e2e_golden_metrics` rewrites it.
+//! `SHMLINK_UPDATE_GOLDEN=1 cargo test --test e2e_gpu golden_metrics::` rewrites it.
 //!
 //! The node is fake and fixed: a /proc and a cgroup v2 tree written here (a pod container whose
 //! /dev/shm is a 64 MiB tmpfs holding 16 MiB, under a pod memory limit that binds; a Docker
@@ -468,7 +468,7 @@ fn metrics_of_the_fixed_node_match_the_golden_file() {
     assert!(
         golden == scrape,
         "/metrics differs from tests/golden/metrics.txt (- golden, + scrape); if the change is \
-         meant, run SHMLINK_UPDATE_GOLDEN=1 cargo test --test e2e_golden_metrics and commit \
+         meant, run SHMLINK_UPDATE_GOLDEN=1 cargo test --test e2e_gpu golden_metrics:: and commit \
          the file:\n{}",
         diff(&golden, &scrape)
     );
