@@ -1,28 +1,33 @@
 //! The agent's binary run once: `shmlink check` and its JSON, and the peak memory of a run.
 
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
 pub fn shmlink_bin() -> &'static str {
-    // The machine's own logs are no test's business: its kernel log holds other tests'
-    // crashes. Nor is its /var/lib/shmlink: a `serve` run on the machine within the hour left
-    // its failures there, which every `check` reads back. A test that reads a source or a
-    // store names it on the command line (options beat these).
-    static QUIET: OnceLock<()> = OnceLock::new();
-    QUIET.get_or_init(|| {
-        for var in [
-            "SHMLINK_KMSG",
-            "SHMLINK_POD_LOG_ROOT",
-            "SHMLINK_DOCKER_ROOT",
-        ] {
-            std::env::set_var(var, "off");
-        }
-        std::env::set_var("SHMLINK_STATE_DIR", "none");
-    });
     env!("CARGO_BIN_EXE_shmlink")
 }
+
+// The machine's own logs are no test's business: its kernel log holds other tests' crashes.
+// Nor is its /var/lib/shmlink: a `serve` run on the machine within the hour left its failures
+// there, which every `check` reads back. A test that reads a source or a store names it on the
+// command line (options beat these). Set before main, while the process has one thread: glibc's
+// setenv beside another thread's getenv (a test already running) is undefined.
+#[used]
+#[link_section = ".init_array"]
+static QUIET_AT_START: extern "C" fn() = quiet_at_start;
+
+extern "C" fn quiet_at_start() {
+    for var in [
+        "SHMLINK_KMSG",
+        "SHMLINK_POD_LOG_ROOT",
+        "SHMLINK_DOCKER_ROOT",
+    ] {
+        std::env::set_var(var, "off");
+    }
+    std::env::set_var("SHMLINK_STATE_DIR", "none");
+}
+
 /// `shmlink check --no-gpu ARGS`.
 pub fn run_check(args: &[&str]) -> Output {
     Command::new(shmlink_bin())
