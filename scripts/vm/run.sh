@@ -61,7 +61,7 @@ for exe in "$root/usr/sbin/runc" "$root/usr/bin/shmlink"; do
     cp -L "$lib" "$root$lib"
   done
 done
-# A program whose crash the kernel reports in libnccl.so.2 (as tests/e2e_failures.rs builds it):
+# A program whose crash the kernel reports in libnccl.so.2 (as tests/e2e_containers/failures.rs builds it):
 # no libc, its own loader beside it, so it runs in a busybox-only container.
 nccl_src=$(mktemp -d)
 trap 'rm -rf "$nccl_src"' EXIT

@@ -246,7 +246,7 @@ wget -q -O /tmp/metrics1 http://127.0.0.1:9477/metrics
 echo "@@BEGIN metrics"; cat /tmp/metrics1; echo "@@END metrics"
 
 # The crashing job: its main process is seen by a scan, then becomes the crashing program
-# (exec keeps the PID), as in tests/e2e_failures.rs.
+# (exec keeps the PID), as in tests/e2e_containers/failures.rs.
 u=$(pod_uid); c=$(hex 32)
 cg=$BURSTABLE/kubepods-burstable-pod$(underscored "$u").slice/cri-containerd-$c.scope
 start crash "$cg" default 0 "sleep 3; exec /nccl/crash" && scenario crash pod_uid=$u container_id=$c cgroup=/$cg

@@ -1,6 +1,6 @@
 //! `shmlink admit`'s other side: a test CA that signs server certificates, a Kubernetes Secret
 //! volume's layout on disk (files behind the `..data` symlink, swapped whole), and an HTTPS
-//! client (HTTP/1.1 or HTTP/2 by ALPN) that trusts only that CA. Used by tests/e2e_admit.rs and
+//! client (HTTP/1.1 or HTTP/2 by ALPN) that trusts only that CA. Used by tests/e2e_containers/admit.rs and
 //! bench/admission (each includes it by path).
 
 #![allow(dead_code)]

@@ -211,6 +211,9 @@ impl Agent {
                     .flat_map(|(option, value)| [*option, *value]),
             )
             .args(extra)
+            // The log filter is the test's to give, never its own environment's.
+            .env_remove("SHMLINK_LOG")
+            .env_remove("RUST_LOG")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

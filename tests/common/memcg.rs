@@ -23,7 +23,10 @@ impl MemCgroup {
         } else {
             return None;
         };
-        let dir = parent.join(format!("shmlink-test-{name}-{}", std::process::id()));
+        // Unique in the process too: one test binary runs many tests at once.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = parent.join(format!("shmlink-test-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir(&dir);
         std::fs::create_dir(&dir).ok()?;
         let cg = MemCgroup { dir, v2 };

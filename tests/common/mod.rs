@@ -18,6 +18,7 @@ pub mod dying;
 pub mod fake_cuda;
 pub mod fake_nvml;
 pub mod fuse;
+pub mod host;
 pub mod kube_api;
 pub mod link_days;
 pub mod memcg;
@@ -78,7 +79,10 @@ pub fn e2e_available() -> bool {
         None
     });
     match why_not {
-        None => true,
+        None => {
+            host::for_this_test();
+            true
+        }
         Some(why) => {
             let test = std::thread::current()
                 .name()

@@ -1,5 +1,5 @@
 //! Debian's Prometheus and Alertmanager as child processes, an HTTP/1.0 client for their APIs and
-//! a webhook receiver for Alertmanager's notifications (e2e_prometheus, e2e_fleet).
+//! a webhook receiver for Alertmanager's notifications (e2e_containers/prometheus.rs, e2e_gpu/fleet.rs).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -86,10 +86,13 @@ pub struct Container {
     pub pid: i32,
     pub cgroup: String,
     bundle: tempfile::TempDir,
+    /// Dropped after the container is gone (fields drop after `drop`).
+    _host: super::host::Shared,
 }
 
 impl Container {
     pub fn start(spec: ContainerSpec) -> Container {
+        let host = super::host::share();
         let id = spec.id.clone().unwrap_or_else(random_container_id);
         let cgroup = match &spec.pod_uid {
             Some(uid) => format!("/kubepods/burstable/pod{uid}/{id}"),
@@ -143,6 +146,7 @@ impl Container {
             pid,
             cgroup,
             bundle,
+            _host: host,
         }
     }
 

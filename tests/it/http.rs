@@ -2,7 +2,7 @@
 //! connections beyond a client's share and the limit (the probes still served), methods and
 //! paths it does not serve, and clean shutdown with clients attached. In process, with short
 //! limits; no root needed. (The attacks at full scale, in the DaemonSet's memory limit:
-//! tests/e2e_bounded.rs.)
+//! tests/e2e_containers/bounded.rs.)
 
 use crate::common;
 

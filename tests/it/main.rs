@@ -1,8 +1,8 @@
 //! The integration tests that make no container, one
 //! binary (linked once, not once per file): each file a module, named as its file was
-//! (`cargo test --test it field_corpus::`). The end-to-end tests (tests/e2e_*.rs) stay binaries
-//! of their own: each scans the whole host and measures its children, which other files' tests
-//! in the same process would disturb.
+//! (`cargo test --test it field_corpus::`). The end-to-end tests are three binaries more
+//! (tests/e2e_gpu/, e2e_runtimes/, e2e_containers/) and tests/e2e_chaos.rs, which
+//! scripts/test.sh runs alone; nvml_binding.rs loads the fake NVML into its own process.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -17,6 +17,7 @@ mod kube_api;
 mod kube_conditions;
 mod kube_device_taint;
 mod link_trend;
+mod logging;
 mod podresources;
 mod promtext;
 mod secrets;
