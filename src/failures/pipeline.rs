@@ -532,7 +532,7 @@ mod tests {
         assert!(told(&mut p).is_empty(), "the same death, told once");
         assert!(!p.has_pending());
         // Docker's record read in the same round as the kernel's kill waits with it: the
-        // kernel's account stands, as in check (a race e2e_docker met now and then).
+        // kernel's account stands, as in check (a race e2e_runtimes::docker met now and then).
         let mut p = Pipeline::new(&with_logs, Mode::Follow);
         p.exits([
             oom_kill(FailureSource::Docker, 101),

@@ -399,7 +399,7 @@ fn an_unmeasurable_dev_shm_is_an_error_not_no_dev_shm() {
     assert_eq!(sample(&body, "shmlink_shm_size_bytes", &id), None, "{body}");
 }
 
-/// The mounts a glibc binary from the host needs in the busybox rootfs (as e2e_preflight's),
+/// The mounts a glibc binary from the host needs in the busybox rootfs (as preflight.rs's),
 /// plus the wrapper at /wrap.
 fn preflight_mounts() -> Vec<Value> {
     let bin_dir = Path::new(common::shmlink_bin()).parent().unwrap();

@@ -3,7 +3,7 @@
 //! they were after warm-up, and its log holds no errors.
 //!
 //! CI churns 100 containers; `SHMLINK_SOAK_CONTAINERS=2000 cargo test --release --test
-//! e2e_soak -- --nocapture` is the long run.
+//! e2e_containers soak:: -- --nocapture` is the long run.
 
 use crate::common;
 

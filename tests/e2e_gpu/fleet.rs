@@ -545,7 +545,7 @@ fn check_dashboard(p: SocketAddr) {
         let (selector, _) = inner.rsplit_once(',').unwrap();
         let result = query(p, &substitute(selector));
         // `namespace` lists the nodes' containers' namespaces: this test runs none (its deaths
-        // come from logs), so only its query is checked here; e2e_prometheus has its values.
+        // come from logs), so only its query is checked here; e2e_containers::prometheus has its values.
         if name == "namespace" {
             assert!(result.is_ok(), "variable {name}: {result:?}");
             continue;
