@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use super::lookalike::{is_task_line, netfilter_fields};
 use super::XidCounts;
 use crate::gpu::pci::{pci_address, same_pci_device};
 use crate::kernel_log::record::{leading_decimal, KmsgRecord};
@@ -125,29 +126,6 @@ fn full_address(token: &str) -> Option<String> {
         return None;
     }
     crate::gpu::pci::canonical(token)
-}
-
-/// The kernel's lines about a task: `comm[pid]: ` (a segfault, a trap, a general protection
-/// fault), whatever the comm holds. The driver's lines never have `[digits]: ` in them.
-pub(super) fn is_task_line(message: &str) -> bool {
-    message.match_indices("]: ").any(|(i, _)| {
-        let head = &message[..i];
-        head.rfind('[').is_some_and(|open| {
-            let digits = &head[open + 1..];
-            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-        })
-    })
-}
-
-/// Whether `message` carries the fields netfilter's LOG target prints after its prefix
-/// (`IN=<if> OUT=<if> `, `nf_log_dump_packet_common`): the driver's lines never do.
-pub(super) fn netfilter_fields(message: &str) -> bool {
-    message.match_indices("IN=").any(|(i, _)| {
-        let rest = &message[i + 3..];
-        let iface = rest.split(' ').next().unwrap_or("");
-        rest.get(iface.len()..)
-            .is_some_and(|r| r.starts_with(" OUT="))
-    })
 }
 
 /// `Xid (PCI:0000:3b:00): 79, <text>`, as the driver prints it (`krcReportXid`: `NVRM: Xid

@@ -32,8 +32,8 @@ pub fn sxid(record: &KmsgRecord) -> Option<Sxid> {
     let rest = rest.strip_prefix(": SXid (PCI:")?;
     let (address, rest) = rest.split_once("): ")?;
     if !record.is_kernel()
-        || super::kernel::is_task_line(message)
-        || super::kernel::netfilter_fields(message)
+        || super::lookalike::is_task_line(message)
+        || super::lookalike::netfilter_fields(message)
     {
         return None;
     }
