@@ -95,11 +95,11 @@ mod tests {
     use crate::model::{LinkCounter, SteadyGrowth};
     use std::time::{Duration, UNIX_EPOCH};
 
-    #[test]
-    fn names_the_link_its_peer_counter_rate_since_and_fix() {
-        let t = LinkTrend {
-            gpu: 0,
-            uuid: "GPU-a".into(),
+    /// Link 14 to the NVSwitch, its recovery count grown 15 over 5 days.
+    fn growing_recovery(gpu: u32, uuid: &str) -> LinkTrend {
+        LinkTrend {
+            gpu,
+            uuid: uuid.into(),
             link: 14,
             peer: Peer::Switch,
             counter: LinkCounter::Recovery,
@@ -110,7 +110,12 @@ mod tests {
                 days: 5,
                 per_day: 3.0,
             }),
-        };
+        }
+    }
+
+    #[test]
+    fn names_the_link_its_peer_counter_rate_since_and_fix() {
+        let t = growing_recovery(0, "GPU-a");
         let m = link_errors_growing(0, &[&t]);
         assert!(
             m.contains("NVLink 14 (to the NVSwitch) recovery grew by 15 on 5 days"),
@@ -129,20 +134,7 @@ mod tests {
 
     #[test]
     fn a_jobs_wearing_links_are_one_short_sentence_and_none_says_nothing() {
-        let t = LinkTrend {
-            gpu: 7,
-            uuid: "GPU-h".into(),
-            link: 14,
-            peer: Peer::Switch,
-            counter: LinkCounter::Recovery,
-            per_hour: 0.1,
-            growing: Some(SteadyGrowth {
-                since: UNIX_EPOCH + Duration::from_secs(1_788_566_400),
-                growth: 15,
-                days: 5,
-                per_day: 3.0,
-            }),
-        };
+        let t = growing_recovery(7, "GPU-h");
         let said = wearing_links_of_job(&[&t]);
         assert_eq!(
             said,
