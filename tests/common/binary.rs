@@ -120,6 +120,23 @@ pub fn shm_entry(report: &Value, container_id: &str) -> Option<Value> {
         .cloned()
 }
 
+/// `shmlink ARGS` with `env` added, its standard output read as JSON, whatever its exit.
+pub fn shmlink_json(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Value {
+    let out = Command::new(shmlink_bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?} printed no JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// `check --json`: the report, whatever the findings (other tests' containers may be full).
 pub fn run_check_json(args: &[&str]) -> Value {
     let mut all = vec!["--json"];

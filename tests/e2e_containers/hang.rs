@@ -9,10 +9,10 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
+use common::binary::shmlink_json as shmlink;
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
 use common::{Container, ContainerSpec};
@@ -61,22 +61,6 @@ fn job(uid: &str, id: &str, go: &Path, log: PathBuf) -> Container {
         extra_mounts: vec![common::ro_bind(go, "/go")],
         cri_log: Some(log),
         ..ContainerSpec::default()
-    })
-}
-
-fn shmlink(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Value {
-    let out = Command::new(common::shmlink_bin())
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{args:?} printed no JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
     })
 }
 

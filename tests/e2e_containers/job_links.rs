@@ -68,22 +68,11 @@ fn link_now(agent: &Agent, fake: &FakeNvml, config: &Value, up: bool) {
     });
 }
 
+/// The crash's failure in `report`'s `failures`, with its `gpu_links`.
 fn shmlink(args: &[&str]) -> Value {
-    let out = Command::new(common::shmlink_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{args:?} printed no JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    crate::common::binary::shmlink_json(args, &[])
 }
 
-/// The crash's failure in `report`'s `failures`, with its `gpu_links`.
 fn crash_in(report: &Value, id: &str) -> Option<Value> {
     report["failures"]
         .as_array()?
