@@ -244,6 +244,34 @@ impl Agent {
         self.wait_for_metrics_within(what, Duration::from_secs(20), done)
     }
 
+    /// Scrapes until the counter `name` (no labels) reaches `target`, for as long as it keeps
+    /// growing: panics with the last scrape once it has not grown for `stall`. A loaded
+    /// machine reads slowly but goes on; a reader that stopped stops the counter.
+    pub fn wait_for_counter(&self, name: &str, target: f64, stall: Duration) -> String {
+        let mut body = String::new();
+        let mut last = f64::NAN;
+        let mut grew = Instant::now();
+        loop {
+            if let Some((200, scraped)) = get(self.addr, "/metrics") {
+                body = scraped;
+                let now = sample(&body, name, &[]).unwrap_or(0.0);
+                if now >= target {
+                    return body;
+                }
+                if now > last || last.is_nan() {
+                    last = now;
+                    grew = Instant::now();
+                }
+            }
+            assert!(
+                grew.elapsed() < stall,
+                "{name} stopped at {last} short of {target} for {stall:?}; last scrape:\n{body}\nlog:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// As `wait_for_metrics`, for up to `within`.
     pub fn wait_for_metrics_within(
         &self,
