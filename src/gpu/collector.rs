@@ -13,10 +13,10 @@ use super::pairs::{CarriedWindow, FailingSince, PairJudge, PairRules};
 use super::pcie::SysPci;
 use super::verdict::{self, Facts};
 use super::xid::kernel::{KernelGpu, KernelXids};
-use super::xid::{self, FatalXids, HeldAges, Recent, RecentIommu, RecentXids, XidCounts};
+use super::xid::{self, FatalXids, HeldAges, Recent, RecentXids, XidCounts};
 use crate::model::{
     Blame, GpuReading, GpuUsers, GpuVerdict, LinkErrors, NodeInfo, NvmlState, PairProbe,
-    PairVerdict, Snapshot, SxidCount, TrainingCount, XidCount,
+    PairVerdict, PcieDowntrain, Snapshot, SxidCount, TrainingCount, XidCount,
 };
 use crate::model::{Finding, FindingKind, Subject};
 use crate::text;
@@ -42,6 +42,8 @@ pub struct GpuScan {
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at (the pair judge's word).
     pub blame: Blame,
+    /// The GPUs whose PCIe link trained down (the pair judge's word), by index.
+    pub pcie: BTreeMap<u32, PcieDowntrain>,
     /// Which processes used which GPUs lately (kept across scans).
     pub users: GpuUsers,
     /// The pair probe's last results.
@@ -66,7 +68,6 @@ struct Loaded {
     judge: PairJudge,
     xids: Arc<XidCounts>,
     recent_xids: RecentXids,
-    recent_iommu: RecentIommu,
 }
 
 enum State {
@@ -102,9 +103,11 @@ pub struct GpuCollector {
     node_info: NodeInfoKeeper,
     /// The fatal XIDs held for `--gpu-fault-hold`, whether or not Kubernetes is written to.
     fatal: FatalXids,
-    /// The training failures (by GPU address) and SXIDs (by switch and SXID) told lately.
+    /// The training failures (by GPU address), SXIDs (by switch and SXID) and IOMMU faults (by
+    /// GPU index) told lately.
     recent_training: Recent<String>,
     recent_sxids: Recent<(String, u64)>,
+    recent_iommu: Recent<u32>,
 }
 
 /// `--gpu-fault-hold`'s default.
@@ -135,6 +138,7 @@ impl GpuCollector {
             fatal: FatalXids::new(DEFAULT_FAULT_HOLD),
             recent_training: Recent::default(),
             recent_sxids: Recent::default(),
+            recent_iommu: Recent::default(),
         };
         if no_gpu {
             tracing::info!("--no-gpu: GPU collection off");
@@ -165,7 +169,6 @@ impl GpuCollector {
                     judge: PairJudge::new(self.rules),
                     xids,
                     recent_xids: RecentXids::default(),
-                    recent_iommu: RecentIommu::default(),
                 }))
             }
             Err(e) => {
@@ -316,12 +319,11 @@ impl GpuCollector {
             scan.xids_unconfirmed = listed(&self.xids.unconfirmed(), &scan.gpus);
             scan.iommu_faults = self.xids.iommu();
         }
+        // The links trained down are the pair judge's (it does not run again): the scan's.
+        scan.pcie = (s.gpu_verdicts.iter())
+            .filter_map(|v| Some((v.gpu?, v.pcie.clone()?)))
+            .collect();
         self.judge(&mut scan, scanned);
-        if let State::Loaded(loaded) = &mut self.state {
-            let iommu = loaded.recent_iommu.findings(&self.xids.iommu(), scanned);
-            s.findings.retain(|f| f.kind != FindingKind::GpuIommuFault);
-            s.findings.extend(iommu);
-        }
         s.gpus = scan.gpus;
         s.gpu_pairs = scan.pairs;
         s.gpu_blame = scan.blame;
@@ -331,14 +333,16 @@ impl GpuCollector {
         s.iommu_faults = scan.iommu_faults;
         s.sxids = scan.sxids;
         s.gpu_verdicts = scan.verdicts;
-        // The words said once in the scan's findings: the GPUs NVML does not list, the kernel
-        // log's facts in the verdicts.
+        // The words said once in the scan's findings: the GPUs NVML does not list, the
+        // verdicts' facts.
         s.findings.retain(|f| {
             !matches!(
                 f.kind,
                 FindingKind::GpuNotInNvml
                     | FindingKind::GpuNvlinkTrainingFailed
                     | FindingKind::GpuNvswitchFatal
+                    | FindingKind::GpuIommuFault
+                    | FindingKind::GpuPcieDegraded
             )
         });
         s.findings.extend(scan.findings);
@@ -368,6 +372,10 @@ impl GpuCollector {
             .filter(|s| (self.recent_sxids).lasts(&(s.switch.clone(), s.sxid), s.count, now))
             .cloned()
             .collect();
+        let iommu: BTreeMap<u32, u64> = (scan.iommu_faults.iter())
+            .filter(|(g, n)| self.recent_iommu.lasts(g, **n, now))
+            .map(|(g, n)| (*g, *n))
+            .collect();
         scan.verdicts = verdict::judge(&Facts {
             nvml_up: scan.nvml_up,
             gpus: &scan.gpus,
@@ -377,9 +385,13 @@ impl GpuCollector {
             held: &held,
             training: &training,
             fatal_sxids: &fatal_sxids,
+            pcie: &scan.pcie,
+            iommu: &iommu,
         });
         scan.findings
             .extend(verdict::kernel_findings(&scan.verdicts));
+        scan.findings
+            .extend(verdict::pcie_findings(&scan.verdicts, &scan.gpus));
         let missing: Vec<String> = scan
             .verdicts
             .iter()
@@ -449,9 +461,10 @@ impl Loaded {
         );
         let judgement = self.judge.judge(&sample, now);
         let mut findings = judgement.findings;
+        // Told from the GPU verdict, which carries `judgement.pcie`.
+        findings.retain(|f| f.kind != FindingKind::GpuPcieDegraded);
         let tallies = self.xids.snapshot();
         findings.extend(self.recent_xids.findings(&tallies, now));
-        findings.extend(self.recent_iommu.findings(&self.xids.iommu(), now));
         let xids = listed(&tallies, &sample.gpus);
         let xids_unconfirmed = listed(&self.xids.unconfirmed(), &sample.gpus);
         GpuScan {
@@ -459,6 +472,7 @@ impl Loaded {
             pairs: judgement.pairs,
             verdicts: Vec::new(),
             blame: judgement.blame,
+            pcie: judgement.pcie,
             users: self.users.clone(),
             probes: sample.probes,
             xids,

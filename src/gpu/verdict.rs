@@ -1,5 +1,7 @@
 //! Pure: one verdict per GPU, each scan, from what NVML said (lost, its recovery action, its
-//! fabric), what the driver lists, the fatal XIDs held and the pair judge's blame. This is the
+//! fabric), what the driver lists, the fatal XIDs held, the pair judge's blame and PCIe links
+//! trained down, and the kernel log's facts told lately (NVLink training, NVSwitch SXIDs, IOMMU
+//! faults). This is the
 //! only place a GPU's health is decided: the Node conditions, the device taints, the metrics,
 //! `check` and `preflight` render [`GpuVerdict`]s and decide nothing again.
 
@@ -10,7 +12,8 @@ use super::pci::{canonical, not_in_nvml, same_pci_device};
 use super::xid::{FatalXids, Held};
 use crate::model::{
     Blame, Culprit, Finding, FindingKind, GpuReading, GpuVerdict, NvlinkTraining, OutReason,
-    PairStatus, PairVerdict, Subject, SuspectBy, SwitchFatal, SxidCount, TrainingCount, XidCount,
+    PairStatus, PairVerdict, PcieDowntrain, Subject, SuspectBy, SwitchFatal, SxidCount,
+    TrainingCount, XidCount,
 };
 use crate::text;
 
@@ -29,6 +32,10 @@ pub struct Facts<'a> {
     pub training: &'a [TrainingCount],
     /// The fatal SXIDs told lately, by switch.
     pub fatal_sxids: &'a [SxidCount],
+    /// The PCIe links trained down, by GPU index (the pair judge's rule 7).
+    pub pcie: &'a BTreeMap<u32, PcieDowntrain>,
+    /// IOMMU faults per GPU index, of the GPUs one was told on lately.
+    pub iommu: &'a BTreeMap<u32, u64>,
 }
 
 /// The key a GPU's held XIDs go by: its UUID, else (NVML does not list it, or gives no UUID)
@@ -92,6 +99,9 @@ pub fn judge(f: &Facts<'_>) -> Vec<GpuVerdict> {
             nvlink_training: training_on(f.training, &key),
             // NVML gives no links of a GPU it does not list.
             nvswitch_fatal: Vec::new(),
+            // NVML's link and the kernel log's IOMMU faults name GPUs by NVML's index.
+            pcie: None,
+            iommu_faults: 0,
             // No UUID to select its device by: the Node condition tells it.
             out: None,
         });
@@ -119,8 +129,38 @@ pub fn kernel_findings(verdicts: &[GpuVerdict]) -> Vec<Finding> {
                 text::gpu_nvswitch_fatal(g, &v.nvswitch_fatal),
             ));
         }
+        if v.iommu_faults > 0 {
+            out.push(Finding::new(
+                FindingKind::GpuIommuFault,
+                Subject::Gpu(g),
+                text::gpu_iommu_fault(g, v.iommu_faults),
+            ));
+        }
     }
     out
+}
+
+/// The findings of the PCIe links trained down in `verdicts`, one per GPU; `gpus` name them.
+pub fn pcie_findings(verdicts: &[GpuVerdict], gpus: &[GpuReading]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for v in verdicts {
+        let (Some(i), Some(p)) = (v.gpu, &v.pcie) else {
+            continue;
+        };
+        if let Some(g) = gpus.iter().find(|g| g.index == i) {
+            out.push(pcie_finding(g, p));
+        }
+    }
+    out
+}
+
+/// `gpu_pcie_degraded` of GPU `g`.
+pub fn pcie_finding(g: &GpuReading, p: &PcieDowntrain) -> Finding {
+    Finding::new(
+        FindingKind::GpuPcieDegraded,
+        Subject::Gpu(g.index),
+        text::gpu_pcie_degraded(g.index, &text::gpu_describe(g), p.link, p.busy, &p.bdf),
+    )
 }
 
 /// The training failures told on the GPU at `pci`.
@@ -196,6 +236,8 @@ fn of_nvml_gpu(f: &Facts<'_>, g: &GpuReading) -> GpuVerdict {
         culprit,
         nvlink_training: training_on(f.training, &g.pci_bus_id),
         nvswitch_fatal: switches_fatal(f.fatal_sxids, g),
+        pcie: f.pcie.get(&g.index).cloned(),
+        iommu_faults: f.iommu.get(&g.index).copied().unwrap_or(0),
         out,
     }
 }

@@ -56,7 +56,9 @@ pub use snapshot::{Snapshot, SxidCount, TrainingCount, XidCount};
 pub use stamp::Stamp;
 pub use stats::{CollectorName, CollectorRun, LogStats, SourceStats};
 pub use traced::{TracedCause, TracedDeath};
-pub use verdict::{Culprit, GpuVerdict, HeldXid, NvlinkTraining, OutReason, SwitchFatal};
+pub use verdict::{
+    Culprit, GpuVerdict, HeldXid, NvlinkTraining, OutReason, PcieDowntrain, SwitchFatal,
+};
 pub use xid::{XidAction, XidEntry};
 
 /// The first 12 characters of a container ID, as `docker ps` and `crictl ps` print them.

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Serialize, Serializer};
 
-use super::{RecoveryAction, XidAction};
+use super::{PcieLink, RecoveryAction, XidAction};
 
 /// A fatal XID (a reset, a reboot, the vendor) held on a GPU for the hold after it was last
 /// seen.
@@ -93,6 +93,23 @@ pub struct SwitchFatal {
     pub sxids: Vec<u64>,
 }
 
+/// A GPU's PCIe link trained below what it and its slot allow (`gpu::pairs` rule 7): narrower
+/// at any load (lanes do not train down to save power), or of a lower generation while busy
+/// (idle links drop their generation to save power).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PcieDowntrain {
+    /// Now and the most both ends allow; the generations are 0 where only sysfs told the link
+    /// (it gives the width alone).
+    #[serde(flatten)]
+    pub link: PcieLink,
+    /// NVML's utilization, when busy enough for a lower generation to count.
+    pub busy: Option<u32>,
+    /// The width is sysfs's (`current_link_width`, `max_link_width`): NVML gave none, or full.
+    pub from_sysfs: bool,
+    /// The GPU function's PCI address in sysfs; empty when not found there.
+    pub bdf: String,
+}
+
 /// One GPU, as this scan judges it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuVerdict {
@@ -119,6 +136,12 @@ pub struct GpuVerdict {
     pub nvlink_training: Option<NvlinkTraining>,
     /// The NVSwitches its NVLinks go to that told a fatal SXID lately.
     pub nvswitch_fatal: Vec<SwitchFatal>,
+    /// Its PCIe link trained down; None when fine or not known. A fact with its fix: it does
+    /// not take the GPU out.
+    pub pcie: Option<PcieDowntrain>,
+    /// IOMMU page faults the kernel log named it in (since the agent started; `check`: since
+    /// `--since`), when one was told lately; else 0. Not a reason to take it out either.
+    pub iommu_faults: u64,
     /// Why it should be out of scheduling now, the strongest reason; None: it may stay in.
     pub out: Option<OutReason>,
 }

@@ -284,6 +284,8 @@ impl Roots {
             held: &[],
             training: &[],
             fatal_sxids: &[],
+            pcie: &judgement.pcie,
+            iommu: &std::collections::BTreeMap::new(),
         });
         obs.healthy = verdicts
             .iter()

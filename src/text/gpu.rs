@@ -4,9 +4,24 @@ use std::time::Duration;
 
 use super::{joined, pair_status, pairs_with, secs};
 use crate::model::{
-    AerTotals, PairReason, PairStatus, PcieHop, PcieLink, RecoveryAction, Weight, XidAction,
-    XidEntry,
+    AerTotals, GpuReading, PairReason, PairStatus, PcieHop, PcieLink, RecoveryAction, Weight,
+    XidAction, XidEntry,
 };
+
+/// ` (GPU-…, NVIDIA H100, PCI 0000:…)`, with what is known of `g`.
+pub fn gpu_describe(g: &GpuReading) -> String {
+    let mut parts = Vec::new();
+    for (prefix, value) in [("", &g.uuid), ("", &g.name), ("PCI ", &g.pci_bus_id)] {
+        if !value.is_empty() {
+            parts.push(format!("{prefix}{value}"));
+        }
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
 
 /// `gpu_xid`; `entry`: what the catalogue says of it.
 pub fn xid(gpu: u32, xid: u64, count: u64, entry: Option<XidEntry>) -> String {

@@ -43,11 +43,12 @@ pub use failures::{
     workload_bus_error, workload_oom_killed, JobGpus, FOUND_LATE, UNKNOWN_PROCESS,
 };
 pub use gpu::{
-    all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_fabric_unhealthy,
-    gpu_fails_with_all, gpu_iommu_fault, gpu_links_recovered, gpu_lost, gpu_not_in_nvml,
-    gpu_nvlink_training_failed, gpu_nvswitch_fatal, gpu_pcie_degraded, gpu_pcie_errors,
-    gpu_recovery_action, link_errors, nvml_load_failed, nvml_not_loading, nvml_unavailable,
-    pair_fails, pcie_acs_enabled, reason_acs, xid, xid_advice, DEV_NVIDIA0_EXISTS,
+    all_pairs_fail, driver_lists_gpus, fault_recovery_action, fault_xid, gpu_describe,
+    gpu_fabric_unhealthy, gpu_fails_with_all, gpu_iommu_fault, gpu_links_recovered, gpu_lost,
+    gpu_not_in_nvml, gpu_nvlink_training_failed, gpu_nvswitch_fatal, gpu_pcie_degraded,
+    gpu_pcie_errors, gpu_recovery_action, link_errors, nvml_load_failed, nvml_not_loading,
+    nvml_unavailable, pair_fails, pcie_acs_enabled, reason_acs, xid, xid_advice,
+    DEV_NVIDIA0_EXISTS,
 };
 pub use gpu_failures::{
     cuda_ipc_invalid_device, gpu_ecc_uncorrectable, gpu_fabric_not_ready, gpu_failure,

@@ -59,20 +59,9 @@ impl<'a> Board<'a> {
 
     /// ` (GPU-…, NVIDIA H100, PCI 0000:…)`, with what is known.
     pub fn describe(&self, index: u32) -> String {
-        let Some(g) = self.gpus.get(&index) else {
-            return String::new();
-        };
-        let mut parts = Vec::new();
-        for (prefix, value) in [("", &g.uuid), ("", &g.name), ("PCI ", &g.pci_bus_id)] {
-            if !value.is_empty() {
-                parts.push(format!("{prefix}{value}"));
-            }
-        }
-        if parts.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", parts.join(", "))
-        }
+        self.gpus
+            .get(&index)
+            .map_or_else(String::new, |g| crate::text::gpu_describe(g))
     }
 
     /// Every unordered pair of indices, with the sample's P2P status and topology.

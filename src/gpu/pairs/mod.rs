@@ -44,7 +44,7 @@
 //! holds rules 1-5, 7 and 8 (one file per family, named above), `findings.rs` and `blame.rs`
 //! rule 6.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
 mod board;
@@ -65,7 +65,7 @@ use rules::nvlink5::Nvlink5History;
 use rules::p2p::P2pMemory;
 use rules::{counters, gpu_state, links, nvlink5, p2p, pcie, probe_results};
 
-use crate::model::{Blame, Finding};
+use crate::model::{Blame, Finding, PcieDowntrain};
 use crate::model::{GpuSample, LinkErrors, PairStatus, PairVerdict};
 
 /// Thresholds of the pair verdicts. The defaults follow DCGM's NVLink health watch.
@@ -109,6 +109,8 @@ pub struct Judgement {
     pub findings: Vec<Finding>,
     /// Which GPUs the failing pairs point at.
     pub blame: Blame,
+    /// The GPUs whose PCIe link trained down, by index (rule 7): the GPU verdicts carry them.
+    pub pcie: BTreeMap<u32, PcieDowntrain>,
 }
 
 /// Judges GPU pairs scan after scan; keeps the baselines that rules 3 and 4 need.
@@ -182,7 +184,7 @@ impl PairJudge {
         p2p::p2p_regression_rule(&mut self.p2p_ever_ok, &board, &mut pairs);
         p2p::outlier_rule(&board, &mut pairs);
         probe_results::probe_rule(sample, &board, &mut pairs);
-        let pcie_findings = pcie::pcie_rule(
+        let (pcie, pcie_findings) = pcie::pcie_rule(
             &mut self.aer,
             &board,
             sample.hypervisor.as_deref(),
@@ -229,6 +231,7 @@ impl PairJudge {
             pairs: judged.into_iter().map(|j| j.verdict).collect(),
             findings,
             blame,
+            pcie,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The decisions about one GPU, made once here (the Node conditions and the device taints only
 //! render them: their tests check the words).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -257,6 +258,8 @@ fn training_failures_are_told_on_their_gpu_by_address_listed_by_nvml_or_not() {
         held: &[],
         training: &training,
         fatal_sxids: &[],
+        pcie: &BTreeMap::new(),
+        iommu: &BTreeMap::new(),
     });
     let told: Vec<(Option<u32>, Vec<u32>)> = v
         .iter()
@@ -322,4 +325,83 @@ fn a_fatal_sxid_is_told_on_the_gpus_linked_to_its_switch_only() {
         "{}",
         f[1].message
     );
+}
+
+#[test]
+fn a_link_trained_down_and_iommu_faults_are_in_the_verdict_and_told_from_it() {
+    use crate::gpu::pairs::PairJudge;
+    use crate::model::{GpuSample, PcieDowntrain, PcieLink};
+    let mut s = gpu_board(4);
+    let full = PcieLink {
+        gen: 5,
+        max_gen: 5,
+        width: 16,
+        max_width: 16,
+    };
+    for g in &mut s.gpus {
+        g.pcie_link = Some(full);
+    }
+    s.gpus[1].pcie_link = Some(PcieLink { width: 8, ..full });
+    let sample = GpuSample {
+        gpus: s.gpus.clone(),
+        ..GpuSample::default()
+    };
+    let j = PairJudge::default().judge(&sample, Instant::now());
+    let iommu = BTreeMap::from([(2, 3)]);
+    let v = judge(&Facts {
+        nvml_up: true,
+        gpus: &s.gpus,
+        driver_gpus: &s.driver_gpus,
+        pairs: &j.pairs,
+        blame: &j.blame,
+        held: &[],
+        training: &[],
+        fatal_sxids: &[],
+        pcie: &j.pcie,
+        iommu: &iommu,
+    });
+    let down = PcieDowntrain {
+        link: PcieLink { width: 8, ..full },
+        busy: None,
+        from_sysfs: false,
+        bdf: String::new(),
+    };
+    assert_eq!(v[1].pcie, Some(down));
+    assert!(v
+        .iter()
+        .enumerate()
+        .all(|(i, v)| (i == 1) == v.pcie.is_some()));
+    let faults: Vec<u64> = v.iter().map(|v| v.iommu_faults).collect();
+    assert_eq!(faults, [0, 0, 3, 0]);
+    // Facts with their fixes: neither takes a GPU out nor makes it a fault.
+    assert!(v.iter().all(|v| v.out.is_none() && !v.is_fault()));
+    // The finding told is the verdict's, word for word the pair judge's rule's.
+    let pcie = pcie_findings(&v, &s.gpus);
+    let judged: Vec<&Finding> = (j.findings.iter())
+        .filter(|f| f.kind == FindingKind::GpuPcieDegraded)
+        .collect();
+    assert_eq!(pcie.iter().collect::<Vec<_>>(), judged);
+    assert_eq!(pcie[0].subject, Subject::Gpu(1));
+    assert!(pcie[0]
+        .message
+        .contains("runs at Gen5 x8, below the Gen5 x16"));
+    let f = kernel_findings(&v);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(
+        (f[0].kind, &f[0].subject),
+        (FindingKind::GpuIommuFault, &Subject::Gpu(2))
+    );
+    assert!(
+        f[0].message.contains("blocked 3 DMAs of GPU 2"),
+        "{}",
+        f[0].message
+    );
+    // `check --json`'s gpu_verdicts[]: null and 0 when fine.
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json[0]["pcie"], serde_json::Value::Null);
+    assert_eq!(json[0]["iommu_faults"], 0);
+    assert_eq!(json[1]["pcie"]["width"], 8);
+    assert_eq!(json[1]["pcie"]["max_width"], 16);
+    assert_eq!(json[1]["pcie"]["from_sysfs"], false);
+    assert_eq!(json[2]["iommu_faults"], 3);
 }

@@ -744,14 +744,11 @@ mod tests {
         );
         assert_eq!(counts.iommu(), BTreeMap::from([(0, 2), (1, 1)]));
         assert!(counts.snapshot().is_empty() && counts.by_address().is_empty());
-        let mut recent = super::super::RecentIommu::default();
-        let f = recent.findings(&counts.iommu(), Instant::now());
-        assert_eq!(f.len(), 2);
-        assert_eq!(f[0].kind, crate::model::FindingKind::GpuIommuFault);
-        assert_eq!(f[0].subject, crate::model::Subject::Gpu(0));
-        assert!(
-            f[0].message.contains("blocked 2 DMAs of GPU 0") && f[0].message.contains("iommu=pt")
-        );
+        let mut recent = super::super::Recent::<u32>::default();
+        let now = Instant::now();
+        assert!(counts.iommu().iter().all(|(g, &n)| recent.lasts(g, n, now)));
+        let said = crate::text::gpu_iommu_fault(0, counts.iommu()[&0]);
+        assert!(said.contains("blocked 2 DMAs of GPU 0") && said.contains("iommu=pt"));
     }
 
     #[test]

@@ -24,4 +24,4 @@ pub mod training;
 
 pub use counts::XidCounts;
 pub use nvml_events::spawn;
-pub use recent::{FatalXids, Held, HeldAges, Recent, RecentIommu, RecentXids, XID_LASTS};
+pub use recent::{FatalXids, Held, HeldAges, Recent, RecentXids, XID_LASTS};

@@ -43,35 +43,8 @@ impl RecentXids {
     }
 }
 
-/// Pure: the GPUs whose IOMMU faults (`kernel::KernelGpu::IommuFault`) were counted within the
-/// last [`XID_LASTS`]: a `gpu_iommu_fault` finding each.
-#[derive(Debug, Default)]
-pub struct RecentIommu {
-    seen: BTreeMap<u32, (u64, Instant)>,
-}
-
-impl RecentIommu {
-    pub fn findings(&mut self, counts: &BTreeMap<u32, u64>, now: Instant) -> Vec<Finding> {
-        let mut out = Vec::new();
-        for (&gpu, &count) in counts {
-            let seen = self.seen.entry(gpu).or_insert((0, now));
-            if count > seen.0 {
-                *seen = (count, now);
-            }
-            if now.duration_since(seen.1) < XID_LASTS {
-                out.push(Finding::new(
-                    FindingKind::GpuIommuFault,
-                    Subject::Gpu(gpu),
-                    text::gpu_iommu_fault(gpu, count),
-                ));
-            }
-        }
-        out
-    }
-}
-
-/// Pure: which tallies of the kernel log's other GPU facts (NVLink training failures, SXIDs)
-/// grew within the last [`XID_LASTS`], per key: the facts the GPU verdicts tell now.
+/// Pure: which tallies of the kernel log's other GPU facts (NVLink training failures, SXIDs,
+/// IOMMU faults) grew within the last [`XID_LASTS`], per key: the facts the GPU verdicts tell now.
 #[derive(Debug)]
 pub struct Recent<K> {
     seen: BTreeMap<K, (u64, Instant)>,

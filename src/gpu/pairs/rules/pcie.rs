@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
+use crate::gpu::verdict::pcie_finding;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
-use crate::model::{GpuReading, PairReason, PcieLink, ReasonKind, Weight};
+use crate::model::{GpuReading, PairReason, PcieDowntrain, PcieLink, ReasonKind, Weight};
 use crate::text;
 
 /// NVML utilization at or above which a GPU is busy enough for its link to be at full speed.
@@ -47,14 +48,18 @@ pub(crate) fn pcie_rule(
     hypervisor: Option<&str>,
     now: Instant,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
-) -> Vec<Finding> {
-    let mut findings = trained_down(board);
+) -> (BTreeMap<u32, PcieDowntrain>, Vec<Finding>) {
+    let down = trained_down(board);
+    // Rendered as the GPU verdict renders it (the collector tells the verdict's).
+    let mut findings: Vec<Finding> = (down.iter())
+        .filter_map(|(i, d)| Some(pcie_finding(board.gpus.get(i)?, d)))
+        .collect();
     findings.extend(aer_findings(history, board, now));
     // A VM's bridges are emulated: their ACS says nothing of the host's.
     if hypervisor.is_none() {
         findings.extend(acs_rule(board, pairs));
     }
-    findings
+    (down, findings)
 }
 
 /// The GPUs still there.
@@ -67,8 +72,8 @@ fn live<'a>(board: &'a Board<'_>) -> impl Iterator<Item = &'a GpuReading> {
 /// than they allow while busy (idle links drop their generation to save power): the GPU's
 /// finding alone, one per GPU. The width is NVML's, else sysfs's (`current_link_width`,
 /// `max_link_width` of the GPU's function).
-fn trained_down(board: &Board<'_>) -> Vec<Finding> {
-    let mut findings = Vec::new();
+fn trained_down(board: &Board<'_>) -> BTreeMap<u32, PcieDowntrain> {
+    let mut down = BTreeMap::new();
     for g in live(board) {
         let busy = g.utilization_percent.filter(|&u| u >= BUSY_PERCENT);
         let sysfs = g.pcie_path.first().and_then(|h| h.link_width);
@@ -88,23 +93,28 @@ fn trained_down(board: &Board<'_>) -> Vec<Finding> {
             continue;
         }
         let bdf = g.pcie_path.first().map_or("", |h| h.bdf.as_str());
-        let link = match sysfs {
-            Some((width, max_width)) if width < max_width && link.width >= link.max_width => {
+        let (link, from_sysfs) = match sysfs {
+            Some((width, max_width)) if width < max_width && link.width >= link.max_width => (
                 PcieLink {
                     width,
                     max_width,
                     ..link
-                }
-            }
-            _ => link,
+                },
+                true,
+            ),
+            _ => (link, g.pcie_link.is_none()),
         };
-        findings.push(Finding::new(
-            FindingKind::GpuPcieDegraded,
-            Subject::Gpu(g.index),
-            text::gpu_pcie_degraded(g.index, &board.describe(g.index), link, busy, bdf),
-        ));
+        down.insert(
+            g.index,
+            PcieDowntrain {
+                link,
+                busy,
+                from_sysfs,
+                bdf: bdf.to_string(),
+            },
+        );
     }
-    findings
+    down
 }
 
 /// AER growth on a GPU's path within [`AER_WINDOW`]: one finding per GPU, critical when some
