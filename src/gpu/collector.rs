@@ -461,8 +461,6 @@ impl Loaded {
         );
         let judgement = self.judge.judge(&sample, now);
         let mut findings = judgement.findings;
-        // Told from the GPU verdict, which carries `judgement.pcie`.
-        findings.retain(|f| f.kind != FindingKind::GpuPcieDegraded);
         let tallies = self.xids.snapshot();
         findings.extend(self.recent_xids.findings(&tallies, now));
         let xids = listed(&tallies, &sample.gpus);

@@ -375,12 +375,13 @@ fn a_link_trained_down_and_iommu_faults_are_in_the_verdict_and_told_from_it() {
     assert_eq!(faults, [0, 0, 3, 0]);
     // Facts with their fixes: neither takes a GPU out nor makes it a fault.
     assert!(v.iter().all(|v| v.out.is_none() && !v.is_fault()));
-    // The finding told is the verdict's, word for word the pair judge's rule's.
+    // The finding is told from the verdict alone: the pair judge no longer tells it too.
     let pcie = pcie_findings(&v, &s.gpus);
-    let judged: Vec<&Finding> = (j.findings.iter())
-        .filter(|f| f.kind == FindingKind::GpuPcieDegraded)
-        .collect();
-    assert_eq!(pcie.iter().collect::<Vec<_>>(), judged);
+    assert!(j
+        .findings
+        .iter()
+        .all(|f| f.kind != FindingKind::GpuPcieDegraded));
+    assert_eq!(pcie.len(), 1, "{pcie:?}");
     assert_eq!(pcie[0].subject, Subject::Gpu(1));
     assert!(pcie[0]
         .message

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use crate::gpu::pairs::board::Board;
 use crate::gpu::pairs::reasons::PairState;
-use crate::gpu::verdict::pcie_finding;
 use crate::model::{AerTotals, Finding, FindingKind, P2pStatus, PcieHop, Severity, Subject};
 use crate::model::{GpuReading, PairReason, PcieDowntrain, PcieLink, ReasonKind, Weight};
 use crate::text;
@@ -49,12 +48,9 @@ pub(crate) fn pcie_rule(
     now: Instant,
     pairs: &mut BTreeMap<(u32, u32), PairState>,
 ) -> (BTreeMap<u32, PcieDowntrain>, Vec<Finding>) {
+    // A link trained down is the GPU verdict's to tell (`verdict::pcie_findings`).
     let down = trained_down(board);
-    // Rendered as the GPU verdict renders it (the collector tells the verdict's).
-    let mut findings: Vec<Finding> = (down.iter())
-        .filter_map(|(i, d)| Some(pcie_finding(board.gpus.get(i)?, d)))
-        .collect();
-    findings.extend(aer_findings(history, board, now));
+    let mut findings = aer_findings(history, board, now);
     // A VM's bridges are emulated: their ACS says nothing of the host's.
     if hypervisor.is_none() {
         findings.extend(acs_rule(board, pairs));

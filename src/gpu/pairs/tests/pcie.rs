@@ -42,6 +42,17 @@ fn board() -> GpuSample {
     s
 }
 
+/// The judgement with the findings a scan tells of it: a link trained down is told from the
+/// GPU verdict (`verdict::pcie_finding`), after the judge's own.
+fn told(mut j: Judgement, s: &GpuSample) -> Judgement {
+    for (i, d) in &j.pcie {
+        if let Some(g) = s.gpus.iter().find(|g| g.index == *i) {
+            j.findings.push(crate::gpu::verdict::pcie_finding(g, d));
+        }
+    }
+    j
+}
+
 #[test]
 fn a_lower_generation_is_judged_only_while_busy_and_a_narrow_link_at_any_load() {
     let t0 = Instant::now();
@@ -54,11 +65,11 @@ fn a_lower_generation_is_judged_only_while_busy_and_a_narrow_link_at_any_load() 
         max_width: 16,
     });
     // Idle: links drop their generation to save power; nothing to say.
-    let j = judge.judge(&s, t0);
+    let j = told(judge.judge(&s, t0), &s);
     assert!(all_ok(&j), "{:?}", j.pairs);
     assert!(j.findings.is_empty(), "{:?}", kinds(&j));
     gpu_mut(&mut s, 3).utilization_percent = Some(97);
-    let j = judge.judge(&s, secs_after(t0, 1));
+    let j = told(judge.judge(&s, secs_after(t0, 1)), &s);
     assert_eq!(
         kinds(&j),
         vec![("gpu_pcie_degraded", "GPU 3".to_string(), Severity::Warning)]
@@ -81,7 +92,7 @@ fn a_lower_generation_is_judged_only_while_busy_and_a_narrow_link_at_any_load() 
         width: 8,
         max_width: 16,
     });
-    let j = judge.judge(&s, secs_after(t0, 2));
+    let j = told(judge.judge(&s, secs_after(t0, 2)), &s);
     assert_eq!(
         kinds(&j),
         vec![("gpu_pcie_degraded", "GPU 3".to_string(), Severity::Warning)]
@@ -102,7 +113,9 @@ fn a_lower_generation_is_judged_only_while_busy_and_a_narrow_link_at_any_load() 
         width: 16,
         max_width: 16,
     });
-    assert!(judge.judge(&s, secs_after(t0, 3)).findings.is_empty());
+    assert!(told(judge.judge(&s, secs_after(t0, 3)), &s)
+        .findings
+        .is_empty());
 }
 
 #[test]
@@ -113,7 +126,7 @@ fn sysfs_tells_a_narrow_link_nvml_does_not() {
     gpu_mut(&mut s, 5).pcie_path[0].link_width = Some((8, 16));
     // A bridge's narrow link is not the GPU's.
     gpu_mut(&mut s, 2).pcie_path[1].link_width = Some((4, 16));
-    let j = judge.judge(&s, Instant::now());
+    let j = told(judge.judge(&s, Instant::now()), &s);
     assert_eq!(
         kinds(&j),
         vec![("gpu_pcie_degraded", "GPU 5".to_string(), Severity::Warning)]
@@ -136,14 +149,14 @@ fn aer_errors_that_grow_on_a_gpu_or_a_bridge_above_it_are_found_for_a_while() {
         nonfatal: 0,
         fatal: 0,
     });
-    assert!(judge.judge(&s, t0).findings.is_empty());
+    assert!(told(judge.judge(&s, t0), &s).findings.is_empty());
     // GPU 2's downstream port counts 12 more correctable errors.
     gpu_mut(&mut s, 2).pcie_path[1].aer = Some(AerTotals {
         correctable: 512,
         nonfatal: 0,
         fatal: 0,
     });
-    let j = judge.judge(&s, secs_after(t0, 10));
+    let j = told(judge.judge(&s, secs_after(t0, 10)), &s);
     assert_eq!(
         kinds(&j),
         vec![("gpu_pcie_errors", "GPU 2".to_string(), Severity::Warning)]
@@ -164,16 +177,18 @@ fn aer_errors_that_grow_on_a_gpu_or_a_bridge_above_it_are_found_for_a_while() {
             fatal: 0,
         });
     }
-    let j = judge.judge(&s, secs_after(t0, 20));
+    let j = told(judge.judge(&s, secs_after(t0, 20)), &s);
     let got = kinds(&j);
     assert!(got.contains(&("gpu_pcie_errors", "GPU 2".to_string(), Severity::Critical)));
     assert!(got.contains(&("gpu_pcie_errors", "GPU 3".to_string(), Severity::Critical)));
     // No growth for the window: over.
-    let j = judge.judge(&s, secs_after(t0, 20 + 601));
+    let j = told(judge.judge(&s, secs_after(t0, 20 + 601)), &s);
     assert!(j.findings.is_empty(), "{:?}", kinds(&j));
     // A total that goes down (reboot, hot reset) is a new baseline, not growth.
     gpu_mut(&mut s, 2).pcie_path[1].aer = Some(AerTotals::default());
-    assert!(judge.judge(&s, secs_after(t0, 700)).findings.is_empty());
+    assert!(told(judge.judge(&s, secs_after(t0, 700)), &s)
+        .findings
+        .is_empty());
 }
 
 #[test]
@@ -184,7 +199,7 @@ fn acs_redirect_on_a_bridge_between_two_gpus_is_found_on_bare_metal_only() {
     gpu_mut(&mut s, 4).pcie_path[1].acs = AcsState::Control(0x001d);
     // GPU 6's only SrcValid: no redirect.
     gpu_mut(&mut s, 6).pcie_path[1].acs = AcsState::Control(0x0001);
-    let j = PairJudge::default().judge(&s, t0);
+    let j = told(PairJudge::default().judge(&s, t0), &s);
     assert_eq!(
         kinds(&j),
         vec![
@@ -212,12 +227,14 @@ fn acs_redirect_on_a_bridge_between_two_gpus_is_found_on_bare_metal_only() {
     assert_eq!(verdict(&j, 6, 7).status, PairStatus::Ok);
     // In a VM the bridges are emulated: not judged.
     s.hypervisor = Some("QEMU".into());
-    let j = PairJudge::default().judge(&s, t0);
+    let j = told(PairJudge::default().judge(&s, t0), &s);
     assert!(j.findings.is_empty() && all_ok(&j), "{:?}", kinds(&j));
     // Unknown (no CAP_SYS_ADMIN): not judged either.
     s.hypervisor = None;
     gpu_mut(&mut s, 4).pcie_path[1].acs = AcsState::Unknown;
-    assert!(PairJudge::default().judge(&s, t0).findings.is_empty());
+    assert!(told(PairJudge::default().judge(&s, t0), &s)
+        .findings
+        .is_empty());
 }
 
 #[test]
@@ -236,7 +253,7 @@ fn nvlink_pairs_do_not_take_pcie_reasons() {
     }
     // An ACS bridge under an NVLink mesh: its P2P goes over NVLink.
     gpu_mut(&mut s, 0).pcie_path[1].acs = AcsState::Control(0x001d);
-    let j = PairJudge::default().judge(&s, t0);
+    let j = told(PairJudge::default().judge(&s, t0), &s);
     assert!(all_ok(&j), "{:?}", j.pairs);
     let got = kinds(&j);
     assert_eq!(
