@@ -12,6 +12,7 @@ mod look;
 mod mounts;
 pub mod peak;
 pub mod sandbox;
+mod seen_ns;
 pub mod statfs;
 pub mod status;
 mod trusted;
@@ -92,6 +93,8 @@ pub struct ShmScanner {
     listings: HashMap<String, (Vec<String>, u64)>,
     /// Scans begun.
     scans: u64,
+    /// The namespaces of each cgroup's measured process, read once a minute.
+    seen_ns: seen_ns::SeenNs,
 }
 
 /// Whose view of the mounts a cached mount or trust describes: a mount namespace as one process
@@ -158,6 +161,7 @@ impl ShmScanner {
             boot: None,
             listings: HashMap::new(),
             scans: 0,
+            seen_ns: seen_ns::SeenNs::default(),
         })
     }
 
@@ -277,6 +281,7 @@ impl ShmScanner {
         }
         let scan = self.scans;
         self.listings.retain(|_, (_, seen)| *seen == scan);
+        self.seen_ns.end_scan(scan);
         self.mounts.retain(|v, _| live.contains(v));
         self.trusted.retain(|v, _| live.contains(v));
     }
@@ -295,7 +300,15 @@ impl ShmScanner {
             || rel.rsplit('/').next().unwrap_or_default().to_string(),
             |id| id.container_id.clone(),
         );
-        let host_ipc = match (self.ns_of(pid, "ipc"), self.host_ns.ipc) {
+        let dir = dirs[0].id;
+        let ipc = match dir.and_then(|dir| self.seen_ns.ipc(dir, pid)) {
+            Some(ipc) => Ok(ipc),
+            None => self.ns_of(pid, "ipc"),
+        };
+        if let (Some(dir), Ok(ipc)) = (dir, &ipc) {
+            self.seen_ns.read_ipc(dir, pid, *ipc);
+        }
+        let host_ipc = match (ipc, self.host_ns.ipc) {
             (Ok(ipc), Some(host)) => ipc == host,
             (Err(e), _) if is_vanished(&e) => return None,
             _ => false,

@@ -255,9 +255,18 @@ impl ShmScanner {
                 return None;
             }
         }
+        let now = std::time::Instant::now();
         for &pid in &pids[..n] {
+            if let Some(ns) = id.and_then(|id| self.seen_ns.mnt(id, pid, self.scans, now)) {
+                return Some((pid, ns));
+            }
             match self.ns_of(pid, "mnt") {
-                Ok(ns) => return Some((pid, ns)),
+                Ok(ns) => {
+                    if let Some(id) = id {
+                        self.seen_ns.read_mnt(id, pid, ns, self.scans, now);
+                    }
+                    return Some((pid, ns));
+                }
                 Err(e) if is_vanished(&e) => continue,
                 Err(e) => {
                     self.unreadable(out, "ns/mnt", rel, &e, super::is_denied(&e));
