@@ -11,12 +11,25 @@ use super::CgroupVersion;
 use crate::procfs::kept::{DirId, KeptFiles};
 use crate::procfs::kfile::FileReader;
 
-/// A cgroup directory the caller holds open, and its identity when known (its `fstat`): with
+/// A cgroup directory beneath one the caller holds open, and its identity when known: with
 /// it, the directory's value files are kept open across scans ([`KeptFiles`]).
 #[derive(Debug, Clone, Copy)]
 pub struct OpenDir<'a> {
     pub fd: BorrowedFd<'a>,
+    /// The cgroup's directory beneath `fd` (`""`: `fd` itself): the scan opens a directory
+    /// only to list it, and reaches the rest by a path beneath the nearest one it opened.
+    pub at: &'a str,
     pub id: Option<DirId>,
+}
+
+impl<'a> OpenDir<'a> {
+    /// `file` of the cgroup, as a path beneath `fd`.
+    fn file(&self, file: &str) -> PathBuf {
+        match self.at {
+            "" => PathBuf::from(file),
+            at => Path::new(at).join(file),
+        }
+    }
 }
 
 /// The most a value file (a limit, a usage) is read of: one number on a line.
@@ -213,7 +226,6 @@ impl MemcgReader {
         let leaf_key = memo_key(rel);
         let files = self.version.memory_files();
         let leaf_open = leaf_dir;
-        let leaf_dir = leaf_dir.map(|d| d.fd);
         // The leaf must exist: a missing leaf means the container is gone. An unreadable one
         // still has ancestors whose limits bound it.
         let mut leaf_error = None;
@@ -230,10 +242,11 @@ impl MemcgReader {
         let mut reading = tightest(self.levels_up(&leaf_key, parent_dir));
         if self.read_shmem {
             reading.shmem_bytes =
-                self.leaf_value(&leaf, leaf_dir, files.stat, |s| parse_memory_stat(s).shmem);
+                self.leaf_value(&leaf, leaf_open, files.stat, |s| parse_memory_stat(s).shmem);
         }
         if self.read_oom_kills {
-            reading.oom_kills = self.leaf_value(&leaf, leaf_dir, files.oom_events, parse_oom_kills);
+            reading.oom_kills =
+                self.leaf_value(&leaf, leaf_open, files.oom_events, parse_oom_kills);
         }
         match leaf_error {
             None => Ok(reading),
@@ -274,12 +287,12 @@ impl MemcgReader {
     fn leaf_value<T>(
         &mut self,
         leaf: &Path,
-        leaf_dir: Option<BorrowedFd<'_>>,
+        leaf_dir: Option<OpenDir<'_>>,
         file: &str,
         parse: impl Fn(&str) -> Option<T>,
     ) -> Option<T> {
         let bytes = match leaf_dir {
-            Some(dir) => self.files.read(dir, file),
+            Some(dir) => self.files.read(dir.fd, dir.file(file)),
             None => self.files.read(CWD, leaf.join(file)),
         };
         bytes
@@ -312,10 +325,10 @@ impl MemcgReader {
     ) -> io::Result<Option<u64>> {
         let read = match dir_fd {
             // A value is a line: a read that fills the buffer is no value.
-            Some(OpenDir { fd, id: Some(id) }) => {
-                self.kept.read_head(fd, id, file, VALUE_MAX, None)
+            Some(OpenDir { fd, at, id: Some(id) }) => {
+                self.kept.read_head((fd, at), id, file, VALUE_MAX, None)
             }
-            Some(OpenDir { fd, id: None }) => self.files.read(fd, file),
+            Some(dir @ OpenDir { id: None, .. }) => self.files.read(dir.fd, dir.file(file)),
             None => self.files.read(CWD, dir.join(file)),
         };
         match read {

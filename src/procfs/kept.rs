@@ -50,13 +50,14 @@ impl Default for KeptFiles {
 }
 
 impl KeptFiles {
-    /// At most `max` bytes of `dir`'s file `name`, with one read (seq_file hands over whole
-    /// records). `fresh_within`: a kept handle read again sooner than this after its last read
-    /// is not trusted to regenerate the file (cgroup v1 keeps a cgroup.procs listing a second
-    /// for the open file that read it) and the file is opened anew.
+    /// At most `max` bytes of the file `name` of the directory `at` beneath `dir` (`""`: `dir`
+    /// itself), with one read (seq_file hands over whole records). `fresh_within`: a kept handle
+    /// read again sooner than this after its last read is not trusted to regenerate the file
+    /// (cgroup v1 keeps a cgroup.procs listing a second for the open file that read it) and the
+    /// file is opened anew.
     pub fn read_head(
         &mut self,
-        dir: BorrowedFd<'_>,
+        (dir, at): (BorrowedFd<'_>, &str),
         dir_id: DirId,
         name: &'static str,
         max: usize,
@@ -77,12 +78,12 @@ impl KeptFiles {
             // Stale, or it failed (ENODEV: the cgroup was removed): opened anew below.
             self.open.remove(&key);
         }
-        let fd = rustix::fs::openat(
-            dir,
-            name,
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-            Mode::empty(),
-        )?;
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+        let fd = if at.is_empty() {
+            rustix::fs::openat(dir, name, flags, Mode::empty())?
+        } else {
+            rustix::fs::openat(dir, format!("{at}/{name}"), flags, Mode::empty())?
+        };
         let n = pread0(&fd, &mut self.buf[..max])?;
         if self.open.len() < self.budget {
             let pass = self.pass;
@@ -138,7 +139,7 @@ mod tests {
 
     fn read(kept: &mut KeptFiles, d: &(OwnedFd, DirId), fresh: Option<Duration>) -> String {
         let bytes = kept
-            .read_head(d.0.as_fd(), d.1, "memory.max", 64, fresh)
+            .read_head((d.0.as_fd(), ""), d.1, "memory.max", 64, fresh)
             .unwrap();
         String::from_utf8(bytes.to_vec()).unwrap()
     }
@@ -186,7 +187,7 @@ mod tests {
         assert_ne!(first.1, second.1);
         assert_eq!(read(&mut kept, &second, None), "2\n");
         assert!(kept
-            .read_head(second.0.as_fd(), second.1, "nope", 64, None)
+            .read_head((second.0.as_fd(), ""), second.1, "nope", 64, None)
             .is_err());
     }
 }

@@ -21,7 +21,6 @@ mod walk;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::SystemTime;
@@ -201,9 +200,10 @@ impl ShmScanner {
 
     /// One pass over the hierarchy. Never fails as a whole: what cannot be read is counted.
     ///
-    /// Each cgroup directory is opened once and its files (cgroup.procs, the memory files) are
-    /// opened relative to it, and listed through the same handle: no path walk from the root
-    /// per file, and the least system calls per cgroup (see BENCHMARKS.md).
+    /// A cgroup directory is opened only to be listed; the others are looked at by a short path
+    /// beneath the nearest one opened (`walk::CgDir`), and their files (cgroup.procs, the memory
+    /// files), opened the same way, are kept open across scans: the least system calls per
+    /// cgroup (see BENCHMARKS.md).
     pub fn scan(&mut self) -> ShmScan {
         let mut out = ShmScan::default();
         out.sight.proc_root = self.proc_root.display().to_string();
@@ -230,10 +230,10 @@ impl ShmScanner {
     fn walk(&mut self, out: &mut ShmScan) {
         let mut live: HashSet<Viewer> = HashSet::new();
         let mut measured: HashSet<String> = HashSet::new();
-        let Some(root) = self.open_cgroup(None, "", out) else {
+        let Some(root) = self.open_root(out) else {
             return;
         };
-        let root_stat = dir_stat(&root);
+        let root_stat = dir_stat(&root.base);
         let mut stack: Vec<Pending> = Vec::new();
         self.push_children(&Rc::new(root), root_stat, "", None, &mut stack, out);
         while let Some(Pending {
@@ -244,27 +244,18 @@ impl ShmScanner {
             listed,
         }) = stack.pop()
         {
-            let Some(dir) = self.open_cgroup(Some(&parent), &rel, out) else {
+            let here = parent.child(rel.rsplit('/').next().unwrap_or_default());
+            let Some(stat) = self.stat_cgroup(&here, &rel, out) else {
                 if !listed {
                     self.list_again((&parent, parent_id), &rel, outer, &mut stack, out);
                 }
                 continue;
             };
-            let stat = dir_stat(&dir);
             let mut inner = outer;
-            match self.first_process(&dir, stat.1, &rel, out) {
+            match self.first_process(&here, stat.1, &rel, out) {
                 Some((pid, mnt)) if mnt != self.host_ns.mnt && Some(mnt) != outer => {
                     live.insert((mnt, pid));
-                    let dirs = [
-                        OpenDir {
-                            fd: dir.as_fd(),
-                            id: stat.1,
-                        },
-                        OpenDir {
-                            fd: parent.as_fd(),
-                            id: parent_id,
-                        },
-                    ];
+                    let dirs = [here.as_open(stat.1), parent.as_open(parent_id)];
                     if let Some(reading) = self.measure(pid, mnt, &rel, dirs, out) {
                         // A cgroup made inside a container is that container's (cgroup::path),
                         // measured already above it: one reading per container (issue 36).
@@ -277,7 +268,7 @@ impl ShmScanner {
                 _ => {}
             }
             drop(parent);
-            self.push_children(&Rc::new(dir), stat, &rel, inner, &mut stack, out);
+            self.push_children(&Rc::new(here), stat, &rel, inner, &mut stack, out);
         }
         let scan = self.scans;
         self.listings.retain(|_, (_, seen)| *seen == scan);

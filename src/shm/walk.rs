@@ -1,15 +1,17 @@
-//! The walk of the memory cgroup hierarchy: each cgroup directory opened relative to its
-//! parent, its subdirectories queued, its first live process and that process's namespaces.
+//! The walk of the memory cgroup hierarchy: each cgroup directory looked at beneath the nearest
+//! one opened, its subdirectories queued, its first live process and that process's namespaces.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use rustix::fs::{Mode, OFlags, RawDir};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RawDir};
 
 use super::{is_vanished, ShmScan, ShmScanner};
+use crate::cgroup::memory::OpenDir;
 use crate::host::{parse_ns_link, NsId};
 use crate::procfs::kept::DirId;
 
@@ -22,11 +24,48 @@ const PROCS_HEAD: usize = 1024;
 /// the same list over again: a handle kept across scans is trusted only this long after.
 const V1_PIDLIST_KEPT: Duration = Duration::from_secs(2);
 
-/// A cgroup still to visit: its parent's open directory, its path relative to the hierarchy
+/// A cgroup directory as a path beneath the nearest directory the walk opened. A directory is
+/// opened only to be listed (and the root): the others are reached by a path beneath it, one
+/// `statat` for its link count and identity where an open, an `fstat` and a close were three,
+/// and their files are opened by that path when not kept open already.
+pub(super) struct CgDir {
+    pub(super) base: Rc<OwnedFd>,
+    /// Beneath `base`; `""` is `base` itself.
+    pub(super) at: String,
+}
+
+impl CgDir {
+    fn opened(fd: OwnedFd) -> CgDir {
+        CgDir {
+            base: Rc::new(fd),
+            at: String::new(),
+        }
+    }
+
+    pub(super) fn child(&self, name: &str) -> CgDir {
+        CgDir {
+            base: self.base.clone(),
+            at: match self.at.as_str() {
+                "" => name.to_string(),
+                at => format!("{at}/{name}"),
+            },
+        }
+    }
+
+    pub(super) fn as_open(&self, id: Option<DirId>) -> OpenDir<'_> {
+        OpenDir {
+            fd: self.base.as_fd(),
+            at: &self.at,
+            id,
+        }
+    }
+}
+
+/// A cgroup still to visit: its parent, its path relative to the hierarchy
 /// (`/kubepods/burstable/pod<uid>/<id>`), the mount namespace of the nearest container above,
 /// and whether a listing of this scan found it (not one kept from an earlier scan).
 pub(super) struct Pending {
-    pub(super) parent: Rc<OwnedFd>,
+    pub(super) parent: Rc<CgDir>,
     /// The parent's identity ([`dir_stat`]).
     pub(super) parent_id: Option<DirId>,
     pub(super) rel: String,
@@ -35,37 +74,69 @@ pub(super) struct Pending {
 }
 
 impl ShmScanner {
-    /// Opens a cgroup's directory, relative to its parent's when given (a one-name lookup);
-    /// `None` when it is gone (or unreadable: counted).
-    pub(super) fn open_cgroup(
-        &mut self,
-        parent: Option<&OwnedFd>,
-        rel: &str,
-        out: &mut ShmScan,
-    ) -> Option<OwnedFd> {
+    /// Opens the hierarchy's root; `None` when it is gone (or unreadable: counted).
+    pub(super) fn open_root(&mut self, out: &mut ShmScan) -> Option<CgDir> {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let opened = match parent {
-            Some(parent) => {
-                let name = rel.rsplit('/').next().unwrap_or_default();
-                rustix::fs::openat(parent, name, flags, Mode::empty())
-            }
-            None => rustix::fs::open(&self.hierarchy, flags, Mode::empty()),
-        };
-        match opened {
-            Ok(dir) => Some(dir),
+        match rustix::fs::open(&self.hierarchy, flags, Mode::empty()) {
+            Ok(dir) => Some(CgDir::opened(dir)),
             Err(e) => {
-                let e = io::Error::from(e);
-                if !is_vanished(&e) {
-                    let path = self.hierarchy.join(rel.trim_start_matches('/'));
-                    self.error(out, "readdir", &path.display().to_string(), &e);
-                }
+                self.cgroup_error(out, "", e.into());
                 None
             }
         }
     }
 
-    /// Queues the subdirectories of `dir`. They share one handle on `dir` (closed when the
-    /// last of them is opened): the handles open at once are bounded by the tree's depth.
+    /// The link count and identity of the cgroup `dir` (at `rel`); `None` when it is gone (or
+    /// unreadable: counted).
+    pub(super) fn stat_cgroup(
+        &mut self,
+        dir: &CgDir,
+        rel: &str,
+        out: &mut ShmScan,
+    ) -> Option<DirStat> {
+        let stat = match dir.at.as_str() {
+            "" => rustix::fs::fstat(&*dir.base),
+            at => rustix::fs::statat(&*dir.base, at, AtFlags::SYMLINK_NOFOLLOW),
+        };
+        match stat {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                Some((Some(st.st_nlink), Some((st.st_dev, st.st_ino))))
+            }
+            // Made again as something else since it was listed: not a cgroup any more.
+            Ok(_) => None,
+            Err(e) => {
+                self.cgroup_error(out, rel, e.into());
+                None
+            }
+        }
+    }
+
+    /// `dir` opened to be listed (itself when it is open already).
+    fn open_to_list(&mut self, dir: &Rc<CgDir>, rel: &str, out: &mut ShmScan) -> Option<Rc<CgDir>> {
+        if dir.at.is_empty() {
+            return Some(dir.clone());
+        }
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        match rustix::fs::openat(&*dir.base, &dir.at, flags, Mode::empty()) {
+            Ok(fd) => Some(Rc::new(CgDir::opened(fd))),
+            Err(e) => {
+                self.cgroup_error(out, rel, e.into());
+                None
+            }
+        }
+    }
+
+    /// A cgroup directory that could not be looked at: counted unless it vanished.
+    fn cgroup_error(&mut self, out: &mut ShmScan, rel: &str, e: io::Error) {
+        if !is_vanished(&e) {
+            let path = self.hierarchy.join(rel.trim_start_matches('/'));
+            self.error(out, "readdir", &path.display().to_string(), &e);
+        }
+    }
+
+    /// Queues the subdirectories of `dir`. They share one handle on the directory they are beneath
+    /// (closed when the last of them is visited): the handles open at once are bounded by the
+    /// tree's depth.
     ///
     /// A directory's link count is 2 and one per subdirectory (kernfs keeps it so for every
     /// cgroup directory, as ext4 and tmpfs do for a test's tree; btrfs and overlay say 1, and
@@ -76,7 +147,7 @@ impl ShmScanner {
     /// it then.
     pub(super) fn push_children(
         &mut self,
-        dir: &Rc<OwnedFd>,
+        dir: &Rc<CgDir>,
         (links, id): DirStat,
         rel: &str,
         outer: Option<NsId>,
@@ -103,14 +174,16 @@ impl ShmScanner {
             }
         }
         let subdirs = links.and_then(|n| n.checked_sub(2));
-        self.list((dir, id), rel, outer, &[], subdirs, stack, out);
+        if let Some(dir) = self.open_to_list(dir, rel, out) {
+            self.list((&dir, id), rel, outer, &[], subdirs, stack, out);
+        }
     }
 
     /// `child` (queued from a listing kept from an earlier scan) is gone: its parent `dir` is
     /// listed again, once, and what it holds that was not queued is queued.
     pub(super) fn list_again(
         &mut self,
-        dir: (&Rc<OwnedFd>, Option<DirId>),
+        (dir, id): (&Rc<CgDir>, Option<DirId>),
         child: &str,
         outer: Option<NsId>,
         stack: &mut Vec<Pending>,
@@ -127,10 +200,12 @@ impl ShmScanner {
             return;
         }
         let queued = queued.clone();
-        self.list(dir, rel, outer, &queued, None, stack, out);
+        if let Some(dir) = self.open_to_list(dir, rel, out) {
+            self.list((&dir, id), rel, outer, &queued, None, stack, out);
+        }
     }
 
-    /// Lists `dir` and queues its subdirectories but those in `skip`; the listing is kept.
+    /// Lists `dir` (open) and queues its subdirectories but those in `skip`; the listing is kept.
     /// With `subdirs` (its link count's word), the listing ends once that many are found: the
     /// rest are control files (a pod's 30-odd, and getdents' last call that says the end). A
     /// subdirectory made since the count was read is then missed this scan only: the next
@@ -138,7 +213,7 @@ impl ShmScanner {
     #[allow(clippy::too_many_arguments)]
     fn list(
         &mut self,
-        (dir, id): (&Rc<OwnedFd>, Option<DirId>),
+        (dir, id): (&Rc<CgDir>, Option<DirId>),
         rel: &str,
         outer: Option<NsId>,
         skip: &[String],
@@ -147,7 +222,7 @@ impl ShmScanner {
         out: &mut ShmScan,
     ) {
         let mut names = Vec::new();
-        let mut entries = RawDir::new(dir.as_fd(), &mut self.dirents);
+        let mut entries = RawDir::new(dir.base.as_fd(), &mut self.dirents);
         let mut failed = None;
         while let Some(entry) = entries.next() {
             let entry = match entry {
@@ -161,7 +236,7 @@ impl ShmScanner {
                 rustix::fs::FileType::Directory => true,
                 // A file system that does not fill in d_type: ask, as std's read_dir would.
                 rustix::fs::FileType::Unknown => rustix::fs::statat(
-                    dir,
+                    &*dir.base,
                     entry.file_name(),
                     rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
                 )
@@ -210,7 +285,7 @@ impl ShmScanner {
     /// The first live process of a cgroup and its mount namespace; `id`: the directory's.
     pub(super) fn first_process(
         &mut self,
-        dir: &OwnedFd,
+        dir: &CgDir,
         id: Option<DirId>,
         rel: &str,
         out: &mut ShmScan,
@@ -220,10 +295,18 @@ impl ShmScanner {
         // Kept open for the next scan when the directory's identity is known.
         let fresh = self.v1.then_some(V1_PIDLIST_KEPT);
         let procs = match id {
-            Some(id) => self
-                .kept
-                .read_head(dir.as_fd(), id, "cgroup.procs", PROCS_HEAD, fresh),
-            None => self.files.read_head(dir, "cgroup.procs", PROCS_HEAD),
+            Some(id) => self.kept.read_head(
+                (dir.base.as_fd(), &dir.at),
+                id,
+                "cgroup.procs",
+                PROCS_HEAD,
+                fresh,
+            ),
+            None => self.files.read_head(
+                &*dir.base,
+                Path::new(&dir.at).join("cgroup.procs"),
+                PROCS_HEAD,
+            ),
         };
         match procs {
             Ok(procs) => {
