@@ -132,11 +132,35 @@ impl Agent {
         Agent::start(&args, &[("KUBECONFIG", kubeconfig.as_os_str())])
     }
 
+    /// `serve` on the fake NVML `fake`, Kubernetes off, and `extra`; ready.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn start_gpu(fake: &super::fake_nvml::FakeNvml, extra: &[&str]) -> Agent {
+        let lib = super::fake_nvml::lib();
+        let mut args = vec!["--nvml-lib", lib.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let agent = Agent::start(&args, &fake.env());
+        agent.wait_ready();
+        agent
+    }
+
     /// `serve` with Kubernetes on against the fake API server's `kubeconfig` as `node`, the
     /// fake NVML `fake` (no kubelet unless `extra` names a pod-resources socket) and `extra`;
     /// ready.
     #[allow(dead_code)] // not every test binary that shares this module starts one
     pub fn start_gpu_kube(
+        kubeconfig: &std::path::Path,
+        fake: &super::fake_nvml::FakeNvml,
+        node: &str,
+        extra: &[&str],
+    ) -> Agent {
+        let agent = Agent::spawn_gpu_kube(kubeconfig, fake, node, extra);
+        agent.wait_ready();
+        agent
+    }
+
+    /// As `start_gpu_kube`, not waited for: for a test that acts before the first scan ends.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn spawn_gpu_kube(
         kubeconfig: &std::path::Path,
         fake: &super::fake_nvml::FakeNvml,
         node: &str,
@@ -151,9 +175,7 @@ impl Agent {
             args.extend_from_slice(&["--pod-resources-socket", "/nonexistent/kubelet.sock"]);
         }
         args.extend_from_slice(extra);
-        let agent = Agent::start(&args, &env);
-        agent.wait_ready();
-        agent
+        Agent::start(&args, &env)
     }
 
     /// `start`, with the binary run by `wrapper` (e.g. `setpriv ... --`), which must exec it.

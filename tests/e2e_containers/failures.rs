@@ -77,18 +77,7 @@ fn a_dataloader_dying_of_shm_is_one_event_series_on_its_pod_within_seconds() {
 
     let kubeconfig = api.kubeconfig_path();
     let root = logs.path().to_str().unwrap();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--pod-log-root",
-            root,
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = Agent::start_kube(&kubeconfig, NODE, &["--pod-log-root", root]);
     agent.wait_ready();
 
     // The job fills its /dev/shm, then says what PyTorch says, and its container goes on.
@@ -228,18 +217,7 @@ fn a_crash_in_libnccl_told_by_the_kernel_is_a_gpu_job_crashed_event_on_its_pod()
     };
     let CrashingJob { nccl, api, uid, id } = job;
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--kmsg",
-            "/dev/kmsg",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = Agent::start_kube(&kubeconfig, NODE, &["--kmsg", "/dev/kmsg"]);
     agent.wait_ready();
     let _worker = crashing_worker(&uid, &id, &nccl);
     let events = wait_for_event(&api, "GpuJobCrashed", Duration::from_secs(20));

@@ -134,18 +134,7 @@ fn a_file_name_spelling_an_oom_report_kills_no_one_while_a_real_kill_is_told() {
         &[("trainer", &own_id)],
     ));
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--kmsg",
-            "/dev/kmsg",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = Agent::start_kube(&kubeconfig, NODE, &["--kmsg", "/dev/kmsg"]);
     agent.wait_ready();
     let victim = Container::start(ContainerSpec {
         pod_uid: Some(victim_uid.clone()),

@@ -89,25 +89,18 @@ fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_e
         "worker",
         &uuids.iter().map(String::as_str).collect::<Vec<_>>(),
     )]);
-    let (lib, socket, kubeconfig) = (fake_nvml::lib(), kubelet.socket(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
+    let (socket, kubeconfig) = (kubelet.socket(), api.kubeconfig_path());
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
             "--pod-resources-socket",
             socket.to_str().unwrap(),
             "--kmsg",
             "/dev/kmsg",
         ],
-        &env,
     );
-    agent.wait_ready();
     let worker = crashing(Some(&uid), &id, nccl.path());
     fake.write(&board(Some(worker.pid)));
     let crashed = crash_once_seen(&agent, &id, nccl.path());
@@ -166,12 +159,7 @@ fn on_plain_runc_without_kubernetes_serve_logs_the_crash_with_its_gpus_and_each_
         return;
     }
     let fake = FakeNvml::new(&board(None));
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &["--nvml-lib", lib.to_str().unwrap(), "--kmsg", "/dev/kmsg"],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--kmsg", "/dev/kmsg"]);
     let id = common::random_container_id();
     let worker = crashing(None, &id, nccl.path());
     fake.write(&board(Some(worker.pid)));

@@ -44,23 +44,13 @@ fn an_uncorrectable_ecc_error_in_the_jobs_words_names_the_gpu_with_the_ecc_xid()
     let dir = logs.path().join(format!("ml_trainer-0_{uid}/trainer"));
     std::fs::create_dir_all(&dir).unwrap();
     let fake = FakeNvml::new(&board(None, &[]));
-    let (lib, kubeconfig) = (fake_nvml::lib(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-log-root",
-            logs.path().to_str().unwrap(),
-        ],
-        &env,
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
+        &["--pod-log-root", logs.path().to_str().unwrap()],
     );
-    agent.wait_ready();
 
     // The job waits for its go, then says what PyTorch's watchdog says, and goes on.
     let go = tempfile::tempdir().unwrap();

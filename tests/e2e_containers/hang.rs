@@ -128,27 +128,14 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().to_str().unwrap();
     let fake = FakeNvml::new(&board(None, None, true));
-    let lib = fake_nvml::lib();
     let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
     let log_root = logs.path().to_str().unwrap();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-log-root",
-            log_root,
-            "--state-dir",
-            state_dir,
-        ],
-        &env,
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
+        &["--pod-log-root", log_root, "--state-dir", state_dir],
     );
-    agent.wait_ready();
     let (a_go, b_go) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = job(&a_uid, &a_id, a_go.path(), a_log);
     let b = job(&b_uid, &b_id, b_go.path(), b_log);
@@ -234,8 +221,6 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
 
     // check, reading the logs back and serve's store: one hang each, as serve told it.
     let args = [
-        "check",
-        "--json",
         "--kube",
         "off",
         "--state-dir",
@@ -246,10 +231,8 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
         "off",
         "--since",
         "10m",
-        "--nvml-lib",
-        lib.to_str().unwrap(),
     ];
-    let report = shmlink(&args, &fake.env());
+    let report = fake.check_json(&args);
     for pod in ["hang-culprit-0", "hang-clean-0"] {
         let (told, stored) = (hangs_of(&report, pod), hangs_of(&history, pod));
         assert_eq!(told.len(), 1, "one hang, one failure: {told:#?}");

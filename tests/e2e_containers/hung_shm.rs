@@ -57,11 +57,32 @@ fn check_within(within: Duration) -> (Value, Duration) {
     (report, took)
 }
 
-/// SIGTERM, and the time until serve was reaped (`terminate` fails past 10 s).
-fn stop(agent: Agent) -> Duration {
+/// `serve` scanning every second, once its shm collector has scanned three times; and that
+/// scrape.
+fn serve_three_scans() -> (Agent, String) {
+    let agent = Agent::start(&["--interval", "1s"], &[]);
+    agent.wait_ready();
+    let metrics =
+        agent.wait_for_metrics("scans go on", |b| shm_scans_in(b).is_some_and(|n| n >= 3.0));
+    (agent, metrics)
+}
+
+fn shm_scans_in(metrics: &str) -> Option<f64> {
+    sample(
+        metrics,
+        "shmlink_scan_duration_seconds_count",
+        &[("collector", "shm")],
+    )
+}
+
+/// SIGTERM: serve reaped within 10 s, and neither it nor `check` asked `fuses` anything.
+fn stop_never_having_asked(agent: Agent, fuses: &[HungFuse]) {
     let stopping = Instant::now();
     assert!(agent.terminate().success());
-    stopping.elapsed()
+    let reaped = stopping.elapsed();
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
+    assert_never_asked(fuses);
 }
 
 /// Neither `check` nor `serve` sent the hung FUSE a request (each would have hung for good).
@@ -111,16 +132,7 @@ fn seventeen_hung_fuse_dev_shm_are_never_entered_and_the_rest_is_measured() {
         .iter()
         .any(|f| f["kind"] == "shm_unmeasured"));
 
-    let agent = Agent::start(&["--interval", "1s"], &[]);
-    agent.wait_ready();
-    let metrics = agent.wait_for_metrics("scans go on", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
+    let (agent, metrics) = serve_three_scans();
     assert_eq!(
         sample(
             &metrics,
@@ -140,9 +152,7 @@ fn seventeen_hung_fuse_dev_shm_are_never_entered_and_the_rest_is_measured() {
         "said once ({}): {log}",
         &hung[0].id[..12]
     );
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert_never_asked(&fuses);
+    stop_never_having_asked(agent, &fuses);
 }
 
 #[test]
@@ -171,9 +181,7 @@ fn a_hung_fuse_over_a_file_in_a_young_containers_dev_shm_is_not_entered() {
     let agent = Agent::start(&["--interval", "1s"], &[]);
     agent.wait_ready();
     assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert_never_asked(&[fuse]);
+    stop_never_having_asked(agent, &[fuse]);
 }
 
 #[test]
@@ -200,9 +208,7 @@ fn a_watched_dev_shm_swapped_for_a_hung_fuse_does_not_stop_the_peak_sampler() {
         )
         .is_some_and(|p| p >= (48u64 << 20) as f64)
     });
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert_never_asked(&[fuse]);
+    stop_never_having_asked(agent, &[fuse]);
 }
 
 #[test]
@@ -238,21 +244,9 @@ fn a_hung_fuse_at_a_containers_dev_is_never_looked_in() {
     let other = common::shm_entry(&report, &fine.id).expect("the other container");
     assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
 
-    let agent = Agent::start(&["--interval", "1s"], &[]);
-    agent.wait_ready();
-    agent.wait_for_metrics("scans go on", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
+    let (agent, _) = serve_three_scans();
     assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
-    assert_never_asked(&[fuse]);
+    stop_never_having_asked(agent, &[fuse]);
 }
 
 /// A process forked from this test into its own container cgroup beside `of`'s (the memory
@@ -338,20 +332,8 @@ fn a_process_whose_root_is_a_hung_fuse_is_never_looked_in() {
     let other = common::shm_entry(&report, &host.id).expect("the container beside it");
     assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
 
-    let agent = Agent::start(&["--interval", "1s"], &[]);
-    agent.wait_ready();
-    agent.wait_for_metrics("scans go on", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
-    assert_never_asked(&[fuse]);
+    let (agent, _) = serve_three_scans();
+    stop_never_having_asked(agent, &[fuse]);
     drop(chrooted);
 }
 
@@ -365,12 +347,7 @@ fn shm_mount_id(pid: i32) -> Option<u64> {
 }
 
 fn shm_scans(agent: &Agent) -> f64 {
-    sample(
-        &agent.metrics(),
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "shm")],
-    )
-    .unwrap_or(0.0)
+    shm_scans_in(&agent.metrics()).unwrap_or(0.0)
 }
 
 #[test]
@@ -419,12 +396,7 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
     // Scans go on, and the container is no longer measured.
     let s0 = shm_scans(&agent);
     agent.wait_for_metrics("scans go on without measuring the FUSE", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= s0 + 5.0)
+        shm_scans_in(b).is_some_and(|n| n >= s0 + 5.0)
             && sample(
                 b,
                 "shmlink_shm_size_bytes",
@@ -432,8 +404,5 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
             )
             .is_none()
     });
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
-    assert_never_asked(&fuses);
+    stop_never_having_asked(agent, &fuses);
 }

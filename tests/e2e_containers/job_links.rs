@@ -8,7 +8,6 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
@@ -69,10 +68,6 @@ fn link_now(agent: &Agent, fake: &FakeNvml, config: &Value, up: bool) {
 }
 
 /// The crash's failure in `report`'s `failures`, with its `gpu_links`.
-fn shmlink(args: &[&str]) -> Value {
-    crate::common::binary::shmlink_json(args, &[])
-}
-
 fn crash_in(report: &Value, id: &str) -> Option<Value> {
     report["failures"]
         .as_array()?
@@ -109,25 +104,13 @@ fn assert_links(failure: &Value) {
 
 /// `serve` with the fake NVML and the fake API server, its store in `state_dir`.
 fn serve(fake: &FakeNvml, api: &FakeApi, state_dir: &str) -> Agent {
-    let (lib, kubeconfig) = (fake_nvml::lib(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--kmsg",
-            "/dev/kmsg",
-            "--state-dir",
-            state_dir,
-        ],
-        &env,
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        fake,
+        NODE,
+        &["--kmsg", "/dev/kmsg", "--state-dir", state_dir],
     );
-    agent.wait_ready();
     agent
 }
 
@@ -203,27 +186,24 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     let mut history = Value::Null;
     assert!(
         common::wait_until(Duration::from_secs(10), || {
-            history = shmlink(&["history", "--state-dir", state_dir, "--json"]);
+            history =
+                common::binary::shmlink_json(&["history", "--state-dir", state_dir, "--json"], &[]);
             crash_in(&history, &id).is_some()
         }),
         "the stored failure has no gpu_links: {history:#}"
     );
     assert_links(&crash_in(&history, &id).unwrap());
     drop(agent);
-    let lib = fake_nvml::lib();
-    let nvml = ["--nvml-lib", lib.to_str().unwrap()];
-    let mut args = vec!["check", "--json", "--kube", "off", "--state-dir", state_dir];
-    args.extend(["--kmsg", "/dev/kmsg", "--since", "10m"]);
-    args.extend(nvml);
-    let mut cmd = Command::new(common::shmlink_bin());
-    cmd.args(&args).envs(fake.env().iter().copied());
-    let out = cmd.stdin(Stdio::null()).output().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "check printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let report = fake.check_json(&[
+        "--kube",
+        "off",
+        "--state-dir",
+        state_dir,
+        "--kmsg",
+        "/dev/kmsg",
+        "--since",
+        "10m",
+    ]);
     let told = crash_in(&report, &id).unwrap_or_else(|| {
         panic!(
             "check's failures have no gpu_links: {:#}",

@@ -59,20 +59,16 @@ fn scenario(told: Told) {
     ));
     api.apply_pod(pod(NODE, "ml", "idle-0", &idle_uid, &[("idle", &idle_id)]));
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
+    let agent = Agent::start_kube(
+        &kubeconfig,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
             "--kmsg",
             match told {
                 Told::KernelLog => "/dev/kmsg",
                 Told::MemoryCgroup => "off",
             },
         ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
     );
     agent.wait_ready();
 

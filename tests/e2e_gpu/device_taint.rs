@@ -43,16 +43,6 @@ fn wait(what: &str, agent: &Agent, api: &FakeApi, mut done: impl FnMut() -> bool
     );
 }
 
-fn node_condition(api: &FakeApi, type_: &str) -> Value {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 /// The stored rule without what the server or the moment decides.
 fn comparable(mut rule: Value) -> Value {
     for field in ["uid", "resourceVersion", "creationTimestamp"] {
@@ -117,7 +107,7 @@ fn gpu_7_down_gets_one_rule_for_its_device_which_is_lifted_after_the_hold() {
         "{description}"
     );
     // The Node condition says the same GPU, as before.
-    let link = node_condition(&api, "GpuLinkDegraded");
+    let link = api.node_condition(NODE, "GpuLinkDegraded");
     assert_eq!(link["status"], "True", "{link:#}");
     wait("the gauge at 1", &agent, &api, || {
         sample(
@@ -137,7 +127,7 @@ fn gpu_7_down_gets_one_rule_for_its_device_which_is_lifted_after_the_hold() {
         fake.write(&nvml);
         let want = if active { "False" } else { "True" };
         wait("the link condition to follow", &agent, &api, || {
-            node_condition(&api, "GpuLinkDegraded")["status"] == want
+            api.node_condition(NODE, "GpuLinkDegraded")["status"] == want
         });
         assert_eq!(
             api.rule(RULE),
@@ -222,7 +212,7 @@ fn falls_back(api: &FakeApi, said: &str) -> String {
     let fake = FakeNvml::new(&nvml);
     let agent = start(api, &fake, &["--gpu-device-taint", "NoSchedule"]);
     wait("GpuLinkDegraded True", &agent, api, || {
-        node_condition(api, "GpuLinkDegraded")["status"] == "True"
+        api.node_condition(NODE, "GpuLinkDegraded")["status"] == "True"
     });
     let s0 = scans(&agent);
     wait("20 more scans", &agent, api, || scans(&agent) >= s0 + 20.0);

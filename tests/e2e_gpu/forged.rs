@@ -67,12 +67,7 @@ fn a_process_named_like_the_driver_crashing_in_fallen_off_the_bus_is_no_xid_79()
         return;
     };
     let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &["--nvml-lib", lib.to_str().unwrap(), "--kmsg", "/dev/kmsg"],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--kmsg", "/dev/kmsg"]);
     assert!(
         crash(&bin, "in fallen off the bus["),
         "the kernel did not log the crash (show_unhandled_signals off?)"

@@ -26,16 +26,6 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn condition(api: &FakeApi, type_: &str) -> Value {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 fn our_taint(api: &FakeApi) -> bool {
     api.node(NODE)["spec"]["taints"]
         .as_array()
@@ -94,7 +84,7 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
         ],
     );
     wait("GpuFault False", &agent, &api, || {
-        condition(&api, "GpuFault")["status"] == "False"
+        api.node_condition(NODE, "GpuFault")["status"] == "False"
     });
     agent.wait_for_metrics("the kernel log open", |b| {
         sample(b, "shmlink_kmsg_up", &[]) == Some(1.0)
@@ -141,7 +131,7 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
     wait("five more scans", &agent, &api, || {
         scans(&agent) >= s0 + 5.0
     });
-    let fault = condition(&api, "GpuFault");
+    let fault = api.node_condition(NODE, "GpuFault");
     assert_eq!(fault["status"], "False", "{fault:#}");
     assert_eq!(fault["reason"], "NoGpuFault", "{fault:#}");
     assert!(!our_taint(&api), "{:#}", api.node(NODE));
@@ -173,7 +163,7 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
     )
     .unwrap();
     wait("GpuFault True (Xid48)", &agent, &api, || {
-        let c = condition(&api, "GpuFault");
+        let c = api.node_condition(NODE, "GpuFault");
         c["status"] == "True" && c["reason"] == "Xid48"
     });
     wait("the node taint", &agent, &api, || our_taint(&api));

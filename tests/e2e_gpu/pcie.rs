@@ -108,16 +108,7 @@ fn a_narrow_link_at_any_load_a_slow_one_while_busy_aer_errors_and_acs_are_each_a
     let sys = tree(dir.path());
     let fake = FakeNvml::new(&board(false));
     let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &[
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--sys-root",
-            dir.path().to_str().unwrap(),
-        ],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--sys-root", dir.path().to_str().unwrap()]);
     // Idle: GPU 3's link at Gen3 x8 says nothing, for scans on end.
     let body = agent.wait_for_metrics("the PCIe families", |b| {
         sample(b, "shmlink_gpu_pcie_link_generation", &[("gpu", "3")]) == Some(3.0)

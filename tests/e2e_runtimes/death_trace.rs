@@ -325,19 +325,15 @@ fn under_kubernetes_the_fast_death_is_one_shm_bus_error_event_on_its_pod() {
     let spec = pod(NODE, "ml", "fast-0", &uid, &[("main", &id)]);
     api.apply_pod(spec.clone());
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
+    let agent = Agent::start_kube(
+        &kubeconfig,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
             "--death-trace",
             "on",
             "--tracefs",
             tracefs.path().to_str().unwrap(),
         ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
     );
     agent.wait_ready();
     let c = python_as(&uid, &id, FAST_DEATH);
