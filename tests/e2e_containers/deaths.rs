@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::agent::{sample, Agent};
 use common::kube_api::events::with_reason;
 use common::kube_api::{finished_now, pod, restarted, FakeApi};
-use common::{ro_bind, Container, ContainerSpec, HostTmpfs, Shm};
+use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -69,11 +69,7 @@ fn with_python(pod_uid: &str, id: &str, args: Vec<String>, cri_log: Option<PathB
         args,
         cri_log,
         memory_limit: Some((512 * MIB) as i64),
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-        ],
+        extra_mounts: common::runc::host_libraries(),
         ..ContainerSpec::default()
     })
 }
@@ -576,11 +572,7 @@ fn worker_scenario(kernel_log: bool) {
         id: Some(id.clone()),
         args: vec![PYTHON.into(), "-c".into(), WORKER_KILLED.into()],
         memory_limit: Some((128 * MIB) as i64),
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-        ],
+        extra_mounts: common::runc::host_libraries(),
         cri_log: Some(log.clone()),
         ..ContainerSpec::default()
     });

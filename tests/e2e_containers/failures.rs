@@ -29,16 +29,7 @@ fn events_with(api: &FakeApi, reason: &str) -> Vec<Value> {
 }
 
 fn wait_for_event(api: &FakeApi, reason: &str, within: Duration) -> Vec<Value> {
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(within, || {
-            found = events_with(api, reason);
-            !found.is_empty()
-        }),
-        "no {reason} Event within {within:?}; the server holds: {:#?}",
-        api.events()
-    );
-    found
+    api.wait_events(None, reason, within)
 }
 
 fn show(events: &[Value]) {

@@ -105,18 +105,10 @@ fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_e
     fake.write(&board(Some(worker.pid)));
     let crashed = crash_once_seen(&agent, &id, nccl.path());
 
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = api
-                .events_about("allreduce-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "GpuJobCrashed")
-                .collect();
-            !found.is_empty()
-        }),
-        "no GpuJobCrashed Event; the server holds: {:#?}",
-        api.events()
+    let found = api.wait_events(
+        Some("allreduce-0"),
+        "GpuJobCrashed",
+        Duration::from_secs(20),
     );
     let note = found[0]["note"].as_str().unwrap();
     println!(

@@ -86,18 +86,10 @@ fn an_uncorrectable_ecc_error_in_the_jobs_words_names_the_gpu_with_the_ecc_xid()
     std::fs::write(go.path().join("now"), "").unwrap();
     let said = Instant::now();
 
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = api
-                .events_about("trainer-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "GpuEccUncorrectable")
-                .collect();
-            !found.is_empty()
-        }),
-        "no GpuEccUncorrectable Event; the server holds: {:#?}",
-        api.events()
+    let found = api.wait_events(
+        Some("trainer-0"),
+        "GpuEccUncorrectable",
+        Duration::from_secs(20),
     );
     let note = found[0]["note"].as_str().unwrap();
     println!("{} ms after the line: {note}", said.elapsed().as_millis());

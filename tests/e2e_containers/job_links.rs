@@ -128,20 +128,42 @@ fn seen_on_5_and_7(agent: &Agent, id: &str) {
 
 /// The GpuJobCrashed Events about the Pod, once there is one.
 fn crash_events(api: &FakeApi) -> Vec<Value> {
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = api
-                .events_about("allreduce-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "GpuJobCrashed")
-                .collect();
-            !found.is_empty()
-        }),
-        "no GpuJobCrashed Event; the server holds: {:#?}",
-        api.events()
-    );
-    found
+    api.wait_events(
+        Some("allreduce-0"),
+        "GpuJobCrashed",
+        Duration::from_secs(20),
+    )
+}
+
+/// A job's world: serve's store, the fake API server with the job's Pod, the fake NVML, serve,
+/// and the worker (waiting for its go), which serve has seen on GPUs 5 and 7.
+struct Job {
+    state: tempfile::TempDir,
+    api: FakeApi,
+    id: String,
+    fake: FakeNvml,
+    agent: Agent,
+    worker: Container,
+}
+
+fn job_seen_on_5_and_7(nccl: &Path) -> Job {
+    let state = tempfile::tempdir().unwrap();
+    let api = FakeApi::start();
+    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
+    let fake = FakeNvml::new(&board(None, 0, true));
+    let agent = serve(&fake, &api, state.path().to_str().unwrap());
+    let worker = crashing(&uid, &id, nccl);
+    fake.write(&board(Some(worker.pid), 0, true));
+    seen_on_5_and_7(&agent, &id);
+    Job {
+        state,
+        api,
+        id,
+        fake,
+        agent,
+        worker,
+    }
 }
 
 fn prerequisites(nccl: &Path) -> bool {
@@ -154,16 +176,15 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     if !prerequisites(nccl.path()) {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
+    let Job {
+        state,
+        api,
+        id,
+        fake,
+        agent,
+        worker,
+    } = job_seen_on_5_and_7(nccl.path());
     let state_dir = state.path().to_str().unwrap();
-    let api = FakeApi::start();
-    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
-    let fake = FakeNvml::new(&board(None, 0, true));
-    let agent = serve(&fake, &api, state_dir);
-    let worker = crashing(&uid, &id, nccl.path());
-    fake.write(&board(Some(worker.pid), 0, true));
-    seen_on_5_and_7(&agent, &id);
     // While it runs: link 3 of GPU 7 recovers twice and drops, then comes back.
     link_now(&agent, &fake, &board(Some(worker.pid), 2, false), false);
     link_now(&agent, &fake, &board(Some(worker.pid), 2, true), true);
@@ -230,16 +251,15 @@ fn a_job_keeps_its_baseline_across_a_restart_of_serve() {
     if !prerequisites(nccl.path()) {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
+    let Job {
+        state,
+        api,
+        id,
+        fake,
+        agent: first,
+        worker,
+    } = job_seen_on_5_and_7(nccl.path());
     let state_dir = state.path().to_str().unwrap();
-    let api = FakeApi::start();
-    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
-    let fake = FakeNvml::new(&board(None, 0, true));
-    let first = serve(&fake, &api, state_dir);
-    let worker = crashing(&uid, &id, nccl.path());
-    fake.write(&board(Some(worker.pid), 0, true));
-    seen_on_5_and_7(&first, &id);
     link_now(&first, &fake, &board(Some(worker.pid), 1, true), true);
     assert!(first.terminate().success());
     fake.write(&board(Some(worker.pid), 2, true));

@@ -23,16 +23,7 @@ fn events_with(api: &FakeApi, reason: &str) -> Vec<Value> {
 }
 
 fn wait_for_event(api: &FakeApi, reason: &str) -> Vec<Value> {
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = events_with(api, reason);
-            !found.is_empty()
-        }),
-        "no {reason} Event; the server holds: {:#?}",
-        api.events()
-    );
-    found
+    api.wait_events(None, reason, Duration::from_secs(20))
 }
 
 #[test]

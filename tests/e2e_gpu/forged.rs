@@ -16,29 +16,7 @@ use serde_json::Value;
 /// A program that names itself `comm` (prctl) and dereferences NULL in its own text, built as
 /// `dir/name`. None when gcc is missing (said).
 fn crasher(dir: &Path, name: &str, comm: &str) -> Option<PathBuf> {
-    let gcc = common::tool("gcc", "gcc")?;
-    let src = dir.join("crash.c");
-    std::fs::write(
-        &src,
-        format!(
-            "#include <sys/prctl.h>\nint main(void) {{ prctl(PR_SET_NAME, \"{comm}\"); \
-             return *(volatile int *)0; }}\n"
-        ),
-    )
-    .unwrap();
-    let bin = dir.join(name);
-    let out = Command::new(gcc)
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(bin)
+    common::crash::segfaulting(dir, name, Some(comm.as_bytes()))
 }
 
 /// One crash at a time across this file's tests: two CPUs printing crash lines at once make the
