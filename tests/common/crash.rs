@@ -36,6 +36,12 @@ pub fn sigbus_container(pod_uid: &str, id: &str, python: &Path) -> Container {
     })
 }
 
+/// Whether a container can crash in `libnccl.so.2` here for the kernel to log: real
+/// containers, the kernel log, and the program built in `nccl` (`build_crashing_nccl`).
+pub fn nccl_crash_possible(nccl: &Path) -> bool {
+    super::e2e_available() && super::kmsg_readable() && build_crashing_nccl(nccl)
+}
+
 /// A program with no libc that calls into `libnccl.so.2`, which dereferences NULL: the kernel
 /// logs `crash[PID]: segfault at 0 ... in libnccl.so.2[...]`. Everything it needs (the
 /// library, the program, the dynamic loader) sits in one directory bound at /nccl.

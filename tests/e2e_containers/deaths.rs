@@ -625,8 +625,8 @@ fn worker_scenario(kernel_log: bool) {
     }
     // `check` reads both back and ties them by the worker's PID in the container (its zombie
     // is still there to ask).
-    let out = std::process::Command::new(common::shmlink_bin())
-        .args([
+    let report = common::binary::shmlink_json(
+        &[
             "check",
             "--json",
             "--no-gpu",
@@ -634,20 +634,15 @@ fn worker_scenario(kernel_log: bool) {
             "on",
             "--node-name",
             NODE,
-        ])
-        .args([
             "--since",
             "2m",
             "--kmsg",
             "/dev/kmsg",
             "--pod-log-root",
             root,
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
     let failures: Vec<&Value> = report["failures"]
         .as_array()
         .unwrap()

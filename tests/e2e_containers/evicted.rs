@@ -7,7 +7,6 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::agent::Agent;
@@ -145,8 +144,9 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
     );
 
     // check tells the same failure from the Pod's status.
-    let out = Command::new(common::shmlink_bin())
-        .args([
+    let kubeconfig = api.kubeconfig_path();
+    let report = common::binary::shmlink_json(
+        &[
             "check",
             "--json",
             "--since",
@@ -155,8 +155,6 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
             "on",
             "--node-name",
             NODE,
-        ])
-        .args([
             "--no-gpu",
             "--pod-log-root",
             "off",
@@ -164,14 +162,11 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
             "off",
             "--kmsg",
             "off",
-        ])
-        .args(["--state-dir", "none"])
-        .env("KUBECONFIG", api.kubeconfig_path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+            "--state-dir",
+            "none",
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
     let failures: Vec<&Value> = report["failures"]
         .as_array()
         .unwrap()

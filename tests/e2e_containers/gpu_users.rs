@@ -65,14 +65,10 @@ fn crash_once_seen(agent: &Agent, id: &str, nccl: &Path) -> Instant {
     Instant::now()
 }
 
-fn prerequisites(nccl: &Path) -> bool {
-    common::e2e_available() && common::kmsg_readable() && common::crash::build_crashing_nccl(nccl)
-}
-
 #[test]
 fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_eight() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
     let api = FakeApi::start();
@@ -147,7 +143,7 @@ fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_e
 #[test]
 fn on_plain_runc_without_kubernetes_serve_logs_the_crash_with_its_gpus_and_each_finding() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
     let fake = FakeNvml::new(&board(None));

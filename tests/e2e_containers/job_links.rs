@@ -135,16 +135,17 @@ fn crash_events(api: &FakeApi) -> Vec<Value> {
     )
 }
 
-/// A job's world: serve's store, the fake API server with the job's Pod, the fake NVML, serve,
-/// and the worker (waiting for its go), which serve has seen on GPUs 5 and 7.
-struct Job {
-    state: tempfile::TempDir,
-    api: FakeApi,
-    id: String,
-    fake: FakeNvml,
-    agent: Agent,
-    worker: Container,
-}
+/// A job's world: serve's store, the fake API server with the job's Pod, the worker's
+/// container ID, the fake NVML, serve, and the worker (waiting for its go), which serve has seen
+/// on GPUs 5 and 7.
+struct Job(
+    tempfile::TempDir,
+    FakeApi,
+    String,
+    FakeNvml,
+    Agent,
+    Container,
+);
 
 fn job_seen_on_5_and_7(nccl: &Path) -> Job {
     let state = tempfile::tempdir().unwrap();
@@ -156,34 +157,16 @@ fn job_seen_on_5_and_7(nccl: &Path) -> Job {
     let worker = crashing(&uid, &id, nccl);
     fake.write(&board(Some(worker.pid), 0, true));
     seen_on_5_and_7(&agent, &id);
-    Job {
-        state,
-        api,
-        id,
-        fake,
-        agent,
-        worker,
-    }
-}
-
-fn prerequisites(nccl: &Path) -> bool {
-    common::e2e_available() && common::kmsg_readable() && common::crash::build_crashing_nccl(nccl)
+    Job(state, api, id, fake, agent, worker)
 }
 
 #[test]
 fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
-    let Job {
-        state,
-        api,
-        id,
-        fake,
-        agent,
-        worker,
-    } = job_seen_on_5_and_7(nccl.path());
+    let Job(state, api, id, fake, agent, worker) = job_seen_on_5_and_7(nccl.path());
     let state_dir = state.path().to_str().unwrap();
     // While it runs: link 3 of GPU 7 recovers twice and drops, then comes back.
     link_now(&agent, &fake, &board(Some(worker.pid), 2, false), false);
@@ -248,17 +231,10 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
 #[test]
 fn a_job_keeps_its_baseline_across_a_restart_of_serve() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
-    let Job {
-        state,
-        api,
-        id,
-        fake,
-        agent: first,
-        worker,
-    } = job_seen_on_5_and_7(nccl.path());
+    let Job(state, api, id, fake, first, worker) = job_seen_on_5_and_7(nccl.path());
     let state_dir = state.path().to_str().unwrap();
     link_now(&first, &fake, &board(Some(worker.pid), 1, true), true);
     assert!(first.terminate().success());

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
-use common::kube_api::{events::with_reason, kubelet_node, Dra, FakeApi};
+use common::kube_api::{events::with_reason, kubelet_node, slice_8gpu, Dra, FakeApi};
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -59,10 +59,7 @@ fn comparable(mut rule: Value) -> Value {
 
 #[test]
 fn gpu_7_down_gets_one_rule_for_its_device_which_is_lifted_after_the_hold() {
-    let api = FakeApi::start();
-    api.apply_node(kubelet_node(NODE));
-    api.set_dra(Dra::RulesV1);
-    api.apply_slice(fixture("resourceslice-8gpu-v1.json"));
+    let api = FakeApi::with_dra_rules(NODE);
     let mut nvml = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&nvml);
     let hold = "3s";
@@ -239,7 +236,7 @@ fn a_device_plugin_node_and_a_cluster_without_the_api_get_no_rule_and_one_line()
     // 1.36 as installed: slices, no DeviceTaintRule.
     let api = FakeApi::start();
     api.set_dra(Dra::SlicesOnly);
-    api.apply_slice(fixture("resourceslice-8gpu-v1.json"));
+    api.apply_slice(slice_8gpu());
     let line = falls_back(&api, "the cluster serves no DeviceTaintRule");
     eprintln!("NO DEVICETAINTRULE API: {line}");
     assert!(

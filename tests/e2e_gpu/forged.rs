@@ -94,20 +94,22 @@ fn a_newline_in_a_file_name_read_through_syslog_blames_nobody_else() {
 
 /// What `check --json` lists of the kernel log of the last 5 minutes read through `source`.
 fn kernel_failures(source: &str) -> Vec<Value> {
-    let out = Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--no-gpu", "--since", "5m"])
-        .args([
+    let report = common::binary::shmlink_json(
+        &[
+            "check",
+            "--json",
+            "--no-gpu",
+            "--since",
+            "5m",
             "--kmsg",
             source,
             "--pod-log-root",
             "off",
             "--docker-root",
             "off",
-        ])
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        ],
+        &[],
+    );
     report["failures"].as_array().cloned().unwrap_or_default()
 }
 

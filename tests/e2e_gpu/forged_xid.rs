@@ -16,15 +16,10 @@ use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
-use common::kube_api::{kubelet_node, Dra, FakeApi};
+use common::kube_api::FakeApi;
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
-
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/dra/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 fn our_taint(api: &FakeApi) -> bool {
     api.node(NODE)["spec"]["taints"]
@@ -60,10 +55,7 @@ fn scans(agent: &Agent) -> f64 {
 
 #[test]
 fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
-    let api = FakeApi::start();
-    api.apply_node(kubelet_node(NODE));
-    api.set_dra(Dra::RulesV1);
-    api.apply_slice(fixture("resourceslice-8gpu-v1.json"));
+    let api = FakeApi::with_dra_rules(NODE);
     let mut nvml = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&nvml);
     let dir = tempfile::tempdir().unwrap();
