@@ -100,6 +100,27 @@ pub fn sample(body: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> 
     super::promtext::value(body, metric, labels)
 }
 
+/// The scans `collector` (`shm`, `gpu`, ...) has made by the scrape `body` (its duration
+/// histogram's count).
+pub fn scans_in(body: &str, collector: &str) -> Option<f64> {
+    sample(
+        body,
+        "shmlink_scan_duration_seconds_count",
+        &[("collector", collector)],
+    )
+}
+
+/// Whether the scrape `body` lists container `id` on every one of `gpus`.
+pub fn on_gpus(body: &str, id: &str, gpus: &[&str]) -> bool {
+    gpus.iter().all(|g| {
+        sample(
+            body,
+            "shmlink_gpu_container_info",
+            &[("container_id", id), ("gpu", g)],
+        ) == Some(1.0)
+    })
+}
+
 /// `shmlink serve` on a free loopback port, scanning every 200 ms; killed on drop.
 /// What the harness turns off unless a test names it: the machine's own logs are no test's
 /// business, the kernel's tracepoints see every process of the machine, nor is the machine's
@@ -316,6 +337,11 @@ impl Agent {
             self.log_text()
         );
         body
+    }
+
+    /// The scans `collector` has made so far (0 before its first).
+    pub fn scans(&self, collector: &str) -> f64 {
+        scans_in(&self.metrics(), collector).unwrap_or(0.0)
     }
 
     pub fn log_text(&self) -> String {

@@ -36,6 +36,23 @@ pub fn sigbus_container(pod_uid: &str, id: &str, python: &Path) -> Container {
     })
 }
 
+/// A container (in Pod `pod_uid`'s cgroup, if given) that waits for `/nccl/go`, then becomes
+/// the program `build_crashing_nccl` made in `nccl`, which crashes in libnccl.so.2 (exec keeps
+/// the PID NVML lists).
+pub fn crashing_when_told(pod_uid: Option<&str>, id: &str, nccl: &Path) -> Container {
+    Container::start(ContainerSpec {
+        pod_uid: pod_uid.map(str::to_string),
+        id: Some(id.to_string()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "while [ ! -e /nccl/go ]; do sleep 0.05; done; exec /nccl/crash".into(),
+        ],
+        extra_mounts: vec![super::ro_bind(nccl, "/nccl")],
+        ..ContainerSpec::default()
+    })
+}
+
 /// Whether a container can crash in `libnccl.so.2` here for the kernel to log: real
 /// containers, the kernel log, and the program built in `nccl` (`build_crashing_nccl`).
 pub fn nccl_crash_possible(nccl: &Path) -> bool {

@@ -160,6 +160,14 @@ pub fn random_container_id() -> String {
     random_hex(32)
 }
 
+/// Asserts that `text` holds every one of `parts`, naming the first it does not.
+#[track_caller]
+pub fn assert_contains_all(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{part:?} not in {text}");
+    }
+}
+
 pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {

@@ -196,26 +196,25 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     let e = wait_event(&api, "shmfill-0", "ShmBusError", 1, changed);
     assert_eq!(e["regarding"]["uid"], fill_uid.as_str());
     let note = e["note"].as_str().unwrap();
-    for part in [
+    common::assert_contains_all(&note, &[
         // Told by the tracepoint at the moment, or by kubelet's exit status: one death.
         "container ml/shmfill-0/fill died of a bus error (SIGBUS",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
         "ftruncate reserves nothing",
         "sizeLimit: 1Gi",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    ]);
 
     let (map_pod, changed) = record_death(&api, map_pod, "mapper", &map_id, 135, "Error", "m2m2");
     let e = wait_event(&api, "mapper-0", "WorkloadBusError", 1, changed);
     let note = e["note"].as_str().unwrap();
-    for part in [
-        "container ml/mapper-0/mapper died of a bus error",
-        "its /dev/shm, read the moment it died, was not full",
-        "Not /dev/shm running out",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        &note,
+        &[
+            "container ml/mapper-0/mapper died of a bus error",
+            "its /dev/shm, read the moment it died, was not full",
+            "Not /dev/shm running out",
+        ],
+    );
 
     // A restart loop: the mapper's next container dies the same way. One Event series, each
     // death counted.
@@ -388,12 +387,10 @@ fn a_shells_bus_error_is_told_only_where_dev_shm_was_full() {
         "{} ms after the line: {note}",
         written.elapsed().as_millis()
     );
-    for part in [
+    common::assert_contains_all(&note, &[
         "container ml/shfill-0/fill died of a bus error (SIGBUS; its log said \"Bus error\")",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    ]);
     // The mapper's line was written first: by now it has been read and judged.
     let body = agent.wait_for_metrics("the fill's death counted", |b| {
         sample(

@@ -112,14 +112,15 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
         changed.elapsed().as_millis()
     );
     assert_eq!(e["regarding"]["uid"], uid.as_str());
-    for part in [
-        "kubelet evicted the Pod of container ml/evict-loader-0/loader",
-        "its /dev/shm volume \"dshm\" held more than the volume's sizeLimit 48Mi",
-        "(/dev/shm at the last scan: 40.0 MiB used)",
-        "Fix: raise sizeLimit of \"dshm\" to 96Mi",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        &note,
+        &[
+            "kubelet evicted the Pod of container ml/evict-loader-0/loader",
+            "its /dev/shm volume \"dshm\" held more than the volume's sizeLimit 48Mi",
+            "(/dev/shm at the last scan: 40.0 MiB used)",
+            "Fix: raise sizeLimit of \"dshm\" to 96Mi",
+        ],
+    );
     // One death, one failure: the containers' exit 137 says nothing more, and the Pod that
     // evicted a scratch volume is not ours.
     std::thread::sleep(Duration::from_secs(1));

@@ -103,14 +103,15 @@ fn a_dataloader_dying_of_shm_is_one_event_series_on_its_pod_within_seconds() {
     assert_eq!(e["regarding"]["name"], "trainer-0");
     assert_eq!(e["regarding"]["uid"], uid.as_str());
     let note = e["note"].as_str().unwrap();
-    for part in [
-        "container ml/trainer-0/trainer could not allocate shared memory at ",
-        TORCH_LINE,
-        "the container runtime's default 64 MiB tmpfs",
-        "sizeLimit: 1Gi",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        &note,
+        &[
+            "container ml/trainer-0/trainer could not allocate shared memory at ",
+            TORCH_LINE,
+            "the container runtime's default 64 MiB tmpfs",
+            "sizeLimit: 1Gi",
+        ],
+    );
     let body = agent.wait_for_metrics("the failure counted", |b| {
         sample(
             b,

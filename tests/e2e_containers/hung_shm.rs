@@ -11,7 +11,7 @@ use crate::common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent::{get, sample, Agent};
+use common::agent::{get, sample, scans_in, Agent};
 use common::fuse::HungFuse;
 use common::{Container, ContainerSpec};
 use serde_json::Value;
@@ -62,17 +62,10 @@ fn check_within(within: Duration) -> (Value, Duration) {
 fn serve_three_scans() -> (Agent, String) {
     let agent = Agent::start(&["--interval", "1s"], &[]);
     agent.wait_ready();
-    let metrics =
-        agent.wait_for_metrics("scans go on", |b| shm_scans_in(b).is_some_and(|n| n >= 3.0));
+    let metrics = agent.wait_for_metrics("scans go on", |b| {
+        scans_in(b, "shm").is_some_and(|n| n >= 3.0)
+    });
     (agent, metrics)
-}
-
-fn shm_scans_in(metrics: &str) -> Option<f64> {
-    sample(
-        metrics,
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "shm")],
-    )
 }
 
 /// SIGTERM: serve reaped within 10 s, and neither it nor `check` asked `fuses` anything.
@@ -346,10 +339,6 @@ fn shm_mount_id(pid: i32) -> Option<u64> {
         .next_back()
 }
 
-fn shm_scans(agent: &Agent) -> f64 {
-    shm_scans_in(&agent.metrics()).unwrap_or(0.0)
-}
-
 #[test]
 fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_asked() {
     if !common::e2e_available() || !common::fuse::available() {
@@ -369,11 +358,10 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
             .is_some()
         });
         // A few more scans and samples: the mount is in every cache.
-        let s0 = shm_scans(agent);
-        assert!(common::wait_until(Duration::from_secs(10), || shm_scans(
-            agent
-        ) >= s0
-            + 3.0));
+        let s0 = agent.scans("shm");
+        assert!(common::wait_until(Duration::from_secs(10), || {
+            agent.scans("shm") >= s0 + 3.0
+        }));
     };
     measured(&agent);
     // Its /dev/shm unmounted and a FUSE mounted there at once: the kernel hands the freed ID
@@ -394,9 +382,9 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
     }
     assert!(reused, "the FUSE never got the tmpfs's mount ID");
     // Scans go on, and the container is no longer measured.
-    let s0 = shm_scans(&agent);
+    let s0 = agent.scans("shm");
     agent.wait_for_metrics("scans go on without measuring the FUSE", |b| {
-        shm_scans_in(b).is_some_and(|n| n >= s0 + 5.0)
+        scans_in(b, "shm").is_some_and(|n| n >= s0 + 5.0)
             && sample(
                 b,
                 "shmlink_shm_size_bytes",

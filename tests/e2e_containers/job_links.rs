@@ -10,10 +10,10 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
+use common::agent::{on_gpus, sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
-use common::{ro_bind, Container, ContainerSpec};
+use common::Container;
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -30,22 +30,6 @@ fn board(pid: Option<i32>, recovery: u64, up: bool) -> Value {
     link["active"] = json!(up);
     link["errors"]["recovery"] = json!(recovery);
     config
-}
-
-/// A container that waits for `/nccl/go`, then becomes the program that crashes in
-/// libnccl.so.2 (exec keeps the PID NVML lists).
-fn crashing(pod_uid: &str, id: &str, nccl: &Path) -> Container {
-    Container::start(ContainerSpec {
-        pod_uid: Some(pod_uid.to_string()),
-        id: Some(id.to_string()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "while [ ! -e /nccl/go ]; do sleep 0.05; done; exec /nccl/crash".into(),
-        ],
-        extra_mounts: vec![ro_bind(nccl, "/nccl")],
-        ..ContainerSpec::default()
-    })
 }
 
 /// Writes `config` and waits until a scan has read GPU 7's link 3 as it says (up or down, and
@@ -115,15 +99,7 @@ fn serve(fake: &FakeNvml, api: &FakeApi, state_dir: &str) -> Agent {
 }
 
 fn seen_on_5_and_7(agent: &Agent, id: &str) {
-    agent.wait_for_metrics("the job on GPUs 5 and 7", |b| {
-        ["5", "7"].iter().all(|g| {
-            sample(
-                b,
-                "shmlink_gpu_container_info",
-                &[("container_id", id), ("gpu", g)],
-            ) == Some(1.0)
-        })
-    });
+    agent.wait_for_metrics("the job on GPUs 5 and 7", |b| on_gpus(b, id, &["5", "7"]));
 }
 
 /// The GpuJobCrashed Events about the Pod, once there is one.
@@ -154,7 +130,7 @@ fn job_seen_on_5_and_7(nccl: &Path) -> Job {
     api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
     let fake = FakeNvml::new(&board(None, 0, true));
     let agent = serve(&fake, &api, state.path().to_str().unwrap());
-    let worker = crashing(&uid, &id, nccl);
+    let worker = common::crash::crashing_when_told(Some(&uid), &id, nccl);
     fake.write(&board(Some(worker.pid), 0, true));
     seen_on_5_and_7(&agent, &id);
     Job(state, api, id, fake, agent, worker)
@@ -176,14 +152,15 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     let found = crash_events(&api);
     let note = found[0]["note"].as_str().unwrap();
     println!("Event note ({} bytes): {note}", note.len());
-    for part in [
-        "crashed in libnccl.so.2",
-        "Its GPUs' 36 NVLinks while it ran (since ",
-        ", before it started, to ",
-        "): GPU 7 link 3 (to an NVSwitch) recovery +2, down 1x, up 1x; the rest clean.",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        &note,
+        &[
+            "crashed in libnccl.so.2",
+            "Its GPUs' 36 NVLinks while it ran (since ",
+            ", before it started, to ",
+            "): GPU 7 link 3 (to an NVSwitch) recovery +2, down 1x, up 1x; the rest clean.",
+        ],
+    );
     assert!(note.len() <= 1024, "{note}");
 
     // The stored failure carries it (history), and check, reading serve's store, says the same.

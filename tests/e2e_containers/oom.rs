@@ -122,14 +122,15 @@ fn scenario(told: Told) {
     assert_eq!(kill.len(), 1, "one Event series: {shm:#?}");
     assert_eq!(kill[0]["regarding"]["uid"], shm_uid.as_str());
     let note = kill[0]["note"].as_str().unwrap();
-    for part in [
-        "container ml/loader-0/loader: the kernel OOM-killed ",
-        "and /dev/shm was what filled it: /dev/shm held ",
-        "of the 64.0 MiB memory limit",
-        "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        &note,
+        &[
+            "container ml/loader-0/loader: the kernel OOM-killed ",
+            "and /dev/shm was what filled it: /dev/shm held ",
+            "of the 64.0 MiB memory limit",
+            "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
+        ],
+    );
     if told == Told::KernelLog {
         // The numbers at the kill: the cgroup at its limit.
         assert!(

@@ -50,22 +50,11 @@ fn print_conditions(case: &str, api: &FakeApi) {
     );
 }
 
-/// Scans the agent made so far (the GPU collector's histogram count).
-fn scans(agent: &Agent) -> f64 {
-    let body = agent.metrics();
-    sample(
-        &body,
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "gpu")],
-    )
-    .unwrap_or(0.0)
-}
-
 /// Waits for `n` more scans: what a storm would have written in by then, it has.
 fn wait_scans(agent: &Agent, n: u32) {
-    let s0 = scans(agent);
+    let s0 = agent.scans("gpu");
     assert!(
-        common::wait_until(Duration::from_secs(30), || scans(agent)
+        common::wait_until(Duration::from_secs(30), || agent.scans("gpu")
             >= s0 + f64::from(n)),
         "no {n} scans; log:\n{}",
         agent.log_text()
@@ -707,13 +696,11 @@ fn two_faulty_gpus_are_named_with_their_links_and_no_healthy_gpu_is_reset() {
     });
     let message = link["message"].as_str().unwrap();
     println!("{message}");
-    for part in [
+    common::assert_contains_all(&message, &[
         "GPU 2 and GPU 4 fail with every other GPU (GPU 2: NVLink symbol errors on GPU 2 link 3",
         "GPU 4: NVLink failed link recoveries on GPU 4 link 9",
         "reset GPU 2 and GPU 4 (`nvidia-smi -r -i 2`, `nvidia-smi -r -i 4`)",
-    ] {
-        assert!(message.contains(part), "{part:?} not in {message}");
-    }
+    ]);
     for healthy in [0, 1, 3, 5, 6, 7] {
         assert!(
             !message.contains(&format!("-r -i {healthy}")),

@@ -190,16 +190,6 @@ fn validate_1_37(rule: &Value) {
     eprintln!("THE RULE validates strictly against Kubernetes 1.37.0 (kubernetes-validate)");
 }
 
-/// Scans the agent made so far.
-fn scans(agent: &Agent) -> f64 {
-    sample(
-        &agent.metrics(),
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "gpu")],
-    )
-    .unwrap_or(0.0)
-}
-
 /// GPU 7 down on a node where `api` cannot take it out: no rule write, the line said once,
 /// the Node condition True as before.
 fn falls_back(api: &FakeApi, said: &str) -> String {
@@ -211,8 +201,10 @@ fn falls_back(api: &FakeApi, said: &str) -> String {
     wait("GpuLinkDegraded True", &agent, api, || {
         api.node_condition(NODE, "GpuLinkDegraded")["status"] == "True"
     });
-    let s0 = scans(&agent);
-    wait("20 more scans", &agent, api, || scans(&agent) >= s0 + 20.0);
+    let s0 = agent.scans("gpu");
+    wait("20 more scans", &agent, api, || {
+        agent.scans("gpu") >= s0 + 20.0
+    });
     assert_eq!(api.rule_writes(), Vec::<String>::new());
     let log = agent.log_text();
     assert_eq!(log.matches(said).count(), 1, "said once:\n{log}");

@@ -43,16 +43,6 @@ fn count(agent: &Agent, family: &str, gpu: &str, xid: &str) -> Option<f64> {
     sample(&agent.metrics(), family, &[("gpu", gpu), ("xid", xid)])
 }
 
-/// The GPU collector's scans so far.
-fn scans(agent: &Agent) -> f64 {
-    sample(
-        &agent.metrics(),
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "gpu")],
-    )
-    .unwrap_or(0.0)
-}
-
 #[test]
 fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
     let api = FakeApi::with_dra_rules(NODE);
@@ -119,9 +109,9 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
             && count(&agent, "shmlink_gpu_xid_unconfirmed_total", "1", "48") == Some(1.0)
     });
     // Several scans later still: nothing acted on.
-    let s0 = scans(&agent);
+    let s0 = agent.scans("gpu");
     wait("five more scans", &agent, &api, || {
-        scans(&agent) >= s0 + 5.0
+        agent.scans("gpu") >= s0 + 5.0
     });
     let fault = api.node_condition(NODE, "GpuFault");
     assert_eq!(fault["status"], "False", "{fault:#}");

@@ -71,6 +71,15 @@ fn saved_offset(state: &Path, log: &Path) -> Option<u64> {
         .as_u64()
 }
 
+/// Waits for serve to save its checkpoint again (within 10 s) once it has told what it found.
+fn checkpoint_after_telling(checkpoint: &Path) {
+    let saved_at = taken(checkpoint);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || taken(checkpoint) != saved_at),
+        "no checkpoint after telling"
+    );
+}
+
 /// When the stored checkpoint was taken.
 fn taken(state: &Path) -> Option<serde_json::Value> {
     stored_checkpoint(state).map(|c| c["at"].clone())
@@ -258,11 +267,7 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     );
     let told = second.log_text();
     assert_eq!(told.matches(FOUND_LATE).count(), 2, "{told}");
-    let saved_at = taken(&checkpoint);
-    assert!(
-        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
-        "no checkpoint after telling"
-    );
+    checkpoint_after_telling(&checkpoint);
     drop(second);
 
     let third = start();
@@ -332,11 +337,7 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
         1,
         "{told}"
     );
-    let saved_at = taken(&checkpoint);
-    assert!(
-        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
-        "no checkpoint after telling"
-    );
+    checkpoint_after_telling(&checkpoint);
     drop(second);
 
     let third = start();

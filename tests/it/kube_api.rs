@@ -195,6 +195,14 @@ fn gpu_7_event_sent(api: &FakeApi, behaviour: Behaviour) -> (EventQueue, Arc<Met
     (queue, m)
 }
 
+/// `fast`, with a queue of two.
+fn two_deep() -> PublishSettings {
+    PublishSettings {
+        capacity: 2,
+        ..fast()
+    }
+}
+
 fn fast() -> PublishSettings {
     PublishSettings {
         capacity: 64,
@@ -343,13 +351,7 @@ async fn a_hung_api_server_holds_an_event_no_longer_than_the_request_timeout() {
 async fn a_full_queue_drops_and_counts_instead_of_blocking() {
     let mut api = FakeApi::start();
     api.stop();
-    let (queue, m) = publisher(
-        &api,
-        PublishSettings {
-            capacity: 2,
-            ..fast()
-        },
-    );
+    let (queue, m) = publisher(&api, two_deep());
     let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
     let snapshot = Snapshot {
         node: NODE.into(),
@@ -404,13 +406,7 @@ fn publishes(msgs: &[EventMsg]) -> Vec<&EventSpec> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_sent_while_the_api_server_is_away_is_not_dropped_with_the_queue_full() {
     let mut api = FakeApi::start();
-    let (queue, m) = publisher(
-        &api,
-        PublishSettings {
-            capacity: 2,
-            ..fast()
-        },
-    );
+    let (queue, m) = publisher(&api, two_deep());
     let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
     let scan = |gpus: std::ops::Range<u32>| Snapshot {
         node: NODE.into(),

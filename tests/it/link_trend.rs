@@ -278,22 +278,15 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
 
     let agent = Agent::start_gpu(&fake, &["--state-dir", dir_s, "--node-name", "node-trend"]);
     let labels = [("gpu", "3"), ("link", "14"), ("counter", "recovery")];
-    let body = agent.wait_for_metrics("the growing link's since", |b| {
+    let since = |b: &str| {
         sample(
             b,
             "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
             &labels,
         )
-        .is_some()
-    });
-    assert_eq!(
-        sample(
-            &body,
-            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
-            &labels
-        ),
-        Some(since_s as f64)
-    );
+    };
+    let body = agent.wait_for_metrics("the growing link's since", |b| since(b).is_some());
+    assert_eq!(since(&body), Some(since_s as f64));
     let rate = sample(&body, "shmlink_gpu_nvlink_error_growth_per_hour", &labels).unwrap();
     assert!(rate > 0.1 && rate < 0.2, "16 over 6 days: {rate}");
     let growing = body
@@ -313,14 +306,7 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
         (faster / rate - 18.0 / 16.0).abs() < 0.01,
         "{rate} -> {faster}"
     );
-    assert_eq!(
-        sample(
-            &body,
-            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
-            &labels
-        ),
-        Some(since_s as f64)
-    );
+    assert_eq!(since(&body), Some(since_s as f64));
     assert!(
         common::wait_until(Duration::from_secs(10), || agent
             .log_text()
