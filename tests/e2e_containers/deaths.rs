@@ -196,7 +196,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     let e = wait_event(&api, "shmfill-0", "ShmBusError", 1, changed);
     assert_eq!(e["regarding"]["uid"], fill_uid.as_str());
     let note = e["note"].as_str().unwrap();
-    common::assert_contains_all(&note, &[
+    common::assert_contains_all(note, &[
         // Told by the tracepoint at the moment, or by kubelet's exit status: one death.
         "container ml/shmfill-0/fill died of a bus error (SIGBUS",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
@@ -208,7 +208,7 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     let e = wait_event(&api, "mapper-0", "WorkloadBusError", 1, changed);
     let note = e["note"].as_str().unwrap();
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "container ml/mapper-0/mapper died of a bus error",
             "its /dev/shm, read the moment it died, was not full",
@@ -387,7 +387,7 @@ fn a_shells_bus_error_is_told_only_where_dev_shm_was_full() {
         "{} ms after the line: {note}",
         written.elapsed().as_millis()
     );
-    common::assert_contains_all(&note, &[
+    common::assert_contains_all(note, &[
         "container ml/shfill-0/fill died of a bus error (SIGBUS; its log said \"Bus error\")",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
     ]);

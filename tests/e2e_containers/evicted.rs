@@ -113,7 +113,7 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
     );
     assert_eq!(e["regarding"]["uid"], uid.as_str());
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "kubelet evicted the Pod of container ml/evict-loader-0/loader",
             "its /dev/shm volume \"dshm\" held more than the volume's sizeLimit 48Mi",

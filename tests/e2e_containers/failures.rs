@@ -104,7 +104,7 @@ fn a_dataloader_dying_of_shm_is_one_event_series_on_its_pod_within_seconds() {
     assert_eq!(e["regarding"]["uid"], uid.as_str());
     let note = e["note"].as_str().unwrap();
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "container ml/trainer-0/trainer could not allocate shared memory at ",
             TORCH_LINE,

@@ -87,7 +87,7 @@ fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_e
         crashed.elapsed().as_millis()
     );
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "crashed in libnccl.so.2",
             "of ml/allreduce-0/worker",

@@ -89,7 +89,7 @@ fn an_uncorrectable_ecc_error_in_the_jobs_words_names_the_gpu_with_the_ecc_xid()
     println!("{} ms after the line: {note}", said.elapsed().as_millis());
     assert_eq!(found[0]["type"], "Warning");
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "CUDA in ml/trainer-0/trainer met an uncorrectable ECC error at ",
             "uncorrectable ECC error encountered",

@@ -162,7 +162,7 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
     let note = culprit["note"].as_str().unwrap();
     println!("culprit: {note}");
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "PyTorch's NCCL watchdog ended ml/hang-culprit-0/trainer at ",
             "ALLREDUCE (SeqNum 4812, rank 0, process group 0 (default_pg))",
@@ -177,7 +177,7 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
     let note = clean["note"].as_str().unwrap();
     println!("clean: {note}");
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "its container was using GPUs 0 and 1",
             "Every link of its GPUs (36 NVLinks) was clean over the hang's window (",

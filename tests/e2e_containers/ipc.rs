@@ -118,7 +118,7 @@ fn a_segment_in_another_containers_dev_shm_is_told_as_not_shared() {
         found[0]["note"].as_str().unwrap_or("")
     );
     let note = found[0]["note"].as_str().unwrap();
-    common::assert_contains_all(&note, &[
+    common::assert_contains_all(note, &[
         "container ml/infer-0/client could not open a shared-memory segment another process made",
         "FileNotFoundError: [Errno 2] No such file or directory: '/psm_",
         "this is not /dev/shm running out",

@@ -88,14 +88,12 @@ fn assert_links(failure: &Value) {
 
 /// `serve` with the fake NVML and the fake API server, its store in `state_dir`.
 fn serve(fake: &FakeNvml, api: &FakeApi, state_dir: &str) -> Agent {
-    let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start_gpu_kube(
-        &kubeconfig,
+    Agent::start_gpu_kube(
+        &api.kubeconfig_path(),
         fake,
         NODE,
         &["--kmsg", "/dev/kmsg", "--state-dir", state_dir],
-    );
-    agent
+    )
 }
 
 fn seen_on_5_and_7(agent: &Agent, id: &str) {
@@ -153,7 +151,7 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     let note = found[0]["note"].as_str().unwrap();
     println!("Event note ({} bytes): {note}", note.len());
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "crashed in libnccl.so.2",
             "Its GPUs' 36 NVLinks while it ran (since ",

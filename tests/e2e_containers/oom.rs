@@ -123,7 +123,7 @@ fn scenario(told: Told) {
     assert_eq!(kill[0]["regarding"]["uid"], shm_uid.as_str());
     let note = kill[0]["note"].as_str().unwrap();
     common::assert_contains_all(
-        &note,
+        note,
         &[
             "container ml/loader-0/loader: the kernel OOM-killed ",
             "and /dev/shm was what filled it: /dev/shm held ",

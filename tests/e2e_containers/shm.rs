@@ -301,7 +301,7 @@ fn a_restarted_container_is_told_the_segments_it_inherited() {
     assert_eq!(findings.len(), 1, "{findings:#?}");
     let message = findings[0]["message"].as_str().unwrap();
     common::assert_contains_all(
-        &message,
+        message,
         &[
             "held 2 files written before it started",
             "nccl-Y7jXhK 9.0 MiB",

@@ -696,7 +696,7 @@ fn two_faulty_gpus_are_named_with_their_links_and_no_healthy_gpu_is_reset() {
     });
     let message = link["message"].as_str().unwrap();
     println!("{message}");
-    common::assert_contains_all(&message, &[
+    common::assert_contains_all(message, &[
         "GPU 2 and GPU 4 fail with every other GPU (GPU 2: NVLink symbol errors on GPU 2 link 3",
         "GPU 4: NVLink failed link recoveries on GPU 4 link 9",
         "reset GPU 2 and GPU 4 (`nvidia-smi -r -i 2`, `nvidia-smi -r -i 4`)",

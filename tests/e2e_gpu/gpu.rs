@@ -195,7 +195,7 @@ fn pair_02_healthy(body: &str) -> Option<f64> {
 
 /// `serve` on `fake` with a 2 s NVLink error window, once pair 0-2 is healthy; and that scrape.
 fn serve_with_a_2s_window(fake: &FakeNvml) -> (Agent, String) {
-    let agent = Agent::start_gpu(&fake, &["--nvlink-error-window", "2s"]);
+    let agent = Agent::start_gpu(fake, &["--nvlink-error-window", "2s"]);
     let body = agent.wait_for_metrics("pair 0-2 healthy", |b| pair_02_healthy(b) == Some(1.0));
     (agent, body)
 }

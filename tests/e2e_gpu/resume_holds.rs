@@ -42,9 +42,8 @@ fn host(dir: &Path, boot_id: &str) -> (PathBuf, PathBuf) {
 }
 
 fn start(api: &FakeApi, fake: &FakeNvml, proc_root: &Path, cgroup: &Path, state: &Path) -> Agent {
-    let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start_gpu_kube(
-        &kubeconfig,
+    Agent::start_gpu_kube(
+        &api.kubeconfig_path(),
         fake,
         NODE,
         &[
@@ -55,8 +54,7 @@ fn start(api: &FakeApi, fake: &FakeNvml, proc_root: &Path, cgroup: &Path, state:
             "--state-dir",
             state.to_str().unwrap(),
         ],
-    );
-    agent
+    )
 }
 
 /// GPU `gpu`'s verdict in `check --json` run on the same host and state store.
