@@ -711,28 +711,25 @@ fn every_fabric_state_and_an_unknown_recovery_action_value() {
 #[test]
 fn an_old_driver_lacks_every_new_call_and_nothing_is_an_error() {
     let _serial = serial();
-    // Hopper on today's library: the new fields answer NOT_SUPPORTED, the fabric call too.
-    let file = Config::new(&preset("nvswitch-8"));
-    let (s, stats) = file.open(&fake()).sample();
-    assert_eq!(stats.errors, 0);
-    for g in &s.gpus {
-        assert_eq!((g.recovery_action, g.fabric.as_ref()), (None, None));
-        assert!(g
-            .links
-            .iter()
-            .all(|l| l.nvlink5.is_none() && l.errors == Some(LinkErrors::default())));
-    }
-    // The B200 config on a library without field values or fabric info: the symbols are
-    // missing; nothing is read, nothing is an error.
-    let file = Config::new(&preset("b200-8"));
-    let (s, stats) = file.open(&fake_legacy()).sample();
-    assert_eq!(stats.errors, 0);
-    for g in &s.gpus {
-        assert_eq!((g.recovery_action, g.fabric.as_ref()), (None, None));
-        assert!(g
-            .links
-            .iter()
-            .all(|l| l.nvlink5.is_none() && l.errors.is_none()));
+    // Hopper on today's library: the new fields answer NOT_SUPPORTED, the fabric call too
+    // (the DL counters read). The B200 config on a library without field values or fabric
+    // info: the symbols are missing; nothing is read, nothing is an error.
+    for (config, lib, link_errors) in [
+        ("nvswitch-8", fake(), Some(LinkErrors::default())),
+        ("b200-8", fake_legacy(), None),
+    ] {
+        let file = Config::new(&preset(config));
+        let (s, stats) = file.open(&lib).sample();
+        assert_eq!(stats.errors, 0, "{config}");
+        for g in &s.gpus {
+            assert_eq!((g.recovery_action, g.fabric.as_ref()), (None, None));
+            assert!(
+                g.links
+                    .iter()
+                    .all(|l| l.nvlink5.is_none() && l.errors == link_errors),
+                "{config}"
+            );
+        }
     }
 }
 

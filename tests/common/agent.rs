@@ -100,6 +100,27 @@ pub fn sample(body: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> 
     super::promtext::value(body, metric, labels)
 }
 
+/// The scans `collector` (`shm`, `gpu`, ...) has made by the scrape `body` (its duration
+/// histogram's count).
+pub fn scans_in(body: &str, collector: &str) -> Option<f64> {
+    sample(
+        body,
+        "shmlink_scan_duration_seconds_count",
+        &[("collector", collector)],
+    )
+}
+
+/// Whether the scrape `body` lists container `id` on every one of `gpus`.
+pub fn on_gpus(body: &str, id: &str, gpus: &[&str]) -> bool {
+    gpus.iter().all(|g| {
+        sample(
+            body,
+            "shmlink_gpu_container_info",
+            &[("container_id", id), ("gpu", g)],
+        ) == Some(1.0)
+    })
+}
+
 /// `shmlink serve` on a free loopback port, scanning every 200 ms; killed on drop.
 /// What the harness turns off unless a test names it: the machine's own logs are no test's
 /// business, the kernel's tracepoints see every process of the machine, nor is the machine's
@@ -132,11 +153,35 @@ impl Agent {
         Agent::start(&args, &[("KUBECONFIG", kubeconfig.as_os_str())])
     }
 
+    /// `serve` on the fake NVML `fake`, Kubernetes off, and `extra`; ready.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn start_gpu(fake: &super::fake_nvml::FakeNvml, extra: &[&str]) -> Agent {
+        let lib = super::fake_nvml::lib();
+        let mut args = vec!["--nvml-lib", lib.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let agent = Agent::start(&args, &fake.env());
+        agent.wait_ready();
+        agent
+    }
+
     /// `serve` with Kubernetes on against the fake API server's `kubeconfig` as `node`, the
     /// fake NVML `fake` (no kubelet unless `extra` names a pod-resources socket) and `extra`;
     /// ready.
     #[allow(dead_code)] // not every test binary that shares this module starts one
     pub fn start_gpu_kube(
+        kubeconfig: &std::path::Path,
+        fake: &super::fake_nvml::FakeNvml,
+        node: &str,
+        extra: &[&str],
+    ) -> Agent {
+        let agent = Agent::spawn_gpu_kube(kubeconfig, fake, node, extra);
+        agent.wait_ready();
+        agent
+    }
+
+    /// As `start_gpu_kube`, not waited for: for a test that acts before the first scan ends.
+    #[allow(dead_code)] // not every test binary that shares this module starts one
+    pub fn spawn_gpu_kube(
         kubeconfig: &std::path::Path,
         fake: &super::fake_nvml::FakeNvml,
         node: &str,
@@ -151,9 +196,7 @@ impl Agent {
             args.extend_from_slice(&["--pod-resources-socket", "/nonexistent/kubelet.sock"]);
         }
         args.extend_from_slice(extra);
-        let agent = Agent::start(&args, &env);
-        agent.wait_ready();
-        agent
+        Agent::start(&args, &env)
     }
 
     /// `start`, with the binary run by `wrapper` (e.g. `setpriv ... --`), which must exec it.
@@ -294,6 +337,11 @@ impl Agent {
             self.log_text()
         );
         body
+    }
+
+    /// The scans `collector` has made so far (0 before its first).
+    pub fn scans(&self, collector: &str) -> f64 {
+        scans_in(&self.metrics(), collector).unwrap_or(0.0)
     }
 
     pub fn log_text(&self) -> String {

@@ -86,6 +86,25 @@ impl Dockerd {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// `docker run -d --name NAME` of the host's Python 3 (/usr and the libraries bound
+    /// read-only) running `program`; the container's ID.
+    pub fn run_python(&self, name: &str, program: &str) -> String {
+        self.run(&[
+            "--name",
+            name,
+            "-v",
+            "/usr:/usr:ro",
+            "-v",
+            "/lib:/lib:ro",
+            "-v",
+            "/lib64:/lib64:ro",
+            IMAGE,
+            "/usr/bin/python3",
+            "-c",
+            program,
+        ])
+    }
+
     /// Waits until the container stopped; its exit code.
     pub fn wait(&self, id: &str) -> i64 {
         let out = self.docker(&["wait", id]);

@@ -68,3 +68,14 @@ impl FakeNvml {
         [("FAKE_NVML_CONFIG", self.config.as_os_str())]
     }
 }
+
+impl FakeNvml {
+    /// `check --json` on this fake NVML, with `args` after; its report whatever its exit (a
+    /// finding exits 1).
+    pub fn check_json(&self, args: &[&str]) -> Value {
+        let lib = lib();
+        let mut all = vec!["check", "--json", "--nvml-lib", lib.to_str().unwrap()];
+        all.extend_from_slice(args);
+        super::binary::shmlink_json(&all, &self.env())
+    }
+}

@@ -160,6 +160,14 @@ pub fn random_container_id() -> String {
     random_hex(32)
 }
 
+/// Asserts that `text` holds every one of `parts`, naming the first it does not.
+#[track_caller]
+pub fn assert_contains_all(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{part:?} not in {text}");
+    }
+}
+
 pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
@@ -171,6 +179,28 @@ pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Container `trainer` of Pod ml/trainer-0's log directory as kubelet lays it out
+/// (`<namespace>_<pod>_<uid>/<container>`) under a fresh log root, made; the root and it.
+pub fn trainer_log_dir() -> (tempfile::TempDir, PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root
+        .path()
+        .join("ml_trainer-0_0f6c8a52-3b1e-4f0e-9d6a-2c4b8e1f7a90")
+        .join("trainer");
+    std::fs::create_dir_all(&dir).unwrap();
+    (root, dir)
+}
+
+/// The moment `ago` before now, in whole seconds, as a log line's RFC 3339 time.
+pub fn time_ago(ago: Duration) -> String {
+    let at = (std::time::SystemTime::now() - ago)
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    k8s_openapi::jiff::Timestamp::from_second(at.as_secs() as i64)
+        .unwrap()
+        .to_string()
 }
 
 /// A loopback address with a port nobody listens on (yet).

@@ -51,6 +51,16 @@ pub fn ro_bind(source: impl AsRef<Path>, destination: &str) -> Value {
            "options": ["rbind", "ro"]})
 }
 
+/// The host's /usr, /lib and /lib64, read-only: what the host's Python needs in a busybox
+/// rootfs.
+pub fn host_libraries() -> Vec<Value> {
+    vec![
+        ro_bind("/usr", "/usr"),
+        ro_bind("/lib", "/lib"),
+        ro_bind("/lib64", "/lib64"),
+    ]
+}
+
 /// An OCI mount of the container's own cgroups at /sys/fs/cgroup, read-only, as Docker and
 /// containerd give every container.
 pub fn cgroup_mount() -> Value {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::agent::{sample, Agent};
 use common::kube_api::events::with_reason;
 use common::kube_api::{finished_now, pod, restarted, FakeApi};
-use common::{ro_bind, Container, ContainerSpec, HostTmpfs, Shm};
+use common::{Container, ContainerSpec, HostTmpfs, Shm};
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -69,11 +69,7 @@ fn with_python(pod_uid: &str, id: &str, args: Vec<String>, cri_log: Option<PathB
         args,
         cri_log,
         memory_limit: Some((512 * MIB) as i64),
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-        ],
+        extra_mounts: common::runc::host_libraries(),
         ..ContainerSpec::default()
     })
 }
@@ -200,26 +196,25 @@ fn sigbus_deaths_are_named_from_the_pods_status_with_their_dev_shm_then() {
     let e = wait_event(&api, "shmfill-0", "ShmBusError", 1, changed);
     assert_eq!(e["regarding"]["uid"], fill_uid.as_str());
     let note = e["note"].as_str().unwrap();
-    for part in [
+    common::assert_contains_all(note, &[
         // Told by the tracepoint at the moment, or by kubelet's exit status: one death.
         "container ml/shmfill-0/fill died of a bus error (SIGBUS",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
         "ftruncate reserves nothing",
         "sizeLimit: 1Gi",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    ]);
 
     let (map_pod, changed) = record_death(&api, map_pod, "mapper", &map_id, 135, "Error", "m2m2");
     let e = wait_event(&api, "mapper-0", "WorkloadBusError", 1, changed);
     let note = e["note"].as_str().unwrap();
-    for part in [
-        "container ml/mapper-0/mapper died of a bus error",
-        "its /dev/shm, read the moment it died, was not full",
-        "Not /dev/shm running out",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "container ml/mapper-0/mapper died of a bus error",
+            "its /dev/shm, read the moment it died, was not full",
+            "Not /dev/shm running out",
+        ],
+    );
 
     // A restart loop: the mapper's next container dies the same way. One Event series, each
     // death counted.
@@ -392,12 +387,10 @@ fn a_shells_bus_error_is_told_only_where_dev_shm_was_full() {
         "{} ms after the line: {note}",
         written.elapsed().as_millis()
     );
-    for part in [
+    common::assert_contains_all(note, &[
         "container ml/shfill-0/fill died of a bus error (SIGBUS; its log said \"Bus error\")",
         "with /dev/shm full: its /dev/shm (the container runtime's default, 64.0 MiB) peaked at 6",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    ]);
     // The mapper's line was written first: by now it has been read and judged.
     let body = agent.wait_for_metrics("the fill's death counted", |b| {
         sample(
@@ -576,11 +569,7 @@ fn worker_scenario(kernel_log: bool) {
         id: Some(id.clone()),
         args: vec![PYTHON.into(), "-c".into(), WORKER_KILLED.into()],
         memory_limit: Some((128 * MIB) as i64),
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-        ],
+        extra_mounts: common::runc::host_libraries(),
         cri_log: Some(log.clone()),
         ..ContainerSpec::default()
     });
@@ -633,8 +622,8 @@ fn worker_scenario(kernel_log: bool) {
     }
     // `check` reads both back and ties them by the worker's PID in the container (its zombie
     // is still there to ask).
-    let out = std::process::Command::new(common::shmlink_bin())
-        .args([
+    let report = common::binary::shmlink_json(
+        &[
             "check",
             "--json",
             "--no-gpu",
@@ -642,20 +631,15 @@ fn worker_scenario(kernel_log: bool) {
             "on",
             "--node-name",
             NODE,
-        ])
-        .args([
             "--since",
             "2m",
             "--kmsg",
             "/dev/kmsg",
             "--pod-log-root",
             root,
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
     let failures: Vec<&Value> = report["failures"]
         .as_array()
         .unwrap()

@@ -7,7 +7,6 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::agent::Agent;
@@ -113,14 +112,15 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
         changed.elapsed().as_millis()
     );
     assert_eq!(e["regarding"]["uid"], uid.as_str());
-    for part in [
-        "kubelet evicted the Pod of container ml/evict-loader-0/loader",
-        "its /dev/shm volume \"dshm\" held more than the volume's sizeLimit 48Mi",
-        "(/dev/shm at the last scan: 40.0 MiB used)",
-        "Fix: raise sizeLimit of \"dshm\" to 96Mi",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "kubelet evicted the Pod of container ml/evict-loader-0/loader",
+            "its /dev/shm volume \"dshm\" held more than the volume's sizeLimit 48Mi",
+            "(/dev/shm at the last scan: 40.0 MiB used)",
+            "Fix: raise sizeLimit of \"dshm\" to 96Mi",
+        ],
+    );
     // One death, one failure: the containers' exit 137 says nothing more, and the Pod that
     // evicted a scratch volume is not ours.
     std::thread::sleep(Duration::from_secs(1));
@@ -145,8 +145,9 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
     );
 
     // check tells the same failure from the Pod's status.
-    let out = Command::new(common::shmlink_bin())
-        .args([
+    let kubeconfig = api.kubeconfig_path();
+    let report = common::binary::shmlink_json(
+        &[
             "check",
             "--json",
             "--since",
@@ -155,8 +156,6 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
             "on",
             "--node-name",
             NODE,
-        ])
-        .args([
             "--no-gpu",
             "--pod-log-root",
             "off",
@@ -164,14 +163,11 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
             "off",
             "--kmsg",
             "off",
-        ])
-        .args(["--state-dir", "none"])
-        .env("KUBECONFIG", api.kubeconfig_path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+            "--state-dir",
+            "none",
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
     let failures: Vec<&Value> = report["failures"]
         .as_array()
         .unwrap()

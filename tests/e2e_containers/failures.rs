@@ -29,16 +29,7 @@ fn events_with(api: &FakeApi, reason: &str) -> Vec<Value> {
 }
 
 fn wait_for_event(api: &FakeApi, reason: &str, within: Duration) -> Vec<Value> {
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(within, || {
-            found = events_with(api, reason);
-            !found.is_empty()
-        }),
-        "no {reason} Event within {within:?}; the server holds: {:#?}",
-        api.events()
-    );
-    found
+    api.wait_events(None, reason, within)
 }
 
 fn show(events: &[Value]) {
@@ -77,18 +68,7 @@ fn a_dataloader_dying_of_shm_is_one_event_series_on_its_pod_within_seconds() {
 
     let kubeconfig = api.kubeconfig_path();
     let root = logs.path().to_str().unwrap();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--pod-log-root",
-            root,
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = Agent::start_kube(&kubeconfig, NODE, &["--pod-log-root", root]);
     agent.wait_ready();
 
     // The job fills its /dev/shm, then says what PyTorch says, and its container goes on.
@@ -123,14 +103,15 @@ fn a_dataloader_dying_of_shm_is_one_event_series_on_its_pod_within_seconds() {
     assert_eq!(e["regarding"]["name"], "trainer-0");
     assert_eq!(e["regarding"]["uid"], uid.as_str());
     let note = e["note"].as_str().unwrap();
-    for part in [
-        "container ml/trainer-0/trainer could not allocate shared memory at ",
-        TORCH_LINE,
-        "the container runtime's default 64 MiB tmpfs",
-        "sizeLimit: 1Gi",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "container ml/trainer-0/trainer could not allocate shared memory at ",
+            TORCH_LINE,
+            "the container runtime's default 64 MiB tmpfs",
+            "sizeLimit: 1Gi",
+        ],
+    );
     let body = agent.wait_for_metrics("the failure counted", |b| {
         sample(
             b,
@@ -228,18 +209,7 @@ fn a_crash_in_libnccl_told_by_the_kernel_is_a_gpu_job_crashed_event_on_its_pod()
     };
     let CrashingJob { nccl, api, uid, id } = job;
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--kmsg",
-            "/dev/kmsg",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = Agent::start_kube(&kubeconfig, NODE, &["--kmsg", "/dev/kmsg"]);
     agent.wait_ready();
     let _worker = crashing_worker(&uid, &id, &nccl);
     let events = wait_for_event(&api, "GpuJobCrashed", Duration::from_secs(20));

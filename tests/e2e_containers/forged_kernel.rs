@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -20,38 +20,6 @@ use serde_json::Value;
 
 const NODE: &str = "gpu-node-3";
 const MIB: u64 = 1 << 20;
-
-/// A program that sets its comm (when given) and reads address 0 in its own text, built as
-/// `dir/name`: the kernel logs `comm[pid]: segfault at 0 ... in <name>[...]`. None when gcc is
-/// missing (said).
-fn crasher(dir: &Path, name: &str, comm: Option<&[u8]>) -> Option<PathBuf> {
-    let gcc = common::tool("gcc", "gcc")?;
-    let set = comm.map_or(String::new(), |c| {
-        let octal: String = c.iter().map(|b| format!("\\{b:03o}")).collect();
-        format!("prctl(PR_SET_NAME, \"{octal}\");")
-    });
-    let src = dir.join("crash.c");
-    std::fs::write(
-        &src,
-        format!("#include <sys/prctl.h>\nint main(void) {{ {set} return *(volatile int *)0; }}\n"),
-    )
-    .unwrap();
-    let built = dir.join("crash");
-    let out = Command::new(gcc)
-        .arg("-o")
-        .arg(&built)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bin = dir.join(name);
-    std::fs::rename(&built, &bin).unwrap();
-    Some(bin)
-}
 
 /// Runs it; its PID, once the kernel logged `[PID]: segfault` (the ring read with dmesg).
 fn crash(bin: &Path) -> u32 {
@@ -134,18 +102,7 @@ fn a_file_name_spelling_an_oom_report_kills_no_one_while_a_real_kill_is_told() {
         &[("trainer", &own_id)],
     ));
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--kmsg",
-            "/dev/kmsg",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = Agent::start_kube(&kubeconfig, NODE, &["--kmsg", "/dev/kmsg"]);
     agent.wait_ready();
     let victim = Container::start(ContainerSpec {
         pod_uid: Some(victim_uid.clone()),
@@ -156,7 +113,7 @@ fn a_file_name_spelling_an_oom_report_kills_no_one_while_a_real_kill_is_told() {
     });
     victim.wait_ready();
 
-    let Some(bin) = crasher(dir.path(), &forged_report(&victim_id), None) else {
+    let Some(bin) = common::crash::segfaulting(dir.path(), &forged_report(&victim_id), None) else {
         return;
     };
     crash(&bin);
@@ -313,7 +270,7 @@ fn a_crash_whose_comm_and_file_name_hold_escapes_is_told_written_out() {
     let dir = tempfile::tempdir().unwrap();
     let comm = b"a\x1b[2J\x07\x1b]0;x";
     let name = "libnccl.so.2\u{1b}[31m\u{7}\u{9b}0m\nOK";
-    let Some(bin) = crasher(dir.path(), name, Some(comm)) else {
+    let Some(bin) = common::crash::segfaulting(dir.path(), name, Some(comm)) else {
         return;
     };
     let pid = crash(&bin);

@@ -11,11 +11,10 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
+use common::agent::{on_gpus, Agent};
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
 use common::pod_resources::{gpu_pod, FakePodResources};
-use common::{ro_bind, Container, ContainerSpec};
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -34,45 +33,17 @@ fn board(pid: Option<i32>) -> Value {
     config
 }
 
-/// A container that waits for `/nccl/go`, then becomes the program that crashes in
-/// libnccl.so.2 (exec keeps the PID NVML lists).
-fn crashing(pod_uid: Option<&str>, id: &str, nccl: &Path) -> Container {
-    Container::start(ContainerSpec {
-        pod_uid: pod_uid.map(str::to_string),
-        id: Some(id.to_string()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "while [ ! -e /nccl/go ]; do sleep 0.05; done; exec /nccl/crash".into(),
-        ],
-        extra_mounts: vec![ro_bind(nccl, "/nccl")],
-        ..ContainerSpec::default()
-    })
-}
-
 /// Waits until a scan has seen the container on GPUs 5 and 7, then lets it crash.
 fn crash_once_seen(agent: &Agent, id: &str, nccl: &Path) -> Instant {
-    agent.wait_for_metrics("the job on GPUs 5 and 7", |b| {
-        ["5", "7"].iter().all(|g| {
-            sample(
-                b,
-                "shmlink_gpu_container_info",
-                &[("container_id", id), ("gpu", g)],
-            ) == Some(1.0)
-        })
-    });
+    agent.wait_for_metrics("the job on GPUs 5 and 7", |b| on_gpus(b, id, &["5", "7"]));
     std::fs::write(nccl.join("go"), "").unwrap();
     Instant::now()
-}
-
-fn prerequisites(nccl: &Path) -> bool {
-    common::e2e_available() && common::kmsg_readable() && common::crash::build_crashing_nccl(nccl)
 }
 
 #[test]
 fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_eight() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
     let api = FakeApi::start();
@@ -89,56 +60,42 @@ fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_e
         "worker",
         &uuids.iter().map(String::as_str).collect::<Vec<_>>(),
     )]);
-    let (lib, socket, kubeconfig) = (fake_nvml::lib(), kubelet.socket(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
+    let (socket, kubeconfig) = (kubelet.socket(), api.kubeconfig_path());
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
             "--pod-resources-socket",
             socket.to_str().unwrap(),
             "--kmsg",
             "/dev/kmsg",
         ],
-        &env,
     );
-    agent.wait_ready();
-    let worker = crashing(Some(&uid), &id, nccl.path());
+    let worker = common::crash::crashing_when_told(Some(&uid), &id, nccl.path());
     fake.write(&board(Some(worker.pid)));
     let crashed = crash_once_seen(&agent, &id, nccl.path());
 
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = api
-                .events_about("allreduce-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "GpuJobCrashed")
-                .collect();
-            !found.is_empty()
-        }),
-        "no GpuJobCrashed Event; the server holds: {:#?}",
-        api.events()
+    let found = api.wait_events(
+        Some("allreduce-0"),
+        "GpuJobCrashed",
+        Duration::from_secs(20),
     );
     let note = found[0]["note"].as_str().unwrap();
     println!(
         "{} ms after the crash: {note}",
         crashed.elapsed().as_millis()
     );
-    for part in [
-        "crashed in libnccl.so.2",
-        "of ml/allreduce-0/worker",
-        "while using GPUs 5 and 7; pair 5-7 has been down since ",
-        "the hardware, not your code",
-        "reset GPU 7 (`nvidia-smi -r -i 7`)",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "crashed in libnccl.so.2",
+            "of ml/allreduce-0/worker",
+            "while using GPUs 5 and 7; pair 5-7 has been down since ",
+            "the hardware, not your code",
+            "reset GPU 7 (`nvidia-smi -r -i 7`)",
+        ],
+    );
     // Not the eight the Pod holds, and no healthy GPU named for a reset.
     assert!(!note.contains("GPUs 0, 1"), "{note}");
     assert!(!note.contains("-r -i 5"), "{note}");
@@ -162,18 +119,13 @@ fn a_crash_on_gpus_5_and_7_names_them_and_their_down_pair_in_a_pod_holding_all_e
 #[test]
 fn on_plain_runc_without_kubernetes_serve_logs_the_crash_with_its_gpus_and_each_finding() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
     let fake = FakeNvml::new(&board(None));
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &["--nvml-lib", lib.to_str().unwrap(), "--kmsg", "/dev/kmsg"],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--kmsg", "/dev/kmsg"]);
     let id = common::random_container_id();
-    let worker = crashing(None, &id, nccl.path());
+    let worker = common::crash::crashing_when_told(None, &id, nccl.path());
     fake.write(&board(Some(worker.pid)));
     crash_once_seen(&agent, &id, nccl.path());
     // The kernel log is the machine's: the other test's crash may be in it too.

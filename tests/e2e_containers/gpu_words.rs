@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
+use common::agent::{on_gpus, sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
 use common::{Container, ContainerSpec};
@@ -44,23 +44,13 @@ fn an_uncorrectable_ecc_error_in_the_jobs_words_names_the_gpu_with_the_ecc_xid()
     let dir = logs.path().join(format!("ml_trainer-0_{uid}/trainer"));
     std::fs::create_dir_all(&dir).unwrap();
     let fake = FakeNvml::new(&board(None, &[]));
-    let (lib, kubeconfig) = (fake_nvml::lib(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-log-root",
-            logs.path().to_str().unwrap(),
-        ],
-        &env,
+    let kubeconfig = api.kubeconfig_path();
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
+        &["--pod-log-root", logs.path().to_str().unwrap()],
     );
-    agent.wait_ready();
 
     // The job waits for its go, then says what PyTorch's watchdog says, and goes on.
     let go = tempfile::tempdir().unwrap();
@@ -85,42 +75,29 @@ fn an_uncorrectable_ecc_error_in_the_jobs_words_names_the_gpu_with_the_ecc_xid()
             "shmlink_gpu_xid_errors_total",
             &[("gpu", "7"), ("xid", "48")],
         ) == Some(1.0)
-            && ["5", "7"].iter().all(|g| {
-                sample(
-                    b,
-                    "shmlink_gpu_container_info",
-                    &[("container_id", &id), ("gpu", g)],
-                ) == Some(1.0)
-            })
+            && on_gpus(b, &id, &["5", "7"])
     });
     std::fs::write(go.path().join("now"), "").unwrap();
     let said = Instant::now();
 
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = api
-                .events_about("trainer-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "GpuEccUncorrectable")
-                .collect();
-            !found.is_empty()
-        }),
-        "no GpuEccUncorrectable Event; the server holds: {:#?}",
-        api.events()
+    let found = api.wait_events(
+        Some("trainer-0"),
+        "GpuEccUncorrectable",
+        Duration::from_secs(20),
     );
     let note = found[0]["note"].as_str().unwrap();
     println!("{} ms after the line: {note}", said.elapsed().as_millis());
     assert_eq!(found[0]["type"], "Warning");
-    for part in [
-        "CUDA in ml/trainer-0/trainer met an uncorrectable ECC error at ",
-        "uncorrectable ECC error encountered",
-        "its container was using GPUs 5 and 7",
-        "The bad one: GPU 7 (GPU 7: XID 48, Double Bit ECC Error)",
-        "`nvidia-smi -r -i 7`",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "CUDA in ml/trainer-0/trainer met an uncorrectable ECC error at ",
+            "uncorrectable ECC error encountered",
+            "its container was using GPUs 5 and 7",
+            "The bad one: GPU 7 (GPU 7: XID 48, Double Bit ECC Error)",
+            "`nvidia-smi -r -i 7`",
+        ],
+    );
     assert!(!note.contains("-r -i 5"), "{note}");
     agent.wait_for_metrics("the failure counted", |b| {
         sample(

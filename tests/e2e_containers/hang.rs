@@ -11,7 +11,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
+use common::agent::{on_gpus, sample, Agent};
 use common::binary::shmlink_json as shmlink;
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
@@ -128,41 +128,20 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().to_str().unwrap();
     let fake = FakeNvml::new(&board(None, None, true));
-    let lib = fake_nvml::lib();
     let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
     let log_root = logs.path().to_str().unwrap();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-log-root",
-            log_root,
-            "--state-dir",
-            state_dir,
-        ],
-        &env,
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
+        &["--pod-log-root", log_root, "--state-dir", state_dir],
     );
-    agent.wait_ready();
     let (a_go, b_go) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = job(&a_uid, &a_id, a_go.path(), a_log);
     let b = job(&b_uid, &b_id, b_go.path(), b_log);
     fake.write(&board(Some(a.pid), Some(b.pid), true));
     agent.wait_for_metrics("both jobs on their GPUs", |m| {
-        [(&a_id, "5"), (&a_id, "7"), (&b_id, "0"), (&b_id, "1")]
-            .iter()
-            .all(|(id, g)| {
-                sample(
-                    m,
-                    "shmlink_gpu_container_info",
-                    &[("container_id", id), ("gpu", g)],
-                ) == Some(1.0)
-            })
+        on_gpus(m, &a_id, &["5", "7"]) && on_gpus(m, &b_id, &["0", "1"])
     });
     // Both enter the collective now; half a second in, GPU 7's link 3 drops.
     let entered = Instant::now();
@@ -182,27 +161,29 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
     let culprit = event(&api, "hang-culprit-0");
     let note = culprit["note"].as_str().unwrap();
     println!("culprit: {note}");
-    for part in [
-        "PyTorch's NCCL watchdog ended ml/hang-culprit-0/trainer at ",
-        "ALLREDUCE (SeqNum 4812, rank 0, process group 0 (default_pg))",
-        "its container was using GPUs 5 and 7",
-        "GPU 7's links went down 0 s into the hang (GPU 7 link 3 to an NVSwitch at ",
-        "the culprit, the hardware and not the job",
-        "`nvidia-smi -r -i 7`",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "PyTorch's NCCL watchdog ended ml/hang-culprit-0/trainer at ",
+            "ALLREDUCE (SeqNum 4812, rank 0, process group 0 (default_pg))",
+            "its container was using GPUs 5 and 7",
+            "GPU 7's links went down 0 s into the hang (GPU 7 link 3 to an NVSwitch at ",
+            "the culprit, the hardware and not the job",
+            "`nvidia-smi -r -i 7`",
+        ],
+    );
     assert!(!note.contains("-r -i 5"), "{note}");
     let clean = event(&api, "hang-clean-0");
     let note = clean["note"].as_str().unwrap();
     println!("clean: {note}");
-    for part in [
-        "its container was using GPUs 0 and 1",
-        "Every link of its GPUs (36 NVLinks) was clean over the hang's window (",
-        "Look at the ranks",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "its container was using GPUs 0 and 1",
+            "Every link of its GPUs (36 NVLinks) was clean over the hang's window (",
+            "Look at the ranks",
+        ],
+    );
     assert!(!note.contains("culprit"), "{note}");
     assert!(note.len() <= 1024, "{note}");
 
@@ -234,8 +215,6 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
 
     // check, reading the logs back and serve's store: one hang each, as serve told it.
     let args = [
-        "check",
-        "--json",
         "--kube",
         "off",
         "--state-dir",
@@ -246,10 +225,8 @@ fn a_hangs_event_names_the_gpu_whose_link_dropped_in_its_window_or_says_the_link
         "off",
         "--since",
         "10m",
-        "--nvml-lib",
-        lib.to_str().unwrap(),
     ];
-    let report = shmlink(&args, &fake.env());
+    let report = fake.check_json(&args);
     for pod in ["hang-culprit-0", "hang-clean-0"] {
         let (told, stored) = (hangs_of(&report, pod), hangs_of(&history, pod));
         assert_eq!(told.len(), 1, "one hang, one failure: {told:#?}");

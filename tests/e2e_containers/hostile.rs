@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
+use common::agent::{sample, scans_in, Agent};
 use common::kube_api::{pod, FakeApi};
 use common::{Container, ContainerSpec, Shm};
 use serde_json::Value;
@@ -455,12 +455,7 @@ fn serve_peak_rss() -> f64 {
     let agent = Agent::start(&["--no-gpu"], &[]);
     agent.wait_ready();
     agent.wait_for_metrics("three scans", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
+        scans_in(b, "shm").is_some_and(|n| n >= 3.0)
     });
     let peak = common::peak_rss_of(agent.pid());
     assert!(agent.terminate().success());

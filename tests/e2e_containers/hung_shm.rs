@@ -11,7 +11,7 @@ use crate::common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent::{get, sample, Agent};
+use common::agent::{get, sample, scans_in, Agent};
 use common::fuse::HungFuse;
 use common::{Container, ContainerSpec};
 use serde_json::Value;
@@ -57,11 +57,25 @@ fn check_within(within: Duration) -> (Value, Duration) {
     (report, took)
 }
 
-/// SIGTERM, and the time until serve was reaped (`terminate` fails past 10 s).
-fn stop(agent: Agent) -> Duration {
+/// `serve` scanning every second, once its shm collector has scanned three times; and that
+/// scrape.
+fn serve_three_scans() -> (Agent, String) {
+    let agent = Agent::start(&["--interval", "1s"], &[]);
+    agent.wait_ready();
+    let metrics = agent.wait_for_metrics("scans go on", |b| {
+        scans_in(b, "shm").is_some_and(|n| n >= 3.0)
+    });
+    (agent, metrics)
+}
+
+/// SIGTERM: serve reaped within 10 s, and neither it nor `check` asked `fuses` anything.
+fn stop_never_having_asked(agent: Agent, fuses: &[HungFuse]) {
     let stopping = Instant::now();
     assert!(agent.terminate().success());
-    stopping.elapsed()
+    let reaped = stopping.elapsed();
+    println!("serve reaped {reaped:?} after SIGTERM");
+    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
+    assert_never_asked(fuses);
 }
 
 /// Neither `check` nor `serve` sent the hung FUSE a request (each would have hung for good).
@@ -111,16 +125,7 @@ fn seventeen_hung_fuse_dev_shm_are_never_entered_and_the_rest_is_measured() {
         .iter()
         .any(|f| f["kind"] == "shm_unmeasured"));
 
-    let agent = Agent::start(&["--interval", "1s"], &[]);
-    agent.wait_ready();
-    let metrics = agent.wait_for_metrics("scans go on", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
+    let (agent, metrics) = serve_three_scans();
     assert_eq!(
         sample(
             &metrics,
@@ -140,9 +145,7 @@ fn seventeen_hung_fuse_dev_shm_are_never_entered_and_the_rest_is_measured() {
         "said once ({}): {log}",
         &hung[0].id[..12]
     );
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert_never_asked(&fuses);
+    stop_never_having_asked(agent, &fuses);
 }
 
 #[test]
@@ -171,9 +174,7 @@ fn a_hung_fuse_over_a_file_in_a_young_containers_dev_shm_is_not_entered() {
     let agent = Agent::start(&["--interval", "1s"], &[]);
     agent.wait_ready();
     assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert_never_asked(&[fuse]);
+    stop_never_having_asked(agent, &[fuse]);
 }
 
 #[test]
@@ -200,9 +201,7 @@ fn a_watched_dev_shm_swapped_for_a_hung_fuse_does_not_stop_the_peak_sampler() {
         )
         .is_some_and(|p| p >= (48u64 << 20) as f64)
     });
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert_never_asked(&[fuse]);
+    stop_never_having_asked(agent, &[fuse]);
 }
 
 #[test]
@@ -238,21 +237,9 @@ fn a_hung_fuse_at_a_containers_dev_is_never_looked_in() {
     let other = common::shm_entry(&report, &fine.id).expect("the other container");
     assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
 
-    let agent = Agent::start(&["--interval", "1s"], &[]);
-    agent.wait_ready();
-    agent.wait_for_metrics("scans go on", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
+    let (agent, _) = serve_three_scans();
     assert_eq!(get(agent.addr, "/healthz").map(|(s, _)| s), Some(200));
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
-    assert_never_asked(&[fuse]);
+    stop_never_having_asked(agent, &[fuse]);
 }
 
 /// A process forked from this test into its own container cgroup beside `of`'s (the memory
@@ -338,20 +325,8 @@ fn a_process_whose_root_is_a_hung_fuse_is_never_looked_in() {
     let other = common::shm_entry(&report, &host.id).expect("the container beside it");
     assert_eq!(other["size_bytes"], 64u64 << 20, "{other:#}");
 
-    let agent = Agent::start(&["--interval", "1s"], &[]);
-    agent.wait_ready();
-    agent.wait_for_metrics("scans go on", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
-    assert_never_asked(&[fuse]);
+    let (agent, _) = serve_three_scans();
+    stop_never_having_asked(agent, &[fuse]);
     drop(chrooted);
 }
 
@@ -362,15 +337,6 @@ fn shm_mount_id(pid: i32) -> Option<u64> {
         .filter(|l| l.split(' ').nth(4) == Some("/dev/shm"))
         .filter_map(|l| l.split(' ').next()?.parse().ok())
         .next_back()
-}
-
-fn shm_scans(agent: &Agent) -> f64 {
-    sample(
-        &agent.metrics(),
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "shm")],
-    )
-    .unwrap_or(0.0)
 }
 
 #[test]
@@ -392,11 +358,10 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
             .is_some()
         });
         // A few more scans and samples: the mount is in every cache.
-        let s0 = shm_scans(agent);
-        assert!(common::wait_until(Duration::from_secs(10), || shm_scans(
-            agent
-        ) >= s0
-            + 3.0));
+        let s0 = agent.scans("shm");
+        assert!(common::wait_until(Duration::from_secs(10), || {
+            agent.scans("shm") >= s0 + 3.0
+        }));
     };
     measured(&agent);
     // Its /dev/shm unmounted and a FUSE mounted there at once: the kernel hands the freed ID
@@ -417,14 +382,9 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
     }
     assert!(reused, "the FUSE never got the tmpfs's mount ID");
     // Scans go on, and the container is no longer measured.
-    let s0 = shm_scans(&agent);
+    let s0 = agent.scans("shm");
     agent.wait_for_metrics("scans go on without measuring the FUSE", |b| {
-        sample(
-            b,
-            "shmlink_scan_duration_seconds_count",
-            &[("collector", "shm")],
-        )
-        .is_some_and(|n| n >= s0 + 5.0)
+        scans_in(b, "shm").is_some_and(|n| n >= s0 + 5.0)
             && sample(
                 b,
                 "shmlink_shm_size_bytes",
@@ -432,8 +392,5 @@ fn a_dev_shm_its_container_swaps_for_a_hung_fuse_at_the_same_mount_id_is_never_a
             )
             .is_none()
     });
-    let reaped = stop(agent);
-    println!("serve reaped {reaped:?} after SIGTERM");
-    assert!(reaped < Duration::from_secs(10), "{reaped:?}");
-    assert_never_asked(&fuses);
+    stop_never_having_asked(agent, &fuses);
 }

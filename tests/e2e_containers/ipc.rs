@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
 use common::kube_api::{pod, FakeApi};
-use common::{ro_bind, Container, ContainerSpec};
-use serde_json::{json, Value};
+use common::{Container, ContainerSpec};
+use serde_json::json;
 
 const NODE: &str = "gpu-node-7";
 const PYTHON: &str = "/usr/bin/python3";
@@ -45,13 +45,14 @@ fn python(uid: &str, id: &str, script: &str, exchange: &Path, log: Option<&Path>
         pod_uid: Some(uid.to_string()),
         id: Some(id.to_string()),
         args: vec![PYTHON.into(), "-c".into(), script.into()],
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-            json!({"destination": "/exchange", "type": "bind", "source": exchange,
-                   "options": ["rbind", "rw"]}),
-        ],
+        extra_mounts: [
+            common::runc::host_libraries(),
+            vec![
+                json!({"destination": "/exchange", "type": "bind", "source": exchange,
+                        "options": ["rbind", "rw"]}),
+            ],
+        ]
+        .concat(),
         cri_log: log.map(Path::to_path_buf),
         ..ContainerSpec::default()
     })
@@ -110,33 +111,19 @@ fn a_segment_in_another_containers_dev_shm_is_told_as_not_shared() {
         "Python did not say it: {text}"
     );
     let written = Instant::now();
-    let mut found: Vec<Value> = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(10), || {
-            found = api
-                .events_about("infer-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "ShmNotShared")
-                .collect();
-            !found.is_empty()
-        }),
-        "no ShmNotShared Event; the server holds: {:#?}",
-        api.events()
-    );
+    let found = api.wait_events(Some("infer-0"), "ShmNotShared", Duration::from_secs(10));
     println!(
         "{} ms after the line: {}",
         written.elapsed().as_millis(),
         found[0]["note"].as_str().unwrap_or("")
     );
     let note = found[0]["note"].as_str().unwrap();
-    for part in [
+    common::assert_contains_all(note, &[
         "container ml/infer-0/client could not open a shared-memory segment another process made",
         "FileNotFoundError: [Errno 2] No such file or directory: '/psm_",
         "this is not /dev/shm running out",
         "mount the same emptyDir (medium: Memory) at /dev/shm in every container of the Pod",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    ]);
     assert_eq!(found.len(), 1);
     let body = agent.metrics();
     assert_eq!(

@@ -8,13 +8,12 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
+use common::agent::{on_gpus, sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
 use common::kube_api::{pod, FakeApi};
-use common::{ro_bind, Container, ContainerSpec};
+use common::Container;
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -31,22 +30,6 @@ fn board(pid: Option<i32>, recovery: u64, up: bool) -> Value {
     link["active"] = json!(up);
     link["errors"]["recovery"] = json!(recovery);
     config
-}
-
-/// A container that waits for `/nccl/go`, then becomes the program that crashes in
-/// libnccl.so.2 (exec keeps the PID NVML lists).
-fn crashing(pod_uid: &str, id: &str, nccl: &Path) -> Container {
-    Container::start(ContainerSpec {
-        pod_uid: Some(pod_uid.to_string()),
-        id: Some(id.to_string()),
-        args: vec![
-            "sh".into(),
-            "-c".into(),
-            "while [ ! -e /nccl/go ]; do sleep 0.05; done; exec /nccl/crash".into(),
-        ],
-        extra_mounts: vec![ro_bind(nccl, "/nccl")],
-        ..ContainerSpec::default()
-    })
 }
 
 /// Writes `config` and waits until a scan has read GPU 7's link 3 as it says (up or down, and
@@ -69,10 +52,6 @@ fn link_now(agent: &Agent, fake: &FakeNvml, config: &Value, up: bool) {
 }
 
 /// The crash's failure in `report`'s `failures`, with its `gpu_links`.
-fn shmlink(args: &[&str]) -> Value {
-    crate::common::binary::shmlink_json(args, &[])
-}
-
 fn crash_in(report: &Value, id: &str) -> Option<Value> {
     report["failures"]
         .as_array()?
@@ -109,78 +88,60 @@ fn assert_links(failure: &Value) {
 
 /// `serve` with the fake NVML and the fake API server, its store in `state_dir`.
 fn serve(fake: &FakeNvml, api: &FakeApi, state_dir: &str) -> Agent {
-    let (lib, kubeconfig) = (fake_nvml::lib(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--kmsg",
-            "/dev/kmsg",
-            "--state-dir",
-            state_dir,
-        ],
-        &env,
-    );
-    agent.wait_ready();
-    agent
+    Agent::start_gpu_kube(
+        &api.kubeconfig_path(),
+        fake,
+        NODE,
+        &["--kmsg", "/dev/kmsg", "--state-dir", state_dir],
+    )
 }
 
 fn seen_on_5_and_7(agent: &Agent, id: &str) {
-    agent.wait_for_metrics("the job on GPUs 5 and 7", |b| {
-        ["5", "7"].iter().all(|g| {
-            sample(
-                b,
-                "shmlink_gpu_container_info",
-                &[("container_id", id), ("gpu", g)],
-            ) == Some(1.0)
-        })
-    });
+    agent.wait_for_metrics("the job on GPUs 5 and 7", |b| on_gpus(b, id, &["5", "7"]));
 }
 
 /// The GpuJobCrashed Events about the Pod, once there is one.
 fn crash_events(api: &FakeApi) -> Vec<Value> {
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = api
-                .events_about("allreduce-0")
-                .into_iter()
-                .filter(|e| e["reason"] == "GpuJobCrashed")
-                .collect();
-            !found.is_empty()
-        }),
-        "no GpuJobCrashed Event; the server holds: {:#?}",
-        api.events()
-    );
-    found
+    api.wait_events(
+        Some("allreduce-0"),
+        "GpuJobCrashed",
+        Duration::from_secs(20),
+    )
 }
 
-fn prerequisites(nccl: &Path) -> bool {
-    common::e2e_available() && common::kmsg_readable() && common::crash::build_crashing_nccl(nccl)
+/// A job's world: serve's store, the fake API server with the job's Pod, the worker's
+/// container ID, the fake NVML, serve, and the worker (waiting for its go), which serve has seen
+/// on GPUs 5 and 7.
+struct Job(
+    tempfile::TempDir,
+    FakeApi,
+    String,
+    FakeNvml,
+    Agent,
+    Container,
+);
+
+fn job_seen_on_5_and_7(nccl: &Path) -> Job {
+    let state = tempfile::tempdir().unwrap();
+    let api = FakeApi::start();
+    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
+    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
+    let fake = FakeNvml::new(&board(None, 0, true));
+    let agent = serve(&fake, &api, state.path().to_str().unwrap());
+    let worker = common::crash::crashing_when_told(Some(&uid), &id, nccl);
+    fake.write(&board(Some(worker.pid), 0, true));
+    seen_on_5_and_7(&agent, &id);
+    Job(state, api, id, fake, agent, worker)
 }
 
 #[test]
 fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
+    let Job(state, api, id, fake, agent, worker) = job_seen_on_5_and_7(nccl.path());
     let state_dir = state.path().to_str().unwrap();
-    let api = FakeApi::start();
-    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
-    let fake = FakeNvml::new(&board(None, 0, true));
-    let agent = serve(&fake, &api, state_dir);
-    let worker = crashing(&uid, &id, nccl.path());
-    fake.write(&board(Some(worker.pid), 0, true));
-    seen_on_5_and_7(&agent, &id);
     // While it runs: link 3 of GPU 7 recovers twice and drops, then comes back.
     link_now(&agent, &fake, &board(Some(worker.pid), 2, false), false);
     link_now(&agent, &fake, &board(Some(worker.pid), 2, true), true);
@@ -189,41 +150,39 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
     let found = crash_events(&api);
     let note = found[0]["note"].as_str().unwrap();
     println!("Event note ({} bytes): {note}", note.len());
-    for part in [
-        "crashed in libnccl.so.2",
-        "Its GPUs' 36 NVLinks while it ran (since ",
-        ", before it started, to ",
-        "): GPU 7 link 3 (to an NVSwitch) recovery +2, down 1x, up 1x; the rest clean.",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "crashed in libnccl.so.2",
+            "Its GPUs' 36 NVLinks while it ran (since ",
+            ", before it started, to ",
+            "): GPU 7 link 3 (to an NVSwitch) recovery +2, down 1x, up 1x; the rest clean.",
+        ],
+    );
     assert!(note.len() <= 1024, "{note}");
 
     // The stored failure carries it (history), and check, reading serve's store, says the same.
     let mut history = Value::Null;
     assert!(
         common::wait_until(Duration::from_secs(10), || {
-            history = shmlink(&["history", "--state-dir", state_dir, "--json"]);
+            history =
+                common::binary::shmlink_json(&["history", "--state-dir", state_dir, "--json"], &[]);
             crash_in(&history, &id).is_some()
         }),
         "the stored failure has no gpu_links: {history:#}"
     );
     assert_links(&crash_in(&history, &id).unwrap());
     drop(agent);
-    let lib = fake_nvml::lib();
-    let nvml = ["--nvml-lib", lib.to_str().unwrap()];
-    let mut args = vec!["check", "--json", "--kube", "off", "--state-dir", state_dir];
-    args.extend(["--kmsg", "/dev/kmsg", "--since", "10m"]);
-    args.extend(nvml);
-    let mut cmd = Command::new(common::shmlink_bin());
-    cmd.args(&args).envs(fake.env().iter().copied());
-    let out = cmd.stdin(Stdio::null()).output().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "check printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let report = fake.check_json(&[
+        "--kube",
+        "off",
+        "--state-dir",
+        state_dir,
+        "--kmsg",
+        "/dev/kmsg",
+        "--since",
+        "10m",
+    ]);
     let told = crash_in(&report, &id).unwrap_or_else(|| {
         panic!(
             "check's failures have no gpu_links: {:#}",
@@ -247,19 +206,11 @@ fn a_crashed_jobs_event_says_what_its_links_did_while_it_ran() {
 #[test]
 fn a_job_keeps_its_baseline_across_a_restart_of_serve() {
     let nccl = tempfile::tempdir().unwrap();
-    if !prerequisites(nccl.path()) {
+    if !common::crash::nccl_crash_possible(nccl.path()) {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
+    let Job(state, api, id, fake, first, worker) = job_seen_on_5_and_7(nccl.path());
     let state_dir = state.path().to_str().unwrap();
-    let api = FakeApi::start();
-    let (uid, id) = (common::random_pod_uid(), common::random_container_id());
-    api.apply_pod(pod(NODE, "ml", "allreduce-0", &uid, &[("worker", &id)]));
-    let fake = FakeNvml::new(&board(None, 0, true));
-    let first = serve(&fake, &api, state_dir);
-    let worker = crashing(&uid, &id, nccl.path());
-    fake.write(&board(Some(worker.pid), 0, true));
-    seen_on_5_and_7(&first, &id);
     link_now(&first, &fake, &board(Some(worker.pid), 1, true), true);
     assert!(first.terminate().success());
     fake.write(&board(Some(worker.pid), 2, true));

@@ -23,16 +23,7 @@ fn events_with(api: &FakeApi, reason: &str) -> Vec<Value> {
 }
 
 fn wait_for_event(api: &FakeApi, reason: &str) -> Vec<Value> {
-    let mut found = Vec::new();
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            found = events_with(api, reason);
-            !found.is_empty()
-        }),
-        "no {reason} Event; the server holds: {:#?}",
-        api.events()
-    );
-    found
+    api.wait_events(None, reason, Duration::from_secs(20))
 }
 
 #[test]
@@ -60,7 +51,6 @@ fn pods_get_names_and_events_as_shm_fills_and_a_gpu_degrades() {
 
     let mut nvml = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&nvml);
-    let lib = fake_nvml::lib();
 
     // The kubelet says trainer-0 holds GPU 7, and another Pod GPU 3.
     let uuid = |i: usize| nvml["gpus"][i]["uuid"].as_str().unwrap().to_string();
@@ -72,23 +62,13 @@ fn pods_get_names_and_events_as_shm_fills_and_a_gpu_degrades() {
     api.apply_pod(pod(NODE, "ml", "eval-0", &common::random_pod_uid(), &[]));
 
     let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
     let socket = kubelet.socket();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-resources-socket",
-            socket.to_str().unwrap(),
-        ],
-        &env,
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
+        &["--pod-resources-socket", socket.to_str().unwrap()],
     );
-    agent.wait_ready();
 
     let named = [
         ("namespace", "ml"),

@@ -45,26 +45,18 @@ fn pods_that_die_at_their_start_get_their_events_and_the_delays_are_printed() {
     let kubeconfig = api.kubeconfig_path();
     let root = logs.path().to_str().unwrap();
     let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
-    let lib = fake_nvml::lib();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
             "--pod-log-root",
             root,
             // The default scan period: a failure must not wait for a scan.
             "--interval",
             "5s",
         ],
-        &env,
     );
-    agent.wait_ready();
 
     let mut delays = Vec::new();
     for batch in 0..PODS / AT_ONCE {

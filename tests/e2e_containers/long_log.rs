@@ -36,19 +36,9 @@ fn write_log(path: &std::path::Path, at: &str) -> u64 {
 
 #[test]
 fn check_tells_the_death_on_the_last_line_of_a_296_mib_log() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root
-        .path()
-        .join("ml_trainer-0_0f6c8a52-3b1e-4f0e-9d6a-2c4b8e1f7a90")
-        .join("trainer");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (root, dir) = common::trainer_log_dir();
     let log = dir.join("0.log");
-    let at = (std::time::SystemTime::now() - std::time::Duration::from_secs(300))
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let at = k8s_openapi::jiff::Timestamp::from_second(at.as_secs() as i64)
-        .unwrap()
-        .to_string();
+    let at = common::time_ago(std::time::Duration::from_secs(300));
     let size = write_log(&log, &at);
     assert!(size > 290 * MIB);
 

@@ -59,20 +59,16 @@ fn scenario(told: Told) {
     ));
     api.apply_pod(pod(NODE, "ml", "idle-0", &idle_uid, &[("idle", &idle_id)]));
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
+    let agent = Agent::start_kube(
+        &kubeconfig,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
             "--kmsg",
             match told {
                 Told::KernelLog => "/dev/kmsg",
                 Told::MemoryCgroup => "off",
             },
         ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
     );
     agent.wait_ready();
 
@@ -126,14 +122,15 @@ fn scenario(told: Told) {
     assert_eq!(kill.len(), 1, "one Event series: {shm:#?}");
     assert_eq!(kill[0]["regarding"]["uid"], shm_uid.as_str());
     let note = kill[0]["note"].as_str().unwrap();
-    for part in [
-        "container ml/loader-0/loader: the kernel OOM-killed ",
-        "and /dev/shm was what filled it: /dev/shm held ",
-        "of the 64.0 MiB memory limit",
-        "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
-    ] {
-        assert!(note.contains(part), "{part:?} not in {note}");
-    }
+    common::assert_contains_all(
+        note,
+        &[
+            "container ml/loader-0/loader: the kernel OOM-killed ",
+            "and /dev/shm was what filled it: /dev/shm held ",
+            "of the 64.0 MiB memory limit",
+            "raise the container's memory limit by the /dev/shm emptyDir's sizeLimit",
+        ],
+    );
     if told == Told::KernelLog {
         // The numbers at the kill: the cgroup at its limit.
         assert!(

@@ -209,22 +209,17 @@ fn attack(play: Play) {
         &[("job", &other_id)],
     ));
     let fake = FakeNvml::new(&board(None));
-    let (lib, kubeconfig) = (fake_nvml::lib(), api.kubeconfig_path());
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
+    let kubeconfig = api.kubeconfig_path();
     let trace = if play == Play::QuickTraced {
         "auto"
     } else {
         "off"
     };
-    let agent = Agent::start(
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
             "--kmsg",
             "/dev/kmsg",
             "--death-trace",
@@ -232,9 +227,7 @@ fn attack(play: Play) {
             "--log-level",
             "debug",
         ],
-        &env,
     );
-    agent.wait_ready();
 
     // The victim's python (never told to crash: its /nccl has no `go`), listed on GPUs 2, 3.
     let _victim = container(

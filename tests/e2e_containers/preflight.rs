@@ -84,6 +84,13 @@ fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// What preflight printed, once its exit code is `code`.
+fn said(out: &Output, code: i32) -> String {
+    let t = text(out);
+    assert_eq!(out.status.code(), Some(code), "{t}");
+    t
+}
+
 #[test]
 fn the_runtime_default_64mi_fails_a_1gi_need_with_the_docker_fix() {
     if !common::e2e_available() {
@@ -92,8 +99,7 @@ fn the_runtime_default_64mi_fails_a_1gi_need_with_the_docker_fix() {
     let c = start(Shm::RuntimeDefault, None, &[]);
     let out = preflight(&c, &[], &["--no-gpu", "--min-shm", "1Gi"]);
     show("runtime default /dev/shm, --min-shm 1Gi (Docker)", &out);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(
         t.starts_with("shmlink preflight: NOT FIT (runs in Docker/other)"),
         "{t}"
@@ -133,8 +139,7 @@ fn kubernetes_gets_the_emptydir_yaml_with_the_computed_size_limit() {
         "runtime default /dev/shm, 1 GiB memory limit, --min-shm 1536Mi (Kubernetes)",
         &out,
     );
-    assert_eq!(out.status.code(), Some(1));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(t.contains("(runs in Kubernetes)"), "{t}");
     for want in [
         "medium: Memory",
@@ -157,8 +162,7 @@ fn a_2gi_tmpfs_passes() {
     let c = start(Shm::Bind(volume.path.clone()), None, &[]);
     let out = preflight(&c, &[], &["--no-gpu", "--min-shm", "1Gi"]);
     show("2 GiB emptyDir-like tmpfs, --min-shm 1Gi", &out);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 0);
     assert!(t.starts_with("shmlink preflight: FIT"), "{t}");
     assert!(t.contains("tmpfs 2.0 GiB"), "{t}");
     assert!(!t.contains("Fix"), "{t}");
@@ -206,8 +210,7 @@ fn the_sizing_helper_computes_workers_times_prefetch_times_batch() {
         "sizing helper: 8 workers x 3 x 128Mi on a 2 GiB tmpfs",
         &out,
     );
-    assert_eq!(out.status.code(), Some(1));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(
         t.contains("8 DataLoader workers x prefetch 3 x 128.0 MiB batches = 3.0 GiB"),
         "{t}"
@@ -231,8 +234,7 @@ fn a_memory_limit_smaller_than_the_tmpfs_is_caught() {
     let c = start(Shm::Bind(volume.path.clone()), Some(256 * MIB), &[]);
     let out = preflight(&c, &[], &["--no-gpu", "--min-shm", "1Gi"]);
     show("2 GiB tmpfs, 256 MiB memory limit, --min-shm 1Gi", &out);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(t.contains("FAIL memory_too_small"), "{t}");
     assert!(
         !t.contains("shm_too_small"),
@@ -250,12 +252,8 @@ fn a_memory_limit_smaller_than_the_tmpfs_is_caught() {
 
     // Nothing asked: the illusion is still named, as a warning.
     let out = preflight(&c, &[], &["--no-gpu"]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(
-        text(&out).contains("WARN memory_below_shm_size"),
-        "{}",
-        text(&out)
-    );
+    let t = said(&out, 0);
+    assert!(t.contains("WARN memory_below_shm_size"), "{t}");
 }
 
 /// The nvswitch-8 board with every NVLink of GPU 7 inactive.
@@ -295,8 +293,7 @@ fn the_gpu7_fault_fails_cuda_devices_6_7_naming_the_pair_and_passes_0_1() {
         "fake NVML, GPU 7's links down, CUDA_VISIBLE_DEVICES=6,7 (Docker)",
         &out,
     );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(
         t.contains("FAIL gpu_pair: GPU 7 (cuda:1 in this process): its pair with GPU 6 is down")
             && t.contains("; avoid GPU 7: CUDA_VISIBLE_DEVICES=6\n"),
@@ -328,8 +325,7 @@ fn the_gpu7_fault_fails_cuda_devices_6_7_naming_the_pair_and_passes_0_1() {
         "fake NVML, GPU 7's links down, CUDA_VISIBLE_DEVICES=0,1",
         &out,
     );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 0);
     assert!(
         t.contains("0,1 (CUDA_VISIBLE_DEVICES): 1 of 1 pairs healthy"),
         "{t}"
@@ -345,8 +341,8 @@ fn the_gpu7_fault_fails_cuda_devices_6_7_naming_the_pair_and_passes_0_1() {
         ],
         &args,
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).contains("kubectl cordon"), "{}", text(&out));
+    let t = said(&out, 1);
+    assert!(t.contains("kubectl cordon"), "{t}");
 
     // An --nvml-lib that does not load: it cannot tell.
     let out = preflight(
@@ -354,12 +350,8 @@ fn the_gpu7_fault_fails_cuda_devices_6_7_naming_the_pair_and_passes_0_1() {
         &[&config_env],
         &["--nvml-lib", "/shmlink/no-such-lib.so", "--min-shm", "1Mi"],
     );
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(
-        text(&out).contains("UNKNOWN nvml_unavailable"),
-        "{}",
-        text(&out)
-    );
+    let t = said(&out, 2);
+    assert!(t.contains("UNKNOWN nvml_unavailable"), "{t}");
 }
 
 #[test]
@@ -369,8 +361,7 @@ fn no_dev_shm_at_all_is_not_fit() {
     }
     let c = start(Shm::None, None, &[]);
     let out = preflight(&c, &["KUBERNETES_SERVICE_HOST=10.96.0.1"], &["--no-gpu"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(t.contains("FAIL shm_absent"), "{t}");
     assert!(t.contains("sizeLimit: 1Gi"), "{t}");
 }
@@ -407,12 +398,8 @@ fn host_ipc_is_recognised_and_a_private_namespace_is_not() {
     let mut args = vec!["--no-gpu", "--min-shm", "64Ti"];
     args.extend_from_slice(&hint);
     let out = preflight(&shared, &[], &args);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out).contains("shares the host's IPC namespace"),
-        "{}",
-        text(&out)
-    );
+    let t = said(&out, 1);
+    assert!(t.contains("shares the host's IPC namespace"), "{t}");
 }
 
 #[test]
@@ -439,12 +426,8 @@ fn it_answers_within_a_second() {
         &["--nvml-lib", &lib, "--min-shm", "32Mi"],
     );
     let took = t.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        text(&out).contains("28 of 28 pairs healthy"),
-        "{}",
-        text(&out)
-    );
+    let t = said(&out, 0);
+    assert!(t.contains("28 of 28 pairs healthy"), "{t}");
     println!("preflight with 8 fake GPUs: {took:?} (runc exec alone: {baseline:?})");
     assert!(
         took.saturating_sub(baseline) < std::time::Duration::from_secs(1),
@@ -501,8 +484,7 @@ fn preflight_p2p_fails_gpus_5_and_7_when_7_refuses_peer_access() {
         "preflight --p2p, GPU 7 refusing peer access, CUDA_VISIBLE_DEVICES=5,7",
         &out,
     );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let t = text(&out);
+    let t = said(&out, 1);
     assert!(
         t.contains("FAIL gpu_pair: GPU 5 <-> GPU 7")
             && t.contains(

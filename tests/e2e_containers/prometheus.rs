@@ -136,18 +136,12 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
     let seeded = common::link_days::seed(&state_dir, NODE, &uuids, 18, 3, 14);
     nvml["gpus"][3]["links"][14]["errors"]["recovery"] = json!(seeded.last_count + 1);
     let fake = FakeNvml::new(&nvml);
-    let lib = fake_nvml::lib();
     let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
+    let agent = Agent::start_gpu_kube(
+        &kubeconfig,
+        &fake,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
             "--sys-root",
             dir.path().join("sys").to_str().unwrap(),
             "--pod-log-root",
@@ -155,9 +149,7 @@ fn dashboards_have_data_and_a_full_shm_reaches_alertmanager() {
             "--state-dir",
             state_dir.to_str().unwrap(),
         ],
-        &env,
     );
-    agent.wait_ready();
     // An XID on GPU 3 once the agent listens for them.
     nvml["gpus"][3]["xids"] = json!([48]);
     fake.write(&nvml);

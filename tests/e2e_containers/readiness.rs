@@ -21,6 +21,23 @@ fn readyz(agent: &Agent) -> Option<u16> {
 
 /// The API server is away when the agent starts and answers 1.5 s later: not ready meanwhile,
 /// and the first scan that is exported names the container.
+/// `serve` with `--kube auto` against `kubeconfig`, no GPUs, waiting up to `wait` for the Pod
+/// cache; not waited for.
+fn serve_auto(kubeconfig: &std::path::Path, wait: &str) -> Agent {
+    Agent::start(
+        &[
+            "--kube",
+            "auto",
+            "--node-name",
+            NODE,
+            "--no-gpu",
+            "--pod-cache-wait",
+            wait,
+        ],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    )
+}
+
 #[test]
 fn a_slow_api_server_delays_readiness_and_series_are_born_named() {
     if !common::e2e_available() {
@@ -38,18 +55,7 @@ fn a_slow_api_server_delays_readiness_and_series_are_born_named() {
     api.stop();
 
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "auto",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--pod-cache-wait",
-            "20s",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = serve_auto(&kubeconfig, "20s");
     std::thread::sleep(Duration::from_millis(1500));
     // Scans take milliseconds: without the wait it would have been ready long ago.
     assert_eq!(readyz(&agent), Some(503), "log:\n{}", agent.log_text());
@@ -102,18 +108,7 @@ fn an_absent_api_server_delays_readiness_by_the_bound_only() {
     api.stop();
     let kubeconfig = api.kubeconfig_path();
     let started = Instant::now();
-    let agent = Agent::start(
-        &[
-            "--kube",
-            "auto",
-            "--node-name",
-            NODE,
-            "--no-gpu",
-            "--pod-cache-wait",
-            "3s",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
-    );
+    let agent = serve_auto(&kubeconfig, "3s");
     assert!(common::wait_until(Duration::from_secs(10), || readyz(
         &agent
     )

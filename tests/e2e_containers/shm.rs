@@ -300,13 +300,14 @@ fn a_restarted_container_is_told_the_segments_it_inherited() {
         .collect();
     assert_eq!(findings.len(), 1, "{findings:#?}");
     let message = findings[0]["message"].as_str().unwrap();
-    for part in [
-        "held 2 files written before it started",
-        "nccl-Y7jXhK 9.0 MiB",
-        "rm -f /dev/shm/nccl-*",
-    ] {
-        assert!(message.contains(part), "{part:?} not in {message}");
-    }
+    common::assert_contains_all(
+        message,
+        &[
+            "held 2 files written before it started",
+            "nccl-Y7jXhK 9.0 MiB",
+            "rm -f /dev/shm/nccl-*",
+        ],
+    );
     // The data the restarted container wrote itself is its own; the fresh one has nothing old.
     let f = common::shm_entry(&report, &fresh.id).unwrap();
     assert!(f.get("leftovers").is_none(), "{f:#}");

@@ -16,20 +16,6 @@ use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
 
-fn conditions(api: &FakeApi) -> Vec<Value> {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-fn condition(api: &FakeApi, type_: &str) -> Value {
-    conditions(api)
-        .into_iter()
-        .find(|c| c["type"] == type_)
-        .unwrap_or(Value::Null)
-}
-
 /// Waits until the condition satisfies `ok`; panics with the Node and the agent's log.
 fn wait_condition(
     api: &FakeApi,
@@ -38,18 +24,7 @@ fn wait_condition(
     what: &str,
     ok: impl Fn(&Value) -> bool,
 ) -> Value {
-    let mut last = Value::Null;
-    let done = common::wait_until(Duration::from_secs(30), || {
-        last = condition(api, type_);
-        ok(&last)
-    });
-    assert!(
-        done,
-        "{type_} never became {what}; the Node: {:#}\nlog:\n{}",
-        api.node(NODE),
-        agent.log_text()
-    );
-    last
+    api.wait_node_condition(NODE, type_, what, || agent.log_text(), ok)
 }
 
 /// The first `n` links of `gpu` inactive.
@@ -71,26 +46,15 @@ fn is(status: &'static str, reason: &'static str) -> impl Fn(&Value) -> bool {
 fn print_conditions(case: &str, api: &FakeApi) {
     eprintln!(
         "NODE CONDITIONS ({case}), as the API server last held them:\n{:#}",
-        Value::Array(conditions(api))
+        Value::Array(api.node_conditions(NODE))
     );
-}
-
-/// Scans the agent made so far (the GPU collector's histogram count).
-fn scans(agent: &Agent) -> f64 {
-    let body = agent.metrics();
-    sample(
-        &body,
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "gpu")],
-    )
-    .unwrap_or(0.0)
 }
 
 /// Waits for `n` more scans: what a storm would have written in by then, it has.
 fn wait_scans(agent: &Agent, n: u32) {
-    let s0 = scans(agent);
+    let s0 = agent.scans("gpu");
     assert!(
-        common::wait_until(Duration::from_secs(30), || scans(agent)
+        common::wait_until(Duration::from_secs(30), || agent.scans("gpu")
             >= s0 + f64::from(n)),
         "no {n} scans; log:\n{}",
         agent.log_text()
@@ -123,7 +87,7 @@ fn host_fixture(dir: &Path, bus_ids: &[&str]) -> (PathBuf, PathBuf) {
 fn links_down_make_gpu_link_degraded_true_until_they_recover_with_no_write_storm() {
     let api = FakeApi::start();
     api.apply_node(kubelet_node(NODE));
-    let kubelet: Vec<Value> = conditions(&api);
+    let kubelet: Vec<Value> = api.node_conditions(NODE);
     let mut nvml = fake_nvml::preset("nvlink-mesh-4");
     let fake = FakeNvml::new(&nvml);
     let agent = start(&api, &fake, &[]);
@@ -132,11 +96,11 @@ fn links_down_make_gpu_link_degraded_true_until_they_recover_with_no_write_storm
         is("False", "GpuPairsHealthy")(c)
     });
     assert_eq!(link["message"], "All 6 GPU pairs are ok.");
-    let fault = condition(&api, "GpuFault");
+    let fault = api.node_condition(NODE, "GpuFault");
     assert_eq!(fault["status"], "False");
     assert_eq!(fault["reason"], "NoGpuFault");
     assert_eq!(
-        conditions(&api)[..4],
+        api.node_conditions(NODE)[..4],
         kubelet[..],
         "kubelet's conditions untouched"
     );
@@ -160,9 +124,9 @@ fn links_down_make_gpu_link_degraded_true_until_they_recover_with_no_write_storm
         "{message}"
     );
     assert!(message.contains("drain the node"), "{message}");
-    assert_eq!(condition(&api, "GpuFault")["status"], "False");
+    assert_eq!(api.node_condition(NODE, "GpuFault")["status"], "False");
     assert_eq!(
-        condition(&api, "GpuFault")["lastTransitionTime"],
+        api.node_condition(NODE, "GpuFault")["lastTransitionTime"],
         fault["lastTransitionTime"]
     );
     wait_scans(&agent, 10);
@@ -182,11 +146,11 @@ fn links_down_make_gpu_link_degraded_true_until_they_recover_with_no_write_storm
         c["status"] == "False"
     });
     assert_eq!(
-        conditions(&api)[..4],
+        api.node_conditions(NODE)[..4],
         kubelet[..],
         "kubelet's conditions untouched"
     );
-    assert_eq!(conditions(&api).len(), 6);
+    assert_eq!(api.node_conditions(NODE).len(), 6);
     let body = agent.metrics();
     assert_eq!(
         sample(&body, "shmlink_node_condition_writes_total", &[]),
@@ -251,7 +215,7 @@ fn xid_13_stays_an_event_on_its_pod_79_and_48_are_faults_and_a_restart_clears_th
     });
     wait_scans(&agent, 3);
     assert_eq!(
-        condition(&api, "GpuFault")["status"],
+        api.node_condition(NODE, "GpuFault")["status"],
         "False",
         "XID 13 is no GPU fault"
     );
@@ -354,7 +318,10 @@ fn nvml_asking_for_a_gpu_reset_is_a_fault_while_it_asks() {
     );
     assert!(message.contains("nvidia-smi -r -i 6"), "{message}");
     // A reset request alone degrades no pair.
-    assert_eq!(condition(&api, "GpuLinkDegraded")["status"], "False");
+    assert_eq!(
+        api.node_condition(NODE, "GpuLinkDegraded")["status"],
+        "False"
+    );
     // Reset done: NVML says none again, and the fault ends without a hold.
     nvml["gpus"][6]["recovery_action"] = json!("none");
     fake.write(&nvml);
@@ -392,7 +359,7 @@ fn a_lost_gpu_is_a_fault_naming_it() {
     );
     assert!(message.contains("nvidia-smi -r -i 5"), "{message}");
     // Its pairs are down too.
-    let link = condition(&api, "GpuLinkDegraded");
+    let link = api.node_condition(NODE, "GpuLinkDegraded");
     assert_eq!(link["status"], "True", "{link:#}");
     assert!(agent.terminate().success());
 }
@@ -429,7 +396,10 @@ fn nvml_missing_where_the_driver_lists_gpus_is_a_node_event_and_unknown_conditio
         c["status"] == "Unknown"
     });
     assert_eq!(fault["reason"], "NvmlUnavailable");
-    assert_eq!(condition(&api, "GpuLinkDegraded")["status"], "Unknown");
+    assert_eq!(
+        api.node_condition(NODE, "GpuLinkDegraded")["status"],
+        "Unknown"
+    );
     let mut events = Vec::new();
     assert!(common::wait_until(Duration::from_secs(30), || {
         events = api
@@ -576,7 +546,7 @@ fn an_api_server_down_during_a_transition_gets_the_latest_state_when_back() {
         .as_str()
         .unwrap()
         .contains("XID 95 (Uncontained memory error) on GPU 1"));
-    let link = condition(&api, "GpuLinkDegraded");
+    let link = api.node_condition(NODE, "GpuLinkDegraded");
     assert_eq!(link["status"], "True", "{link:#}");
     wait_scans(&agent, 5);
     assert_eq!(
@@ -584,7 +554,7 @@ fn an_api_server_down_during_a_transition_gets_the_latest_state_when_back() {
         1,
         "the latest state in one write; nothing piled up"
     );
-    assert_eq!(conditions(&api).len(), 6);
+    assert_eq!(api.node_conditions(NODE).len(), 6);
     assert!(agent.terminate().success());
 }
 
@@ -726,13 +696,11 @@ fn two_faulty_gpus_are_named_with_their_links_and_no_healthy_gpu_is_reset() {
     });
     let message = link["message"].as_str().unwrap();
     println!("{message}");
-    for part in [
+    common::assert_contains_all(message, &[
         "GPU 2 and GPU 4 fail with every other GPU (GPU 2: NVLink symbol errors on GPU 2 link 3",
         "GPU 4: NVLink failed link recoveries on GPU 4 link 9",
         "reset GPU 2 and GPU 4 (`nvidia-smi -r -i 2`, `nvidia-smi -r -i 4`)",
-    ] {
-        assert!(message.contains(part), "{part:?} not in {message}");
-    }
+    ]);
     for healthy in [0, 1, 3, 5, 6, 7] {
         assert!(
             !message.contains(&format!("-r -i {healthy}")),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
-use common::kube_api::{events::with_reason, kubelet_node, Dra, FakeApi};
+use common::kube_api::{events::with_reason, kubelet_node, slice_8gpu, Dra, FakeApi};
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
@@ -43,16 +43,6 @@ fn wait(what: &str, agent: &Agent, api: &FakeApi, mut done: impl FnMut() -> bool
     );
 }
 
-fn node_condition(api: &FakeApi, type_: &str) -> Value {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 /// The stored rule without what the server or the moment decides.
 fn comparable(mut rule: Value) -> Value {
     for field in ["uid", "resourceVersion", "creationTimestamp"] {
@@ -69,10 +59,7 @@ fn comparable(mut rule: Value) -> Value {
 
 #[test]
 fn gpu_7_down_gets_one_rule_for_its_device_which_is_lifted_after_the_hold() {
-    let api = FakeApi::start();
-    api.apply_node(kubelet_node(NODE));
-    api.set_dra(Dra::RulesV1);
-    api.apply_slice(fixture("resourceslice-8gpu-v1.json"));
+    let api = FakeApi::with_dra_rules(NODE);
     let mut nvml = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&nvml);
     let hold = "3s";
@@ -117,7 +104,7 @@ fn gpu_7_down_gets_one_rule_for_its_device_which_is_lifted_after_the_hold() {
         "{description}"
     );
     // The Node condition says the same GPU, as before.
-    let link = node_condition(&api, "GpuLinkDegraded");
+    let link = api.node_condition(NODE, "GpuLinkDegraded");
     assert_eq!(link["status"], "True", "{link:#}");
     wait("the gauge at 1", &agent, &api, || {
         sample(
@@ -137,7 +124,7 @@ fn gpu_7_down_gets_one_rule_for_its_device_which_is_lifted_after_the_hold() {
         fake.write(&nvml);
         let want = if active { "False" } else { "True" };
         wait("the link condition to follow", &agent, &api, || {
-            node_condition(&api, "GpuLinkDegraded")["status"] == want
+            api.node_condition(NODE, "GpuLinkDegraded")["status"] == want
         });
         assert_eq!(
             api.rule(RULE),
@@ -203,16 +190,6 @@ fn validate_1_37(rule: &Value) {
     eprintln!("THE RULE validates strictly against Kubernetes 1.37.0 (kubernetes-validate)");
 }
 
-/// Scans the agent made so far.
-fn scans(agent: &Agent) -> f64 {
-    sample(
-        &agent.metrics(),
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "gpu")],
-    )
-    .unwrap_or(0.0)
-}
-
 /// GPU 7 down on a node where `api` cannot take it out: no rule write, the line said once,
 /// the Node condition True as before.
 fn falls_back(api: &FakeApi, said: &str) -> String {
@@ -222,10 +199,12 @@ fn falls_back(api: &FakeApi, said: &str) -> String {
     let fake = FakeNvml::new(&nvml);
     let agent = start(api, &fake, &["--gpu-device-taint", "NoSchedule"]);
     wait("GpuLinkDegraded True", &agent, api, || {
-        node_condition(api, "GpuLinkDegraded")["status"] == "True"
+        api.node_condition(NODE, "GpuLinkDegraded")["status"] == "True"
     });
-    let s0 = scans(&agent);
-    wait("20 more scans", &agent, api, || scans(&agent) >= s0 + 20.0);
+    let s0 = agent.scans("gpu");
+    wait("20 more scans", &agent, api, || {
+        agent.scans("gpu") >= s0 + 20.0
+    });
     assert_eq!(api.rule_writes(), Vec::<String>::new());
     let log = agent.log_text();
     assert_eq!(log.matches(said).count(), 1, "said once:\n{log}");
@@ -249,7 +228,7 @@ fn a_device_plugin_node_and_a_cluster_without_the_api_get_no_rule_and_one_line()
     // 1.36 as installed: slices, no DeviceTaintRule.
     let api = FakeApi::start();
     api.set_dra(Dra::SlicesOnly);
-    api.apply_slice(fixture("resourceslice-8gpu-v1.json"));
+    api.apply_slice(slice_8gpu());
     let line = falls_back(&api, "the cluster serves no DeviceTaintRule");
     eprintln!("NO DEVICETAINTRULE API: {line}");
     assert!(

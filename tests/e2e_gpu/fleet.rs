@@ -97,20 +97,12 @@ fn start_node(i: usize, api: &FakeApi, dir: &Path) -> Node {
     let logs = dir.join(format!("pods-{name}"));
     let state = dir.join(format!("state-{name}"));
     std::fs::create_dir_all(&logs).unwrap();
-    let lib = fake_nvml::lib();
     let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
+    let agent = Agent::spawn_gpu_kube(
+        &kubeconfig,
+        &fake,
+        &name,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            &name,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-resources-socket",
-            "/nonexistent/kubelet.sock",
             "--interval",
             "1s",
             "--gpu-device-taint",
@@ -120,7 +112,6 @@ fn start_node(i: usize, api: &FakeApi, dir: &Path) -> Node {
             "--state-dir",
             state.to_str().unwrap(),
         ],
-        &env,
     );
     Node {
         name,

@@ -16,29 +16,7 @@ use serde_json::Value;
 /// A program that names itself `comm` (prctl) and dereferences NULL in its own text, built as
 /// `dir/name`. None when gcc is missing (said).
 fn crasher(dir: &Path, name: &str, comm: &str) -> Option<PathBuf> {
-    let gcc = common::tool("gcc", "gcc")?;
-    let src = dir.join("crash.c");
-    std::fs::write(
-        &src,
-        format!(
-            "#include <sys/prctl.h>\nint main(void) {{ prctl(PR_SET_NAME, \"{comm}\"); \
-             return *(volatile int *)0; }}\n"
-        ),
-    )
-    .unwrap();
-    let bin = dir.join(name);
-    let out = Command::new(gcc)
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(bin)
+    common::crash::segfaulting(dir, name, Some(comm.as_bytes()))
 }
 
 /// One crash at a time across this file's tests: two CPUs printing crash lines at once make the
@@ -67,12 +45,7 @@ fn a_process_named_like_the_driver_crashing_in_fallen_off_the_bus_is_no_xid_79()
         return;
     };
     let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &["--nvml-lib", lib.to_str().unwrap(), "--kmsg", "/dev/kmsg"],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--kmsg", "/dev/kmsg"]);
     assert!(
         crash(&bin, "in fallen off the bus["),
         "the kernel did not log the crash (show_unhandled_signals off?)"
@@ -121,20 +94,22 @@ fn a_newline_in_a_file_name_read_through_syslog_blames_nobody_else() {
 
 /// What `check --json` lists of the kernel log of the last 5 minutes read through `source`.
 fn kernel_failures(source: &str) -> Vec<Value> {
-    let out = Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--no-gpu", "--since", "5m"])
-        .args([
+    let report = common::binary::shmlink_json(
+        &[
+            "check",
+            "--json",
+            "--no-gpu",
+            "--since",
+            "5m",
             "--kmsg",
             source,
             "--pod-log-root",
             "off",
             "--docker-root",
             "off",
-        ])
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        ],
+        &[],
+    );
     report["failures"].as_array().cloned().unwrap_or_default()
 }
 

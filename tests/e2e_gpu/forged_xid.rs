@@ -16,25 +16,10 @@ use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::fake_nvml::{self, FakeNvml};
-use common::kube_api::{kubelet_node, Dra, FakeApi};
+use common::kube_api::FakeApi;
 use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-7";
-
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/dra/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn condition(api: &FakeApi, type_: &str) -> Value {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
 
 fn our_taint(api: &FakeApi) -> bool {
     api.node(NODE)["spec"]["taints"]
@@ -58,22 +43,9 @@ fn count(agent: &Agent, family: &str, gpu: &str, xid: &str) -> Option<f64> {
     sample(&agent.metrics(), family, &[("gpu", gpu), ("xid", xid)])
 }
 
-/// The GPU collector's scans so far.
-fn scans(agent: &Agent) -> f64 {
-    sample(
-        &agent.metrics(),
-        "shmlink_scan_duration_seconds_count",
-        &[("collector", "gpu")],
-    )
-    .unwrap_or(0.0)
-}
-
 #[test]
 fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
-    let api = FakeApi::start();
-    api.apply_node(kubelet_node(NODE));
-    api.set_dra(Dra::RulesV1);
-    api.apply_slice(fixture("resourceslice-8gpu-v1.json"));
+    let api = FakeApi::with_dra_rules(NODE);
     let mut nvml = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&nvml);
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +66,7 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
         ],
     );
     wait("GpuFault False", &agent, &api, || {
-        condition(&api, "GpuFault")["status"] == "False"
+        api.node_condition(NODE, "GpuFault")["status"] == "False"
     });
     agent.wait_for_metrics("the kernel log open", |b| {
         sample(b, "shmlink_kmsg_up", &[]) == Some(1.0)
@@ -137,11 +109,11 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
             && count(&agent, "shmlink_gpu_xid_unconfirmed_total", "1", "48") == Some(1.0)
     });
     // Several scans later still: nothing acted on.
-    let s0 = scans(&agent);
+    let s0 = agent.scans("gpu");
     wait("five more scans", &agent, &api, || {
-        scans(&agent) >= s0 + 5.0
+        agent.scans("gpu") >= s0 + 5.0
     });
-    let fault = condition(&api, "GpuFault");
+    let fault = api.node_condition(NODE, "GpuFault");
     assert_eq!(fault["status"], "False", "{fault:#}");
     assert_eq!(fault["reason"], "NoGpuFault", "{fault:#}");
     assert!(!our_taint(&api), "{:#}", api.node(NODE));
@@ -173,7 +145,7 @@ fn a_forged_xid_evicts_no_one_and_a_confirmed_one_still_takes_its_gpu_out() {
     )
     .unwrap();
     wait("GpuFault True (Xid48)", &agent, &api, || {
-        let c = condition(&api, "GpuFault");
+        let c = api.node_condition(NODE, "GpuFault");
         c["status"] == "True" && c["reason"] == "Xid48"
     });
     wait("the node taint", &agent, &api, || our_taint(&api));

@@ -17,7 +17,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use common::agent::{sample, Agent};
-use common::fake_nvml::{self, FakeNvml};
+use common::fake_nvml::FakeNvml;
 
 const HOST_MNT: u64 = 4026531840;
 const HOST_IPC: u64 = 4026531839;
@@ -410,11 +410,9 @@ fn metrics_of_the_fixed_node_match_the_golden_file() {
         serde_json::from_slice(&fs::read(golden_dir().join("nvml.json")).unwrap()).unwrap();
     let node = Node::build(&nvml);
     let fake = FakeNvml::new(&nvml);
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
+    let agent = Agent::start_gpu(
+        &fake,
         &[
-            "--nvml-lib",
-            lib.to_str().unwrap(),
             "--node-name",
             "golden-node",
             "--proc-root",
@@ -431,9 +429,7 @@ fn metrics_of_the_fixed_node_match_the_golden_file() {
             "--death-trace",
             "off",
         ],
-        &fake.env(),
     );
-    agent.wait_ready();
     // The watcher reports once it has looked at every source (from their ends); what is
     // appended after that is news to it.
     agent.wait_for_metrics("the failure watcher's first look", |b| {

@@ -177,29 +177,45 @@ fn check_prints_the_pair_matrix_with_the_reasons_under_it() {
 fn nvlink_errors_that_grow_then_stop_degrade_the_pairs_for_the_window_only() {
     let mut config = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&config);
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &[
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--nvlink-error-window",
-            "2s",
-        ],
-        &fake.env(),
-    );
-    agent.wait_ready();
-    let pair_02 = [("gpu", "0"), ("peer_gpu", "2")];
-    let healthy = |body: &str| sample(body, "shmlink_gpu_pair_healthy", &pair_02);
-    agent.wait_for_metrics("pair 0-2 healthy", |b| healthy(b) == Some(1.0));
+    let (agent, _) = serve_with_a_2s_window(&fake);
 
     // A replay error on one of GPU 2's switch links: every pair of GPU 2 crosses it.
     config["gpus"][2]["links"][3]["errors"]["replay"] = json!(5);
-    fake.write(&config);
-    let body = agent.wait_for_metrics("pair 0-2 degraded", |b| healthy(b) == Some(0.0));
     let errors = [("gpu", "2"), ("link", "3"), ("type", "replay")];
+    degraded_for_the_window_only(agent, &fake, &config, (&errors, 5.0), "GPU 2");
+}
+
+fn pair_02_healthy(body: &str) -> Option<f64> {
+    sample(
+        body,
+        "shmlink_gpu_pair_healthy",
+        &[("gpu", "0"), ("peer_gpu", "2")],
+    )
+}
+
+/// `serve` on `fake` with a 2 s NVLink error window, once pair 0-2 is healthy; and that scrape.
+fn serve_with_a_2s_window(fake: &FakeNvml) -> (Agent, String) {
+    let agent = Agent::start_gpu(fake, &["--nvlink-error-window", "2s"]);
+    let body = agent.wait_for_metrics("pair 0-2 healthy", |b| pair_02_healthy(b) == Some(1.0));
+    (agent, body)
+}
+
+/// Writes `config`, a fault on GPU 2's link 3 (every pair of GPU 2 crosses it): pair 0-2
+/// degraded with the error counter `errors` at its value, the pairs without `faulty` (0-1)
+/// healthy; then, the counter no longer growing, pair 0-2 healthy again once the growth has
+/// left the 2 s window; serve stops cleanly.
+fn degraded_for_the_window_only(
+    agent: Agent,
+    fake: &FakeNvml,
+    config: &Value,
+    errors: (&[(&str, &str)], f64),
+    faulty: &str,
+) {
+    fake.write(config);
+    let body = agent.wait_for_metrics("pair 0-2 degraded", |b| pair_02_healthy(b) == Some(0.0));
     assert_eq!(
-        sample(&body, "shmlink_nvlink_errors_total", &errors),
-        Some(5.0)
+        sample(&body, "shmlink_nvlink_errors_total", errors.0),
+        Some(errors.1)
     );
     assert_eq!(
         sample(
@@ -208,10 +224,11 @@ fn nvlink_errors_that_grow_then_stop_degrade_the_pairs_for_the_window_only() {
             &[("gpu", "0"), ("peer_gpu", "1")]
         ),
         Some(1.0),
-        "pairs without GPU 2 stay healthy"
+        "pairs without {faulty} stay healthy"
     );
-    // The counter stops growing: healthy again once the growth has left the 2 s window.
-    agent.wait_for_metrics("pair 0-2 healthy again", |b| healthy(b) == Some(1.0));
+    agent.wait_for_metrics("pair 0-2 healthy again", |b| {
+        pair_02_healthy(b) == Some(1.0)
+    });
     assert!(agent.terminate().success());
 }
 
@@ -219,9 +236,7 @@ fn nvlink_errors_that_grow_then_stop_degrade_the_pairs_for_the_window_only() {
 fn a_link_that_goes_down_and_comes_back() {
     let mut config = fake_nvml::preset("nvlink-mesh-4");
     let fake = FakeNvml::new(&config);
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(&["--nvml-lib", lib.to_str().unwrap()], &fake.env());
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &[]);
     // The first link of GPU 0 whose far end is a GPU.
     let (link, peer) = config["gpus"][0]["links"]
         .as_array()
@@ -264,9 +279,7 @@ fn a_link_that_goes_down_and_comes_back() {
 fn an_xid_is_counted_per_gpu_and_xid() {
     let mut config = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&config);
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(&["--nvml-lib", lib.to_str().unwrap()], &fake.env());
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &[]);
     config["gpus"][3]["xids"] = json!([79]);
     fake.write(&config);
     let xid = [("gpu", "3"), ("xid", "79")];
@@ -279,9 +292,7 @@ fn an_xid_is_counted_per_gpu_and_xid() {
 fn a_gpu_lost_mid_run_is_reported_and_serve_goes_on_with_the_others() {
     let mut config = fake_nvml::preset("nvswitch-8");
     let fake = FakeNvml::new(&config);
-    let lib = fake_nvml::lib();
-    let mut agent = Agent::start(&["--nvml-lib", lib.to_str().unwrap()], &fake.env());
-    agent.wait_ready();
+    let mut agent = Agent::start_gpu(&fake, &[]);
     config["gpus"][5]["lost"] = json!(true);
     fake.write(&config);
     let body = agent.wait_for_metrics("GPU 5 lost", |b| {
@@ -406,20 +417,7 @@ fn b200_recovery_failures_on_one_link_degrade_that_gpus_pairs_and_reach_the_metr
     let mut config = fake_nvml::preset("b200-8");
     config["gpus"][5]["links"][9]["nvlink5"] = json!({"symbol_errors": 12, "symbol_ber": 3e-11});
     let fake = FakeNvml::new(&config);
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &[
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--nvlink-error-window",
-            "2s",
-        ],
-        &fake.env(),
-    );
-    agent.wait_ready();
-    let pair_02 = [("gpu", "0"), ("peer_gpu", "2")];
-    let healthy = |body: &str| sample(body, "shmlink_gpu_pair_healthy", &pair_02);
-    let body = agent.wait_for_metrics("pair 0-2 healthy", |b| healthy(b) == Some(1.0));
+    let (agent, body) = serve_with_a_2s_window(&fake);
     let link = |gpu: &'static str, link: &'static str, k: &'static str, v: &'static str| {
         [("gpu", gpu), ("link", link), ("peer", "switch"), (k, v)]
     };
@@ -468,28 +466,8 @@ fn b200_recovery_failures_on_one_link_degrade_that_gpus_pairs_and_reach_the_metr
 
     // A failed link recovery on one of GPU 2's switch links: every pair of GPU 2 crosses it.
     config["gpus"][2]["links"][3]["nvlink5"] = json!({"recovery_failed": 1, "recovery_events": 1});
-    fake.write(&config);
-    let body = agent.wait_for_metrics("pair 0-2 degraded", |b| healthy(b) == Some(0.0));
-    assert_eq!(
-        sample(
-            &body,
-            "shmlink_nvlink_errors_total",
-            &link("2", "3", "type", "recovery_failed")
-        ),
-        Some(1.0)
-    );
-    assert_eq!(
-        sample(
-            &body,
-            "shmlink_gpu_pair_healthy",
-            &[("gpu", "0"), ("peer_gpu", "1")]
-        ),
-        Some(1.0),
-        "pairs without GPU 2 or 5 stay healthy"
-    );
-    // No more growth: healthy once it has left the 2 s window.
-    agent.wait_for_metrics("pair 0-2 healthy again", |b| healthy(b) == Some(1.0));
-    assert!(agent.terminate().success());
+    let errors = link("2", "3", "type", "recovery_failed");
+    degraded_for_the_window_only(agent, &fake, &config, (&errors, 1.0), "GPU 2 or 5");
 }
 
 #[test]

@@ -107,17 +107,7 @@ fn a_narrow_link_at_any_load_a_slow_one_while_busy_aer_errors_and_acs_are_each_a
     let dir = tempfile::tempdir().unwrap();
     let sys = tree(dir.path());
     let fake = FakeNvml::new(&board(false));
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(
-        &[
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--sys-root",
-            dir.path().to_str().unwrap(),
-        ],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--sys-root", dir.path().to_str().unwrap()]);
     // Idle: GPU 3's link at Gen3 x8 says nothing, for scans on end.
     let body = agent.wait_for_metrics("the PCIe families", |b| {
         sample(b, "shmlink_gpu_pcie_link_generation", &[("gpu", "3")]) == Some(3.0)
@@ -192,16 +182,7 @@ fn a_narrow_link_at_any_load_a_slow_one_while_busy_aer_errors_and_acs_are_each_a
     );
 
     // One scan of `check` tells the link and ACS (AER growth needs two).
-    let out = std::process::Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--nvml-lib"])
-        .arg(&lib)
-        .arg("--sys-root")
-        .arg(dir.path())
-        .env(fake.env()[0].0, fake.env()[0].1)
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = fake.check_json(&["--sys-root", dir.path().to_str().unwrap()]);
     let kinds: Vec<&str> = report["findings"]
         .as_array()
         .unwrap()

@@ -318,13 +318,7 @@ fn serve_probes_idle_gpus_and_feeds_gpu_link_degraded() {
     let mut link = Value::Null;
     assert!(
         common::wait_until(Duration::from_secs(20), || {
-            link = api.node(NODE)["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "GpuLinkDegraded")
-                .cloned()
-                .unwrap_or(Value::Null);
+            link = api.node_condition(NODE, "GpuLinkDegraded");
             link["status"] == "True"
         }),
         "{link:#}"

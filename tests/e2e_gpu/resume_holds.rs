@@ -20,21 +20,8 @@ use serde_json::{json, Value};
 
 const NODE: &str = "gpu-node-r";
 
-fn condition(api: &FakeApi, type_: &str) -> Value {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
-        .unwrap_or(Value::Null)
-}
-
 fn wait_condition(api: &FakeApi, agent: &Agent, type_: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let mut last = Value::Null;
-    let done = common::wait_until(Duration::from_secs(30), || {
-        last = condition(api, type_);
-        ok(&last)
-    });
-    assert!(done, "{type_}: {last:#}\nlog:\n{}", agent.log_text());
-    last
+    api.wait_node_condition(NODE, type_, "as wanted", || agent.log_text(), ok)
 }
 
 /// A proc root that names this boot (and holds a process, or the agent is blind), and an empty
@@ -55,20 +42,11 @@ fn host(dir: &Path, boot_id: &str) -> (PathBuf, PathBuf) {
 }
 
 fn start(api: &FakeApi, fake: &FakeNvml, proc_root: &Path, cgroup: &Path, state: &Path) -> Agent {
-    let lib = fake_nvml::lib();
-    let kubeconfig = api.kubeconfig_path();
-    let mut env = fake.env().to_vec();
-    env.push(("KUBECONFIG", kubeconfig.as_os_str()));
-    let agent = Agent::start(
+    Agent::start_gpu_kube(
+        &api.kubeconfig_path(),
+        fake,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--pod-resources-socket",
-            "/nonexistent/kubelet.sock",
             "--proc-root",
             proc_root.to_str().unwrap(),
             "--cgroup-root",
@@ -76,10 +54,7 @@ fn start(api: &FakeApi, fake: &FakeNvml, proc_root: &Path, cgroup: &Path, state:
             "--state-dir",
             state.to_str().unwrap(),
         ],
-        &env,
-    );
-    agent.wait_ready();
-    agent
+    )
 }
 
 /// GPU `gpu`'s verdict in `check --json` run on the same host and state store.
@@ -90,22 +65,16 @@ fn check_verdict(
     state: &Path,
     gpu: u32,
 ) -> Value {
-    let lib = fake_nvml::lib();
-    let out = std::process::Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--kube", "off", "--nvml-lib"])
-        .arg(&lib)
-        .arg("--proc-root")
-        .arg(proc_root)
-        .arg("--cgroup-root")
-        .arg(cgroup)
-        .arg("--state-dir")
-        .arg(state)
-        .envs(fake.env())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = fake.check_json(&[
+        "--kube",
+        "off",
+        "--proc-root",
+        proc_root.to_str().unwrap(),
+        "--cgroup-root",
+        cgroup.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
     report["gpu_verdicts"]
         .as_array()
         .unwrap()
@@ -202,11 +171,11 @@ fn a_restart_keeps_down_since_and_held_xids_and_another_boot_does_not() {
     assert!(log.contains("keep their since-times"), "{log}");
     // Some scans later: still held, no transition, and nothing wrote it False meanwhile.
     std::thread::sleep(Duration::from_secs(2));
-    let after = condition(&api, "GpuFault");
+    let after = api.node_condition(NODE, "GpuFault");
     assert!(fault_held(&after), "{after:#}\nlog:\n{}", agent.log_text());
     assert_eq!(after["lastTransitionTime"], fault["lastTransitionTime"]);
     assert_eq!(
-        condition(&api, "GpuLinkDegraded")["lastTransitionTime"],
+        api.node_condition(NODE, "GpuLinkDegraded")["lastTransitionTime"],
         link["lastTransitionTime"]
     );
     for p in &api.node_status_patches()[patches_before..] {

@@ -33,16 +33,6 @@ fn usec_now() -> u64 {
     ((secs - 1.0) * 1e6) as u64
 }
 
-fn condition(api: &FakeApi, type_: &str) -> Value {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 #[test]
 fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
     let api = FakeApi::start();
@@ -115,7 +105,7 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let fault = loop {
-        let c = condition(&api, "GpuFault");
+        let c = api.node_condition(NODE, "GpuFault");
         let told = c["message"].as_str().unwrap_or("").contains("XID 48");
         if told || std::time::Instant::now() > deadline {
             break c;
@@ -210,17 +200,16 @@ fn check_and_serve_count_one_kernel_logs_xids_into_the_same_gpu_verdicts() {
     assert_eq!(serve_fatal_gpus, (0..8).collect(), "{switch_fatal:#?}");
     assert_eq!(switch_fatal.len(), 8, "only the switch the GPUs link to");
 
-    let lib = fake_nvml::lib();
-    let out = std::process::Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--kube", "off", "--since", "10m"])
-        .args(["--state-dir", "none", "--kmsg", kmsg_arg, "--nvml-lib"])
-        .arg(&lib)
-        .envs(fake.env())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = fake.check_json(&[
+        "--kube",
+        "off",
+        "--since",
+        "10m",
+        "--state-dir",
+        "none",
+        "--kmsg",
+        kmsg_arg,
+    ]);
     let by_check: BTreeSet<(String, u64, u64)> = report["xids"]
         .as_array()
         .unwrap()

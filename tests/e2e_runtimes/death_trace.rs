@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::{
-    random_container_id, random_pod_uid, ro_bind, wait_until, Container, ContainerSpec, HostTmpfs,
+    random_container_id, random_pod_uid, wait_until, Container, ContainerSpec, HostTmpfs,
 };
 
 const MIB: u64 = 1 << 20;
@@ -139,11 +139,7 @@ fn python_as(pod_uid: &str, id: &str, script: &str) -> Container {
         id: Some(id.to_string()),
         args: vec![PYTHON.into(), "-c".into(), script.into()],
         memory_limit: Some((512 * MIB) as i64),
-        extra_mounts: vec![
-            ro_bind("/usr", "/usr"),
-            ro_bind("/lib", "/lib"),
-            ro_bind("/lib64", "/lib64"),
-        ],
+        extra_mounts: common::runc::host_libraries(),
         ..ContainerSpec::default()
     })
 }
@@ -325,19 +321,15 @@ fn under_kubernetes_the_fast_death_is_one_shm_bus_error_event_on_its_pod() {
     let spec = pod(NODE, "ml", "fast-0", &uid, &[("main", &id)]);
     api.apply_pod(spec.clone());
     let kubeconfig = api.kubeconfig_path();
-    let agent = Agent::start(
+    let agent = Agent::start_kube(
+        &kubeconfig,
+        NODE,
         &[
-            "--kube",
-            "on",
-            "--node-name",
-            NODE,
-            "--no-gpu",
             "--death-trace",
             "on",
             "--tracefs",
             tracefs.path().to_str().unwrap(),
         ],
-        &[("KUBECONFIG", kubeconfig.as_os_str())],
     );
     agent.wait_ready();
     let c = python_as(&uid, &id, FAST_DEATH);
@@ -387,7 +379,7 @@ fn under_kubernetes_the_fast_death_is_one_shm_bus_error_event_on_its_pod() {
 
 #[test]
 fn on_docker_the_fast_death_is_told_by_its_name_with_dev_shm_full() {
-    use common::docker::{Dockerd, IMAGE};
+    use common::docker::Dockerd;
     let Some(tracefs) = ready() else { return };
     let Some(d) = Dockerd::start() else { return };
     let root = d.data_root();
@@ -405,20 +397,7 @@ fn on_docker_the_fast_death_is_told_by_its_name_with_dev_shm_full() {
     );
     agent.wait_ready();
     // `docker run` on the default 64 MiB /dev/shm, the host's Python bound in read-only.
-    let id = d.run(&[
-        "--name",
-        "fastbus",
-        "-v",
-        "/usr:/usr:ro",
-        "-v",
-        "/lib:/lib:ro",
-        "-v",
-        "/lib64:/lib64:ro",
-        IMAGE,
-        PYTHON,
-        "-c",
-        FAST_DEATH,
-    ]);
+    let id = d.run_python("fastbus", FAST_DEATH);
     assert_eq!(d.wait(&id), 135, "{}", d.log());
     agent.wait_for_metrics("the traced death, by its Docker name", |b| {
         all_failures(b, &id) >= 1.0
@@ -494,7 +473,7 @@ fn checked(args: &[&str], id: &str) -> Vec<(String, String)> {
 /// `workload_bus_error`.
 #[test]
 fn as_installed_the_fast_death_on_the_64_mib_default_is_shm_bus_error_and_check_agrees() {
-    use common::docker::{Dockerd, IMAGE};
+    use common::docker::Dockerd;
     if !common::e2e_available() || !Path::new(PYTHON).exists() {
         assert_ne!(std::env::var("SHMLINK_E2E").as_deref(), Ok("require"));
         return;
@@ -522,20 +501,7 @@ fn as_installed_the_fast_death_on_the_64_mib_default_is_shm_bus_error_and_check_
         "{}",
         installed.log_text()
     );
-    let id = d.run(&[
-        "--name",
-        "fastbus-default",
-        "-v",
-        "/usr:/usr:ro",
-        "-v",
-        "/lib:/lib:ro",
-        "-v",
-        "/lib64:/lib64:ro",
-        IMAGE,
-        PYTHON,
-        "-c",
-        FAST_DEATH,
-    ]);
+    let id = d.run_python("fastbus-default", FAST_DEATH);
     assert_eq!(d.wait(&id), 135, "{}", d.log());
     installed.wait_for_metrics("the traced shm_bus_error", |b| {
         failures(b, "shm_bus_error", &id) >= 1.0

@@ -110,22 +110,12 @@ fn check_on_a_real_docker_engine() {
     assert_eq!(d.inspect(&oomk, "{{.State.OOMKilled}}"), "true");
     let bus = python.then(|| {
         // A 100 MiB shared_memory block on the default 64 MiB /dev/shm: a real SIGBUS.
-        let id = d.run(&[
-            "--name",
+        let id = d.run_python(
             "bus",
-            "-v",
-            "/usr:/usr:ro",
-            "-v",
-            "/lib:/lib:ro",
-            "-v",
-            "/lib64:/lib64:ro",
-            IMAGE,
-            "/usr/bin/python3",
-            "-c",
             "from multiprocessing import shared_memory\n\
              b = shared_memory.SharedMemory(create=True, size=100 << 20)\n\
              b.buf[:] = b'\\1' * (100 << 20)\n",
-        ]);
+        );
         assert_eq!(d.wait(&id), 135, "{}", d.log());
         id
     });

@@ -17,12 +17,14 @@ const BUS_LINE: &str = "ERROR: Unexpected bus error encountered in worker. This 
                         by insufficient shared memory (shm).";
 const FOUND_LATE: &str = "Found when the agent started again: it happened while it was down";
 
-fn serve(root: &Path, state: &Path) -> Agent {
+/// `serve` without GPUs reading the one `source` (an option and its value), its store in
+/// `state`; ready.
+fn serve((option, value): (&str, &Path), state: &Path) -> Agent {
     let agent = Agent::start(
         &[
             "--no-gpu",
-            "--pod-log-root",
-            root.to_str().unwrap(),
+            option,
+            value.to_str().unwrap(),
             "--state-dir",
             state.to_str().unwrap(),
         ],
@@ -69,6 +71,15 @@ fn saved_offset(state: &Path, log: &Path) -> Option<u64> {
         .as_u64()
 }
 
+/// Waits for serve to save its checkpoint again (within 10 s) once it has told what it found.
+fn checkpoint_after_telling(checkpoint: &Path) {
+    let saved_at = taken(checkpoint);
+    assert!(
+        common::wait_until(Duration::from_secs(10), || taken(checkpoint) != saved_at),
+        "no checkpoint after telling"
+    );
+}
+
 /// When the stored checkpoint was taken.
 fn taken(state: &Path) -> Option<serde_json::Value> {
     stored_checkpoint(state).map(|c| c["at"].clone())
@@ -88,7 +99,7 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
     let checkpoint = tmp.path().join("state");
     let log = dir.join("0.log");
 
-    let first = serve(tmp.path(), &checkpoint);
+    let first = serve(("--pod-log-root", tmp.path()), &checkpoint);
     // The worker logs, then waits for the test's word to die (given while serve is down).
     let script = "echo 'epoch 1: loss 0.42'; while [ ! -e /flags/die ]; do sleep 0.1; done; \
                   echo 'Traceback (most recent call last):'; echo \"$BUS_LINE\"; exit 1";
@@ -123,7 +134,7 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
         "the worker never died"
     );
 
-    let second = serve(tmp.path(), &checkpoint);
+    let second = serve(("--pod-log-root", tmp.path()), &checkpoint);
     let body = second.wait_for_metrics("the death told after the restart", |b| {
         sample(
             b,
@@ -170,7 +181,7 @@ fn a_death_while_serve_was_down_is_told_once_found_late() {
     );
     drop(second);
 
-    let third = serve(tmp.path(), &checkpoint);
+    let third = serve(("--pod-log-root", tmp.path()), &checkpoint);
     // Three checkpoint intervals: anything re-read would have been told by then.
     std::thread::sleep(Duration::from_secs(6));
     let body = third.metrics();
@@ -199,20 +210,7 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     std::fs::create_dir_all(&flags).unwrap();
     let checkpoint = tmp.path().join("state");
     let root = d.data_root();
-    let start = || {
-        let agent = Agent::start(
-            &[
-                "--no-gpu",
-                "--docker-root",
-                root.to_str().unwrap(),
-                "--state-dir",
-                checkpoint.to_str().unwrap(),
-            ],
-            &[],
-        );
-        agent.wait_ready();
-        agent
-    };
+    let start = || serve(("--docker-root", &root), &checkpoint);
     let first = start();
     let mount = format!("{}:/flags:ro", flags.display());
     let wait = "while [ ! -e /flags/die ]; do sleep 0.1; done";
@@ -269,11 +267,7 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     );
     let told = second.log_text();
     assert_eq!(told.matches(FOUND_LATE).count(), 2, "{told}");
-    let saved_at = taken(&checkpoint);
-    assert!(
-        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
-        "no checkpoint after telling"
-    );
+    checkpoint_after_telling(&checkpoint);
     drop(second);
 
     let third = start();
@@ -301,20 +295,7 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let checkpoint = tmp.path().join("state");
-    let start = || {
-        let agent = Agent::start(
-            &[
-                "--no-gpu",
-                "--kmsg",
-                "/dev/kmsg",
-                "--state-dir",
-                checkpoint.to_str().unwrap(),
-            ],
-            &[],
-        );
-        agent.wait_ready();
-        agent
-    };
+    let start = || serve(("--kmsg", Path::new("/dev/kmsg")), &checkpoint);
     let first = start();
     assert!(
         common::wait_until(Duration::from_secs(10), || {
@@ -356,11 +337,7 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
         1,
         "{told}"
     );
-    let saved_at = taken(&checkpoint);
-    assert!(
-        common::wait_until(Duration::from_secs(10), || taken(&checkpoint) != saved_at),
-        "no checkpoint after telling"
-    );
+    checkpoint_after_telling(&checkpoint);
     drop(second);
 
     let third = start();

@@ -194,6 +194,14 @@ fn half(url: &str) -> Set {
     }
 }
 
+/// The kinds told on `e`: a judged match (told only with a full /dev/shm) counts only on a trap.
+fn told_kinds<'a>(e: &Excerpt, told: &'a [(String, bool)]) -> Vec<&'a str> {
+    told.iter()
+        .filter(|(_, j)| !j || e.label == "none")
+        .map(|(k, _)| k.as_str())
+        .collect()
+}
+
 /// One set's measure: recall per kind, false positives (on traps and wrong kinds), and the
 /// context lines judged by /dev/shm's state.
 #[derive(Default)]
@@ -209,11 +217,7 @@ impl Measure {
     fn add(&mut self, e: &Excerpt, told: &[(String, bool)]) {
         // A judged match is told only with a full /dev/shm (correlate decides, tested there):
         // it counts as told on no line here, and on a trap it is a false positive.
-        let kinds: Vec<&str> = told
-            .iter()
-            .filter(|(_, j)| !j || e.label == "none")
-            .map(|(k, _)| k.as_str())
-            .collect();
+        let kinds = told_kinds(e, told);
         if e.label == "context" && told.iter().any(|(_, j)| *j) {
             self.judged += 1;
         }
@@ -508,11 +512,7 @@ impl HeldOut {
     fn add(&mut self, e: &Excerpt, told: &[(String, bool)]) {
         // As in `Measure`: a judged match is told only with a full /dev/shm, so it names no
         // labelled row here, and on a trap it is a wrong blame.
-        let kinds: Vec<&str> = told
-            .iter()
-            .filter(|(_, j)| !j || e.label == "none")
-            .map(|(k, _)| k.as_str())
-            .collect();
+        let kinds = told_kinds(e, told);
         let label = e.label.as_str();
         if label == "context" {
             self.context.0 += 1;

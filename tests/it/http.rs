@@ -283,9 +283,7 @@ fn shutdown_does_not_wait_for_idle_clients() {
 #[test]
 fn many_concurrent_scrapes_do_not_delay_scans() {
     let fake = FakeNvml::new(&fake_nvml::preset("nvswitch-8"));
-    let lib = fake_nvml::lib();
-    let agent = Agent::start(&["--nvml-lib", lib.to_str().unwrap()], &fake.env());
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &[]);
     let scans = || {
         sample(
             &agent.metrics(),

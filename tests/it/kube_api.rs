@@ -180,6 +180,29 @@ fn publisher(api: &FakeApi, settings: PublishSettings) -> (EventQueue, Arc<Metri
     (q, m)
 }
 
+/// GPU 7's finding planned and sent by a fast publisher, the server set to `behaviour` first;
+/// the queue and metrics, to keep the publisher alive.
+fn gpu_7_event_sent(api: &FakeApi, behaviour: Behaviour) -> (EventQueue, Arc<Metrics>) {
+    let (queue, m) = publisher(api, fast());
+    let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
+    api.set_behaviour(behaviour);
+    let snapshot = Snapshot {
+        node: NODE.into(),
+        findings: vec![gpu_finding(7)],
+        ..Snapshot::default()
+    };
+    queue.send(planner.plan(&snapshot, None, &GpuHolders::new(), Instant::now()));
+    (queue, m)
+}
+
+/// `fast`, with a queue of two.
+fn two_deep() -> PublishSettings {
+    PublishSettings {
+        capacity: 2,
+        ..fast()
+    }
+}
+
 fn fast() -> PublishSettings {
     PublishSettings {
         capacity: 64,
@@ -291,15 +314,7 @@ async fn events_queued_while_the_api_server_is_away_arrive_once_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_retried_with_backoff_and_delivered_once() {
     let api = FakeApi::start();
-    let (queue, _m) = publisher(&api, fast());
-    let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
-    api.set_behaviour(Behaviour::Fail500);
-    let snapshot = Snapshot {
-        node: NODE.into(),
-        findings: vec![gpu_finding(7)],
-        ..Snapshot::default()
-    };
-    queue.send(planner.plan(&snapshot, None, &GpuHolders::new(), Instant::now()));
+    let _publishing = gpu_7_event_sent(&api, Behaviour::Fail500);
     eventually("retries", || (api.event_creates().len() >= 3).then_some(())).await;
     assert!(api.events().is_empty());
     api.set_behaviour(Behaviour::Normal);
@@ -312,15 +327,7 @@ async fn server_errors_are_retried_with_backoff_and_delivered_once() {
 async fn a_hung_api_server_holds_an_event_no_longer_than_the_request_timeout() {
     let api = FakeApi::start();
     // request_timeout 1 s; the client's own read timeout would be minutes.
-    let (queue, _m) = publisher(&api, fast());
-    let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
-    api.set_behaviour(Behaviour::Hang);
-    let snapshot = Snapshot {
-        node: NODE.into(),
-        findings: vec![gpu_finding(7)],
-        ..Snapshot::default()
-    };
-    queue.send(planner.plan(&snapshot, None, &GpuHolders::new(), Instant::now()));
+    let _publishing = gpu_7_event_sent(&api, Behaviour::Hang);
     // Abandoned after a second, retried: more than one request reaches the stuck server.
     eventually("a retry after the timeout", || {
         (api.event_creates().len() >= 2).then_some(())
@@ -344,13 +351,7 @@ async fn a_hung_api_server_holds_an_event_no_longer_than_the_request_timeout() {
 async fn a_full_queue_drops_and_counts_instead_of_blocking() {
     let mut api = FakeApi::start();
     api.stop();
-    let (queue, m) = publisher(
-        &api,
-        PublishSettings {
-            capacity: 2,
-            ..fast()
-        },
-    );
+    let (queue, m) = publisher(&api, two_deep());
     let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
     let snapshot = Snapshot {
         node: NODE.into(),
@@ -405,13 +406,7 @@ fn publishes(msgs: &[EventMsg]) -> Vec<&EventSpec> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_sent_while_the_api_server_is_away_is_not_dropped_with_the_queue_full() {
     let mut api = FakeApi::start();
-    let (queue, m) = publisher(
-        &api,
-        PublishSettings {
-            capacity: 2,
-            ..fast()
-        },
-    );
+    let (queue, m) = publisher(&api, two_deep());
     let mut planner = EventPlanner::new(NODE, Duration::from_secs(300));
     let scan = |gpus: std::ops::Range<u32>| Snapshot {
         node: NODE.into(),

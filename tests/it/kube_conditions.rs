@@ -29,15 +29,10 @@ fn kubelet_node() -> Value {
     kube_api::kubelet_node(NODE)
 }
 
-fn conditions(api: &FakeApi) -> Vec<Value> {
-    api.node(NODE)["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 fn condition(api: &FakeApi, type_: &str) -> Option<Value> {
-    conditions(api).into_iter().find(|c| c["type"] == type_)
+    api.node_conditions(NODE)
+        .into_iter()
+        .find(|c| c["type"] == type_)
 }
 
 async fn eventually<T>(what: &str, api: &FakeApi, mut f: impl FnMut() -> Option<T>) -> T {
@@ -118,7 +113,11 @@ async fn the_fake_merges_conditions_by_type_as_the_api_server_does() {
         .patch_status(NODE, &pp, &kube::api::Patch::Strategic(&ours))
         .await
         .unwrap();
-    let types: Vec<Value> = conditions(&api).iter().map(|c| c["type"].clone()).collect();
+    let types: Vec<Value> = api
+        .node_conditions(NODE)
+        .iter()
+        .map(|c| c["type"].clone())
+        .collect();
     assert_eq!(
         types,
         [
@@ -136,13 +135,13 @@ async fn the_fake_merges_conditions_by_type_as_the_api_server_does() {
         .await
         .unwrap();
     assert_eq!(condition(&api, "GpuFault").unwrap()["status"], "True");
-    assert_eq!(conditions(&api).len(), 5);
+    assert_eq!(api.node_conditions(NODE).len(), 5);
     // A JSON merge patch replaces the list: what an agent must not send.
     nodes
         .patch_status(NODE, &pp, &kube::api::Patch::Merge(&ours))
         .await
         .unwrap();
-    assert_eq!(conditions(&api).len(), 1);
+    assert_eq!(api.node_conditions(NODE).len(), 1);
     // The status subresource leaves the spec alone.
     let spec = json!({"spec": {"taints": []}, "status": {"conditions": []}});
     nodes
@@ -176,7 +175,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
             "lastHeartbeatTime": EARLIER, "lastTransitionTime": EARLIER}));
     }
     api.apply_node(node);
-    let kubelet_before: Vec<Value> = conditions(&api)[..4].to_vec();
+    let kubelet_before: Vec<Value> = api.node_conditions(NODE)[..4].to_vec();
     let (mut feed, m) = writer(&api, Duration::from_secs(300), false);
 
     feed.update(&judged(healthy()));
@@ -192,7 +191,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
     let fault = status_is(&api, "GpuFault", "False").expect("GpuFault False");
     assert_eq!(fault["reason"], "NoGpuFault");
     assert_eq!(
-        conditions(&api)[..4],
+        api.node_conditions(NODE)[..4],
         kubelet_before[..],
         "kubelet's conditions untouched"
     );
@@ -229,7 +228,7 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
     );
     eprintln!(
         "NODE CONDITIONS (link down), as the API server holds them:\n{:#}",
-        Value::Array(conditions(&api))
+        Value::Array(api.node_conditions(NODE))
     );
 
     // Recovered.
@@ -238,8 +237,8 @@ async fn conditions_appear_false_flip_true_and_back_with_kubelets_untouched_and_
         status_is(&api, "GpuLinkDegraded", "False")
     })
     .await;
-    assert_eq!(conditions(&api)[..4], kubelet_before[..]);
-    assert_eq!(conditions(&api).len(), 6);
+    assert_eq!(api.node_conditions(NODE)[..4], kubelet_before[..]);
+    assert_eq!(api.node_conditions(NODE).len(), 6);
     assert_eq!(api.node_status_patches().len(), 3, "one write per change");
 }
 
@@ -308,7 +307,7 @@ async fn an_api_server_down_during_transitions_gets_the_latest_state_when_back()
         1,
         "one write with the latest state, nothing piled up"
     );
-    assert_eq!(conditions(&api).len(), 6);
+    assert_eq!(api.node_conditions(NODE).len(), 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

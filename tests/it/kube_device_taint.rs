@@ -27,11 +27,7 @@ fn client(api: &FakeApi) -> kube::Client {
 
 /// NVIDIA's DRA driver's slice for the 8-GPU node, its UUIDs those of `fixtures::gpu_board`.
 fn slice() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/dra/resourceslice-8gpu-v1.json"
-    );
-    let mut slice: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut slice = crate::common::kube_api::slice_8gpu();
     for (i, d) in slice["spec"]["devices"]
         .as_array_mut()
         .unwrap()

@@ -257,7 +257,6 @@ fn a_store_of_before_the_link_table_gets_it_and_keeps_its_schema() {
 fn serve_and_check_find_the_stored_days_with_their_live_sample() {
     use common::agent::{sample, Agent};
     use common::fake_nvml::{self, FakeNvml};
-    use std::process::{Command, Stdio};
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -274,39 +273,20 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
     assert_eq!(stored_rows, 8 * 18 * (6 * 24 + 1));
     config["gpus"][3]["links"][14]["errors"]["recovery"] = serde_json::json!(seeded.last_count + 1);
     let fake = FakeNvml::new(&config);
-    let lib = fake_nvml::lib();
     let since_s = seeded.since_s;
     let dir_s = dir.to_str().unwrap();
 
-    let agent = Agent::start(
-        &[
-            "--nvml-lib",
-            lib.to_str().unwrap(),
-            "--state-dir",
-            dir_s,
-            "--node-name",
-            "node-trend",
-        ],
-        &fake.env(),
-    );
-    agent.wait_ready();
+    let agent = Agent::start_gpu(&fake, &["--state-dir", dir_s, "--node-name", "node-trend"]);
     let labels = [("gpu", "3"), ("link", "14"), ("counter", "recovery")];
-    let body = agent.wait_for_metrics("the growing link's since", |b| {
+    let since = |b: &str| {
         sample(
             b,
             "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
             &labels,
         )
-        .is_some()
-    });
-    assert_eq!(
-        sample(
-            &body,
-            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
-            &labels
-        ),
-        Some(since_s as f64)
-    );
+    };
+    let body = agent.wait_for_metrics("the growing link's since", |b| since(b).is_some());
+    assert_eq!(since(&body), Some(since_s as f64));
     let rate = sample(&body, "shmlink_gpu_nvlink_error_growth_per_hour", &labels).unwrap();
     assert!(rate > 0.1 && rate < 0.2, "16 over 6 days: {rate}");
     let growing = body
@@ -326,14 +306,7 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
         (faster / rate - 18.0 / 16.0).abs() < 0.01,
         "{rate} -> {faster}"
     );
-    assert_eq!(
-        sample(
-            &body,
-            "shmlink_gpu_nvlink_errors_growing_since_timestamp_seconds",
-            &labels
-        ),
-        Some(since_s as f64)
-    );
+    assert_eq!(since(&body), Some(since_s as f64));
     assert!(
         common::wait_until(Duration::from_secs(10), || agent
             .log_text()
@@ -348,23 +321,18 @@ fn serve_and_check_find_the_stored_days_with_their_live_sample() {
         "serve stored its first sample (the last row was over an hour old) and no more"
     );
 
-    let out = Command::new(common::shmlink_bin())
-        .args(["check", "--json", "--nvml-lib", lib.to_str().unwrap()])
-        .args(["--state-dir", dir_s, "--node-name", "node-trend"])
-        .args([
-            "--kmsg",
-            "off",
-            "--pod-log-root",
-            "off",
-            "--docker-root",
-            "off",
-        ])
-        .envs(fake.env())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let report = fake.check_json(&[
+        "--state-dir",
+        dir_s,
+        "--node-name",
+        "node-trend",
+        "--kmsg",
+        "off",
+        "--pod-log-root",
+        "off",
+        "--docker-root",
+        "off",
+    ]);
     let found: Vec<&serde_json::Value> = report["findings"]
         .as_array()
         .unwrap()

@@ -37,18 +37,8 @@ fn lines(at: &str) -> String {
 
 #[test]
 fn a_pods_secrets_and_far_words_never_leave_it_and_a_bidi_override_is_written_out() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root
-        .path()
-        .join("ml_trainer-0_0f6c8a52-3b1e-4f0e-9d6a-2c4b8e1f7a90")
-        .join("trainer");
-    std::fs::create_dir_all(&dir).unwrap();
-    let at = (std::time::SystemTime::now() - std::time::Duration::from_secs(60))
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let at = k8s_openapi::jiff::Timestamp::from_second(at.as_secs() as i64)
-        .unwrap()
-        .to_string();
+    let (root, dir) = common::trainer_log_dir();
+    let at = common::time_ago(std::time::Duration::from_secs(60));
     std::fs::write(dir.join("0.log"), lines(&at)).unwrap();
     let log_root = root.path().to_string_lossy().to_string();
     let args = [

@@ -63,6 +63,11 @@ fn open_within(dir: &Path, wait: Duration) -> (Result<Store, Unavailable>, State
         .expect("the store's open returned in time (it blocked)")
 }
 
+/// A store made in `dir` and closed.
+fn made(dir: &Path) {
+    drop(Store::open(dir, &me(), Options::default(), &StateMetrics::default()).unwrap());
+}
+
 fn is_regular_store(path: &Path) {
     let meta = fs::symlink_metadata(path).unwrap();
     assert!(meta.file_type().is_file(), "{path:?} is a regular file");
@@ -208,7 +213,7 @@ fn a_hard_link_at_the_stores_name_is_not_taken_for_the_store() {
     // The agent's own store elsewhere, linked in: written through the link, it would be
     // written there too.
     let other = tmp.path().join("other");
-    drop(Store::open(&other, &me(), Options::default(), &StateMetrics::default()).unwrap());
+    made(&other);
     fs::hard_link(db(&other), db(&dir)).unwrap();
     let before = fs::read(db(&other)).unwrap();
     let (opened, m) = open_within(&dir, Duration::from_secs(10));
@@ -345,15 +350,7 @@ fn a_storm_of_one_pods_deaths_never_erases_another_pods_history() {
 #[test]
 fn a_store_that_does_not_open_in_time_is_gone_without() {
     let tmp = tempfile::tempdir().unwrap();
-    drop(
-        Store::open(
-            tmp.path(),
-            &me(),
-            Options::default(),
-            &StateMetrics::default(),
-        )
-        .unwrap(),
-    );
+    made(tmp.path());
     let holder = Connection::open(db(tmp.path())).unwrap();
     holder
         .execute_batch(
@@ -396,15 +393,7 @@ fn a_store_that_does_not_open_in_time_is_gone_without() {
 #[test]
 fn a_row_an_older_agent_stored_whole_is_served_redacted() {
     let tmp = tempfile::tempdir().unwrap();
-    drop(
-        Store::open(
-            tmp.path(),
-            &me(),
-            Options::default(),
-            &StateMetrics::default(),
-        )
-        .unwrap(),
-    );
+    made(tmp.path());
     let mut f = failure("old-0", FindingKind::ShmAllocationFailed, SystemTime::now());
     f.evidence = "token=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln bus error \u{202e}exe".into();
     f.message = format!("its log said \"{}\"", f.evidence);

@@ -48,6 +48,14 @@ fn stored(dir: &Path) {
     drop(store);
 }
 
+/// `stored`, then opened again as `id`; the store and its metrics.
+fn stored_then_opened_as(dir: &Path, id: &Identity) -> (Store, StateMetrics) {
+    stored(dir);
+    let m = StateMetrics::default();
+    let store = open(dir, id, &m).unwrap();
+    (store, m)
+}
+
 fn db(dir: &Path) -> std::path::PathBuf {
     dir.join("state.sqlite3")
 }
@@ -160,13 +168,11 @@ fn a_file_that_is_not_a_database_is_moved_aside() {
 #[test]
 fn another_nodes_store_is_moved_aside() {
     let tmp = tempfile::tempdir().unwrap();
-    stored(tmp.path());
     let other = Identity {
         node: "node-b".into(),
         ..me()
     };
-    let m = StateMetrics::default();
-    let store = open(tmp.path(), &other, &m).unwrap();
+    let (store, m) = stored_then_opened_as(tmp.path(), &other);
     assert_eq!(resets(&m, "foreign_node"), 1);
     assert_eq!(asides(tmp.path(), "foreign_node").len(), 1);
     assert_eq!(store.get("kmsg"), None);
@@ -175,13 +181,11 @@ fn another_nodes_store_is_moved_aside() {
 #[test]
 fn another_boots_store_is_kept_and_said() {
     let tmp = tempfile::tempdir().unwrap();
-    stored(tmp.path());
     let rebooted = Identity {
         boot_id: "boot-2".into(),
         ..me()
     };
-    let m = StateMetrics::default();
-    let store = open(tmp.path(), &rebooted, &m).unwrap();
+    let (store, m) = stored_then_opened_as(tmp.path(), &rebooted);
     assert!(store.boot_changed());
     assert_eq!(
         store.get("kmsg"),

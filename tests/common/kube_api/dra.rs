@@ -56,7 +56,26 @@ const CLAIM_KINDS: [(&str, bool); 3] = [
     ("deviceclasses", false),
 ];
 
+/// NVIDIA's DRA driver's ResourceSlice of the 8-GPU node `gpu-node-7`, as the fixture has it.
+pub fn slice_8gpu() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/dra/resourceslice-8gpu-v1.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 impl FakeApi {
+    /// A server with the kubelet's Node `node`, DeviceTaintRules served (v1) and the 8-GPU
+    /// node's ResourceSlice.
+    pub fn with_dra_rules(node: &str) -> FakeApi {
+        let api = FakeApi::start();
+        api.apply_node(super::kubelet_node(node));
+        api.set_dra(Dra::RulesV1);
+        api.apply_slice(slice_8gpu());
+        api
+    }
+
     pub fn set_dra(&self, mode: Dra) {
         self.state().dra.mode = mode;
     }

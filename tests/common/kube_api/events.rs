@@ -23,6 +23,33 @@ impl FakeApi {
             .collect()
     }
 
+    /// Waits up to `within` for Events with `reason` regarding `name` (any object when None),
+    /// and returns them; else panics with what the server holds.
+    pub fn wait_events(
+        &self,
+        name: Option<&str>,
+        reason: &str,
+        within: std::time::Duration,
+    ) -> Vec<Value> {
+        let mut found = Vec::new();
+        let ok = super::super::wait_until(within, || {
+            found = self
+                .events()
+                .into_iter()
+                .filter(|e| e["reason"] == reason)
+                .filter(|e| name.is_none_or(|n| e["regarding"]["name"] == n))
+                .collect();
+            !found.is_empty()
+        });
+        assert!(
+            ok,
+            "no {reason} Event regarding {} within {within:?}; the server holds: {:#?}",
+            name.unwrap_or("anything"),
+            self.events()
+        );
+        found
+    }
+
     /// Event create requests the server answered 201 or 409.
     pub fn event_creates(&self) -> Vec<Recorded> {
         self.requests()

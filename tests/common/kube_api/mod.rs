@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 #[allow(unused_imports)] // not every test binary that shares this module uses it
-pub use dra::Dra;
+pub use dra::{slice_8gpu, Dra};
 
 /// One request the server received.
 #[derive(Debug, Clone)]

@@ -28,6 +28,46 @@ impl FakeApi {
         node_entry(&mut s, name).clone()
     }
 
+    /// The conditions of Node `name` as the server holds them now (none: empty).
+    pub fn node_conditions(&self, name: &str) -> Vec<Value> {
+        self.node(name)["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Node `name`'s condition `type_` as the server holds it now, or null.
+    pub fn node_condition(&self, name: &str, type_: &str) -> Value {
+        self.node_conditions(name)
+            .into_iter()
+            .find(|c| c["type"] == type_)
+            .unwrap_or(Value::Null)
+    }
+
+    /// Waits up to 30 s until Node `name`'s condition `type_` satisfies `ok` (`what`), and
+    /// returns it; else panics with the Node and `log` (the agent's).
+    pub fn wait_node_condition(
+        &self,
+        name: &str,
+        type_: &str,
+        what: &str,
+        log: impl Fn() -> String,
+        ok: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let mut last = Value::Null;
+        let done = super::super::wait_until(std::time::Duration::from_secs(30), || {
+            last = self.node_condition(name, type_);
+            ok(&last)
+        });
+        assert!(
+            done,
+            "{type_} never became {what}; the Node: {:#}\nlog:\n{}",
+            self.node(name),
+            log()
+        );
+        last
+    }
+
     /// Node writes (status or object patches) the server accepted.
     pub fn node_writes(&self) -> u64 {
         self.state().node_writes
