@@ -325,9 +325,11 @@ impl MemcgReader {
     ) -> io::Result<Option<u64>> {
         let read = match dir_fd {
             // A value is a line: a read that fills the buffer is no value.
-            Some(OpenDir { fd, at, id: Some(id) }) => {
-                self.kept.read_head((fd, at), id, file, VALUE_MAX, None)
-            }
+            Some(OpenDir {
+                fd,
+                at,
+                id: Some(id),
+            }) => self.kept.read_head((fd, at), id, file, VALUE_MAX, None),
             Some(dir @ OpenDir { id: None, .. }) => self.files.read(dir.fd, dir.file(file)),
             None => self.files.read(CWD, dir.join(file)),
         };

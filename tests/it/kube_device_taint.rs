@@ -102,6 +102,20 @@ impl Keeper {
         common::agent::sample(&text, "shmlink_gpu_device_taints", &[("effect", effect)])
             .unwrap_or(-1.0)
     }
+
+    /// Waits for the gauge of rules in force to say `n`: the task sets it once its pass has
+    /// written every rule, just after the API holds them.
+    async fn wait_in_force(&self, effect: &str, n: f64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.in_force(effect) != n {
+            assert!(
+                Instant::now() < deadline,
+                "{effect} rules in force: {}, not {n}",
+                self.in_force(effect)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 async fn eventually(what: &str, api: &FakeApi, mut f: impl FnMut() -> bool) {
@@ -170,8 +184,8 @@ async fn gpu_7_down_makes_one_rule_selecting_its_device_with_effect_none_and_no_
         settle().await;
     }
     assert_eq!(api.rule_writes(), ["POST devicetaintrules"]);
-    assert_eq!(k.in_force("None"), 1.0);
-    assert_eq!(k.in_force("NoSchedule"), 0.0);
+    k.wait_in_force("None", 1.0).await;
+    k.wait_in_force("NoSchedule", 0.0).await;
     let events = api.events_about(NODE);
     let made = with_reason(&events, "GpuDeviceTainted");
     assert_eq!(made.len(), 1, "{events:#?}");
@@ -203,7 +217,7 @@ async fn no_schedule_is_the_effect_asked_and_two_bad_gpus_get_two_rules_the_othe
         .map(|r| r["spec"]["deviceSelector"]["device"].clone())
         .collect();
     assert_eq!(devices, ["gpu-3", "gpu-7"]);
-    assert_eq!(k.in_force("NoSchedule"), 2.0);
+    k.wait_in_force("NoSchedule", 2.0).await;
     assert_eq!(api.rule_writes().len(), 2);
 }
 
@@ -253,7 +267,7 @@ async fn a_flapping_link_keeps_one_rule_and_it_is_lifted_once_healthy_past_the_h
     let events = api.events_about(NODE);
     let lifted = with_reason(&events, "GpuDeviceTaintLifted");
     assert_eq!(lifted[0]["type"], "Normal");
-    assert_eq!(k.in_force("None"), 0.0);
+    k.wait_in_force("None", 0.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,7 +312,7 @@ async fn rules_of_others_are_never_updated_nor_deleted() {
         writes.iter().all(|w| w == "POST devicetaintrules"),
         "{writes:?}"
     );
-    assert_eq!(k.in_force("NoExecute"), 0.0);
+    k.wait_in_force("NoExecute", 0.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +341,7 @@ async fn a_1_36_cluster_with_the_gate_gets_v1beta2_rules_and_one_without_it_none
     .await;
     settle().await;
     assert_eq!(api.rule_writes(), Vec::<String>::new());
-    assert_eq!(k.in_force("None"), 0.0);
+    k.wait_in_force("None", 0.0).await;
     // Asked once, not on every resync.
     let asked = api
         .requests()
@@ -523,7 +537,7 @@ async fn a_blamed_gpu_with_mig_on_takes_each_of_its_mig_devices_out() {
             "shmlink-gpu-node-7-gpu-7-mig-1"
         ]
     );
-    assert_eq!(k.in_force("NoSchedule"), 2.0);
+    k.wait_in_force("NoSchedule", 2.0).await;
     // Healthy past the hold: both lifted.
     k.scan(&board(&[]));
     tokio::time::sleep(Duration::from_millis(400)).await;
