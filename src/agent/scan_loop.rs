@@ -49,6 +49,9 @@ pub(super) struct Between {
 
 /// How long a failure's Event waits for its commit (the writer commits at once when asked).
 const TOLD_COMMIT_WAIT: Duration = Duration::from_secs(1);
+/// Hand-overs handled between two scans that overran the interval at most (the follower sends
+/// one a poll): the scans go on.
+const DRAIN_MAX: usize = 16;
 
 impl Between {
     fn on_followed(&mut self, followed: Followed, snapshot: &SharedSnapshot) {
@@ -115,6 +118,20 @@ impl Between {
         }
     }
 
+    /// What the follower handed over already (at most [`DRAIN_MAX`]), handled at a deadline: a
+    /// scan longer than the interval must not leave failures and their checkpoint waiting for
+    /// ever. False: stop.
+    fn drain(&mut self, wake: &mpsc::Receiver<Wake>, snapshot: &SharedSnapshot) -> bool {
+        for _ in 0..DRAIN_MAX {
+            match wake.try_recv() {
+                Ok(Wake::Followed(f)) => self.on_followed(f, snapshot),
+                Ok(Wake::Stop) | Err(mpsc::TryRecvError::Disconnected) => return false,
+                Err(mpsc::TryRecvError::Empty) => break,
+            }
+        }
+        true
+    }
+
     /// Waits until `deadline`, handling what the follower hands over meanwhile; false: stop.
     fn wait(
         &mut self,
@@ -125,7 +142,7 @@ impl Between {
         loop {
             let now = Instant::now();
             if deadline <= now {
-                return true;
+                return self.drain(wake, snapshot);
             }
             match wake.recv_timeout(deadline - now) {
                 Err(RecvTimeoutError::Timeout) => return true,
@@ -274,6 +291,11 @@ pub(super) fn scan_loop(
         let now = Instant::now();
         if next <= now {
             next = now + interval;
+            // A scan longer than the interval: what the follower told (failures and the
+            // checkpoint that passes them) is still handled before the next one.
+            if !b.wait(now, wake, snapshot) {
+                return;
+            }
         } else if !b.wait(next, wake, snapshot) {
             return;
         }

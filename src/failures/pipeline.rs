@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
+use super::checkpoint::Mark;
 use super::correlate::{correlate, Known};
 use super::detect::Recogniser;
 use super::docker_exits;
@@ -84,6 +85,11 @@ pub struct Pipeline {
     /// serve started again from a checkpoint at this time: deaths from before it were found
     /// late (`found_late`).
     resumed_at: Option<SystemTime>,
+    /// serve: where the source being read is ([`Pipeline::reading`]); the accounts taken in
+    /// are numbered (`Detected::read`), the last so far, and where each pending one was read.
+    reading: Option<Mark>,
+    numbered: u64,
+    marks: HashMap<u64, Mark>,
 }
 
 impl Pipeline {
@@ -113,7 +119,34 @@ impl Pipeline {
             rules: settings.rules,
             traced: TracedReadings::default(),
             resumed_at: None,
+            reading: None,
+            numbered: 0,
+            marks: HashMap::new(),
         }
+    }
+
+    /// serve: the accounts taken in from now on were read at `mark` (None: by no source that
+    /// can be read again, a tracepoint).
+    pub fn reading(&mut self, mark: Option<Mark>) {
+        self.reading = mark;
+    }
+
+    /// Where the accounts still pending were read: what a checkpoint must not pass.
+    pub fn pending_marks(&self) -> Vec<Mark> {
+        self.pending_reads()
+            .filter_map(|n| self.marks.get(&n).cloned())
+            .collect()
+    }
+
+    /// The numbers of the accounts still pending.
+    fn pending_reads(&self) -> impl Iterator<Item = u64> + '_ {
+        self.accounts
+            .order
+            .iter()
+            .chain(&self.held_kills)
+            .chain(self.held_hangs.iter().map(|(d, _)| d))
+            .map(|d| d.read)
+            .filter(|&n| n > 0)
     }
 
     /// serve started again at `at` from a checkpoint: what happened before `at` and is told
@@ -179,7 +212,10 @@ impl Pipeline {
             return;
         };
         self.traced.remember(&d);
+        // Heard once, never read again: it holds back no position.
+        let reading = self.reading.take();
         self.account(d);
+        self.reading = reading;
     }
 
     /// A scan: its containers are remembered for the failures told after they are gone, and
@@ -188,9 +224,16 @@ impl Pipeline {
         let at = snapshot.taken_at.unwrap_or_else(SystemTime::now);
         self.recent.remember(&snapshot.shm, now, at);
         if let Some(counters) = self.oom_counters.as_mut() {
+            let before = counters.counts().cloned().unwrap_or_default();
             for d in counters.after_scan(&snapshot.shm, at) {
+                self.reading = d
+                    .who
+                    .container_id
+                    .as_ref()
+                    .map(|id| Mark::OomCount(id.clone(), before.get(id).copied().unwrap_or(0)));
                 self.account(d);
             }
+            self.reading = None;
         }
     }
 
@@ -262,6 +305,9 @@ impl Pipeline {
             .iter()
             .filter_map(|d| Some(found_late(d, correlate(d, known)?, resumed_at)))
             .collect();
+        // Where the accounts told were read is forgotten: the marks kept are the pending ones'.
+        let pending: std::collections::HashSet<u64> = self.pending_reads().collect();
+        self.marks.retain(|n, _| pending.contains(n));
         self.same.keep_new(failures)
     }
 
@@ -305,11 +351,16 @@ impl Pipeline {
         out
     }
 
-    fn account(&mut self, d: Detected) {
+    fn account(&mut self, mut d: Detected) {
         if let Mode::ReadBack { since } = self.mode {
             if d.at < since {
                 return;
             }
+        }
+        if let Some(mark) = &self.reading {
+            self.numbered += 1;
+            d.read = self.numbered;
+            self.marks.insert(self.numbered, mark.clone());
         }
         self.accounts.push(d);
     }
@@ -650,5 +701,36 @@ mod tests {
         assert!(!p.has_pending());
         p.exits([oom_kill(FailureSource::PodStatus, 50)]);
         assert_eq!(told(&mut p).len(), 1);
+    }
+
+    #[test]
+    fn the_marks_kept_are_the_pending_accounts_and_a_traced_death_holds_none() {
+        let with_logs = Sources {
+            pod_log_root: Some(PathBuf::from("/nonexistent")),
+            ..settings()
+        };
+        let mut p = Pipeline::new(&with_logs, Mode::Follow);
+        let mark = |id: &str| Mark::Docker(id.into(), at(1));
+        p.reading(Some(mark("kill")));
+        p.exits([oom_kill(FailureSource::Kernel, 100)]);
+        p.reading(Some(mark("bus")));
+        p.exits([Detected::new(
+            who("c2"),
+            FindingKind::WorkloadBusError,
+            at(100),
+            FailureSource::Log,
+            "Bus error",
+        )]);
+        p.reading(None);
+        assert_eq!(p.pending_marks().len(), 2, "both read, neither told");
+        assert_eq!(told(&mut p).len(), 1, "the bus error told, the kill held");
+        assert_eq!(p.pending_marks(), [mark("kill")]);
+        assert_eq!(p.marks.len(), 1, "the told one's mark forgotten");
+        assert_eq!(told(&mut p).len(), 1);
+        assert!(p.pending_marks().is_empty() && p.marks.is_empty());
+        // Unmarked (check, or a source never read again): held, but holding back nothing.
+        p.exits([oom_kill(FailureSource::Kernel, 300)]);
+        assert!(told(&mut p).is_empty() && p.has_pending());
+        assert!(p.pending_marks().is_empty());
     }
 }

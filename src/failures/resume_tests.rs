@@ -97,11 +97,7 @@ impl Node {
 fn read_and_tell(f: &mut Follower) {
     let candidates = f.f.pipeline.candidates();
     if let Some(logs) = f.logs.as_mut() {
-        let pipeline = &mut f.f.pipeline;
-        logs.poll_each(
-            |text| candidates.is_candidate(text),
-            |line| pipeline.log_line(&line),
-        );
+        read_logs(logs, &candidates, &mut f.f.pipeline);
     }
     f.read_kernel_log();
     f.tell();
@@ -290,9 +286,9 @@ fn after_a_reboot_the_kernel_log_is_read_on_by_time_not_by_sequence() {
     assert_eq!(told, [("python3[505]: segfault a".to_string(), true)]);
 }
 
-/// One of serve's rounds: read, tell, hand on; what was handed on (failures' evidence starts,
-/// whether a checkpoint went with them).
-fn one_round(f: &mut Follower) -> Vec<(Vec<String>, bool)> {
+/// One of serve's rounds: read, tell, hand on (a checkpoint kept as the store would); what was
+/// handed on (failures' evidence starts, whether a checkpoint went with them).
+fn one_round(node: &Node, f: &mut Follower) -> Vec<(Vec<String>, bool)> {
     let handed = std::cell::RefCell::new(Vec::new());
     let deliver = |x: Followed| {
         if let Followed::Told {
@@ -302,9 +298,12 @@ fn one_round(f: &mut Follower) -> Vec<(Vec<String>, bool)> {
         {
             let said = failures
                 .iter()
-                .map(|f| f.evidence.chars().take(12).collect())
+                .map(|f| f.evidence.chars().take(33).collect())
                 .collect();
             handed.borrow_mut().push((said, checkpoint.is_some()));
+            if let Some(c) = checkpoint {
+                std::fs::write(node.checkpoint(), c.to_stored().to_string()).unwrap();
+            }
         }
         true
     };
@@ -314,7 +313,7 @@ fn one_round(f: &mut Follower) -> Vec<(Vec<String>, bool)> {
 }
 
 #[test]
-fn failures_told_while_an_oom_kill_is_held_wait_for_the_checkpoint_that_passes_both() {
+fn failures_told_while_an_oom_kill_is_held_go_with_a_checkpoint_held_before_it() {
     let node = Node {
         tmp: tempfile::tempdir().unwrap(),
     };
@@ -340,22 +339,103 @@ fn failures_told_while_an_oom_kill_is_held_wait_for_the_checkpoint_that_passes_b
     };
     // With a store: the first round's checkpoint (nothing told) goes alone.
     let mut f = node.follower();
-    assert_eq!(one_round(&mut f), [(vec![], true)]);
+    assert_eq!(one_round(&node, &mut f), [(vec![], true)]);
     deaths();
-    // The bus error is told, the OOM kill held a round: nothing handed on yet...
-    assert_eq!(one_round(&mut f), []);
-    // ...then both, with the checkpoint past them, in one hand-over.
-    let handed = one_round(&mut f);
+    let kmsg_seq = || {
+        let stored = serde_json::from_slice(&std::fs::read(node.checkpoint()).unwrap()).unwrap();
+        Checkpoint::from_stored(&stored).unwrap().kmsg.unwrap().seq
+    };
+    // The bus error is told at once, with a checkpoint past it that stays before the OOM kill
+    // held a round...
+    assert_eq!(one_round(&node, &mut f), [(vec![BUS[..33].into()], true)]);
+    assert_eq!(
+        kmsg_seq(),
+        None,
+        "where it started, before the kill's report"
+    );
+    // ...then the kill, with the checkpoint past it.
+    let handed = one_round(&node, &mut f);
     assert_eq!(handed.len(), 1, "{handed:?}");
-    assert_eq!(handed[0].0.len(), 2, "{handed:?}");
-    assert!(handed[0].1, "the checkpoint goes with them");
+    assert_eq!(handed[0].0.len(), 1, "{handed:?}");
+    assert!(handed[0].1, "the checkpoint goes with it");
+    assert_eq!(kmsg_seq(), Some(4), "past the report");
     drop(f);
 
     // Without a store: told at once, no checkpoint.
+    std::fs::remove_file(node.checkpoint()).unwrap();
     let mut f = node.follower();
     f.saver = None;
     deaths();
-    let handed = one_round(&mut f);
+    let handed = one_round(&node, &mut f);
     assert_eq!(handed.len(), 1, "{handed:?}");
     assert_eq!((handed[0].0.len(), handed[0].1), (1, false), "{handed:?}");
+}
+
+/// The kernel's whole report of an OOM kill of PID `pid` in its own Pod, `usec` after boot,
+/// numbered from `seq`.
+fn oom_report(seq: u64, usec: u64, pid: u64) -> String {
+    let memcg = format!("/kubepods/besteffort/pod11111111-2222-3333-4444-{pid:012}/c");
+    format!(
+        "4,{seq},{usec},-;x invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0\n\
+         6,{},{usec},-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=a,\
+         task_memcg={memcg},oom_memcg={memcg},task=x,pid={pid},uid=0\n\
+         3,{},{usec},-;Out of memory: Killed process {pid} (x) total-vm:8kB, anon-rss:4kB, \
+         file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:1000\n",
+        seq + 1,
+        seq + 2,
+    )
+}
+
+#[test]
+fn a_stream_of_deaths_does_not_starve_checkpoints_and_a_restart_tells_each_once() {
+    let node = Node {
+        tmp: tempfile::tempdir().unwrap(),
+    };
+    std::fs::create_dir_all(node.log().parent().unwrap()).unwrap();
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    append(&node.log(), &cri("epoch 1", hour_ago));
+    append(&node.kmsg(), "6,1,1000,-;boot noise\n");
+    let usec_now =
+        u64::try_from(crate::procfs::uptime::since_boot(Path::new("/proc")).as_micros()).unwrap();
+    let mut f = node.follower();
+    assert_eq!(one_round(&node, &mut f), [(vec![], true)]);
+    // Every round a worker's bus error (told at once) and another Pod's OOM kill (held a round
+    // for PyTorch's word): from the first death on, something is always pending. Deaths 70 s
+    // apart, each its own.
+    let mut told = Vec::new();
+    let mut checkpoints = 0;
+    for i in 0..8u64 {
+        let at = hour_ago + Duration::from_secs(70 * i);
+        append(
+            &node.log(),
+            &cri(&BUS.replace("worker", &format!("w{i}")), at),
+        );
+        let usec = usec_now + 60_000_000 + 70_000_000 * i;
+        append(&node.kmsg(), &oom_report(2 + 3 * i, usec, 100 + i));
+        for (said, checkpoint) in one_round(&node, &mut f) {
+            told.extend(said);
+            checkpoints += usize::from(checkpoint);
+        }
+        assert!(f.f.pipeline.has_pending(), "a kill held in round {i}");
+    }
+    assert_eq!(
+        checkpoints, 8,
+        "one with what each round told, pending or not"
+    );
+    // 8 bus errors and 7 kills told; the eighth kill pending when the agent stops.
+    assert_eq!(told.len(), 15, "{told:?}");
+    drop(f);
+
+    // Without the store's told failures to tell a death read again from one told: the
+    // positions alone must read again exactly the pending kill.
+    let mut again = node.follower();
+    let after = one_round(&node, &mut again);
+    let after: Vec<String> = after.into_iter().flat_map(|(said, _)| said).collect();
+    let more = one_round(&node, &mut again);
+    let more: Vec<String> = more.into_iter().flat_map(|(said, _)| said).collect();
+    assert_eq!(
+        [after, more].concat(),
+        ["Out of memory: Killed process 107"],
+        "the pending kill once, nothing told before again"
+    );
 }

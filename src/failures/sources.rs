@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::checkpoint::{Checkpoint, Saver};
+use super::checkpoint::{Checkpoint, Mark, Positions, Saver};
 use super::pipeline::{Mode, Pipeline, Sources};
 use crate::docker_records::{exited_since, DockerExit, RecordsSeen};
 use crate::gpu::xid::kernel::{kernel_gpu, KernelGpu};
@@ -37,9 +37,6 @@ const KMSG_BATCH: usize = 4096;
 const KMSG_HELD_MAX: usize = 8192;
 /// Docker deaths remembered as told (a record rewritten later is not a second death).
 const DOCKER_TOLD_MAX: usize = 4096;
-/// How long failures told wait for a checkpoint to go with them (while the pipeline holds an
-/// account back): past it they go alone, and a kill before the next one may tell them again.
-const TOLD_WAIT: Duration = Duration::from_secs(1);
 
 fn log_settings(sources: &Sources) -> LogSettings {
     LogSettings {
@@ -178,9 +175,11 @@ struct Follower {
     kmsg_held: usize,
     /// Failures were told since the last checkpoint.
     told: bool,
-    /// Failures told, waiting (at most [`TOLD_WAIT`]) for a checkpoint to go with.
+    /// Failures told, to go with the checkpoint that passes them.
     unsent: Vec<Failure>,
-    unsent_since: Option<Instant>,
+    /// The logs' positions in the last checkpoint (a file whose container has a line pending
+    /// stays there).
+    logs_saved: Option<crate::logs::resume::LogCheckpoints>,
     /// When it started, until the Pod cache first synced (awaited from then, boundedly).
     started: Option<Instant>,
     /// Pod-status deaths fed to the pipeline, with their finish times (for the checkpoint).
@@ -230,11 +229,14 @@ impl Follower {
         let logs_saved = saved.as_ref().and_then(|c| c.logs.clone());
         // Opened at the end with nothing saved: a restart reads what came after now.
         let kmsg_last = kmsg_saved.or_else(|| kmsg.is_some().then(|| at_end_now(boot_id.clone())));
+        let logs = logs_on.then(|| match logs_saved.clone() {
+            Some(at) => LogTailer::resume(log_settings(s), at),
+            None => LogTailer::from_end(log_settings(s)),
+        });
         Follower {
-            logs: logs_on.then(|| match logs_saved {
-                Some(at) => LogTailer::resume(log_settings(s), at),
-                None => LogTailer::from_end(log_settings(s)),
-            }),
+            // Opened at the ends, nothing before them is pending: the first positions to hold.
+            logs_saved: logs_saved.or_else(|| logs.as_ref().map(LogTailer::checkpoints)),
+            logs,
             stats: SourceStats {
                 kmsg_open: s.kmsg.as_ref().map(|_| kmsg.is_some()),
                 ..SourceStats::default()
@@ -252,7 +254,6 @@ impl Follower {
             kmsg_held: 0,
             told: false,
             unsent: Vec::new(),
-            unsent_since: None,
             started: Some(Instant::now()),
             pod_told: saved
                 .as_ref()
@@ -262,30 +263,34 @@ impl Follower {
         }
     }
 
-    /// The positions when due and nothing is pending (every death before them told); None
+    /// The positions when due, each source's held before its oldest pending death; None
     /// without a store.
     fn checkpoint(&mut self) -> Option<Box<Checkpoint>> {
         let saver = self.saver.as_mut()?;
         let now = Instant::now();
-        if !saver.due(self.told, self.f.pipeline.has_pending(), now) {
+        if !saver.due(self.told, now) {
             return None;
         }
         saver.taken(now);
         self.told = false;
-        let mut c = Checkpoint::new(SystemTime::now());
-        c.logs = self.logs.as_ref().map(LogTailer::checkpoints);
-        c.kmsg = self.kmsg_last.clone();
-        c.docker_told = self
-            .docker
-            .as_ref()
-            .map(|d| d.told.iter().cloned().collect())
-            .unwrap_or_default();
-        c.oom_counts = self.f.pipeline.oom_counts();
-        c.pod_exits = self
-            .pod_told
-            .iter()
-            .map(|(k, at)| (k.clone(), *at))
-            .collect();
+        let at = Positions {
+            logs: self.logs.as_ref().map(LogTailer::checkpoints),
+            kmsg: self.kmsg_last.clone(),
+            docker_read: self
+                .docker
+                .as_ref()
+                .map(|d| d.told.iter().cloned().collect())
+                .unwrap_or_default(),
+            oom_counts: self.f.pipeline.oom_counts(),
+            pod_read: self
+                .pod_told
+                .iter()
+                .map(|(k, at)| (k.clone(), *at))
+                .collect(),
+        };
+        let pending = self.f.pipeline.pending_marks();
+        let c = Checkpoint::passing(SystemTime::now(), at, &pending, self.logs_saved.as_ref());
+        self.logs_saved.clone_from(&c.logs);
         Some(Box::new(c))
     }
 
@@ -294,14 +299,9 @@ impl Follower {
     /// gone.
     fn hand_on(&mut self, deliver: &impl Fn(Followed) -> bool) -> bool {
         let checkpoint = self.checkpoint();
-        let waited = self
-            .unsent_since
-            .is_some_and(|at| at.elapsed() >= TOLD_WAIT);
-        let alone = self.saver.is_none() || waited;
-        if checkpoint.is_none() && (self.unsent.is_empty() || !alone) {
+        if checkpoint.is_none() && (self.unsent.is_empty() || self.saver.is_some()) {
             return true;
         }
-        self.unsent_since = None;
         deliver(Followed::Told {
             failures: std::mem::take(&mut self.unsent),
             checkpoint,
@@ -314,12 +314,12 @@ impl Follower {
         let now = SystemTime::now();
         self.pod_told
             .retain(|_, at| now.duration_since(*at).map_or(true, |age| age <= FRESH * 2));
-        let mut found = Vec::with_capacity(deaths.len());
         for (key, d) in deaths {
-            self.pod_told.insert(key, d.at);
-            found.push(d);
+            self.pod_told.insert(key.clone(), d.at);
+            self.f.pipeline.reading(Some(Mark::Pod(key, d.at)));
+            self.f.pipeline.exits([d]);
         }
-        self.f.pipeline.exits(found);
+        self.f.pipeline.reading(None);
     }
 
     fn run(mut self, deliver: impl Fn(Followed) -> bool, mut report: impl FnMut(&SourceStats)) {
@@ -329,11 +329,7 @@ impl Follower {
             // First: a traced death is the earliest account of its death (`same.rs` keeps it).
             self.read_traced();
             if let Some(logs) = self.logs.as_mut() {
-                let pipeline = &mut self.f.pipeline;
-                logs.poll_each(
-                    |text| candidates.is_candidate(text),
-                    |line| pipeline.log_line(&line),
-                );
+                read_logs(logs, &candidates, &mut self.f.pipeline);
                 self.stats.logs = logs.stats();
             }
             let gpus = self.read_kernel_log();
@@ -372,6 +368,10 @@ impl Follower {
             let records = reader.read_available(KMSG_BATCH);
             self.stats.kmsg_records += records.len() as u64;
             for r in records {
+                // An account it ends (an OOM report) was read from the position before it.
+                self.f
+                    .pipeline
+                    .reading(self.kmsg_last.clone().map(Mark::Kmsg));
                 self.f.pipeline.kernel_record(&r, reader.wall_time(r.usec));
                 gpus.extend(kernel_gpu(&r));
                 // The position stays before an OOM report until its end (a restart reads it
@@ -385,6 +385,7 @@ impl Follower {
                 }
             }
             self.stats.kmsg_lost = reader.lost();
+            self.f.pipeline.reading(None);
         }
         gpus
     }
@@ -428,7 +429,6 @@ impl Follower {
             return;
         }
         self.told = true;
-        self.unsent_since.get_or_insert_with(Instant::now);
         self.unsent.extend(failures);
     }
 
@@ -440,6 +440,18 @@ impl Follower {
             Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(POLL),
         }
     }
+}
+
+/// serve's poll of the container logs: each line's account is marked as its container's.
+fn read_logs(logs: &mut LogTailer, candidates: &super::signatures::Signatures, p: &mut Pipeline) {
+    logs.poll_each(
+        |text| candidates.is_candidate(text),
+        |line| {
+            p.reading(Some(Mark::Log(line.origin.clone())));
+            p.log_line(&line);
+        },
+    );
+    p.reading(None);
 }
 
 #[cfg(test)]
@@ -477,9 +489,11 @@ impl DockerFollower {
         self.next = Instant::now() + DOCKER_EVERY;
         for exit in exited_since(&self.root, self.since, Some(&mut self.seen)) {
             if self.first_time(&exit) {
+                pipeline.reading(Some(Mark::Docker(exit.id.clone(), exit.finished_at)));
                 pipeline.docker_exit(&exit);
             }
         }
+        pipeline.reading(None);
     }
 
     fn first_time(&mut self, exit: &DockerExit) -> bool {

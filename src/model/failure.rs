@@ -80,6 +80,9 @@ pub struct Detected {
     pub found_late: bool,
     /// What a hang's line said (`gpu_collective_timeout`).
     pub hang: Option<HangFacts>,
+    /// serve's number of the account (`failures::pipeline`), 0 unnumbered: while it is
+    /// pending, the checkpoint stays before where its source said it.
+    pub read: u64,
 }
 
 /// Evidence as it is kept: secrets redacted, control and format characters written out, cut.
@@ -134,6 +137,7 @@ impl Detected {
             at_death: None,
             found_late: false,
             hang: None,
+            read: 0,
         }
     }
 }
