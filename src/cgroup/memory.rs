@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::CWD;
 
 use super::CgroupVersion;
-use crate::procfs::kept::{DirId, KeptFiles};
+use crate::procfs::kept::{beneath, DirId, KeptFiles};
 use crate::procfs::kfile::FileReader;
 
 /// A cgroup directory beneath one the caller holds open, and its identity when known: with
@@ -25,10 +25,7 @@ pub struct OpenDir<'a> {
 impl<'a> OpenDir<'a> {
     /// `file` of the cgroup, as a path beneath `fd`.
     fn file(&self, file: &str) -> PathBuf {
-        match self.at {
-            "" => PathBuf::from(file),
-            at => Path::new(at).join(file),
-        }
+        beneath(self.at, file)
     }
 }
 

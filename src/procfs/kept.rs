@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
@@ -78,12 +79,12 @@ impl KeptFiles {
             // Stale, or it failed (ENODEV: the cgroup was removed): opened anew below.
             self.open.remove(&key);
         }
-        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-        let fd = if at.is_empty() {
-            rustix::fs::openat(dir, name, flags, Mode::empty())?
-        } else {
-            rustix::fs::openat(dir, format!("{at}/{name}"), flags, Mode::empty())?
-        };
+        let fd = rustix::fs::openat(
+            dir,
+            beneath(at, name),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+            Mode::empty(),
+        )?;
         let n = pread0(&fd, &mut self.buf[..max])?;
         if self.open.len() < self.budget {
             let pass = self.pass;
@@ -103,6 +104,11 @@ impl KeptFiles {
     pub fn kept(&self) -> usize {
         self.open.len()
     }
+}
+
+/// The file `name` of the directory `at` beneath an open one (`""`: that one itself).
+pub fn beneath(at: &str, name: &str) -> PathBuf {
+    Path::new(at).join(name)
 }
 
 fn pread0(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {

@@ -294,11 +294,14 @@ impl ShmScanner {
         let dir = dirs[0].id;
         let ipc = match dir.and_then(|dir| self.seen_ns.ipc(dir, pid)) {
             Some(ipc) => Ok(ipc),
-            None => self.ns_of(pid, "ipc"),
+            None => {
+                let read = self.ns_of(pid, "ipc");
+                if let (Some(dir), Ok(ipc)) = (dir, &read) {
+                    self.seen_ns.read_ipc(dir, pid, *ipc);
+                }
+                read
+            }
         };
-        if let (Some(dir), Ok(ipc)) = (dir, &ipc) {
-            self.seen_ns.read_ipc(dir, pid, *ipc);
-        }
         let host_ipc = match (ipc, self.host_ns.ipc) {
             (Ok(ipc), Some(host)) => ipc == host,
             (Err(e), _) if is_vanished(&e) => return None,

@@ -4,7 +4,6 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, RawDir};
 use super::{is_vanished, ShmScan, ShmScanner};
 use crate::cgroup::memory::OpenDir;
 use crate::host::{parse_ns_link, NsId};
-use crate::procfs::kept::DirId;
+use crate::procfs::kept::{beneath, DirId};
 
 /// How many of a cgroup's processes to try before giving up on it (they may all be exiting).
 const PIDS_TO_TRY: usize = 8;
@@ -86,19 +85,15 @@ impl ShmScanner {
         }
     }
 
-    /// The link count and identity of the cgroup `dir` (at `rel`); `None` when it is gone (or
-    /// unreadable: counted).
+    /// The link count and identity of the cgroup `dir` (at `rel`, beneath the root: a
+    /// [`CgDir::child`]); `None` when it is gone (or unreadable: counted).
     pub(super) fn stat_cgroup(
         &mut self,
         dir: &CgDir,
         rel: &str,
         out: &mut ShmScan,
     ) -> Option<DirStat> {
-        let stat = match dir.at.as_str() {
-            "" => rustix::fs::fstat(&*dir.base),
-            at => rustix::fs::statat(&*dir.base, at, AtFlags::SYMLINK_NOFOLLOW),
-        };
-        match stat {
+        match rustix::fs::statat(&*dir.base, &dir.at, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
                 Some((Some(st.st_nlink), Some((st.st_dev, st.st_ino))))
             }
@@ -302,11 +297,9 @@ impl ShmScanner {
                 PROCS_HEAD,
                 fresh,
             ),
-            None => self.files.read_head(
-                &*dir.base,
-                Path::new(&dir.at).join("cgroup.procs"),
-                PROCS_HEAD,
-            ),
+            None => self
+                .files
+                .read_head(&*dir.base, beneath(&dir.at, "cgroup.procs"), PROCS_HEAD),
         };
         match procs {
             Ok(procs) => {
