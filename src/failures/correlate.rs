@@ -1,9 +1,11 @@
 //! Pure: a detected failure + what the last scan knew -> the failure as a person is told it.
 
 use std::collections::BTreeSet;
+use std::time::SystemTime;
 
 use super::bus::{self, shm_was_full};
 use super::detect::shm_share_at_least;
+use super::recent::RecentReadings;
 use crate::kube::podresources::GpuHolders;
 use crate::kube::pods::PodIndex;
 use crate::model::{
@@ -24,6 +26,8 @@ pub struct Known<'a> {
     pub holders: &'a GpuHolders,
     /// How deaths of memory are judged where the source left it to the last reading.
     pub rules: DeathRules,
+    /// The scans kept of each container, for its /dev/shm around a death's moment.
+    pub recent: Option<&'a RecentReadings>,
 }
 
 /// The failure with its container's names, its /dev/shm then, its Pod's GPUs and their pairs;
@@ -34,6 +38,9 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     if let Some(r) = scanned {
         id.fill_from(r);
     }
+    // Its peak the scans around the death's moment saw, not the last scan's alone.
+    let around = scanned.map(|r| around_the_moment(r, d.at, known.recent));
+    let scanned = around.as_ref();
     // The moment's reading, else the scan's of the container, else its Pod's sandbox /dev/shm.
     let at_death = at_death(d, scanned);
     let reading = at_death
@@ -173,7 +180,7 @@ fn pairs_among(gpus: &[u32], snapshot: Option<&Snapshot>) -> Vec<PairThen> {
 struct Then<'a> {
     shm: Option<&'a ShmThen>,
     memory: Option<&'a MemorySplit>,
-    read_at: Option<std::time::SystemTime>,
+    read_at: Option<SystemTime>,
 }
 
 /// What a person is told of the failure, judged `kind`: the words are `text`'s.
@@ -279,6 +286,20 @@ fn runtime_of(d: &Detected, id: &ContainerRef, reading: Option<&ShmReading>) -> 
     } else {
         text::Runtime::Other
     }
+}
+
+/// The scan's reading with the peak the scans around `at` saw (`RecentReadings::peak_around`),
+/// where they are kept.
+fn around_the_moment(
+    r: &ShmReading,
+    at: SystemTime,
+    recent: Option<&RecentReadings>,
+) -> ShmReading {
+    let mut r = r.clone();
+    if let Some(peak) = recent.and_then(|k| k.peak_around(&r.container_id, at)) {
+        r.used_peak_bytes = Some(peak);
+    }
+    r
 }
 
 /// The reading taken the moment the kernel told the death (`failures::traced`), with the
@@ -614,6 +635,7 @@ mod tests {
                 pods: None,
                 holders: &holders(),
                 rules: DeathRules::default(),
+                recent: None,
             };
             let f = correlate(&d, known).unwrap();
             assert_eq!((f.kind, f.named_from.as_deref()), (kind, Some(facts)));
@@ -635,6 +657,7 @@ mod tests {
                     pods: None,
                     holders: &holders(),
                     rules: DeathRules::default(),
+                    recent: None,
                 }
             )
             .unwrap()
@@ -656,6 +679,7 @@ mod tests {
                     pods: None,
                     holders: &GpuHolders::new(),
                     rules: DeathRules::default(),
+                    recent: None,
                 },
             )
             .unwrap()
@@ -723,6 +747,7 @@ mod tests {
                     pods,
                     holders: &GpuHolders::new(),
                     rules: DeathRules::default(),
+                    recent: None,
                 },
             )
             .expect("told")
@@ -749,6 +774,7 @@ mod tests {
                 pods: None,
                 holders: &GpuHolders::new(),
                 rules: DeathRules::default(),
+                recent: None,
             },
         )
         .expect("told");
@@ -788,6 +814,7 @@ mod tests {
                 pods: None,
                 holders: &no_pods,
                 rules: DeathRules::default(),
+                recent: None,
             };
             correlate(&d, known).expect("told").placed.container_id
         };
@@ -809,6 +836,7 @@ mod tests {
             pods: None,
             holders: Box::leak(Box::new(holders())),
             rules: DeathRules::default(),
+            recent: None,
         };
         let mut d = detected(
             FindingKind::GpuJobCrashed,
@@ -864,6 +892,7 @@ mod tests {
             pods: None,
             holders: &no_pods,
             rules: DeathRules::default(),
+            recent: None,
         };
         let mut d = detected(FindingKind::ShmOomKilled, trainer());
         d.source = FailureSource::Kernel;
@@ -967,6 +996,7 @@ mod tests {
                     pods: None,
                     holders: &no_pods,
                     rules: DeathRules::default(),
+                    recent: None,
                 },
             )
             .expect("told")
@@ -1025,6 +1055,7 @@ mod tests {
                 pods: None,
                 holders: &no_pods,
                 rules: DeathRules::default(),
+                recent: None,
             },
         )
         .expect("told");
@@ -1086,6 +1117,7 @@ mod tests {
             pods: None,
             holders: &GpuHolders::new(),
             rules: DeathRules::default(),
+            recent: None,
         };
         // Its start unknown (reaped before the line was read, no death trace): its command
         // alone is a guess another Pod's process could make true. Unplaced, without GPUs.
@@ -1191,6 +1223,7 @@ mod tests {
             pods: None,
             holders: &holders,
             rules: DeathRules::default(),
+            recent: None,
         };
         let mut d = detected(FindingKind::GpuEccUncorrectable, trainer());
         d.evidence = "[E ProcessGroupNCCL.cpp:916] [Rank 1] NCCL watchdog thread terminated \
@@ -1262,6 +1295,7 @@ mod tests {
                     pods: None,
                     holders: &no_pods,
                     rules: DeathRules::default(),
+                    recent: None,
                 },
             )
         };
@@ -1310,6 +1344,7 @@ mod tests {
                 pods: None,
                 holders: &GpuHolders::new(),
                 rules: DeathRules::default(),
+                recent: None,
             },
         )
         .expect("told");
@@ -1342,6 +1377,7 @@ mod tests {
                     pods: None,
                     holders: &GpuHolders::new(),
                     rules: DeathRules::default(),
+                    recent: None,
                 },
             )
             .expect("told")
@@ -1418,6 +1454,7 @@ mod tests {
                 pods: None,
                 holders: &no_pods,
                 rules: DeathRules::default(),
+                recent: None,
             };
             correlate(&d, k).expect("told")
         };

@@ -299,6 +299,7 @@ impl Pipeline {
             pods,
             holders,
             rules: self.rules,
+            recent: Some(&self.recent),
         };
         let resumed_at = self.resumed_at;
         let failures = accounts
@@ -732,5 +733,68 @@ mod tests {
         p.exits([oom_kill(FailureSource::Kernel, 300)]);
         assert!(told(&mut p).is_empty() && p.has_pending());
         assert!(p.pending_marks().is_empty());
+    }
+
+    /// The CI failure of a shell's `Bus error`: the scan after the death found /dev/shm freed
+    /// (its creator's resource tracker unlinks it) and the peak sampler had not caught it. The
+    /// line is judged by the scans around its moment, not by the last scan alone.
+    #[test]
+    fn a_bus_error_line_is_judged_by_the_scans_around_its_moment_not_the_last() {
+        const MIB: u64 = 1 << 20;
+        let line_at = at(1_000);
+        let bus_line = || {
+            let mut d = Detected::new(
+                who("c1"),
+                FindingKind::ShmBusError,
+                line_at,
+                FailureSource::Log,
+                "Bus error",
+            );
+            d.judged = true;
+            d
+        };
+        let reading = |used| crate::fixtures::shm_reading("c1", 64 * MIB, used);
+        let holders = GpuHolders::new();
+        // Scans every 200 ms; `used` from the first scan at `from_ms` after the line's second.
+        let tell_after = |scans: &[(i64, u64)]| {
+            let mut p = Pipeline::new(&settings(), Mode::Follow);
+            let t0 = std::time::Instant::now();
+            let mut last = None;
+            for (i, &(ms, used)) in scans.iter().enumerate() {
+                let wall = if ms < 0 {
+                    line_at - Duration::from_millis(ms.unsigned_abs())
+                } else {
+                    line_at + Duration::from_millis(ms as u64)
+                };
+                let mut s = crate::fixtures::scanned("n", vec![reading(used)], None);
+                s.taken_at = Some(wall);
+                p.after_scan(&s, t0 + Duration::from_millis(200 * i as u64));
+                last = Some(s);
+            }
+            p.exits([bus_line()]);
+            let told = p.tell(last.as_ref(), None, &holders);
+            told.iter().map(|f| f.kind).collect::<Vec<_>>()
+        };
+        // Full before the death, freed in the two scans after it: /dev/shm's.
+        assert_eq!(
+            tell_after(&[(-1_000, 60 * MIB), (-200, 60 * MIB), (100, 0), (300, 0)]),
+            [FindingKind::ShmBusError]
+        );
+        // Full 30 s before, empty from 20 s before: not told from the line.
+        let long_ago = [
+            (-30_000, 60 * MIB),
+            (-20_000, 0),
+            (-10_000, 0),
+            (-200, 0),
+            (100, 0),
+        ];
+        assert!(tell_after(&long_ago).is_empty());
+        // Filled after it: not its cause.
+        assert!(tell_after(&[(-200, 0), (100, 0), (3_000, 63 * MIB)]).is_empty());
+        // Only scans after it (a line read on a start): the first of them.
+        assert_eq!(
+            tell_after(&[(100, 60 * MIB), (300, 0)]),
+            [FindingKind::ShmBusError]
+        );
     }
 }

@@ -153,6 +153,7 @@ mod tests {
             pods: None,
             holders: &GpuHolders::new(),
             rules: DeathRules::default(),
+            recent: None,
         };
         correlate(&d, known).expect("told")
     }
