@@ -98,6 +98,7 @@ fn log_moment(d: &TracedDeath) {
         pid = d.pid,
         cause,
         read_after_us = d.read_after.as_micros() as u64,
+        in_time = d.read_in_time,
         shm_used = d.reading.as_ref().and_then(|r| r.used_bytes),
         shm_size = d.reading.as_ref().and_then(|r| r.size_bytes),
         cgroup = d

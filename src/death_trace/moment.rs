@@ -11,7 +11,7 @@ use crate::cgroup::CgroupVersion;
 use crate::host::{read_ns, NsId};
 use crate::model::{MemorySource, MemorySplit, ShmReading, TracedCause, TracedDeath};
 use crate::procfs::stat::parent_pid;
-use crate::shm::at_death::measure_pid;
+use crate::shm::at_death::{look_now, measure_pid, Looked};
 use crate::shm::deadline::Measurer;
 
 /// Reads the moment: everything under the agent's roots.
@@ -54,6 +54,17 @@ impl MomentReader {
         if own.as_deref().is_some_and(|c| !at_root(c)) {
             return own;
         }
+        // cgroup v1 shows an exiting task at the root of every hierarchy but cpuset's file, which
+        // does not look at the exit: a container's process has one path in every hierarchy (what
+        // runc and the runtimes above it make), so a container's init whose parent is the
+        // runtime's shim is placed by it.
+        let cpuset = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cpuset"));
+        if let Some(file) = own
+            .as_deref()
+            .and_then(|c| v1_from_cpuset(c, cpuset.ok()?.trim()))
+        {
+            return Some(file);
+        }
         let stat = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("stat"));
         let Some(parent) = stat.ok().as_deref().and_then(parent_pid) else {
             return own;
@@ -91,17 +102,22 @@ impl MomentReader {
         };
         // A host process has no container to read: told, unplaced, for one readlink.
         let on_host = self.on_the_host(pid);
-        let cgroup_file = if on_host {
-            None
-        } else {
-            self.cgroup_file_of(pid)
-        };
         let start_of = |r: &Self| crate::procfs::stat::start_ticks_of(&r.proc_root, pid);
         if matches!(cause, TracedCause::Fatal { .. }) {
             // A crash's place is all it needs: no /dev/shm, no memory.
+            let cgroup_file = (!on_host).then(|| self.cgroup_file_of(pid)).flatten();
             let placed = (pid, comm, cause, cgroup_file);
             return told(placed, None, None, start_of(self), time_ns);
         }
+        // Its /dev/shm first: the dying process lets go of it within milliseconds; whose it is
+        // comes after.
+        let looked = (!on_host)
+            .then(|| look_now(&mut self.measurer, &self.proc_root, pid))
+            .flatten();
+        // Still holding its files after the look, its exit had freed nothing it held there.
+        let in_time = looked.as_ref().is_some_and(Looked::measured)
+            && crate::procfs::status::holds_files(&self.proc_root, pid);
+        let cgroup_file = (!on_host).then(|| self.cgroup_file_of(pid)).flatten();
         let rel = cgroup_file
             .as_deref()
             .and_then(memory_cgroup)
@@ -120,17 +136,19 @@ impl MomentReader {
         let reading = if on_host {
             None
         } else {
-            self.read_shm(pid, rel.as_deref(), identity, limits)
+            self.read_shm(pid, looked, rel.as_deref(), identity, limits)
         };
         // After the race-sensitive reading.
         let start = start_of(self);
-        told(
+        let mut death = told(
             (pid, comm, cause, cgroup_file),
             reading,
             memory,
             start,
             time_ns,
-        )
+        );
+        death.read_in_time = in_time;
+        death
     }
 }
 
@@ -141,19 +159,13 @@ impl MomentReader {
     fn read_shm(
         &mut self,
         pid: i32,
+        looked: Option<Looked>,
         rel: Option<&str>,
         identity: Option<crate::cgroup::path::CgroupIdentity>,
         limits: crate::cgroup::memory::MemoryReading,
     ) -> Option<ShmReading> {
         let rel_or_root = rel.unwrap_or("");
-        let own = measure_pid(
-            &mut self.measurer,
-            &self.proc_root,
-            pid,
-            rel_or_root,
-            identity.clone(),
-            limits.clone(),
-        );
+        let own = looked.map(|l| l.reading(identity.clone(), pid, rel_or_root, limits.clone()));
         if own.as_ref().is_some_and(|r| r.used_bytes.is_some()) {
             return own;
         }
@@ -223,6 +235,7 @@ fn told(
         reading,
         memory,
         read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
+        read_in_time: false,
         start,
     }
 }
@@ -230,6 +243,28 @@ fn told(
 /// Pure: whether a `/proc/PID/cgroup` puts the memory cgroup at the root (or has none).
 fn at_root(cgroup_file: &str) -> bool {
     memory_cgroup(cgroup_file).is_none_or(|(path, _)| path == "/")
+}
+
+/// Pure: a v1 `/proc/PID/cgroup` at the root with its memory line at `cpuset`'s path (the
+/// exiting task's, from `/proc/PID/cpuset`), where that path names a container; else `None`.
+fn v1_from_cpuset(cgroup_file: &str, cpuset: &str) -> Option<String> {
+    let (_, version) = memory_cgroup(cgroup_file)?;
+    if version != CgroupVersion::V1 || !cpuset.starts_with('/') || cpuset.contains('\n') {
+        return None;
+    }
+    if !crate::cgroup::path::parse_cgroup_path(cpuset)?.is_surely_a_container() {
+        return None;
+    }
+    let lines = cgroup_file.lines().map(|l| {
+        let mut parts = l.splitn(3, ':');
+        match (parts.next(), parts.next()) {
+            (Some(id), Some(c)) if c.split(',').any(|c| c == "memory") => {
+                format!("{id}:{c}:{cpuset}")
+            }
+            _ => l.to_string(),
+        }
+    });
+    Some(lines.map(|l| l + "\n").collect())
 }
 
 /// The monotonic and real-time clocks now (ns), read back to back.
@@ -297,6 +332,27 @@ mod tests {
     }
 
     #[test]
+    fn an_exiting_v1_task_is_placed_by_its_cpuset_path_where_that_names_a_container() {
+        let cid = "c".repeat(64);
+        let at_root = "12:memory:/\n5:cpuset:/\n0::/\n";
+        let path = format!("/kubepods/burstable/pod0b6c1c55-3c0e-4a8e-9a51-2c1f3f6d7e80/{cid}");
+        let file = v1_from_cpuset(at_root, &path).unwrap();
+        assert_eq!(file, format!("12:memory:{path}\n5:cpuset:/\n0::/\n"));
+        assert_eq!(
+            identity_of_process(&file).map(|i| i.container_id),
+            Some(cid.clone())
+        );
+        // The root, a path of no container, a v2 file, a forged line: nothing.
+        assert_eq!(v1_from_cpuset(at_root, "/"), None);
+        assert_eq!(v1_from_cpuset(at_root, "/user.slice"), None);
+        assert_eq!(v1_from_cpuset("0::/\n", &path), None);
+        assert_eq!(
+            v1_from_cpuset(at_root, &format!("{path}\n4:memory:/x")),
+            None
+        );
+    }
+
+    #[test]
     fn a_cgroup_of_its_own_is_read_for_usage_and_split() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("kubepods/pod1/c1");
@@ -346,6 +402,7 @@ mod tests {
         );
         assert_eq!(d.cause, TracedCause::BusFault { code: 2 });
         assert_eq!((d.reading, d.cgroup_file), (None, None));
+        assert!(!d.read_in_time);
         let off = SystemTime::now().duration_since(d.at).unwrap();
         assert!(off < Duration::from_secs(1), "{off:?}");
         assert!(d.read_after < Duration::from_secs(1));
@@ -368,6 +425,9 @@ mod tests {
         let mut elsewhere = MomentReader::new(PathBuf::from("/proc"), None, None);
         let d = elsewhere.read(event(), clocks_now().0);
         assert!(d.cgroup_file.is_some() && d.reading.is_some());
+        // Alive, with its memory: a measured /dev/shm is the moment's.
+        let measured = d.reading.as_ref().is_some_and(|r| r.used_bytes.is_some());
+        assert_eq!(d.read_in_time, measured, "{:?}", d.reading);
     }
 
     #[test]

@@ -207,7 +207,7 @@ impl Pipeline {
 
     /// A death the kernel's tracepoints told, with its reading at the moment (`death_trace`).
     pub fn traced(&mut self, death: &TracedDeath) {
-        let Some(d) = traced::detected(death, self.rules.oom_shm_share) else {
+        let Some(d) = traced::detected(death, self.rules) else {
             self.traced.remember_place(death);
             return;
         };

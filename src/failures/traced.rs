@@ -6,11 +6,12 @@ use std::collections::VecDeque;
 use std::time::SystemTime;
 
 use super::attribute::who_of_cgroup_file;
+use super::bus::shm_was_full;
 use super::detect::shm_share_at_least;
 use super::same::WINDOW;
 use crate::model::{
-    ContainerRef, Detected, FailureSource, FindingKind, MemorySource, MemorySplit, ShmReading,
-    TracedCause, TracedDeath,
+    ContainerRef, DeathRules, Detected, FailureSource, FindingKind, MemorySource, MemorySplit,
+    ShmReading, TracedCause, TracedDeath,
 };
 
 /// Traced readings kept for the accounts that follow at most.
@@ -19,7 +20,7 @@ const KEPT: usize = 256;
 /// The account a traced death is: a SIGBUS fault judged later by its reading (`correlate`),
 /// an OOM victim by its memory cgroup's split at the moment (else the kernel's RSS counts);
 /// none for another fatal signal, which only places the kernel's word of the crash.
-pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Option<Detected> {
+pub fn detected(t: &TracedDeath, rules: DeathRules) -> Option<Detected> {
     let who = t
         .cgroup_file
         .as_deref()
@@ -49,7 +50,7 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Option<Detected> {
                 anon_bytes: *anon_rss,
                 source: MemorySource::Tracepoint,
             });
-            let kind = if shm_share_at_least(&m, oom_shm_share) {
+            let kind = if shm_share_at_least(&m, rules.oom_shm_share) {
                 FindingKind::ShmOomKilled
             } else {
                 FindingKind::WorkloadOomKilled
@@ -66,7 +67,11 @@ pub fn detected(t: &TracedDeath, oom_shm_share: f64) -> Option<Detected> {
     d.pid = Some(t.pid);
     d.comm = Some(crate::model::printable(&t.comm)); // the process names itself
     d.memory = memory;
-    d.at_death = t.reading.clone().map(Box::new);
+    // A reading after the process let go of its memory may lack what its death freed: it stands
+    // for the moment only where it says /dev/shm was full; else the scans around it judge.
+    d.at_death = (t.reading.as_ref())
+        .filter(|r| t.read_in_time || shm_was_full(Some(r), rules.bus_error_shm_ratio))
+        .map(|r| Box::new(r.clone()));
     d.pid_start = t.start;
     Some(d)
 }
@@ -215,6 +220,13 @@ mod tests {
 
     const CID: &str = "3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
 
+    fn share(oom_shm_share: f64) -> DeathRules {
+        DeathRules {
+            oom_shm_share,
+            ..DeathRules::default()
+        }
+    }
+
     fn traced(cause: TracedCause, memory: Option<MemorySplit>) -> TracedDeath {
         TracedDeath {
             pid: 4242,
@@ -227,6 +239,7 @@ mod tests {
             reading: Some(crate::fixtures::shm_reading(CID, 64 << 20, 64 << 20)),
             memory,
             read_after: Duration::from_micros(80),
+            read_in_time: true,
             start: Some(77),
         }
     }
@@ -240,7 +253,7 @@ mod tests {
         killed.at -= Duration::from_millis(100);
         readings.remember_place(&killed);
         let t = traced(TracedCause::Fatal { sig: 11 }, None);
-        assert_eq!(detected(&t, 0.5), None, "no failure alone");
+        assert_eq!(detected(&t, share(0.5)), None, "no failure alone");
         readings.remember_place(&t);
         // Read later: the PID is another Pod's process now (or no one's).
         let crash = |comm: &str, after: u64| {
@@ -278,9 +291,28 @@ mod tests {
         assert_eq!(d.who, ContainerRef::default());
     }
 
+    /// Read after the process let go of its memory, /dev/shm may lack what its death freed (a
+    /// DataLoader worker's unlinked segments go with its files): such a reading says "full",
+    /// never "not full".
+    #[test]
+    fn a_reading_after_the_process_let_go_of_its_memory_can_say_full_never_not_full() {
+        let bus = |used: u64, in_time: bool| {
+            let mut t = traced(TracedCause::BusFault { code: 2 }, None);
+            t.reading = Some(crate::fixtures::shm_reading(CID, 64 << 20, used << 20));
+            t.read_in_time = in_time;
+            detected(&t, DeathRules::default())
+                .unwrap()
+                .at_death
+                .map(|r| r.used_bytes.unwrap() >> 20)
+        };
+        assert_eq!(bus(64, false), Some(64), "late, but full");
+        assert_eq!(bus(10, false), None, "late and not full: the scans judge");
+        assert_eq!(bus(10, true), Some(10), "in time: the moment's");
+    }
+
     #[test]
     fn a_traced_fault_is_placed_and_carries_its_reading() {
-        let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5).unwrap();
+        let d = detected(&traced(TracedCause::BusFault { code: 2 }, None), share(0.5)).unwrap();
         assert_eq!(d.source, FailureSource::Tracepoint);
         assert!(d.evidence.contains("BUS_ADRERR"), "{}", d.evidence);
         let ContainerRef {
@@ -314,18 +346,18 @@ mod tests {
             shmem_rss: Some(900),
         };
         assert_eq!(
-            detected(&traced(rss.clone(), Some(split(800))), 0.5)
+            detected(&traced(rss.clone(), Some(split(800))), share(0.5))
                 .unwrap()
                 .kind,
             FindingKind::ShmOomKilled
         );
         assert_eq!(
-            detected(&traced(rss.clone(), Some(split(100))), 0.5)
+            detected(&traced(rss.clone(), Some(split(100))), share(0.5))
                 .unwrap()
                 .kind,
             FindingKind::WorkloadOomKilled
         );
-        let d = detected(&traced(rss, None), 0.5).unwrap();
+        let d = detected(&traced(rss, None), share(0.5)).unwrap();
         assert_eq!(
             (d.kind, d.memory.unwrap().usage_bytes),
             (FindingKind::ShmOomKilled, Some(1000))
@@ -334,7 +366,7 @@ mod tests {
 
     #[test]
     fn the_reading_is_lent_to_the_same_containers_accounts_within_the_window() {
-        let t = detected(&traced(TracedCause::BusFault { code: 2 }, None), 0.5).unwrap();
+        let t = detected(&traced(TracedCause::BusFault { code: 2 }, None), share(0.5)).unwrap();
         let mut kept = TracedReadings::default();
         kept.remember(&t);
         let exit = |who: ContainerRef, secs: u64| {

@@ -41,6 +41,14 @@ pub struct TracedDeath {
     pub memory: Option<MemorySplit>,
     /// How long after the tracepoint the reading was taken.
     pub read_after: Duration,
+    /// Whether `reading` is the dying process's own, taken while it still held its files: its
+    /// exit had freed nothing of /dev/shm yet (the kernel puts a dying process's last file
+    /// references after it lets go of its files). A reading after that, or through another
+    /// process of its container, may lack what the death itself freed (a DataLoader worker's
+    /// unlinked segments): it can say /dev/shm was full, never that it was not. One case this
+    /// misses: in a process of several threads, the last one to exit unmaps; a segment only
+    /// mapped (unlinked, its descriptor closed) may be freed by it before this one's files go.
+    pub read_in_time: bool,
     /// The process's start (clock ticks after boot, `/proc/PID/stat`) read at the moment: NVML's
     /// history of the PID is its own only with the same start.
     pub start: Option<u64>,

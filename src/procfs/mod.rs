@@ -5,4 +5,5 @@ pub mod kept;
 pub mod kfile;
 pub mod mountinfo;
 pub mod stat;
+pub mod status;
 pub mod uptime;

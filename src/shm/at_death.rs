@@ -23,18 +23,40 @@ pub fn measure_pid(
     identity: Option<CgroupIdentity>,
     memory: MemoryReading,
 ) -> Option<ShmReading> {
+    look_now(measurer, proc_root, pid).map(|m| m.reading(identity, pid, cgroup_rel, memory))
+}
+
+/// What a process's /dev/shm was when looked at, before its container is known: the race with
+/// a dying process is its /dev/shm's, so it is looked at first and named after.
+pub struct Looked(Look);
+
+impl Looked {
+    /// Whether the numbers were read.
+    pub fn measured(&self) -> bool {
+        matches!(self.0, Look::Mounted(..))
+    }
+
+    /// The reading, named by the container the cgroup (read after) says it is.
+    pub fn reading(
+        self,
+        identity: Option<CgroupIdentity>,
+        pid: i32,
+        rel: &str,
+        memory: MemoryReading,
+    ) -> ShmReading {
+        let id = identity
+            .as_ref()
+            .map_or_else(String::new, |i| i.container_id.clone());
+        build_reading(identity, id, pid, rel, false, self.0, memory)
+    }
+}
+
+/// `pid`'s /dev/shm now; `None` when the process (or its root) is gone.
+pub fn look_now(measurer: &mut Measurer, proc_root: &Path, pid: i32) -> Option<Looked> {
     let root = match statfs::open_container_root(proc_root, pid) {
         Ok(root) => root,
         Err(OpenShmError::Absent(_)) => return None,
-        Err(e) => {
-            return Some(reading(
-                identity,
-                pid,
-                cgroup_rel,
-                Look::Unmeasured(e.to_string()),
-                memory,
-            ))
-        }
+        Err(e) => return Some(Looked(Look::Unmeasured(e.to_string()))),
     };
     let path = proc_root.join(pid.to_string()).join("mountinfo");
     let mut files = FileReader::default();
@@ -57,20 +79,7 @@ pub fn measure_pid(
         Ok(Err(e)) => Look::Unmeasured(e.to_string()),
         Err(why) => Look::Unmeasured(format!("/dev/shm did not open: {why:?}")),
     };
-    Some(reading(identity, pid, cgroup_rel, look, memory))
-}
-
-fn reading(
-    identity: Option<CgroupIdentity>,
-    pid: i32,
-    rel: &str,
-    look: Look,
-    memory: MemoryReading,
-) -> ShmReading {
-    let id = identity
-        .as_ref()
-        .map_or_else(String::new, |i| i.container_id.clone());
-    build_reading(identity, id, pid, rel, false, look, memory)
+    Some(Looked(look))
 }
 
 #[cfg(test)]
