@@ -1,6 +1,6 @@
 //! Pure: how a SIGBUS death is judged. `/dev/shm` is named the cause when it was full at the
-//! moment's reading or at the scans' around the moment (last reading, peak:
-//! `RecentReadings::peak_around`); the workload only when /dev/shm was
+//! moment's reading or at the scans' (last reading, peak; for a judged line, the scans' around
+//! its moment: `RecentReadings::peak_around`); the workload only when /dev/shm was
 //! read at the moment (a tracepoint's reading) and was not full; without such a reading the death
 //! is `bus_error_unmeasured`: a scan seconds before says nothing of a tmpfs filled since.
 

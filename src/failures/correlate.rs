@@ -38,9 +38,12 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     if let Some(r) = scanned {
         id.fill_from(r);
     }
-    // Its peak the scans around the death's moment saw, not the last scan's alone.
-    let around = scanned.map(|r| around_the_moment(r, d.at, known.recent));
-    let scanned = around.as_ref();
+    // A line told only with /dev/shm full is judged by the peak the scans around its moment saw
+    // (a line's time is the runtime's, to the nanosecond), not by the last scan alone, which may
+    // have found /dev/shm freed since. Other accounts keep the last scan's: a status stamped to
+    // the whole second has no moment finer than it.
+    let around = (scanned.filter(|_| d.judged)).map(|r| around_the_moment(r, d.at, known.recent));
+    let scanned = around.as_ref().or(scanned);
     // The moment's reading, else the scan's of the container, else its Pod's sandbox /dev/shm.
     let at_death = at_death(d, scanned);
     let reading = at_death

@@ -85,8 +85,14 @@ fn kubelets_eviction_for_the_dev_shm_volume_is_one_shm_evicted_failure() {
         "count=40",
     ]);
     assert!(out.status.success(), "{out:?}");
-    // Two scans read it.
-    std::thread::sleep(Duration::from_millis(600));
+    // A scan has read it: waited for, not slept on (a loaded machine's scans run late).
+    agent.wait_for_metrics("the 40 MiB read", |b| {
+        common::agent::sample(
+            b,
+            "shmlink_shm_used_bytes",
+            &[("container_id", id.as_str())],
+        ) == Some((40 * MIB) as f64)
+    });
 
     api.apply_pod(evicted(scratch));
     let changed = Instant::now();
