@@ -38,11 +38,7 @@ pub fn correlate(d: &Detected, known: Known<'_>) -> Option<Failure> {
     if let Some(r) = scanned {
         id.fill_from(r);
     }
-    // A line told only with /dev/shm full is judged by the peak the scans around its moment saw
-    // (a line's time is the runtime's, to the nanosecond), not by the last scan alone, which may
-    // have found /dev/shm freed since. Other accounts keep the last scan's: a status stamped to
-    // the whole second has no moment finer than it.
-    let around = (scanned.filter(|_| d.judged)).map(|r| around_the_moment(r, d.at, known.recent));
+    let around = around_the_moment(d, scanned, known.recent);
     let scanned = around.as_ref().or(scanned);
     // The moment's reading, else the scan's of the container, else its Pod's sandbox /dev/shm.
     let at_death = at_death(d, scanned);
@@ -291,18 +287,22 @@ fn runtime_of(d: &Detected, id: &ContainerRef, reading: Option<&ShmReading>) -> 
     }
 }
 
-/// The scan's reading with the peak the scans around `at` saw (`RecentReadings::peak_around`),
-/// where they are kept.
+/// A line told only with /dev/shm full ([`Detected::judged`]) is judged by the peak the scans
+/// around its moment saw (`RecentReadings::peak_around`; a line's time is the runtime's, to the
+/// nanosecond), not by the last scan alone, which may have found /dev/shm freed since: the
+/// scan's reading with that peak, where the scans are kept. Other accounts keep the last scan's
+/// (`None`): a status stamped to the whole second has no moment finer than it.
 fn around_the_moment(
-    r: &ShmReading,
-    at: SystemTime,
+    d: &Detected,
+    scanned: Option<&ShmReading>,
     recent: Option<&RecentReadings>,
-) -> ShmReading {
-    let mut r = r.clone();
-    if let Some(peak) = recent.and_then(|k| k.peak_around(&r.container_id, at)) {
-        r.used_peak_bytes = Some(peak);
-    }
-    r
+) -> Option<ShmReading> {
+    let r = scanned.filter(|_| d.judged)?;
+    let peak = recent?.peak_around(&r.container_id, d.at)?;
+    Some(ShmReading {
+        used_peak_bytes: Some(peak),
+        ..r.clone()
+    })
 }
 
 /// The reading taken the moment the kernel told the death (`failures::traced`), with the
