@@ -70,7 +70,9 @@ fn request_from(from: Option<IpAddr>, addr: SocketAddr, head: &str) -> Option<St
         None => TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?,
         Some(ip) => connect_from(ip, addr).ok()?,
     };
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    // Longer than a heavy answer's wait for its turn (the server's TURN_WAIT, 5 s): a request
+    // that waited its turn gets its answer (or its 503), not a client that gave up first.
+    s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
     s.write_all(head.as_bytes()).ok()?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;

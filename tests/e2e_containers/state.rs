@@ -221,8 +221,8 @@ fn a_day_of_history_is_the_same_over_http_and_from_the_cli() {
         ),
     ];
     for (query, args, want) in cases {
-        let (status, text) =
-            common::agent::get(agent.addr, &format!("/api/v1/failures?{query}")).unwrap();
+        let (status, text) = common::agent::get(agent.addr, &format!("/api/v1/failures?{query}"))
+            .unwrap_or_else(|| panic!("{query}: no whole answer; {}", agent.log_text()));
         assert_eq!(status, 200, "{query}: {text}");
         let served: Value = serde_json::from_str(&text).unwrap();
         let mut cli_args = vec!["--json"];
