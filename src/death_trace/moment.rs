@@ -107,7 +107,7 @@ impl MomentReader {
             // A crash's place is all it needs: no /dev/shm, no memory.
             let cgroup_file = (!on_host).then(|| self.cgroup_file_of(pid)).flatten();
             let placed = (pid, comm, cause, cgroup_file);
-            return told(placed, None, None, start_of(self), time_ns);
+            return told(placed, (None, false), None, start_of(self), time_ns);
         }
         // Its /dev/shm first: the dying process lets go of it within milliseconds; whose it is
         // comes after.
@@ -140,15 +140,13 @@ impl MomentReader {
         };
         // After the race-sensitive reading.
         let start = start_of(self);
-        let mut death = told(
+        told(
             (pid, comm, cause, cgroup_file),
-            reading,
+            (reading, in_time),
             memory,
             start,
             time_ns,
-        );
-        death.read_in_time = in_time;
-        death
+        )
     }
 }
 
@@ -217,10 +215,11 @@ fn members(cgroup_procs: &str, pid: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The traced death as read now: its process, the reading, the memory and its start.
+/// The traced death as read now: its process, the reading (and whether it was in time), the
+/// memory and its start.
 fn told(
     (pid, comm, cause, cgroup_file): (i32, String, TracedCause, Option<String>),
-    reading: Option<ShmReading>,
+    (reading, read_in_time): (Option<ShmReading>, bool),
     memory: Option<MemorySplit>,
     start: Option<u64>,
     time_ns: u64,
@@ -235,7 +234,7 @@ fn told(
         reading,
         memory,
         read_after: Duration::from_nanos(mono.saturating_sub(time_ns)),
-        read_in_time: false,
+        read_in_time,
         start,
     }
 }
@@ -425,7 +424,7 @@ mod tests {
         let mut elsewhere = MomentReader::new(PathBuf::from("/proc"), None, None);
         let d = elsewhere.read(event(), clocks_now().0);
         assert!(d.cgroup_file.is_some() && d.reading.is_some());
-        // Alive, with its memory: a measured /dev/shm is the moment's.
+        // Alive, holding its files: a measured /dev/shm is the moment's.
         let measured = d.reading.as_ref().is_some_and(|r| r.used_bytes.is_some());
         assert_eq!(d.read_in_time, measured, "{:?}", d.reading);
     }

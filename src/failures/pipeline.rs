@@ -755,7 +755,8 @@ mod tests {
         };
         let reading = |used| crate::fixtures::shm_reading("c1", 64 * MIB, used);
         let holders = GpuHolders::new();
-        // Scans every 200 ms; `used` from the first scan at `from_ms` after the line's second.
+        // Each scan given as (ms from the line, bytes used), in order; the last one is the snapshot
+        // the line is told with.
         let tell_after = |scans: &[(i64, u64)]| {
             let mut p = Pipeline::new(&settings(), Mode::Follow);
             let t0 = std::time::Instant::now();

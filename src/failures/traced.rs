@@ -67,7 +67,7 @@ pub fn detected(t: &TracedDeath, rules: DeathRules) -> Option<Detected> {
     d.pid = Some(t.pid);
     d.comm = Some(crate::model::printable(&t.comm)); // the process names itself
     d.memory = memory;
-    // A reading after the process let go of its memory may lack what its death freed: it stands
+    // A reading after the process let go of its files may lack what its death freed: it stands
     // for the moment only where it says /dev/shm was full; else the scans around it judge.
     d.at_death = (t.reading.as_ref())
         .filter(|r| t.read_in_time || shm_was_full(Some(r), rules.bus_error_shm_ratio))
@@ -291,11 +291,11 @@ mod tests {
         assert_eq!(d.who, ContainerRef::default());
     }
 
-    /// Read after the process let go of its memory, /dev/shm may lack what its death freed (a
+    /// Read after the process let go of its files, /dev/shm may lack what its death freed (a
     /// DataLoader worker's unlinked segments go with its files): such a reading says "full",
     /// never "not full".
     #[test]
-    fn a_reading_after_the_process_let_go_of_its_memory_can_say_full_never_not_full() {
+    fn a_reading_after_the_process_let_go_of_its_files_can_say_full_never_not_full() {
         let bus = |used: u64, in_time: bool| {
             let mut t = traced(TracedCause::BusFault { code: 2 }, None);
             t.reading = Some(crate::fixtures::shm_reading(CID, 64 << 20, used << 20));
