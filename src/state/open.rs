@@ -5,7 +5,6 @@
 //! until it is known to be this agent's: another program's database is never written.
 
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -165,16 +164,15 @@ const HEADER: &[u8; 16] = b"SQLite format 3\0";
 /// that is not this agent's is never written (not even a WAL checkpoint). Other errors
 /// (permissions, a full disk) are not corruption: nothing moves.
 fn inspect(path: &Path) -> Found {
-    let mut head = Vec::with_capacity(100);
+    let mut head = Vec::new();
     match place::look(path, By::Writer) {
         Err(e) => return Found::Error(io_error(e)),
         Ok(OnDisk::Other(what)) => return not_regular(path, what),
         Ok(OnDisk::Absent) => {}
-        Ok(OnDisk::File(f)) => {
-            if let Err(e) = f.take(100).read_to_end(&mut head) {
-                return Found::Error(io_error(e));
-            }
-        }
+        Ok(OnDisk::File(f)) => match place::read_head(path, &f, 100) {
+            Ok(h) => head = h,
+            Err(e) => return Found::Error(io_error(e)),
+        },
     }
     match place::odd_companion(path, By::Writer) {
         Err(e) => return Found::Error(io_error(e)),

@@ -1,11 +1,20 @@
 //! The store's place on disk, looked at without trusting it. DIR must be the agent's alone (who
 //! may write in it decides what the agent opens); each of the store's names must be absent or a
 //! regular file of the agent's with one link. Nothing here follows a symlink, opens a device or
-//! blocks on a FIFO: a name is first opened `O_PATH|O_NOFOLLOW` (which touches nothing) and
-//! looked at with fstat, and only a regular file is opened for reading, `O_NONBLOCK`.
+//! blocks on a FIFO: a name is opened `O_PATH|O_NOFOLLOW` (which touches nothing) and looked at
+//! with fstat.
+//!
+//! Nothing here opens a store file for reading while the process may hold the store open
+//! (`look` is also how `serve`'s own history readers begin). A POSIX lock belongs to the
+//! process, and closing *any* descriptor of a file drops every lock the process holds on it:
+//! the writer's lock on `-shm` would go, the next program to open the store (`shmlink history`)
+//! would take itself for the first, reset `-shm`, and `serve` would die of SIGBUS in its
+//! mapping (or two writers would meet in the WAL). Closing an `O_PATH` descriptor drops no lock
+//! (Linux: `filp_flush`). Only [`read_head`], which the writer calls before it opens the store,
+//! reads.
 
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -56,7 +65,8 @@ pub fn own_dir(dir: &Path) -> io::Result<PathBuf> {
 /// What is at one of the store's names.
 pub enum Found {
     Absent,
-    /// A regular file of the agent's with one link, open for reading.
+    /// A regular file (for the writer: the agent's, with one link), held by an `O_PATH`
+    /// handle: fstat only, and closing it drops no lock.
     File(File),
     /// Anything else, said in a few words (`a symbolic link`, `a FIFO`, ...).
     Other(&'static str),
@@ -85,17 +95,27 @@ pub fn look(path: &Path, by: By) -> io::Result<Found> {
     if let Some(what) = not_plain(&first, by) {
         return Ok(Found::Other(what));
     }
-    // A regular file: opened by name once more, and the same one (or it was swapped meanwhile).
+    Ok(Found::File(File::from(handle)))
+}
+
+/// The first `n` bytes of the regular file `looked` holds (its name, `path`, opened for reading
+/// once more, and the same file or an error). Only before this process opens the store: closing
+/// the descriptor drops the process's locks on the file (module doc).
+pub fn read_head(path: &Path, looked: &File, n: u64) -> io::Result<Vec<u8>> {
     let fd = rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let now = rustix::fs::fstat(&fd)?;
+    let (first, now) = (rustix::fs::fstat(looked)?, rustix::fs::fstat(&fd)?);
     if (now.st_dev, now.st_ino) != (first.st_dev, first.st_ino) {
-        return Ok(Found::Other("a file replaced while it was looked at"));
+        return Err(io::Error::other(
+            "the file was replaced while it was looked at",
+        ));
     }
-    Ok(Found::File(File::from(fd)))
+    let mut head = Vec::with_capacity(n as usize);
+    File::from(fd).take(n).read_to_end(&mut head)?;
+    Ok(head)
 }
 
 /// Why a file's status is not that of a file the agent made, if it is not (for a reader: not a

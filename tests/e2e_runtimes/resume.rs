@@ -71,12 +71,16 @@ fn saved_offset(state: &Path, log: &Path) -> Option<u64> {
         .as_u64()
 }
 
-/// Waits for serve to save its checkpoint again (within 10 s) once it has told what it found.
-fn checkpoint_after_telling(checkpoint: &Path) {
+/// Waits for `agent` (serve) to save its checkpoint again (within 10 s) once it has told what it
+/// found.
+fn checkpoint_after_telling(checkpoint: &Path, agent: &mut Agent) {
     let saved_at = taken(checkpoint);
+    let saved = common::wait_until(Duration::from_secs(10), || taken(checkpoint) != saved_at);
     assert!(
-        common::wait_until(Duration::from_secs(10), || taken(checkpoint) != saved_at),
-        "no checkpoint after telling"
+        saved,
+        "no checkpoint after telling (still {saved_at:?}; serve running: {}); its log:\n{}",
+        agent.is_running(),
+        agent.log_text()
     );
 }
 
@@ -248,7 +252,7 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     assert_eq!(d.wait(&loader), 1);
     assert_eq!(d.wait(&bus), 135);
 
-    let second = start();
+    let mut second = start();
     let counted = |agent: &Agent, id: &str| {
         let body = agent.metrics();
         body.lines()
@@ -267,7 +271,7 @@ fn on_docker_deaths_while_serve_was_down_are_told_once_found_late() {
     );
     let told = second.log_text();
     assert_eq!(told.matches(FOUND_LATE).count(), 2, "{told}");
-    checkpoint_after_telling(&checkpoint);
+    checkpoint_after_telling(&checkpoint, &mut second);
     drop(second);
 
     let third = start();
@@ -320,7 +324,7 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
     );
     let ours = format!("process {comm} (host PID ");
 
-    let second = start();
+    let mut second = start();
     assert!(
         common::wait_until(Duration::from_secs(20), || {
             second
@@ -337,7 +341,7 @@ fn a_crash_the_kernel_logged_while_serve_was_down_is_told_once_found_late() {
         1,
         "{told}"
     );
-    checkpoint_after_telling(&checkpoint);
+    checkpoint_after_telling(&checkpoint, &mut second);
     drop(second);
 
     let third = start();

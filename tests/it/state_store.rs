@@ -878,3 +878,89 @@ fn rows_an_older_agent_stored_read_back_at_their_moment() {
         );
     }
 }
+
+/// SQLite's "dead man switch" byte of `-shm` (`os_unix.c`: `(22 + 8) * 4 + 8`): every connection
+/// holds a shared lock on it while open, and one that finds it unlocked takes itself for the
+/// first and resets `-shm`.
+const SHM_DMS: i64 = 128;
+
+/// Whether another process finds byte `at` of `file` locked (F_GETLK for a write lock: any lock
+/// this process holds there conflicts). A forked child asks: were this process to open the file
+/// itself, closing the descriptor would drop its own locks.
+fn locked_for_others(file: &Path, at: i64) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(file.as_os_str().as_bytes()).unwrap();
+    // SAFETY: the child calls only open, fcntl and _exit (async-signal-safe), then exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            let mut lock: libc::flock = std::mem::zeroed();
+            lock.l_type = libc::F_WRLCK as libc::c_short;
+            lock.l_whence = libc::SEEK_SET as libc::c_short;
+            lock.l_start = at;
+            lock.l_len = 1;
+            let code = if fd < 0 || libc::fcntl(fd, libc::F_GETLK, &mut lock) != 0 {
+                2
+            } else {
+                i32::from(lock.l_type == libc::F_UNLCK as libc::c_short)
+            };
+            libc::_exit(code)
+        }
+    }
+    assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child did not exit: {status}");
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 2, "the child could not ask about {}", file.display());
+    code == 0
+}
+
+/// `serve` reads its own store while its writer holds it open (`/api/v1/failures`, the
+/// failures told before a restart, `check`'s checkpoints in tests). Those reads must leave the
+/// writer's locks alone: without them the next program to open the store (`shmlink history`,
+/// another reader) resets `-shm` under the writer, which then dies of SIGBUS in its mapping.
+#[test]
+fn reading_the_store_in_the_writers_process_leaves_the_writers_locks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = StateMetrics::default();
+    let store = open(tmp.path(), &me(), &m).unwrap();
+    let tx = store.sender();
+    tx.failure(&failure("ml", "trainer-0", SystemTime::now()), false);
+    tx.put("kmsg", json!({"seq": 42}));
+    assert!(tx.flush(Duration::from_secs(5)), "no commit");
+    let shm = tmp.path().join("state.sqlite3-shm");
+    assert!(
+        locked_for_others(&shm, SHM_DMS),
+        "the writer holds no lock on -shm"
+    );
+
+    let history = state::read_history(tmp.path(), &state::Filter::default()).unwrap();
+    assert_eq!(history.failures.len(), 1);
+    let pages = state::read_history_pages(tmp.path(), &state::Filter::default()).unwrap();
+    drop(pages);
+    assert_eq!(
+        state::read_checkpoint(tmp.path(), "kmsg").unwrap(),
+        Some(json!({"seq": 42}))
+    );
+    assert!(
+        locked_for_others(&shm, SHM_DMS),
+        "reading the store dropped the writer's lock on -shm"
+    );
+
+    // And the writer goes on beside a reader's connection.
+    let other =
+        Connection::open_with_flags(db(tmp.path()), OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    tx.put("kmsg", json!({"seq": 43}));
+    assert!(tx.flush(Duration::from_secs(5)), "no commit");
+    let seq: String = other
+        .query_row(
+            "SELECT value FROM checkpoints WHERE key = 'kmsg'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(seq, r#"{"seq":43}"#);
+}
