@@ -9,8 +9,10 @@
  *
  * --cgroup-root: where the memory hierarchy is (default /sys/fs/cgroup: v2 there, else v1's
  * memory/ below it); --under: count only containers whose memory cgroup path starts with
- * PREFIX (the bench's own, when other containers run beside them); --reps: scans in one
- * process (default 1; a process per scan is what `check` is compared with).
+ * PREFIX (the bench's own, when other containers run beside them; the hierarchy is still the
+ * host's, where that path is); --reps: scans in one process (default 1; a process per scan is
+ * what `check` is compared with). A container counts only once its usage and limit were read:
+ * a floor that skipped them (a hierarchy where the paths are not) would be no floor.
  *
  * Built by bench/containers/run.sh: cc -O2 -o target/bench/floor bench/containers/floor.c
  */
@@ -70,15 +72,17 @@ static int memcg_of(const char *pid, int v2, char *out, size_t size) {
     return -1;
 }
 
-static unsigned long long read_u64(int dir, const char *file) {
+/* The number in `file` of the open directory `dir` into *out; -1 when it cannot be read. */
+static int read_u64(int dir, const char *file, unsigned long long *out) {
     char buf[64];
     int fd = openat(dir, file, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
+    if (fd < 0) return -1;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0) return 0;
+    if (n <= 0) return -1;
     buf[n] = 0;
-    return strtoull(buf, NULL, 10);
+    *out = strtoull(buf, NULL, 10);
+    return 0;
 }
 
 static volatile unsigned long long sink;
@@ -114,11 +118,14 @@ static int scan(const char *hierarchy, int v2, const char *under) {
         snprintf(dir_path, sizeof dir_path, "%s%s", hierarchy, cg);
         int dir = open(dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         unsigned long long usage = 0, limit = 0;
+        int read = -1;
         if (dir >= 0) {
-            usage = read_u64(dir, v2 ? "memory.current" : "memory.usage_in_bytes");
-            limit = read_u64(dir, v2 ? "memory.max" : "memory.limit_in_bytes");
+            read = read_u64(dir, v2 ? "memory.current" : "memory.usage_in_bytes", &usage);
+            /* v2's "max" reads as no number: the read is what counts. */
+            read |= read_u64(dir, v2 ? "memory.max" : "memory.limit_in_bytes", &limit);
             close(dir);
         }
+        if (read < 0) continue;
         sink += vfs.f_blocks + vfs.f_bfree + usage + limit;
         found++;
     }

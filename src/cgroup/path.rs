@@ -198,6 +198,12 @@ fn qos_of(segments: &[&str]) -> QosClass {
     }
 }
 
+/// Whether a cgroup directory's name is kubelet's for a pod (`pod<uid>`, or the systemd
+/// driver's `kubepods[-qos]-pod<uid>.slice`).
+pub fn is_pod_cgroup(name: &str) -> bool {
+    pod_uid_of(name).is_some()
+}
+
 /// `pod<uid>` (cgroupfs) or `kubepods[-qos]-pod<uid_with_underscores>.slice` (systemd).
 fn pod_uid_of(seg: &str) -> Option<String> {
     let raw = if let Some(slice) = seg.strip_suffix(".slice") {

@@ -26,7 +26,7 @@ use std::rc::Rc;
 use std::time::SystemTime;
 
 use crate::cgroup::memory::{MemcgError, MemcgReader, MemoryReading, OpenDir};
-use crate::cgroup::path::parse_cgroup_path;
+use crate::cgroup::path::{is_pod_cgroup, parse_cgroup_path};
 use crate::cgroup::CgroupVersion;
 use crate::host::{HostError, HostNamespaces, HostPaths, NsId, NsSource};
 use crate::model::{Leftovers, ShmReading, Sight};
@@ -252,7 +252,16 @@ impl ShmScanner {
                 continue;
             };
             let mut inner = outer;
-            match self.first_process(&here, stat.1, &rel, out) {
+            // kubelet's pod cgroup, with its containers' beneath it, holds no process of its
+            // own: its cgroup.procs is not read. Not so a cgroup named like one inside a
+            // container (`outer`): the container chose that name.
+            let a_pods = outer.is_none()
+                && stat.0.is_some_and(|links| links > 2)
+                && is_pod_cgroup(rel.rsplit('/').next().unwrap_or_default());
+            let first = (!a_pods)
+                .then(|| self.first_process(&here, stat.1, &rel, out))
+                .flatten();
+            match first {
                 Some((pid, mnt)) if mnt != self.host_ns.mnt && Some(mnt) != outer => {
                     live.insert((mnt, pid));
                     let dirs = [here.as_open(stat.1), parent.as_open(parent_id)];

@@ -247,6 +247,43 @@ fn a_container_nested_in_a_container_is_its_own_entry() {
     );
 }
 
+/// kubelet's pod cgroup holds its containers' cgroups and no process: its cgroup.procs is
+/// not read (a directory there stands for one that cannot be read: read, it is an error).
+/// A cgroup a container made and named like a pod's is read: the container chose the name, and
+/// its processes may be there.
+#[test]
+fn a_pods_own_cgroup_procs_is_not_read_and_a_pod_named_cgroup_inside_a_container_is() {
+    let host = FakeHost::v2();
+    host.process(700, HOST_MNT + 70, HOST_MNT + 71);
+    let pod = "/kubepods/burstable/pod44444444-5555-6666-7777-888888888888";
+    host.cgroup_dir(pod, &[], None, 0);
+    host.cgroup_dir(&format!("{pod}/{APP_ID}"), &[700], None, 0);
+    let unreadable = |rel: &str| {
+        let procs = host
+            .memory_root()
+            .join(rel.trim_start_matches('/'))
+            .join("cgroup.procs");
+        fs::remove_file(&procs).unwrap();
+        fs::create_dir(&procs).unwrap();
+    };
+    unreadable(pod);
+    let scan = host.scan();
+    assert_eq!(ids(&scan), [APP_ID], "{:#?}", scan.readings);
+    assert_eq!(scan.errors, 0, "the pod's own cgroup.procs was read");
+
+    // Inside the container: a child named as a pod's, with a child of its own.
+    let inside = format!("{pod}/{APP_ID}/pod99999999-aaaa-bbbb-cccc-dddddddddddd");
+    host.cgroup_dir(&inside, &[], None, 0);
+    host.cgroup_dir(&format!("{inside}/x"), &[], None, 0);
+    unreadable(&inside);
+    let scan = host.scan();
+    assert_eq!(ids(&scan), [APP_ID], "{:#?}", scan.readings);
+    assert_eq!(
+        scan.errors, 1,
+        "the pod-named cgroup inside the container was not read"
+    );
+}
+
 #[test]
 fn a_container_sharing_the_hosts_ipc_namespace_is_host_ipc() {
     let host = FakeHost::v2();
