@@ -919,9 +919,9 @@ fn locked_for_others(file: &Path, at: i64) -> bool {
 }
 
 /// `serve` reads its own store while its writer holds it open (`/api/v1/failures`, the
-/// failures told before a restart, `check`'s checkpoints in tests). Those reads must leave the
-/// writer's locks alone: without them the next program to open the store (`shmlink history`,
-/// another reader) resets `-shm` under the writer, which then dies of SIGBUS in its mapping.
+/// failures told before a restart). Those reads must leave the writer's locks alone: without
+/// them the next program to open the store (`shmlink history`, another reader) resets `-shm`
+/// under the writer, which then dies of SIGBUS in its mapping.
 #[test]
 fn reading_the_store_in_the_writers_process_leaves_the_writers_locks() {
     let tmp = tempfile::tempdir().unwrap();
