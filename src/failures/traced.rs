@@ -41,19 +41,31 @@ pub fn detected(t: &TracedDeath, rules: DeathRules) -> Option<Detected> {
             file_rss,
             shmem_rss,
         } => {
-            let m = t.memory.unwrap_or(MemorySplit {
-                limit_bytes: None,
-                usage_bytes: anon_rss
-                    .zip(*shmem_rss)
-                    .map(|(a, s)| a + s + file_rss.unwrap_or(0)),
-                shm_bytes: *shmem_rss,
-                anon_bytes: *anon_rss,
-                source: MemorySource::Tracepoint,
-            });
+            // The victim's own RSS counts stand in where its memory cgroup was not read.
+            let (m, may_clear) = match t.memory {
+                Some(m) => (m, t.read_in_time),
+                None => {
+                    let usage = anon_rss.zip(*shmem_rss);
+                    let m = MemorySplit {
+                        limit_bytes: None,
+                        usage_bytes: usage.map(|(a, s)| a + s + file_rss.unwrap_or(0)),
+                        shm_bytes: *shmem_rss,
+                        anon_bytes: *anon_rss,
+                        source: MemorySource::Tracepoint,
+                    };
+                    (m, false)
+                }
+            };
             let kind = if shm_share_at_least(&m, rules.oom_shm_share) {
                 FindingKind::ShmOomKilled
-            } else {
+            } else if may_clear {
                 FindingKind::WorkloadOomKilled
+            } else {
+                // Its cgroup read after the victim let go of its files (what its death freed may
+                // be gone), or only its RSS (the shared memory it mapped, not what /dev/shm held:
+                // a `dd` into /dev/shm maps none): that can say /dev/shm, never "not /dev/shm".
+                // The kernel log's report or the cgroup's OOM count tells this death.
+                return None;
             };
             let evidence = format!(
                 "OOM victim {} (host PID {}), from the kernel's oom:mark_victim",
@@ -361,6 +373,44 @@ mod tests {
         assert_eq!(
             (d.kind, d.memory.unwrap().usage_bytes),
             (FindingKind::ShmOomKilled, Some(1000))
+        );
+    }
+
+    /// Read after the victim let go of its files, or from its RSS alone, an OOM kill can be
+    /// told as /dev/shm's, never as the workload's: such a death is left to the kernel log's
+    /// report and the cgroup's OOM count.
+    #[test]
+    fn a_late_or_rss_only_oom_reading_can_say_dev_shm_never_not_dev_shm() {
+        let split = MemorySplit {
+            limit_bytes: Some(1000),
+            usage_bytes: Some(1000),
+            shm_bytes: Some(0),
+            anon_bytes: Some(1000),
+            source: MemorySource::Tracepoint,
+        };
+        let rss = |shmem| TracedCause::OomVictim {
+            anon_rss: Some(1000 - shmem),
+            file_rss: Some(0),
+            shmem_rss: Some(shmem),
+        };
+        let late = |cause, memory| {
+            let mut t = traced(cause, memory);
+            t.read_in_time = false;
+            detected(&t, share(0.5)).map(|d| d.kind)
+        };
+        // A `dd` into /dev/shm maps none of it: its RSS shows no shared memory.
+        assert_eq!(detected(&traced(rss(0), None), share(0.5)), None);
+        assert_eq!(late(rss(0), Some(split)), None);
+        assert_eq!(late(rss(900), None), Some(FindingKind::ShmOomKilled));
+        let full = MemorySplit {
+            shm_bytes: Some(900),
+            anon_bytes: Some(100),
+            ..split
+        };
+        assert_eq!(late(rss(0), Some(full)), Some(FindingKind::ShmOomKilled));
+        assert_eq!(
+            detected(&traced(rss(0), Some(split)), share(0.5)).map(|d| d.kind),
+            Some(FindingKind::WorkloadOomKilled)
         );
     }
 
