@@ -244,7 +244,8 @@ impl ShmScanner {
             listed,
         }) = stack.pop()
         {
-            let here = parent.child(rel.rsplit('/').next().unwrap_or_default());
+            let name = rel.rsplit('/').next().unwrap_or_default();
+            let here = parent.child(name);
             let Some(stat) = self.stat_cgroup(&here, &rel, out) else {
                 if !listed {
                     self.list_again((&parent, parent_id), &rel, outer, &mut stack, out);
@@ -255,9 +256,8 @@ impl ShmScanner {
             // kubelet's pod cgroup, with its containers' beneath it, holds no process of its
             // own: its cgroup.procs is not read. Not so a cgroup named like one inside a
             // container (`outer`): the container chose that name.
-            let a_pods = outer.is_none()
-                && stat.0.is_some_and(|links| links > 2)
-                && is_pod_cgroup(rel.rsplit('/').next().unwrap_or_default());
+            let a_pods =
+                outer.is_none() && stat.0.is_some_and(|links| links > 2) && is_pod_cgroup(name);
             let first = (!a_pods)
                 .then(|| self.first_process(&here, stat.1, &rel, out))
                 .flatten();

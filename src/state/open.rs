@@ -169,8 +169,9 @@ fn inspect(path: &Path) -> Found {
         Err(e) => return Found::Error(io_error(e)),
         Ok(OnDisk::Other(what)) => return not_regular(path, what),
         Ok(OnDisk::Absent) => {}
-        Ok(OnDisk::File(f)) => match place::read_head(path, &f, 100) {
-            Ok(h) => head = h,
+        Ok(OnDisk::File(st)) => match place::read_head(path, &st, 100) {
+            Ok(Some(h)) => head = h,
+            Ok(None) => return not_regular(path, "a file replaced while it was looked at"),
             Err(e) => return Found::Error(io_error(e)),
         },
     }
@@ -250,8 +251,8 @@ fn set_modes(conn: &Connection) -> rusqlite::Result<()> {
 /// written. What was at the name is gone by now: nothing, an empty file (removed), or moved
 /// aside; so are companions that belong to no database.
 fn create(path: &Path, identity: &Identity) -> rusqlite::Result<Connection> {
-    if let Ok(OnDisk::File(f)) = place::look(path, By::Writer) {
-        if f.metadata().map(|m| m.len()).unwrap_or(1) == 0 {
+    if let Ok(OnDisk::File(st)) = place::look(path, By::Writer) {
+        if st.st_size == 0 {
             fs::remove_file(path).map_err(io_error)?;
         }
     }

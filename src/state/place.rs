@@ -18,7 +18,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{FileType, Mode, OFlags, RenameFlags, CWD};
+use rustix::fs::{FileType, Mode, OFlags, RenameFlags, Stat, CWD};
 
 /// The files SQLite keeps beside the store: each is the store's too, looked at and moved with it.
 pub const COMPANIONS: [&str; 3] = ["-wal", "-shm", "-journal"];
@@ -65,9 +65,9 @@ pub fn own_dir(dir: &Path) -> io::Result<PathBuf> {
 /// What is at one of the store's names.
 pub enum Found {
     Absent,
-    /// A regular file (for the writer: the agent's, with one link), held by an `O_PATH`
-    /// handle: fstat only, and closing it drops no lock.
-    File(File),
+    /// A regular file (for the writer: the agent's, with one link): its status, from the fstat
+    /// of an `O_PATH` handle (closed, which drops no lock).
+    File(Stat),
     /// Anything else, said in a few words (`a symbolic link`, `a FIFO`, ...).
     Other(&'static str),
 }
@@ -95,27 +95,26 @@ pub fn look(path: &Path, by: By) -> io::Result<Found> {
     if let Some(what) = not_plain(&first, by) {
         return Ok(Found::Other(what));
     }
-    Ok(Found::File(File::from(handle)))
+    Ok(Found::File(first))
 }
 
-/// The first `n` bytes of the regular file `looked` holds (its name, `path`, opened for reading
-/// once more, and the same file or an error). Only before this process opens the store: closing
-/// the descriptor drops the process's locks on the file (module doc).
-pub fn read_head(path: &Path, looked: &File, n: u64) -> io::Result<Vec<u8>> {
+/// The first `n` bytes of the regular file [`look`] found at `path` (`looked`: its status),
+/// opened for reading by name once more; `None` when that is another file (it was swapped
+/// meanwhile). Only before this process opens the store: closing the descriptor drops the
+/// process's locks on the file (module doc).
+pub fn read_head(path: &Path, looked: &Stat, n: u64) -> io::Result<Option<Vec<u8>>> {
     let fd = rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let (first, now) = (rustix::fs::fstat(looked)?, rustix::fs::fstat(&fd)?);
-    if (now.st_dev, now.st_ino) != (first.st_dev, first.st_ino) {
-        return Err(io::Error::other(
-            "the file was replaced while it was looked at",
-        ));
+    let now = rustix::fs::fstat(&fd)?;
+    if (now.st_dev, now.st_ino) != (looked.st_dev, looked.st_ino) {
+        return Ok(None);
     }
     let mut head = Vec::with_capacity(n as usize);
     File::from(fd).take(n).read_to_end(&mut head)?;
-    Ok(head)
+    Ok(Some(head))
 }
 
 /// Why a file's status is not that of a file the agent made, if it is not (for a reader: not a
