@@ -25,9 +25,15 @@ const PYTHON: &str = "/usr/bin/python3";
 
 /// A 100 MiB `multiprocessing.shared_memory` block filled on the 64 MiB /dev/shm: the first
 /// page past 64 MiB is a SIGBUS; the block's file stays in the Pod's /dev/shm.
+///
+/// The block is taken off Python's resource tracker: the tracker is a process of its own that
+/// unlinks the blocks of a process that died, and the dying process closes its pipe to it before
+/// the kernel kills the rest of its PID namespace. So now and then the tracker emptied the
+/// sandbox's /dev/shm before `check` looked (CI failed on it once in a few dozen runs).
 const SHM_BLOCK: &str = r#"
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 block = shared_memory.SharedMemory(create=True, size=100 << 20)
+resource_tracker.unregister(block._name, "shared_memory")
 mib = b"\1" * (1 << 20)
 for i in range(100):
     block.buf[i << 20:(i + 1) << 20] = mib
