@@ -46,11 +46,16 @@ for i in range(100):
 
 /// A DataLoader's shape: a forked worker maps 100 MiB on the 64 MiB /dev/shm and fills it; the
 /// main process outlives it. The kernel shows a dying task at the root of its cgroups moments
-/// after the signal: the worker is placed by its parent.
+/// after the signal: the worker is placed by its parent. The worker holds 512 MiB of its own
+/// (made after the fork: shared with the parent, its exit would free none), as a DataLoader
+/// worker holds its copy of the dataset, for the reason `FAST_DEATH` gives: an empty worker was
+/// exited and reaped before a reader on a loaded machine came (5 ms after, 1 run in 6 under 4
+/// memory churners), leaving nothing to place it by.
 const WORKER_DEATH: &str = r#"
 import mmap, os, time
 pid = os.fork()
 if pid == 0:
+    hold = b"\1" * (512 << 20)
     fd = os.open("/dev/shm/block", os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(fd, 100 << 20)
     block = mmap.mmap(fd, 100 << 20)
