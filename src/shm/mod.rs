@@ -258,9 +258,11 @@ impl ShmScanner {
             // container (`outer`): the container chose that name.
             let a_pods =
                 outer.is_none() && stat.0.is_some_and(|links| links > 2) && is_pod_cgroup(name);
-            let first = (!a_pods)
-                .then(|| self.first_process(&here, stat.1, &rel, out))
-                .flatten();
+            let first = if a_pods {
+                None
+            } else {
+                self.first_process(&here, stat.1, &rel, out)
+            };
             match first {
                 Some((pid, mnt)) if mnt != self.host_ns.mnt && Some(mnt) != outer => {
                     live.insert((mnt, pid));

@@ -29,7 +29,7 @@ const PYTHON: &str = "/usr/bin/python3";
 /// The block is taken off Python's resource tracker: the tracker is a process of its own that
 /// unlinks the blocks of a process that died, and the dying process closes its pipe to it before
 /// the kernel kills the rest of its PID namespace. So now and then the tracker emptied the
-/// sandbox's /dev/shm before `check` looked (CI failed on it once in a few dozen runs).
+/// sandbox's /dev/shm before `check` looked (the project's CI failed on it once).
 const SHM_BLOCK: &str = r#"
 from multiprocessing import resource_tracker, shared_memory
 block = shared_memory.SharedMemory(create=True, size=100 << 20)
