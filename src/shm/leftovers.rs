@@ -63,6 +63,16 @@ pub fn inherited(entries: &[Entry], started: SystemTime, truncated: bool) -> Opt
     })
 }
 
+/// Pure: whether a /dev/shm whose file system was made at `born` may hold a file last written
+/// before a container that started at `started` ([`inherited`]'s test). Not when it was made
+/// after that (within the grace): a file system holds nothing older than itself, so the one a
+/// runtime makes with each container (Docker's, runc's) is not listed, only one that outlives
+/// the container (a Pod's sandbox /dev/shm, a memory emptyDir) or whose birth is unknown.
+pub fn may_hold_older(born: Option<SystemTime>, started: SystemTime) -> bool {
+    let before = started.checked_sub(GRACE).unwrap_or(started);
+    born.is_none_or(|born| born < before)
+}
+
 /// Pure: whether an entry of the directory on mount `dir_mount` is entered: not when it is a
 /// mount's root, nor on another mount (a mount ID the kernel did not give counts as another).
 pub fn on_the_directorys_mount(dir_mount: u64, entry: &Statx) -> bool {
@@ -166,6 +176,31 @@ mod tests {
             bytes: mib << 20,
             modified: start - Duration::from_secs(secs_before),
         }
+    }
+
+    #[test]
+    fn a_dev_shm_made_with_the_container_is_not_listed_one_older_or_of_unknown_birth_is() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        // Docker's and runc's: made as the container started (or just before, its /dev).
+        assert!(!may_hold_older(Some(start), start));
+        assert!(!may_hold_older(Some(start - Duration::from_secs(1)), start));
+        assert!(!may_hold_older(
+            Some(start + Duration::from_secs(30)),
+            start
+        ));
+        // A sandbox's or a memory emptyDir's, from before a restart: listed.
+        assert!(may_hold_older(Some(start - Duration::from_secs(3)), start));
+        assert!(may_hold_older(
+            Some(start - Duration::from_secs(3600)),
+            start
+        ));
+        // A birth the file system did not give: listed, as before.
+        assert!(may_hold_older(None, start));
+        // The edge is inherited()'s: a file written exactly GRACE before is not inherited, and
+        // a file system made then holds nothing older.
+        assert!(!may_hold_older(Some(start - GRACE), start));
+        let edge = [entry("x", 1, GRACE.as_secs(), start)];
+        assert_eq!(inherited(&edge, start, false), None);
     }
 
     #[test]

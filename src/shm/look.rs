@@ -2,13 +2,10 @@
 //! deadline can end it, what it held from before (a young container), and the reading built
 //! from what was found.
 
-use std::os::fd::OwnedFd;
-use std::time::SystemTime;
-
 use super::deadline::Unanswered;
-use super::statfs::{self, Identity, OpenShmError, ShmStat};
+use super::statfs::{self, OpenShmError, ShmStat};
 use super::trusted::Walked;
-use super::{leftovers, ShmScan, ShmScanner};
+use super::{ShmScan, ShmScanner};
 use crate::cgroup::memory::MemoryReading;
 use crate::cgroup::path::CgroupIdentity;
 use crate::host::NsId;
@@ -46,9 +43,9 @@ pub(super) fn foreign_text(fs_type: &str) -> String {
 }
 
 impl ShmScanner {
-    /// statvfs of /dev/shm with the mount's details; `None` when the process is gone. For a
-    /// container started at `young` (recently), what its /dev/shm held from before goes to
-    /// `inherited`.
+    /// statvfs of /dev/shm with the mount's details; `None` when the process is gone. When a
+    /// tmpfs is measured, what it held from before the container (not the host's, `host_ipc`)
+    /// goes to `inherited` ([`ShmScanner::inherited`]); it is left `None` otherwise.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stat_shm(
         &mut self,
@@ -56,15 +53,15 @@ impl ShmScanner {
         mnt: NsId,
         rel: &str,
         container_id: &str,
-        young: Option<SystemTime>,
-        inherited: &mut Option<Leftovers>,
+        host_ipc: bool,
+        inherited: &mut Option<Option<Leftovers>>,
         out: &mut ShmScan,
     ) -> Option<Look> {
         // Twice at most: a container whose mounts changed between the walk and its mountinfo
         // (being set up: its root pivoted) is looked at again from its root as it is now.
         let mut moving = None;
         for _ in 0..2 {
-            match self.look_once(pid, mnt, rel, container_id, young, inherited, out) {
+            match self.look_once(pid, mnt, rel, container_id, host_ipc, inherited, out) {
                 Some(Err(e @ OpenShmError::Moving(_))) => moving = Some(e),
                 Some(Err(e)) => return Some(self.not_opened(e, rel, container_id, out)),
                 Some(Ok(look)) => return Some(look),
@@ -82,8 +79,8 @@ impl ShmScanner {
         mnt: NsId,
         rel: &str,
         container_id: &str,
-        young: Option<SystemTime>,
-        inherited: &mut Option<Leftovers>,
+        host_ipc: bool,
+        inherited: &mut Option<Option<Leftovers>>,
         out: &mut ShmScan,
     ) -> Option<Result<Look, OpenShmError>> {
         let root = match statfs::open_container_root(&self.proc_root, pid) {
@@ -108,7 +105,12 @@ impl ShmScanner {
             root,
             self.trusted.entry((mnt, pid)).or_default(),
         );
-        let Walked { fd, id, line } = match walked {
+        let Walked {
+            fd,
+            id,
+            line,
+            dev_born,
+        } = match walked {
             Ok(Ok(walked)) => walked,
             Ok(Err(e)) => return Some(Err(e)),
             Err(why) => return Some(Ok(self.unanswered(container_id, why, out))),
@@ -138,41 +140,18 @@ impl ShmScanner {
             );
             return Some(Ok(Look::Foreign(entry.fs_type)));
         }
-        Some(Ok(
-            self.measure_tmpfs(&fd, id, entry, rel, young, inherited, out)
-        ))
-    }
-
-    /// statfs of a /dev/shm mountinfo says is a tmpfs, and, while the container is young, what
-    /// it held from before.
-    #[allow(clippy::too_many_arguments)]
-    fn measure_tmpfs(
-        &mut self,
-        fd: &OwnedFd,
-        id: Identity,
-        entry: MountEntry,
-        rel: &str,
-        young: Option<SystemTime>,
-        inherited: &mut Option<Leftovers>,
-        out: &mut ShmScan,
-    ) -> Look {
-        let stat = match statfs::measure_tmpfs(fd, id) {
+        let stat = match statfs::measure_tmpfs(&fd, id) {
             Ok(stat) => stat,
             Err(e) => {
                 self.error(out, "statvfs /dev/shm", rel, &e);
-                return Look::Unmeasured(format!("measuring /dev/shm: {e}"));
+                return Some(Ok(Look::Unmeasured(format!("measuring /dev/shm: {e}"))));
             }
         };
-        // Only a /dev/shm that holds something is worth a listing.
-        if let Some(start) = young.filter(|_| stat.used_bytes() != Some(0)) {
-            match leftovers::list(fd) {
-                Ok((entries, truncated)) => {
-                    *inherited = leftovers::inherited(&entries, start, truncated);
-                }
-                Err(e) => self.error(out, "listing /dev/shm", rel, &e),
-            }
+        if !host_ipc {
+            let shm = (&fd, id, stat.used_bytes());
+            *inherited = Some(self.inherited(shm, (pid, container_id), dev_born, rel, out));
         }
-        Look::Mounted(stat, Some(entry))
+        Some(Ok(Look::Mounted(stat, Some(entry))))
     }
 
     /// /dev/shm did not open in time (a hung one is not asked again).

@@ -21,6 +21,7 @@ mod walk;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::SystemTime;
@@ -106,6 +107,15 @@ pub(super) type Viewer = (NsId, i32);
 
 /// Processes remembered at most (then forgotten all at once and read again).
 const STARTS: usize = 16_384;
+
+/// Pure: `at` when it is at most [`leftovers::YOUNG`] ago.
+fn young(at: Option<SystemTime>) -> Option<SystemTime> {
+    at.filter(|at| {
+        SystemTime::now()
+            .duration_since(*at)
+            .is_ok_and(|age| age <= leftovers::YOUNG)
+    })
+}
 
 struct Started {
     container_id: String,
@@ -319,25 +329,11 @@ impl ShmScanner {
             _ => false,
         };
         // A young container's /dev/shm is looked through once for what was there before it
-        // (not the host's: every process of the host writes there).
-        let (young, listed) = if host_ipc {
-            (None, None)
-        } else {
-            self.youth(pid, &container_id)
-        };
-        let to_list = young.filter(|_| listed.is_none());
+        // (not the host's: every process of the host writes there). A /dev/shm not measured
+        // this scan keeps what an earlier listing found.
         let mut inherited = None;
-        let shm = self.stat_shm(pid, mnt, rel, &container_id, to_list, &mut inherited, out)?;
-        let inherited = match listed {
-            Some(before) => before,
-            None if to_list.is_some() => {
-                if let Some(s) = self.starts.get_mut(&pid) {
-                    s.inherited = Some(inherited.clone());
-                }
-                inherited
-            }
-            None => None,
-        };
+        let shm = self.stat_shm(pid, mnt, rel, &container_id, host_ipc, &mut inherited, out)?;
+        let inherited = inherited.unwrap_or_else(|| self.found_before(pid, &container_id));
         let memory = match self.memcg.read_at(rel, Some(dirs)) {
             Ok(memory) => memory,
             Err(MemcgError::Gone(_)) => return None,
@@ -354,13 +350,56 @@ impl ShmScanner {
         Some(reading)
     }
 
-    /// When process `pid` of `container_id` started, if at most [`leftovers::YOUNG`] ago, and
-    /// what its /dev/shm held from before if it was listed already. The start is read once.
-    fn youth(
+    /// What the measured /dev/shm `shm` (its handle, identity and bytes used) of process `pid`
+    /// of container `container_id` held from before the container started, while it is young
+    /// ([`leftovers::YOUNG`]): listed once, the first time it holds something, and kept. The
+    /// start is its /dev's birth (`dev_born`, from the walk) where it has one, else the
+    /// process's, read once; a /dev/shm made after it is not listed ([`leftovers::may_hold_older`]).
+    pub(super) fn inherited(
         &mut self,
-        pid: i32,
-        container_id: &str,
-    ) -> (Option<SystemTime>, Option<Option<Leftovers>>) {
+        (fd, id, used): (&OwnedFd, statfs::Identity, Option<u64>),
+        (pid, container_id): (i32, &str),
+        dev_born: Option<SystemTime>,
+        rel: &str,
+        out: &mut ShmScan,
+    ) -> Option<Leftovers> {
+        let s = self.started(pid, container_id, dev_born);
+        let start = young(s.at)?;
+        if let Some(found) = &s.inherited {
+            return found.clone();
+        }
+        // An empty /dev/shm inherited nothing: what it holds later is the container's own.
+        let found = if used == Some(0) || !leftovers::may_hold_older(id.born_at(), start) {
+            None
+        } else {
+            match leftovers::list(fd) {
+                Ok((entries, truncated)) => leftovers::inherited(&entries, start, truncated),
+                Err(e) => {
+                    self.error(out, "listing /dev/shm", rel, &e);
+                    None
+                }
+            }
+        };
+        if let Some(s) = self.starts.get_mut(&pid) {
+            s.inherited = Some(found.clone());
+        }
+        found
+    }
+
+    /// What an earlier listing found in the /dev/shm of process `pid` of `container_id`, while
+    /// the container is young; nothing is read.
+    fn found_before(&self, pid: i32, container_id: &str) -> Option<Leftovers> {
+        let s = self
+            .starts
+            .get(&pid)
+            .filter(|s| s.container_id == container_id)?;
+        young(s.at)?;
+        s.inherited.clone().flatten()
+    }
+
+    /// When process `pid` of `container_id` started: `dev_born` where the walk gave it, else
+    /// the process's start, read once (a PID reused by another container is read again).
+    fn started(&mut self, pid: i32, container_id: &str, dev_born: Option<SystemTime>) -> &Started {
         if self.starts.len() >= STARTS {
             self.starts.clear();
         }
@@ -369,29 +408,21 @@ impl ShmScanner {
             .get(&pid)
             .is_none_or(|s| s.container_id != container_id)
         {
-            let proc_root = &self.proc_root;
-            let boot = *self
-                .boot
-                .get_or_insert_with(|| crate::procfs::stat::booted(proc_root));
+            let at = dev_born.or_else(|| {
+                let proc_root = &self.proc_root;
+                let boot = *self
+                    .boot
+                    .get_or_insert_with(|| crate::procfs::stat::booted(proc_root));
+                boot.and_then(|boot| crate::procfs::stat::started_after(boot, proc_root, pid))
+            });
             let started = Started {
                 container_id: container_id.to_string(),
-                at: boot.and_then(|boot| crate::procfs::stat::started_after(boot, proc_root, pid)),
+                at,
                 inherited: None,
             };
             self.starts.insert(pid, started);
         }
-        let Some(s) = self.starts.get(&pid) else {
-            return (None, None);
-        };
-        let young = s.at.filter(|at| {
-            SystemTime::now()
-                .duration_since(*at)
-                .is_ok_and(|age| age <= leftovers::YOUNG)
-        });
-        match young {
-            Some(at) => (Some(at), s.inherited.clone()),
-            None => (None, None),
-        }
+        &self.starts[&pid]
     }
 
     fn error(&mut self, out: &mut ShmScan, what: &str, subject: &str, e: &dyn std::fmt::Display) {

@@ -239,6 +239,13 @@ pub struct MountKey {
 }
 
 impl Identity {
+    /// [`Self::born`] as a time.
+    pub fn born_at(&self) -> Option<std::time::SystemTime> {
+        let (secs, nanos) = self.born?;
+        let since = std::time::Duration::new(u64::try_from(secs).ok()?, nanos.min(999_999_999));
+        std::time::SystemTime::UNIX_EPOCH.checked_add(since)
+    }
+
     pub fn key(&self) -> MountKey {
         MountKey {
             id: self.mount_id,

@@ -15,6 +15,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::time::SystemTime;
 
 use super::deadline::{Measurer, Unanswered};
 use super::mounts;
@@ -43,6 +44,9 @@ pub const DEV_TYPES: &[&str] = &["tmpfs", "devtmpfs"];
 pub struct Trusted {
     root: Option<MountKey>,
     dev: Option<MountKey>,
+    /// Whether that /dev is a tmpfs (the runtime's, made with the container), not the host's
+    /// devtmpfs.
+    dev_tmpfs: bool,
 }
 
 /// Pure: whether a lookup may be made in a directory at `dir` ("/" or "/dev") on a mount of
@@ -61,6 +65,10 @@ pub struct Walked {
     pub fd: OwnedFd,
     pub id: Identity,
     pub line: Option<(Option<MountEntry>, bool)>,
+    /// When the container's /dev was made, where it is a tmpfs mount of its own that keeps a
+    /// birth time: the runtime makes one for each container it starts (a restart too), so this
+    /// is when the container started, read with no call more ([`dev_born`]).
+    pub dev_born: Option<SystemTime>,
 }
 
 /// [`walk`], for callers that read /dev/shm's line themselves.
@@ -133,7 +141,13 @@ pub fn walk(
                 return Ok(Err(e));
             }
             let opened = measurer.open_child(dev, "shm")?;
-            return Ok(opened.map(|(fd, id)| Walked { fd, id, line: None }));
+            let dev_born = dev_born(root_key, &dev_id, trusted);
+            return Ok(opened.map(|(fd, id)| Walked {
+                fd,
+                id,
+                line: None,
+                dev_born,
+            }));
         }
     };
     let (fd, id) = match shm {
@@ -146,9 +160,23 @@ pub fn walk(
         }
     };
     match owed.settle(files, mountinfo, trusted, Some(id.mount_id)) {
-        Ok(line) => Ok(Ok(Walked { fd, id, line })),
+        Ok(line) => Ok(Ok(Walked {
+            fd,
+            id,
+            line,
+            dev_born: dev_born(root_key, &dev_id, trusted),
+        })),
         Err(e) => Ok(Err(e)),
     }
+}
+
+/// Pure: the birth of the container's /dev (`dev`, beneath the root `root`) when it is a tmpfs
+/// mount of its own, found trusted; `None` for a /dev on the root's file system (an image's
+/// directory, born with the image) or the host's devtmpfs (born at boot), neither of which
+/// says when the container started.
+fn dev_born(root: MountKey, dev: &Identity, trusted: &Trusted) -> Option<SystemTime> {
+    let own = dev.mount_id != root.id && dev.is_mount_root == Some(true);
+    dev.born_at().filter(|_| own && trusted.dev_tmpfs)
 }
 
 /// The trust checks a walk still owes: the root's mount, then /dev's.
@@ -178,7 +206,7 @@ impl Owed {
             trusted.root = Some(key);
         }
         if let Some(key) = self.dev.take() {
-            judge(dev, cut, "/dev")?;
+            trusted.dev_tmpfs = judge(dev, cut, "/dev")? == "tmpfs";
             trusted.dev = Some(key);
         }
         Ok(shm.map(|_| mounts::as_shm_line(line, cut)))
@@ -186,14 +214,14 @@ impl Owed {
 }
 
 /// Pure: whether a mount whose mountinfo line is `line` (see [`mounts::lines_of`]) may be
-/// looked in at `dir`.
+/// looked in at `dir`; its type when it may.
 fn judge(
     line: Option<Option<MountEntry>>,
     cut: bool,
     dir: &'static str,
-) -> Result<(), OpenShmError> {
+) -> Result<String, OpenShmError> {
     match (line.map(|l| l.map(|e| e.fs_type)), cut) {
-        (Some(Some(t)), _) if is_trusted(dir, &t) => Ok(()),
+        (Some(Some(t)), _) if is_trusted(dir, &t) => Ok(t),
         (Some(Some(fs_type)), _) => Err(OpenShmError::Untrusted { dir, fs_type }),
         (Some(None), _) | (None, false) => Err(OpenShmError::Moving(dir)),
         (None, true) => Err(OpenShmError::Io(std::io::Error::other(format!(
@@ -286,7 +314,7 @@ mod tests {
                 born: Some((1, 0)),
                 ..root_key
             }),
-            dev: None,
+            ..Trusted::default()
         };
         assert_ne!(reused.root, Some(root_key));
         assert!(
@@ -352,6 +380,48 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((warm.id, warm.line), (walked.id, None));
+    }
+
+    #[test]
+    fn the_start_is_the_birth_of_a_tmpfs_dev_never_of_a_devtmpfs_or_the_roots_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut m, mut files) = (Measurer::default(), FileReader::default());
+        let root = statfs::identify(&slash()).unwrap();
+        let dev = statfs::open_child(&slash(), "dev").unwrap().1;
+        assert_ne!(
+            dev.mount_id, root.mount_id,
+            "this test needs the host's /dev mounted"
+        );
+        let born = dev.born_at().expect("the kernel keeps a tmpfs's birth");
+        // The host's /dev is its devtmpfs, born at boot: no start.
+        let real = Path::new("/proc/self/mountinfo");
+        let mut trusted = Trusted::default();
+        let walked = walk(&mut m, &mut files, real, slash(), &mut trusted)
+            .unwrap()
+            .unwrap();
+        assert_eq!(walked.dev_born, None);
+        // A tmpfs there, as a runtime mounts for each container: its birth is the start, and
+        // stays known once trusted (warm: mountinfo is not read again).
+        let tmpfs_dev = mountinfo_with(dir.path(), dev.mount_id, "tmpfs");
+        let mut trusted = Trusted::default();
+        let walked = walk(&mut m, &mut files, &tmpfs_dev, slash(), &mut trusted)
+            .unwrap()
+            .unwrap();
+        assert_eq!(walked.dev_born, Some(born));
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "").unwrap();
+        let warm = walk(&mut m, &mut files, &empty, slash(), &mut trusted)
+            .unwrap()
+            .unwrap();
+        assert_eq!(warm.dev_born, Some(born));
+        // A /dev that is a directory of the root's file system (an image's) says nothing.
+        let on_root = Identity {
+            mount_id: root.mount_id,
+            is_mount_root: Some(false),
+            ..dev
+        };
+        assert_eq!(super::dev_born(root.key(), &on_root, &trusted), None);
+        assert_eq!(super::dev_born(root.key(), &dev, &trusted), Some(born));
     }
 
     #[test]

@@ -284,6 +284,21 @@ fn a_restarted_container_is_told_the_segments_it_inherited() {
         ..ContainerSpec::default()
     });
     fresh.wait_ready();
+    // A /dev/shm the runtime made with the container holds nothing from before it, whatever a
+    // file's time says (copied in with its time kept, or set back).
+    let backdated = Container::start(ContainerSpec {
+        pod_uid: Some(common::random_pod_uid()),
+        args: vec![
+            "sh".into(),
+            "-c".into(),
+            "dd if=/dev/zero of=/dev/shm/nccl-backdated bs=1M count=3 2>/dev/null; \
+             touch -d '2020-01-01 00:00:00' /dev/shm/nccl-backdated; \
+             touch /tmp/ready; exec sleep 3600"
+                .into(),
+        ],
+        ..ContainerSpec::default()
+    });
+    backdated.wait_ready();
 
     let report = common::run_check_json(&[]);
     let e = common::shm_entry(&report, &restarted.id).unwrap();
@@ -311,4 +326,7 @@ fn a_restarted_container_is_told_the_segments_it_inherited() {
     // The data the restarted container wrote itself is its own; the fresh one has nothing old.
     let f = common::shm_entry(&report, &fresh.id).unwrap();
     assert!(f.get("leftovers").is_none(), "{f:#}");
+    let b = common::shm_entry(&report, &backdated.id).unwrap();
+    assert_eq!(as_u64(&b["used_bytes"]), 3 * MIB, "{b:#}");
+    assert!(b.get("leftovers").is_none(), "{b:#}");
 }

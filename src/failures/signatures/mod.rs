@@ -81,15 +81,23 @@ const fn joined<const N: usize>(parts: [&[Signature]; 3]) -> [Signature; N] {
     out
 }
 
-/// The matcher over [`SIGNATURES`], built once and shared.
+/// The matcher over [`SIGNATURES`], built once, when the first line is asked about: a `check`
+/// with no log to read (or `preflight`) does not pay for the automata (0.7 ms).
 #[derive(Debug, Clone)]
 pub struct Signatures {
+    /// The callers' needles besides the rows'.
+    more: Vec<&'static str>,
+    /// The fact tier's needles are in `any`, and a line no row matches goes on to it.
+    facts: bool,
+    built: std::sync::OnceLock<Automata>,
+}
+
+#[derive(Debug, Clone)]
+struct Automata {
     needles: AhoCorasick,
     /// The same needles, leftmost-first: `is_match` with a SIMD prefilter, which overlapping
     /// search does without. Most lines hold no needle and stop here.
     any: AhoCorasick,
-    /// The fact tier's needles are in `any`, and a line no row matches goes on to it.
-    facts: bool,
 }
 
 impl Default for Signatures {
@@ -110,11 +118,24 @@ impl Signatures {
 
     /// Also wanting, in the same one pass, the lines that hold one of `more`: texts that are no
     /// row's but that the recogniser decides from their neighbours (`context.rs`, `worker.rs`).
-    pub fn with_candidates(more: &[&str]) -> Self {
+    pub fn with_candidates(more: &[&'static str]) -> Self {
         Self::build(more, true)
     }
 
-    fn build(more: &[&str], facts: bool) -> Self {
+    fn build(more: &[&'static str], facts: bool) -> Self {
+        Signatures {
+            more: more.to_vec(),
+            facts,
+            built: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn automata(&self) -> &Automata {
+        self.built.get_or_init(|| self.compile())
+    }
+
+    fn compile(&self) -> Automata {
+        let (more, facts) = (&self.more, self.facts);
         let fact_needles = if facts { super::facts::NEEDLES } else { &[] };
         // The needles are this file's constants and the callers': a build error is a bug the
         // tests catch, never a consequence of input.
@@ -134,11 +155,7 @@ impl Signatures {
                     .chain(fact_needles.iter().copied()),
             )
             .expect("the signature needles build an automaton");
-        Signatures {
-            needles,
-            any,
-            facts,
-        }
+        Automata { needles, any }
     }
 
     /// Whether the line holds any signature's needle (or one of the extra candidates): the
@@ -146,13 +163,13 @@ impl Signatures {
     /// log's line before its lossy UTF-8 conversion; no needle holds a byte that the conversion
     /// or Docker's JSON escaping would change).
     pub fn is_candidate(&self, line: &[u8]) -> bool {
-        self.any.is_match(line)
+        self.automata().any.is_match(line)
     }
 
     /// The failure `line` reports, if any. Of several rows that match, the first in
     /// [`SIGNATURES`] wins; with no row, the fact tier's decision.
     pub fn match_line(&self, line: &str) -> Option<LogMatch> {
-        if !self.any.is_match(line) {
+        if !self.automata().any.is_match(line) {
             return None;
         }
         match self.exact(line) {
@@ -188,7 +205,7 @@ impl Signatures {
         let names_shm = OnceCell::new();
         // Overlapping: a needle inside another's match must still be seen (each is verified
         // on its own, and a lookalike of one must not hide another).
-        for m in self.needles.find_overlapping_iter(line) {
+        for m in self.automata().needles.find_overlapping_iter(line) {
             let row = m.pattern().as_usize();
             if best.as_ref().is_some_and(|(b, _)| *b <= row) {
                 continue;
