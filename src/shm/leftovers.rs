@@ -156,14 +156,8 @@ pub fn list(shm: &OwnedFd) -> io::Result<(Vec<Entry>, bool)> {
 }
 
 fn modified(st: &Statx) -> SystemTime {
-    match u64::try_from(st.stx_mtime.tv_sec) {
-        Ok(secs) => {
-            SystemTime::UNIX_EPOCH
-                + Duration::from_secs(secs)
-                + Duration::from_nanos(u64::from(st.stx_mtime.tv_nsec))
-        }
-        Err(_) => SystemTime::UNIX_EPOCH,
-    }
+    super::statfs::statx_time(st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec)
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 #[cfg(test)]

@@ -227,6 +227,13 @@ pub struct Identity {
     pub born: Option<(i64, u32)>,
 }
 
+/// A statx timestamp (seconds and nanoseconds since the epoch) as a time; `None` before the
+/// epoch (a file's times are whatever its writer set).
+pub fn statx_time(secs: i64, nanos: u32) -> Option<std::time::SystemTime> {
+    let since = std::time::Duration::new(u64::try_from(secs).ok()?, nanos);
+    std::time::SystemTime::UNIX_EPOCH.checked_add(since)
+}
+
 /// A mount told apart without asking its file system: its ID, and when the inode the handle is
 /// on was made. The kernel hands a freed mount ID to the next mount at once (lowest first), so
 /// a cache keyed by the ID alone would take a FUSE a container mounted where its tmpfs was for
@@ -242,8 +249,7 @@ impl Identity {
     /// [`Self::born`] as a time.
     pub fn born_at(&self) -> Option<std::time::SystemTime> {
         let (secs, nanos) = self.born?;
-        let since = std::time::Duration::new(u64::try_from(secs).ok()?, nanos.min(999_999_999));
-        std::time::SystemTime::UNIX_EPOCH.checked_add(since)
+        statx_time(secs, nanos)
     }
 
     pub fn key(&self) -> MountKey {
@@ -417,6 +423,15 @@ fn stat_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statx_times_before_the_epoch_are_none_and_the_largest_is_a_time() {
+        use std::time::{Duration, SystemTime};
+        let at = SystemTime::UNIX_EPOCH + Duration::new(1_800_000_000, 5);
+        assert_eq!(statx_time(1_800_000_000, 5), Some(at));
+        assert_eq!(statx_time(-1, 0), None);
+        assert!(statx_time(i64::MAX, 999_999_999).is_some());
+    }
 
     #[test]
     fn a_symlink_beneath_the_root_is_refused_not_followed() {
